@@ -1,0 +1,72 @@
+"""crashqueuelab: what a durable job queue does when processes die at the worst moment."""
+
+from crashqueuelab.clock import Clock, ManualClock, SystemClock
+from crashqueuelab.errors import (
+    CrashQueueLabError,
+    DurabilityUnavailable,
+    HistoryUnprotected,
+    IdempotencyConflict,
+    InvalidInput,
+    JobNotFound,
+    NotADatabase,
+    SchemaMismatch,
+    StaleLease,
+    StaleReason,
+    StoreError,
+    StoreNotFound,
+)
+from crashqueuelab.hooks import Hook, Phase
+from crashqueuelab.ids import IdGenerator, RandomIds, SeededIds
+from crashqueuelab.judges.invariants import InvariantReport, check_database
+from crashqueuelab.judges.replay import ReplayReport, replay_database
+from crashqueuelab.models import (
+    Attempt,
+    AttemptOutcome,
+    ClaimedJob,
+    Event,
+    EventType,
+    Job,
+    JobState,
+    SubmitResult,
+)
+from crashqueuelab.queue import DurableQueue
+from crashqueuelab.retry import RetryPolicy
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Attempt",
+    "AttemptOutcome",
+    "ClaimedJob",
+    "Clock",
+    "CrashQueueLabError",
+    "DurabilityUnavailable",
+    "DurableQueue",
+    "Event",
+    "EventType",
+    "HistoryUnprotected",
+    "Hook",
+    "IdGenerator",
+    "IdempotencyConflict",
+    "InvalidInput",
+    "InvariantReport",
+    "Job",
+    "JobNotFound",
+    "JobState",
+    "ManualClock",
+    "NotADatabase",
+    "Phase",
+    "RandomIds",
+    "ReplayReport",
+    "RetryPolicy",
+    "SchemaMismatch",
+    "SeededIds",
+    "StaleLease",
+    "StaleReason",
+    "StoreError",
+    "StoreNotFound",
+    "SubmitResult",
+    "SystemClock",
+    "check_database",
+    "replay_database",
+]

@@ -1,0 +1,280 @@
+"""The JSON command line: stdout carries exactly one JSON object, stderr the diagnostics.
+
+Exit codes are the named constants below and are documented in docs/cli.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, TextIO
+
+from crashqueuelab.clock import Clock, ManualClock, SystemClock
+from crashqueuelab.errors import (
+    CrashQueueLabError,
+    InvalidInput,
+    StaleLease,
+    StoreError,
+)
+from crashqueuelab.judges.invariants import check_database
+from crashqueuelab.judges.replay import replay_database
+from crashqueuelab.models import to_json
+from crashqueuelab.payloads import parse_payload
+from crashqueuelab.queue import DurableQueue
+from crashqueuelab.retry import RetryPolicy
+
+#: The command did what was asked, or the judged database passed.
+EXIT_OK = 0
+#: The queue refused the operation (stale lease, idempotency conflict, unknown job), or a
+#: judge found the database inconsistent.
+EXIT_REJECTED = 1
+#: The command line or an argument was malformed; nothing was touched.
+EXIT_USAGE = 2
+#: The database cannot serve: missing, not SQLite, another schema, unprotected history.
+EXIT_STORE = 3
+
+DEFAULT_LEASE_US = 30_000_000
+
+
+class UsageError(Exception):
+    """Raised by the parser instead of printing usage and exiting."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = _non_negative(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be greater than zero")
+    return value
+
+
+Handler = Callable[[argparse.Namespace], tuple[int, dict[str, Any]]]
+
+
+def _queue(args: argparse.Namespace, *, create: bool = False) -> DurableQueue:
+    clock: Clock = ManualClock(args.now_us) if args.now_us is not None else SystemClock()
+    retry = RetryPolicy(
+        base_delay_us=getattr(args, "retry_base_us", RetryPolicy.base_delay_us),
+        max_delay_us=getattr(args, "retry_max_us", RetryPolicy.max_delay_us),
+    )
+    return DurableQueue(args.database, clock=clock, retry=retry, create=create)
+
+
+def _submit(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    payload = parse_payload(args.payload)
+    with _queue(args, create=True) as queue:
+        result = queue.submit(
+            idempotency_key=args.idempotency_key,
+            job_type=args.job_type,
+            payload=payload,
+            max_attempts=args.max_attempts,
+        )
+    return EXIT_OK, {"ok": True, "created": result.created, "job": to_json(result.job)}
+
+
+def _claim(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    with _queue(args) as queue:
+        claimed = queue.claim(worker_id=args.worker_id, lease_duration_us=args.lease_duration_us)
+    return EXIT_OK, {"ok": True, "claimed": None if claimed is None else to_json(claimed)}
+
+
+def _heartbeat(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    with _queue(args) as queue:
+        claimed = queue.heartbeat(
+            job_id=args.job_id,
+            worker_id=args.worker_id,
+            lease_token=args.lease_token,
+            lease_duration_us=args.lease_duration_us,
+        )
+    return EXIT_OK, {"ok": True, "claimed": to_json(claimed)}
+
+
+def _succeed(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    with _queue(args) as queue:
+        job = queue.succeed(
+            job_id=args.job_id, worker_id=args.worker_id, lease_token=args.lease_token
+        )
+    return EXIT_OK, {"ok": True, "job": to_json(job)}
+
+
+def _fail(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    with _queue(args) as queue:
+        job = queue.fail(
+            job_id=args.job_id,
+            worker_id=args.worker_id,
+            lease_token=args.lease_token,
+            error=args.error,
+        )
+    return EXIT_OK, {"ok": True, "job": to_json(job)}
+
+
+def _promote(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    with _queue(args) as queue:
+        job_ids = queue.promote_retries()
+    return EXIT_OK, {"ok": True, "promoted": job_ids}
+
+
+def _recover(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    with _queue(args) as queue:
+        job_ids = queue.recover_expired()
+    return EXIT_OK, {"ok": True, "recovered": job_ids}
+
+
+def _history(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    with _queue(args) as queue:
+        events = queue.history(args.job_id)
+    return EXIT_OK, {"ok": True, "job_id": args.job_id, "events": [to_json(e) for e in events]}
+
+
+def _replay(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    report = replay_database(args.database, job_id=args.job_id)
+    return (EXIT_OK if report.ok else EXIT_REJECTED), {"ok": report.ok, "replay": report.to_json()}
+
+
+def _check(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    report = check_database(args.database)
+    return (EXIT_OK if report.ok else EXIT_REJECTED), {
+        "ok": report.ok,
+        "check": report.to_json(),
+    }
+
+
+def _add_database(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--database", required=True, help="path of the queue's SQLite file")
+    parser.add_argument(
+        "--now-us",
+        type=_non_negative,
+        default=None,
+        help="use this time (microseconds) instead of the system clock, for scripted runs",
+    )
+
+
+def _add_lease_holder(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--job-id", required=True)
+    parser.add_argument("--worker-id", required=True)
+    parser.add_argument("--lease-token", required=True)
+
+
+def _add_retry(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--retry-base-us", type=_non_negative, default=RetryPolicy.base_delay_us)
+    parser.add_argument("--retry-max-us", type=_non_negative, default=RetryPolicy.max_delay_us)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line; every subcommand sets ``handler``."""
+    parser = _Parser(
+        prog="crashqueuelab",
+        description="Fault-injection and invariant-testing laboratory for durable job queues.",
+        epilog="Exit codes: 0 ok, 1 rejected or inconsistent, 2 bad input, 3 unusable database.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def command(name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        sub.set_defaults(handler=handler)
+        _add_database(sub)
+        return sub
+
+    sub = command("submit", _submit, "submit a job (idempotent by key)")
+    sub.add_argument("--idempotency-key", required=True)
+    sub.add_argument("--job-type", required=True)
+    sub.add_argument("--payload", required=True, help="a JSON object")
+    sub.add_argument("--max-attempts", type=_positive, default=3)
+
+    sub = command("claim", _claim, "lease the oldest ready job")
+    sub.add_argument("--worker-id", required=True)
+    sub.add_argument("--lease-duration-us", type=_positive, default=DEFAULT_LEASE_US)
+
+    sub = command("heartbeat", _heartbeat, "extend a live lease")
+    _add_lease_holder(sub)
+    sub.add_argument("--lease-duration-us", type=_positive, default=DEFAULT_LEASE_US)
+
+    sub = command("succeed", _succeed, "acknowledge a leased job as done")
+    _add_lease_holder(sub)
+
+    sub = command("fail", _fail, "record a failed attempt (retry or dead-letter)")
+    _add_lease_holder(sub)
+    sub.add_argument("--error", required=True)
+    _add_retry(sub)
+
+    command("promote", _promote, "move due retries back to QUEUED")
+    sub = command("recover", _recover, "end expired leases (retry or dead-letter)")
+    _add_retry(sub)
+
+    sub = command("history", _history, "print one job's event history")
+    sub.add_argument("--job-id", required=True)
+
+    sub = command("replay", _replay, "replay the history and compare with the rows")
+    sub.add_argument("--job-id", default=None)
+
+    command("check", _check, "evaluate every database-wide invariant")
+    return parser
+
+
+def _error(kind: str, message: str, **data: Any) -> dict[str, Any]:
+    return {"ok": False, "error": {"type": kind, "message": message, **data}}
+
+
+def _exit_code(error: CrashQueueLabError) -> int:
+    if isinstance(error, InvalidInput):
+        return EXIT_USAGE
+    if isinstance(error, StoreError):
+        return EXIT_STORE
+    # StaleLease, IdempotencyConflict, JobNotFound: the queue said no.
+    return EXIT_REJECTED
+
+
+def _error_data(error: CrashQueueLabError) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    for name in ("field", "job_id", "idempotency_key", "path", "missing", "differing"):
+        if hasattr(error, name):
+            value = getattr(error, name)
+            data[name] = list(value) if isinstance(value, tuple) else value
+    if isinstance(error, StaleLease):
+        data["reason"] = error.reason.value
+    return data
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+) -> int:
+    """Run one command; return its exit code. Never raises for bad input."""
+    out = stdout if stdout is not None else sys.stdout
+    err = stderr if stderr is not None else sys.stderr
+    try:
+        args = build_parser().parse_args(argv)
+        handler: Handler = args.handler
+        code, result = handler(args)
+    except UsageError as error:
+        code, result = EXIT_USAGE, _error("UsageError", str(error))
+    except CrashQueueLabError as error:
+        code, result = _exit_code(error), _error(error.kind, str(error), **_error_data(error))
+    if not result.get("ok", False):
+        print(f"crashqueuelab: {result.get('error', {}).get('message', 'not ok')}", file=err)
+    out.write(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    out.flush()
+    return code
+
+
+def entry_point() -> None:
+    """The console script."""
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""Lease fencing: only the live lease holder may heartbeat, succeed or fail a job.
+
+A worker can outlive its lease (paused, slow, partitioned). Expiry lets recovery hand the
+job to someone else; it does not stop the old process. So every lease-holder operation
+presents the worker id and the opaque lease token it was given, and is accepted only while
+the job is still LEASED to exactly that pair and the deadline has not passed.
+"""
+
+from __future__ import annotations
+
+from crashqueuelab.errors import StaleLease, StaleReason
+from crashqueuelab.models import Job, JobState
+
+
+def require_live_lease(job: Job, *, worker_id: str, lease_token: str, now_us: int) -> None:
+    """Raise StaleLease unless (worker_id, lease_token) holds an unexpired lease on ``job``."""
+    if job.state is not JobState.LEASED:
+        raise StaleLease(job.job_id, worker_id, StaleReason.NOT_LEASED, f"job is {job.state.value}")
+    if job.lease_worker_id != worker_id:
+        raise StaleLease(
+            job.job_id,
+            worker_id,
+            StaleReason.WRONG_WORKER,
+            f"leased to {job.lease_worker_id!r}, not {worker_id!r}",
+        )
+    if job.lease_token != lease_token:
+        raise StaleLease(
+            job.job_id, worker_id, StaleReason.WRONG_TOKEN, "lease token is not the current one"
+        )
+    deadline = job.lease_deadline_us
+    if deadline is None or now_us >= deadline:
+        raise StaleLease(
+            job.job_id,
+            worker_id,
+            StaleReason.LEASE_EXPIRED,
+            f"lease deadline {deadline} is not after now {now_us}",
+        )

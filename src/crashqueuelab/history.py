@@ -1,0 +1,50 @@
+"""Appending to the event history, always inside the transaction that makes the change."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+from crashqueuelab.models import EventType, JobState
+
+_INSERT = (
+    "INSERT INTO events (job_id, event_type, from_state, to_state, at_us, attempt, worker_id,"
+    " lease_token, lease_deadline_us, available_at_us, error, detail)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def append_event(
+    conn: sqlite3.Connection,
+    *,
+    job_id: str,
+    event_type: EventType,
+    from_state: JobState | None,
+    to_state: JobState,
+    at_us: int,
+    attempt: int,
+    worker_id: str | None = None,
+    lease_token: str | None = None,
+    lease_deadline_us: int | None = None,
+    available_at_us: int | None = None,
+    error: str | None = None,
+    detail: dict[str, object] | None = None,
+) -> None:
+    """Append one event; the caller's transaction commits it together with the row it explains."""
+    conn.execute(
+        _INSERT,
+        (
+            job_id,
+            event_type.value,
+            None if from_state is None else from_state.value,
+            to_state.value,
+            at_us,
+            attempt,
+            worker_id,
+            lease_token,
+            lease_deadline_us,
+            available_at_us,
+            error,
+            None if detail is None else json.dumps(detail, sort_keys=True, separators=(",", ":")),
+        ),
+    )

@@ -1,0 +1,510 @@
+"""DurableQueue: every transition is one short BEGIN IMMEDIATE transaction.
+
+Each transaction writes the job row, its attempt row where one is involved, and exactly
+one history event per job it changes, or nothing at all. No transaction ever contains a
+handler or an external effect; that is the worker boundary's job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sqlite3
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from crashqueuelab.clock import Clock, SystemClock
+from crashqueuelab.errors import IdempotencyConflict, JobNotFound, StoreError
+from crashqueuelab.fencing import require_live_lease
+from crashqueuelab.history import append_event
+from crashqueuelab.hooks import Hook, Phase, no_hook
+from crashqueuelab.ids import IdGenerator, RandomIds
+from crashqueuelab.models import (
+    Attempt,
+    AttemptOutcome,
+    ClaimedJob,
+    Event,
+    EventType,
+    Job,
+    JobState,
+    SubmitResult,
+)
+from crashqueuelab.payloads import canonical_json, payload_digest
+from crashqueuelab.retry import RetryPolicy
+from crashqueuelab.rows import (
+    ATTEMPT_COLUMNS,
+    EVENT_COLUMNS,
+    JOB_COLUMNS,
+    decode_attempt,
+    decode_event,
+    decode_job,
+)
+from crashqueuelab.storage import DEFAULT_BUSY_TIMEOUT_MS, open_store, write_transaction
+from crashqueuelab.validation import (
+    MAX_ATTEMPTS_LIMIT,
+    require_error_text,
+    require_int,
+    require_name,
+)
+
+#: Longest lease a caller may ask for (one year), so deadlines stay far inside 64 bits.
+MAX_LEASE_US = 366 * 24 * 3600 * 1_000_000
+#: The error text recorded when recovery ends an attempt whose lease ran out.
+LEASE_EXPIRED_ERROR = "lease expired before the worker acknowledged"
+
+_SELECT_JOB = f"SELECT {JOB_COLUMNS} FROM jobs WHERE job_id = ?"
+_SELECT_READY = (
+    f"SELECT {JOB_COLUMNS} FROM jobs WHERE state = 'QUEUED' AND available_at_us <= ?"
+    " ORDER BY available_at_us, submit_seq LIMIT ?"
+)
+_SELECT_EXPIRED = (
+    f"SELECT {JOB_COLUMNS} FROM jobs WHERE state = 'LEASED' AND lease_deadline_us <= ?"
+    " ORDER BY lease_deadline_us, submit_seq"
+)
+_SELECT_DUE_RETRIES = (
+    f"SELECT {JOB_COLUMNS} FROM jobs WHERE state = 'RETRY_SCHEDULED' AND available_at_us <= ?"
+    " ORDER BY available_at_us, submit_seq"
+)
+_INSERT_JOB = (
+    "INSERT INTO jobs (job_id, idempotency_key, job_type, payload_json, payload_sha256, state,"
+    " attempts, max_attempts, available_at_us, created_at_us, updated_at_us)"
+    " VALUES (?, ?, ?, ?, ?, 'QUEUED', 0, ?, ?, ?, ?) RETURNING submit_seq"
+)
+_LEASE_JOB = (
+    "UPDATE jobs SET state = 'LEASED', attempts = ?, lease_worker_id = ?, lease_token = ?,"
+    " lease_deadline_us = ?, updated_at_us = ? WHERE submit_seq = ? AND state = 'QUEUED'"
+)
+_OPEN_ATTEMPT = (
+    "INSERT INTO attempts (job_id, attempt, worker_id, lease_token, claimed_at_us,"
+    " lease_deadline_us) VALUES (?, ?, ?, ?, ?, ?)"
+)
+_EXTEND_LEASE = (
+    "UPDATE jobs SET lease_deadline_us = ?, updated_at_us = ?"
+    " WHERE submit_seq = ? AND state = 'LEASED' AND lease_token = ?"
+)
+_EXTEND_ATTEMPT = "UPDATE attempts SET lease_deadline_us = ? WHERE job_id = ? AND attempt = ?"
+# Ending a lease clears its fields in the same statement that leaves LEASED, guarded by the
+# token so a statement can never end somebody else's lease.
+_END_LEASE = (
+    "UPDATE jobs SET state = ?, available_at_us = ?, last_error = ?, lease_worker_id = NULL,"
+    " lease_token = NULL, lease_deadline_us = NULL, updated_at_us = ?"
+    " WHERE submit_seq = ? AND state = 'LEASED' AND lease_token = ?"
+)
+_CLOSE_ATTEMPT = (
+    "UPDATE attempts SET ended_at_us = ?, outcome = ?, error = ?"
+    " WHERE job_id = ? AND attempt = ? AND outcome IS NULL"
+)
+_PROMOTE = (
+    "UPDATE jobs SET state = 'QUEUED', updated_at_us = ?"
+    " WHERE submit_seq = ? AND state = 'RETRY_SCHEDULED'"
+)
+
+
+def _require_lease_arguments(job_id: str, worker_id: str, lease_token: str) -> None:
+    require_name("job_id", job_id)
+    require_name("worker_id", worker_id)
+    require_name("lease_token", lease_token)
+
+
+def _require_applied(cursor: sqlite3.Cursor, what: str) -> None:
+    # The guards repeat what was checked under the same write lock, so a miss here is a bug
+    # in this module, never a race; fail loudly and roll back.
+    if cursor.rowcount != 1:
+        raise StoreError("<transaction>", f"guarded {what} changed {cursor.rowcount} rows")
+
+
+class DurableQueue:
+    """A SQLite-WAL job queue with leased, fenced claims and an append-only history."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        clock: Clock | None = None,
+        ids: IdGenerator | None = None,
+        retry: RetryPolicy | None = None,
+        hook: Hook | None = None,
+        create: bool = True,
+        busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+    ) -> None:
+        self.path = str(path)
+        self._clock: Clock = clock if clock is not None else SystemClock()
+        self._ids: IdGenerator = ids if ids is not None else RandomIds()
+        self._retry = retry if retry is not None else RetryPolicy()
+        self._hook: Hook = hook if hook is not None else no_hook
+        self._pid = os.getpid()
+        self._conn: sqlite3.Connection | None = open_store(
+            self.path, create=create, busy_timeout_ms=busy_timeout_ms
+        )
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the connection; further calls raise StoreError. Safe to call twice."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> DurableQueue:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        """The open connection, refused after close() and in a forked child."""
+        if self._conn is None:
+            raise StoreError(self.path, "the queue is closed")
+        if os.getpid() != self._pid:
+            raise StoreError(self.path, "this connection was opened in another process")
+        return self._conn
+
+    # -- producer --------------------------------------------------------------------------
+
+    def submit(
+        self,
+        *,
+        idempotency_key: str,
+        job_type: str,
+        payload: dict[str, Any],
+        max_attempts: int = 3,
+    ) -> SubmitResult:
+        """Create a job, or return the job this idempotency key already names."""
+        key = require_name("idempotency_key", idempotency_key)
+        kind = require_name("job_type", job_type)
+        limit = require_int("max_attempts", max_attempts, minimum=1, maximum=MAX_ATTEMPTS_LIMIT)
+        canonical = canonical_json(payload)
+        digest = payload_digest(canonical)
+        conn = self.connection
+        now = self._clock.now_us()
+        with write_transaction(conn):
+            row = conn.execute(
+                f"SELECT {JOB_COLUMNS} FROM jobs WHERE idempotency_key = ?", (key,)
+            ).fetchone()
+            if row is not None:
+                existing = decode_job(row)
+                differing = tuple(
+                    name
+                    for name, same in (
+                        ("job_type", existing.job_type == kind),
+                        ("payload", existing.payload_sha256 == digest),
+                        ("max_attempts", existing.max_attempts == limit),
+                    )
+                    if not same
+                )
+                if differing:
+                    raise IdempotencyConflict(key, existing.job_id, differing)
+                return SubmitResult(job=existing, created=False)
+            job_id = self._ids.job_id()
+            submit_seq = conn.execute(
+                _INSERT_JOB, (job_id, key, kind, canonical, digest, limit, now, now, now)
+            ).fetchone()[0]
+            append_event(
+                conn,
+                job_id=job_id,
+                event_type=EventType.SUBMITTED,
+                from_state=None,
+                to_state=JobState.QUEUED,
+                at_us=now,
+                attempt=0,
+                available_at_us=now,
+                detail={
+                    "idempotency_key": key,
+                    "job_type": kind,
+                    "max_attempts": limit,
+                    "payload_sha256": digest,
+                },
+            )
+            self._hook(Phase.BEFORE_SUBMIT_COMMIT)
+        self._hook(Phase.AFTER_SUBMIT_COMMIT)
+        job = Job(
+            job_id=job_id,
+            submit_seq=int(submit_seq),
+            idempotency_key=key,
+            job_type=kind,
+            payload_json=canonical,
+            payload_sha256=digest,
+            state=JobState.QUEUED,
+            attempts=0,
+            max_attempts=limit,
+            available_at_us=now,
+            lease_worker_id=None,
+            lease_token=None,
+            lease_deadline_us=None,
+            last_error=None,
+            created_at_us=now,
+            updated_at_us=now,
+        )
+        return SubmitResult(job=job, created=True)
+
+    # -- lease holder ----------------------------------------------------------------------
+
+    def claim(self, *, worker_id: str, lease_duration_us: int) -> ClaimedJob | None:
+        """Lease the oldest ready QUEUED job to ``worker_id``, or return None when none is ready."""
+        worker = require_name("worker_id", worker_id)
+        lease = require_int("lease_duration_us", lease_duration_us, minimum=1, maximum=MAX_LEASE_US)
+        conn = self.connection
+        now = self._clock.now_us()
+        with write_transaction(conn):
+            row = conn.execute(_SELECT_READY, (now, 1)).fetchone()
+            if row is None:
+                return None
+            job = decode_job(row)
+            attempt = job.attempts + 1
+            token = self._ids.lease_token()
+            deadline = now + lease
+            cursor = conn.execute(
+                _LEASE_JOB, (attempt, worker, token, deadline, now, job.submit_seq)
+            )
+            _require_applied(cursor, "claim")
+            conn.execute(_OPEN_ATTEMPT, (job.job_id, attempt, worker, token, now, deadline))
+            append_event(
+                conn,
+                job_id=job.job_id,
+                event_type=EventType.CLAIMED,
+                from_state=JobState.QUEUED,
+                to_state=JobState.LEASED,
+                at_us=now,
+                attempt=attempt,
+                worker_id=worker,
+                lease_token=token,
+                lease_deadline_us=deadline,
+            )
+            self._hook(Phase.BEFORE_CLAIM_COMMIT)
+        self._hook(Phase.AFTER_CLAIM_COMMIT)
+        leased = dataclasses.replace(
+            job,
+            state=JobState.LEASED,
+            attempts=attempt,
+            lease_worker_id=worker,
+            lease_token=token,
+            lease_deadline_us=deadline,
+            updated_at_us=now,
+        )
+        return ClaimedJob(
+            job=leased, lease_token=token, lease_deadline_us=deadline, attempt=attempt
+        )
+
+    def heartbeat(
+        self, *, job_id: str, worker_id: str, lease_token: str, lease_duration_us: int
+    ) -> ClaimedJob:
+        """Extend the caller's live lease to now + ``lease_duration_us``."""
+        _require_lease_arguments(job_id, worker_id, lease_token)
+        lease = require_int("lease_duration_us", lease_duration_us, minimum=1, maximum=MAX_LEASE_US)
+        conn = self.connection
+        now = self._clock.now_us()
+        with write_transaction(conn):
+            job = self._live_lease(job_id, worker_id, lease_token, now)
+            deadline = now + lease
+            cursor = conn.execute(_EXTEND_LEASE, (deadline, now, job.submit_seq, lease_token))
+            _require_applied(cursor, "heartbeat")
+            conn.execute(_EXTEND_ATTEMPT, (deadline, job.job_id, job.attempts))
+            append_event(
+                conn,
+                job_id=job.job_id,
+                event_type=EventType.HEARTBEAT,
+                from_state=JobState.LEASED,
+                to_state=JobState.LEASED,
+                at_us=now,
+                attempt=job.attempts,
+                worker_id=worker_id,
+                lease_token=lease_token,
+                lease_deadline_us=deadline,
+            )
+            self._hook(Phase.BEFORE_HEARTBEAT_COMMIT)
+        self._hook(Phase.AFTER_HEARTBEAT_COMMIT)
+        extended = dataclasses.replace(job, lease_deadline_us=deadline, updated_at_us=now)
+        return ClaimedJob(
+            job=extended, lease_token=lease_token, lease_deadline_us=deadline, attempt=job.attempts
+        )
+
+    def succeed(self, *, job_id: str, worker_id: str, lease_token: str) -> Job:
+        """Acknowledge the caller's attempt: the job becomes SUCCEEDED for good."""
+        _require_lease_arguments(job_id, worker_id, lease_token)
+        conn = self.connection
+        now = self._clock.now_us()
+        with write_transaction(conn):
+            job = self._live_lease(job_id, worker_id, lease_token, now)
+            done = self._end_lease(
+                job,
+                to_state=JobState.SUCCEEDED,
+                event_type=EventType.SUCCEEDED,
+                outcome=AttemptOutcome.SUCCEEDED,
+                available_at_us=job.available_at_us,
+                error=None,
+                now=now,
+            )
+            self._hook(Phase.BEFORE_SUCCESS_COMMIT)
+        self._hook(Phase.AFTER_SUCCESS_COMMIT)
+        return done
+
+    def fail(self, *, job_id: str, worker_id: str, lease_token: str, error: str) -> Job:
+        """Record the caller's attempt as failed: retry later, or DEAD once attempts run out."""
+        _require_lease_arguments(job_id, worker_id, lease_token)
+        text = require_error_text(error)
+        conn = self.connection
+        now = self._clock.now_us()
+        with write_transaction(conn):
+            job = self._live_lease(job_id, worker_id, lease_token, now)
+            to_state, available = self._after_attempt(job, now)
+            done = self._end_lease(
+                job,
+                to_state=to_state,
+                event_type=EventType.FAILED,
+                outcome=AttemptOutcome.FAILED,
+                available_at_us=available,
+                error=text,
+                now=now,
+            )
+            self._hook(Phase.BEFORE_FAILURE_COMMIT)
+        self._hook(Phase.AFTER_FAILURE_COMMIT)
+        return done
+
+    # -- maintenance -----------------------------------------------------------------------
+
+    def recover_expired(self) -> list[str]:
+        """End every lease whose deadline has passed; return the ids of the jobs it touched."""
+        conn = self.connection
+        now = self._clock.now_us()
+        with write_transaction(conn):
+            expired = [decode_job(row) for row in conn.execute(_SELECT_EXPIRED, (now,))]
+            if not expired:
+                return []
+            for job in expired:
+                to_state, available = self._after_attempt(job, now)
+                self._end_lease(
+                    job,
+                    to_state=to_state,
+                    event_type=EventType.LEASE_EXPIRED,
+                    outcome=AttemptOutcome.EXPIRED,
+                    available_at_us=available,
+                    error=LEASE_EXPIRED_ERROR,
+                    now=now,
+                )
+            self._hook(Phase.BEFORE_RECOVERY_COMMIT)
+        self._hook(Phase.AFTER_RECOVERY_COMMIT)
+        return [job.job_id for job in expired]
+
+    def promote_retries(self) -> list[str]:
+        """Move every RETRY_SCHEDULED job whose retry time has come back to QUEUED."""
+        conn = self.connection
+        now = self._clock.now_us()
+        with write_transaction(conn):
+            due = [decode_job(row) for row in conn.execute(_SELECT_DUE_RETRIES, (now,))]
+            if not due:
+                return []
+            for job in due:
+                _require_applied(conn.execute(_PROMOTE, (now, job.submit_seq)), "promotion")
+                append_event(
+                    conn,
+                    job_id=job.job_id,
+                    event_type=EventType.PROMOTED,
+                    from_state=JobState.RETRY_SCHEDULED,
+                    to_state=JobState.QUEUED,
+                    at_us=now,
+                    attempt=job.attempts,
+                    available_at_us=job.available_at_us,
+                )
+            self._hook(Phase.BEFORE_PROMOTION_COMMIT)
+        self._hook(Phase.AFTER_PROMOTION_COMMIT)
+        return [job.job_id for job in due]
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def get(self, job_id: str) -> Job:
+        """The current state of one job."""
+        row = self.connection.execute(_SELECT_JOB, (job_id,)).fetchone()
+        if row is None:
+            raise JobNotFound(job_id)
+        return decode_job(row)
+
+    def history(self, job_id: str) -> list[Event]:
+        """Every event of one job, oldest first."""
+        self.get(job_id)
+        rows = self.connection.execute(
+            f"SELECT {EVENT_COLUMNS} FROM events WHERE job_id = ? ORDER BY seq", (job_id,)
+        )
+        return [decode_event(row) for row in rows]
+
+    def attempts(self, job_id: str) -> list[Attempt]:
+        """Every attempt of one job, first attempt first."""
+        self.get(job_id)
+        rows = self.connection.execute(
+            f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE job_id = ? ORDER BY attempt", (job_id,)
+        )
+        return [decode_attempt(row) for row in rows]
+
+    def counts(self) -> dict[JobState, int]:
+        """How many jobs are in each state (every state listed, zeros included)."""
+        result = dict.fromkeys(JobState, 0)
+        for state, count in self.connection.execute(
+            "SELECT state, count(*) FROM jobs GROUP BY state"
+        ):
+            result[JobState(state)] = int(count)
+        return result
+
+    # -- transition helpers (run inside the caller's transaction) ----------------------------
+
+    def _live_lease(self, job_id: str, worker_id: str, lease_token: str, now: int) -> Job:
+        job = self.get(job_id)
+        require_live_lease(job, worker_id=worker_id, lease_token=lease_token, now_us=now)
+        return job
+
+    def _after_attempt(self, job: Job, now: int) -> tuple[JobState, int]:
+        """Where an attempt that did not succeed leads: a later retry, or the dead letter."""
+        if job.attempts >= job.max_attempts:
+            return JobState.DEAD, job.available_at_us
+        return JobState.RETRY_SCHEDULED, now + self._retry.delay_us(job.attempts)
+
+    def _end_lease(
+        self,
+        job: Job,
+        *,
+        to_state: JobState,
+        event_type: EventType,
+        outcome: AttemptOutcome,
+        available_at_us: int,
+        error: str | None,
+        now: int,
+    ) -> Job:
+        conn = self.connection
+        last_error = job.last_error if error is None else error
+        cursor = conn.execute(
+            _END_LEASE,
+            (to_state.value, available_at_us, last_error, now, job.submit_seq, job.lease_token),
+        )
+        _require_applied(cursor, event_type.value.lower())
+        _require_applied(
+            conn.execute(_CLOSE_ATTEMPT, (now, outcome.value, error, job.job_id, job.attempts)),
+            "attempt close",
+        )
+        append_event(
+            conn,
+            job_id=job.job_id,
+            event_type=event_type,
+            from_state=JobState.LEASED,
+            to_state=to_state,
+            at_us=now,
+            attempt=job.attempts,
+            worker_id=job.lease_worker_id,
+            lease_token=job.lease_token,
+            available_at_us=available_at_us,
+            error=error,
+        )
+        return dataclasses.replace(
+            job,
+            state=to_state,
+            available_at_us=available_at_us,
+            last_error=last_error,
+            lease_worker_id=None,
+            lease_token=None,
+            lease_deadline_us=None,
+            updated_at_us=now,
+        )

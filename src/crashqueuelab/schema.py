@@ -1,0 +1,85 @@
+"""The database schema: three tables, their indexes, and the triggers that freeze history.
+
+``jobs`` is the materialised current state; ``attempts`` has one row per claim;
+``events`` is the append-only explanation of how every row got where it is. The judges
+read these tables with their own SQL and do not import this module.
+"""
+
+from __future__ import annotations
+
+#: Stored in PRAGMA user_version; a database with another value is refused.
+SCHEMA_VERSION = 1
+#: Stored in PRAGMA application_id ("CQL1"), so a foreign database is never mistaken for ours.
+APPLICATION_ID = 0x43514C31
+
+#: Triggers whose absence means history could be rewritten.
+APPEND_ONLY_TRIGGERS = ("events_no_update", "events_no_delete")
+
+_STATES = "'QUEUED', 'LEASED', 'RETRY_SCHEDULED', 'SUCCEEDED', 'DEAD'"
+
+STATEMENTS: tuple[str, ...] = (
+    f"""
+    CREATE TABLE jobs (
+        submit_seq INTEGER PRIMARY KEY,
+        job_id TEXT NOT NULL UNIQUE,
+        idempotency_key TEXT NOT NULL UNIQUE,
+        job_type TEXT NOT NULL,
+        payload_json TEXT NOT NULL,
+        payload_sha256 TEXT NOT NULL,
+        state TEXT NOT NULL CHECK (state IN ({_STATES})),
+        attempts INTEGER NOT NULL CHECK (attempts >= 0),
+        max_attempts INTEGER NOT NULL CHECK (max_attempts >= 1),
+        available_at_us INTEGER NOT NULL,
+        lease_worker_id TEXT,
+        lease_token TEXT,
+        lease_deadline_us INTEGER,
+        last_error TEXT,
+        created_at_us INTEGER NOT NULL,
+        updated_at_us INTEGER NOT NULL
+    )
+    """,
+    # Serves claim (QUEUED, ready first, then submit order) and promotion (RETRY_SCHEDULED).
+    "CREATE INDEX jobs_ready ON jobs (state, available_at_us, submit_seq)",
+    # Serves recovery of expired leases without scanning finished jobs.
+    "CREATE INDEX jobs_lease_deadline ON jobs (lease_deadline_us) WHERE state = 'LEASED'",
+    """
+    CREATE TABLE attempts (
+        job_id TEXT NOT NULL REFERENCES jobs (job_id),
+        attempt INTEGER NOT NULL CHECK (attempt >= 1),
+        worker_id TEXT NOT NULL,
+        lease_token TEXT NOT NULL,
+        claimed_at_us INTEGER NOT NULL,
+        lease_deadline_us INTEGER NOT NULL,
+        ended_at_us INTEGER,
+        outcome TEXT CHECK (outcome IS NULL OR outcome IN ('SUCCEEDED', 'FAILED', 'EXPIRED')),
+        error TEXT,
+        PRIMARY KEY (job_id, attempt)
+    ) WITHOUT ROWID
+    """,
+    f"""
+    CREATE TABLE events (
+        seq INTEGER PRIMARY KEY,
+        job_id TEXT NOT NULL REFERENCES jobs (job_id),
+        event_type TEXT NOT NULL,
+        from_state TEXT CHECK (from_state IS NULL OR from_state IN ({_STATES})),
+        to_state TEXT NOT NULL CHECK (to_state IN ({_STATES})),
+        at_us INTEGER NOT NULL,
+        attempt INTEGER NOT NULL,
+        worker_id TEXT,
+        lease_token TEXT,
+        lease_deadline_us INTEGER,
+        available_at_us INTEGER,
+        error TEXT,
+        detail TEXT
+    )
+    """,
+    "CREATE INDEX events_by_job ON events (job_id, seq)",
+    """
+    CREATE TRIGGER events_no_update BEFORE UPDATE ON events
+    BEGIN SELECT RAISE(ABORT, 'events are append-only'); END
+    """,
+    """
+    CREATE TRIGGER events_no_delete BEFORE DELETE ON events
+    BEGIN SELECT RAISE(ABORT, 'events are append-only'); END
+    """,
+)

@@ -1,0 +1,129 @@
+"""Opening the store durably, and the one way to write: a short BEGIN IMMEDIATE transaction.
+
+Every connection is checked to really run in WAL mode with synchronous=FULL and foreign
+keys on; a database that is not ours, or is ours at another version, is refused before
+anything (even the journal mode) is changed in it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from crashqueuelab.errors import (
+    DurabilityUnavailable,
+    HistoryUnprotected,
+    NotADatabase,
+    SchemaMismatch,
+    StoreNotFound,
+)
+from crashqueuelab.schema import APPEND_ONLY_TRIGGERS, APPLICATION_ID, SCHEMA_VERSION, STATEMENTS
+
+#: How long a writer waits for the write lock before SQLite reports "database is locked".
+DEFAULT_BUSY_TIMEOUT_MS = 30_000
+
+_SYNCHRONOUS_FULL = 2
+
+
+def _inspect(conn: sqlite3.Connection, path: str) -> tuple[int, int, int]:
+    """(application_id, user_version, number of schema objects); NotADatabase if unreadable."""
+    try:
+        application_id = conn.execute("PRAGMA application_id").fetchone()[0]
+        user_version = conn.execute("PRAGMA user_version").fetchone()[0]
+        objects = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+    except sqlite3.DatabaseError as error:
+        if "not a database" in str(error) or "malformed" in str(error):
+            raise NotADatabase(path) from None
+        raise
+    return int(application_id), int(user_version), int(objects)
+
+
+def _require_pragma(conn: sqlite3.Connection, path: str, pragma: str, wanted: object) -> None:
+    got = conn.execute(f"PRAGMA {pragma}").fetchone()[0]
+    if str(got).lower() != str(wanted).lower():
+        raise DurabilityUnavailable(path, pragma, str(wanted), str(got))
+
+
+def _create_schema(conn: sqlite3.Connection) -> None:
+    with write_transaction(conn):
+        # Another process may have initialised the file between our inspection and the lock.
+        if conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
+            return
+        for statement in STATEMENTS:
+            conn.execute(statement)
+        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+def missing_triggers(conn: sqlite3.Connection) -> tuple[str, ...]:
+    """Names of append-only triggers absent from the schema."""
+    present = {
+        row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")
+    }
+    return tuple(name for name in APPEND_ONLY_TRIGGERS if name not in present)
+
+
+def _check_identity(path: str, application_id: int, user_version: int, objects: int) -> bool:
+    """True when the file is empty and needs a schema; raises SchemaMismatch when foreign."""
+    if application_id == APPLICATION_ID and user_version == SCHEMA_VERSION:
+        return False
+    if application_id == 0 and user_version == 0 and objects == 0:
+        return True
+    if application_id != APPLICATION_ID:
+        raise SchemaMismatch(path, user_version, SCHEMA_VERSION, "not a crashqueuelab database")
+    raise SchemaMismatch(path, user_version, SCHEMA_VERSION)
+
+
+def open_store(
+    path: str | Path,
+    *,
+    create: bool,
+    busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+) -> sqlite3.Connection:
+    """Open a queue database for writing, creating its schema when ``create`` allows."""
+    name = str(path)
+    if not Path(name).exists() and not create:
+        raise StoreNotFound(name)
+    conn = sqlite3.connect(name, isolation_level=None, timeout=busy_timeout_ms / 1000)
+    try:
+        needs_schema = _check_identity(name, *_inspect(conn, name))
+        if needs_schema and not create:
+            raise SchemaMismatch(
+                name, 0, SCHEMA_VERSION, "empty file, not a crashqueuelab database"
+            )
+        conn.execute("PRAGMA journal_mode = WAL")
+        _require_pragma(conn, name, "journal_mode", "wal")
+        conn.execute("PRAGMA synchronous = FULL")
+        _require_pragma(conn, name, "synchronous", _SYNCHRONOUS_FULL)
+        conn.execute("PRAGMA foreign_keys = ON")
+        _require_pragma(conn, name, "foreign_keys", 1)
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        if needs_schema:
+            _create_schema(conn)
+        missing = missing_triggers(conn)
+        if missing:
+            raise HistoryUnprotected(name, missing)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+@contextmanager
+def write_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """BEGIN IMMEDIATE ... COMMIT, rolled back on any exception (simulated crashes included).
+
+    IMMEDIATE takes the write lock up front, so a transaction never upgrades from a read
+    snapshot that another writer has made stale (which SQLite reports as SQLITE_BUSY
+    without waiting).
+    """
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
