@@ -1,0 +1,71 @@
+"""Shared fixtures: a fresh database path, a manual clock, seeded ids, and fingerprints."""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from crashqueuelab import DurableQueue, ManualClock, RetryPolicy, SeededIds
+from crashqueuelab.hooks import Hook
+
+START_US = 1_000_000
+LEASE_US = 100_000
+RETRY = RetryPolicy(base_delay_us=1_000, max_delay_us=8_000)
+
+QueueFactory = Callable[..., DurableQueue]
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "queue.sqlite"
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(START_US)
+
+
+@pytest.fixture
+def make_queue(db_path: Path, clock: ManualClock) -> Iterator[QueueFactory]:
+    opened: list[DurableQueue] = []
+
+    def factory(hook: Hook | None = None, stream: str = "test") -> DurableQueue:
+        queue = DurableQueue(db_path, clock=clock, ids=SeededIds(7, stream), retry=RETRY, hook=hook)
+        opened.append(queue)
+        return queue
+
+    yield factory
+    for queue in opened:
+        queue.close()
+
+
+@pytest.fixture
+def queue(make_queue: QueueFactory) -> DurableQueue:
+    return make_queue()
+
+
+def fingerprint(path: Path) -> tuple[str, list[str]]:
+    """The main file's bytes (hashed) and a logical dump of every row, for 'unchanged' proofs.
+
+    The dump comes from a read-only connection so taking the fingerprint changes nothing.
+    """
+    digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else "absent"
+    if not path.exists():
+        return digest, []
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        dump = list(conn.iterdump())
+    except sqlite3.DatabaseError:
+        dump = ["<not a database>"]
+    finally:
+        conn.close()
+    return digest, dump
+
+
+def raw(path: Path) -> sqlite3.Connection:
+    """A plain connection for tests that tamper with a database on purpose."""
+    return sqlite3.connect(path, isolation_level=None)
