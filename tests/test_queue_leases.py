@@ -92,9 +92,9 @@ def test_succeed_finishes_the_job_and_closes_the_attempt(queue: DurableQueue) ->
 
 
 def test_fail_schedules_a_capped_exponential_retry(queue: DurableQueue, clock: ManualClock) -> None:
-    job = queue.submit(idempotency_key="k", job_type="t", payload={}, max_attempts=5).job
+    job = queue.submit(idempotency_key="k", job_type="t", payload={}, max_attempts=6).job
     delays = []
-    for _ in range(4):
+    for _ in range(5):
         claimed = require_claim(queue.claim(worker_id="w", lease_duration_us=LEASE_US))
         failed = queue.fail(
             job_id=job.job_id, worker_id="w", lease_token=claimed.lease_token, error="boom"
@@ -105,7 +105,7 @@ def test_fail_schedules_a_capped_exponential_retry(queue: DurableQueue, clock: M
         assert queue.promote_retries() == []
         clock.advance(failed.available_at_us - clock.now_us())
         assert queue.promote_retries() == [job.job_id]
-    assert delays == [1_000, 2_000, 4_000, 8_000]
+    assert delays == [1_000, 2_000, 4_000, 8_000, 8_000]
 
 
 def test_the_last_failed_attempt_dead_letters_the_job(queue: DurableQueue) -> None:

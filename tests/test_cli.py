@@ -1,0 +1,274 @@
+"""The JSON CLI: one JSON object on stdout, named exit codes, bad input changes nothing."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crashqueuelab.cli import EXIT_OK, EXIT_REJECTED, EXIT_STORE, EXIT_USAGE, main
+from tests.conftest import fingerprint, raw
+
+NOW = 5_000_000
+
+
+def run(*argv: str) -> tuple[int, dict[str, Any], str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), stdout=out, stderr=err)
+    return code, json.loads(out.getvalue()), err.getvalue()
+
+
+def submit(db: Path, key: str = "request-1", payload: str = '{"effect_key":"e1","value":7}') -> dict[str, Any]:
+    code, result, _ = run(
+        "submit", "--database", str(db), "--idempotency-key", key,
+        "--job-type", "synthetic.effect", "--payload", payload, "--now-us", str(NOW),
+    )
+    assert code == EXIT_OK, result
+    return result
+
+
+def claim(db: Path, worker: str = "worker-a", now: int = NOW + 1) -> dict[str, Any]:
+    code, result, _ = run(
+        "claim", "--database", str(db), "--worker-id", worker,
+        "--lease-duration-us", "1000", "--now-us", str(now),
+    )
+    assert code == EXIT_OK, result
+    claimed: dict[str, Any] = result["claimed"]
+    return claimed
+
+
+def test_a_full_round_trip_ends_in_a_passing_check(db_path: Path) -> None:
+    created = submit(db_path)
+    assert created["created"] is True
+    job_id = created["job"]["job_id"]
+    assert created["job"]["payload"] == {"effect_key": "e1", "value": 7}
+    claimed = claim(db_path)
+    token = claimed["lease_token"]
+    code, beat, _ = run(
+        "heartbeat", "--database", str(db_path), "--job-id", job_id, "--worker-id", "worker-a",
+        "--lease-token", token, "--lease-duration-us", "5000", "--now-us", str(NOW + 2),
+    )
+    assert code == EXIT_OK
+    assert beat["claimed"]["lease_deadline_us"] == NOW + 5002
+    code, done, _ = run(
+        "succeed", "--database", str(db_path), "--job-id", job_id, "--worker-id", "worker-a",
+        "--lease-token", token, "--now-us", str(NOW + 3),
+    )
+    assert (code, done["job"]["state"]) == (EXIT_OK, "SUCCEEDED")
+    code, history, _ = run("history", "--database", str(db_path), "--job-id", job_id)
+    assert [e["event_type"] for e in history["events"]] == [
+        "SUBMITTED", "CLAIMED", "HEARTBEAT", "SUCCEEDED",
+    ]
+    code, replay, _ = run("replay", "--database", str(db_path), "--job-id", job_id)
+    assert (code, replay["ok"], replay["replay"]["events_replayed"]) == (EXIT_OK, True, 4)
+    code, check, _ = run("check", "--database", str(db_path))
+    assert (code, check["ok"], check["check"]["failed"]) == (EXIT_OK, True, [])
+
+
+def test_fail_recover_and_promote_through_the_cli(db_path: Path) -> None:
+    job_id = submit(db_path)["job"]["job_id"]
+    token = claim(db_path)["lease_token"]
+    code, failed, _ = run(
+        "fail", "--database", str(db_path), "--job-id", job_id, "--worker-id", "worker-a",
+        "--lease-token", token, "--error", "handler raised", "--now-us", str(NOW + 2),
+        "--retry-base-us", "10",
+    )
+    assert (code, failed["job"]["state"]) == (EXIT_OK, "RETRY_SCHEDULED")
+    assert failed["job"]["available_at_us"] == NOW + 12
+    code, promoted, _ = run("promote", "--database", str(db_path), "--now-us", str(NOW + 12))
+    assert promoted["promoted"] == [job_id]
+    claim(db_path, now=NOW + 20)
+    code, recovered, _ = run("recover", "--database", str(db_path), "--now-us", str(NOW + 2000))
+    assert recovered["recovered"] == [job_id]
+    code, check, _ = run("check", "--database", str(db_path))
+    assert check["ok"]
+
+
+def test_stale_operations_exit_rejected_with_a_structured_error(db_path: Path) -> None:
+    job_id = submit(db_path)["job"]["job_id"]
+    token = claim(db_path)["lease_token"]
+    before = fingerprint(db_path)
+    code, result, err = run(
+        "succeed", "--database", str(db_path), "--job-id", job_id, "--worker-id", "worker-b",
+        "--lease-token", token, "--now-us", str(NOW + 2),
+    )
+    assert code == EXIT_REJECTED
+    assert result["ok"] is False
+    assert result["error"]["type"] == "StaleLease"
+    assert result["error"]["reason"] == "wrong_worker"
+    assert "wrong_worker" in err
+    assert fingerprint(db_path) == before
+
+
+def test_an_idempotency_conflict_is_rejected(db_path: Path) -> None:
+    submit(db_path)
+    before = fingerprint(db_path)
+    code, result, _ = run(
+        "submit", "--database", str(db_path), "--idempotency-key", "request-1",
+        "--job-type", "synthetic.effect", "--payload", '{"value":8}',
+    )
+    assert code == EXIT_REJECTED
+    assert result["error"]["type"] == "IdempotencyConflict"
+    assert result["error"]["differing"] == ["payload"]
+    assert fingerprint(db_path) == before
+
+
+BAD_SUBMISSIONS = {
+    "invalid JSON": ["--payload", "{not json"],
+    "a non-object payload": ["--payload", "[1, 2]"],
+    "NaN": ["--payload", '{"x": NaN}'],
+    "Infinity": ["--payload", '{"x": -Infinity}'],
+    "a duplicate key": ["--payload", '{"x": 1, "x": 2}'],
+    "an oversized payload": ["--payload", json.dumps({"x": "y" * 70_000})],
+    "a deeply nested payload": ["--payload", "{\"a\":" * 40 + "1" + "}" * 40],
+    "a hopelessly long payload": ["--payload", "[" * 300_000],
+    "an empty key": ["--idempotency-key", ""],
+    "zero attempts": ["--max-attempts", "0"],
+    "a word for attempts": ["--max-attempts", "three"],
+    "a negative time": ["--now-us", "-5"],
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_SUBMISSIONS))
+def test_bad_submissions_get_a_usage_error_and_change_nothing(db_path: Path, case: str) -> None:
+    submit(db_path, key="existing")
+    before = fingerprint(db_path)
+    argv = {
+        "--database": str(db_path), "--idempotency-key": "new",
+        "--job-type": "t", "--payload": "{}",
+    }
+    override = BAD_SUBMISSIONS[case]
+    argv[override[0]] = override[1]
+    flat = ["submit", *[part for pair in argv.items() for part in pair]]
+    code, result, _ = run(*flat)
+    assert code == EXIT_USAGE
+    assert result["ok"] is False
+    assert set(result["error"]) >= {"type", "message"}
+    assert fingerprint(db_path) == before
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["claim", "--worker-id", "w", "--lease-duration-us", "0"],
+        ["claim", "--worker-id", "w", "--lease-duration-us", "-3"],
+        ["claim", "--worker-id", ""],
+        ["heartbeat", "--job-id", "j", "--worker-id", "w", "--lease-token", "t",
+         "--lease-duration-us", "0"],
+        ["succeed", "--job-id", "", "--worker-id", "w", "--lease-token", "t"],
+        ["fail", "--job-id", "j", "--worker-id", "w", "--lease-token", "t"],
+        ["bogus"],
+        [],
+    ],
+)
+def test_bad_arguments_get_a_usage_error_and_change_nothing(
+    db_path: Path, argv: list[str]
+) -> None:
+    submit(db_path)
+    claim(db_path)
+    before = fingerprint(db_path)
+    full = [*argv[:1], "--database", str(db_path), *argv[1:]] if argv[:1] != ["bogus"] else argv
+    code, result, _ = run(*full)
+    assert code == EXIT_USAGE
+    assert result["ok"] is False
+    assert fingerprint(db_path) == before
+
+
+@pytest.mark.parametrize("command", ["claim", "promote", "recover", "check", "replay"])
+def test_a_missing_database_is_not_created(tmp_path: Path, command: str) -> None:
+    missing = tmp_path / "nothing.sqlite"
+    argv = [command, "--database", str(missing)]
+    if command == "claim":
+        argv += ["--worker-id", "w"]
+    code, result, _ = run(*argv)
+    assert code == EXIT_STORE
+    assert result["error"]["type"] == "StoreNotFound"
+    assert not missing.exists()
+
+
+def test_history_of_a_missing_database_or_job(tmp_path: Path, db_path: Path) -> None:
+    code, result, _ = run("history", "--database", str(tmp_path / "x.sqlite"), "--job-id", "j")
+    assert (code, result["error"]["type"]) == (EXIT_STORE, "StoreNotFound")
+    submit(db_path)
+    code, result, _ = run("history", "--database", str(db_path), "--job-id", "job-none")
+    assert (code, result["error"]["type"]) == (EXIT_REJECTED, "JobNotFound")
+
+
+@pytest.mark.parametrize("command", ["submit", "check", "replay"])
+def test_a_file_that_is_not_sqlite_is_refused_untouched(tmp_path: Path, command: str) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_text("shopping list\n" * 100)
+    before = path.read_bytes()
+    argv = [command, "--database", str(path)]
+    if command == "submit":
+        argv += ["--idempotency-key", "k", "--job-type", "t", "--payload", "{}"]
+    code, result, _ = run(*argv)
+    assert (code, result["error"]["type"]) == (EXIT_STORE, "NotADatabase")
+    assert path.read_bytes() == before
+
+
+def test_another_schema_version_is_refused_untouched(db_path: Path) -> None:
+    submit(db_path)
+    conn = raw(db_path)
+    conn.execute("PRAGMA user_version = 2")
+    conn.close()
+    before = fingerprint(db_path)
+    for argv in (["claim", "--worker-id", "w"], ["check"], ["replay"]):
+        code, result, _ = run(argv[0], "--database", str(db_path), *argv[1:])
+        assert (code, result["error"]["type"]) == (EXIT_STORE, "SchemaMismatch")
+    assert fingerprint(db_path) == before
+
+
+def test_dropped_triggers_fail_the_check_and_refuse_writes(db_path: Path) -> None:
+    submit(db_path)
+    conn = raw(db_path)
+    conn.execute("DROP TRIGGER events_no_update")
+    conn.close()
+    before = fingerprint(db_path)
+    code, result, _ = run("check", "--database", str(db_path))
+    assert (code, result["ok"]) == (EXIT_REJECTED, False)
+    assert result["check"]["failed"] == ["append_only_triggers"]
+    code, result, _ = run("claim", "--database", str(db_path), "--worker-id", "w")
+    assert (code, result["error"]["type"]) == (EXIT_STORE, "HistoryUnprotected")
+    assert result["error"]["missing"] == ["events_no_update"]
+    assert fingerprint(db_path) == before
+
+
+def test_a_failed_replay_exits_rejected(db_path: Path) -> None:
+    submit(db_path)
+    conn = raw(db_path)
+    conn.execute("UPDATE jobs SET attempts = 1")
+    conn.close()
+    code, result, err = run("replay", "--database", str(db_path))
+    assert (code, result["ok"]) == (EXIT_REJECTED, False)
+    assert result["replay"]["mismatches"][0]["field"] == "attempts"
+    assert "not ok" in err
+
+
+def test_python_dash_m_prints_one_json_object_and_exit_codes(db_path: Path) -> None:
+    command = [sys.executable, "-m", "crashqueuelab"]
+    ok = subprocess.run(
+        [*command, "submit", "--database", str(db_path), "--idempotency-key", "k",
+         "--job-type", "t", "--payload", "{}"],
+        capture_output=True, text=True, check=False, timeout=60,
+    )
+    assert ok.returncode == EXIT_OK
+    assert json.loads(ok.stdout)["created"] is True
+    bad = subprocess.run(
+        [*command, "submit", "--database", str(db_path), "--idempotency-key", "k",
+         "--job-type", "t", "--payload", "{oops"],
+        capture_output=True, text=True, check=False, timeout=60,
+    )
+    assert bad.returncode == EXIT_USAGE
+    assert json.loads(bad.stdout)["error"]["type"] == "InvalidInput"
+    assert "Traceback" not in bad.stderr
+    helped = subprocess.run(
+        [*command, "--help"], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert helped.returncode == 0
+    assert "Exit codes" in helped.stdout

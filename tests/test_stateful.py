@@ -1,0 +1,179 @@
+"""DurableQueue against the in-memory model over random operation sequences.
+
+After every step the two must agree on every job, and the judges must pass the database.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, precondition, rule
+
+from crashqueuelab import (
+    DurableQueue,
+    IdempotencyConflict,
+    ManualClock,
+    RetryPolicy,
+    SeededIds,
+    StaleLease,
+)
+from crashqueuelab.judges.invariants import check_database
+from crashqueuelab.judges.replay import replay_database
+from tests.model import ModelQueue
+
+WORKERS = st.sampled_from(["w1", "w2", "w3"])
+KEYS = st.sampled_from(["a", "b", "c", "d", "e", "f"])
+PAYLOADS = st.sampled_from([{}, {"v": 1}, {"v": 2}])
+DURATIONS = st.integers(min_value=1, max_value=3_000)
+
+
+class QueueAgainstModel(RuleBasedStateMachine):
+    leases = Bundle("leases")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.directory = tempfile.TemporaryDirectory()
+        self.path = Path(self.directory.name) / "queue.sqlite"
+        self.clock = ManualClock(1_000)
+        self.queue = DurableQueue(
+            self.path,
+            clock=self.clock,
+            ids=SeededIds(1, "stateful"),
+            retry=RetryPolicy(base_delay_us=100, max_delay_us=150),
+        )
+        self.model = ModelQueue(base_delay=100, max_delay=150)
+
+    def teardown(self) -> None:
+        self.queue.close()
+        self.directory.cleanup()
+
+    @rule(key=KEYS, job_type=st.sampled_from(["t", "u"]), payload=PAYLOADS,
+          max_attempts=st.integers(1, 4))
+    def submit(self, key: str, job_type: str, payload: dict[str, int], max_attempts: int) -> None:
+        try:
+            result = self.queue.submit(
+                idempotency_key=key, job_type=job_type, payload=payload, max_attempts=max_attempts
+            )
+            outcome = "created" if result.created else "existing"
+            job_id = result.job.job_id
+        except IdempotencyConflict:
+            outcome, job_id = "conflict", ""
+        expected = self.model.submit(
+            job_id, key, job_type, repr(sorted(payload.items())), max_attempts, self.clock.now_us()
+        )
+        assert outcome == expected
+
+    @rule(target=leases, worker=WORKERS, duration=DURATIONS)
+    def claim(self, worker: str, duration: int) -> tuple[str, str, str]:
+        expected = self.model.next_ready(self.clock.now_us())
+        claimed = self.queue.claim(worker_id=worker, lease_duration_us=duration)
+        if claimed is None:
+            assert expected is None
+            return ("", worker, "")
+        assert claimed.job.job_id == expected
+        self.model.claim(expected, worker, claimed.lease_token, claimed.lease_deadline_us)
+        return (expected, worker, claimed.lease_token)
+
+    def _holder_call(
+        self, lease: tuple[str, str, str], imposter: bool, operation: str, duration: int = 1
+    ) -> None:
+        job_id, worker, token = lease
+        if not job_id:
+            return
+        if imposter:
+            worker = worker + "-imposter"
+        reason = self.model.stale_reason(job_id, worker, token, self.clock.now_us())
+        try:
+            if operation == "heartbeat":
+                self.queue.heartbeat(
+                    job_id=job_id, worker_id=worker, lease_token=token, lease_duration_us=duration
+                )
+            elif operation == "succeed":
+                self.queue.succeed(job_id=job_id, worker_id=worker, lease_token=token)
+            else:
+                self.queue.fail(job_id=job_id, worker_id=worker, lease_token=token, error="boom")
+        except StaleLease as error:
+            assert error.reason.value == reason
+            return
+        assert reason is None
+        if operation == "heartbeat":
+            self.model.jobs[job_id].deadline = self.clock.now_us() + duration
+        elif operation == "succeed":
+            self.model.succeed(job_id)
+        else:
+            self.model.fail(job_id, self.clock.now_us())
+
+    @rule(
+        lease=leases,
+        imposter=st.booleans(),
+        operation=st.sampled_from(["heartbeat", "succeed", "fail"]),
+        duration=DURATIONS,
+    )
+    def use_a_remembered_lease(
+        self, lease: tuple[str, str, str], imposter: bool, operation: str, duration: int
+    ) -> None:
+        """Old, current or forged credentials: the queue must agree with the model's verdict."""
+        self._holder_call(lease, imposter, operation, duration)
+
+    def _live_leases(self) -> list[tuple[str, str, str]]:
+        return sorted(
+            (job_id, job.worker or "", job.token or "")
+            for job_id, job in self.model.jobs.items()
+            if job.state == "LEASED"
+        )
+
+    @precondition(lambda self: bool(self._live_leases()))
+    @rule(pick=st.integers(min_value=0, max_value=10), succeed=st.booleans())
+    def finish_a_live_lease(self, pick: int, succeed: bool) -> None:
+        """Drive the holder of a current lease, so long retry chains get explored."""
+        live = self._live_leases()
+        self._holder_call(live[pick % len(live)], False, "succeed" if succeed else "fail")
+
+    @rule(delta=st.integers(min_value=0, max_value=2_000))
+    def advance(self, delta: int) -> None:
+        self.clock.advance(delta)
+
+    @rule()
+    def recover(self) -> None:
+        assert set(self.queue.recover_expired()) == self.model.recover(self.clock.now_us())
+
+    @rule()
+    def promote(self) -> None:
+        assert set(self.queue.promote_retries()) == self.model.promote(self.clock.now_us())
+
+    @rule(delta=st.integers(min_value=0, max_value=2_000))
+    def maintain(self, delta: int) -> None:
+        """What a maintenance loop does: let time pass, recover, promote."""
+        self.advance(delta)
+        self.recover()
+        self.promote()
+
+    @invariant()
+    def rows_agree_with_the_model(self) -> None:
+        for job_id, expected in self.model.jobs.items():
+            job = self.queue.get(job_id)
+            assert job.state.value == expected.state
+            assert job.attempts == expected.attempts
+            assert job.lease_token == expected.token
+            assert job.lease_deadline_us == expected.deadline
+            if expected.state in ("QUEUED", "RETRY_SCHEDULED"):
+                assert job.available_at_us == expected.available_at
+
+    @invariant()
+    def judges_pass(self) -> None:
+        report = check_database(self.path)
+        assert report.ok, report.failed()
+        replay = replay_database(self.path)
+        assert replay.ok, replay.mismatches
+
+
+QueueAgainstModel.TestCase.settings = settings(
+    max_examples=150,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_queue_agrees_with_the_model = QueueAgainstModel.TestCase
