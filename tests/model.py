@@ -39,9 +39,15 @@ class ModelQueue:
         existing = self.by_key.get(key)
         if existing is not None:
             job = self.jobs[existing]
-            same = (job.job_type, job.payload, job.max_attempts) == (job_type, payload, max_attempts)
+            same = (job.job_type, job.payload, job.max_attempts) == (
+                job_type,
+                payload,
+                max_attempts,
+            )
             return "existing" if same else "conflict"
-        self.jobs[job_id] = ModelJob(key, job_type, payload, max_attempts, len(self.jobs), "QUEUED", 0, now)
+        self.jobs[job_id] = ModelJob(
+            key, job_type, payload, max_attempts, len(self.jobs), "QUEUED", 0, now
+        )
         self.by_key[key] = job_id
         return "created"
 

@@ -23,10 +23,21 @@ def run(*argv: str) -> tuple[int, dict[str, Any], str]:
     return code, json.loads(out.getvalue()), err.getvalue()
 
 
-def submit(db: Path, key: str = "request-1", payload: str = '{"effect_key":"e1","value":7}') -> dict[str, Any]:
+def submit(
+    db: Path, key: str = "request-1", payload: str = '{"effect_key":"e1","value":7}'
+) -> dict[str, Any]:
     code, result, _ = run(
-        "submit", "--database", str(db), "--idempotency-key", key,
-        "--job-type", "synthetic.effect", "--payload", payload, "--now-us", str(NOW),
+        "submit",
+        "--database",
+        str(db),
+        "--idempotency-key",
+        key,
+        "--job-type",
+        "synthetic.effect",
+        "--payload",
+        payload,
+        "--now-us",
+        str(NOW),
     )
     assert code == EXIT_OK, result
     return result
@@ -34,8 +45,15 @@ def submit(db: Path, key: str = "request-1", payload: str = '{"effect_key":"e1",
 
 def claim(db: Path, worker: str = "worker-a", now: int = NOW + 1) -> dict[str, Any]:
     code, result, _ = run(
-        "claim", "--database", str(db), "--worker-id", worker,
-        "--lease-duration-us", "1000", "--now-us", str(now),
+        "claim",
+        "--database",
+        str(db),
+        "--worker-id",
+        worker,
+        "--lease-duration-us",
+        "1000",
+        "--now-us",
+        str(now),
     )
     assert code == EXIT_OK, result
     claimed: dict[str, Any] = result["claimed"]
@@ -50,19 +68,42 @@ def test_a_full_round_trip_ends_in_a_passing_check(db_path: Path) -> None:
     claimed = claim(db_path)
     token = claimed["lease_token"]
     code, beat, _ = run(
-        "heartbeat", "--database", str(db_path), "--job-id", job_id, "--worker-id", "worker-a",
-        "--lease-token", token, "--lease-duration-us", "5000", "--now-us", str(NOW + 2),
+        "heartbeat",
+        "--database",
+        str(db_path),
+        "--job-id",
+        job_id,
+        "--worker-id",
+        "worker-a",
+        "--lease-token",
+        token,
+        "--lease-duration-us",
+        "5000",
+        "--now-us",
+        str(NOW + 2),
     )
     assert code == EXIT_OK
     assert beat["claimed"]["lease_deadline_us"] == NOW + 5002
     code, done, _ = run(
-        "succeed", "--database", str(db_path), "--job-id", job_id, "--worker-id", "worker-a",
-        "--lease-token", token, "--now-us", str(NOW + 3),
+        "succeed",
+        "--database",
+        str(db_path),
+        "--job-id",
+        job_id,
+        "--worker-id",
+        "worker-a",
+        "--lease-token",
+        token,
+        "--now-us",
+        str(NOW + 3),
     )
     assert (code, done["job"]["state"]) == (EXIT_OK, "SUCCEEDED")
     code, history, _ = run("history", "--database", str(db_path), "--job-id", job_id)
     assert [e["event_type"] for e in history["events"]] == [
-        "SUBMITTED", "CLAIMED", "HEARTBEAT", "SUCCEEDED",
+        "SUBMITTED",
+        "CLAIMED",
+        "HEARTBEAT",
+        "SUCCEEDED",
     ]
     code, replay, _ = run("replay", "--database", str(db_path), "--job-id", job_id)
     assert (code, replay["ok"], replay["replay"]["events_replayed"]) == (EXIT_OK, True, 4)
@@ -74,9 +115,21 @@ def test_fail_recover_and_promote_through_the_cli(db_path: Path) -> None:
     job_id = submit(db_path)["job"]["job_id"]
     token = claim(db_path)["lease_token"]
     code, failed, _ = run(
-        "fail", "--database", str(db_path), "--job-id", job_id, "--worker-id", "worker-a",
-        "--lease-token", token, "--error", "handler raised", "--now-us", str(NOW + 2),
-        "--retry-base-us", "10",
+        "fail",
+        "--database",
+        str(db_path),
+        "--job-id",
+        job_id,
+        "--worker-id",
+        "worker-a",
+        "--lease-token",
+        token,
+        "--error",
+        "handler raised",
+        "--now-us",
+        str(NOW + 2),
+        "--retry-base-us",
+        "10",
     )
     assert (code, failed["job"]["state"]) == (EXIT_OK, "RETRY_SCHEDULED")
     assert failed["job"]["available_at_us"] == NOW + 12
@@ -94,8 +147,17 @@ def test_stale_operations_exit_rejected_with_a_structured_error(db_path: Path) -
     token = claim(db_path)["lease_token"]
     before = fingerprint(db_path)
     code, result, err = run(
-        "succeed", "--database", str(db_path), "--job-id", job_id, "--worker-id", "worker-b",
-        "--lease-token", token, "--now-us", str(NOW + 2),
+        "succeed",
+        "--database",
+        str(db_path),
+        "--job-id",
+        job_id,
+        "--worker-id",
+        "worker-b",
+        "--lease-token",
+        token,
+        "--now-us",
+        str(NOW + 2),
     )
     assert code == EXIT_REJECTED
     assert result["ok"] is False
@@ -109,8 +171,15 @@ def test_an_idempotency_conflict_is_rejected(db_path: Path) -> None:
     submit(db_path)
     before = fingerprint(db_path)
     code, result, _ = run(
-        "submit", "--database", str(db_path), "--idempotency-key", "request-1",
-        "--job-type", "synthetic.effect", "--payload", '{"value":8}',
+        "submit",
+        "--database",
+        str(db_path),
+        "--idempotency-key",
+        "request-1",
+        "--job-type",
+        "synthetic.effect",
+        "--payload",
+        '{"value":8}',
     )
     assert code == EXIT_REJECTED
     assert result["error"]["type"] == "IdempotencyConflict"
@@ -125,7 +194,7 @@ BAD_SUBMISSIONS = {
     "Infinity": ["--payload", '{"x": -Infinity}'],
     "a duplicate key": ["--payload", '{"x": 1, "x": 2}'],
     "an oversized payload": ["--payload", json.dumps({"x": "y" * 70_000})],
-    "a deeply nested payload": ["--payload", "{\"a\":" * 40 + "1" + "}" * 40],
+    "a deeply nested payload": ["--payload", '{"a":' * 40 + "1" + "}" * 40],
     "a hopelessly long payload": ["--payload", "[" * 300_000],
     "an empty key": ["--idempotency-key", ""],
     "zero attempts": ["--max-attempts", "0"],
@@ -139,8 +208,10 @@ def test_bad_submissions_get_a_usage_error_and_change_nothing(db_path: Path, cas
     submit(db_path, key="existing")
     before = fingerprint(db_path)
     argv = {
-        "--database": str(db_path), "--idempotency-key": "new",
-        "--job-type": "t", "--payload": "{}",
+        "--database": str(db_path),
+        "--idempotency-key": "new",
+        "--job-type": "t",
+        "--payload": "{}",
     }
     override = BAD_SUBMISSIONS[case]
     argv[override[0]] = override[1]
@@ -158,17 +229,24 @@ def test_bad_submissions_get_a_usage_error_and_change_nothing(db_path: Path, cas
         ["claim", "--worker-id", "w", "--lease-duration-us", "0"],
         ["claim", "--worker-id", "w", "--lease-duration-us", "-3"],
         ["claim", "--worker-id", ""],
-        ["heartbeat", "--job-id", "j", "--worker-id", "w", "--lease-token", "t",
-         "--lease-duration-us", "0"],
+        [
+            "heartbeat",
+            "--job-id",
+            "j",
+            "--worker-id",
+            "w",
+            "--lease-token",
+            "t",
+            "--lease-duration-us",
+            "0",
+        ],
         ["succeed", "--job-id", "", "--worker-id", "w", "--lease-token", "t"],
         ["fail", "--job-id", "j", "--worker-id", "w", "--lease-token", "t"],
         ["bogus"],
         [],
     ],
 )
-def test_bad_arguments_get_a_usage_error_and_change_nothing(
-    db_path: Path, argv: list[str]
-) -> None:
+def test_bad_arguments_get_a_usage_error_and_change_nothing(db_path: Path, argv: list[str]) -> None:
     submit(db_path)
     claim(db_path)
     before = fingerprint(db_path)
@@ -253,16 +331,42 @@ def test_a_failed_replay_exits_rejected(db_path: Path) -> None:
 def test_python_dash_m_prints_one_json_object_and_exit_codes(db_path: Path) -> None:
     command = [sys.executable, "-m", "crashqueuelab"]
     ok = subprocess.run(
-        [*command, "submit", "--database", str(db_path), "--idempotency-key", "k",
-         "--job-type", "t", "--payload", "{}"],
-        capture_output=True, text=True, check=False, timeout=60,
+        [
+            *command,
+            "submit",
+            "--database",
+            str(db_path),
+            "--idempotency-key",
+            "k",
+            "--job-type",
+            "t",
+            "--payload",
+            "{}",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
     )
     assert ok.returncode == EXIT_OK
     assert json.loads(ok.stdout)["created"] is True
     bad = subprocess.run(
-        [*command, "submit", "--database", str(db_path), "--idempotency-key", "k",
-         "--job-type", "t", "--payload", "{oops"],
-        capture_output=True, text=True, check=False, timeout=60,
+        [
+            *command,
+            "submit",
+            "--database",
+            str(db_path),
+            "--idempotency-key",
+            "k",
+            "--job-type",
+            "t",
+            "--payload",
+            "{oops",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
     )
     assert bad.returncode == EXIT_USAGE
     assert json.loads(bad.stdout)["error"]["type"] == "InvalidInput"

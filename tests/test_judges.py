@@ -77,9 +77,7 @@ def test_a_healthy_database_passes_every_invariant_and_replays(
     assert fingerprint(db_path) == before
 
 
-def test_replay_of_one_job_reads_only_its_history(
-    populated: dict[str, str], db_path: Path
-) -> None:
+def test_replay_of_one_job_reads_only_its_history(populated: dict[str, str], db_path: Path) -> None:
     report = replay_database(db_path, job_id=populated["SUCCEEDED"])
     assert report.ok
     assert (report.jobs_replayed, report.events_replayed) == (1, 4)

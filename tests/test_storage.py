@@ -119,12 +119,19 @@ def test_a_refused_pragma_is_reported() -> None:
 def test_write_transaction_rolls_back_on_any_exception(db_path: Path) -> None:
     conn = open_store(db_path, create=True)
     try:
-        with pytest.raises(KeyboardInterrupt), write_transaction(conn):
-            conn.execute("INSERT INTO jobs (job_id, idempotency_key, job_type, payload_json,"
-                         " payload_sha256, state, attempts, max_attempts, available_at_us,"
-                         " created_at_us, updated_at_us)"
-                         " VALUES ('j', 'k', 't', '{}', 'x', 'QUEUED', 0, 1, 0, 0, 0)")
-            raise KeyboardInterrupt
+
+        def insert_then_interrupt() -> None:
+            with write_transaction(conn):
+                conn.execute(
+                    "INSERT INTO jobs (job_id, idempotency_key, job_type, payload_json,"
+                    " payload_sha256, state, attempts, max_attempts, available_at_us,"
+                    " created_at_us, updated_at_us)"
+                    " VALUES ('j', 'k', 't', '{}', 'x', 'QUEUED', 0, 1, 0, 0, 0)"
+                )
+                raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            insert_then_interrupt()
         assert conn.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0
         assert not conn.in_transaction
     finally:

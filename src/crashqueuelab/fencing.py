@@ -11,6 +11,13 @@ from __future__ import annotations
 from crashqueuelab.errors import StaleLease, StaleReason
 from crashqueuelab.models import Job, JobState
 
+#: The same rule as a guard for ``UPDATE jobs ... WHERE job_id = ? AND <guard>``; its
+#: parameters are (worker_id, lease_token, now_us). The queue applies it inside the write
+#: transaction and calls ``require_live_lease`` only to explain a guard that did not match.
+LIVE_LEASE_GUARD = (
+    "state = 'LEASED' AND lease_worker_id = ? AND lease_token = ? AND lease_deadline_us > ?"
+)
+
 
 def require_live_lease(job: Job, *, worker_id: str, lease_token: str, now_us: int) -> None:
     """Raise StaleLease unless (worker_id, lease_token) holds an unexpired lease on ``job``."""

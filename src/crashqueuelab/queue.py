@@ -7,16 +7,15 @@ handler or an external effect; that is the worker boundary's job.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sqlite3
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 from crashqueuelab.clock import Clock, SystemClock
 from crashqueuelab.errors import IdempotencyConflict, JobNotFound, StoreError
-from crashqueuelab.fencing import require_live_lease
+from crashqueuelab.fencing import LIVE_LEASE_GUARD, require_live_lease
 from crashqueuelab.history import append_event
 from crashqueuelab.hooks import Hook, Phase, no_hook
 from crashqueuelab.ids import IdGenerator, RandomIds
@@ -40,6 +39,7 @@ from crashqueuelab.rows import (
     decode_event,
     decode_job,
 )
+from crashqueuelab.schema import ACTIVE_JOBS
 from crashqueuelab.storage import DEFAULT_BUSY_TIMEOUT_MS, open_store, write_transaction
 from crashqueuelab.validation import (
     MAX_ATTEMPTS_LIMIT,
@@ -54,16 +54,22 @@ MAX_LEASE_US = 366 * 24 * 3600 * 1_000_000
 LEASE_EXPIRED_ERROR = "lease expired before the worker acknowledged"
 
 _SELECT_JOB = f"SELECT {JOB_COLUMNS} FROM jobs WHERE job_id = ?"
-_SELECT_READY = (
-    f"SELECT {JOB_COLUMNS} FROM jobs WHERE state = 'QUEUED' AND available_at_us <= ?"
-    " ORDER BY available_at_us, submit_seq LIMIT ?"
+# One statement picks and leases the oldest ready job, so a claim costs no extra round trip.
+_CLAIM_NEXT = (
+    "UPDATE jobs SET state = 'LEASED', attempts = attempts + 1, lease_worker_id = ?,"
+    " lease_token = ?, lease_deadline_us = ?, updated_at_us = ?"
+    f" WHERE submit_seq = (SELECT submit_seq FROM jobs WHERE {ACTIVE_JOBS} AND state = 'QUEUED'"
+    " AND available_at_us <= ? ORDER BY available_at_us, submit_seq LIMIT 1)"
+    f" RETURNING {JOB_COLUMNS}"
 )
 _SELECT_EXPIRED = (
-    f"SELECT {JOB_COLUMNS} FROM jobs WHERE state = 'LEASED' AND lease_deadline_us <= ?"
+    f"SELECT {JOB_COLUMNS} FROM jobs WHERE {ACTIVE_JOBS} AND state = 'LEASED'"
+    " AND lease_deadline_us <= ?"
     " ORDER BY lease_deadline_us, submit_seq"
 )
 _SELECT_DUE_RETRIES = (
-    f"SELECT {JOB_COLUMNS} FROM jobs WHERE state = 'RETRY_SCHEDULED' AND available_at_us <= ?"
+    f"SELECT {JOB_COLUMNS} FROM jobs WHERE {ACTIVE_JOBS} AND state = 'RETRY_SCHEDULED'"
+    " AND available_at_us <= ?"
     " ORDER BY available_at_us, submit_seq"
 )
 _INSERT_JOB = (
@@ -71,25 +77,29 @@ _INSERT_JOB = (
     " attempts, max_attempts, available_at_us, created_at_us, updated_at_us)"
     " VALUES (?, ?, ?, ?, ?, 'QUEUED', 0, ?, ?, ?, ?) RETURNING submit_seq"
 )
-_LEASE_JOB = (
-    "UPDATE jobs SET state = 'LEASED', attempts = ?, lease_worker_id = ?, lease_token = ?,"
-    " lease_deadline_us = ?, updated_at_us = ? WHERE submit_seq = ? AND state = 'QUEUED'"
-)
 _OPEN_ATTEMPT = (
     "INSERT INTO attempts (job_id, attempt, worker_id, lease_token, claimed_at_us,"
     " lease_deadline_us) VALUES (?, ?, ?, ?, ?, ?)"
 )
 _EXTEND_LEASE = (
     "UPDATE jobs SET lease_deadline_us = ?, updated_at_us = ?"
-    " WHERE submit_seq = ? AND state = 'LEASED' AND lease_token = ?"
+    f" WHERE job_id = ? AND {LIVE_LEASE_GUARD} RETURNING {JOB_COLUMNS}"
 )
 _EXTEND_ATTEMPT = "UPDATE attempts SET lease_deadline_us = ? WHERE job_id = ? AND attempt = ?"
-# Ending a lease clears its fields in the same statement that leaves LEASED, guarded by the
-# token so a statement can never end somebody else's lease.
-_END_LEASE = (
-    "UPDATE jobs SET state = ?, available_at_us = ?, last_error = ?, lease_worker_id = NULL,"
-    " lease_token = NULL, lease_deadline_us = NULL, updated_at_us = ?"
-    " WHERE submit_seq = ? AND state = 'LEASED' AND lease_token = ?"
+# Ending a lease clears its fields in the same statement that leaves LEASED. The holder's
+# own operations are guarded by the live-lease rule; recovery by the expired deadline.
+_END_LEASE_SET = (
+    "UPDATE jobs SET state = ?, available_at_us = coalesce(?, available_at_us),"
+    " last_error = coalesce(?, last_error), lease_worker_id = NULL, lease_token = NULL,"
+    " lease_deadline_us = NULL, updated_at_us = ?"
+)
+_END_LIVE_LEASE = (
+    f"{_END_LEASE_SET} WHERE job_id = ? AND {LIVE_LEASE_GUARD} RETURNING {JOB_COLUMNS}"
+)
+_END_EXPIRED_LEASE = (
+    f"{_END_LEASE_SET} WHERE submit_seq = ? AND state = 'LEASED' AND lease_token = ?"
+    " AND lease_deadline_us <= ?"
+    f" RETURNING {JOB_COLUMNS}"
 )
 _CLOSE_ATTEMPT = (
     "UPDATE attempts SET ended_at_us = ?, outcome = ?, error = ?"
@@ -99,6 +109,13 @@ _PROMOTE = (
     "UPDATE jobs SET state = 'QUEUED', updated_at_us = ?"
     " WHERE submit_seq = ? AND state = 'RETRY_SCHEDULED'"
 )
+
+
+_OUTCOMES = {
+    EventType.SUCCEEDED: AttemptOutcome.SUCCEEDED,
+    EventType.FAILED: AttemptOutcome.FAILED,
+    EventType.LEASE_EXPIRED: AttemptOutcome.EXPIRED,
+}
 
 
 def _require_lease_arguments(job_id: str, worker_id: str, lease_token: str) -> None:
@@ -252,19 +269,14 @@ class DurableQueue:
         lease = require_int("lease_duration_us", lease_duration_us, minimum=1, maximum=MAX_LEASE_US)
         conn = self.connection
         now = self._clock.now_us()
+        token = self._ids.lease_token()
+        deadline = now + lease
         with write_transaction(conn):
-            row = conn.execute(_SELECT_READY, (now, 1)).fetchone()
+            row = conn.execute(_CLAIM_NEXT, (worker, token, deadline, now, now)).fetchone()
             if row is None:
                 return None
             job = decode_job(row)
-            attempt = job.attempts + 1
-            token = self._ids.lease_token()
-            deadline = now + lease
-            cursor = conn.execute(
-                _LEASE_JOB, (attempt, worker, token, deadline, now, job.submit_seq)
-            )
-            _require_applied(cursor, "claim")
-            conn.execute(_OPEN_ATTEMPT, (job.job_id, attempt, worker, token, now, deadline))
+            conn.execute(_OPEN_ATTEMPT, (job.job_id, job.attempts, worker, token, now, deadline))
             append_event(
                 conn,
                 job_id=job.job_id,
@@ -272,24 +284,15 @@ class DurableQueue:
                 from_state=JobState.QUEUED,
                 to_state=JobState.LEASED,
                 at_us=now,
-                attempt=attempt,
+                attempt=job.attempts,
                 worker_id=worker,
                 lease_token=token,
                 lease_deadline_us=deadline,
             )
             self._hook(Phase.BEFORE_CLAIM_COMMIT)
         self._hook(Phase.AFTER_CLAIM_COMMIT)
-        leased = dataclasses.replace(
-            job,
-            state=JobState.LEASED,
-            attempts=attempt,
-            lease_worker_id=worker,
-            lease_token=token,
-            lease_deadline_us=deadline,
-            updated_at_us=now,
-        )
         return ClaimedJob(
-            job=leased, lease_token=token, lease_deadline_us=deadline, attempt=attempt
+            job=job, lease_token=token, lease_deadline_us=deadline, attempt=job.attempts
         )
 
     def heartbeat(
@@ -300,11 +303,14 @@ class DurableQueue:
         lease = require_int("lease_duration_us", lease_duration_us, minimum=1, maximum=MAX_LEASE_US)
         conn = self.connection
         now = self._clock.now_us()
+        deadline = now + lease
         with write_transaction(conn):
-            job = self._live_lease(job_id, worker_id, lease_token, now)
-            deadline = now + lease
-            cursor = conn.execute(_EXTEND_LEASE, (deadline, now, job.submit_seq, lease_token))
-            _require_applied(cursor, "heartbeat")
+            row = conn.execute(
+                _EXTEND_LEASE, (deadline, now, job_id, worker_id, lease_token, now)
+            ).fetchone()
+            if row is None:
+                self._explain_stale(job_id, worker_id, lease_token, now)
+            job = decode_job(row)
             conn.execute(_EXTEND_ATTEMPT, (deadline, job.job_id, job.attempts))
             append_event(
                 conn,
@@ -320,9 +326,8 @@ class DurableQueue:
             )
             self._hook(Phase.BEFORE_HEARTBEAT_COMMIT)
         self._hook(Phase.AFTER_HEARTBEAT_COMMIT)
-        extended = dataclasses.replace(job, lease_deadline_us=deadline, updated_at_us=now)
         return ClaimedJob(
-            job=extended, lease_token=lease_token, lease_deadline_us=deadline, attempt=job.attempts
+            job=job, lease_token=lease_token, lease_deadline_us=deadline, attempt=job.attempts
         )
 
     def succeed(self, *, job_id: str, worker_id: str, lease_token: str) -> Job:
@@ -331,15 +336,14 @@ class DurableQueue:
         conn = self.connection
         now = self._clock.now_us()
         with write_transaction(conn):
-            job = self._live_lease(job_id, worker_id, lease_token, now)
-            done = self._end_lease(
-                job,
-                to_state=JobState.SUCCEEDED,
-                event_type=EventType.SUCCEEDED,
-                outcome=AttemptOutcome.SUCCEEDED,
-                available_at_us=job.available_at_us,
-                error=None,
+            done = self._end_live_lease(
+                job_id,
+                worker_id,
+                lease_token,
                 now=now,
+                to_state=JobState.SUCCEEDED,
+                available_at_us=None,
+                error=None,
             )
             self._hook(Phase.BEFORE_SUCCESS_COMMIT)
         self._hook(Phase.AFTER_SUCCESS_COMMIT)
@@ -352,16 +356,19 @@ class DurableQueue:
         conn = self.connection
         now = self._clock.now_us()
         with write_transaction(conn):
-            job = self._live_lease(job_id, worker_id, lease_token, now)
+            # The retry time depends on the attempt number, so read the row first; the
+            # guarded update below still re-checks the lease under the same write lock.
+            job = self.get(job_id)
+            require_live_lease(job, worker_id=worker_id, lease_token=lease_token, now_us=now)
             to_state, available = self._after_attempt(job, now)
-            done = self._end_lease(
-                job,
+            done = self._end_live_lease(
+                job_id,
+                worker_id,
+                lease_token,
+                now=now,
                 to_state=to_state,
-                event_type=EventType.FAILED,
-                outcome=AttemptOutcome.FAILED,
                 available_at_us=available,
                 error=text,
-                now=now,
             )
             self._hook(Phase.BEFORE_FAILURE_COMMIT)
         self._hook(Phase.AFTER_FAILURE_COMMIT)
@@ -379,12 +386,17 @@ class DurableQueue:
                 return []
             for job in expired:
                 to_state, available = self._after_attempt(job, now)
-                self._end_lease(
-                    job,
-                    to_state=to_state,
+                arguments = (to_state.value, available, LEASE_EXPIRED_ERROR, now, job.submit_seq)
+                row = conn.execute(
+                    _END_EXPIRED_LEASE, (*arguments, job.lease_token, now)
+                ).fetchone()
+                if row is None:
+                    raise StoreError(self.path, f"expired lease of {job.job_id} vanished")
+                self._record_lease_end(
+                    decode_job(row),
+                    worker_id=job.lease_worker_id,
+                    lease_token=job.lease_token,
                     event_type=EventType.LEASE_EXPIRED,
-                    outcome=AttemptOutcome.EXPIRED,
-                    available_at_us=available,
                     error=LEASE_EXPIRED_ERROR,
                     now=now,
                 )
@@ -452,35 +464,57 @@ class DurableQueue:
 
     # -- transition helpers (run inside the caller's transaction) ----------------------------
 
-    def _live_lease(self, job_id: str, worker_id: str, lease_token: str, now: int) -> Job:
+    def _explain_stale(self, job_id: str, worker_id: str, lease_token: str, now: int) -> NoReturn:
+        """Raise the StaleLease (or JobNotFound) that explains why a lease guard did not match."""
         job = self.get(job_id)
         require_live_lease(job, worker_id=worker_id, lease_token=lease_token, now_us=now)
-        return job
+        raise StoreError(self.path, f"lease guard of {job_id} failed for no known reason")
 
-    def _after_attempt(self, job: Job, now: int) -> tuple[JobState, int]:
+    def _after_attempt(self, job: Job, now: int) -> tuple[JobState, int | None]:
         """Where an attempt that did not succeed leads: a later retry, or the dead letter."""
         if job.attempts >= job.max_attempts:
-            return JobState.DEAD, job.available_at_us
+            return JobState.DEAD, None
         return JobState.RETRY_SCHEDULED, now + self._retry.delay_us(job.attempts)
 
-    def _end_lease(
+    def _end_live_lease(
+        self,
+        job_id: str,
+        worker_id: str,
+        lease_token: str,
+        *,
+        now: int,
+        to_state: JobState,
+        available_at_us: int | None,
+        error: str | None,
+    ) -> Job:
+        row = self.connection.execute(
+            _END_LIVE_LEASE,
+            (to_state.value, available_at_us, error, now, job_id, worker_id, lease_token, now),
+        ).fetchone()
+        if row is None:
+            self._explain_stale(job_id, worker_id, lease_token, now)
+        return self._record_lease_end(
+            decode_job(row),
+            worker_id=worker_id,
+            lease_token=lease_token,
+            event_type=EventType.SUCCEEDED if to_state is JobState.SUCCEEDED else EventType.FAILED,
+            error=error,
+            now=now,
+        )
+
+    def _record_lease_end(
         self,
         job: Job,
         *,
-        to_state: JobState,
+        worker_id: str | None,
+        lease_token: str | None,
         event_type: EventType,
-        outcome: AttemptOutcome,
-        available_at_us: int,
         error: str | None,
         now: int,
     ) -> Job:
+        """Close the attempt and append the event for a lease that ``job`` (as updated) left."""
         conn = self.connection
-        last_error = job.last_error if error is None else error
-        cursor = conn.execute(
-            _END_LEASE,
-            (to_state.value, available_at_us, last_error, now, job.submit_seq, job.lease_token),
-        )
-        _require_applied(cursor, event_type.value.lower())
+        outcome = _OUTCOMES[event_type]
         _require_applied(
             conn.execute(_CLOSE_ATTEMPT, (now, outcome.value, error, job.job_id, job.attempts)),
             "attempt close",
@@ -490,21 +524,12 @@ class DurableQueue:
             job_id=job.job_id,
             event_type=event_type,
             from_state=JobState.LEASED,
-            to_state=to_state,
+            to_state=job.state,
             at_us=now,
             attempt=job.attempts,
-            worker_id=job.lease_worker_id,
-            lease_token=job.lease_token,
-            available_at_us=available_at_us,
+            worker_id=worker_id,
+            lease_token=lease_token,
+            available_at_us=job.available_at_us,
             error=error,
         )
-        return dataclasses.replace(
-            job,
-            state=to_state,
-            available_at_us=available_at_us,
-            last_error=last_error,
-            lease_worker_id=None,
-            lease_token=None,
-            lease_deadline_us=None,
-            updated_at_us=now,
-        )
+        return job

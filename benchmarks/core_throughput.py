@@ -1,0 +1,139 @@
+"""Single-process throughput at synchronous=FULL: crashqueuelab against a textbook queue.
+
+    python benchmarks/core_throughput.py [--jobs 2000] [--runs 3] [--json out.json]
+
+Both queues run on the same disk in the same run, alternating, so their ratio is
+meaningful on a shared, noisy machine. The textbook queue writes one row per job:
+claim = BEGIN IMMEDIATE; SELECT oldest queued; UPDATE leased; COMMIT, and
+complete = BEGIN IMMEDIATE; UPDATE succeeded; COMMIT. crashqueuelab also writes an
+attempt row and one history event per transition, fenced by worker id and lease token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from crashqueuelab import DurableQueue, ManualClock, SeededIds
+
+LEASE_US = 60_000_000
+
+
+def textbook(path: Path, jobs: int) -> tuple[float, float]:
+    """(submits/s, claim+complete cycles/s) of the textbook queue."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute(
+            "CREATE TABLE jobs (id INTEGER PRIMARY KEY, state TEXT NOT NULL,"
+            " payload TEXT NOT NULL, lease_until INTEGER)"
+        )
+        conn.execute("CREATE INDEX jobs_state ON jobs (state, id)")
+        started = time.perf_counter()
+        for index in range(jobs):
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(
+                "INSERT INTO jobs (state, payload) VALUES ('queued', ?)",
+                (json.dumps({"value": index}),),
+            )
+            conn.execute("COMMIT")
+        submit_rate = jobs / (time.perf_counter() - started)
+        started = time.perf_counter()
+        done = 0
+        while True:
+            conn.execute("BEGIN IMMEDIATE")
+            row = conn.execute(
+                "SELECT id FROM jobs WHERE state = 'queued' ORDER BY id LIMIT 1"
+            ).fetchone()
+            if row is None:
+                conn.execute("COMMIT")
+                break
+            conn.execute(
+                "UPDATE jobs SET state = 'leased', lease_until = ? WHERE id = ?", (1, row[0])
+            )
+            conn.execute("COMMIT")
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("UPDATE jobs SET state = 'succeeded' WHERE id = ?", (row[0],))
+            conn.execute("COMMIT")
+            done += 1
+        cycle_rate = done / (time.perf_counter() - started)
+    finally:
+        conn.close()
+    return submit_rate, cycle_rate
+
+
+def crashqueuelab(path: Path, jobs: int) -> tuple[float, float]:
+    """(submits/s, claim+succeed cycles/s) of DurableQueue's single-job path."""
+    clock = ManualClock(1_000_000)
+    with DurableQueue(path, clock=clock, ids=SeededIds(1, "bench")) as queue:
+        started = time.perf_counter()
+        for index in range(jobs):
+            queue.submit(idempotency_key=f"k{index}", job_type="bench", payload={"value": index})
+        submit_rate = jobs / (time.perf_counter() - started)
+        started = time.perf_counter()
+        done = 0
+        while (claimed := queue.claim(worker_id="w", lease_duration_us=LEASE_US)) is not None:
+            queue.succeed(job_id=claimed.job.job_id, worker_id="w", lease_token=claimed.lease_token)
+            done += 1
+        cycle_rate = done / (time.perf_counter() - started)
+    return submit_rate, cycle_rate
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = parser.parse_args()
+    samples: dict[str, list[tuple[float, float]]] = {"textbook": [], "crashqueuelab": []}
+    with tempfile.TemporaryDirectory(prefix="cql-bench-", dir=".") as scratch:
+        for run in range(args.runs):
+            for name, measure in (("textbook", textbook), ("crashqueuelab", crashqueuelab)):
+                rates = measure(Path(scratch) / f"{name}-{run}.sqlite", args.jobs)
+                samples[name].append(rates)
+                print(
+                    f"run {run + 1} {name:>13}: submit {rates[0]:8.0f}/s"
+                    f"  claim+succeed {rates[1]:8.0f}/s",
+                    file=sys.stderr,
+                )
+    medians = {
+        name: {
+            "submit_per_s": statistics.median(rate[0] for rate in rates),
+            "cycles_per_s": statistics.median(rate[1] for rate in rates),
+            "runs": [{"submit_per_s": r[0], "cycles_per_s": r[1]} for r in rates],
+        }
+        for name, rates in samples.items()
+    }
+    result = {
+        "jobs": args.jobs,
+        "runs": args.runs,
+        "sqlite": sqlite3.sqlite_version,
+        "python": sys.version.split()[0],
+        "medians": medians,
+        "ratio_submit": medians["crashqueuelab"]["submit_per_s"]
+        / medians["textbook"]["submit_per_s"],
+        "ratio_cycles": medians["crashqueuelab"]["cycles_per_s"]
+        / medians["textbook"]["cycles_per_s"],
+    }
+    print("| queue | submit/s | claim+succeed/s |")
+    print("|---|---|---|")
+    for name in ("textbook", "crashqueuelab"):
+        figures = medians[name]
+        print(f"| {name} | {figures['submit_per_s']:,.0f} | {figures['cycles_per_s']:,.0f} |")
+    print(
+        f"| ratio | {result['ratio_submit']:.2f}x | {result['ratio_cycles']:.2f}x |",
+    )
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
