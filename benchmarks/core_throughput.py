@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from crashqueuelab import DurableQueue, ManualClock, SeededIds
 
@@ -133,7 +134,7 @@ def main() -> int:
                     f"  claim+succeed {rates[1]:8.0f}/s",
                     file=sys.stderr,
                 )
-    medians = {
+    medians: dict[str, dict[str, Any]] = {
         name: {
             "submit_per_s": statistics.median(rate[0] for rate in rates),
             "cycles_per_s": statistics.median(rate[1] for rate in rates),

@@ -61,7 +61,7 @@ def _prepare_venv(python: str, venv: Path) -> Path:
     if not _venv_python(venv).exists() and _run([python, "-m", "venv", venv]).returncode != 0:
         raise SystemExit(f"could not create a virtual environment at {venv}")
     interpreter = _venv_python(venv)
-    pip = [interpreter, "-m", "pip", "--disable-pip-version-check", "-q"]
+    pip: list[str | Path] = [interpreter, "-m", "pip", "--disable-pip-version-check", "-q"]
     if _run([*pip, "install", "-e", ".[dev]"]).returncode != 0:
         raise SystemExit("could not install the project with its dev extra")
     return interpreter
@@ -78,7 +78,13 @@ def _wheel_round_trip(python: str, dist: Path) -> bool:
         venv = home / "venv"
         if _run([python, "-m", "venv", venv]).returncode != 0:
             return False
-        pip = [_venv_python(venv), "-m", "pip", "--disable-pip-version-check", "-q"]
+        pip: list[str | Path] = [
+            _venv_python(venv),
+            "-m",
+            "pip",
+            "--disable-pip-version-check",
+            "-q",
+        ]
         if _run([*pip, "install", "--no-deps", wheels[0]]).returncode != 0:
             return False
         cli = venv / "bin" / "crashqueuelab"

@@ -69,3 +69,38 @@ def fingerprint(path: Path) -> tuple[str, list[str]]:
 def raw(path: Path) -> sqlite3.Connection:
     """A plain connection for tests that tamper with a database on purpose."""
     return sqlite3.connect(path, isolation_level=None)
+
+
+def populate(queue: DurableQueue, clock: ManualClock) -> dict[str, str]:
+    """One job in every state, and one that expired and was promoted; ids by name."""
+    ids = {}
+    for name in ("RECOVERED", "SUCCEEDED", "DEAD", "RETRY_SCHEDULED", "LEASED", "QUEUED"):
+        attempts = 1 if name == "DEAD" else 3
+        ids[name] = queue.submit(
+            idempotency_key=name, job_type="t", payload={"n": name}, max_attempts=attempts
+        ).job.job_id
+    assert queue.claim(worker_id="w-RECOVERED", lease_duration_us=LEASE_US) is not None
+    clock.advance(LEASE_US)
+    assert queue.recover_expired() == [ids["RECOVERED"]]
+    clock.advance(RETRY.max_delay_us)
+    assert queue.promote_retries() == [ids["RECOVERED"]]
+    for name in ("SUCCEEDED", "DEAD", "RETRY_SCHEDULED", "LEASED"):
+        claimed = queue.claim(worker_id=f"w-{name}", lease_duration_us=LEASE_US)
+        assert claimed is not None
+        assert claimed.job.job_id == ids[name]
+        job_id, token = ids[name], claimed.lease_token
+        if name == "SUCCEEDED":
+            queue.heartbeat(
+                job_id=job_id, worker_id=f"w-{name}", lease_token=token, lease_duration_us=LEASE_US
+            )
+            queue.succeed(job_id=job_id, worker_id=f"w-{name}", lease_token=token)
+        elif name != "LEASED":
+            queue.fail(job_id=job_id, worker_id=f"w-{name}", lease_token=token, error="boom")
+    return ids
+
+
+@pytest.fixture
+def populated(queue: DurableQueue, clock: ManualClock) -> dict[str, str]:
+    ids = populate(queue, clock)
+    queue.close()
+    return ids

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 import crashqueuelab.judges
-from crashqueuelab import DurableQueue, ManualClock, NotADatabase, SchemaMismatch, StoreNotFound
+from crashqueuelab import NotADatabase, SchemaMismatch, StoreNotFound
 from crashqueuelab.judges.invariants import check_database, invariant_names
 from crashqueuelab.judges.replay import replay_database
-from tests.conftest import LEASE_US, fingerprint, raw
+from tests.conftest import fingerprint, raw
 
 JUDGES = Path(crashqueuelab.judges.__file__).parent
 
@@ -32,36 +32,6 @@ def test_the_judges_import_nothing_of_the_queue_they_judge() -> None:
                     assert name.startswith(allowed), f"{source.name} imports {name}"
 
 
-def populate(queue: DurableQueue, clock: ManualClock) -> dict[str, str]:
-    """One job in every state; returns their ids by state name."""
-    ids = {}
-    for name in ("SUCCEEDED", "DEAD", "RETRY_SCHEDULED", "LEASED", "QUEUED"):
-        attempts = 1 if name == "DEAD" else 3
-        ids[name] = queue.submit(
-            idempotency_key=name, job_type="t", payload={"n": name}, max_attempts=attempts
-        ).job.job_id
-    for name in ("SUCCEEDED", "DEAD", "RETRY_SCHEDULED", "LEASED"):
-        claimed = queue.claim(worker_id=f"w-{name}", lease_duration_us=LEASE_US)
-        assert claimed is not None
-        assert claimed.job.job_id == ids[name]
-        job_id, token = ids[name], claimed.lease_token
-        if name == "SUCCEEDED":
-            queue.heartbeat(
-                job_id=job_id, worker_id=f"w-{name}", lease_token=token, lease_duration_us=LEASE_US
-            )
-            queue.succeed(job_id=job_id, worker_id=f"w-{name}", lease_token=token)
-        elif name != "LEASED":
-            queue.fail(job_id=job_id, worker_id=f"w-{name}", lease_token=token, error="boom")
-    return ids
-
-
-@pytest.fixture
-def populated(queue: DurableQueue, clock: ManualClock, db_path: Path) -> dict[str, str]:
-    ids = populate(queue, clock)
-    queue.close()
-    return ids
-
-
 def test_a_healthy_database_passes_every_invariant_and_replays(
     populated: dict[str, str], db_path: Path
 ) -> None:
@@ -69,10 +39,10 @@ def test_a_healthy_database_passes_every_invariant_and_replays(
     report = check_database(db_path)
     assert report.ok, report.failed()
     assert [r.name for r in report.results] == invariant_names()
-    assert report.jobs == 5
+    assert report.jobs == 6
     replay = replay_database(db_path)
     assert replay.ok, replay.mismatches
-    assert replay.jobs_replayed == 5
+    assert replay.jobs_replayed == 6
     assert replay.events_replayed == report.events
     assert fingerprint(db_path) == before
 

@@ -15,10 +15,11 @@ from crashqueuelab import (
     JobNotFound,
     JobState,
     ManualClock,
+    Phase,
     StaleLease,
     StaleReason,
 )
-from tests.conftest import LEASE_US, fingerprint
+from tests.conftest import LEASE_US, QueueFactory, fingerprint
 
 
 def require_claim(claimed: ClaimedJob | None) -> ClaimedJob:
@@ -236,3 +237,49 @@ def test_fail_rejects_oversized_error_text(queue: DurableQueue, leased: ClaimedJ
             lease_token=leased.lease_token,
             error=None,  # type: ignore[arg-type]
         )
+
+
+def test_succeed_and_claim_acknowledges_and_leases_the_next_job_in_one_commit(
+    make_queue: QueueFactory, clock: ManualClock
+) -> None:
+    phases: list[Phase] = []
+    queue = make_queue(hook=phases.append)
+    first = queue.submit(idempotency_key="a", job_type="t", payload={}).job
+    second = queue.submit(idempotency_key="b", job_type="t", payload={}).job
+    held = require_claim(queue.claim(worker_id="w", lease_duration_us=LEASE_US))
+    phases.clear()
+    done, following = queue.succeed_and_claim(
+        job_id=first.job_id, worker_id="w", lease_token=held.lease_token, lease_duration_us=LEASE_US
+    )
+    assert done.state is JobState.SUCCEEDED
+    following = require_claim(following)
+    assert following.job.job_id == second.job_id
+    assert [p.value for p in phases] == [
+        "BEFORE_SUCCESS_COMMIT",
+        "BEFORE_CLAIM_COMMIT",
+        "AFTER_SUCCESS_COMMIT",
+        "AFTER_CLAIM_COMMIT",
+    ]
+    done, nothing = queue.succeed_and_claim(
+        job_id=second.job_id,
+        worker_id="w",
+        lease_token=following.lease_token,
+        lease_duration_us=LEASE_US,
+    )
+    assert nothing is None
+    assert queue.counts()[JobState.SUCCEEDED] == 2
+
+
+def test_a_stale_succeed_and_claim_claims_nothing(
+    queue: DurableQueue, db_path: Path, leased: ClaimedJob
+) -> None:
+    queue.submit(idempotency_key="other", job_type="t", payload={})
+    before = fingerprint(db_path)
+    with pytest.raises(StaleLease):
+        queue.succeed_and_claim(
+            job_id=leased.job.job_id,
+            worker_id="w",
+            lease_token="lease-forged",
+            lease_duration_us=LEASE_US,
+        )
+    assert fingerprint(db_path) == before

@@ -138,6 +138,30 @@ class QueueAgainstModel(RuleBasedStateMachine):
         live = self._live_leases()
         self._holder_call(live[pick % len(live)], False, "succeed" if succeed else "fail")
 
+    @precondition(lambda self: bool(self._live_leases()))
+    @rule(target=leases, pick=st.integers(min_value=0, max_value=10), duration=DURATIONS)
+    def succeed_and_claim_next(self, pick: int, duration: int) -> tuple[str, str, str]:
+        """The chained path: acknowledge a live lease and lease the next job in one commit."""
+        job_id, worker, token = self._live_leases()[pick % len(self._live_leases())]
+        reason = self.model.stale_reason(job_id, worker, token, self.clock.now_us())
+        try:
+            _, claimed = self.queue.succeed_and_claim(
+                job_id=job_id, worker_id=worker, lease_token=token, lease_duration_us=duration
+            )
+            verdict = None
+        except StaleLease as error:
+            verdict, claimed = error.reason.value, None
+        assert verdict == reason
+        if reason is not None:
+            return ("", worker, "")
+        self.model.succeed(job_id)
+        expected = self.model.next_ready(self.clock.now_us())
+        assert (claimed.job.job_id if claimed else None) == expected
+        if claimed is None or expected is None:
+            return ("", worker, "")
+        self.model.claim(expected, worker, claimed.lease_token, claimed.lease_deadline_us)
+        return (expected, worker, claimed.lease_token)
+
     @rule(delta=st.integers(min_value=0, max_value=2_000))
     def advance(self, delta: int) -> None:
         self.clock.advance(delta)

@@ -1,0 +1,95 @@
+"""Clock, ids, retry policy, row decoding, payload parsing and the module entry point."""
+
+from __future__ import annotations
+
+import runpy
+import sys
+
+import pytest
+
+from crashqueuelab import InvalidInput, ManualClock, RetryPolicy, SeededIds, StoreError
+from crashqueuelab.clock import SystemClock
+from crashqueuelab.ids import RandomIds
+from crashqueuelab.models import JobState, to_json
+from crashqueuelab.payloads import parse_payload
+from crashqueuelab.rows import decode_job
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "0"])
+def test_a_manual_clock_refuses_bad_times(bad: object) -> None:
+    with pytest.raises(ValueError, match="non-negative integer"):
+        ManualClock(bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="non-negative integer"):
+        ManualClock(0).advance(bad)  # type: ignore[arg-type]
+
+
+def test_a_manual_clock_only_moves_forward_when_told() -> None:
+    clock = ManualClock(10)
+    assert clock.now_us() == 10
+    assert clock.advance(5) == 15
+    assert clock.now_us() == 15
+
+
+def test_the_system_clock_reads_microseconds() -> None:
+    assert SystemClock().now_us() > 1_600_000_000 * 1_000_000
+
+
+def test_seeded_ids_repeat_and_streams_differ() -> None:
+    one, two, other = SeededIds(5, "a"), SeededIds(5, "a"), SeededIds(5, "b")
+    first = [one.job_id(), one.lease_token()]
+    assert first == [two.job_id(), two.lease_token()]
+    assert first != [other.job_id(), other.lease_token()]
+    assert first[0].startswith("job-")
+    assert first[1].startswith("lease-")
+
+
+def test_random_ids_do_not_repeat() -> None:
+    ids = RandomIds()
+    assert len({ids.job_id() for _ in range(100)}) == 100
+    assert ids.lease_token() != ids.lease_token()
+
+
+@pytest.mark.parametrize(
+    ("arguments", "field"),
+    [
+        ({"base_delay_us": -1}, "base_delay_us"),
+        ({"max_delay_us": 1.5}, "max_delay_us"),
+        ({"base_delay_us": 10, "max_delay_us": 5}, "max_delay_us"),
+    ],
+)
+def test_a_retry_policy_refuses_bad_delays(arguments: dict[str, object], field: str) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        RetryPolicy(**arguments)  # type: ignore[arg-type]
+    assert caught.value.field == field
+
+
+def test_retry_delays_double_up_to_the_cap_even_for_huge_attempt_numbers() -> None:
+    policy = RetryPolicy(base_delay_us=3, max_delay_us=20)
+    assert [policy.delay_us(n) for n in (1, 2, 3, 4, 10**9)] == [3, 6, 12, 20, 20]
+    with pytest.raises(InvalidInput):
+        policy.delay_us(0)
+
+
+def test_an_unknown_state_in_a_row_is_a_store_error() -> None:
+    row = ("j", 1, "k", "t", "{}", "x", "LIMBO", 0, 1, 0, None, None, None, None, 0, 0)
+    with pytest.raises(StoreError, match="unknown JobState"):
+        decode_job(row)
+    valid = decode_job((*row[:6], "QUEUED", *row[7:]))
+    assert valid.state is JobState.QUEUED
+    assert to_json(valid)["payload"] == {}
+    assert JobState.SUCCEEDED.is_terminal
+    assert not JobState.LEASED.is_terminal
+
+
+def test_payload_text_that_is_valid_parses_to_the_object() -> None:
+    assert parse_payload('{"b": [1, 2.5, null, true], "a": "é"}') == {
+        "b": [1, 2.5, None, True],
+        "a": "é",
+    }
+
+
+def test_python_dash_m_runs_the_cli(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "argv", ["crashqueuelab", "bogus"])
+    with pytest.raises(SystemExit) as caught:
+        runpy.run_module("crashqueuelab", run_name="__main__")
+    assert caught.value.code == 2
