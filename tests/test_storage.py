@@ -59,7 +59,7 @@ def test_a_foreign_database_is_refused_before_its_journal_mode_changes(db_path: 
     before = fingerprint(db_path)
     with pytest.raises(SchemaMismatch) as caught:
         DurableQueue(db_path)
-    assert "not a crashqueuelab database" in str(caught.value)
+    assert "not a crashqueuelab queue database" in str(caught.value)
     assert fingerprint(db_path) == before
     check = raw(db_path)
     assert check.execute("PRAGMA journal_mode").fetchone()[0] == "delete"

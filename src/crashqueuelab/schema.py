@@ -7,6 +7,20 @@ read these tables with their own SQL and do not import this module.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SchemaSpec:
+    """What identifies one kind of database, and how to create it."""
+
+    name: str
+    application_id: int
+    version: int
+    statements: tuple[str, ...]
+    required_triggers: tuple[str, ...] = ()
+
+
 #: Stored in PRAGMA user_version; a database with another value is refused.
 SCHEMA_VERSION = 1
 #: Stored in PRAGMA application_id ("CQL1"), so a foreign database is never mistaken for ours.
@@ -86,4 +100,12 @@ STATEMENTS: tuple[str, ...] = (
     CREATE TRIGGER events_no_delete BEFORE DELETE ON events
     BEGIN SELECT RAISE(ABORT, 'events are append-only'); END
     """,
+)
+
+QUEUE_SCHEMA = SchemaSpec(
+    name="crashqueuelab queue",
+    application_id=APPLICATION_ID,
+    version=SCHEMA_VERSION,
+    statements=STATEMENTS,
+    required_triggers=APPEND_ONLY_TRIGGERS,
 )

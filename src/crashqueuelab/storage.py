@@ -19,7 +19,7 @@ from crashqueuelab.errors import (
     SchemaMismatch,
     StoreNotFound,
 )
-from crashqueuelab.schema import APPEND_ONLY_TRIGGERS, APPLICATION_ID, SCHEMA_VERSION, STATEMENTS
+from crashqueuelab.schema import QUEUE_SCHEMA, SchemaSpec
 
 #: How long a writer waits for the write lock before SQLite reports "database is locked".
 DEFAULT_BUSY_TIMEOUT_MS = 30_000
@@ -46,34 +46,36 @@ def _require_pragma(conn: sqlite3.Connection, path: str, pragma: str, wanted: ob
         raise DurabilityUnavailable(path, pragma, str(wanted), str(got))
 
 
-def _create_schema(conn: sqlite3.Connection) -> None:
+def _create_schema(conn: sqlite3.Connection, spec: SchemaSpec) -> None:
     with write_transaction(conn):
         # Another process may have initialised the file between our inspection and the lock.
-        if conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
+        if conn.execute("PRAGMA user_version").fetchone()[0] == spec.version:
             return
-        for statement in STATEMENTS:
+        for statement in spec.statements:
             conn.execute(statement)
-        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        conn.execute(f"PRAGMA application_id = {spec.application_id}")
+        conn.execute(f"PRAGMA user_version = {spec.version}")
 
 
-def missing_triggers(conn: sqlite3.Connection) -> tuple[str, ...]:
-    """Names of append-only triggers absent from the schema."""
+def missing_triggers(conn: sqlite3.Connection, spec: SchemaSpec) -> tuple[str, ...]:
+    """Names of required triggers absent from the schema."""
     present = {
         row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")
     }
-    return tuple(name for name in APPEND_ONLY_TRIGGERS if name not in present)
+    return tuple(name for name in spec.required_triggers if name not in present)
 
 
-def _check_identity(path: str, application_id: int, user_version: int, objects: int) -> bool:
+def _check_identity(
+    path: str, spec: SchemaSpec, application_id: int, user_version: int, objects: int
+) -> bool:
     """True when the file is empty and needs a schema; raises SchemaMismatch when foreign."""
-    if application_id == APPLICATION_ID and user_version == SCHEMA_VERSION:
+    if application_id == spec.application_id and user_version == spec.version:
         return False
     if application_id == 0 and user_version == 0 and objects == 0:
         return True
-    if application_id != APPLICATION_ID:
-        raise SchemaMismatch(path, user_version, SCHEMA_VERSION, "not a crashqueuelab database")
-    raise SchemaMismatch(path, user_version, SCHEMA_VERSION)
+    if application_id != spec.application_id:
+        raise SchemaMismatch(path, user_version, spec.version, f"not a {spec.name} database")
+    raise SchemaMismatch(path, user_version, spec.version)
 
 
 def open_store(
@@ -81,17 +83,18 @@ def open_store(
     *,
     create: bool,
     busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+    spec: SchemaSpec = QUEUE_SCHEMA,
 ) -> sqlite3.Connection:
-    """Open a queue database for writing, creating its schema when ``create`` allows."""
+    """Open a database of kind ``spec`` for writing, creating its schema when ``create`` allows."""
     name = str(path)
     if not Path(name).exists() and not create:
         raise StoreNotFound(name)
     conn = sqlite3.connect(name, isolation_level=None, timeout=busy_timeout_ms / 1000)
     try:
-        needs_schema = _check_identity(name, *_inspect(conn, name))
+        needs_schema = _check_identity(name, spec, *_inspect(conn, name))
         if needs_schema and not create:
             raise SchemaMismatch(
-                name, 0, SCHEMA_VERSION, "empty file, not a crashqueuelab database"
+                name, 0, spec.version, f"an empty file, not a {spec.name} database"
             )
         conn.execute("PRAGMA journal_mode = WAL")
         _require_pragma(conn, name, "journal_mode", "wal")
@@ -101,8 +104,8 @@ def open_store(
         _require_pragma(conn, name, "foreign_keys", 1)
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
         if needs_schema:
-            _create_schema(conn)
-        missing = missing_triggers(conn)
+            _create_schema(conn, spec)
+        missing = missing_triggers(conn, spec)
         if missing:
             raise HistoryUnprotected(name, missing)
     except BaseException:
