@@ -448,6 +448,15 @@ class DurableQueue:
             raise JobNotFound(job_id)
         return decode_job(row)
 
+    def get_by_key(self, idempotency_key: str) -> Job:
+        """The job an idempotency key names (JobNotFound carries the key)."""
+        row = self.connection.execute(
+            f"SELECT {JOB_COLUMNS} FROM jobs WHERE idempotency_key = ?", (idempotency_key,)
+        ).fetchone()
+        if row is None:
+            raise JobNotFound(idempotency_key)
+        return decode_job(row)
+
     def history(self, job_id: str) -> list[Event]:
         """Every event of one job, oldest first."""
         self.get(job_id)
