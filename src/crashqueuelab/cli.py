@@ -9,9 +9,12 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
+from crashqueuelab.campaign import CAMPAIGN_FILE, Progress, run_campaign
 from crashqueuelab.clock import Clock, ManualClock, SystemClock
+from crashqueuelab.demo import DEFAULT_SEED, run_demo
 from crashqueuelab.errors import (
     CrashQueueLabError,
     InvalidInput,
@@ -24,6 +27,7 @@ from crashqueuelab.models import to_json
 from crashqueuelab.payloads import parse_payload
 from crashqueuelab.queue import DurableQueue
 from crashqueuelab.retry import RetryPolicy
+from crashqueuelab.showcase import run_showcase
 
 #: The command did what was asked, or the judged database passed.
 EXIT_OK = 0
@@ -155,6 +159,46 @@ def _check(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     }
 
 
+def _progress(args: argparse.Namespace) -> Progress | None:
+    # One line per case on a terminal; quiet when stderr is a pipe or a file.
+    stream: TextIO = args.stderr
+    if not stream.isatty():
+        return None
+    return lambda message: print(message, file=stream, flush=True)
+
+
+def _demo(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    comparison = run_demo(args.output_directory, seed=args.seed)
+    ok = all(comparison[name]["invariants_ok"] for name in ("idempotent", "non_idempotent"))
+    return (EXIT_OK if ok else EXIT_REJECTED), {
+        "ok": ok,
+        "comparison": comparison,
+        "output_directory": str(args.output_directory),
+    }
+
+
+def _campaign(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    report = run_campaign(args.output_directory, seed=args.seed, progress=_progress(args))
+    return (EXIT_OK if report["ok"] else EXIT_REJECTED), {
+        "ok": report["ok"],
+        "seed": report["seed"],
+        "summary": report["summary"],
+        "campaign_report": str(args.output_directory / CAMPAIGN_FILE),
+    }
+
+
+def _showcase(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    summary = run_showcase(args.output_directory, seed=args.seed, progress=_progress(args))
+    return (EXIT_OK if summary["ok"] else EXIT_REJECTED), summary
+
+
+def _add_experiment(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--output-directory", type=Path, required=True, help="a new or empty directory"
+    )
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="fixes order and ids")
+
+
 def _add_database(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--database", required=True, help="path of the queue's SQLite file")
     parser.add_argument(
@@ -185,11 +229,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    def command(name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
+    def command(
+        name: str, handler: Handler, help_text: str, *, database: bool = True
+    ) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help_text, description=help_text)
         sub.set_defaults(handler=handler)
-        _add_database(sub)
+        if database:
+            _add_database(sub)
+        else:
+            _add_experiment(sub)
         return sub
+
+    command(
+        "showcase",
+        _showcase,
+        "run the effect experiment and the fault campaign; print the evidence summary",
+        database=False,
+    )
+    command(
+        "demo",
+        _demo,
+        "crash after an effect commit, before acknowledgement: idempotent vs not",
+        database=False,
+    )
+    command(
+        "campaign",
+        _campaign,
+        "kill a child process with os._exit at each of the 13 fault points",
+        database=False,
+    )
 
     sub = command("submit", _submit, "submit a job (idempotent by key)")
     sub.add_argument("--idempotency-key", required=True)
@@ -262,6 +330,7 @@ def main(
     err = stderr if stderr is not None else sys.stderr
     try:
         args = build_parser().parse_args(argv)
+        args.stderr = err
         handler: Handler = args.handler
         code, result = handler(args)
     except UsageError as error:
