@@ -1,0 +1,158 @@
+"""The campaign, the effect demo and the showcase, judged from their retained artifacts."""
+
+from __future__ import annotations
+
+import io
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crashqueuelab import cli
+from crashqueuelab.campaign import campaign_order, run_campaign
+from crashqueuelab.demo import run_demo
+from crashqueuelab.faults import FaultPoint, InjectedCrash, raise_at
+from crashqueuelab.scenario import run_campaign_workload
+from crashqueuelab.showcase import summarize
+
+
+def without_timings(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: without_timings(v) for k, v in value.items() if k != "timings"}
+    if isinstance(value, list):
+        return [without_timings(v) for v in value]
+    return value
+
+
+def test_a_seed_fixes_the_order_and_another_seed_changes_it() -> None:
+    assert campaign_order(7) == campaign_order(7)
+    assert sorted(campaign_order(7)) == sorted(FaultPoint)
+    assert campaign_order(7) != campaign_order(8)
+
+
+def test_two_campaigns_with_one_seed_differ_only_in_timings(tmp_path: Path) -> None:
+    first = run_campaign(tmp_path / "one", seed=5)
+    second = run_campaign(tmp_path / "two", seed=5)
+    assert first["ok"] is True
+    assert first["summary"]["passed"] == 13
+    assert first != second  # the timings really differ...
+    assert without_timings(first) == without_timings(second)  # ...and nothing else does
+    on_disk = json.loads((tmp_path / "one" / "campaign.json").read_text())
+    assert without_timings(on_disk) == without_timings(first)
+
+
+def recount(path: Path, sql: str) -> Any:
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        return conn.execute(sql).fetchone()[0]
+    finally:
+        conn.close()
+
+
+def test_the_demo_numbers_come_from_the_retained_databases(tmp_path: Path) -> None:
+    comparison = run_demo(tmp_path / "demo")
+    assert comparison == json.loads((tmp_path / "demo" / "comparison.json").read_text())
+    assert set(comparison) == {
+        "fault_point", "idempotent", "non_idempotent", "queue_delivery_semantics",
+    }  # fmt: skip
+    for name, effects in (("idempotent", 1), ("non_idempotent", 2)):
+        scenario = tmp_path / "demo" / name
+        assert recount(scenario / "effects.sqlite", "SELECT count(*) FROM effects") == effects
+        attempts = recount(scenario / "queue.sqlite", "SELECT attempts FROM jobs")
+        state = recount(scenario / "queue.sqlite", "SELECT state FROM jobs")
+        assert comparison[name] == {
+            "attempt_count": attempts,
+            "effect_count": effects,
+            "final_state": state,
+            "invariants_ok": True,
+        }
+        assert (attempts, state) == (2, "SUCCEEDED")
+        report = json.loads((scenario / "report.json").read_text())
+        assert report["first_worker"]["died_at_fault_point"] is True
+        assert report["executions"] == 2
+        history = json.loads((scenario / "history.json").read_text())
+        assert [event["event_type"] for event in history] == [
+            "SUBMITTED", "CLAIMED", "LEASE_EXPIRED", "PROMOTED", "CLAIMED", "SUCCEEDED",
+        ]  # fmt: skip
+
+
+def run_cli(*argv: str) -> tuple[int, dict[str, Any]]:
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.main(list(argv), stdout=out, stderr=err)
+    return code, json.loads(out.getvalue())
+
+
+def test_the_showcase_prints_a_summary_computed_from_its_artifacts(tmp_path: Path) -> None:
+    target = tmp_path / "showcase"
+    code, summary = run_cli("showcase", "--output-directory", str(target), "--seed", "3")
+    assert code == cli.EXIT_OK
+    assert summary["ok"] is True
+    assert summary["seed"] == 3
+    effect = summary["effect_commit_before_acknowledgement"]
+    assert effect["attempts_per_scenario"] == {"idempotent": 2, "non_idempotent": 2}
+    assert effect["durable_effects"] == {"idempotent": 1, "non_idempotent": 2}
+    campaign = summary["process_fault_campaign"]
+    assert campaign["exit_codes"] == [86]
+    assert (campaign["passed"], campaign["failed"], campaign["timeouts"]) == (13, 0, 0)
+    assert campaign["crash_mode"] == "spawned_process_os_exit"
+    assert summary["queue_delivery_semantics"] == "at-least-once execution"
+    assert json.loads((target / "showcase.json").read_text()) == summary
+    # Damage one retained effect database: the summary, recomputed, must notice.
+    conn = sqlite3.connect(
+        target / "effect-commit-before-acknowledgement/idempotent/effects.sqlite"
+    )
+    conn.execute("DROP INDEX effects_unique_key")
+    conn.execute("INSERT INTO effects SELECT NULL, effect_key, value, job_id, 9, worker_id,"
+                 " applied_at_us FROM effects")  # fmt: skip
+    conn.commit()
+    conn.close()
+    recomputed = summarize(target, seed=3)
+    assert recomputed["effect_commit_before_acknowledgement"]["durable_effects"]["idempotent"] == 2
+    assert recomputed["ok"] is False
+
+
+@pytest.mark.parametrize("command", ["showcase", "demo", "campaign"])
+def test_a_non_empty_output_directory_is_refused_untouched(tmp_path: Path, command: str) -> None:
+    (tmp_path / "earlier-result.json").write_text("{}")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    code, result = run_cli(command, "--output-directory", str(tmp_path), "--seed", "1")
+    assert code == cli.EXIT_USAGE
+    assert result["error"]["type"] == "InvalidInput"
+    assert "not empty" in result["error"]["message"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert (tmp_path / "earlier-result.json").read_text() == "{}"
+
+
+def test_an_output_path_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    target = tmp_path / "file"
+    target.write_text("x")
+    code, result = run_cli("demo", "--output-directory", str(target))
+    assert code == cli.EXIT_USAGE
+    assert "not a directory" in result["error"]["message"]
+
+
+def test_demo_and_campaign_commands_report_through_the_cli(tmp_path: Path) -> None:
+    code, demo = run_cli("demo", "--output-directory", str(tmp_path / "d"))
+    assert (code, demo["ok"]) == (cli.EXIT_OK, True)
+    assert demo["comparison"]["non_idempotent"]["effect_count"] == 2
+    code, campaign = run_cli("campaign", "--output-directory", str(tmp_path / "c"), "--seed", "2")
+    assert (code, campaign["ok"]) == (cli.EXIT_OK, True)
+    assert campaign["summary"]["named_fault_points"] == 13
+
+
+@pytest.mark.parametrize("point", list(FaultPoint))
+def test_the_workload_reaches_every_point_in_process(tmp_path: Path, point: FaultPoint) -> None:
+    """The same workload with a raising hook: fast, and it measures the workload's coverage."""
+    with pytest.raises(InjectedCrash) as caught:
+        run_campaign_workload(tmp_path, case_id="c", seed=1, hook=raise_at(point))
+    assert caught.value.point is point
+
+
+def test_the_uninterrupted_workload_finishes_both_jobs(tmp_path: Path) -> None:
+    run_campaign_workload(tmp_path, case_id="c", seed=1, hook=lambda phase: None)
+    assert (
+        recount(tmp_path / "queue.sqlite", "SELECT count(*) FROM jobs WHERE state = 'SUCCEEDED'")
+        == 2
+    )
