@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -376,3 +377,44 @@ def test_python_dash_m_prints_one_json_object_and_exit_codes(db_path: Path) -> N
     )
     assert helped.returncode == 0
     assert "Exit codes" in helped.stdout
+
+
+def test_submit_creates_the_database_and_its_missing_directories(tmp_path: Path) -> None:
+    target = tmp_path / "new" / "nested" / "queue.sqlite"
+    code, result, _ = run(
+        "submit", "--database", str(target), "--idempotency-key", "k",
+        "--job-type", "t", "--payload", "{}",
+    )  # fmt: skip
+    assert (code, result["created"]) == (EXIT_OK, True)
+    assert target.is_file()
+
+
+def test_a_database_that_cannot_be_opened_is_a_store_error(tmp_path: Path) -> None:
+    directory = tmp_path / "a-directory.sqlite"
+    directory.mkdir()
+    code, result, _ = run(
+        "submit", "--database", str(directory), "--idempotency-key", "k",
+        "--job-type", "t", "--payload", "{}",
+    )  # fmt: skip
+    assert code == EXIT_STORE
+    assert result["error"]["type"] in ("StoreError", "NotADatabase")
+
+
+def test_sqlite_and_os_errors_become_structured_errors(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    submit(db_path)
+
+    def locked(*args: object, **kwargs: object) -> None:
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr("crashqueuelab.cli.check_database", locked)
+    code, result, _ = run("check", "--database", str(db_path))
+    assert (code, result["error"]["type"]) == (EXIT_STORE, "SQLiteError")
+
+    def denied(*args: object, **kwargs: object) -> None:
+        raise PermissionError("permission denied")
+
+    monkeypatch.setattr("crashqueuelab.cli.run_demo", denied)
+    code, result, _ = run("demo", "--output-directory", str(db_path.parent / "d"))
+    assert (code, result["error"]["type"]) == (EXIT_STORE, "OSError")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sqlite3
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -337,6 +338,11 @@ def main(
         code, result = EXIT_USAGE, _error("UsageError", str(error))
     except CrashQueueLabError as error:
         code, result = _exit_code(error), _error(error.kind, str(error), **_error_data(error))
+    except sqlite3.Error as error:
+        # Locked past the busy timeout, disk full, I/O error: the store could not serve.
+        code, result = EXIT_STORE, _error("SQLiteError", f"{type(error).__name__}: {error}")
+    except OSError as error:
+        code, result = EXIT_STORE, _error("OSError", str(error))
     if not result.get("ok", False):
         print(f"crashqueuelab: {result.get('error', {}).get('message', 'not ok')}", file=err)
     out.write(json.dumps(result, indent=2, sort_keys=True) + "\n")

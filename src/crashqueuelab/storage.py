@@ -17,6 +17,7 @@ from crashqueuelab.errors import (
     HistoryUnprotected,
     NotADatabase,
     SchemaMismatch,
+    StoreError,
     StoreNotFound,
 )
 from crashqueuelab.schema import QUEUE_SCHEMA, SchemaSpec
@@ -87,9 +88,14 @@ def open_store(
 ) -> sqlite3.Connection:
     """Open a database of kind ``spec`` for writing, creating its schema when ``create`` allows."""
     name = str(path)
-    if not Path(name).exists() and not create:
-        raise StoreNotFound(name)
-    conn = sqlite3.connect(name, isolation_level=None, timeout=busy_timeout_ms / 1000)
+    if not Path(name).exists():
+        if not create:
+            raise StoreNotFound(name)
+        Path(name).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        conn = sqlite3.connect(name, isolation_level=None, timeout=busy_timeout_ms / 1000)
+    except sqlite3.Error as error:
+        raise StoreError(name, f"cannot open: {error}") from None
     try:
         needs_schema = _check_identity(name, spec, *_inspect(conn, name))
         if needs_schema and not create:
