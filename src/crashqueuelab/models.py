@@ -121,6 +121,28 @@ class ClaimedJob:
     attempt: int
 
 
+@dataclass(frozen=True)
+class Acknowledgement:
+    """One item of ``succeed_many``: which lease acknowledges which job."""
+
+    job_id: str
+    worker_id: str
+    lease_token: str
+
+
+@dataclass(frozen=True)
+class AckResult:
+    """How one acknowledgement of a batch ended: the finished job, or why it was fenced off."""
+
+    job_id: str
+    job: Job | None
+    stale_reason: str | None
+
+    @property
+    def accepted(self) -> bool:
+        return self.job is not None
+
+
 def to_json(record: object) -> dict[str, Any]:
     """A JSON-ready dict of a record; nested records become nested dicts."""
     result: dict[str, Any] = {}

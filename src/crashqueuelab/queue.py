@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, NoReturn
 
 from crashqueuelab.clock import Clock, SystemClock
-from crashqueuelab.errors import IdempotencyConflict, JobNotFound, StoreError
-from crashqueuelab.fencing import LIVE_LEASE_GUARD, require_live_lease
+from crashqueuelab.errors import InvalidInput, JobNotFound, StaleLease, StoreError
+from crashqueuelab.fencing import require_live_lease
 from crashqueuelab.history import append_event
 from crashqueuelab.hooks import Hook, Phase, no_hook
 from crashqueuelab.ids import IdGenerator, RandomIds
 from crashqueuelab.models import (
+    Acknowledgement,
+    AckResult,
     Attempt,
     AttemptOutcome,
     ClaimedJob,
@@ -29,7 +32,6 @@ from crashqueuelab.models import (
     JobState,
     SubmitResult,
 )
-from crashqueuelab.payloads import canonical_json, payload_digest
 from crashqueuelab.retry import RetryPolicy
 from crashqueuelab.rows import (
     ATTEMPT_COLUMNS,
@@ -39,77 +41,28 @@ from crashqueuelab.rows import (
     decode_event,
     decode_job,
 )
-from crashqueuelab.schema import ACTIVE_JOBS
+from crashqueuelab.statements import (
+    CLAIM_NEXT,
+    CLOSE_ATTEMPT,
+    END_EXPIRED_LEASE,
+    END_LIVE_LEASE,
+    EXTEND_ATTEMPT,
+    EXTEND_LEASE,
+    LEASE_EXPIRED_ERROR,
+    OPEN_ATTEMPT,
+    PROMOTE,
+    SELECT_DUE_RETRIES,
+    SELECT_EXPIRED,
+    SELECT_JOB,
+)
 from crashqueuelab.storage import DEFAULT_BUSY_TIMEOUT_MS, open_store, write_transaction
+from crashqueuelab.submission import MAX_BATCH, prepare_batch, submit_in_transaction
 from crashqueuelab.validation import (
-    MAX_ATTEMPTS_LIMIT,
+    MAX_LEASE_US,
     require_error_text,
     require_int,
     require_name,
 )
-
-#: Longest lease a caller may ask for (one year), so deadlines stay far inside 64 bits.
-MAX_LEASE_US = 366 * 24 * 3600 * 1_000_000
-#: The error text recorded when recovery ends an attempt whose lease ran out.
-LEASE_EXPIRED_ERROR = "lease expired before the worker acknowledged"
-
-_SELECT_JOB = f"SELECT {JOB_COLUMNS} FROM jobs WHERE job_id = ?"
-# One statement picks and leases the oldest ready job, so a claim costs no extra round trip.
-_CLAIM_NEXT = (
-    "UPDATE jobs SET state = 'LEASED', attempts = attempts + 1, lease_worker_id = ?,"
-    " lease_token = ?, lease_deadline_us = ?, updated_at_us = ?"
-    f" WHERE submit_seq = (SELECT submit_seq FROM jobs WHERE {ACTIVE_JOBS} AND state = 'QUEUED'"
-    " AND available_at_us <= ? ORDER BY available_at_us, submit_seq LIMIT 1)"
-    f" RETURNING {JOB_COLUMNS}"
-)
-_SELECT_EXPIRED = (
-    f"SELECT {JOB_COLUMNS} FROM jobs WHERE {ACTIVE_JOBS} AND state = 'LEASED'"
-    " AND lease_deadline_us <= ?"
-    " ORDER BY lease_deadline_us, submit_seq"
-)
-_SELECT_DUE_RETRIES = (
-    f"SELECT {JOB_COLUMNS} FROM jobs WHERE {ACTIVE_JOBS} AND state = 'RETRY_SCHEDULED'"
-    " AND available_at_us <= ?"
-    " ORDER BY available_at_us, submit_seq"
-)
-_INSERT_JOB = (
-    "INSERT INTO jobs (job_id, idempotency_key, job_type, payload_json, payload_sha256, state,"
-    " attempts, max_attempts, available_at_us, created_at_us, updated_at_us)"
-    " VALUES (?, ?, ?, ?, ?, 'QUEUED', 0, ?, ?, ?, ?) RETURNING submit_seq"
-)
-_OPEN_ATTEMPT = (
-    "INSERT INTO attempts (job_id, attempt, worker_id, lease_token, claimed_at_us,"
-    " lease_deadline_us) VALUES (?, ?, ?, ?, ?, ?)"
-)
-_EXTEND_LEASE = (
-    "UPDATE jobs SET lease_deadline_us = ?, updated_at_us = ?"
-    f" WHERE job_id = ? AND {LIVE_LEASE_GUARD} RETURNING {JOB_COLUMNS}"
-)
-_EXTEND_ATTEMPT = "UPDATE attempts SET lease_deadline_us = ? WHERE job_id = ? AND attempt = ?"
-# Ending a lease clears its fields in the same statement that leaves LEASED. The holder's
-# own operations are guarded by the live-lease rule; recovery by the expired deadline.
-_END_LEASE_SET = (
-    "UPDATE jobs SET state = ?, available_at_us = coalesce(?, available_at_us),"
-    " last_error = coalesce(?, last_error), lease_worker_id = NULL, lease_token = NULL,"
-    " lease_deadline_us = NULL, updated_at_us = ?"
-)
-_END_LIVE_LEASE = (
-    f"{_END_LEASE_SET} WHERE job_id = ? AND {LIVE_LEASE_GUARD} RETURNING {JOB_COLUMNS}"
-)
-_END_EXPIRED_LEASE = (
-    f"{_END_LEASE_SET} WHERE submit_seq = ? AND state = 'LEASED' AND lease_token = ?"
-    " AND lease_deadline_us <= ?"
-    f" RETURNING {JOB_COLUMNS}"
-)
-_CLOSE_ATTEMPT = (
-    "UPDATE attempts SET ended_at_us = ?, outcome = ?, error = ?"
-    " WHERE job_id = ? AND attempt = ? AND outcome IS NULL"
-)
-_PROMOTE = (
-    "UPDATE jobs SET state = 'QUEUED', updated_at_us = ?"
-    " WHERE submit_seq = ? AND state = 'RETRY_SCHEDULED'"
-)
-
 
 _OUTCOMES = {
     EventType.SUCCEEDED: AttemptOutcome.SUCCEEDED,
@@ -194,72 +147,37 @@ class DurableQueue:
         max_attempts: int = 3,
     ) -> SubmitResult:
         """Create a job, or return the job this idempotency key already names."""
-        key = require_name("idempotency_key", idempotency_key)
-        kind = require_name("job_type", job_type)
-        limit = require_int("max_attempts", max_attempts, minimum=1, maximum=MAX_ATTEMPTS_LIMIT)
-        canonical = canonical_json(payload)
-        digest = payload_digest(canonical)
+        [result] = self.submit_many(
+            [
+                {
+                    "idempotency_key": idempotency_key,
+                    "job_type": job_type,
+                    "payload": payload,
+                    "max_attempts": max_attempts,
+                }
+            ]
+        )
+        return result
+
+    def submit_many(self, requests: Sequence[Mapping[str, Any]]) -> list[SubmitResult]:
+        """Submit every request in one transaction: all of them, or (on any error) none.
+
+        Each request is a mapping with ``idempotency_key``, ``job_type``, ``payload`` and
+        optionally ``max_attempts``; idempotency applies per item, also between items.
+        """
+        prepared = prepare_batch(requests)
         conn = self.connection
         now = self._clock.now_us()
         with write_transaction(conn):
-            row = conn.execute(
-                f"SELECT {JOB_COLUMNS} FROM jobs WHERE idempotency_key = ?", (key,)
-            ).fetchone()
-            if row is not None:
-                existing = decode_job(row)
-                differing = tuple(
-                    name
-                    for name, same in (
-                        ("job_type", existing.job_type == kind),
-                        ("payload", existing.payload_sha256 == digest),
-                        ("max_attempts", existing.max_attempts == limit),
-                    )
-                    if not same
-                )
-                if differing:
-                    raise IdempotencyConflict(key, existing.job_id, differing)
-                return SubmitResult(job=existing, created=False)
-            job_id = self._ids.job_id()
-            submit_seq = conn.execute(
-                _INSERT_JOB, (job_id, key, kind, canonical, digest, limit, now, now, now)
-            ).fetchone()[0]
-            append_event(
-                conn,
-                job_id=job_id,
-                event_type=EventType.SUBMITTED,
-                from_state=None,
-                to_state=JobState.QUEUED,
-                at_us=now,
-                attempt=0,
-                available_at_us=now,
-                detail={
-                    "idempotency_key": key,
-                    "job_type": kind,
-                    "max_attempts": limit,
-                    "payload_sha256": digest,
-                },
-            )
-            self._hook(Phase.BEFORE_SUBMIT_COMMIT)
-        self._hook(Phase.AFTER_SUBMIT_COMMIT)
-        job = Job(
-            job_id=job_id,
-            submit_seq=int(submit_seq),
-            idempotency_key=key,
-            job_type=kind,
-            payload_json=canonical,
-            payload_sha256=digest,
-            state=JobState.QUEUED,
-            attempts=0,
-            max_attempts=limit,
-            available_at_us=now,
-            lease_worker_id=None,
-            lease_token=None,
-            lease_deadline_us=None,
-            last_error=None,
-            created_at_us=now,
-            updated_at_us=now,
-        )
-        return SubmitResult(job=job, created=True)
+            results = [
+                submit_in_transaction(conn, item, ids=self._ids, now=now) for item in prepared
+            ]
+            created = any(result.created for result in results)
+            if created:
+                self._hook(Phase.BEFORE_SUBMIT_COMMIT)
+        if created:
+            self._hook(Phase.AFTER_SUBMIT_COMMIT)
+        return results
 
     # -- lease holder ----------------------------------------------------------------------
 
@@ -275,6 +193,64 @@ class DurableQueue:
             self._hook(Phase.BEFORE_CLAIM_COMMIT)
         self._hook(Phase.AFTER_CLAIM_COMMIT)
         return claimed
+
+    def claim_many(self, *, worker_id: str, lease_duration_us: int, limit: int) -> list[ClaimedJob]:
+        """Lease up to ``limit`` ready jobs to ``worker_id`` in one transaction.
+
+        Each job gets its own lease token, attempt row and CLAIMED event, exactly as if it
+        had been claimed alone; only the commit (and its fsync) is shared.
+        """
+        worker = require_name("worker_id", worker_id)
+        lease = require_int("lease_duration_us", lease_duration_us, minimum=1, maximum=MAX_LEASE_US)
+        count = require_int("limit", limit, minimum=1, maximum=MAX_BATCH)
+        now = self._clock.now_us()
+        claimed: list[ClaimedJob] = []
+        with write_transaction(self.connection):
+            while len(claimed) < count:
+                one = self._lease_next(worker, lease, now)
+                if one is None:
+                    break
+                claimed.append(one)
+            if not claimed:
+                return []
+            self._hook(Phase.BEFORE_CLAIM_COMMIT)
+        self._hook(Phase.AFTER_CLAIM_COMMIT)
+        return claimed
+
+    def succeed_many(self, acknowledgements: Sequence[Acknowledgement]) -> list[AckResult]:
+        """Acknowledge a batch in one transaction; each item is fenced on its own.
+
+        A stale item is reported (``stale_reason``) and writes nothing; the others commit.
+        """
+        if not 1 <= len(acknowledgements) <= MAX_BATCH:
+            raise InvalidInput("acknowledgements", f"must hold 1 to {MAX_BATCH} items")
+        for ack in acknowledgements:
+            _require_lease_arguments(ack.job_id, ack.worker_id, ack.lease_token)
+        now = self._clock.now_us()
+        results: list[AckResult] = []
+        with write_transaction(self.connection):
+            for ack in acknowledgements:
+                try:
+                    job = self._end_live_lease(
+                        ack.job_id,
+                        ack.worker_id,
+                        ack.lease_token,
+                        now=now,
+                        to_state=JobState.SUCCEEDED,
+                        available_at_us=None,
+                        error=None,
+                    )
+                except StaleLease as stale:
+                    # The guard failed before any write, so the transaction stays clean.
+                    results.append(AckResult(ack.job_id, None, stale.reason.value))
+                else:
+                    results.append(AckResult(ack.job_id, job, None))
+            accepted = any(result.accepted for result in results)
+            if accepted:
+                self._hook(Phase.BEFORE_SUCCESS_COMMIT)
+        if accepted:
+            self._hook(Phase.AFTER_SUCCESS_COMMIT)
+        return results
 
     def succeed_and_claim(
         self, *, job_id: str, worker_id: str, lease_token: str, lease_duration_us: int
@@ -317,12 +293,12 @@ class DurableQueue:
         deadline = now + lease
         with write_transaction(conn):
             row = conn.execute(
-                _EXTEND_LEASE, (deadline, now, job_id, worker_id, lease_token, now)
+                EXTEND_LEASE, (deadline, now, job_id, worker_id, lease_token, now)
             ).fetchone()
             if row is None:
                 self._explain_stale(job_id, worker_id, lease_token, now)
             job = decode_job(row)
-            conn.execute(_EXTEND_ATTEMPT, (deadline, job.job_id, job.attempts))
+            conn.execute(EXTEND_ATTEMPT, (deadline, job.job_id, job.attempts))
             append_event(
                 conn,
                 job_id=job.job_id,
@@ -392,15 +368,13 @@ class DurableQueue:
         conn = self.connection
         now = self._clock.now_us()
         with write_transaction(conn):
-            expired = [decode_job(row) for row in conn.execute(_SELECT_EXPIRED, (now,))]
+            expired = [decode_job(row) for row in conn.execute(SELECT_EXPIRED, (now,))]
             if not expired:
                 return []
             for job in expired:
                 to_state, available = self._after_attempt(job, now)
                 arguments = (to_state.value, available, LEASE_EXPIRED_ERROR, now, job.submit_seq)
-                row = conn.execute(
-                    _END_EXPIRED_LEASE, (*arguments, job.lease_token, now)
-                ).fetchone()
+                row = conn.execute(END_EXPIRED_LEASE, (*arguments, job.lease_token, now)).fetchone()
                 if row is None:
                     raise StoreError(self.path, f"expired lease of {job.job_id} vanished")
                 self._record_lease_end(
@@ -420,11 +394,11 @@ class DurableQueue:
         conn = self.connection
         now = self._clock.now_us()
         with write_transaction(conn):
-            due = [decode_job(row) for row in conn.execute(_SELECT_DUE_RETRIES, (now,))]
+            due = [decode_job(row) for row in conn.execute(SELECT_DUE_RETRIES, (now,))]
             if not due:
                 return []
             for job in due:
-                _require_applied(conn.execute(_PROMOTE, (now, job.submit_seq)), "promotion")
+                _require_applied(conn.execute(PROMOTE, (now, job.submit_seq)), "promotion")
                 append_event(
                     conn,
                     job_id=job.job_id,
@@ -443,7 +417,7 @@ class DurableQueue:
 
     def get(self, job_id: str) -> Job:
         """The current state of one job."""
-        row = self.connection.execute(_SELECT_JOB, (job_id,)).fetchone()
+        row = self.connection.execute(SELECT_JOB, (job_id,)).fetchone()
         if row is None:
             raise JobNotFound(job_id)
         return decode_job(row)
@@ -488,11 +462,11 @@ class DurableQueue:
         conn = self.connection
         token = self._ids.lease_token()
         deadline = now + lease
-        row = conn.execute(_CLAIM_NEXT, (worker, token, deadline, now, now)).fetchone()
+        row = conn.execute(CLAIM_NEXT, (worker, token, deadline, now, now)).fetchone()
         if row is None:
             return None
         job = decode_job(row)
-        conn.execute(_OPEN_ATTEMPT, (job.job_id, job.attempts, worker, token, now, deadline))
+        conn.execute(OPEN_ATTEMPT, (job.job_id, job.attempts, worker, token, now, deadline))
         append_event(
             conn,
             job_id=job.job_id,
@@ -533,7 +507,7 @@ class DurableQueue:
         error: str | None,
     ) -> Job:
         row = self.connection.execute(
-            _END_LIVE_LEASE,
+            END_LIVE_LEASE,
             (to_state.value, available_at_us, error, now, job_id, worker_id, lease_token, now),
         ).fetchone()
         if row is None:
@@ -561,7 +535,7 @@ class DurableQueue:
         conn = self.connection
         outcome = _OUTCOMES[event_type]
         _require_applied(
-            conn.execute(_CLOSE_ATTEMPT, (now, outcome.value, error, job.job_id, job.attempts)),
+            conn.execute(CLOSE_ATTEMPT, (now, outcome.value, error, job.job_id, job.attempts)),
             "attempt close",
         )
         append_event(

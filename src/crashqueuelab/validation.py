@@ -8,6 +8,8 @@ from crashqueuelab.errors import InvalidInput
 MAX_NAME_LENGTH = 512
 #: Upper bound on a failure's error text, in characters.
 MAX_ERROR_LENGTH = 8192
+#: Longest lease a caller may ask for (one year), so deadlines stay far inside 64 bits.
+MAX_LEASE_US = 366 * 24 * 3600 * 1_000_000
 #: Upper bound on max_attempts.
 MAX_ATTEMPTS_LIMIT = 1000
 
