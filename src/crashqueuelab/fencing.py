@@ -19,26 +19,36 @@ LIVE_LEASE_GUARD = (
 )
 
 
-def require_live_lease(job: Job, *, worker_id: str, lease_token: str, now_us: int) -> None:
-    """Raise StaleLease unless (worker_id, lease_token) holds an unexpired lease on ``job``."""
+def stale_lease(job: Job, *, worker_id: str, lease_token: str, now_us: int) -> StaleLease | None:
+    """Why (worker_id, lease_token) holds no live lease on ``job``; None when it does."""
     if job.state is not JobState.LEASED:
-        raise StaleLease(job.job_id, worker_id, StaleReason.NOT_LEASED, f"job is {job.state.value}")
+        return StaleLease(
+            job.job_id, worker_id, StaleReason.NOT_LEASED, f"job is {job.state.value}"
+        )
     if job.lease_worker_id != worker_id:
-        raise StaleLease(
+        return StaleLease(
             job.job_id,
             worker_id,
             StaleReason.WRONG_WORKER,
             f"leased to {job.lease_worker_id!r}, not {worker_id!r}",
         )
     if job.lease_token != lease_token:
-        raise StaleLease(
+        return StaleLease(
             job.job_id, worker_id, StaleReason.WRONG_TOKEN, "lease token is not the current one"
         )
     deadline = job.lease_deadline_us
     if deadline is None or now_us >= deadline:
-        raise StaleLease(
+        return StaleLease(
             job.job_id,
             worker_id,
             StaleReason.LEASE_EXPIRED,
             f"lease deadline {deadline} is not after now {now_us}",
         )
+    return None
+
+
+def require_live_lease(job: Job, *, worker_id: str, lease_token: str, now_us: int) -> None:
+    """Raise StaleLease unless (worker_id, lease_token) holds an unexpired lease on ``job``."""
+    stale = stale_lease(job, worker_id=worker_id, lease_token=lease_token, now_us=now_us)
+    if stale is not None:
+        raise stale

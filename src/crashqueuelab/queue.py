@@ -14,8 +14,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, NoReturn
 
+from crashqueuelab.batches import acknowledge, lease_ready
 from crashqueuelab.clock import Clock, SystemClock
-from crashqueuelab.errors import InvalidInput, JobNotFound, StaleLease, StoreError
+from crashqueuelab.errors import InvalidInput, JobNotFound, StoreError
 from crashqueuelab.fencing import require_live_lease
 from crashqueuelab.history import append_event
 from crashqueuelab.hooks import Hook, Phase, no_hook
@@ -204,13 +205,15 @@ class DurableQueue:
         lease = require_int("lease_duration_us", lease_duration_us, minimum=1, maximum=MAX_LEASE_US)
         count = require_int("limit", limit, minimum=1, maximum=MAX_BATCH)
         now = self._clock.now_us()
-        claimed: list[ClaimedJob] = []
         with write_transaction(self.connection):
-            while len(claimed) < count:
-                one = self._lease_next(worker, lease, now)
-                if one is None:
-                    break
-                claimed.append(one)
+            claimed = lease_ready(
+                self.connection,
+                worker_id=worker,
+                lease_us=lease,
+                limit=count,
+                now=now,
+                ids=self._ids,
+            )
             if not claimed:
                 return []
             self._hook(Phase.BEFORE_CLAIM_COMMIT)
@@ -227,24 +230,8 @@ class DurableQueue:
         for ack in acknowledgements:
             _require_lease_arguments(ack.job_id, ack.worker_id, ack.lease_token)
         now = self._clock.now_us()
-        results: list[AckResult] = []
         with write_transaction(self.connection):
-            for ack in acknowledgements:
-                try:
-                    job = self._end_live_lease(
-                        ack.job_id,
-                        ack.worker_id,
-                        ack.lease_token,
-                        now=now,
-                        to_state=JobState.SUCCEEDED,
-                        available_at_us=None,
-                        error=None,
-                    )
-                except StaleLease as stale:
-                    # The guard failed before any write, so the transaction stays clean.
-                    results.append(AckResult(ack.job_id, None, stale.reason.value))
-                else:
-                    results.append(AckResult(ack.job_id, job, None))
+            results = acknowledge(self.connection, acknowledgements, now=now)
             accepted = any(result.accepted for result in results)
             if accepted:
                 self._hook(Phase.BEFORE_SUCCESS_COMMIT)

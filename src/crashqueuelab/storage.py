@@ -109,6 +109,8 @@ def open_store(
         conn.execute("PRAGMA foreign_keys = ON")
         _require_pragma(conn, name, "foreign_keys", 1)
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        # A larger page cache keeps the live part of big queues in memory (64 MiB at most).
+        conn.execute("PRAGMA cache_size = -65536")
         if needs_schema:
             _create_schema(conn, spec)
         missing = missing_triggers(conn, spec)
