@@ -14,16 +14,20 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from crashqueuelab.clock import Clock, SystemClock
 from crashqueuelab.errors import StoreError
 from crashqueuelab.hooks import Hook, Phase, no_hook
+from crashqueuelab.locking import retry_busy
 from crashqueuelab.schema import SchemaSpec
 from crashqueuelab.storage import DEFAULT_BUSY_TIMEOUT_MS, open_store, write_transaction
+from crashqueuelab.turns import TurnLock
 from crashqueuelab.validation import require_int, require_name
 
 
@@ -95,9 +99,11 @@ class EffectLedger:
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._hook: Hook = hook if hook is not None else no_hook
         self._pid = os.getpid()
+        self._timeout_ms = busy_timeout_ms
         self._conn: sqlite3.Connection | None = open_store(
             self.path, create=create, busy_timeout_ms=busy_timeout_ms, spec=LEDGER_SCHEMA
         )
+        self._turns = TurnLock(Path(f"{self.path}-turns"))
         try:
             self._bind_destination()
         except BaseException:
@@ -106,7 +112,7 @@ class EffectLedger:
 
     def _bind_destination(self) -> None:
         conn = self.connection
-        with write_transaction(conn):
+        with self._transaction():
             row = conn.execute("SELECT destination FROM ledger").fetchone()
             if row is None:
                 conn.execute(
@@ -119,6 +125,7 @@ class EffectLedger:
                 raise StoreError(self.path, f"this ledger is {row[0]}, not {self.destination}")
 
     def close(self) -> None:
+        self._turns.close()
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -142,6 +149,16 @@ class EffectLedger:
             raise StoreError(self.path, "this connection was opened in another process")
         return self._conn
 
+    def _transaction(self) -> AbstractContextManager[sqlite3.Connection]:
+        return write_transaction(self.connection, timeout_ms=self._timeout_ms, turns=self._turns)
+
+    def _read(self, sql: str, arguments: tuple[object, ...] = ()) -> list[Any]:
+        """All rows of a read, retried while a checkpoint or recovery briefly locks the file."""
+        conn = self.connection
+        return retry_busy(
+            lambda: conn.execute(sql, arguments).fetchall(), timeout_s=self._timeout_ms / 1000
+        )
+
     def apply(
         self, *, effect_key: str, value: int, job_id: str, attempt: int, worker_id: str
     ) -> EffectResult:
@@ -153,7 +170,7 @@ class EffectLedger:
         require_name("worker_id", worker_id)
         conn = self.connection
         now = self._clock.now_us()
-        with write_transaction(conn):
+        with self._transaction():
             existing = self._count(effect_key)
             if self.destination is Destination.IDEMPOTENT and existing:
                 conn.execute(
@@ -174,10 +191,8 @@ class EffectLedger:
         return EffectResult(effect_key, applied, existing + int(applied))
 
     def _count(self, effect_key: str) -> int:
-        row = self.connection.execute(
-            "SELECT count(*) FROM effects WHERE effect_key = ?", (effect_key,)
-        ).fetchone()
-        return int(row[0])
+        rows = self._read("SELECT count(*) FROM effects WHERE effect_key = ?", (effect_key,))
+        return int(rows[0][0])
 
     def effect_count(self, effect_key: str) -> int:
         """Durable effects recorded for one key."""
@@ -185,11 +200,11 @@ class EffectLedger:
 
     def counts_by_key(self) -> dict[str, int]:
         """Durable effects per key."""
-        rows = self.connection.execute(
+        rows = self._read(
             "SELECT effect_key, count(*) FROM effects GROUP BY effect_key ORDER BY effect_key"
         )
         return {key: int(count) for key, count in rows}
 
     def absorbed_count(self) -> int:
         """Applications an idempotent destination recognised as duplicates."""
-        return int(self.connection.execute("SELECT count(*) FROM absorbed").fetchone()[0])
+        return int(self._read("SELECT count(*) FROM absorbed")[0][0])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from types import TracebackType
 from typing import Any, NoReturn
@@ -21,6 +22,7 @@ from crashqueuelab.fencing import require_live_lease
 from crashqueuelab.history import append_event
 from crashqueuelab.hooks import Hook, Phase, no_hook
 from crashqueuelab.ids import IdGenerator, RandomIds
+from crashqueuelab.locking import retry_busy
 from crashqueuelab.models import (
     Acknowledgement,
     AckResult,
@@ -42,6 +44,7 @@ from crashqueuelab.rows import (
     decode_event,
     decode_job,
 )
+from crashqueuelab.schema import ACTIVE_JOBS
 from crashqueuelab.statements import (
     CLAIM_NEXT,
     CLOSE_ATTEMPT,
@@ -58,6 +61,7 @@ from crashqueuelab.statements import (
 )
 from crashqueuelab.storage import DEFAULT_BUSY_TIMEOUT_MS, open_store, write_transaction
 from crashqueuelab.submission import MAX_BATCH, prepare_batch, submit_in_transaction
+from crashqueuelab.turns import TurnLock
 from crashqueuelab.validation import (
     MAX_LEASE_US,
     require_error_text,
@@ -105,14 +109,18 @@ class DurableQueue:
         self._retry = retry if retry is not None else RetryPolicy()
         self._hook: Hook = hook if hook is not None else no_hook
         self._pid = os.getpid()
+        self._timeout_ms = busy_timeout_ms
         self._conn: sqlite3.Connection | None = open_store(
             self.path, create=create, busy_timeout_ms=busy_timeout_ms
         )
+        # Opened only once the database proved to be ours, so a refused file gets no sidecar.
+        self._turns = TurnLock(Path(f"{self.path}-turns"))
 
     # -- lifecycle -------------------------------------------------------------------------
 
     def close(self) -> None:
         """Close the connection; further calls raise StoreError. Safe to call twice."""
+        self._turns.close()
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -136,6 +144,16 @@ class DurableQueue:
         if os.getpid() != self._pid:
             raise StoreError(self.path, "this connection was opened in another process")
         return self._conn
+
+    def _transaction(self) -> AbstractContextManager[sqlite3.Connection]:
+        return write_transaction(self.connection, timeout_ms=self._timeout_ms, turns=self._turns)
+
+    def _read(self, sql: str, arguments: tuple[object, ...] = ()) -> list[Any]:
+        """All rows of a read, retried while a checkpoint or recovery briefly locks the file."""
+        conn = self.connection
+        return retry_busy(
+            lambda: conn.execute(sql, arguments).fetchall(), timeout_s=self._timeout_ms / 1000
+        )
 
     # -- producer --------------------------------------------------------------------------
 
@@ -169,7 +187,7 @@ class DurableQueue:
         prepared = prepare_batch(requests)
         conn = self.connection
         now = self._clock.now_us()
-        with write_transaction(conn):
+        with self._transaction():
             results = [
                 submit_in_transaction(conn, item, ids=self._ids, now=now) for item in prepared
             ]
@@ -187,7 +205,7 @@ class DurableQueue:
         worker = require_name("worker_id", worker_id)
         lease = require_int("lease_duration_us", lease_duration_us, minimum=1, maximum=MAX_LEASE_US)
         now = self._clock.now_us()
-        with write_transaction(self.connection):
+        with self._transaction():
             claimed = self._lease_next(worker, lease, now)
             if claimed is None:
                 return None
@@ -205,7 +223,7 @@ class DurableQueue:
         lease = require_int("lease_duration_us", lease_duration_us, minimum=1, maximum=MAX_LEASE_US)
         count = require_int("limit", limit, minimum=1, maximum=MAX_BATCH)
         now = self._clock.now_us()
-        with write_transaction(self.connection):
+        with self._transaction():
             claimed = lease_ready(
                 self.connection,
                 worker_id=worker,
@@ -230,7 +248,7 @@ class DurableQueue:
         for ack in acknowledgements:
             _require_lease_arguments(ack.job_id, ack.worker_id, ack.lease_token)
         now = self._clock.now_us()
-        with write_transaction(self.connection):
+        with self._transaction():
             results = acknowledge(self.connection, acknowledgements, now=now)
             accepted = any(result.accepted for result in results)
             if accepted:
@@ -250,7 +268,7 @@ class DurableQueue:
         _require_lease_arguments(job_id, worker_id, lease_token)
         lease = require_int("lease_duration_us", lease_duration_us, minimum=1, maximum=MAX_LEASE_US)
         now = self._clock.now_us()
-        with write_transaction(self.connection):
+        with self._transaction():
             done = self._end_live_lease(
                 job_id,
                 worker_id,
@@ -278,7 +296,7 @@ class DurableQueue:
         conn = self.connection
         now = self._clock.now_us()
         deadline = now + lease
-        with write_transaction(conn):
+        with self._transaction():
             row = conn.execute(
                 EXTEND_LEASE, (deadline, now, job_id, worker_id, lease_token, now)
             ).fetchone()
@@ -307,9 +325,8 @@ class DurableQueue:
     def succeed(self, *, job_id: str, worker_id: str, lease_token: str) -> Job:
         """Acknowledge the caller's attempt: the job becomes SUCCEEDED for good."""
         _require_lease_arguments(job_id, worker_id, lease_token)
-        conn = self.connection
         now = self._clock.now_us()
-        with write_transaction(conn):
+        with self._transaction():
             done = self._end_live_lease(
                 job_id,
                 worker_id,
@@ -327,9 +344,8 @@ class DurableQueue:
         """Record the caller's attempt as failed: retry later, or DEAD once attempts run out."""
         _require_lease_arguments(job_id, worker_id, lease_token)
         text = require_error_text(error)
-        conn = self.connection
         now = self._clock.now_us()
-        with write_transaction(conn):
+        with self._transaction():
             # The retry time depends on the attempt number, so read the row first; the
             # guarded update below still re-checks the lease under the same write lock.
             job = self.get(job_id)
@@ -354,7 +370,7 @@ class DurableQueue:
         """End every lease whose deadline has passed; return the ids of the jobs it touched."""
         conn = self.connection
         now = self._clock.now_us()
-        with write_transaction(conn):
+        with self._transaction():
             expired = [decode_job(row) for row in conn.execute(SELECT_EXPIRED, (now,))]
             if not expired:
                 return []
@@ -380,7 +396,7 @@ class DurableQueue:
         """Move every RETRY_SCHEDULED job whose retry time has come back to QUEUED."""
         conn = self.connection
         now = self._clock.now_us()
-        with write_transaction(conn):
+        with self._transaction():
             due = [decode_job(row) for row in conn.execute(SELECT_DUE_RETRIES, (now,))]
             if not due:
                 return []
@@ -404,24 +420,24 @@ class DurableQueue:
 
     def get(self, job_id: str) -> Job:
         """The current state of one job."""
-        row = self.connection.execute(SELECT_JOB, (job_id,)).fetchone()
-        if row is None:
+        rows = self._read(SELECT_JOB, (job_id,))
+        if not rows:
             raise JobNotFound(job_id)
-        return decode_job(row)
+        return decode_job(rows[0])
 
     def get_by_key(self, idempotency_key: str) -> Job:
         """The job an idempotency key names (JobNotFound carries the key)."""
-        row = self.connection.execute(
+        rows = self._read(
             f"SELECT {JOB_COLUMNS} FROM jobs WHERE idempotency_key = ?", (idempotency_key,)
-        ).fetchone()
-        if row is None:
+        )
+        if not rows:
             raise JobNotFound(idempotency_key)
-        return decode_job(row)
+        return decode_job(rows[0])
 
     def history(self, job_id: str) -> list[Event]:
         """Every event of one job, oldest first."""
         self.get(job_id)
-        rows = self.connection.execute(
+        rows = self._read(
             f"SELECT {EVENT_COLUMNS} FROM events WHERE job_id = ? ORDER BY seq", (job_id,)
         )
         return [decode_event(row) for row in rows]
@@ -429,7 +445,7 @@ class DurableQueue:
     def attempts(self, job_id: str) -> list[Attempt]:
         """Every attempt of one job, first attempt first."""
         self.get(job_id)
-        rows = self.connection.execute(
+        rows = self._read(
             f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE job_id = ? ORDER BY attempt", (job_id,)
         )
         return [decode_attempt(row) for row in rows]
@@ -437,11 +453,13 @@ class DurableQueue:
     def counts(self) -> dict[JobState, int]:
         """How many jobs are in each state (every state listed, zeros included)."""
         result = dict.fromkeys(JobState, 0)
-        for state, count in self.connection.execute(
-            "SELECT state, count(*) FROM jobs GROUP BY state"
-        ):
+        for state, count in self._read("SELECT state, count(*) FROM jobs GROUP BY state"):
             result[JobState(state)] = int(count)
         return result
+
+    def active_count(self) -> int:
+        """Jobs not yet finished (QUEUED, LEASED or RETRY_SCHEDULED), from the live index."""
+        return int(self._read(f"SELECT count(*) FROM jobs WHERE {ACTIVE_JOBS}")[0][0])
 
     # -- transition helpers (run inside the caller's transaction) ----------------------------
 

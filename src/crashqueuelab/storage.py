@@ -20,7 +20,9 @@ from crashqueuelab.errors import (
     StoreError,
     StoreNotFound,
 )
+from crashqueuelab.locking import begin_immediate
 from crashqueuelab.schema import QUEUE_SCHEMA, SchemaSpec
+from crashqueuelab.turns import TurnLock
 
 #: How long a writer waits for the write lock before SQLite reports "database is locked".
 DEFAULT_BUSY_TIMEOUT_MS = 30_000
@@ -116,6 +118,8 @@ def open_store(
         missing = missing_triggers(conn, spec)
         if missing:
             raise HistoryUnprotected(name, missing)
+        # From here on, waits for the write lock are ours (locking.py), not SQLite's.
+        conn.execute("PRAGMA busy_timeout = 0")
     except BaseException:
         conn.close()
         raise
@@ -123,18 +127,29 @@ def open_store(
 
 
 @contextmanager
-def write_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+def write_transaction(
+    conn: sqlite3.Connection,
+    *,
+    timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+    turns: TurnLock | None = None,
+) -> Iterator[sqlite3.Connection]:
     """BEGIN IMMEDIATE ... COMMIT, rolled back on any exception (simulated crashes included).
 
     IMMEDIATE takes the write lock up front, so a transaction never upgrades from a read
     snapshot that another writer has made stale (which SQLite reports as SQLITE_BUSY
-    without waiting).
+    without waiting). With ``turns``, writers of this database take the lock in arrival
+    order (turns.py); every wait is bounded by ``timeout_ms``.
     """
-    conn.execute("BEGIN IMMEDIATE")
+    ticket = None if turns is None else turns.acquire(timeout_s=timeout_ms / 1000)
     try:
-        yield conn
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
+        begin_immediate(conn, timeout_s=timeout_ms / 1000)
+        try:
+            yield conn
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+    finally:
+        if turns is not None and ticket is not None:
+            turns.release(ticket)
