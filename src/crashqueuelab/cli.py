@@ -13,7 +13,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
+from crashqueuelab.bench.runner import BENCH_FILE, run_bench, table
 from crashqueuelab.campaign import CAMPAIGN_FILE, Progress, run_campaign
+from crashqueuelab.chaos.supervisor import CHAOS_FILE, run_chaos
 from crashqueuelab.clock import Clock, ManualClock, SystemClock
 from crashqueuelab.demo import DEFAULT_SEED, run_demo
 from crashqueuelab.errors import (
@@ -193,6 +195,70 @@ def _showcase(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     return (EXIT_OK if summary["ok"] else EXIT_REJECTED), summary
 
 
+def _chaos(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    stream: TextIO = args.stderr
+    report = run_chaos(
+        args.output_directory,
+        seed=args.seed,
+        jobs=args.jobs,
+        workers=args.workers,
+        kills=args.kills,
+        pauses=args.pauses,
+        lease_ms=args.lease_ms,
+        batch=args.batch,
+        progress=lambda message: print(message, file=stream, flush=True),
+    )
+    return (EXIT_OK if report["ok"] else EXIT_REJECTED), {
+        key: report[key]
+        for key in (
+            "ok", "seed", "parameters", "kills_delivered", "pauses_delivered",
+            "pauses_with_takeover", "respawns", "accounting", "timings",
+        )
+    } | {"chaos_report": str(args.output_directory / CHAOS_FILE)}  # fmt: skip
+
+
+def _bench(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    report = run_bench(
+        args.output_directory,
+        jobs=args.jobs,
+        workers=args.workers,
+        work_ms=args.work_ms,
+        batch=args.batch,
+        progress=_progress(args),
+    )
+    args.stderr.write(table(report["cells"]) + "\n")
+    return (EXIT_OK if report["ok"] else EXIT_REJECTED), {
+        "ok": report["ok"],
+        "disk": report["disk"],
+        "targets": report["targets"],
+        "bench_report": str(args.output_directory / BENCH_FILE),
+    }
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of integers"
+        ) from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError("every value must be a positive integer")
+    return values
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        values = [float(part) for part in text.split(",") if part]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of numbers"
+        ) from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError("every value must be a non-negative number")
+    return values
+
+
 def _add_experiment(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--output-directory", type=Path, required=True, help="a new or empty directory"
@@ -259,6 +325,28 @@ def build_parser() -> argparse.ArgumentParser:
         "kill a child process with os._exit at each of the 13 fault points",
         database=False,
     )
+    sub = command(
+        "chaos",
+        _chaos,
+        "SIGKILL and SIGSTOP real worker processes at random; count lost and duplicated work",
+        database=False,
+    )
+    sub.add_argument("--jobs", type=_positive, default=3000)
+    sub.add_argument("--workers", type=_positive, default=4)
+    sub.add_argument("--kills", type=_non_negative, default=300)
+    sub.add_argument("--pauses", type=_non_negative, default=5)
+    sub.add_argument("--lease-ms", type=_positive, default=500)
+    sub.add_argument("--batch", type=_positive, default=4)
+    sub = command(
+        "bench",
+        _bench,
+        "throughput, latency and fairness against a textbook queue, side by side",
+        database=False,
+    )
+    sub.add_argument("--jobs", type=_positive, default=2000)
+    sub.add_argument("--workers", type=_int_list, default=[1, 2, 4, 8, 16])
+    sub.add_argument("--work-ms", type=_float_list, default=[0.0, 1.0])
+    sub.add_argument("--batch", type=_positive, default=32)
 
     sub = command("submit", _submit, "submit a job (idempotent by key)")
     sub.add_argument("--idempotency-key", required=True)

@@ -43,6 +43,9 @@ _HEAD_SLEEP_S = 20e-6
 _LONGEST_SLEEP_S = 2e-3
 #: About how long one turn lasts; a waiter k places back sleeps about k times this.
 _TURN_ESTIMATE_S = 150e-6
+#: A turn served for longer than this is presumed stuck (a stopped process) and skipped.
+#: Skipping is always safe: SQLite's own write lock still serialises the transactions.
+STUCK_AFTER_S = 0.25
 
 
 class TurnTimeout(StoreError):
@@ -118,12 +121,16 @@ class TurnLock:
                 raise StoreError(str(self.path), f"more than {SLOTS} writers in line") from None
         finally:
             self._release_counters()
+        watched, since = -1, time.monotonic()
         while True:
             serving = self._read(_SERVING)
             if serving >= ticket:
                 return ticket
-            if not self._slot_owned(serving):
-                self._skip_abandoned(serving, deadline)
+            now = time.monotonic()
+            if serving != watched:
+                watched, since = serving, now
+            if not self._slot_owned(serving) or now - since > STUCK_AFTER_S:
+                self._skip(serving, deadline)
                 continue
             if time.monotonic() >= deadline:
                 # Give the ticket up: whoever reaches it will find its slot free and skip it.
@@ -133,16 +140,18 @@ class TurnLock:
             sleep = _HEAD_SLEEP_S if distance == 1 else distance * _TURN_ESTIMATE_S
             time.sleep(min(sleep, _LONGEST_SLEEP_S) * (0.5 + self._jitter.random()))
 
-    def _skip_abandoned(self, serving: int, deadline: float) -> None:
-        """The served ticket has no live owner: advance the line past it, once."""
+    def _skip(self, serving: int, deadline: float) -> None:
+        """The served ticket is dead or stuck: advance the line past it, once."""
         self._with_counters(deadline)
         try:
-            if self._read(_SERVING) == serving and not self._slot_owned(serving):
+            if self._read(_SERVING) == serving:
                 self._write(_SERVING, serving + 1)
         finally:
             self._release_counters()
 
     def release(self, ticket: int) -> None:
-        """End this turn: serve the next ticket, then free the slot."""
-        self._write(_SERVING, ticket + 1)
+        """End this turn: serve the next ticket (unless the line moved on), free the slot."""
+        # A turn that was skipped as stuck must not move the line back.
+        if self._read(_SERVING) == ticket:
+            self._write(_SERVING, ticket + 1)
         _lock(self._descriptor, fcntl.F_OFD_SETLK, fcntl.F_UNLCK, self._slot(ticket))
