@@ -11,7 +11,6 @@ import random
 from dataclasses import dataclass
 from enum import StrEnum
 
-
 #: The share of the jobs over which the faults are spread.
 SPAN = 0.85
 

@@ -40,7 +40,7 @@ TICK_S = 0.002
 PAUSE_LEASES = 6
 PROGRESS_EVERY_S = 5.0
 #: How often a pause looks for a moment when its worker holds a lease.
-PAUSE_TRIES = 200
+PAUSE_TRIES = 50
 #: A worker is hit again only after it has lived this long (so kills land on work).
 MIN_WORKER_AGE_S = 0.01
 #: Workers get this long to notice the end of the work and exit on their own.
@@ -63,6 +63,8 @@ class _RunState:
     delivered: list[dict[str, Any]] = field(default_factory=list)
     respawns: int = 0
     started: float = field(default_factory=time.monotonic)
+    # slot index -> (the pause's record, the leases it held, when to continue it anyway)
+    paused: dict[int, tuple[dict[str, Any], dict[str, str], float]] = field(default_factory=dict)
 
 
 def _submit(files: RunFiles, jobs: int, max_attempts: int) -> list[str]:
@@ -162,9 +164,20 @@ class _ChaosRun:
 
     def respawn_dead(self) -> None:
         for slot in self.slots:
-            if slot.process.exitcode is not None:
+            if slot.index not in self.state.paused and slot.process.exitcode is not None:
                 self.state.respawns += 1
                 self.start(slot)
+
+    def continue_paused(self, watcher: _Watcher, *, force: bool) -> None:
+        """Continue each paused worker once its leases were taken over (or its time is up)."""
+        for index, (record, leases, until) in list(self.state.paused.items()):
+            held = watcher.still_held(leases)
+            if held and not force and time.monotonic() < until:
+                continue
+            record["taken_over"] = bool(leases) and held == 0
+            _signal(self.slots[index].process, signal.SIGCONT)
+            record["continued_at_s"] = round(time.monotonic() - self.state.started, 6)
+            del self.state.paused[index]
 
     def shut_down(self) -> None:
         """Let workers drain and exit on their own; stop whatever is still running."""
@@ -173,8 +186,7 @@ class _ChaosRun:
         for slot in self.slots:
             slot.process.join(timeout=max(0.0, drained - time.monotonic()))
         for slot in self.slots:
-            if slot.process.exitcode is None:
-                os.kill(slot.process.pid, signal.SIGCONT)
+            if _signal(slot.process, signal.SIGCONT):
                 slot.process.terminate()
                 slot.process.join(timeout=10)
         self.maintenance.join(timeout=10)
@@ -217,8 +229,11 @@ def run_chaos(
             if active == 0:
                 break
             run.respawn_dead()
+            run.continue_paused(watcher, force=False)
             while pending and pending[0].after_finished <= jobs - active:
                 target = run.slots[pending[0].worker_slot]
+                if target.index in run.state.paused:
+                    break  # a paused worker is left alone until it is continued
                 if time.monotonic() - target.started_at < MIN_WORKER_AGE_S:
                     break  # let a fresh worker get to work before it is hit again
                 fault = pending.pop(0)
@@ -232,6 +247,7 @@ def run_chaos(
                     f" {time.monotonic() - started:.1f} s"
                 )
             time.sleep(TICK_S)
+        run.continue_paused(watcher, force=True)
     finally:
         watcher.close()
         run.shut_down()
@@ -280,6 +296,22 @@ def run_chaos(
     return report
 
 
+def _signal(process: Any, signum: int) -> bool:
+    """Signal a worker that is still running; False when it has already exited.
+
+    Workers are children of the fork server, not of this process, so a worker that
+    finished its work may already be gone; checking ``exitcode`` first also keeps a
+    signal from reaching a recycled process id.
+    """
+    if process.exitcode is not None:
+        return False
+    try:
+        os.kill(process.pid, signum)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def _deliver(fault: PlannedFault, run: _ChaosRun, watcher: _Watcher) -> None:
     """Send one planned signal to its worker and record when it really landed."""
     slot, state, lease_ms = run.slots[fault.worker_slot], run.state, run.lease_ms
@@ -297,7 +329,10 @@ def _deliver(fault: PlannedFault, run: _ChaosRun, watcher: _Watcher) -> None:
     record["worker_id"] = slot.worker_id
     record["pid"] = process.pid
     if fault.kind is FaultKind.KILL:
-        os.kill(process.pid, signal.SIGKILL)
+        if not _signal(process, signal.SIGKILL):
+            record["skipped"] = "worker exited before the signal"
+            state.delivered.append(record)
+            return
         record["at_s"] = round(time.monotonic() - state.started, 6)
         record["worker_age_s"] = round(time.monotonic() - slot.started_at, 6)
         process.join(timeout=10)
@@ -309,21 +344,19 @@ def _deliver(fault: PlannedFault, run: _ChaosRun, watcher: _Watcher) -> None:
     # exactly what it holds); a worker between batches is continued and tried again.
     leases: dict[str, str] = {}
     for _ in range(PAUSE_TRIES):
-        os.kill(process.pid, signal.SIGSTOP)
+        if not _signal(process, signal.SIGSTOP):
+            break
         record["at_s"] = round(time.monotonic() - state.started, 6)
         leases = watcher.leases_of(slot.worker_id)
         if leases:
             break
-        os.kill(process.pid, signal.SIGCONT)
+        _signal(process, signal.SIGCONT)
         time.sleep(TICK_S)
-    else:
-        os.kill(process.pid, signal.SIGSTOP)
+    if "at_s" not in record:
+        record["skipped"] = "worker exited before the signal"
+        state.delivered.append(record)
+        return
     record["leases_held"] = len(leases)
-    # Wait (bounded) until every lease it held was recovered and the job taken over.
-    until = time.monotonic() + PAUSE_LEASES * lease_ms / 1000
-    while leases and watcher.still_held(leases) and time.monotonic() < until:
-        time.sleep(TICK_S * 5)
-    record["taken_over"] = bool(leases) and watcher.still_held(leases) == 0
-    os.kill(process.pid, signal.SIGCONT)
-    record["continued_at_s"] = round(time.monotonic() - state.started, 6)
+    # The main loop continues it once another worker took its jobs over (bounded).
+    state.paused[slot.index] = (record, leases, time.monotonic() + PAUSE_LEASES * lease_ms / 1000)
     state.delivered.append(record)

@@ -1,0 +1,112 @@
+"""Chaos runs with real signals, and the accounting that judges them."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crashqueuelab.chaos.accounting import judge_run
+from crashqueuelab.chaos.schedule import FaultKind, plan
+from crashqueuelab.chaos.supervisor import run_chaos
+
+
+def test_the_seed_fixes_the_schedule() -> None:
+    one = plan(seed=3, jobs=1000, workers=4, kills=40, pauses=5)
+    assert one == plan(seed=3, jobs=1000, workers=4, kills=40, pauses=5)
+    assert one != plan(seed=4, jobs=1000, workers=4, kills=40, pauses=5)
+    assert sum(f.kind is FaultKind.KILL for f in one) == 40
+    assert sum(f.kind is FaultKind.PAUSE for f in one) == 5
+    marks = [f.after_finished for f in one]
+    assert marks == sorted(marks)
+    assert max(marks) < 1000
+    assert {f.worker_slot for f in one} <= {0, 1, 2, 3}
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    directory = tmp_path_factory.mktemp("chaos") / "run"
+    report = run_chaos(directory, seed=7, jobs=600, workers=3, kills=30, pauses=5, lease_ms=300)
+    return directory, report
+
+
+def test_a_small_chaos_run_loses_and_duplicates_nothing(
+    small_run: tuple[Path, dict[str, Any]],
+) -> None:
+    directory, report = small_run
+    accounting = report["accounting"]
+    assert report["ok"] is True
+    assert (report["kills_delivered"], report["pauses_delivered"]) == (30, 5)
+    assert report["respawns"] >= 30
+    assert accounting["submitted"] == accounting["succeeded"] == 600
+    assert (accounting["lost"], accounting["dead"], accounting["unexpected"]) == (0, 0, 0)
+    assert accounting["duplicated_effects"] == 0
+    assert accounting["effects_missing"] == 0
+    assert accounting["durable_effects"] == 600
+    assert accounting["executions"] >= 600
+    assert accounting["invariants_ok"]
+    assert accounting["replay_ok"]
+    assert all(accounting["integrity_check_ok"].values())
+    assert json.loads((directory / "chaos.json").read_text())["accounting"] == accounting
+    kills = [f for f in report["faults"] if f["kind"] == "SIGKILL"]
+    assert all("at_s" in f and f["pid"] > 0 for f in kills)
+
+
+def test_a_paused_worker_is_fenced_and_its_effect_not_duplicated(
+    small_run: tuple[Path, dict[str, Any]],
+) -> None:
+    directory, report = small_run
+    accounting = report["accounting"]
+    # At least one paused worker held leases that another worker took over...
+    assert report["pauses_with_takeover"] >= 1
+    # ...so its late acknowledgements were rejected by the fencing,
+    assert accounting["stale_operations_rejected"] >= 1
+    # its re-executions are visible in the non-idempotent ledger,
+    assert accounting["executions"] > accounting["succeeded"]
+    # and absorbed by the idempotent one.
+    assert accounting["absorbed_duplicates"] >= 1
+    assert accounting["duplicated_effects"] == 0
+    logs = list((directory / "worker-logs").glob("*.log"))
+    assert any("stale " in log.read_text() for log in logs)
+
+
+def test_the_accounting_notices_lost_duplicated_and_unexpected_work(
+    small_run: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    directory, _ = small_run
+    copies = {}
+    for name in ("queue.sqlite", "effects-idempotent.sqlite", "executions-non-idempotent.sqlite"):
+        source = sqlite3.connect(directory / name)
+        copies[name] = tmp_path / name
+        target = sqlite3.connect(copies[name])
+        source.backup(target)
+        source.close()
+        target.close()
+    conn = sqlite3.connect(copies["effects-idempotent.sqlite"])
+    conn.execute("DROP INDEX effects_unique_key")
+    conn.execute(
+        "INSERT INTO effects (effect_key, value, job_id, attempt, worker_id, applied_at_us)"
+        " SELECT effect_key, value, job_id, 99, worker_id, applied_at_us FROM effects LIMIT 2"
+    )
+    conn.execute(
+        "INSERT INTO effects (effect_key, value, job_id, attempt, worker_id, applied_at_us)"
+        " VALUES ('never-submitted', 1, 'job-x', 1, 'w', 0)"
+    )
+    conn.commit()
+    conn.close()
+    keys = [f"chaos-{n:06d}" for n in range(600)] + ["chaos-999999"]
+    verdict = judge_run(
+        queue=copies["queue.sqlite"],
+        effects=copies["effects-idempotent.sqlite"],
+        executions=copies["executions-non-idempotent.sqlite"],
+        effect_keys=keys,
+        log_dir=tmp_path,
+    )
+    assert verdict["ok"] is False
+    assert verdict["duplicated_effects"] == 2
+    assert verdict["unexpected"] == 1
+    assert verdict["lost"] == 1
+    assert verdict["lost_examples"] == ["chaos-999999"]

@@ -1,0 +1,168 @@
+"""The batched paths: one transaction each, and every job still fenced and recorded on its own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from crashqueuelab import (
+    DurableQueue,
+    EventType,
+    IdempotencyConflict,
+    InvalidInput,
+    JobNotFound,
+    JobState,
+    ManualClock,
+    Phase,
+)
+from crashqueuelab.judges.invariants import check_database
+from crashqueuelab.judges.replay import replay_database
+from crashqueuelab.models import Acknowledgement
+from tests.conftest import LEASE_US, QueueFactory, fingerprint
+
+
+def requests(count: int, prefix: str = "k") -> list[dict[str, object]]:
+    return [
+        {"idempotency_key": f"{prefix}{n}", "job_type": "t", "payload": {"n": n}}
+        for n in range(count)
+    ]
+
+
+def test_submit_many_creates_every_job_in_order(queue: DurableQueue) -> None:
+    results = queue.submit_many(requests(5))
+    assert [r.created for r in results] == [True] * 5
+    assert [r.job.submit_seq for r in results] == [1, 2, 3, 4, 5]
+    again = queue.submit_many(requests(6))
+    assert [r.created for r in again] == [False] * 5 + [True]
+    assert [r.job.job_id for r in again[:5]] == [r.job.job_id for r in results]
+
+
+def test_submit_many_applies_idempotency_inside_the_batch(queue: DurableQueue) -> None:
+    twice = [requests(1)[0], requests(1)[0]]
+    first, second = queue.submit_many(twice)
+    assert (first.created, second.created) == (True, False)
+    assert first.job.job_id == second.job.job_id
+
+
+def test_one_conflict_rejects_the_whole_batch(queue: DurableQueue, db_path: Path) -> None:
+    queue.submit(idempotency_key="k2", job_type="t", payload={"other": True})
+    before = fingerprint(db_path)
+    with pytest.raises(IdempotencyConflict):
+        queue.submit_many(requests(5))
+    assert fingerprint(db_path) == before
+
+
+@pytest.mark.parametrize(
+    "batch",
+    [
+        [],
+        "not a list",
+        [*requests(3), {"idempotency_key": "k", "job_type": "t"}],
+        [*requests(3), {"idempotency_key": "k", "job_type": "t", "payload": {}, "colour": "red"}],
+        [*requests(3), "not a mapping"],
+        [*requests(3), {"idempotency_key": "", "job_type": "t", "payload": {}}],
+        requests(10_001),
+    ],
+)
+def test_an_invalid_batch_writes_nothing(queue: DurableQueue, db_path: Path, batch: object) -> None:
+    queue.submit(idempotency_key="existing", job_type="t", payload={})
+    before = fingerprint(db_path)
+    with pytest.raises(InvalidInput):
+        queue.submit_many(batch)  # type: ignore[arg-type]
+    assert fingerprint(db_path) == before
+
+
+def test_claim_many_leases_the_oldest_jobs_each_with_its_own_token(
+    make_queue: QueueFactory,
+) -> None:
+    phases: list[Phase] = []
+    queue = make_queue(hook=phases.append)
+    submitted = [r.job.job_id for r in queue.submit_many(requests(5))]
+    phases.clear()
+    claimed = queue.claim_many(worker_id="w", lease_duration_us=LEASE_US, limit=3)
+    assert [c.job.job_id for c in claimed] == submitted[:3]
+    assert len({c.lease_token for c in claimed}) == 3
+    assert all(c.job.state is JobState.LEASED and c.attempt == 1 for c in claimed)
+    assert all(c.job == queue.get(c.job.job_id) for c in claimed)
+    assert phases == [Phase.BEFORE_CLAIM_COMMIT, Phase.AFTER_CLAIM_COMMIT]
+    rest = queue.claim_many(worker_id="w", lease_duration_us=LEASE_US, limit=10)
+    assert [c.job.job_id for c in rest] == submitted[3:]
+    assert queue.claim_many(worker_id="w", lease_duration_us=LEASE_US, limit=10) == []
+    for job_id in submitted:
+        assert [e.event_type for e in queue.history(job_id)] == [
+            EventType.SUBMITTED,
+            EventType.CLAIMED,
+        ]
+        assert len(queue.attempts(job_id)) == 1
+    assert check_database(queue.path).ok
+    assert replay_database(queue.path).ok
+
+
+@pytest.mark.parametrize("limit", [0, -1, 10_001, True])
+def test_claim_many_needs_a_sane_limit(queue: DurableQueue, limit: int) -> None:
+    with pytest.raises(InvalidInput):
+        queue.claim_many(worker_id="w", lease_duration_us=LEASE_US, limit=limit)
+
+
+def test_succeed_many_fences_each_item_on_its_own(queue: DurableQueue, clock: ManualClock) -> None:
+    queue.submit_many(requests(4))
+    claimed = queue.claim_many(worker_id="w", lease_duration_us=LEASE_US, limit=4)
+    acks = [Acknowledgement(c.job.job_id, "w", c.lease_token) for c in claimed]
+    acks[1] = Acknowledgement(acks[1].job_id, "intruder", acks[1].lease_token)
+    acks[2] = Acknowledgement(acks[2].job_id, "w", "lease-forged")
+    acks.append(acks[0])  # the same acknowledgement twice in one batch
+    results = queue.succeed_many(acks)
+    assert [r.accepted for r in results] == [True, False, False, True, False]
+    assert [r.stale_reason for r in results] == [
+        None,
+        "wrong_worker",
+        "wrong_token",
+        None,
+        "not_leased",
+    ]
+    assert results[0].job is not None
+    assert results[0].job == queue.get(claimed[0].job.job_id)
+    assert queue.counts()[JobState.SUCCEEDED] == 2
+    assert queue.counts()[JobState.LEASED] == 2
+    assert check_database(queue.path).ok
+    assert replay_database(queue.path).ok
+    clock.advance(LEASE_US)
+    expired = queue.succeed_many(
+        [Acknowledgement(claimed[1].job.job_id, "w", claimed[1].lease_token)]
+    )
+    assert expired[0].stale_reason == "lease_expired"
+
+
+def test_an_all_stale_batch_commits_nothing(make_queue: QueueFactory, db_path: Path) -> None:
+    phases: list[Phase] = []
+    queue = make_queue(hook=phases.append)
+    queue.submit_many(requests(2))
+    claimed = queue.claim_many(worker_id="w", lease_duration_us=LEASE_US, limit=2)
+    phases.clear()
+    before = fingerprint(db_path)
+    results = queue.succeed_many(
+        [Acknowledgement(c.job.job_id, "x", c.lease_token) for c in claimed]
+    )
+    assert not any(r.accepted for r in results)
+    assert phases == []
+    assert fingerprint(db_path) == before
+
+
+def test_succeed_many_refuses_bad_batches(queue: DurableQueue) -> None:
+    with pytest.raises(InvalidInput):
+        queue.succeed_many([])
+    with pytest.raises(InvalidInput):
+        queue.succeed_many([Acknowledgement("", "w", "t")])
+    with pytest.raises(JobNotFound):
+        queue.succeed_many([Acknowledgement("job-none", "w", "t")])
+
+
+def test_large_acknowledgement_batches_are_read_in_chunks(queue: DurableQueue) -> None:
+    queue.submit_many(requests(1200))
+    claimed = queue.claim_many(worker_id="w", lease_duration_us=LEASE_US, limit=1200)
+    results = queue.succeed_many(
+        [Acknowledgement(c.job.job_id, "w", c.lease_token) for c in claimed]
+    )
+    assert all(r.accepted for r in results)
+    assert queue.active_count() == 0

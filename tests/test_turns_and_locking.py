@@ -1,0 +1,122 @@
+"""Fair turns at the write lock, and bounded retries of a busy SQLite lock."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from crashqueuelab import StoreError
+from crashqueuelab import turns as turns_module
+from crashqueuelab.locking import begin_immediate, is_busy, retry_busy
+from crashqueuelab.turns import TurnLock, TurnTimeout
+
+
+@pytest.fixture
+def line(tmp_path: Path) -> Path:
+    return tmp_path / "queue.sqlite-turns"
+
+
+def test_turns_are_served_in_ticket_order(line: Path) -> None:
+    first, second = TurnLock(line), TurnLock(line)
+    try:
+        assert first.acquire(timeout_s=1) == 0
+        first.release(0)
+        assert second.acquire(timeout_s=1) == 1
+        second.release(1)
+        assert first.acquire(timeout_s=1) == 2
+        first.release(2)
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_waiter_times_out_while_the_holder_keeps_its_turn(
+    line: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(turns_module, "STUCK_AFTER_S", 60.0)
+    holder, waiter, later = TurnLock(line), TurnLock(line), TurnLock(line)
+    try:
+        ticket = holder.acquire(timeout_s=1)
+        with pytest.raises(TurnTimeout):
+            waiter.acquire(timeout_s=0.05)
+        holder.release(ticket)
+        # The timed-out waiter gave its ticket up; the next one skips it at once.
+        assert later.acquire(timeout_s=1) == 2
+    finally:
+        for lock in (holder, waiter, later):
+            lock.close()
+
+
+def test_a_dead_holder_is_skipped(line: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(turns_module, "STUCK_AFTER_S", 60.0)
+    dead, alive = TurnLock(line), TurnLock(line)
+    try:
+        dead.acquire(timeout_s=1)
+        dead.close()  # the kernel drops its slot lock, as when its process is killed
+        assert alive.acquire(timeout_s=1) == 1
+    finally:
+        alive.close()
+
+
+def test_a_stuck_holder_is_skipped_and_cannot_move_the_line_back(
+    line: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(turns_module, "STUCK_AFTER_S", 0.01)
+    stuck, next_one = TurnLock(line), TurnLock(line)
+    try:
+        old = stuck.acquire(timeout_s=1)
+        assert next_one.acquire(timeout_s=1) == 1
+        stuck.release(old)  # it wakes up late: the line must stay at ticket 1
+        next_one.release(1)
+        assert stuck.acquire(timeout_s=1) == 2
+        stuck.release(2)
+    finally:
+        stuck.close()
+        next_one.close()
+
+
+def test_a_closed_turn_lock_refuses_use(line: Path) -> None:
+    lock = TurnLock(line)
+    lock.close()
+    lock.close()
+    with pytest.raises(StoreError, match="closed"):
+        lock.acquire(timeout_s=1)
+
+
+def test_a_busy_lock_is_retried_until_the_timeout(tmp_path: Path) -> None:
+    path = tmp_path / "db.sqlite"
+    holder = sqlite3.connect(path, isolation_level=None, timeout=0)
+    waiter = sqlite3.connect(path, isolation_level=None, timeout=0)
+    try:
+        holder.execute("PRAGMA journal_mode = WAL")
+        holder.execute("BEGIN IMMEDIATE")
+        with pytest.raises(sqlite3.OperationalError) as caught:
+            begin_immediate(waiter, timeout_s=0.02)
+        assert is_busy(caught.value)
+        holder.execute("COMMIT")
+        begin_immediate(waiter, timeout_s=0.02)
+        waiter.execute("COMMIT")
+    finally:
+        holder.close()
+        waiter.close()
+
+
+def test_retry_busy_returns_once_the_lock_frees_and_passes_other_errors() -> None:
+    attempts = []
+
+    def flaky() -> str:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise sqlite3.OperationalError("database is locked")
+        return "done"
+
+    assert retry_busy(flaky, timeout_s=1) == "done"
+    assert len(attempts) == 3
+
+    def broken() -> None:
+        raise sqlite3.OperationalError("no such table: x")
+
+    with pytest.raises(sqlite3.OperationalError, match="no such table"):
+        retry_busy(broken, timeout_s=1)
