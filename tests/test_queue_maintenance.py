@@ -19,7 +19,7 @@ from crashqueuelab import (
 )
 from crashqueuelab.judges.invariants import check_database
 from crashqueuelab.judges.replay import replay_database
-from crashqueuelab.queue import LEASE_EXPIRED_ERROR
+from crashqueuelab.statements import LEASE_EXPIRED_ERROR
 from tests.conftest import LEASE_US, QueueFactory, fingerprint
 
 

@@ -5,6 +5,7 @@ After every step the two must agree on every job, and the judges must pass the d
 
 from __future__ import annotations
 
+import copy
 import tempfile
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from crashqueuelab import (
 )
 from crashqueuelab.judges.invariants import check_database
 from crashqueuelab.judges.replay import replay_database
+from crashqueuelab.models import Acknowledgement
 from tests.model import ModelQueue
 
 WORKERS = st.sampled_from(["w1", "w2", "w3"])
@@ -161,6 +163,59 @@ class QueueAgainstModel(RuleBasedStateMachine):
             return ("", worker, "")
         self.model.claim(expected, worker, claimed.lease_token, claimed.lease_deadline_us)
         return (expected, worker, claimed.lease_token)
+
+    @rule(keys=st.lists(KEYS, min_size=1, max_size=4), payload=PAYLOADS)
+    def submit_batch(self, keys: list[str], payload: dict[str, int]) -> None:
+        requests = [{"idempotency_key": k, "job_type": "t", "payload": payload} for k in keys]
+        # The model applies the batch to a copy, so a conflict leaves it untouched.
+        trial = copy.deepcopy(self.model)
+        outcomes = [
+            trial.submit(
+                f"pending-{n}", k, "t", repr(sorted(payload.items())), 3, self.clock.now_us()
+            )
+            for n, k in enumerate(keys)
+        ]
+        try:
+            results = self.queue.submit_many(requests)
+        except IdempotencyConflict:
+            assert "conflict" in outcomes
+            return
+        assert "conflict" not in outcomes
+        for result, key in zip(results, keys, strict=True):
+            self.model.submit(
+                result.job.job_id, key, "t", repr(sorted(payload.items())), 3, self.clock.now_us()
+            )
+        assert [r.created for r in results] == [o == "created" for o in outcomes]
+
+    @rule(worker=WORKERS, duration=DURATIONS, limit=st.integers(min_value=1, max_value=4))
+    def claim_batch(self, worker: str, duration: int, limit: int) -> None:
+        claimed = self.queue.claim_many(worker_id=worker, lease_duration_us=duration, limit=limit)
+        for job in claimed:
+            expected = self.model.next_ready(self.clock.now_us())
+            assert job.job.job_id == expected
+            self.model.claim(expected, worker, job.lease_token, job.lease_deadline_us)
+        if len(claimed) < limit:
+            assert self.model.next_ready(self.clock.now_us()) is None
+
+    @precondition(lambda self: bool(self._live_leases()))
+    @rule(
+        picks=st.lists(st.integers(min_value=0, max_value=10), min_size=1, max_size=4),
+        imposter=st.booleans(),
+    )
+    def acknowledge_batch(self, picks: list[int], imposter: bool) -> None:
+        live = self._live_leases()
+        chosen = [live[p % len(live)] for p in picks]
+        acks = [
+            Acknowledgement(job_id, worker + ("-x" if imposter else ""), token)
+            for job_id, worker, token in chosen
+        ]
+        results = self.queue.succeed_many(acks)
+        now = self.clock.now_us()
+        for ack, result in zip(acks, results, strict=True):
+            reason = self.model.stale_reason(ack.job_id, ack.worker_id, ack.lease_token, now)
+            assert result.stale_reason == reason
+            if reason is None:
+                self.model.succeed(ack.job_id)
 
     @rule(delta=st.integers(min_value=0, max_value=2_000))
     def advance(self, delta: int) -> None:

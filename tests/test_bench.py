@@ -1,0 +1,96 @@
+"""The benchmark: a smoke run with tiny sizes checks the report's shape, never its speed."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from crashqueuelab import cli
+from crashqueuelab.bench.runner import SYSTEMS, jain_index, percentile, run_bench, table, targets
+
+
+def test_percentiles_use_the_nearest_rank() -> None:
+    values = list(range(1, 101))
+    assert percentile(values, 0.5) == 50
+    assert percentile(values, 0.99) == 99
+    assert percentile([7], 0.99) == 7
+    assert percentile([], 0.5) == 0.0
+
+
+def test_jains_index_is_one_when_even_and_one_over_n_when_one_does_all() -> None:
+    assert jain_index([5, 5, 5, 5]) == 1.0
+    assert jain_index([20, 0, 0, 0]) == 0.25
+    assert jain_index([0, 0]) == 0.0
+
+
+def test_a_tiny_bench_reports_every_cell_verified(tmp_path: Path) -> None:
+    report = run_bench(tmp_path / "bench", jobs=40, workers=(1, 2), work_ms=(0.0,), batch=8)
+    assert report["ok"] is True
+    assert {cell["system"] for cell in report["cells"]} == set(SYSTEMS)
+    assert len(report["cells"]) == 2 * len(SYSTEMS)
+    for cell in report["cells"]:
+        assert cell["verified"]["ok"] is True
+        assert cell["verified"]["succeeded"] == 40
+        assert 0 <= cell["jobs_per_worker_min"] <= cell["jobs_per_worker_max"] <= 40
+        assert 0 < cell["fairness_jain"] <= 1
+        assert cell["latency_p99_ms"] >= cell["latency_p50_ms"] > 0
+        assert cell["worker_exit_codes"] == [0] * cell["workers"]
+    assert report["disk"]["fsyncs_per_s"] > 0
+    assert report["targets"]["batched_vs_textbook_1_worker"] > 0
+    assert json.loads((tmp_path / "bench" / "bench.json").read_text()) == report
+    assert not list((tmp_path / "bench").glob("databases"))
+    assert "| textbook | 1 | 0 |" in table(report["cells"])
+
+
+def test_targets_are_none_where_a_cell_is_missing() -> None:
+    result = targets([])
+    assert result["single_vs_textbook_1_worker"] is None
+    assert result["crashqueuelab-batched"]["fairness_16_workers_1ms"] is None
+
+
+def run_cli(*argv: str) -> tuple[int, dict[str, object], str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.main(list(argv), stdout=out, stderr=err)
+    return code, json.loads(out.getvalue()), err.getvalue()
+
+
+def test_the_bench_command_prints_targets_and_a_table(tmp_path: Path) -> None:
+    code, result, err = run_cli(
+        "bench", "--output-directory", str(tmp_path / "b"), "--jobs", "20",
+        "--workers", "1", "--work-ms", "0",
+    )  # fmt: skip
+    assert code == cli.EXIT_OK
+    assert result["ok"] is True
+    assert "| system | workers |" in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--workers", "0"],
+        ["--workers", "a,b"],
+        ["--work-ms", "-1"],
+        ["--work-ms", "x"],
+        ["--jobs", "0"],
+    ],
+)
+def test_bad_bench_arguments_are_usage_errors(tmp_path: Path, argv: list[str]) -> None:
+    code, _result, _ = run_cli("bench", "--output-directory", str(tmp_path / "b"), *argv)
+    assert code == cli.EXIT_USAGE
+    assert not (tmp_path / "b").exists()
+
+
+def test_the_chaos_command_reports_its_accounting(tmp_path: Path) -> None:
+    code, result, _err = run_cli(
+        "chaos", "--output-directory", str(tmp_path / "c"), "--jobs", "120",
+        "--workers", "2", "--kills", "4", "--pauses", "0", "--seed", "5",
+    )  # fmt: skip
+    assert code == cli.EXIT_OK
+    assert result["ok"] is True
+    assert result["kills_delivered"] == 4
+    accounting = result["accounting"]
+    assert isinstance(accounting, dict)
+    assert accounting["lost"] == 0
