@@ -83,6 +83,8 @@ def decode_frames(data: bytes, *, where: str, tail_may_tear: bool) -> tuple[list
             raise CorruptStore(f"{where}: frame at byte {offset} claims {size} bytes")
         end = offset + LENGTH_BYTES + size + DIGEST_BYTES
         if end > len(data):
+            if _hidden_frame(data, offset):
+                raise CorruptStore(f"{where}: the length field at byte {offset} is damaged")
             return _torn(frames, offset, where, tail_may_tear)
         body = data[offset + LENGTH_BYTES : offset + LENGTH_BYTES + size]
         if hashlib.sha256(body).digest() != data[end - DIGEST_BYTES : end]:
@@ -96,6 +98,28 @@ def decode_frames(data: bytes, *, where: str, tail_may_tear: bool) -> tuple[list
         frames.append(value)
         offset = end
     return frames, offset
+
+
+def _hidden_frame(data: bytes, offset: int) -> bool:
+    """Whether a complete frame starts at ``offset`` although its length field says otherwise.
+
+    A torn tail is a prefix of one frame, so no digest inside it can match. A damaged
+    length field, though, can make a complete frame (and those after it) look torn; finding
+    a body that ends in ``}`` and is followed by its own digest exposes it. The hash is
+    extended incrementally, so the scan is linear in the tail's length.
+    """
+    start = offset + LENGTH_BYTES
+    running = hashlib.sha256()
+    previous = start
+    closing = ord("}")
+    for position in range(start, len(data) - DIGEST_BYTES + 1):
+        if data[position - 1] != closing or position == start:
+            continue
+        running.update(data[previous:position])
+        previous = position
+        if running.copy().digest() == data[position : position + DIGEST_BYTES]:
+            return True
+    return False
 
 
 def _torn(frames: list[Any], offset: int, where: str, tail_may_tear: bool) -> tuple[list[Any], int]:

@@ -1,0 +1,83 @@
+"""Shared pieces of the walqueue tests: an observable state and a scripted workload."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from walqueue import Lease, Queue
+
+Observable = dict[str, Any]
+
+
+def observe(queue: Queue) -> Observable:
+    """Everything a caller can see: every task's state, and the last sequence number."""
+    return {
+        "tasks": {task_id: dataclasses.asdict(queue.get(task_id)) for task_id in queue.task_ids()},
+        "last_seq": queue.stats()["last_seq"],
+        "counts": queue.stats()["counts"],
+    }
+
+
+def leases_from(queue: Queue) -> dict[str, Lease]:
+    """The live leases as a restarted worker rebuilds them from the durable state."""
+    leases = {}
+    for task_id in queue.task_ids():
+        task = queue.get(task_id)
+        if task.status == "leased" and task.lease_owner and task.lease_deadline is not None:
+            leases[task_id] = Lease(
+                task_id, task.lease_owner, task.generation, task.lease_deadline,
+                task.attempts, task.payload,
+            )  # fmt: skip
+    return leases
+
+
+Step = Callable[[Queue, dict[str, Lease]], None]
+
+
+def _reserve(worker: str, now: int, lease: int, limit: int) -> Step:
+    def step(queue: Queue, leases: dict[str, Lease]) -> None:
+        for granted in queue.reserve(worker, now=now, lease_seconds=lease, limit=limit):
+            leases[granted.task_id] = granted
+
+    return step
+
+
+def _ack(task_id: str, now: int) -> Step:
+    def step(queue: Queue, leases: dict[str, Lease]) -> None:
+        queue.ack(leases[task_id], now=now)
+
+    return step
+
+
+def _release(task_id: str, now: int, delay: int) -> Step:
+    def step(queue: Queue, leases: dict[str, Lease]) -> None:
+        queue.release(leases[task_id], now=now, delay=delay)
+
+    return step
+
+
+#: put, put_many, reserve (both transactions), ack, release, expiry, dead-lettering and
+#: two compactions, each step a whole operation.
+WORKLOAD: list[tuple[str, Step]] = [
+    ("put a", lambda q, _: q.put("a", {"n": 1})),
+    ("put_many b c d", lambda q, _: q.put_many([
+        {"task_id": "b", "payload": {"n": 2}},
+        {"task_id": "c", "payload": {"n": 3}, "max_attempts": 1},
+        {"task_id": "d", "payload": {"n": 4}, "key": "key-d", "available_at": 5},
+    ])),
+    ("reserve a b c", _reserve("w1", 1, 10, 3)),
+    ("ack a", _ack("a", 2)),
+    ("release b", _release("b", 3, 4)),
+    ("compact 1", lambda q, _: q.compact() and None),
+    ("reserve expires c, leases b d", _reserve("w2", 20, 10, 5)),
+    ("ack d", _ack("d", 21)),
+    ("put e (identical retry of a too)", lambda q, _: q.put_many([
+        {"task_id": "a", "payload": {"n": 1}},
+        {"task_id": "e", "payload": {"n": 5}},
+    ])),
+    ("compact 2", lambda q, _: q.compact() and None),
+    ("reserve expires b, leases e", _reserve("w3", 40, 10, 5)),
+    ("ack e", _ack("e", 41)),
+]  # fmt: skip

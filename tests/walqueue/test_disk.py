@@ -1,0 +1,167 @@
+"""Torn tails are repaired; every other damage is CorruptStore, never silent."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from walqueue import CorruptStore, Queue
+from walqueue.codec import encode_frame
+
+
+def build(directory: Path, *, compact: bool) -> None:
+    with Queue(directory) as queue:
+        queue.put("a", {"n": 1})
+        queue.put("b", {"n": 2})
+        if compact:
+            queue.compact()
+        queue.put("c", {"n": 3})
+        queue.put("d", {"n": 4})
+
+
+def segments(directory: Path) -> list[Path]:
+    return sorted(directory.glob("wal-*.log"))
+
+
+def test_every_prefix_of_the_final_frame_is_a_recoverable_torn_tail(tmp_path: Path) -> None:
+    pristine = tmp_path / "pristine"
+    build(pristine, compact=False)
+    [segment] = segments(pristine)
+    data = segment.read_bytes()
+    last_frame = len(encode_frame({"seq": 4, "tasks": [{"available_at": 0, "key": "d", "max_attempts": 3, "payload": {"n": 4}, "task_id": "d"}], "type": "put"}))  # fmt: skip
+    start = len(data) - last_frame
+    for cut in range(start, len(data)):
+        directory = tmp_path / f"cut-{cut}"
+        shutil.copytree(pristine, directory)
+        (directory / segment.name).write_bytes(data[:cut])
+        with Queue(directory) as queue:
+            assert queue.task_ids() == ["a", "b", "c"], cut
+            assert (directory / segment.name).stat().st_size == start
+            queue.put("e", {"n": 5})
+        with Queue(directory) as queue:
+            assert queue.task_ids() == ["a", "b", "c", "e"]
+            assert queue.stats()["last_seq"] == 4
+
+
+@pytest.mark.parametrize("target", ["sealed", "non-final", "snapshot", "current"])
+def test_flipping_any_byte_is_detected(tmp_path: Path, target: str) -> None:
+    pristine = tmp_path / "pristine"
+    with Queue(pristine) as queue:
+        queue.put("a", {"n": 1})
+        queue.put("b", {"n": 2})
+        queue.compact()
+        queue.put("c", {"n": 3})
+        queue.put("d", {"n": 4})
+    if target == "sealed":
+        # Keep a sealed segment next to the snapshot: rebuild one from the live segment.
+        live = segments(pristine)[-1]
+        victim_name, data = live.name, live.read_bytes()
+        end = len(data) - len(encode_frame({"seq": 4, "tasks": [{"available_at": 0, "key": "d", "max_attempts": 3, "payload": {"n": 4}, "task_id": "d"}], "type": "put"}))  # fmt: skip
+        span = range(0, end)
+    elif target == "non-final":
+        victim_name = segments(pristine)[-1].name
+        data = (pristine / victim_name).read_bytes()
+        end = len(data) - len(encode_frame({"seq": 4, "tasks": [{"available_at": 0, "key": "d", "max_attempts": 3, "payload": {"n": 4}, "task_id": "d"}], "type": "put"}))  # fmt: skip
+        span = range(0, end)
+    elif target == "snapshot":
+        victim_name = next(pristine.glob("snapshot-*.json")).name
+        data = (pristine / victim_name).read_bytes()
+        span = range(0, len(data))
+    else:
+        victim_name, data = "CURRENT", (pristine / "CURRENT").read_bytes()
+        span = range(0, len(data))
+    for offset in span:  # every single byte
+        directory = tmp_path / f"flip-{offset}"
+        shutil.copytree(pristine, directory)
+        damaged = bytearray(data)
+        damaged[offset] ^= 0x5A
+        (directory / victim_name).write_bytes(bytes(damaged))
+        if target == "sealed":
+            # A sealed copy whose bytes are damaged, followed by a fresh live segment.
+            (directory / "wal-00000000000000000005.log").write_bytes(b"")
+        with pytest.raises(CorruptStore):
+            Queue(directory)
+
+
+def test_an_incomplete_sealed_segment_is_corrupt(tmp_path: Path) -> None:
+    directory = tmp_path / "q"
+    build(directory, compact=False)
+    [segment] = segments(directory)
+    data = segment.read_bytes()
+    segment.write_bytes(data[:-5])
+    (directory / "wal-00000000000000000005.log").write_bytes(b"")
+    with pytest.raises(CorruptStore):
+        Queue(directory)
+
+
+def test_a_sequence_gap_is_corrupt(tmp_path: Path) -> None:
+    directory = tmp_path / "q"
+    build(directory, compact=False)
+    (directory / "wal-00000000000000000009.log").write_bytes(
+        encode_frame(
+            {"seq": 9, "type": "ack", "task_id": "a", "worker": "w", "generation": 1, "now": 0}
+        )
+    )
+    with pytest.raises(CorruptStore):
+        Queue(directory)
+
+
+def test_an_invalid_transaction_is_corrupt(tmp_path: Path) -> None:
+    directory = tmp_path / "q"
+    build(directory, compact=False)
+    [segment] = segments(directory)
+    with segment.open("ab") as handle:
+        handle.write(
+            encode_frame(
+                {"seq": 5, "type": "ack", "task_id": "a", "worker": "w", "generation": 1, "now": 0}
+            )
+        )
+    with pytest.raises(CorruptStore):
+        Queue(directory)
+
+
+def test_an_orphan_snapshot_newer_than_current_is_ignored(tmp_path: Path) -> None:
+    directory = tmp_path / "q"
+    build(directory, compact=True)
+    orphan = directory / "snapshot-00000000000000000099.json"
+    orphan.write_bytes(encode_frame({"seq": 99, "state": {"last_seq": 99, "tasks": []}}))
+    (directory / "snapshot-00000000000000000100.json.tmp").write_bytes(b"garbage")
+    with Queue(directory) as queue:
+        assert queue.task_ids() == ["a", "b", "c", "d"]
+        assert queue.stats()["snapshot_seq"] == 2
+
+
+def test_a_missing_referenced_snapshot_is_corrupt_not_a_fallback(tmp_path: Path) -> None:
+    directory = tmp_path / "q"
+    build(directory, compact=True)
+    next(directory.glob("snapshot-*.json")).unlink()
+    with pytest.raises(CorruptStore):
+        Queue(directory)
+
+
+def test_a_length_field_beyond_the_bound_is_corrupt(tmp_path: Path) -> None:
+    directory = tmp_path / "q"
+    build(directory, compact=False)
+    [segment] = segments(directory)
+    with segment.open("ab") as handle:
+        handle.write((2**31).to_bytes(4, "big") + b"x" * 10)
+    with pytest.raises(CorruptStore):
+        Queue(directory)
+
+
+def test_old_sealed_segments_left_by_a_compaction_do_not_double_apply(tmp_path: Path) -> None:
+    directory = tmp_path / "q"
+    keep = tmp_path / "kept.log"
+    with Queue(directory) as queue:
+        queue.put("a", {"n": 1})
+        queue.put("b", {"n": 2})
+        shutil.copyfile(segments(directory)[0], keep)
+        queue.compact()
+        queue.put("c", {})
+    # As if the deletion after publishing CURRENT never happened.
+    shutil.copyfile(keep, directory / "wal-00000000000000000001.log")
+    with Queue(directory) as queue:
+        assert queue.task_ids() == ["a", "b", "c"]
+        assert queue.stats()["last_seq"] == 3
