@@ -33,7 +33,7 @@ def leases_from(queue: Queue) -> dict[str, Lease]:
     return leases
 
 
-Step = Callable[[Queue, dict[str, Lease]], None]
+Step = Callable[[Queue, dict[str, Lease]], object]
 
 
 def _reserve(worker: str, now: int, lease: int, limit: int) -> Step:
@@ -70,14 +70,14 @@ WORKLOAD: list[tuple[str, Step]] = [
     ("reserve a b c", _reserve("w1", 1, 10, 3)),
     ("ack a", _ack("a", 2)),
     ("release b", _release("b", 3, 4)),
-    ("compact 1", lambda q, _: q.compact() and None),
+    ("compact 1", lambda q, _: q.compact()),
     ("reserve expires c, leases b d", _reserve("w2", 20, 10, 5)),
     ("ack d", _ack("d", 21)),
     ("put e (identical retry of a too)", lambda q, _: q.put_many([
         {"task_id": "a", "payload": {"n": 1}},
         {"task_id": "e", "payload": {"n": 5}},
     ])),
-    ("compact 2", lambda q, _: q.compact() and None),
+    ("compact 2", lambda q, _: q.compact()),
     ("reserve expires b, leases e", _reserve("w3", 40, 10, 5)),
     ("ack e", _ack("e", 41)),
 ]  # fmt: skip

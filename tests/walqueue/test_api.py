@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,9 @@ from walqueue import KeyConflict, Queue, QueueLocked, StaleLease, WalQueueError
 
 
 @pytest.fixture
-def queue(tmp_path: Path) -> Queue:
+def queue(tmp_path: Path) -> Iterator[Queue]:
     with Queue(tmp_path / "q") as opened:
-        yield opened  # type: ignore[misc]
+        yield opened
 
 
 def wal_bytes(directory: Path) -> int:

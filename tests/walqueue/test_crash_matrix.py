@@ -9,7 +9,9 @@ the uninterrupted run ended.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,6 +52,16 @@ def clean_run(
     return states, final, calls
 
 
+def run_until_crash(
+    directory: Path, hook: Callable[[str], None], leases: dict[str, Lease], progress: dict[str, Any]
+) -> None:
+    """Open and run the workload, noting which operation was under way."""
+    progress["queue"] = queue = Queue(directory, hook=hook)
+    for index, (_, step) in enumerate(WORKLOAD):
+        progress["interrupted"] = index
+        step(queue, leases)
+
+
 def test_every_hook_call_is_a_recoverable_crash_point(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -72,14 +84,12 @@ def test_every_hook_call_is_a_recoverable_crash_point(
                 raise InjectedCrash(phase)
 
         leases: dict[str, Lease] = {}
-        interrupted, queue = -1, None
+        progress: dict[str, Any] = {"interrupted": -1, "queue": None}
         with pytest.raises(InjectedCrash):
-            queue = Queue(directory, hook=crash_at_k)
-            for index, (_, step) in enumerate(WORKLOAD):
-                interrupted = index
-                step(queue, leases)
+            run_until_crash(directory, crash_at_k, leases, progress)
+        interrupted, crashed = progress["interrupted"], progress["queue"]
         # The transaction being written when the hook fired (the dead object still knows).
-        pending = 1 if queue is None else queue.stats()["last_seq"] + 1
+        pending = 1 if crashed is None else crashed.stats()["last_seq"] + 1
         with Queue(directory) as reopened:
             recovered = observe(reopened)
             leases = leases_from(reopened)

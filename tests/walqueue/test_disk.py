@@ -10,6 +10,25 @@ import pytest
 from walqueue import CorruptStore, Queue
 from walqueue.codec import encode_frame
 
+# The frame of the workload's last put (task "d", sequence 4), byte for byte.
+LAST_FRAME = len(
+    encode_frame(
+        {
+            "seq": 4,
+            "tasks": [
+                {
+                    "available_at": 0,
+                    "key": "d",
+                    "max_attempts": 3,
+                    "payload": {"n": 4},
+                    "task_id": "d",
+                }
+            ],
+            "type": "put",
+        }
+    )
+)
+
 
 def build(directory: Path, *, compact: bool) -> None:
     with Queue(directory) as queue:
@@ -30,7 +49,7 @@ def test_every_prefix_of_the_final_frame_is_a_recoverable_torn_tail(tmp_path: Pa
     build(pristine, compact=False)
     [segment] = segments(pristine)
     data = segment.read_bytes()
-    last_frame = len(encode_frame({"seq": 4, "tasks": [{"available_at": 0, "key": "d", "max_attempts": 3, "payload": {"n": 4}, "task_id": "d"}], "type": "put"}))  # fmt: skip
+    last_frame = LAST_FRAME
     start = len(data) - last_frame
     for cut in range(start, len(data)):
         directory = tmp_path / f"cut-{cut}"
@@ -58,20 +77,20 @@ def test_flipping_any_byte_is_detected(tmp_path: Path, target: str) -> None:
         # Keep a sealed segment next to the snapshot: rebuild one from the live segment.
         live = segments(pristine)[-1]
         victim_name, data = live.name, live.read_bytes()
-        end = len(data) - len(encode_frame({"seq": 4, "tasks": [{"available_at": 0, "key": "d", "max_attempts": 3, "payload": {"n": 4}, "task_id": "d"}], "type": "put"}))  # fmt: skip
-        span = range(0, end)
+        end = len(data) - LAST_FRAME
+        span = range(end)
     elif target == "non-final":
         victim_name = segments(pristine)[-1].name
         data = (pristine / victim_name).read_bytes()
-        end = len(data) - len(encode_frame({"seq": 4, "tasks": [{"available_at": 0, "key": "d", "max_attempts": 3, "payload": {"n": 4}, "task_id": "d"}], "type": "put"}))  # fmt: skip
-        span = range(0, end)
+        end = len(data) - LAST_FRAME
+        span = range(end)
     elif target == "snapshot":
         victim_name = next(pristine.glob("snapshot-*.json")).name
         data = (pristine / victim_name).read_bytes()
-        span = range(0, len(data))
+        span = range(len(data))
     else:
         victim_name, data = "CURRENT", (pristine / "CURRENT").read_bytes()
-        span = range(0, len(data))
+        span = range(len(data))
     for offset in span:  # every single byte
         directory = tmp_path / f"flip-{offset}"
         shutil.copytree(pristine, directory)
