@@ -85,7 +85,7 @@ def test_bad_bench_arguments_are_usage_errors(tmp_path: Path, argv: list[str]) -
 
 def test_the_chaos_command_reports_its_accounting(tmp_path: Path) -> None:
     code, result, _err = run_cli(
-        "chaos", "--output-directory", str(tmp_path / "c"), "--jobs", "120",
+        "chaos", "--output-directory", str(tmp_path / "c"), "--jobs", "400",
         "--workers", "2", "--kills", "4", "--pauses", "0", "--seed", "5",
     )  # fmt: skip
     assert code == cli.EXIT_OK

@@ -162,6 +162,19 @@ class _ChaosRun:
         for slot in self.slots:
             self.start(slot)
 
+    def target_for(self, planned: int) -> _Slot | None:
+        """The planned slot, or the next one round the table if it is paused or too fresh.
+
+        A paused worker is left alone until it is continued, and a worker that has just
+        been started gets a moment to reach real work before it is hit again.
+        """
+        now = time.monotonic()
+        for step in range(len(self.slots)):
+            slot = self.slots[(planned + step) % len(self.slots)]
+            if slot.index not in self.state.paused and now - slot.started_at >= MIN_WORKER_AGE_S:
+                return slot
+        return None
+
     def respawn_dead(self) -> None:
         for slot in self.slots:
             if slot.index not in self.state.paused and slot.process.exitcode is not None:
@@ -231,14 +244,12 @@ def run_chaos(
             run.respawn_dead()
             run.continue_paused(watcher, force=False)
             while pending and pending[0].after_finished <= jobs - active:
-                target = run.slots[pending[0].worker_slot]
-                if target.index in run.state.paused:
-                    break  # a paused worker is left alone until it is continued
-                if time.monotonic() - target.started_at < MIN_WORKER_AGE_S:
-                    break  # let a fresh worker get to work before it is hit again
+                target = run.target_for(pending[0].worker_slot)
+                if target is None:
+                    break  # every worker is paused or too fresh: try again next tick
                 fault = pending.pop(0)
                 time.sleep(fault.delay_ms / 1000)
-                _deliver(fault, run, watcher)
+                _deliver(fault, run, watcher, target)
             if progress is not None and time.monotonic() >= next_report:
                 next_report = time.monotonic() + PROGRESS_EVERY_S
                 kills_so_far = _kind_count(run.state.delivered, FaultKind.KILL)
@@ -312,13 +323,14 @@ def _signal(process: Any, signum: int) -> bool:
     return True
 
 
-def _deliver(fault: PlannedFault, run: _ChaosRun, watcher: _Watcher) -> None:
-    """Send one planned signal to its worker and record when it really landed."""
-    slot, state, lease_ms = run.slots[fault.worker_slot], run.state, run.lease_ms
+def _deliver(fault: PlannedFault, run: _ChaosRun, watcher: _Watcher, slot: _Slot) -> None:
+    """Send one planned signal to the worker in ``slot`` and record when it really landed."""
+    state, lease_ms = run.state, run.lease_ms
     record: dict[str, Any] = {
         "index": fault.index,
         "kind": fault.kind.value,
-        "worker_slot": fault.worker_slot,
+        "planned_slot": fault.worker_slot,
+        "worker_slot": slot.index,
         "after_finished": fault.after_finished,
     }
     process = slot.process
