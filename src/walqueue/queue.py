@@ -7,14 +7,13 @@ are closed and the directory lock released, and a new Queue must reopen the dire
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from walqueue.codec import canonical, checked_payload
+from walqueue.codec import canonical, checked_payload, copy_payload
 from walqueue.durability import fsync_directory
 from walqueue.errors import KeyConflict, StaleLease, WalQueueError
 from walqueue.ownership import Ownership
@@ -194,14 +193,13 @@ class Queue:
         fresh_keys: dict[str, str] = {}
         ids = []
         for item in prepared:
-            identity = _request_identity(item)
             owner = self._state.keys.get(item["key"], fresh_keys.get(item["key"]))
             if owner is None and (item["task_id"] in self._state.tasks or item["task_id"] in fresh):
                 raise KeyConflict(f"task id {item['task_id']!r} already exists under another key")
             if owner is not None:
                 existing = self._state.tasks.get(owner)
                 known = _identity(existing) if existing else _request_identity(fresh[owner])
-                if known != identity:
+                if known != _request_identity(item):
                     raise KeyConflict(f"key {item['key']!r} names a different request")
                 ids.append(owner)
                 continue
@@ -253,7 +251,7 @@ class Queue:
                 generation=task.generation,
                 deadline=task.lease_deadline or 0,
                 attempts=task.attempts,
-                payload=copy.deepcopy(task.payload),
+                payload=copy_payload(task.payload),
             )
             for task in ready
         ]
@@ -320,7 +318,7 @@ class Queue:
             available_at=task.available_at,
             max_attempts=task.max_attempts,
             key=task.key,
-            payload=copy.deepcopy(task.payload),
+            payload=copy_payload(task.payload),
             lease_owner=task.lease_owner,
             lease_deadline=task.lease_deadline,
         )

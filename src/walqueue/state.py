@@ -8,10 +8,10 @@ recovery applies the same transactions, read back from disk, through the same co
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any
 
+from walqueue.codec import copy_payload
 from walqueue.errors import CorruptStore
 
 READY, LEASED, COMPLETED, DEAD = "ready", "leased", "completed", "dead"
@@ -38,7 +38,7 @@ class Task:
         return {
             "task_id": self.task_id,
             "key": self.key,
-            "payload": copy.deepcopy(self.payload),
+            "payload": copy_payload(self.payload),
             "max_attempts": self.max_attempts,
             "original_available_at": self.original_available_at,
             "available_at": self.available_at,
@@ -185,10 +185,12 @@ def apply(state: State, txn: dict[str, Any]) -> None:
     kind = txn["type"]
     if kind == "put":
         for item in txn["tasks"]:
+            # The transaction belongs to apply once appended: its payload is already a private
+            # copy (made by put, or freshly decoded by recovery), so it is not copied again.
             task = Task(
                 task_id=item["task_id"],
                 key=item["key"],
-                payload=copy.deepcopy(item["payload"]),
+                payload=item["payload"],
                 max_attempts=item["max_attempts"],
                 original_available_at=item["available_at"],
                 available_at=item["available_at"],
