@@ -36,3 +36,29 @@ def test_every_invariant_is_documented() -> None:
     text = (DOCS / "correctness.md").read_text()
     for name in invariant_names():
         assert f"| `{name}` |" in text, f"docs/correctness.md does not explain {name}"
+
+
+def test_every_walqueue_hook_phase_is_documented() -> None:
+    import re
+
+    import walqueue.store
+
+    source = Path(walqueue.store.__file__).read_text()
+    phases = set(re.findall(r'self\.hook\("([a-z_:]+)"\)', source))
+    assert len(phases) >= 20
+    text = (DOCS / "walqueue.md").read_text()
+    for phase in phases:
+        assert f"| `{phase}` |" in text, f"docs/walqueue.md does not document {phase}"
+
+
+def test_walqueue_imports_nothing_of_crashqueuelab() -> None:
+    import ast
+
+    import walqueue
+
+    for source in Path(walqueue.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                assert not (node.module or "").startswith("crashqueuelab"), source.name
+            elif isinstance(node, ast.Import):
+                assert not any(a.name.startswith("crashqueuelab") for a in node.names)
