@@ -235,28 +235,22 @@ def _bench(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     }
 
 
-def _int_list(text: str) -> list[int]:
+def _numbers(text: str, convert: Callable[[str], float], minimum: float) -> list[float]:
     try:
-        values = [int(part) for part in text.split(",") if part]
+        values = [convert(part) for part in text.split(",") if part]
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a comma-separated list of integers"
-        ) from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError("every value must be a positive integer")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list") from None
+    if not values or min(values) < minimum:
+        raise argparse.ArgumentTypeError(f"every value must be at least {minimum:g}")
     return values
+
+
+def _int_list(text: str) -> list[int]:
+    return [int(value) for value in _numbers(text, int, 1)]
 
 
 def _float_list(text: str) -> list[float]:
-    try:
-        values = [float(part) for part in text.split(",") if part]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a comma-separated list of numbers"
-        ) from None
-    if not values or min(values) < 0:
-        raise argparse.ArgumentTypeError("every value must be a non-negative number")
-    return values
+    return _numbers(text, float, 0)
 
 
 def _add_experiment(parser: argparse.ArgumentParser) -> None:

@@ -12,22 +12,16 @@ Two destinations:
 
 from __future__ import annotations
 
-import os
-import sqlite3
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from types import TracebackType
-from typing import Any
 
 from crashqueuelab.clock import Clock, SystemClock
 from crashqueuelab.errors import StoreError
+from crashqueuelab.handle import DatabaseHandle
 from crashqueuelab.hooks import Hook, Phase, no_hook
-from crashqueuelab.locking import retry_busy
 from crashqueuelab.schema import SchemaSpec
-from crashqueuelab.storage import DEFAULT_BUSY_TIMEOUT_MS, open_store, write_transaction
-from crashqueuelab.turns import TurnLock
+from crashqueuelab.storage import DEFAULT_BUSY_TIMEOUT_MS
 from crashqueuelab.validation import require_int, require_name
 
 
@@ -81,7 +75,7 @@ class EffectResult:
     effect_count: int
 
 
-class EffectLedger:
+class EffectLedger(DatabaseHandle):
     """One destination's ledger of durable effects."""
 
     def __init__(
@@ -94,16 +88,16 @@ class EffectLedger:
         create: bool = True,
         busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
     ) -> None:
-        self.path = str(path)
+        super().__init__(
+            path,
+            spec=LEDGER_SCHEMA,
+            create=create,
+            busy_timeout_ms=busy_timeout_ms,
+            what="ledger",
+        )
         self.destination = Destination(destination)
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._hook: Hook = hook if hook is not None else no_hook
-        self._pid = os.getpid()
-        self._timeout_ms = busy_timeout_ms
-        self._conn: sqlite3.Connection | None = open_store(
-            self.path, create=create, busy_timeout_ms=busy_timeout_ms, spec=LEDGER_SCHEMA
-        )
-        self._turns = TurnLock(Path(f"{self.path}-turns"))
         try:
             self._bind_destination()
         except BaseException:
@@ -123,41 +117,6 @@ class EffectLedger:
                     conn.execute("CREATE UNIQUE INDEX effects_unique_key ON effects (effect_key)")
             elif row[0] != self.destination.value:
                 raise StoreError(self.path, f"this ledger is {row[0]}, not {self.destination}")
-
-    def close(self) -> None:
-        self._turns.close()
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
-    def __enter__(self) -> EffectLedger:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    @property
-    def connection(self) -> sqlite3.Connection:
-        if self._conn is None:
-            raise StoreError(self.path, "the ledger is closed")
-        if os.getpid() != self._pid:
-            raise StoreError(self.path, "this connection was opened in another process")
-        return self._conn
-
-    def _transaction(self) -> AbstractContextManager[sqlite3.Connection]:
-        return write_transaction(self.connection, timeout_ms=self._timeout_ms, turns=self._turns)
-
-    def _read(self, sql: str, arguments: tuple[object, ...] = ()) -> list[Any]:
-        """All rows of a read, retried while a checkpoint or recovery briefly locks the file."""
-        conn = self.connection
-        return retry_busy(
-            lambda: conn.execute(sql, arguments).fetchall(), timeout_s=self._timeout_ms / 1000
-        )
 
     def apply(
         self, *, effect_key: str, value: int, job_id: str, attempt: int, worker_id: str

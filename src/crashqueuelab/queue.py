@@ -7,22 +7,19 @@ handler or an external effect; that is the worker boundary's job.
 
 from __future__ import annotations
 
-import os
 import sqlite3
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
 from pathlib import Path
-from types import TracebackType
 from typing import Any, NoReturn
 
 from crashqueuelab.batches import acknowledge, lease_ready
 from crashqueuelab.clock import Clock, SystemClock
 from crashqueuelab.errors import InvalidInput, JobNotFound, StoreError
 from crashqueuelab.fencing import require_live_lease
+from crashqueuelab.handle import DatabaseHandle
 from crashqueuelab.history import append_event
 from crashqueuelab.hooks import Hook, Phase, no_hook
 from crashqueuelab.ids import IdGenerator, RandomIds
-from crashqueuelab.locking import retry_busy
 from crashqueuelab.models import (
     Acknowledgement,
     AckResult,
@@ -44,7 +41,7 @@ from crashqueuelab.rows import (
     decode_event,
     decode_job,
 )
-from crashqueuelab.schema import ACTIVE_JOBS
+from crashqueuelab.schema import ACTIVE_JOBS, QUEUE_SCHEMA
 from crashqueuelab.statements import (
     CLAIM_NEXT,
     CLOSE_ATTEMPT,
@@ -59,9 +56,8 @@ from crashqueuelab.statements import (
     SELECT_EXPIRED,
     SELECT_JOB,
 )
-from crashqueuelab.storage import DEFAULT_BUSY_TIMEOUT_MS, open_store, write_transaction
+from crashqueuelab.storage import DEFAULT_BUSY_TIMEOUT_MS
 from crashqueuelab.submission import MAX_BATCH, prepare_batch, submit_in_transaction
-from crashqueuelab.turns import TurnLock
 from crashqueuelab.validation import (
     MAX_LEASE_US,
     require_error_text,
@@ -89,7 +85,7 @@ def _require_applied(cursor: sqlite3.Cursor, what: str) -> None:
         raise StoreError("<transaction>", f"guarded {what} changed {cursor.rowcount} rows")
 
 
-class DurableQueue:
+class DurableQueue(DatabaseHandle):
     """A SQLite-WAL job queue with leased, fenced claims and an append-only history."""
 
     def __init__(
@@ -103,57 +99,17 @@ class DurableQueue:
         create: bool = True,
         busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
     ) -> None:
-        self.path = str(path)
+        super().__init__(
+            path,
+            spec=QUEUE_SCHEMA,
+            create=create,
+            busy_timeout_ms=busy_timeout_ms,
+            what="queue",
+        )
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._ids: IdGenerator = ids if ids is not None else RandomIds()
         self._retry = retry if retry is not None else RetryPolicy()
         self._hook: Hook = hook if hook is not None else no_hook
-        self._pid = os.getpid()
-        self._timeout_ms = busy_timeout_ms
-        self._conn: sqlite3.Connection | None = open_store(
-            self.path, create=create, busy_timeout_ms=busy_timeout_ms
-        )
-        # Opened only once the database proved to be ours, so a refused file gets no sidecar.
-        self._turns = TurnLock(Path(f"{self.path}-turns"))
-
-    # -- lifecycle -------------------------------------------------------------------------
-
-    def close(self) -> None:
-        """Close the connection; further calls raise StoreError. Safe to call twice."""
-        self._turns.close()
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
-    def __enter__(self) -> DurableQueue:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    @property
-    def connection(self) -> sqlite3.Connection:
-        """The open connection, refused after close() and in a forked child."""
-        if self._conn is None:
-            raise StoreError(self.path, "the queue is closed")
-        if os.getpid() != self._pid:
-            raise StoreError(self.path, "this connection was opened in another process")
-        return self._conn
-
-    def _transaction(self) -> AbstractContextManager[sqlite3.Connection]:
-        return write_transaction(self.connection, timeout_ms=self._timeout_ms, turns=self._turns)
-
-    def _read(self, sql: str, arguments: tuple[object, ...] = ()) -> list[Any]:
-        """All rows of a read, retried while a checkpoint or recovery briefly locks the file."""
-        conn = self.connection
-        return retry_busy(
-            lambda: conn.execute(sql, arguments).fetchall(), timeout_s=self._timeout_ms / 1000
-        )
 
     # -- producer --------------------------------------------------------------------------
 
