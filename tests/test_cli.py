@@ -418,3 +418,23 @@ def test_sqlite_and_os_errors_become_structured_errors(
     monkeypatch.setattr("crashqueuelab.cli.run_demo", denied)
     code, result, _ = run("demo", "--output-directory", str(db_path.parent / "d"))
     assert (code, result["error"]["type"]) == (EXIT_STORE, "OSError")
+
+
+def test_claim_with_a_limit_leases_a_batch_in_one_transaction(db_path: Path) -> None:
+    for key in ("k1", "k2", "k3"):
+        submit(db_path, key=key)
+    code, result, _ = run(
+        "claim", "--database", str(db_path), "--worker-id", "w", "--limit", "2",
+        "--now-us", str(NOW + 1),
+    )  # fmt: skip
+    assert code == EXIT_OK
+    claimed = result["claimed"]
+    assert [c["attempt"] for c in claimed] == [1, 1]
+    assert len({c["lease_token"] for c in claimed}) == 2
+    code, result, _ = run(
+        "claim", "--database", str(db_path), "--worker-id", "w", "--limit", "5",
+        "--now-us", str(NOW + 2),
+    )  # fmt: skip
+    assert len(result["claimed"]) == 1
+    code, result, _ = run("claim", "--database", str(db_path), "--worker-id", "w", "--limit", "0")
+    assert code == EXIT_USAGE

@@ -97,6 +97,14 @@ def _submit(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
 
 def _claim(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     with _queue(args) as queue:
+        if args.limit is not None:
+            # The batched path: a list of up to --limit leased jobs, one transaction.
+            batch = queue.claim_many(
+                worker_id=args.worker_id,
+                lease_duration_us=args.lease_duration_us,
+                limit=args.limit,
+            )
+            return EXIT_OK, {"ok": True, "claimed": [to_json(job) for job in batch]}
         claimed = queue.claim(worker_id=args.worker_id, lease_duration_us=args.lease_duration_us)
     return EXIT_OK, {"ok": True, "claimed": None if claimed is None else to_json(claimed)}
 
@@ -281,26 +289,11 @@ def _add_retry(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--retry-max-us", type=_non_negative, default=RetryPolicy.max_delay_us)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The whole command line; every subcommand sets ``handler``."""
-    parser = _Parser(
-        prog="crashqueuelab",
-        description="Fault-injection and invariant-testing laboratory for durable job queues.",
-        epilog="Exit codes: 0 ok, 1 rejected or inconsistent, 2 bad input, 3 unusable database.",
-    )
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+_Command = Callable[..., argparse.ArgumentParser]
 
-    def command(
-        name: str, handler: Handler, help_text: str, *, database: bool = True
-    ) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=help_text, description=help_text)
-        sub.set_defaults(handler=handler)
-        if database:
-            _add_database(sub)
-        else:
-            _add_experiment(sub)
-        return sub
 
+def _experiment_commands(command: _Command) -> None:
+    """The experiments: they write an output directory instead of using a database."""
     command(
         "showcase",
         _showcase,
@@ -342,15 +335,21 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--work-ms", type=_float_list, default=[0.0, 1.0])
     sub.add_argument("--batch", type=_positive, default=32)
 
+
+def _database_commands(command: _Command) -> None:
+    """The operations on one queue database."""
     sub = command("submit", _submit, "submit a job (idempotent by key)")
     sub.add_argument("--idempotency-key", required=True)
     sub.add_argument("--job-type", required=True)
     sub.add_argument("--payload", required=True, help="a JSON object")
     sub.add_argument("--max-attempts", type=_positive, default=3)
 
-    sub = command("claim", _claim, "lease the oldest ready job")
+    sub = command("claim", _claim, "lease the oldest ready job (or up to --limit jobs)")
     sub.add_argument("--worker-id", required=True)
     sub.add_argument("--lease-duration-us", type=_positive, default=DEFAULT_LEASE_US)
+    sub.add_argument(
+        "--limit", type=_positive, default=None, help="claim up to this many jobs (prints a list)"
+    )
 
     sub = command("heartbeat", _heartbeat, "extend a live lease")
     _add_lease_holder(sub)
@@ -375,6 +374,30 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--job-id", default=None)
 
     command("check", _check, "evaluate every database-wide invariant")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line; every subcommand sets ``handler``."""
+    parser = _Parser(
+        prog="crashqueuelab",
+        description="Fault-injection and invariant-testing laboratory for durable job queues.",
+        epilog="Exit codes: 0 ok, 1 rejected or inconsistent, 2 bad input, 3 unusable database.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def command(
+        name: str, handler: Handler, help_text: str, *, database: bool = True
+    ) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        sub.set_defaults(handler=handler)
+        if database:
+            _add_database(sub)
+        else:
+            _add_experiment(sub)
+        return sub
+
+    _experiment_commands(command)
+    _database_commands(command)
     return parser
 
 
