@@ -195,18 +195,20 @@ def recover_case(
             handlers=synthetic_handlers(ledger),
             lease_duration_us=LEASE_US,
         )
-        rounds, terminal = 0, False
-        while rounds < MAX_RECOVERY_ROUNDS and not terminal:
+        rounds, states = 0, _states(queue, jobs)
+        while rounds < MAX_RECOVERY_ROUNDS and not all(s.is_terminal for s in states.values()):
             rounds += 1
             clock.advance(LEASE_US + RETRY.max_delay_us)
             queue.recover_expired()
             queue.promote_retries()
             worker.run_until_idle(max_jobs=10 * len(jobs))
-            states = {job.role: queue.get_by_key(job.idempotency_key).state for job in jobs}
-            terminal = all(state.is_terminal for state in states.values())
-        final = {job.role: queue.get_by_key(job.idempotency_key).state.value for job in jobs}
+            states = _states(queue, jobs)
     return RecoveryResult(
         rounds=rounds,
-        terminal=all(JobState(state).is_terminal for state in final.values()),
-        states=final,
+        terminal=all(state.is_terminal for state in states.values()),
+        states={role: state.value for role, state in states.items()},
     )
+
+
+def _states(queue: DurableQueue, jobs: tuple[ScenarioJob, ...]) -> dict[str, JobState]:
+    return {job.role: queue.get_by_key(job.idempotency_key).state for job in jobs}
