@@ -167,11 +167,10 @@ class Queue:
         )[0]
 
     def _prepare(self, item: Mapping[str, Any]) -> dict[str, Any]:
-        if not isinstance(item, Mapping):
+        if type(item) is not dict and not isinstance(item, Mapping):
             raise TypeError("each put_many item must be a mapping")
-        unknown = set(item) - _PUT_FIELDS
-        if unknown:
-            raise TypeError(f"unknown fields {sorted(unknown)}")
+        if not _PUT_FIELDS.issuperset(item):
+            raise TypeError(f"unknown fields {sorted(set(item) - _PUT_FIELDS)}")
         task_id = _name("task_id", item.get("task_id"))
         key = item.get("key")
         return {
