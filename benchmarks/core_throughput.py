@@ -70,14 +70,18 @@ def textbook(path: Path, jobs: int) -> tuple[float, float]:
     return submit_rate, cycle_rate
 
 
+def _submit_all(queue: DurableQueue, jobs: int) -> float:
+    """Submit ``jobs`` jobs one transaction each; returns submissions per second."""
+    started = time.perf_counter()
+    for index in range(jobs):
+        queue.submit(idempotency_key=f"k{index}", job_type="bench", payload={"value": index})
+    return jobs / (time.perf_counter() - started)
+
+
 def crashqueuelab(path: Path, jobs: int) -> tuple[float, float]:
     """(submits/s, claim+succeed cycles/s) of DurableQueue's single-job path."""
-    clock = ManualClock(1_000_000)
-    with DurableQueue(path, clock=clock, ids=SeededIds(1, "bench")) as queue:
-        started = time.perf_counter()
-        for index in range(jobs):
-            queue.submit(idempotency_key=f"k{index}", job_type="bench", payload={"value": index})
-        submit_rate = jobs / (time.perf_counter() - started)
+    with DurableQueue(path, clock=ManualClock(1_000_000), ids=SeededIds(1, "bench")) as queue:
+        submit_rate = _submit_all(queue, jobs)
         started = time.perf_counter()
         done = 0
         while (claimed := queue.claim(worker_id="w", lease_duration_us=LEASE_US)) is not None:
@@ -89,12 +93,8 @@ def crashqueuelab(path: Path, jobs: int) -> tuple[float, float]:
 
 def crashqueuelab_chained(path: Path, jobs: int) -> tuple[float, float]:
     """(submits/s, cycles/s) when each acknowledgement also leases the next job (one commit)."""
-    clock = ManualClock(1_000_000)
-    with DurableQueue(path, clock=clock, ids=SeededIds(1, "bench")) as queue:
-        started = time.perf_counter()
-        for index in range(jobs):
-            queue.submit(idempotency_key=f"k{index}", job_type="bench", payload={"value": index})
-        submit_rate = jobs / (time.perf_counter() - started)
+    with DurableQueue(path, clock=ManualClock(1_000_000), ids=SeededIds(1, "bench")) as queue:
+        submit_rate = _submit_all(queue, jobs)
         started = time.perf_counter()
         done = 0
         claimed = queue.claim(worker_id="w", lease_duration_us=LEASE_US)

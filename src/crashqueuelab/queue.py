@@ -225,15 +225,7 @@ class DurableQueue(DatabaseHandle):
         lease = require_int("lease_duration_us", lease_duration_us, minimum=1, maximum=MAX_LEASE_US)
         now = self._clock.now_us()
         with self._transaction():
-            done = self._end_live_lease(
-                job_id,
-                worker_id,
-                lease_token,
-                now=now,
-                to_state=JobState.SUCCEEDED,
-                available_at_us=None,
-                error=None,
-            )
+            done = self._succeed_live_lease(job_id, worker_id, lease_token, now)
             self._hook(Phase.BEFORE_SUCCESS_COMMIT)
             claimed = self._lease_next(worker_id, lease, now)
             if claimed is not None:
@@ -283,15 +275,7 @@ class DurableQueue(DatabaseHandle):
         _require_lease_arguments(job_id, worker_id, lease_token)
         now = self._clock.now_us()
         with self._transaction():
-            done = self._end_live_lease(
-                job_id,
-                worker_id,
-                lease_token,
-                now=now,
-                to_state=JobState.SUCCEEDED,
-                available_at_us=None,
-                error=None,
-            )
+            done = self._succeed_live_lease(job_id, worker_id, lease_token, now)
             self._hook(Phase.BEFORE_SUCCESS_COMMIT)
         self._hook(Phase.AFTER_SUCCESS_COMMIT)
         return done
@@ -455,6 +439,17 @@ class DurableQueue(DatabaseHandle):
         if job.attempts >= job.max_attempts:
             return JobState.DEAD, None
         return JobState.RETRY_SCHEDULED, now + self._retry.delay_us(job.attempts)
+
+    def _succeed_live_lease(self, job_id: str, worker_id: str, lease_token: str, now: int) -> Job:
+        return self._end_live_lease(
+            job_id,
+            worker_id,
+            lease_token,
+            now=now,
+            to_state=JobState.SUCCEEDED,
+            available_at_us=None,
+            error=None,
+        )
 
     def _end_live_lease(
         self,
