@@ -124,7 +124,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name in SYSTEMS}
-    with tempfile.TemporaryDirectory(prefix="cql-bench-", dir=".") as scratch:
+    with tempfile.TemporaryDirectory(prefix="cql-bench-") as scratch:
         for run in range(args.runs):
             for name, measure in SYSTEMS.items():
                 rates = measure(Path(scratch) / f"{name}-{run}.sqlite", args.jobs)

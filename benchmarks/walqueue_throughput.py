@@ -101,7 +101,7 @@ def main() -> int:
     parser.add_argument("--batched-frames", type=int, default=500)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="walqueue-bench-", dir=".") as scratch:
+    with tempfile.TemporaryDirectory(prefix="walqueue-bench-") as scratch:
         root = Path(scratch)
         raw, single = interleaved_rates(root, args.seconds * 2)
         batched = batched_put_rate(root / "batched", args.batched_frames)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from crashqueuelab import DurableQueue, ManualClock, RetryPolicy, SeededIds
-from crashqueuelab.hooks import Hook
+from crashqueuelab.core.hooks import Hook
 
 START_US = 1_000_000
 LEASE_US = 100_000

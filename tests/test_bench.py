@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from crashqueuelab import cli
-from crashqueuelab.bench.runner import SYSTEMS, jain_index, percentile, run_bench, table, targets
+from crashqueuelab.lab.bench.runner import (
+    SYSTEMS,
+    jain_index,
+    percentile,
+    run_bench,
+    table,
+    targets,
+)
 
 
 def test_percentiles_use_the_nearest_rank() -> None:

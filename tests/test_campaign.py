@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from crashqueuelab import cli
-from crashqueuelab.campaign import campaign_order, run_campaign
-from crashqueuelab.demo import run_demo
-from crashqueuelab.faults import FaultPoint, InjectedCrash, raise_at
-from crashqueuelab.scenario import run_campaign_workload
-from crashqueuelab.showcase import summarize
+from crashqueuelab.lab.campaign import campaign_order, run_campaign
+from crashqueuelab.lab.demo import run_demo
+from crashqueuelab.lab.faults import FaultPoint, InjectedCrash, raise_at
+from crashqueuelab.lab.scenario import run_campaign_workload
+from crashqueuelab.lab.showcase import summarize
 
 
 def without_timings(value: Any) -> Any:

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from crashqueuelab.chaos.accounting import judge_run
-from crashqueuelab.chaos.schedule import FaultKind, plan
-from crashqueuelab.chaos.supervisor import run_chaos
+from crashqueuelab.lab.chaos.accounting import judge_run
+from crashqueuelab.lab.chaos.schedule import FaultKind, plan
+from crashqueuelab.lab.chaos.supervisor import run_chaos
 
 
 def test_the_seed_fixes_the_schedule() -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from crashqueuelab import InvalidInput, ManualClock, StoreError
-from crashqueuelab.effects import Destination, EffectLedger
-from crashqueuelab.faults import FaultPoint, InjectedCrash, raise_at
+from crashqueuelab.lab.effects import Destination, EffectLedger
+from crashqueuelab.lab.faults import FaultPoint, InjectedCrash, raise_at
 from tests.conftest import fingerprint
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from crashqueuelab.campaign import run_case
-from crashqueuelab.faults import CRASH_EXIT_CODE, FaultPoint
+from crashqueuelab.lab.campaign import run_case
+from crashqueuelab.lab.faults import CRASH_EXIT_CODE, FaultPoint
 
 # point -> (effect job [state, attempts] or None, flaky job, effects of the effect job, last event)
 CRASH_STATES: dict[FaultPoint, tuple[list[object] | None, list[object] | None, int, str | None]] = {

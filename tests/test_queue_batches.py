@@ -16,9 +16,9 @@ from crashqueuelab import (
     ManualClock,
     Phase,
 )
+from crashqueuelab.core.models import Acknowledgement
 from crashqueuelab.judges.invariants import check_database
 from crashqueuelab.judges.replay import replay_database
-from crashqueuelab.models import Acknowledgement
 from tests.conftest import LEASE_US, QueueFactory, fingerprint
 
 

@@ -17,9 +17,9 @@ from crashqueuelab import (
     Phase,
     StoreError,
 )
+from crashqueuelab.core.statements import LEASE_EXPIRED_ERROR
 from crashqueuelab.judges.invariants import check_database
 from crashqueuelab.judges.replay import replay_database
-from crashqueuelab.statements import LEASE_EXPIRED_ERROR
 from tests.conftest import LEASE_US, QueueFactory, fingerprint
 
 

@@ -8,11 +8,11 @@ import sys
 import pytest
 
 from crashqueuelab import InvalidInput, ManualClock, RetryPolicy, SeededIds, StoreError
-from crashqueuelab.clock import SystemClock
-from crashqueuelab.ids import RandomIds
-from crashqueuelab.models import JobState, to_json
-from crashqueuelab.payloads import parse_payload
-from crashqueuelab.rows import decode_job
+from crashqueuelab.core.clock import SystemClock
+from crashqueuelab.core.ids import RandomIds
+from crashqueuelab.core.models import JobState, to_json
+from crashqueuelab.core.payloads import parse_payload
+from crashqueuelab.core.rows import decode_job
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "0"])

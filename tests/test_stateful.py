@@ -21,9 +21,9 @@ from crashqueuelab import (
     SeededIds,
     StaleLease,
 )
+from crashqueuelab.core.models import Acknowledgement
 from crashqueuelab.judges.invariants import check_database
 from crashqueuelab.judges.replay import replay_database
-from crashqueuelab.models import Acknowledgement
 from tests.model import ModelQueue
 
 WORKERS = st.sampled_from(["w1", "w2", "w3"])

@@ -15,8 +15,8 @@ from crashqueuelab import (
     StoreError,
     StoreNotFound,
 )
-from crashqueuelab.errors import DurabilityUnavailable
-from crashqueuelab.storage import _require_pragma, open_store, write_transaction
+from crashqueuelab.core.errors import DurabilityUnavailable
+from crashqueuelab.core.storage import _require_pragma, open_store, write_transaction
 from tests.conftest import fingerprint, raw
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from crashqueuelab import StoreError
-from crashqueuelab import turns as turns_module
-from crashqueuelab.locking import begin_immediate, is_busy, retry_busy
-from crashqueuelab.turns import TurnLock, TurnTimeout
+from crashqueuelab.core import turns as turns_module
+from crashqueuelab.core.locking import begin_immediate, is_busy, retry_busy
+from crashqueuelab.core.turns import TurnLock, TurnTimeout
 
 
 @pytest.fixture

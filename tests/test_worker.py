@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from crashqueuelab import DurableQueue, JobState, ManualClock
-from crashqueuelab.effects import Destination, EffectLedger
-from crashqueuelab.faults import FaultPoint, InjectedCrash, raise_at
-from crashqueuelab.handlers import SYNTHETIC_EFFECT, SYNTHETIC_FLAKY, synthetic_handlers
-from crashqueuelab.worker import JobContext, Worker, WorkOutcome, describe_error
+from crashqueuelab.lab.effects import Destination, EffectLedger
+from crashqueuelab.lab.faults import FaultPoint, InjectedCrash, raise_at
+from crashqueuelab.lab.handlers import SYNTHETIC_EFFECT, SYNTHETIC_FLAKY, synthetic_handlers
+from crashqueuelab.lab.worker import JobContext, Worker, WorkOutcome, describe_error
 from tests.conftest import LEASE_US, QueueFactory
 
 

@@ -1,7 +1,7 @@
 """crashqueuelab: what a durable job queue does when processes die at the worst moment."""
 
-from crashqueuelab.clock import Clock, ManualClock, SystemClock
-from crashqueuelab.errors import (
+from crashqueuelab.core.clock import Clock, ManualClock, SystemClock
+from crashqueuelab.core.errors import (
     CrashQueueLabError,
     DurabilityUnavailable,
     HistoryUnprotected,
@@ -15,11 +15,9 @@ from crashqueuelab.errors import (
     StoreError,
     StoreNotFound,
 )
-from crashqueuelab.hooks import Hook, Phase
-from crashqueuelab.ids import IdGenerator, RandomIds, SeededIds
-from crashqueuelab.judges.invariants import InvariantReport, check_database
-from crashqueuelab.judges.replay import ReplayReport, replay_database
-from crashqueuelab.models import (
+from crashqueuelab.core.hooks import Hook, Phase
+from crashqueuelab.core.ids import IdGenerator, RandomIds, SeededIds
+from crashqueuelab.core.models import (
     Attempt,
     AttemptOutcome,
     ClaimedJob,
@@ -29,8 +27,10 @@ from crashqueuelab.models import (
     JobState,
     SubmitResult,
 )
-from crashqueuelab.queue import DurableQueue
-from crashqueuelab.retry import RetryPolicy
+from crashqueuelab.core.queue import DurableQueue
+from crashqueuelab.core.retry import RetryPolicy
+from crashqueuelab.judges.invariants import InvariantReport, check_database
+from crashqueuelab.judges.replay import ReplayReport, replay_database
 
 __version__ = "0.1.0"
 

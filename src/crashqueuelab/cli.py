@@ -13,24 +13,24 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-from crashqueuelab.bench.runner import BENCH_FILE, run_bench, table
-from crashqueuelab.campaign import CAMPAIGN_FILE, Progress, run_campaign
-from crashqueuelab.chaos.supervisor import CHAOS_FILE, run_chaos
-from crashqueuelab.clock import Clock, ManualClock, SystemClock
-from crashqueuelab.demo import DEFAULT_SEED, run_demo
-from crashqueuelab.errors import (
+from crashqueuelab.core.clock import Clock, ManualClock, SystemClock
+from crashqueuelab.core.errors import (
     CrashQueueLabError,
     InvalidInput,
     StaleLease,
     StoreError,
 )
+from crashqueuelab.core.models import to_json
+from crashqueuelab.core.payloads import parse_payload
+from crashqueuelab.core.queue import DurableQueue
+from crashqueuelab.core.retry import RetryPolicy
 from crashqueuelab.judges.invariants import check_database
 from crashqueuelab.judges.replay import replay_database
-from crashqueuelab.models import to_json
-from crashqueuelab.payloads import parse_payload
-from crashqueuelab.queue import DurableQueue
-from crashqueuelab.retry import RetryPolicy
-from crashqueuelab.showcase import run_showcase
+from crashqueuelab.lab.bench.runner import BENCH_FILE, run_bench, table
+from crashqueuelab.lab.campaign import CAMPAIGN_FILE, Progress, run_campaign
+from crashqueuelab.lab.chaos.supervisor import CHAOS_FILE, run_chaos
+from crashqueuelab.lab.demo import DEFAULT_SEED, run_demo
+from crashqueuelab.lab.showcase import run_showcase
 
 #: The command did what was asked, or the judged database passed.
 EXIT_OK = 0

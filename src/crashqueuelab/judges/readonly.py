@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from crashqueuelab.errors import NotADatabase, SchemaMismatch, StoreNotFound
+from crashqueuelab.core.errors import NotADatabase, SchemaMismatch, StoreNotFound
 
 # The judges hold their own copy of the identity they expect, so a change to the queue's
 # schema module cannot silently change what the judges accept.

@@ -1,0 +1,1 @@
+"""The SQLite-WAL job queue: the default system under test, stdlib only."""

@@ -1,0 +1,157 @@
+"""Fair turns at the write lock: a first-come, first-served ticket lock across processes.
+
+SQLite's busy handler sleeps 1, 2, 5 ... 100 ms between attempts while a transaction here
+holds the write lock for about 0.2 ms, so the writer that just committed takes the lock
+again before any sleeper wakes and, under contention, other workers starve. Polling faster
+instead burns the CPU the lock holder needs. So writers take turns, like customers taking a
+number at a counter:
+
+- a sidecar file (``<database>-turns``) holds two 8-byte counters: the next ticket and the
+  ticket now served, followed by one byte per ticket slot;
+- to write, a process takes the next ticket (under a short lock on the counters) and locks
+  its slot byte; it waits until "now served" reaches its ticket, then runs its SQLite
+  transaction; releasing advances "now served" and unlocks the slot;
+- a waiter sleeps in proportion to its distance from the head of the line, so only the
+  next in line polls closely, and the others leave the CPU to the holder;
+- the slot locks are Linux open-file-description locks, which the kernel releases when a
+  process dies: a waiter that finds the ticket being served has no live owner (its process
+  was killed while waiting or while holding its turn) skips it. A killed worker can
+  therefore never block the line, and every wait is bounded by the caller's timeout.
+
+A process that is stopped (SIGSTOP) while holding or awaiting its turn does hold up the
+line until it continues, exactly as it would hold SQLite's own lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import random
+import struct
+import time
+from pathlib import Path
+
+from crashqueuelab.core.errors import StoreError
+
+_NEXT_TICKET = 0
+_SERVING = 8
+_SLOTS_AT = 16
+#: More concurrent writers than this would wrap onto a slot still in use.
+SLOTS = 4096
+_FLOCK = "@hhqqi4x"  # struct flock: l_type, l_whence, l_start, l_len, l_pid (+ padding)
+_HEAD_SLEEP_S = 20e-6
+_LONGEST_SLEEP_S = 2e-3
+#: About how long one turn lasts; a waiter k places back sleeps about k times this.
+_TURN_ESTIMATE_S = 150e-6
+#: A turn served for longer than this is presumed stuck (a stopped process) and skipped.
+#: Skipping is always safe: SQLite's own write lock still serialises the transactions.
+STUCK_AFTER_S = 0.25
+
+
+class TurnTimeout(StoreError):
+    """Raised when the line does not reach a writer's ticket within its timeout."""
+
+    kind = "TurnTimeout"
+
+
+def _lock(fd: int, command: int, kind: int, start: int, length: int = 1) -> bytes:
+    request = struct.pack(_FLOCK, kind, os.SEEK_SET, start, length, 0)
+    result: bytes = fcntl.fcntl(fd, command, request)
+    return result
+
+
+class TurnLock:
+    """The ticket line of one database, through one open file description."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._jitter = random.Random()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    @property
+    def _descriptor(self) -> int:
+        if self._fd is None:
+            raise StoreError(str(self.path), "the turn lock is closed")
+        return self._fd
+
+    def _read(self, offset: int) -> int:
+        data = os.pread(self._descriptor, 8, offset)
+        return int.from_bytes(data, "little") if len(data) == 8 else 0
+
+    def _write(self, offset: int, value: int) -> None:
+        os.pwrite(self._descriptor, value.to_bytes(8, "little"), offset)
+
+    def _with_counters(self, deadline: float) -> None:
+        """Lock the two counters (held for microseconds, so a short poll suffices)."""
+        while True:
+            try:
+                _lock(self._descriptor, fcntl.F_OFD_SETLK, fcntl.F_WRLCK, 0, _SLOTS_AT)
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise TurnTimeout(str(self.path), "the ticket counters stayed locked") from None
+                time.sleep(_HEAD_SLEEP_S)
+
+    def _release_counters(self) -> None:
+        _lock(self._descriptor, fcntl.F_OFD_SETLK, fcntl.F_UNLCK, 0, _SLOTS_AT)
+
+    def _slot(self, ticket: int) -> int:
+        return _SLOTS_AT + ticket % SLOTS
+
+    def _slot_owned(self, ticket: int) -> bool:
+        reply = _lock(self._descriptor, fcntl.F_OFD_GETLK, fcntl.F_WRLCK, self._slot(ticket))
+        kind: int = struct.unpack(_FLOCK, reply)[0]
+        return kind != fcntl.F_UNLCK
+
+    def acquire(self, *, timeout_s: float) -> int:
+        """Wait for this process's turn; returns the ticket to pass to ``release``."""
+        deadline = time.monotonic() + timeout_s
+        self._with_counters(deadline)
+        try:
+            ticket = self._read(_NEXT_TICKET)
+            self._write(_NEXT_TICKET, ticket + 1)
+            try:
+                _lock(self._descriptor, fcntl.F_OFD_SETLK, fcntl.F_WRLCK, self._slot(ticket))
+            except BlockingIOError:
+                raise StoreError(str(self.path), f"more than {SLOTS} writers in line") from None
+        finally:
+            self._release_counters()
+        watched, since = -1, time.monotonic()
+        while True:
+            serving = self._read(_SERVING)
+            if serving >= ticket:
+                return ticket
+            now = time.monotonic()
+            if serving != watched:
+                watched, since = serving, now
+            if not self._slot_owned(serving) or now - since > STUCK_AFTER_S:
+                self._skip(serving, deadline)
+                continue
+            if time.monotonic() >= deadline:
+                # Give the ticket up: whoever reaches it will find its slot free and skip it.
+                _lock(self._descriptor, fcntl.F_OFD_SETLK, fcntl.F_UNLCK, self._slot(ticket))
+                raise TurnTimeout(str(self.path), f"ticket {ticket} not served in {timeout_s} s")
+            distance = ticket - serving
+            sleep = _HEAD_SLEEP_S if distance == 1 else distance * _TURN_ESTIMATE_S
+            time.sleep(min(sleep, _LONGEST_SLEEP_S) * (0.5 + self._jitter.random()))
+
+    def _skip(self, serving: int, deadline: float) -> None:
+        """The served ticket is dead or stuck: advance the line past it, once."""
+        self._with_counters(deadline)
+        try:
+            if self._read(_SERVING) == serving:
+                self._write(_SERVING, serving + 1)
+        finally:
+            self._release_counters()
+
+    def release(self, ticket: int) -> None:
+        """End this turn: serve the next ticket (unless the line moved on), free the slot."""
+        # A turn that was skipped as stuck must not move the line back.
+        if self._read(_SERVING) == ticket:
+            self._write(_SERVING, ticket + 1)
+        _lock(self._descriptor, fcntl.F_OFD_SETLK, fcntl.F_UNLCK, self._slot(ticket))

@@ -1,0 +1,1 @@
+"""The laboratory: effects, worker boundary, faults, campaign, demo, chaos, bench, reports."""

@@ -1,0 +1,374 @@
+"""The chaos supervisor: submit, start, signal, respawn, wait, judge.
+
+The supervisor itself never writes to the queue after submitting and never forks while it
+holds a connection: workers and the maintenance process start from a multiprocessing fork
+server (a clean process that has only imported the library), so a respawn costs a fork
+instead of a fresh interpreter. It watches progress through a read-only connection.
+
+Pauses: a SIGSTOPped worker keeps its leases until they expire; the maintenance process
+recovers them and another worker takes the jobs over. Only then is the paused worker
+continued, so its late acknowledgements must be rejected by the lease fencing.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from crashqueuelab.core.queue import DurableQueue
+from crashqueuelab.lab.chaos.accounting import judge_run
+from crashqueuelab.lab.chaos.processes import (
+    RunFiles,
+    WorkerSpec,
+    maintenance_main,
+    worker_main,
+)
+from crashqueuelab.lab.chaos.schedule import FaultKind, PlannedFault, plan
+from crashqueuelab.lab.effects import Destination, EffectLedger
+from crashqueuelab.lab.reports import prepare_output_directory, write_json
+
+CHAOS_FILE = "chaos.json"
+TICK_S = 0.002
+#: A paused worker is continued after this many leases even if no takeover was seen.
+PAUSE_LEASES = 6
+PROGRESS_EVERY_S = 5.0
+#: How often a pause looks for a moment when its worker holds a lease.
+PAUSE_TRIES = 50
+#: A worker is hit again only after it has lived this long (so kills land on work).
+MIN_WORKER_AGE_S = 0.01
+#: Workers get this long to notice the end of the work and exit on their own.
+DRAIN_S = 10.0
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class _Slot:
+    index: int
+    generation: int = 0
+    process: Any = None
+    worker_id: str = ""
+    started_at: float = 0.0
+
+
+@dataclass
+class _RunState:
+    delivered: list[dict[str, Any]] = field(default_factory=list)
+    respawns: int = 0
+    started: float = field(default_factory=time.monotonic)
+    # slot index -> (the pause's record, the leases it held, when to continue it anyway)
+    paused: dict[int, tuple[dict[str, Any], dict[str, str], float]] = field(default_factory=dict)
+
+
+def _submit(files: RunFiles, jobs: int, max_attempts: int) -> list[str]:
+    keys = [f"chaos-{index:06d}" for index in range(jobs)]
+    with DurableQueue(files.queue) as queue:
+        for start in range(0, jobs, 500):
+            queue.submit_many(
+                [
+                    {
+                        "idempotency_key": key,
+                        "job_type": "synthetic.effect",
+                        "payload": {"effect_key": key, "value": start + offset},
+                        "max_attempts": max_attempts,
+                    }
+                    for offset, key in enumerate(keys[start : start + 500])
+                ]
+            )
+    for path, destination in (
+        (files.effects, Destination.IDEMPOTENT),
+        (files.executions, Destination.NON_IDEMPOTENT),
+    ):
+        EffectLedger(path, destination=destination).close()
+    return keys
+
+
+class _Watcher:
+    """Read-only views of the queue for the supervisor's decisions."""
+
+    def __init__(self, path: str) -> None:
+        uri = f"{Path(path).resolve().as_uri()}?mode=ro"
+        self._conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def active(self) -> int:
+        row = self._conn.execute(
+            "SELECT count(*) FROM jobs WHERE state IN ('QUEUED', 'LEASED', 'RETRY_SCHEDULED')"
+        ).fetchone()
+        return int(row[0])
+
+    def leases_of(self, worker_id: str) -> dict[str, str]:
+        rows = self._conn.execute(
+            "SELECT job_id, lease_token FROM jobs WHERE state = 'LEASED' AND lease_worker_id = ?",
+            (worker_id,),
+        )
+        return {str(job_id): str(token) for job_id, token in rows}
+
+    def still_held(self, leases: dict[str, str]) -> int:
+        held = 0
+        for job_id, token in leases.items():
+            row = self._conn.execute(
+                "SELECT lease_token FROM jobs WHERE job_id = ?", (job_id,)
+            ).fetchone()
+            held += int(row is not None and row[0] == token)
+        return held
+
+
+def _kind_count(records: list[dict[str, Any]], kind: FaultKind) -> int:
+    return sum(1 for record in records if record["kind"] == kind.value and "at_s" in record)
+
+
+class _ChaosRun:
+    """One run's processes, schedule and bookkeeping."""
+
+    def __init__(
+        self, output_dir: Path, files: RunFiles, *, lease_ms: int, batch: int, workers: int
+    ) -> None:
+        self.logs = output_dir / "worker-logs"
+        self.logs.mkdir()
+        self.files = files
+        self.lease_ms = lease_ms
+        self.batch = batch
+        self.context = multiprocessing.get_context("forkserver")
+        self.context.set_forkserver_preload(["crashqueuelab.lab.chaos.processes"])
+        self.stop_file = output_dir / "stop-maintenance"
+        self.state = _RunState()
+        self.slots = [_Slot(index) for index in range(workers)]
+        self.maintenance: Any = None
+
+    def start(self, slot: _Slot) -> None:
+        slot.generation += 1
+        slot.worker_id = f"worker-{slot.index}.{slot.generation}"
+        log = str(self.logs / f"{slot.worker_id}.log")
+        spec = WorkerSpec(self.files, slot.worker_id, self.lease_ms * 1000, self.batch, log)
+        slot.process = self.context.Process(target=worker_main, args=(spec,), daemon=True)
+        slot.process.start()
+        slot.started_at = time.monotonic()
+
+    def launch(self) -> None:
+        self.maintenance = self.context.Process(
+            target=maintenance_main, args=(self.files.queue, str(self.stop_file)), daemon=True
+        )
+        self.maintenance.start()
+        for slot in self.slots:
+            self.start(slot)
+
+    def target_for(self, planned: int) -> _Slot | None:
+        """The planned slot, or the next one round the table if it is paused or too fresh.
+
+        A paused worker is left alone until it is continued, and a worker that has just
+        been started gets a moment to reach real work before it is hit again.
+        """
+        now = time.monotonic()
+        for step in range(len(self.slots)):
+            slot = self.slots[(planned + step) % len(self.slots)]
+            if slot.index not in self.state.paused and now - slot.started_at >= MIN_WORKER_AGE_S:
+                return slot
+        return None
+
+    def respawn_dead(self) -> None:
+        for slot in self.slots:
+            if slot.index not in self.state.paused and slot.process.exitcode is not None:
+                self.state.respawns += 1
+                self.start(slot)
+
+    def continue_paused(self, watcher: _Watcher, *, force: bool) -> None:
+        """Continue each paused worker once its leases were taken over (or its time is up)."""
+        for index, (record, leases, until) in list(self.state.paused.items()):
+            held = watcher.still_held(leases)
+            if held and not force and time.monotonic() < until:
+                continue
+            record["taken_over"] = bool(leases) and held == 0
+            _signal(self.slots[index].process, signal.SIGCONT)
+            record["continued_at_s"] = round(time.monotonic() - self.state.started, 6)
+            del self.state.paused[index]
+
+    def shut_down(self) -> None:
+        """Let workers drain and exit on their own; stop whatever is still running."""
+        self.stop_file.touch()
+        drained = time.monotonic() + DRAIN_S
+        for slot in self.slots:
+            slot.process.join(timeout=max(0.0, drained - time.monotonic()))
+        for slot in self.slots:
+            if _signal(slot.process, signal.SIGCONT):
+                slot.process.terminate()
+                slot.process.join(timeout=10)
+        self.maintenance.join(timeout=10)
+        if self.maintenance.exitcode is None:
+            self.maintenance.kill()
+            self.maintenance.join(timeout=10)
+
+
+def run_chaos(
+    output_dir: Path,
+    *,
+    seed: int,
+    jobs: int,
+    workers: int,
+    kills: int,
+    pauses: int = 0,
+    lease_ms: int = 500,
+    batch: int = 4,
+    deadline_s: float = 600.0,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Run one chaos experiment into ``output_dir`` (new or empty) and return its report."""
+    prepare_output_directory(output_dir)
+    files = RunFiles(
+        queue=str(output_dir / "queue.sqlite"),
+        effects=str(output_dir / "effects-idempotent.sqlite"),
+        executions=str(output_dir / "executions-non-idempotent.sqlite"),
+    )
+    # Enough attempts that a job killed again and again is never dead-lettered.
+    keys = _submit(files, jobs, max_attempts=1000)
+    pending = plan(seed=seed, jobs=jobs, workers=workers, kills=kills, pauses=pauses)
+    run = _ChaosRun(output_dir, files, lease_ms=lease_ms, batch=batch, workers=workers)
+    run.launch()
+    watcher = _Watcher(files.queue)
+    started = run.state.started
+    next_report = started + PROGRESS_EVERY_S
+    try:
+        while time.monotonic() < started + deadline_s:
+            active = watcher.active()
+            if active == 0:
+                break
+            run.respawn_dead()
+            run.continue_paused(watcher, force=False)
+            while pending and pending[0].after_finished <= jobs - active:
+                target = run.target_for(pending[0].worker_slot)
+                if target is None:
+                    break  # every worker is paused or too fresh: try again next tick
+                fault = pending.pop(0)
+                time.sleep(fault.delay_ms / 1000)
+                _deliver(fault, run, watcher, target)
+            if progress is not None and time.monotonic() >= next_report:
+                next_report = time.monotonic() + PROGRESS_EVERY_S
+                kills_so_far = _kind_count(run.state.delivered, FaultKind.KILL)
+                progress(
+                    f"{jobs - active}/{jobs} jobs finished, {kills_so_far} kills,"
+                    f" {time.monotonic() - started:.1f} s"
+                )
+            time.sleep(TICK_S)
+        run.continue_paused(watcher, force=True)
+    finally:
+        watcher.close()
+        run.shut_down()
+    # Faults planned after the last job finished would only have hit idle workers.
+    run.state.delivered.extend(
+        {"index": fault.index, "kind": fault.kind.value, "skipped": "no work left"}
+        for fault in pending
+    )
+    elapsed = time.monotonic() - started
+    accounting = judge_run(
+        queue=Path(files.queue),
+        effects=Path(files.effects),
+        executions=Path(files.executions),
+        effect_keys=keys,
+        log_dir=run.logs,
+    )
+    delivered = run.state.delivered
+    kills_delivered = _kind_count(delivered, FaultKind.KILL)
+    pauses_delivered = _kind_count(delivered, FaultKind.PAUSE)
+    report = {
+        "seed": seed,
+        "parameters": {
+            "jobs": jobs,
+            "workers": workers,
+            "kills": kills,
+            "pauses": pauses,
+            "lease_ms": lease_ms,
+            "batch": batch,
+        },
+        "kills_delivered": kills_delivered,
+        "pauses_delivered": pauses_delivered,
+        "pauses_with_takeover": sum(1 for record in delivered if record.get("taken_over")),
+        "respawns": run.state.respawns,
+        "accounting": accounting,
+        "ok": accounting["ok"] and kills_delivered == kills and pauses_delivered == pauses,
+        "faults": delivered,
+        "artifacts": {
+            "queue_database": "queue.sqlite",
+            "idempotent_ledger": "effects-idempotent.sqlite",
+            "non_idempotent_ledger": "executions-non-idempotent.sqlite",
+            "worker_logs": "worker-logs",
+        },
+        "timings": {"elapsed_s": round(elapsed, 3)},
+    }
+    write_json(output_dir / CHAOS_FILE, report)
+    return report
+
+
+def _signal(process: Any, signum: int) -> bool:
+    """Signal a worker that is still running; False when it has already exited.
+
+    Workers are children of the fork server, not of this process, so a worker that
+    finished its work may already be gone; checking ``exitcode`` first also keeps a
+    signal from reaching a recycled process id.
+    """
+    if process.exitcode is not None:
+        return False
+    try:
+        os.kill(process.pid, signum)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _deliver(fault: PlannedFault, run: _ChaosRun, watcher: _Watcher, slot: _Slot) -> None:
+    """Send one planned signal to the worker in ``slot`` and record when it really landed."""
+    state, lease_ms = run.state, run.lease_ms
+    record: dict[str, Any] = {
+        "index": fault.index,
+        "kind": fault.kind.value,
+        "planned_slot": fault.worker_slot,
+        "worker_slot": slot.index,
+        "after_finished": fault.after_finished,
+    }
+    process = slot.process
+    if process.exitcode is not None:
+        state.respawns += 1
+        run.start(slot)
+        process = slot.process
+    record["worker_id"] = slot.worker_id
+    record["pid"] = process.pid
+    if fault.kind is FaultKind.KILL:
+        if not _signal(process, signal.SIGKILL):
+            record["skipped"] = "worker exited before the signal"
+            state.delivered.append(record)
+            return
+        record["at_s"] = round(time.monotonic() - state.started, 6)
+        record["worker_age_s"] = round(time.monotonic() - slot.started_at, 6)
+        process.join(timeout=10)
+        # What the dead worker left behind: leases that only expiry can free now.
+        record["leases_held_at_death"] = len(watcher.leases_of(slot.worker_id))
+        state.delivered.append(record)
+        return
+    # Stop it at a moment when it holds leases (read while it is stopped, so they are
+    # exactly what it holds); a worker between batches is continued and tried again.
+    leases: dict[str, str] = {}
+    for _ in range(PAUSE_TRIES):
+        if not _signal(process, signal.SIGSTOP):
+            break
+        record["at_s"] = round(time.monotonic() - state.started, 6)
+        leases = watcher.leases_of(slot.worker_id)
+        if leases:
+            break
+        _signal(process, signal.SIGCONT)
+        time.sleep(TICK_S)
+    if "at_s" not in record:
+        record["skipped"] = "worker exited before the signal"
+        state.delivered.append(record)
+        return
+    record["leases_held"] = len(leases)
+    # The main loop continues it once another worker took its jobs over (bounded).
+    state.paused[slot.index] = (record, leases, time.monotonic() + PAUSE_LEASES * lease_ms / 1000)
+    state.delivered.append(record)
