@@ -13,9 +13,13 @@ import pytest
 from crashqueuelab import cli
 from crashqueuelab.lab.campaign import campaign_order, run_campaign
 from crashqueuelab.lab.demo import run_demo
-from crashqueuelab.lab.faults import FaultPoint, InjectedCrash, raise_at
+from crashqueuelab.lab.faults import InjectedCrash, raise_at
 from crashqueuelab.lab.scenario import run_campaign_workload
 from crashqueuelab.lab.showcase import summarize
+from crashqueuelab.systems import CrashPoint, System, resolve_system
+
+SQLITE = resolve_system("sqlite")
+WALQUEUE = resolve_system("walqueue")
 
 
 def without_timings(value: Any) -> Any:
@@ -27,9 +31,11 @@ def without_timings(value: Any) -> Any:
 
 
 def test_a_seed_fixes_the_order_and_another_seed_changes_it() -> None:
-    assert campaign_order(7) == campaign_order(7)
-    assert sorted(campaign_order(7)) == sorted(FaultPoint)
-    assert campaign_order(7) != campaign_order(8)
+    assert campaign_order(SQLITE, 7) == campaign_order(SQLITE, 7)
+    assert sorted(p.name for p in campaign_order(SQLITE, 7)) == sorted(
+        p.name for p in SQLITE.crash_points
+    )
+    assert campaign_order(SQLITE, 7) != campaign_order(SQLITE, 8)
 
 
 def test_two_campaigns_with_one_seed_differ_only_in_timings(tmp_path: Path) -> None:
@@ -55,17 +61,19 @@ def test_the_demo_numbers_come_from_the_retained_databases(tmp_path: Path) -> No
     comparison = run_demo(tmp_path / "demo")
     assert comparison == json.loads((tmp_path / "demo" / "comparison.json").read_text())
     assert set(comparison) == {
-        "fault_point", "idempotent", "non_idempotent", "queue_delivery_semantics",
+        "system", "fault_point", "idempotent", "non_idempotent", "queue_delivery_semantics",
     }  # fmt: skip
+    assert comparison["system"]["name"] == "sqlite"
     for name, effects in (("idempotent", 1), ("non_idempotent", 2)):
         scenario = tmp_path / "demo" / name
         assert recount(scenario / "effects.sqlite", "SELECT count(*) FROM effects") == effects
-        attempts = recount(scenario / "queue.sqlite", "SELECT attempts FROM jobs")
-        state = recount(scenario / "queue.sqlite", "SELECT state FROM jobs")
+        attempts = recount(scenario / "store/queue.sqlite", "SELECT attempts FROM jobs")
+        state = recount(scenario / "store/queue.sqlite", "SELECT state FROM jobs")
         assert comparison[name] == {
             "attempt_count": attempts,
             "effect_count": effects,
             "final_state": state,
+            "final_status": "succeeded",
             "invariants_ok": True,
         }
         assert (attempts, state) == (2, "SUCCEEDED")
@@ -98,10 +106,20 @@ def test_the_showcase_prints_a_summary_computed_from_its_artifacts(tmp_path: Pat
     assert (campaign["passed"], campaign["failed"], campaign["timeouts"]) == (13, 0, 0)
     assert campaign["crash_mode"] == "spawned_process_os_exit"
     assert summary["queue_delivery_semantics"] == "at-least-once execution"
+    assert set(summary["systems"]) == {"sqlite", "walqueue"}
+    assert summary["systems"]["sqlite"]["process_fault_campaign"] == campaign
+    walqueue = summary["systems"]["walqueue"]
+    assert walqueue["ok"] is True
+    assert walqueue["system"]["name"] == "walqueue"
+    assert walqueue["process_fault_campaign"]["passed"] == len(WALQUEUE.crash_points)
+    assert walqueue["effect_commit_before_acknowledgement"]["durable_effects"] == {
+        "idempotent": 1,
+        "non_idempotent": 2,
+    }
     assert json.loads((target / "showcase.json").read_text()) == summary
     # Damage one retained effect database: the summary, recomputed, must notice.
     conn = sqlite3.connect(
-        target / "effect-commit-before-acknowledgement/idempotent/effects.sqlite"
+        target / "sqlite/effect-commit-before-acknowledgement/idempotent/effects.sqlite"
     )
     conn.execute("DROP INDEX effects_unique_key")
     conn.execute("INSERT INTO effects SELECT NULL, effect_key, value, job_id, 9, worker_id,"
@@ -142,17 +160,30 @@ def test_demo_and_campaign_commands_report_through_the_cli(tmp_path: Path) -> No
     assert campaign["summary"]["named_fault_points"] == 13
 
 
-@pytest.mark.parametrize("point", list(FaultPoint))
-def test_the_workload_reaches_every_point_in_process(tmp_path: Path, point: FaultPoint) -> None:
+def every_point() -> list[tuple[System, CrashPoint]]:
+    return [(system, point) for system in (SQLITE, WALQUEUE) for point in system.crash_points]
+
+
+@pytest.mark.parametrize(
+    ("system", "point"), every_point(), ids=[f"{s.name}-{p.name}" for s, p in every_point()]
+)
+def test_the_workload_reaches_every_point_in_process(
+    tmp_path: Path, system: System, point: CrashPoint
+) -> None:
     """The same workload with a raising hook: fast, and it measures the workload's coverage."""
+    if point.after is not None:
+        with pytest.raises(InjectedCrash):
+            run_campaign_workload(tmp_path, system, case_id="c", seed=1, hook=raise_at(point.after))
     with pytest.raises(InjectedCrash) as caught:
-        run_campaign_workload(tmp_path, case_id="c", seed=1, hook=raise_at(point))
-    assert caught.value.point is point
+        run_campaign_workload(tmp_path, system, case_id="c", seed=1, hook=raise_at(point.name))
+    assert caught.value.point == point.name
 
 
-def test_the_uninterrupted_workload_finishes_both_jobs(tmp_path: Path) -> None:
-    run_campaign_workload(tmp_path, case_id="c", seed=1, hook=lambda phase: None)
-    assert (
-        recount(tmp_path / "queue.sqlite", "SELECT count(*) FROM jobs WHERE state = 'SUCCEEDED'")
-        == 2
-    )
+@pytest.mark.parametrize("system", [SQLITE, WALQUEUE], ids=["sqlite", "walqueue"])
+def test_the_uninterrupted_workload_finishes_both_jobs(tmp_path: Path, system: System) -> None:
+    run_campaign_workload(tmp_path, system, case_id="c", seed=1, hook=lambda phase: None)
+    reading = system.reader(tmp_path / "store") if system.reader else None
+    assert reading is not None
+    assert reading.ok is True
+    assert {job.status.value for job in reading.jobs.values()} == {"succeeded"}
+    assert len(reading.jobs) == 2

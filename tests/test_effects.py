@@ -8,7 +8,7 @@ import pytest
 
 from crashqueuelab import InvalidInput, ManualClock, StoreError
 from crashqueuelab.lab.effects import Destination, EffectLedger
-from crashqueuelab.lab.faults import FaultPoint, InjectedCrash, raise_at
+from crashqueuelab.lab.faults import InjectedCrash, raise_at
 from tests.conftest import fingerprint
 
 
@@ -54,7 +54,7 @@ def test_a_ledger_keeps_its_destination(tmp_path: Path) -> None:
 def test_a_crash_inside_the_effect_transaction_leaves_no_effect(tmp_path: Path) -> None:
     path = tmp_path / "e.sqlite"
     with EffectLedger(
-        path, destination=Destination.NON_IDEMPOTENT, hook=raise_at(FaultPoint.BEFORE_EFFECT_COMMIT)
+        path, destination=Destination.NON_IDEMPOTENT, hook=raise_at("BEFORE_EFFECT_COMMIT")
     ) as ledger:
         before = fingerprint(path)
         with pytest.raises(InjectedCrash):
@@ -67,7 +67,7 @@ def test_a_crash_after_the_effect_commit_keeps_the_effect(tmp_path: Path) -> Non
     with EffectLedger(
         tmp_path / "e.sqlite",
         destination=Destination.NON_IDEMPOTENT,
-        hook=raise_at(FaultPoint.AFTER_EFFECT_COMMIT),
+        hook=raise_at("AFTER_EFFECT_COMMIT"),
     ) as ledger:
         with pytest.raises(InjectedCrash):
             apply(ledger)

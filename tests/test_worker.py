@@ -9,9 +9,10 @@ import pytest
 
 from crashqueuelab import DurableQueue, JobState, ManualClock
 from crashqueuelab.lab.effects import Destination, EffectLedger
-from crashqueuelab.lab.faults import FaultPoint, InjectedCrash, raise_at
+from crashqueuelab.lab.faults import InjectedCrash, raise_at
 from crashqueuelab.lab.handlers import SYNTHETIC_EFFECT, SYNTHETIC_FLAKY, synthetic_handlers
 from crashqueuelab.lab.worker import JobContext, Worker, WorkOutcome, describe_error
+from crashqueuelab.systems.sqlite import SqliteClient
 from tests.conftest import LEASE_US, QueueFactory
 
 
@@ -25,7 +26,10 @@ def ledger(tmp_path: Path, clock: ManualClock) -> Iterator[EffectLedger]:
 
 def make_worker(queue: DurableQueue, ledger: EffectLedger, worker_id: str = "w") -> Worker:
     return Worker(
-        queue, worker_id=worker_id, handlers=synthetic_handlers(ledger), lease_duration_us=LEASE_US
+        SqliteClient(queue),
+        worker_id=worker_id,
+        handlers=synthetic_handlers(ledger),
+        lease_duration_us=LEASE_US,
     )
 
 
@@ -96,7 +100,9 @@ def test_a_worker_that_lost_its_lease_is_told_stale_and_changes_nothing(
         queue.promote_retries()
         assert queue.claim(worker_id="thief", lease_duration_us=LEASE_US) is not None
 
-    worker = Worker(queue, worker_id="w", handlers={"slow": slow}, lease_duration_us=LEASE_US)
+    worker = Worker(
+        SqliteClient(queue), worker_id="w", handlers={"slow": slow}, lease_duration_us=LEASE_US
+    )
     result = worker.run_once()
     assert result.outcome is WorkOutcome.STALE
     assert queue.get(job.job_id).lease_worker_id == "thief"
@@ -113,7 +119,7 @@ def test_a_simulated_crash_is_not_swallowed_by_the_worker(
     crashing = EffectLedger(
         ledger.path,
         destination=Destination.IDEMPOTENT,
-        hook=raise_at(FaultPoint.AFTER_EFFECT_COMMIT),
+        hook=raise_at("AFTER_EFFECT_COMMIT"),
     )
     with crashing, pytest.raises(InjectedCrash):
         make_worker(queue, crashing).run_once()

@@ -19,6 +19,7 @@ from crashqueuelab.core.errors import (
     InvalidInput,
     StaleLease,
     StoreError,
+    SystemUnavailable,
 )
 from crashqueuelab.core.models import to_json
 from crashqueuelab.core.payloads import parse_payload
@@ -31,6 +32,7 @@ from crashqueuelab.lab.campaign import CAMPAIGN_FILE, Progress, run_campaign
 from crashqueuelab.lab.chaos.supervisor import CHAOS_FILE, run_chaos
 from crashqueuelab.lab.demo import DEFAULT_SEED, run_demo
 from crashqueuelab.lab.showcase import run_showcase
+from crashqueuelab.systems.registry import DEFAULT_SYSTEM, SHIPPED
 
 #: The command did what was asked, or the judged database passed.
 EXIT_OK = 0
@@ -179,7 +181,7 @@ def _progress(args: argparse.Namespace) -> Progress | None:
 
 
 def _demo(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
-    comparison = run_demo(args.output_directory, seed=args.seed)
+    comparison = run_demo(args.output_directory, seed=args.seed, system=args.system)
     ok = all(comparison[name]["invariants_ok"] for name in ("idempotent", "non_idempotent"))
     return (EXIT_OK if ok else EXIT_REJECTED), {
         "ok": ok,
@@ -189,11 +191,15 @@ def _demo(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
 
 
 def _campaign(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
-    report = run_campaign(args.output_directory, seed=args.seed, progress=_progress(args))
+    report = run_campaign(
+        args.output_directory, seed=args.seed, system=args.system, progress=_progress(args)
+    )
     return (EXIT_OK if report["ok"] else EXIT_REJECTED), {
         "ok": report["ok"],
+        "system": report["system"],
         "seed": report["seed"],
         "summary": report["summary"],
+        "anomalies": report["anomalies"],
         "campaign_report": str(args.output_directory / CAMPAIGN_FILE),
     }
 
@@ -292,6 +298,14 @@ def _add_retry(parser: argparse.ArgumentParser) -> None:
 _Command = Callable[..., argparse.ArgumentParser]
 
 
+def _add_system(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument(
+        "--system",
+        default=DEFAULT_SYSTEM,
+        help=f"{', '.join(sorted(SHIPPED))}, or package.module:factory (default {DEFAULT_SYSTEM})",
+    )
+
+
 def _experiment_commands(command: _Command) -> None:
     """The experiments: they write an output directory instead of using a database."""
     command(
@@ -300,18 +314,20 @@ def _experiment_commands(command: _Command) -> None:
         "run the effect experiment and the fault campaign; print the evidence summary",
         database=False,
     )
-    command(
+    sub = command(
         "demo",
         _demo,
         "crash after an effect commit, before acknowledgement: idempotent vs not",
         database=False,
     )
-    command(
+    _add_system(sub)
+    sub = command(
         "campaign",
         _campaign,
-        "kill a child process with os._exit at each of the 13 fault points",
+        "kill a child process with os._exit at each crash point of a system; run the probes",
         database=False,
     )
+    _add_system(sub)
     sub = command(
         "chaos",
         _chaos,
@@ -406,7 +422,7 @@ def _error(kind: str, message: str, **data: Any) -> dict[str, Any]:
 
 
 def _exit_code(error: CrashQueueLabError) -> int:
-    if isinstance(error, InvalidInput):
+    if isinstance(error, InvalidInput | SystemUnavailable):
         return EXIT_USAGE
     if isinstance(error, StoreError):
         return EXIT_STORE
@@ -416,7 +432,7 @@ def _exit_code(error: CrashQueueLabError) -> int:
 
 def _error_data(error: CrashQueueLabError) -> dict[str, Any]:
     data: dict[str, Any] = {}
-    for name in ("field", "job_id", "idempotency_key", "path", "missing", "differing"):
+    for name in ("field", "job_id", "idempotency_key", "path", "missing", "differing", "spec"):
         if hasattr(error, name):
             value = getattr(error, name)
             data[name] = list(value) if isinstance(value, tuple) else value

@@ -135,3 +135,14 @@ class HistoryUnprotected(StoreError):
     def __init__(self, path: str, missing: tuple[str, ...]) -> None:
         super().__init__(path, f"append-only triggers missing: {', '.join(missing)}")
         self.missing = missing
+
+
+class SystemUnavailable(CrashQueueLabError):
+    """Raised when a system under test cannot be found or its factory gives no system."""
+
+    kind = "SystemUnavailable"
+
+    def __init__(self, spec: str, reason: str) -> None:
+        super().__init__(f"system {spec!r}: {reason}")
+        self.spec = spec
+        self.reason = reason

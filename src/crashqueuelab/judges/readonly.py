@@ -13,8 +13,18 @@ EXPECTED_APPLICATION_ID = 0x43514C31
 EXPECTED_SCHEMA_VERSION = 1
 
 
-def open_read_only(path: str | Path) -> sqlite3.Connection:
-    """A read-only connection; StoreNotFound, NotADatabase or SchemaMismatch when unusable."""
+def open_read_only(
+    path: str | Path,
+    *,
+    application_id: int = EXPECTED_APPLICATION_ID,
+    version: int = EXPECTED_SCHEMA_VERSION,
+    what: str = "crashqueuelab database",
+) -> sqlite3.Connection:
+    """A read-only connection; StoreNotFound, NotADatabase or SchemaMismatch when unusable.
+
+    The identity defaults to the queue's; the lab's other readers (the effect ledger) name
+    their own.
+    """
     name = str(path)
     resolved = Path(name).resolve()
     if not resolved.is_file():
@@ -22,16 +32,14 @@ def open_read_only(path: str | Path) -> sqlite3.Connection:
     conn = sqlite3.connect(f"{resolved.as_uri()}?mode=ro", uri=True, isolation_level=None)
     try:
         try:
-            application_id = conn.execute("PRAGMA application_id").fetchone()[0]
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            found_id = conn.execute("PRAGMA application_id").fetchone()[0]
+            found_version = conn.execute("PRAGMA user_version").fetchone()[0]
         except sqlite3.DatabaseError:
             raise NotADatabase(name) from None
-        if application_id != EXPECTED_APPLICATION_ID:
-            raise SchemaMismatch(
-                name, version, EXPECTED_SCHEMA_VERSION, "not a crashqueuelab database"
-            )
-        if version != EXPECTED_SCHEMA_VERSION:
-            raise SchemaMismatch(name, version, EXPECTED_SCHEMA_VERSION)
+        if found_id != application_id:
+            raise SchemaMismatch(name, found_version, version, f"not a {what}")
+        if found_version != version:
+            raise SchemaMismatch(name, found_version, version)
     except BaseException:
         conn.close()
         raise

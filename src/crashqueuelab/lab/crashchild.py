@@ -1,11 +1,12 @@
 """The child process of a crash case: ``python -m crashqueuelab.lab.crashchild ...``.
 
-It runs one scripted workload with a hook that calls ``os._exit`` at the chosen fault
-point, so the parent sees a real process death: no ``finally`` block, no ``atexit``
-handler and no connection close runs after the fault point.
+It runs one scripted workload on the named system with a hook that calls ``os._exit`` at the
+chosen crash point, so the parent sees a real process death: no ``finally`` block, no
+``atexit`` handler and no connection close runs after the crash point.
 
-Exit status: 86 (``CRASH_EXIT_CODE``) when it died at its fault point; 0 when the workload
-finished without reaching it (a failed case); 1 on any error (traceback on stderr).
+Exit status: 86 (``CRASH_EXIT_CODE``) when it died at its crash point; 0 when the workload
+finished without reaching it (a failed case); 1 on any error (traceback on stderr, which
+the parent keeps as ``child.stderr``).
 """
 
 from __future__ import annotations
@@ -14,19 +15,18 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
+from crashqueuelab.lab.children import LAST_WORDS_FILE
 from crashqueuelab.lab.effects import Destination
-from crashqueuelab.lab.faults import FaultPoint, exit_at
+from crashqueuelab.lab.faults import exit_at
 from crashqueuelab.lab.scenario import run_campaign_workload, run_single_worker_workload
-
-LAST_WORDS_FILE = "crash-point.json"
+from crashqueuelab.systems.registry import DEFAULT_SYSTEM, resolve_system
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m crashqueuelab.lab.crashchild")
     parser.add_argument("--case-dir", type=Path, required=True)
-    parser.add_argument(
-        "--fault-point", choices=[point.value for point in FaultPoint], required=True
-    )
+    parser.add_argument("--system", default=DEFAULT_SYSTEM)
+    parser.add_argument("--fault-point", required=True)
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--case-id", required=True)
     parser.add_argument("--workload", choices=["campaign", "single-worker"], default="campaign")
@@ -35,13 +35,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--start-us", type=int, default=0)
     args = parser.parse_args(argv)
-    point = FaultPoint(args.fault_point)
-    hook = exit_at(point, last_words=args.case_dir / LAST_WORDS_FILE)
+    system = resolve_system(args.system)
+    hook = exit_at(args.fault_point, last_words=str(args.case_dir / LAST_WORDS_FILE))
     if args.workload == "campaign":
-        run_campaign_workload(args.case_dir, case_id=args.case_id, seed=args.seed, hook=hook)
+        run_campaign_workload(
+            args.case_dir, system, case_id=args.case_id, seed=args.seed, hook=hook
+        )
     else:
         run_single_worker_workload(
             args.case_dir,
+            system,
             case_id=args.case_id,
             seed=args.seed,
             destination=Destination(args.destination),

@@ -15,18 +15,31 @@ from typing import Any
 
 from crashqueuelab.core.clock import ManualClock
 from crashqueuelab.core.ids import SeededIds
-from crashqueuelab.judges.invariants import check_database
-from crashqueuelab.judges.replay import replay_database
-from crashqueuelab.lab.campaign import CHILD_TIMEOUT_S, LAST_WORDS_FILE, spawn_child
+from crashqueuelab.lab.children import (
+    CHILD_TIMEOUT_S,
+    CRASH_EXIT_CODE,
+    read_last_words,
+    spawn_child,
+)
 from crashqueuelab.lab.effects import Destination
-from crashqueuelab.lab.faults import CRASH_EXIT_CODE, FaultPoint
-from crashqueuelab.lab.handlers import SYNTHETIC_EFFECT, synthetic_handlers
-from crashqueuelab.lab.observe import history_json, observe_ledger, observe_queue
-from crashqueuelab.lab.reports import prepare_output_directory, read_json, write_json
-from crashqueuelab.lab.scenario import LEASE_US, LEDGER_FILE, QUEUE_FILE, RETRY, START_US, open_case
-from crashqueuelab.lab.worker import Worker
+from crashqueuelab.lab.handlers import SYNTHETIC_EFFECT
+from crashqueuelab.lab.observe import observe_ledger
+from crashqueuelab.lab.readings import read_store
+from crashqueuelab.lab.reports import prepare_output_directory, write_json
+from crashqueuelab.lab.scenario import (
+    LEASE_US,
+    LEDGER_FILE,
+    RETRY,
+    START_US,
+    STORE_DIRECTORY,
+    case_worker,
+    open_case,
+)
+from crashqueuelab.systems.contract import JobSpec, System
+from crashqueuelab.systems.registry import DEFAULT_SYSTEM, resolve_system
 
-FAULT_POINT = FaultPoint.AFTER_EFFECT_COMMIT
+#: The effect ledger's crash point, the same for every system.
+FAULT_POINT = "AFTER_EFFECT_COMMIT"
 DELIVERY_SEMANTICS = "at-least-once execution"
 COMPARISON_FILE = "comparison.json"
 DEFAULT_SEED = 20260827
@@ -34,41 +47,51 @@ IDEMPOTENCY_KEY = "request-1"
 EFFECT_KEY = "effect-1"
 
 
-def _scenario_figures(scenario_dir: Path) -> dict[str, Any]:
+def scenario_figures(system: System, scenario_dir: Path) -> dict[str, Any]:
     """attempt_count, effect_count, final_state, invariants_ok: read from the retained files."""
-    queue = observe_queue(scenario_dir / QUEUE_FILE)
+    reading = read_store(system, scenario_dir / STORE_DIRECTORY, [IDEMPOTENCY_KEY])
     ledger = observe_ledger(scenario_dir / LEDGER_FILE)
-    job = queue["jobs"][IDEMPOTENCY_KEY]
+    job = reading.jobs.get(IDEMPOTENCY_KEY)
     return {
-        "attempt_count": job["attempts"],
+        "attempt_count": None if job is None else job.attempts,
         "effect_count": ledger["effects_by_key"].get(EFFECT_KEY, 0),
-        "final_state": job["state"],
-        "invariants_ok": check_database(scenario_dir / QUEUE_FILE).ok,
+        "final_state": None if job is None else job.native_state,
+        "final_status": None if job is None else job.status.value,
+        "invariants_ok": reading.ok,
     }
 
 
-def run_scenario(scenario_dir: Path, *, destination: Destination, seed: int) -> dict[str, Any]:
+def run_scenario(
+    scenario_dir: Path, *, system: System, spec: str, destination: Destination, seed: int
+) -> dict[str, Any]:
     """Submit, crash a first worker after its effect, recover, let a second worker finish."""
     scenario_dir.mkdir(parents=True)
     clock = ManualClock(START_US)
-    queue, ledger = open_case(
+    client, ledger = open_case(
         scenario_dir,
+        system,
         clock=clock,
         ids=SeededIds(seed, f"demo/{destination.value}/producer"),
         destination=destination,
     )
-    with queue, ledger:
-        queue.submit(
-            idempotency_key=IDEMPOTENCY_KEY,
-            job_type=SYNTHETIC_EFFECT,
-            payload={"effect_key": EFFECT_KEY, "value": 7},
+    try:
+        client.submit(
+            JobSpec(
+                key=IDEMPOTENCY_KEY,
+                job_type=SYNTHETIC_EFFECT,
+                payload={"effect_key": EFFECT_KEY, "value": 7},
+            )
         )
+    finally:
+        ledger.close()
+        client.close()
     claimed_at = START_US + 1_000
     child = spawn_child(
         scenario_dir,
         [
+            "--system", spec,
             "--workload", "single-worker",
-            "--fault-point", FAULT_POINT.value,
+            "--fault-point", FAULT_POINT,
             "--seed", str(seed),
             "--case-id", f"demo/{destination.value}",
             "--destination", destination.value,
@@ -76,49 +99,47 @@ def run_scenario(scenario_dir: Path, *, destination: Destination, seed: int) -> 
         ],
         timeout_s=CHILD_TIMEOUT_S,
     )  # fmt: skip
-    last_words_path = scenario_dir / LAST_WORDS_FILE
-    last_words = read_json(last_words_path) if last_words_path.is_file() else {}
-    after_crash = _scenario_figures(scenario_dir)
+    last_words = read_last_words(scenario_dir)
+    after_crash = scenario_figures(system, scenario_dir)
     # The lease runs out; recovery schedules a retry; a second worker runs the job again.
     clock = ManualClock(claimed_at + LEASE_US)
-    queue, ledger = open_case(
+    client, ledger = open_case(
         scenario_dir,
+        system,
         clock=clock,
         ids=SeededIds(seed, f"demo/{destination.value}/worker-b"),
         destination=destination,
     )
-    with queue, ledger:
-        recovered = queue.recover_expired()
+    try:
+        recovered = client.recover()
         clock.advance(RETRY.delay_us(1))
-        promoted = queue.promote_retries()
-        second = Worker(
-            queue,
-            worker_id="worker-b",
-            handlers=synthetic_handlers(ledger),
-            lease_duration_us=LEASE_US,
-        ).run_once()
-    write_json(scenario_dir / "history.json", history_json(scenario_dir / QUEUE_FILE))
-    figures = _scenario_figures(scenario_dir)
+        promoted = client.recover()
+        second = case_worker(client, ledger, system, "worker-b").run_once()
+    finally:
+        ledger.close()
+        client.close()
+    figures = scenario_figures(system, scenario_dir)
+    history = read_store(system, scenario_dir / STORE_DIRECTORY, [IDEMPOTENCY_KEY]).history
+    write_json(scenario_dir / "history.json", list(history))
     ledger_state = observe_ledger(scenario_dir / LEDGER_FILE)
     report = {
+        "system": system.name,
         "destination": destination.value,
-        "fault_point": FAULT_POINT.value,
+        "fault_point": FAULT_POINT,
         "first_worker": {
             "exit_code": child.exit_code,
             "timed_out": child.timed_out,
-            "last_words": last_words.get("fault_point"),
-            "died_at_fault_point": child.exit_code == CRASH_EXIT_CODE
-            and last_words.get("fault_point") == FAULT_POINT.value,
+            "last_words": last_words,
+            "died_at_fault_point": child.exit_code == CRASH_EXIT_CODE and last_words == FAULT_POINT,
             "state_after_crash": after_crash,
         },
-        "recovery": {"recovered": recovered, "promoted": promoted},
+        "recovery": {"moved_at_expiry": recovered, "moved_when_retry_due": promoted},
         "second_worker": {"outcome": second.outcome.value, "attempt": second.attempt},
         "executions": ledger_state["effects"] + ledger_state["absorbed"],
         "absorbed_duplicates": ledger_state["absorbed"],
-        "replay_ok": replay_database(scenario_dir / QUEUE_FILE).ok,
         **figures,
         "artifacts": {
-            "queue_database": QUEUE_FILE,
+            "store_directory": STORE_DIRECTORY,
             "effect_database": LEDGER_FILE,
             "history": "history.json",
             "report": "report.json",
@@ -129,15 +150,25 @@ def run_scenario(scenario_dir: Path, *, destination: Destination, seed: int) -> 
     return report
 
 
-def run_demo(output_dir: Path, *, seed: int = DEFAULT_SEED) -> dict[str, Any]:
-    """Both scenarios, and ``comparison.json`` computed from their retained databases."""
+def run_demo(
+    output_dir: Path, *, seed: int = DEFAULT_SEED, system: str = DEFAULT_SYSTEM
+) -> dict[str, Any]:
+    """Both scenarios, and ``comparison.json`` computed from their retained stores."""
+    chosen = resolve_system(system)
     prepare_output_directory(output_dir)
     for destination in (Destination.NON_IDEMPOTENT, Destination.IDEMPOTENT):
-        run_scenario(output_dir / destination.value, destination=destination, seed=seed)
+        run_scenario(
+            output_dir / destination.value,
+            system=chosen,
+            spec=system,
+            destination=destination,
+            seed=seed,
+        )
     comparison = {
-        "fault_point": FAULT_POINT.value,
-        "idempotent": _scenario_figures(output_dir / Destination.IDEMPOTENT.value),
-        "non_idempotent": _scenario_figures(output_dir / Destination.NON_IDEMPOTENT.value),
+        "system": chosen.describe(),
+        "fault_point": FAULT_POINT,
+        "idempotent": scenario_figures(chosen, output_dir / Destination.IDEMPOTENT.value),
+        "non_idempotent": scenario_figures(chosen, output_dir / Destination.NON_IDEMPOTENT.value),
         "queue_delivery_semantics": DELIVERY_SEMANTICS,
     }
     write_json(output_dir / COMPARISON_FILE, comparison)

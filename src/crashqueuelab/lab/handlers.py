@@ -21,7 +21,7 @@ class SyntheticEffect:
     """``synthetic.effect``: optionally heartbeat, then write {effect_key, value} to a ledger.
 
     Payload: ``effect_key`` (str), ``value`` (int), ``heartbeats`` (int, default 0) lease
-    extensions before the effect, as a long job would make.
+    extensions before the effect, as a long job would make (where the system has heartbeats).
     """
 
     def __init__(self, ledger: EffectLedger) -> None:
@@ -29,13 +29,14 @@ class SyntheticEffect:
 
     def __call__(self, context: JobContext) -> None:
         key, value = _effect_fields(context)
-        for _ in range(int(context.payload.get("heartbeats", 0))):
-            context.heartbeat()
+        if context.heartbeat is not None:
+            for _ in range(int(context.payload.get("heartbeats", 0))):
+                context.heartbeat()
         self.ledger.apply(
             effect_key=key,
             value=value,
-            job_id=context.job.job_id,
-            attempt=context.claimed.attempt,
+            job_id=context.job_id,
+            attempt=context.attempt,
             worker_id=context.worker_id,
         )
 
@@ -45,8 +46,8 @@ class FlakyEffect(SyntheticEffect):
 
     def __call__(self, context: JobContext) -> None:
         failures = int(context.payload.get("fail_attempts", 1))
-        if context.claimed.attempt <= failures:
-            raise RuntimeError(f"attempt {context.claimed.attempt} fails on purpose")
+        if context.attempt <= failures:
+            raise RuntimeError(f"attempt {context.attempt} fails on purpose")
         super().__call__(context)
 
 

@@ -1,4 +1,5 @@
-"""The showcase: the effect experiment and the process-fault campaign, summarised.
+"""The showcase: the effect experiment and the process-fault campaign on every shipped
+system, summarised.
 
 Every value in the summary is read back from the retained artifacts (the comparison and
 campaign reports, and the effect and queue databases themselves), never carried over from
@@ -12,32 +13,38 @@ from pathlib import Path
 from typing import Any
 
 from crashqueuelab.lab.campaign import CAMPAIGN_FILE, Progress, run_campaign
-from crashqueuelab.lab.demo import COMPARISON_FILE, run_demo
+from crashqueuelab.lab.demo import COMPARISON_FILE, IDEMPOTENCY_KEY, run_demo
 from crashqueuelab.lab.effects import Destination
-from crashqueuelab.lab.observe import observe_ledger, observe_queue
+from crashqueuelab.lab.observe import observe_ledger
+from crashqueuelab.lab.readings import read_store
 from crashqueuelab.lab.reports import prepare_output_directory, read_json, write_json
-from crashqueuelab.lab.scenario import LEDGER_FILE, QUEUE_FILE
+from crashqueuelab.lab.scenario import LEDGER_FILE, STORE_DIRECTORY, scenario_jobs
+from crashqueuelab.systems.contract import System
+from crashqueuelab.systems.registry import DEFAULT_SYSTEM, SHIPPED, resolve_system
 
 EFFECT_DIR = "effect-commit-before-acknowledgement"
 CAMPAIGN_DIR = "process-fault-campaign"
 SHOWCASE_FILE = "showcase.json"
 
 
-def _effect_summary(effect_dir: Path) -> dict[str, Any]:
+def _effect_summary(system: System, effect_dir: Path) -> dict[str, Any]:
     comparison = read_json(effect_dir / COMPARISON_FILE)
     attempts, effects, finals, executions = {}, {}, {}, {}
-    invariants_ok = True
+    invariants_ok, succeeded = True, True
     for destination in Destination:
         scenario_dir = effect_dir / destination.value
-        # Recount from the databases rather than trusting the comparison file.
+        # Recount from the retained stores rather than trusting the comparison file.
         ledger = observe_ledger(scenario_dir / LEDGER_FILE)
-        jobs = observe_queue(scenario_dir / QUEUE_FILE)["jobs"]
-        job = next(iter(jobs.values()))
+        reading = read_store(system, scenario_dir / STORE_DIRECTORY, [IDEMPOTENCY_KEY])
+        job = reading.jobs.get(IDEMPOTENCY_KEY)
         effects[destination.value] = ledger["effects"]
         executions[destination.value] = ledger["effects"] + ledger["absorbed"]
-        attempts[destination.value] = job["attempts"]
-        finals[destination.value] = job["state"]
-        invariants_ok = invariants_ok and comparison[destination.value]["invariants_ok"]
+        attempts[destination.value] = 0 if job is None else job.attempts
+        finals[destination.value] = None if job is None else job.native_state
+        succeeded = succeeded and job is not None and job.status.value == "succeeded"
+        invariants_ok = (
+            invariants_ok and reading.ok and comparison[destination.value]["invariants_ok"]
+        )
     idempotent, non_idempotent = Destination.IDEMPOTENT.value, Destination.NON_IDEMPOTENT.value
     agrees = all(
         comparison[name]["effect_count"] == effects[name]
@@ -47,8 +54,8 @@ def _effect_summary(effect_dir: Path) -> dict[str, Any]:
     ok = (
         agrees
         and invariants_ok
+        and succeeded
         and all(count >= 2 for count in attempts.values())
-        and all(state == "SUCCEEDED" for state in finals.values())
         and effects[idempotent] == 1
         and effects[non_idempotent] == executions[non_idempotent]
     )
@@ -63,43 +70,63 @@ def _effect_summary(effect_dir: Path) -> dict[str, Any]:
     }
 
 
-def _campaign_summary(campaign_dir: Path) -> dict[str, Any]:
+def _campaign_summary(system: System, campaign_dir: Path) -> dict[str, Any]:
     report = read_json(campaign_dir / CAMPAIGN_FILE)
     summary = dict(report["summary"])
     final_states: Counter[str] = Counter()
     for case in report["cases"]:
-        queue = observe_queue(campaign_dir / case["artifacts"]["queue_database"])
-        final_states.update(job["state"] for job in queue["jobs"].values())
+        keys = [job.key for job in scenario_jobs(case["case_id"])]
+        reading = read_store(system, campaign_dir / case["artifacts"]["store_directory"], keys)
+        final_states.update(job.native_state for job in reading.jobs.values())
     summary["recovered_final_states"] = dict(sorted(final_states.items()))
     summary["execution_order"] = report["execution_order"]
     return summary
 
 
-def summarize(output_dir: Path, *, seed: int) -> dict[str, Any]:
-    """The showcase summary, from the artifacts below ``output_dir``."""
-    effect = _effect_summary(output_dir / EFFECT_DIR)
-    campaign = _campaign_summary(output_dir / CAMPAIGN_DIR)
+def _system_summary(spec: str, system_dir: Path) -> dict[str, Any]:
+    system = resolve_system(spec)
+    effect = _effect_summary(system, system_dir / EFFECT_DIR)
+    campaign = _campaign_summary(system, system_dir / CAMPAIGN_DIR)
     campaign_ok = (
         campaign["failed"] == 0
         and campaign["timeouts"] == 0
         and campaign["passed"] == campaign["named_fault_points"]
-        and campaign["crash_time_replay_all_ok"]
-        and campaign["crash_time_invariants_all_ok"]
+        and campaign["crash_time_judgement_all_ok"]
         and campaign["recovery_all_succeeded"]
+        and campaign["probes_failed"] == 0
     )
     return {
-        "seed": seed,
+        "system": read_json(system_dir / CAMPAIGN_DIR / CAMPAIGN_FILE)["system"],
         "ok": effect["ok"] and campaign_ok,
-        "queue_delivery_semantics": read_json(output_dir / EFFECT_DIR / COMPARISON_FILE)[
-            "queue_delivery_semantics"
-        ],
         "effect_commit_before_acknowledgement": effect,
         "process_fault_campaign": campaign,
         "artifacts": {
+            "effect_comparison": str(system_dir / EFFECT_DIR / COMPARISON_FILE),
+            "campaign_report": str(system_dir / CAMPAIGN_DIR / CAMPAIGN_FILE),
+            "case_directories": str(system_dir / CAMPAIGN_DIR / "cases"),
+        },
+    }
+
+
+def summarize(output_dir: Path, *, seed: int) -> dict[str, Any]:
+    """The showcase summary, from the artifacts below ``output_dir``.
+
+    The top-level sections are the default system's; ``systems`` has one per shipped system.
+    """
+    systems = {name: _system_summary(name, output_dir / name) for name in SHIPPED}
+    default = systems[DEFAULT_SYSTEM]
+    return {
+        "seed": seed,
+        "ok": all(section["ok"] for section in systems.values()),
+        "queue_delivery_semantics": read_json(
+            output_dir / DEFAULT_SYSTEM / EFFECT_DIR / COMPARISON_FILE
+        )["queue_delivery_semantics"],
+        "effect_commit_before_acknowledgement": default["effect_commit_before_acknowledgement"],
+        "process_fault_campaign": default["process_fault_campaign"],
+        "systems": systems,
+        "artifacts": {
             "output_directory": str(output_dir),
-            "effect_comparison": str(output_dir / EFFECT_DIR / COMPARISON_FILE),
-            "campaign_report": str(output_dir / CAMPAIGN_DIR / CAMPAIGN_FILE),
-            "case_directories": str(output_dir / CAMPAIGN_DIR / "cases"),
+            **default["artifacts"],
             "showcase_report": str(output_dir / SHOWCASE_FILE),
         },
     }
@@ -108,12 +135,13 @@ def summarize(output_dir: Path, *, seed: int) -> dict[str, Any]:
 def run_showcase(
     output_dir: Path, *, seed: int, progress: Progress | None = None
 ) -> dict[str, Any]:
-    """Run both experiments into ``output_dir`` (new or empty) and return the summary."""
+    """Run both experiments on every shipped system into ``output_dir`` (new or empty)."""
     prepare_output_directory(output_dir)
-    run_demo(output_dir / EFFECT_DIR, seed=seed)
-    if progress is not None:
-        progress("effect experiment done")
-    run_campaign(output_dir / CAMPAIGN_DIR, seed=seed, progress=progress)
+    for name in SHIPPED:
+        run_demo(output_dir / name / EFFECT_DIR, seed=seed, system=name)
+        if progress is not None:
+            progress(f"{name}: effect experiment done")
+        run_campaign(output_dir / name / CAMPAIGN_DIR, seed=seed, system=name, progress=progress)
     summary = summarize(output_dir, seed=seed)
     write_json(output_dir / SHOWCASE_FILE, summary)
     return summary

@@ -1,9 +1,10 @@
 """The worker boundary: claim, run the handler outside every transaction, then settle.
 
 A handler is a trusted in-process callable registered by job type; nothing executable is
-ever read from a database. Whatever happens, the outcome of an attempt is decided in one
-place (``Worker._settle``): success, failure (the retry policy picks a retry or the dead
-letter), or a stale lease (someone else owns the job now and our word no longer counts).
+ever read from a queue. Whatever happens, the outcome of an attempt is decided in one place
+(``Worker._settle``) from the system's verdict: success, failure (the system's retry policy
+picks a retry or the dead letter), or a stale lease (someone else owns the job now and our
+word no longer counts). The worker speaks only the system-under-test contract.
 """
 
 from __future__ import annotations
@@ -13,10 +14,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from crashqueuelab.core.errors import StaleLease
-from crashqueuelab.core.models import ClaimedJob, Job, JobState
-from crashqueuelab.core.queue import DurableQueue
 from crashqueuelab.core.validation import MAX_ERROR_LENGTH, require_int, require_name
+from crashqueuelab.systems.contract import Claim, QueueClient, Verdict
 
 
 class WorkOutcome(StrEnum):
@@ -39,29 +38,41 @@ class WorkResult:
     error: str | None = None
 
 
+class LeaseLost(Exception):
+    """Raised inside a handler when a heartbeat finds the lease gone."""
+
+
 @dataclass(frozen=True)
 class JobContext:
-    """What a handler gets: the claimed job, and a way to extend its lease."""
+    """What a handler gets: the claim, and a way to extend its lease where the system can."""
 
-    claimed: ClaimedJob
-    worker_id: str
-    heartbeat: Callable[[], ClaimedJob]
+    claim: Claim
+    heartbeat: Callable[[], None] | None
 
     @property
-    def job(self) -> Job:
-        return self.claimed.job
+    def job_id(self) -> str:
+        return self.claim.job_id
+
+    @property
+    def attempt(self) -> int:
+        return self.claim.attempt
+
+    @property
+    def worker_id(self) -> str:
+        return self.claim.worker_id
 
     @property
     def payload(self) -> dict[str, Any]:
-        return self.claimed.job.payload
+        return self.claim.payload
 
 
 Handler = Callable[[JobContext], None]
 
 _OUTCOMES = {
-    JobState.SUCCEEDED: WorkOutcome.SUCCEEDED,
-    JobState.RETRY_SCHEDULED: WorkOutcome.RETRY_SCHEDULED,
-    JobState.DEAD: WorkOutcome.DEAD,
+    Verdict.SUCCEEDED: WorkOutcome.SUCCEEDED,
+    Verdict.RETRY: WorkOutcome.RETRY_SCHEDULED,
+    Verdict.DEAD: WorkOutcome.DEAD,
+    Verdict.STALE: WorkOutcome.STALE,
 }
 
 
@@ -76,25 +87,25 @@ class Worker:
 
     def __init__(
         self,
-        queue: DurableQueue,
+        client: QueueClient,
         *,
         worker_id: str,
         handlers: Mapping[str, Handler],
         lease_duration_us: int,
+        heartbeats: bool = True,
     ) -> None:
-        self.queue = queue
+        self.client = client
         self.worker_id = require_name("worker_id", worker_id)
         self.lease_duration_us = require_int("lease_duration_us", lease_duration_us, minimum=1)
+        self.heartbeats = heartbeats
         self._handlers = dict(handlers)
 
     def run_once(self) -> WorkResult:
         """Claim one job and take it to an outcome; IDLE when nothing is ready."""
-        claimed = self.queue.claim(
-            worker_id=self.worker_id, lease_duration_us=self.lease_duration_us
-        )
-        if claimed is None:
+        claim = self.client.claim(self.worker_id, self.lease_duration_us)
+        if claim is None:
             return WorkResult(WorkOutcome.IDLE)
-        return self._settle(claimed, self._execute(claimed))
+        return self.settle(claim, self.execute(claim))
 
     def run_until_idle(self, *, max_jobs: int) -> list[WorkResult]:
         """Run jobs until none is ready, or ``max_jobs`` were taken (the loop is bounded)."""
@@ -106,42 +117,26 @@ class Worker:
             results.append(result)
         return results
 
-    def _execute(self, claimed: ClaimedJob) -> str | None:
+    def _heartbeat(self, claim: Claim) -> None:
+        if not self.client.heartbeat(claim, self.lease_duration_us):
+            raise LeaseLost(f"{claim.job_id}: lease {claim.token} is no longer live")
+
+    def execute(self, claim: Claim) -> str | None:
         """Run the handler outside any transaction; the error text, or None on success."""
-        handler = self._handlers.get(claimed.job.job_type)
+        handler = self._handlers.get(claim.job_type)
         if handler is None:
-            return f"no handler registered for job type {claimed.job.job_type!r}"
-        context = JobContext(
-            claimed=claimed,
-            worker_id=self.worker_id,
-            heartbeat=lambda: self.queue.heartbeat(
-                job_id=claimed.job.job_id,
-                worker_id=self.worker_id,
-                lease_token=claimed.lease_token,
-                lease_duration_us=self.lease_duration_us,
-            ),
-        )
+            return f"no handler registered for job type {claim.job_type!r}"
+        heartbeat = (lambda: self._heartbeat(claim)) if self.heartbeats else None
         try:
-            handler(context)
+            handler(JobContext(claim=claim, heartbeat=heartbeat))
         except Exception as error:  # a handler's failure is data; BaseException is not
             return describe_error(error)
         return None
 
-    def _settle(self, claimed: ClaimedJob, error: str | None) -> WorkResult:
+    def settle(self, claim: Claim, error: str | None) -> WorkResult:
         """The one place where an attempt's outcome is decided."""
-        job_id, attempt = claimed.job.job_id, claimed.attempt
-        try:
-            if error is None:
-                job = self.queue.succeed(
-                    job_id=job_id, worker_id=self.worker_id, lease_token=claimed.lease_token
-                )
-            else:
-                job = self.queue.fail(
-                    job_id=job_id,
-                    worker_id=self.worker_id,
-                    lease_token=claimed.lease_token,
-                    error=error,
-                )
-        except StaleLease as stale:
-            return WorkResult(WorkOutcome.STALE, job_id, attempt, str(stale))
-        return WorkResult(_OUTCOMES[job.state], job_id, attempt, error)
+        verdict = self.client.succeed(claim) if error is None else self.client.fail(claim, error)
+        if verdict is Verdict.STALE:
+            stale = f"{claim.job_id}: the lease of attempt {claim.attempt} no longer counts"
+            return WorkResult(WorkOutcome.STALE, claim.job_id, claim.attempt, stale)
+        return WorkResult(_OUTCOMES[verdict], claim.job_id, claim.attempt, error)

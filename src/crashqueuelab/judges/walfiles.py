@@ -1,0 +1,238 @@
+"""An independent reader of walqueue's directory: its segments, snapshot and CURRENT.
+
+It knows the disk format (docs/walqueue.md: a 4-byte big-endian length, canonical JSON, its
+SHA-256) and nothing of walqueue's code. It rebuilds every task by replaying the history
+with its own rules, names every frame that breaks them, and reports what a crash left
+(a torn tail, temporary files, an unpublished snapshot) as facts, not as faults.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_LENGTH = 4
+_DIGEST = 32
+_SEGMENT = re.compile(r"^wal-(\d{20})\.log$")
+_SNAPSHOT = re.compile(r"^snapshot-(\d{20})\.json$")
+_STATUSES = ("ready", "leased", "completed", "dead")
+
+
+class _Damaged(Exception):
+    """A frame or file that the format does not allow."""
+
+
+@dataclass
+class _Task:
+    key: str
+    max_attempts: int
+    available_at: int
+    status: str = "ready"
+    attempts: int = 0
+    generation: int = 0
+    owner: str | None = None
+    deadline: int | None = None
+
+
+@dataclass
+class WalReading:
+    """Tasks by key as ``(status, attempts)``, the facts of the directory, and problems."""
+
+    exists: bool
+    tasks: dict[str, tuple[str, int]] = field(default_factory=dict)
+    facts: dict[str, Any] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _frames(data: bytes, *, tail_may_tear: bool) -> tuple[list[dict[str, Any]], bool]:
+    frames: list[dict[str, Any]] = []
+    offset = 0
+    while offset < len(data):
+        size = int.from_bytes(data[offset : offset + _LENGTH], "big")
+        end = offset + _LENGTH + size + _DIGEST
+        if offset + _LENGTH > len(data) or end > len(data):
+            if tail_may_tear:
+                return frames, True
+            raise _Damaged(f"incomplete frame at byte {offset}")
+        body = data[offset + _LENGTH : end - _DIGEST]
+        if hashlib.sha256(body).digest() != data[end - _DIGEST : end]:
+            raise _Damaged(f"checksum mismatch in the frame at byte {offset}")
+        value = json.loads(body)
+        if not isinstance(value, dict):
+            raise _Damaged(f"the frame at byte {offset} is not an object")
+        frames.append(value)
+        offset = end
+    return frames, False
+
+
+def _single(path: Path) -> dict[str, Any]:
+    frames, _ = _frames(path.read_bytes(), tail_may_tear=False)
+    if len(frames) != 1:
+        raise _Damaged(f"{path.name} holds {len(frames)} frames, not one")
+    return frames[0]
+
+
+def _load_snapshot(directory: Path, tasks: dict[str, _Task]) -> int:
+    current = directory / "CURRENT"
+    if not current.exists():
+        return 0
+    pointer = _single(current)
+    seq, name = pointer.get("seq"), pointer.get("snapshot")
+    if not isinstance(seq, int) or name != f"snapshot-{seq:020d}.json":
+        raise _Damaged(f"CURRENT names {name!r} at sequence {seq!r}")
+    body = _single(directory / name)
+    if body.get("seq") != seq or body["state"].get("last_seq") != seq:
+        raise _Damaged(f"{name} does not hold the state through sequence {seq}")
+    for raw in body["state"]["tasks"]:
+        if raw["status"] not in _STATUSES:
+            raise _Damaged(f"{name}: task {raw['task_id']} has status {raw['status']!r}")
+        tasks[raw["task_id"]] = _Task(
+            key=raw["key"],
+            max_attempts=raw["max_attempts"],
+            available_at=raw["available_at"],
+            status=raw["status"],
+            attempts=raw["attempts"],
+            generation=raw["generation"],
+            owner=raw["lease_owner"],
+            deadline=raw["lease_deadline"],
+        )
+    return seq
+
+
+def _end_lease(task: _Task, available_at: int) -> None:
+    task.owner, task.deadline = None, None
+    if task.attempts >= task.max_attempts:
+        task.status = "dead"
+    else:
+        task.status, task.available_at = "ready", available_at
+
+
+def _held(task: _Task, txn: dict[str, Any]) -> bool:
+    return (
+        task.status == "leased"
+        and task.owner == txn["worker"]
+        and task.generation == txn["generation"]
+        and task.deadline is not None
+        and txn["now"] < task.deadline
+    )
+
+
+def _apply(tasks: dict[str, _Task], txn: dict[str, Any]) -> str | None:
+    """Apply one transaction by this reader's rules; the broken rule, or None."""
+    kind = txn.get("type")
+    if kind == "put":
+        keys = {task.key for task in tasks.values()}
+        for item in txn["tasks"]:
+            if item["task_id"] in tasks or item["key"] in keys:
+                return f"put reuses task {item['task_id']} or key {item['key']}"
+            keys.add(item["key"])
+            tasks[item["task_id"]] = _Task(item["key"], item["max_attempts"], item["available_at"])
+    elif kind == "expire":
+        for task_id in txn["task_ids"]:
+            task = tasks[task_id]
+            if task.status != "leased" or task.deadline is None or task.deadline > txn["now"]:
+                return f"expire of {task_id}, whose lease has not expired"
+            _end_lease(task, task.deadline)
+    elif kind == "reserve":
+        for task_id in txn["task_ids"]:
+            task = tasks[task_id]
+            if task.status != "ready" or task.available_at > txn["now"]:
+                return f"reserve of {task_id}, which is not ready"
+            task.status, task.owner = "leased", txn["worker"]
+            task.attempts, task.generation = task.attempts + 1, task.generation + 1
+            task.deadline = txn["now"] + txn["lease_seconds"]
+    elif kind in ("ack", "release"):
+        task = tasks[txn["task_id"]]
+        if not _held(task, txn):
+            return f"{kind} of {txn['task_id']} by a lease that is not live (a stale holder)"
+        if kind == "ack":
+            task.status, task.owner, task.deadline = "completed", None, None
+        else:
+            _end_lease(task, txn["now"] + txn["delay"])
+    else:
+        return f"unknown transaction type {kind!r}"
+    return None
+
+
+def _invariants(tasks: dict[str, _Task]) -> list[str]:
+    problems = []
+    for task_id, task in sorted(tasks.items()):
+        if task.attempts > task.max_attempts:
+            problems.append(f"{task_id}: {task.attempts} attempts, at most {task.max_attempts}")
+        if task.status == "dead" and task.attempts < task.max_attempts:
+            problems.append(f"{task_id}: dead with attempts left")
+        if (task.status == "leased") != (task.owner is not None and task.deadline is not None):
+            problems.append(f"{task_id}: lease fields disagree with status {task.status}")
+        if task.generation != task.attempts:
+            problems.append(f"{task_id}: generation {task.generation} != attempts")
+    return problems
+
+
+def _replay(directory: Path, reading: WalReading, tasks: dict[str, _Task], start: int) -> None:
+    segments = sorted(
+        (int(match.group(1)), path)
+        for path in directory.iterdir()
+        if (match := _SEGMENT.match(path.name))
+    )
+    last_seq, last_type, torn = start, None, False
+    expected: int | None = None
+    for index, (first_seq, path) in enumerate(segments):
+        frames, torn = _frames(path.read_bytes(), tail_may_tear=index == len(segments) - 1)
+        if expected is not None and first_seq != expected:
+            reading.problems.append(f"{path.name} starts at {first_seq}, expected {expected}")
+        expected = first_seq
+        for txn in frames:
+            if txn.get("seq") != expected:
+                reading.problems.append(f"{path.name}: sequence {txn.get('seq')}, not {expected}")
+                return
+            expected += 1
+            last_type = txn.get("type")
+            reading.history.append(txn)
+            if txn["seq"] <= last_seq:
+                continue  # covered by the published snapshot
+            if txn["seq"] != last_seq + 1:
+                reading.problems.append(f"{path.name}: gap before sequence {txn['seq']}")
+                return
+            broken = _apply(tasks, txn)
+            if broken is not None:
+                reading.problems.append(f"{path.name} seq {txn['seq']}: {broken}")
+                return
+            last_seq = txn["seq"]
+    reading.facts.update(
+        last_seq=last_seq,
+        last_transaction=last_type,
+        torn_tail=torn,
+        segments=len(segments),
+    )
+
+
+def read_walqueue_directory(directory: Path) -> WalReading:
+    """Read and judge a walqueue directory without walqueue's code."""
+    if not directory.is_dir():
+        return WalReading(exists=False, facts={"segments": 0})
+    reading = WalReading(exists=True)
+    names = sorted(path.name for path in directory.iterdir())
+    tasks: dict[str, _Task] = {}
+    try:
+        published = _load_snapshot(directory, tasks)
+        reading.facts.update(
+            published_snapshot=published or None,
+            snapshots=sum(1 for name in names if _SNAPSHOT.match(name)),
+            temporary_files=sum(1 for name in names if name.endswith(".tmp")),
+        )
+        _replay(directory, reading, tasks, published)
+    except (_Damaged, KeyError, TypeError, ValueError, AttributeError) as error:
+        reading.problems.append(f"unreadable: {error!r}")
+        return reading
+    reading.problems += _invariants(tasks)
+    reading.tasks = {task.key: (task.status, task.attempts) for task in tasks.values()}
+    return reading

@@ -1,0 +1,175 @@
+"""Fencing probes: short scripted races that every queue must refuse, run on every system.
+
+Crashes are not the only way to break a queue: a holder whose lease expired, a worker id
+reused after a restart (procrastinate #1518, Oban #862), an acknowledgement landing exactly
+at the deadline. Each probe drives the system through its contract on a fresh store and
+names the job and what happened when the system accepts what it must refuse. A probe that
+needs a capability the system lacks is skipped, and the report says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from crashqueuelab.core.clock import ManualClock
+from crashqueuelab.core.ids import SeededIds
+from crashqueuelab.lab.scenario import LEASE_US, RETRY, START_US
+from crashqueuelab.systems.contract import (
+    Claim,
+    JobSpec,
+    OpenRequest,
+    QueueClient,
+    System,
+    Verdict,
+)
+
+
+class ProbeFailed(Exception):
+    """Raised inside a probe when the system accepted what it must refuse."""
+
+
+@dataclass
+class _Bench:
+    client: QueueClient
+    clock: ManualClock
+
+    def job(self, key: str, *, max_attempts: int = 3) -> JobSpec:
+        spec = JobSpec(key=key, job_type="probe", payload={"probe": key}, max_attempts=max_attempts)
+        self.client.submit(spec)
+        return spec
+
+    def claim(self, worker_id: str, key: str) -> Claim:
+        claim = self.client.claim(worker_id, LEASE_US)
+        if claim is None or claim.key != key:
+            found = None if claim is None else claim.key
+            raise ProbeFailed(f"job {key}: {worker_id} expected to claim it, got {found}")
+        return claim
+
+    def expire(self) -> None:
+        """Let every lease run out, and any retry come due; the system notices each."""
+        self.clock.advance(LEASE_US)
+        self.client.recover()
+        self.clock.advance(RETRY.max_delay_us)
+        self.client.recover()
+
+
+def _refused(verdict: Verdict | bool, claim: Claim, what: str) -> None:
+    if verdict not in (Verdict.STALE, False):
+        raise ProbeFailed(
+            f"job {claim.key}: {what} by {claim.worker_id} (lease {claim.token}, attempt "
+            f"{claim.attempt}) was accepted ({verdict}); it must be refused"
+        )
+
+
+def _accepted(verdict: Verdict, claim: Claim, what: str) -> None:
+    if verdict is not Verdict.SUCCEEDED:
+        raise ProbeFailed(f"job {claim.key}: {what} by the live holder answered {verdict}")
+
+
+def stale_holder_after_expiry(bench: _Bench) -> str:
+    bench.job("stale-holder")
+    first = bench.claim("worker-a", "stale-holder")
+    bench.expire()
+    second = bench.claim("worker-b", "stale-holder")
+    _refused(bench.client.succeed(first), first, "an acknowledgement after the lease expired")
+    _accepted(bench.client.succeed(second), second, "the acknowledgement")
+    return "the expired holder's acknowledgement was refused; the new holder's accepted"
+
+
+def worker_id_reused_after_restart(bench: _Bench) -> str:
+    bench.job("reused-id")
+    first = bench.claim("worker-a", "reused-id")
+    bench.expire()
+    second = bench.claim("worker-a", "reused-id")
+    _refused(
+        bench.client.succeed(first), first, "an acknowledgement of the old lease (same worker id)"
+    )
+    _accepted(bench.client.succeed(second), second, "the acknowledgement")
+    return "same worker id, new lease: the old lease's acknowledgement was refused"
+
+
+def acknowledgement_at_the_deadline(bench: _Bench) -> str:
+    bench.job("deadline")
+    claim = bench.claim("worker-a", "deadline")
+    bench.clock.advance(LEASE_US)
+    _refused(bench.client.succeed(claim), claim, "an acknowledgement exactly at the deadline")
+    return "an acknowledgement exactly at the deadline was refused"
+
+
+def heartbeat_after_expiry(bench: _Bench) -> str:
+    bench.job("heartbeat")
+    first = bench.claim("worker-a", "heartbeat")
+    bench.expire()
+    second = bench.claim("worker-b", "heartbeat")
+    _refused(bench.client.heartbeat(first, LEASE_US), first, "a heartbeat after expiry")
+    _accepted(bench.client.succeed(second), second, "the acknowledgement")
+    return "the expired holder's heartbeat was refused"
+
+
+def idempotent_submit(bench: _Bench) -> str:
+    spec = JobSpec(key="twice", job_type="probe", payload={"n": 1})
+    first, second = bench.client.submit(spec), bench.client.submit(spec)
+    if first != second:
+        raise ProbeFailed(f"job twice: the same key made two jobs, {first} and {second}")
+    claim = bench.claim("worker-a", "twice")
+    _accepted(bench.client.succeed(claim), claim, "the acknowledgement")
+    if bench.client.claim("worker-a", LEASE_US) is not None:
+        raise ProbeFailed("job twice: a second job was claimable after one submission key")
+    return "one key, one job: the second submission returned the first job's id"
+
+
+def attempts_run_out(bench: _Bench) -> str:
+    bench.job("last-attempt", max_attempts=1)
+    claim = bench.claim("worker-a", "last-attempt")
+    verdict = bench.client.fail(claim, "probe failure")
+    if verdict is not Verdict.DEAD:
+        raise ProbeFailed(f"job last-attempt: a failure of its only attempt answered {verdict}")
+    return "a failure of the last attempt sent the job to the dead letter"
+
+
+Probe = Callable[[_Bench], str]
+#: Each probe, and the capability it needs (None: every system).
+PROBES: tuple[tuple[str, Probe, str | None], ...] = (
+    ("idempotent_submit", idempotent_submit, None),
+    ("stale_holder_after_expiry", stale_holder_after_expiry, None),
+    ("worker_id_reused_after_restart", worker_id_reused_after_restart, "fencing_tokens"),
+    ("acknowledgement_at_the_deadline", acknowledgement_at_the_deadline, None),
+    ("heartbeat_after_expiry", heartbeat_after_expiry, "heartbeats"),
+    ("attempts_run_out", attempts_run_out, None),
+)
+
+
+def run_probe(system: System, directory: Path, name: str, probe: Probe) -> dict[str, Any]:
+    clock = ManualClock(START_US)
+    request = OpenRequest(directory, clock, SeededIds(0, f"probe/{name}"), RETRY)
+    try:
+        client = system.open(request)
+    except Exception as error:
+        return {"name": name, "ran": True, "ok": False, "detail": f"open raised {error!r}"}
+    try:
+        detail = probe(_Bench(client, clock))
+        ok = True
+    except ProbeFailed as failure:
+        detail, ok = str(failure), False
+    except Exception as error:  # a system that raises is reported, never a traceback
+        detail, ok = f"the system raised {type(error).__name__}: {error}", False
+    finally:
+        client.close()
+    return {"name": name, "ran": True, "ok": ok, "detail": detail}
+
+
+def run_probes(system: System, directory: Path) -> list[dict[str, Any]]:
+    """Every probe on a fresh store below ``directory``; skipped ones say why."""
+    results = []
+    capabilities = system.capabilities.to_json()
+    for name, probe, needs in PROBES:
+        if needs is not None and not capabilities[needs]:
+            results.append(
+                {"name": name, "ran": False, "ok": True, "detail": f"skipped: no {needs}"}
+            )
+            continue
+        results.append(run_probe(system, directory / name, name, probe))
+    return results

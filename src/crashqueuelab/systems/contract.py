@@ -1,0 +1,280 @@
+"""The system-under-test contract: what the lab needs from a queue, and nothing more.
+
+A system is plain data (``System``): its name, version and durability setting, what it can
+do (``Capabilities``), where it can be killed and what each death must leave on disk
+(``CrashPoint``), how to open it (``open``, returning a ``QueueClient``) and how to read its
+retained files without its own code (``reader``). The lab reads capabilities instead of
+branching on names, and skips what a system cannot do, saying so in its reports.
+
+Every holder operation answers with a ``Verdict``; a refused (stale) acknowledgement is an
+answer, not an exception, so a misbehaving system is reported, never crashes the lab.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Protocol
+
+from crashqueuelab.core.clock import Clock
+from crashqueuelab.core.ids import IdGenerator
+from crashqueuelab.core.retry import RetryPolicy
+
+#: A system calls its hook with the name of the crash point it has reached.
+Hook = Callable[[str], None]
+
+
+class JobStatus(StrEnum):
+    """The lab's words for where a job stands, whatever the system calls it."""
+
+    PENDING = "pending"  # waiting to be claimed, now or after a retry delay
+    LEASED = "leased"
+    SUCCEEDED = "succeeded"
+    DEAD = "dead"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (JobStatus.SUCCEEDED, JobStatus.DEAD)
+
+
+class Verdict(StrEnum):
+    """What the system answered to a holder's acknowledgement or failure report."""
+
+    SUCCEEDED = "succeeded"
+    RETRY = "retry"
+    DEAD = "dead"
+    STALE = "stale"  # the claim no longer counts: nothing was changed
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job to submit; ``key`` is its permanent idempotency key."""
+
+    key: str
+    job_type: str
+    payload: dict[str, Any] = field(hash=False)
+    max_attempts: int = 3
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A job leased to one worker; ``token`` fences the worker's later operations."""
+
+    job_id: str
+    key: str
+    job_type: str
+    payload: dict[str, Any] = field(hash=False, compare=False)
+    attempt: int
+    worker_id: str
+    token: str
+    #: The system's own lease object, for its adapter alone.
+    handle: object = field(default=None, hash=False, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class JobView:
+    """One job as its system reports it: the lab's status and the system's own word."""
+
+    key: str
+    status: JobStatus
+    attempts: int
+    native_state: str
+
+
+class QueueClient(Protocol):
+    """An open queue in one process. Times come from the clock given to ``open``."""
+
+    def submit(self, job: JobSpec) -> str:
+        """Create the job, or return the id an identical earlier submission created."""
+        ...
+
+    def submit_many(self, jobs: Sequence[JobSpec]) -> list[str]:
+        """Submit every job in one transaction where the system batches."""
+        ...
+
+    def claim(self, worker_id: str, lease_us: int) -> Claim | None:
+        """Lease one ready job, or None when nothing is ready."""
+        ...
+
+    def claim_many(self, worker_id: str, lease_us: int, limit: int) -> list[Claim]:
+        """Lease up to ``limit`` ready jobs."""
+        ...
+
+    def heartbeat(self, claim: Claim, lease_us: int) -> bool:
+        """Extend a live lease; False when the claim is stale."""
+        ...
+
+    def succeed(self, claim: Claim) -> Verdict:
+        """Acknowledge the job: SUCCEEDED, or STALE when the claim no longer counts."""
+        ...
+
+    def succeed_many(self, claims: Sequence[Claim]) -> list[Verdict]:
+        """Acknowledge several claims, each judged on its own lease."""
+        ...
+
+    def fail(self, claim: Claim, error: str) -> Verdict:
+        """Report a failed attempt: RETRY, DEAD (attempts used up) or STALE."""
+        ...
+
+    def recover(self) -> int:
+        """Expire overdue leases and release due retries; how many jobs moved."""
+        ...
+
+    def checkpoint(self) -> None:
+        """Compact or checkpoint the store, where the system has such a step."""
+        ...
+
+    def job(self, key: str) -> JobView | None:
+        """The job submitted under ``key``, or None when there is none."""
+        ...
+
+    def close(self) -> None:
+        """Release the store; safe to call twice."""
+        ...
+
+
+@dataclass(frozen=True)
+class OpenRequest:
+    """Everything a system is opened with: injected time, ids and hook."""
+
+    directory: Path
+    clock: Clock
+    ids: IdGenerator
+    retry: RetryPolicy
+    #: None when nothing observes the crash points (a system may then take a faster path).
+    hook: Hook | None = None
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a system can do; the lab skips the rest and says so."""
+
+    fencing_tokens: bool  # every holder operation checks a per-claim token
+    heartbeats: bool
+    several_processes: bool  # several worker processes may open one store at once
+    batching: bool  # claim_many and succeed_many are set-oriented
+    single_owner: bool  # one process owns the store; workers live inside it
+    checkpoint: bool  # checkpoint() does durable work with crash points of its own
+
+    def to_json(self) -> dict[str, bool]:
+        return {
+            "fencing_tokens": self.fencing_tokens,
+            "heartbeats": self.heartbeats,
+            "several_processes": self.several_processes,
+            "batching": self.batching,
+            "single_owner": self.single_owner,
+            "checkpoint": self.checkpoint,
+        }
+
+
+@dataclass(frozen=True)
+class ExpectedState:
+    """The durable state a death at one crash point must leave, as the reader reports it.
+
+    ``effect_job`` and ``flaky_job`` are ``(native state, attempts)`` or None when the job
+    must not exist; ``facts`` are the reader's further observations (a last event, a torn
+    tail) that tell this point apart.
+    """
+
+    effect_job: tuple[str, int] | None
+    flaky_job: tuple[str, int] | None
+    effects: int
+    facts: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+    def signature(self) -> dict[str, Any]:
+        return {
+            "effect_job": None if self.effect_job is None else list(self.effect_job),
+            "flaky_job": None if self.flaky_job is None else list(self.flaky_job),
+            "effect_job_effects": self.effects,
+            **self.facts,
+        }
+
+
+@dataclass(frozen=True)
+class CrashPoint:
+    """A named point where the campaign kills a child, and what the death must leave.
+
+    With ``after``, the case first kills a child at that point and then kills a second
+    child, which is recovering from the first death, at this one (a crash during recovery).
+    """
+
+    name: str
+    where: str
+    expected: ExpectedState
+    after: str | None = None
+
+
+@dataclass(frozen=True)
+class StoredJob:
+    """One job as an independent reader found it in the retained files."""
+
+    native_state: str
+    status: JobStatus
+    attempts: int
+
+
+@dataclass(frozen=True)
+class StoreReading:
+    """What an independent reader found in a store directory, and its judgement of it."""
+
+    exists: bool
+    jobs: Mapping[str, StoredJob]
+    facts: Mapping[str, Any]
+    ok: bool
+    problems: Sequence[str]
+    judge: str
+    #: The store's own history (events, WAL transactions) as JSON rows, where it keeps one.
+    history: Sequence[Mapping[str, Any]] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "exists": self.exists,
+            "jobs": {
+                key: {
+                    "state": job.native_state,
+                    "status": job.status.value,
+                    "attempts": job.attempts,
+                }
+                for key, job in self.jobs.items()
+            },
+            "facts": dict(self.facts),
+            "ok": self.ok,
+            "problems": list(self.problems),
+            "judge": self.judge,
+        }
+
+
+Reader = Callable[[Path], StoreReading]
+
+
+@dataclass(frozen=True)
+class System:
+    """A system under test, as the lab sees it."""
+
+    name: str
+    version: str
+    durability: str
+    capabilities: Capabilities
+    crash_points: tuple[CrashPoint, ...]
+    open: Callable[[OpenRequest], QueueClient]
+    #: An independent reader of the store's files; None means the lab can only ask the
+    #: system itself, and its reports say the reading is not independent.
+    reader: Reader | None = None
+
+    def crash_point(self, name: str) -> CrashPoint:
+        for point in self.crash_points:
+            if point.name == name:
+                return point
+        raise KeyError(name)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "durability": self.durability,
+            "capabilities": self.capabilities.to_json(),
+            "crash_points": len(self.crash_points),
+            "independent_reader": self.reader is not None,
+        }

@@ -1,0 +1,49 @@
+"""Finding a system under test by name, or by ``package.module:factory`` import path."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+from crashqueuelab.core.errors import SystemUnavailable
+from crashqueuelab.systems.contract import System
+
+
+def _sqlite() -> System:
+    from crashqueuelab.systems.sqlite import sqlite_system
+
+    return sqlite_system()
+
+
+def _walqueue() -> System:
+    from crashqueuelab.systems.walqueue import walqueue_system
+
+    return walqueue_system()
+
+
+#: The systems shipped with the package, by the name ``--system`` takes.
+SHIPPED: dict[str, Callable[[], System]] = {"sqlite": _sqlite, "walqueue": _walqueue}
+DEFAULT_SYSTEM = "sqlite"
+
+
+def resolve_system(spec: str) -> System:
+    """A shipped system by name, or what ``module:factory`` returns when called."""
+    if spec in SHIPPED:
+        return SHIPPED[spec]()
+    module_name, colon, attribute = spec.partition(":")
+    if not colon or not module_name or not attribute:
+        known = ", ".join(sorted(SHIPPED))
+        raise SystemUnavailable(spec, f"not one of {known}, nor package.module:factory")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise SystemUnavailable(spec, f"cannot import {module_name}: {error}") from None
+    factory = getattr(module, attribute, None)
+    if not callable(factory):
+        raise SystemUnavailable(spec, f"{module_name} has no callable {attribute}")
+    system = factory()
+    if not isinstance(system, System):
+        raise SystemUnavailable(
+            spec, f"{attribute}() returned {type(system).__name__}, not a crashqueuelab System"
+        )
+    return system
