@@ -8,7 +8,6 @@ overdue leases first). Its fencing token is the lease's generation.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -323,9 +322,11 @@ CAPABILITIES = Capabilities(
 
 def walqueue_system() -> System:
     """walqueue: the lab's second system, with its own write-ahead log."""
+    from crashqueuelab import __version__
+
     return System(
         name="walqueue",
-        version=f"walqueue (crashqueuelab {version('crashqueuelab')})",
+        version=f"walqueue (crashqueuelab {__version__})",
         durability="own WAL, fsync per transaction, directory fsync on create and rename",
         capabilities=CAPABILITIES,
         crash_points=CRASH_POINTS,
