@@ -12,6 +12,7 @@ import pytest
 from crashqueuelab.lab.chaos.accounting import judge_run
 from crashqueuelab.lab.chaos.schedule import FaultKind, plan
 from crashqueuelab.lab.chaos.supervisor import run_chaos
+from crashqueuelab.systems import resolve_system
 
 
 def test_the_seed_fixes_the_schedule() -> None:
@@ -47,9 +48,12 @@ def test_a_small_chaos_run_loses_and_duplicates_nothing(
     assert accounting["effects_missing"] == 0
     assert accounting["durable_effects"] == 600
     assert accounting["executions"] >= 600
-    assert accounting["invariants_ok"]
-    assert accounting["replay_ok"]
+    assert accounting["judge_ok"] is True
+    assert accounting["judge_problems"] == []
+    assert accounting["acknowledged_twice"] == 0
+    assert accounting["anomalies"] == []
     assert all(accounting["integrity_check_ok"].values())
+    assert report["system"]["name"] == "sqlite"
     assert json.loads((directory / "chaos.json").read_text())["accounting"] == accounting
     kills = [f for f in report["faults"] if f["kind"] == "SIGKILL"]
     assert all("at_s" in f and f["pid"] > 0 for f in kills)
@@ -60,10 +64,13 @@ def test_a_paused_worker_is_fenced_and_its_effect_not_duplicated(
 ) -> None:
     directory, report = small_run
     accounting = report["accounting"]
-    # At least one paused worker held leases that another worker took over...
-    assert report["pauses_with_takeover"] >= 1
-    # ...so its late acknowledgements were rejected by the fencing,
-    assert accounting["stale_operations_rejected"] >= 1
+    # Every paused worker held leases and was continued only once they had run out or
+    # been taken over, so each of its late acknowledgements was refused by the fencing,
+    pauses = [f for f in report["faults"] if f["kind"] == "SIGSTOP"]
+    assert all(f["leases_held"] >= 1 for f in pauses)
+    assert report["pauses_fenced"] == len(pauses) == 5
+    assert all(f["late_acknowledgements"]["accepted"] == 0 for f in pauses)
+    assert accounting["stale_operations_rejected"] >= 5
     # its re-executions are visible in the non-idempotent ledger,
     assert accounting["executions"] > accounting["succeeded"]
     # and absorbed by the idempotent one.
@@ -78,7 +85,10 @@ def test_the_accounting_notices_lost_duplicated_and_unexpected_work(
 ) -> None:
     directory, _ = small_run
     copies = {}
-    for name in ("queue.sqlite", "effects-idempotent.sqlite", "executions-non-idempotent.sqlite"):
+    (tmp_path / "store").mkdir()
+    (tmp_path / "logs").mkdir()
+    names = ("store/queue.sqlite", "effects-idempotent.sqlite", "executions-non-idempotent.sqlite")
+    for name in names:
         source = sqlite3.connect(directory / name)
         copies[name] = tmp_path / name
         target = sqlite3.connect(copies[name])
@@ -97,16 +107,51 @@ def test_the_accounting_notices_lost_duplicated_and_unexpected_work(
     )
     conn.commit()
     conn.close()
+    # Two workers were both told that their acknowledgement of one job was accepted.
+    (tmp_path / "logs" / "worker-0.1.log").write_text(
+        "claim chaos-000007 t1\nack chaos-000007 t1\n"
+    )
+    (tmp_path / "logs" / "worker-1.1.log").write_text(
+        "claim chaos-000007 t2\nack chaos-000007 t2\n"
+    )
     keys = [f"chaos-{n:06d}" for n in range(600)] + ["chaos-999999"]
     verdict = judge_run(
-        queue=copies["queue.sqlite"],
+        system=resolve_system("sqlite"),
+        store=tmp_path / "store",
         effects=copies["effects-idempotent.sqlite"],
         executions=copies["executions-non-idempotent.sqlite"],
-        effect_keys=keys,
-        log_dir=tmp_path,
+        keys=keys,
+        log_dir=tmp_path / "logs",
     )
     assert verdict["ok"] is False
     assert verdict["duplicated_effects"] == 2
     assert verdict["unexpected"] == 1
     assert verdict["lost"] == 1
     assert verdict["lost_examples"] == ["chaos-999999"]
+    assert verdict["acknowledged_twice"] == 1
+    anomalies = "\n".join(verdict["anomalies"])
+    assert "job chaos-999999: missing from the store (lost)" in anomalies
+    assert "effect never-submitted: for a job never submitted" in anomalies
+    assert (
+        "job chaos-000007: acknowledged 2 times, by worker-0.1 (lease t1), worker-1.1 (lease t2)"
+        in anomalies
+    )
+
+
+def test_a_single_owner_system_is_killed_paused_and_restarted_as_the_owner(
+    tmp_path: Path,
+) -> None:
+    report = run_chaos(
+        tmp_path / "run", seed=3, jobs=300, workers=4, kills=15, pauses=2, lease_ms=200,
+        system="walqueue",
+    )  # fmt: skip
+    accounting = report["accounting"]
+    assert report["ok"] is True, accounting["anomalies"]
+    assert report["parameters"]["workers"] == 1
+    assert "single owner" in report["notes"][0]
+    assert (report["kills_delivered"], report["pauses_delivered"]) == (15, 2)
+    assert accounting["submitted"] == accounting["succeeded"] == 300
+    assert (accounting["lost"], accounting["duplicated_effects"]) == (0, 0)
+    assert accounting["judge"].startswith("crashqueuelab.judges.walfiles")
+    # The owner was stopped past its leases; its late acknowledgements were refused.
+    assert accounting["stale_operations_rejected"] >= 1

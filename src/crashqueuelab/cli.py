@@ -220,12 +220,13 @@ def _chaos(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         pauses=args.pauses,
         lease_ms=args.lease_ms,
         batch=args.batch,
+        system=args.system,
         progress=lambda message: print(message, file=stream, flush=True),
     )
     return (EXIT_OK if report["ok"] else EXIT_REJECTED), {
         key: report[key]
         for key in (
-            "ok", "seed", "parameters", "kills_delivered", "pauses_delivered",
+            "ok", "system", "notes", "seed", "parameters", "kills_delivered", "pauses_delivered",
             "pauses_with_takeover", "respawns", "accounting", "timings",
         )
     } | {"chaos_report": str(args.output_directory / CHAOS_FILE)}  # fmt: skip
@@ -340,6 +341,7 @@ def _experiment_commands(command: _Command) -> None:
     sub.add_argument("--pauses", type=_non_negative, default=5)
     sub.add_argument("--lease-ms", type=_positive, default=500)
     sub.add_argument("--batch", type=_positive, default=4)
+    _add_system(sub)
     sub = command(
         "bench",
         _bench,

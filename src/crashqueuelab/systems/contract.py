@@ -130,6 +130,10 @@ class QueueClient(Protocol):
         """The job submitted under ``key``, or None when there is none."""
         ...
 
+    def active_count(self) -> int:
+        """How many jobs are not finished yet (pending or leased)."""
+        ...
+
     def close(self) -> None:
         """Release the store; safe to call twice."""
         ...

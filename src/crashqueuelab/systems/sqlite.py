@@ -140,6 +140,9 @@ class SqliteClient:
             return None
         return JobView(key, _STATUS[job.state], job.attempts, job.state.value)
 
+    def active_count(self) -> int:
+        return self.queue.active_count()
+
     def close(self) -> None:
         self.queue.close()
 

@@ -126,6 +126,10 @@ class WalqueueClient:
             return None
         return JobView(key, _STATUS[task.status], task.attempts, task.status)
 
+    def active_count(self) -> int:
+        counts = self.queue.stats()["counts"]
+        return int(counts["ready"] + counts["leased"])
+
     def close(self) -> None:
         self.queue.close()
 

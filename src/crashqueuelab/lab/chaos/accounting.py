@@ -1,29 +1,37 @@
-"""Jepsen-style accounting of a finished chaos run, from the retained databases alone.
+"""Jepsen-style accounting of a finished chaos run, from the retained files alone.
 
-Every submitted job must end SUCCEEDED (nothing lost, nothing dead-lettered), every
+Every submitted job must end succeeded (nothing lost, nothing dead-lettered), every
 succeeded job must have exactly one durable effect in the idempotent ledger (nothing
 duplicated, nothing missing), no ledger may hold an effect for a job that was never
-submitted, and the queue database must pass replay and every invariant.
+submitted, the store must pass its system's independent reader, and no job may have been
+acknowledged twice as far as the workers were told (a second accepted acknowledgement means
+the system accepted a stale one). Each anomaly is named: the job and what happened.
 """
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from crashqueuelab.judges.invariants import check_database
-from crashqueuelab.judges.replay import replay_database
+from crashqueuelab.judges.readonly import open_read_only
+from crashqueuelab.lab.chaos.worklog import WorkerLog, accepted_per_key, read_logs
+from crashqueuelab.lab.effects import LEDGER_SCHEMA
+from crashqueuelab.lab.readings import read_store
+from crashqueuelab.systems.contract import JobStatus, System
+
+#: At most this many anomalies are spelled out per kind.
+MAX_EXAMPLES = 10
 
 
-def _read_only(path: Path) -> sqlite3.Connection:
-    return sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None)
-
-
-def _rows(path: Path, sql: str) -> list[tuple[Any, ...]]:
-    conn = _read_only(path)
+def _ledger_rows(path: Path, sql: str) -> list[tuple[Any, ...]]:
+    conn = open_read_only(
+        path,
+        application_id=LEDGER_SCHEMA.application_id,
+        version=LEDGER_SCHEMA.version,
+        what="crashqueuelab effect ledger",
+    )
     try:
         return conn.execute(sql).fetchall()
     finally:
@@ -31,78 +39,109 @@ def _rows(path: Path, sql: str) -> list[tuple[Any, ...]]:
 
 
 def _integrity(path: Path) -> bool:
-    return _rows(path, "PRAGMA integrity_check") == [("ok",)]
+    try:
+        return _ledger_rows(path, "PRAGMA integrity_check") == [("ok",)]
+    except sqlite3.DatabaseError:
+        return False
 
 
-def stale_rejections(log_dir: Path) -> int:
-    """Acknowledgements the lease fencing rejected, as the workers logged them."""
-    return sum(
-        1
-        for log in sorted(log_dir.glob("*.log"))
-        for line in log.read_text().splitlines()
-        if line.startswith("stale ")
-    )
+def stale_rejections(logs: dict[str, WorkerLog]) -> int:
+    """Acknowledgements the lease fencing refused, as the workers logged them."""
+    return sum(len(log.stale) for log in logs.values())
+
+
+def _double_acknowledgements(logs: dict[str, WorkerLog]) -> list[str]:
+    accepted = accepted_per_key(logs)
+    lines = []
+    for key, count in sorted(accepted.items()):
+        if count > 1:
+            holders = [
+                f"{worker} (lease {token})"
+                for worker, log in sorted(logs.items())
+                for acked, token in log.acks
+                if acked == key
+            ]
+            lines.append(f"job {key}: acknowledged {count} times, by {', '.join(holders)}")
+    return lines
 
 
 def judge_run(
-    *, queue: Path, effects: Path, executions: Path, effect_keys: list[str], log_dir: Path
+    *,
+    system: System,
+    store: Path,
+    effects: Path,
+    executions: Path,
+    keys: list[str],
+    log_dir: Path,
 ) -> dict[str, Any]:
     """The accounting of one run; ``ok`` only when nothing was lost, duplicated or inconsistent."""
-    submitted = set(effect_keys)
-    states: dict[str, str] = {}
-    for payload, state in _rows(queue, "SELECT payload_json, state FROM jobs"):
-        states[str(json.loads(payload).get("effect_key"))] = str(state)
-    by_state = Counter(states[key] for key in submitted if key in states)
-    missing = sorted(submitted - set(states))
-    unfinished = sorted(
-        key for key in submitted if states.get(key) in ("QUEUED", "LEASED", "RETRY_SCHEDULED")
+    submitted = set(keys)
+    reading = read_store(system, store, keys)
+    stored = {key: job for key, job in reading.jobs.items() if key in submitted}
+    missing = sorted(submitted - set(stored))
+    unfinished = sorted(key for key, job in stored.items() if not job.status.is_terminal)
+    dead = sorted(key for key, job in stored.items() if job.status is JobStatus.DEAD)
+    succeeded = [key for key, job in stored.items() if job.status is JobStatus.SUCCEEDED]
+    effect_counts = Counter(
+        str(row[0]) for row in _ledger_rows(effects, "SELECT effect_key FROM effects")
     )
-    effect_counts = Counter(str(row[0]) for row in _rows(effects, "SELECT effect_key FROM effects"))
     execution_counts = Counter(
-        str(row[0]) for row in _rows(executions, "SELECT effect_key FROM effects")
+        str(row[0]) for row in _ledger_rows(executions, "SELECT effect_key FROM effects")
     )
-    absorbed = int(_rows(effects, "SELECT count(*) FROM absorbed")[0][0])
-    succeeded = [key for key in submitted if states.get(key) == "SUCCEEDED"]
-    duplicated = sum(count - 1 for count in effect_counts.values() if count > 1)
-    effects_missing = sum(1 for key in succeeded if effect_counts[key] == 0)
+    absorbed = int(_ledger_rows(effects, "SELECT count(*) FROM absorbed")[0][0])
+    duplicated = sorted(key for key, count in effect_counts.items() if count > 1)
+    effects_missing = sorted(key for key in succeeded if effect_counts[key] == 0)
     unexpected = sorted((set(effect_counts) | set(execution_counts)) - submitted)
     executions_total = sum(execution_counts.values())
-    invariants = check_database(queue)
-    replay = replay_database(queue)
-    integrity = {
-        "queue": _integrity(queue),
-        "effects": _integrity(effects),
-        "executions": _integrity(executions),
-    }
+    logs = read_logs(log_dir)
+    double_acks = _double_acknowledgements(logs)
+    integrity = {"effects": _integrity(effects), "executions": _integrity(executions)}
+    anomalies = (
+        [f"job {key}: missing from the store (lost)" for key in missing[:MAX_EXAMPLES]]
+        + [
+            f"job {key}: still {stored[key].native_state} after the run (lost)"
+            for key in unfinished[:MAX_EXAMPLES]
+        ]
+        + [f"job {key}: dead-lettered" for key in dead[:MAX_EXAMPLES]]
+        + [
+            f"job {key}: {effect_counts[key]} durable effects in the idempotent ledger"
+            for key in duplicated[:MAX_EXAMPLES]
+        ]
+        + [f"job {key}: succeeded with no durable effect" for key in effects_missing[:MAX_EXAMPLES]]
+        + [f"effect {key}: for a job never submitted" for key in unexpected[:MAX_EXAMPLES]]
+        + double_acks[:MAX_EXAMPLES]
+        + [f"judge: {problem}" for problem in reading.problems[:MAX_EXAMPLES]]
+    )
     lost = len(missing) + len(unfinished)
     result = {
         "submitted": len(submitted),
         "succeeded": len(succeeded),
-        "dead": by_state.get("DEAD", 0),
+        "dead": len(dead),
         "lost": lost,
-        "lost_examples": (missing + unfinished)[:10],
+        "lost_examples": (missing + unfinished)[:MAX_EXAMPLES],
         "unexpected": len(unexpected),
-        "duplicated_effects": duplicated,
-        "effects_missing": effects_missing,
+        "duplicated_effects": sum(effect_counts[key] - 1 for key in duplicated),
+        "effects_missing": len(effects_missing),
         "durable_effects": sum(effect_counts.values()),
         "executions": executions_total,
         "redelivered_executions": executions_total - len(execution_counts),
         "absorbed_duplicates": absorbed,
-        "stale_operations_rejected": stale_rejections(log_dir),
-        "invariants_ok": invariants.ok,
-        "invariants_failed": invariants.failed(),
-        "replay_ok": replay.ok,
-        "replay_mismatches": len(replay.mismatches),
+        "stale_operations_rejected": stale_rejections(logs),
+        "acknowledged_twice": len(double_acks),
+        "judge": reading.judge,
+        "judge_ok": reading.ok,
+        "judge_problems": list(reading.problems),
         "integrity_check_ok": integrity,
+        "anomalies": anomalies,
     }
     result["ok"] = (
         lost == 0
-        and result["dead"] == 0
-        and duplicated == 0
-        and effects_missing == 0
+        and not dead
+        and not duplicated
+        and not effects_missing
         and not unexpected
-        and invariants.ok
-        and replay.ok
+        and not double_acks
+        and reading.ok
         and all(integrity.values())
     )
     return result

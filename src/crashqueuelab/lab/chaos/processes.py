@@ -1,8 +1,8 @@
 """The two kinds of process a chaos run starts: workers (which get killed) and maintenance.
 
-Both open their own connections after they start; nothing SQLite crosses a fork. A worker
-records each acknowledgement its lease no longer covered in a line-buffered log, so the
-count survives SIGKILL (the page cache keeps what was written).
+Both open the system under test after they start; nothing crosses a fork. A system with a
+single owner gets one worker, the owner, which also does its own maintenance. Every worker
+writes what it was told to its log (``worklog.py``).
 """
 
 from __future__ import annotations
@@ -11,33 +11,48 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from crashqueuelab.core.models import Acknowledgement
-from crashqueuelab.core.queue import DurableQueue
+from crashqueuelab.core.clock import SystemClock
+from crashqueuelab.core.ids import RandomIds
 from crashqueuelab.core.retry import RetryPolicy
 from crashqueuelab.lab.effects import Destination, EffectLedger
+from crashqueuelab.systems.contract import OpenRequest, QueueClient, Verdict
+from crashqueuelab.systems.registry import resolve_system
 
 #: How long an idle worker or the maintenance loop waits before looking again.
 POLL_S = 0.005
 #: Retries come back quickly in a chaos run: leases are short and kills are frequent.
 CHAOS_RETRY = RetryPolicy(base_delay_us=10_000, max_delay_us=200_000)
+#: How often an owner that does its own maintenance looks for expired leases.
+OWNER_RECOVERY_EVERY_S = 0.02
 
 
 @dataclass(frozen=True)
 class RunFiles:
-    """Where a chaos run keeps its databases."""
+    """Where a chaos run keeps the store and the two ledgers."""
 
-    queue: str
+    store: str
     effects: str
     executions: str
 
 
 @dataclass(frozen=True)
 class WorkerSpec:
+    system: str
     files: RunFiles
     worker_id: str
     lease_us: int
     batch: int
     log: str
+    does_maintenance: bool
+
+
+def open_client(system: str, store: str) -> QueueClient:
+    request = OpenRequest(Path(store), SystemClock(), RandomIds(), CHAOS_RETRY)
+    return resolve_system(system).open(request)
+
+
+def _answer(verdict: Verdict) -> str:
+    return "stale" if verdict is Verdict.STALE else "ack"
 
 
 def worker_main(spec: WorkerSpec) -> None:
@@ -46,45 +61,52 @@ def worker_main(spec: WorkerSpec) -> None:
     Every execution is written to the non-idempotent ledger (one row per execution) and to
     the idempotent one (one effect per job however often it runs).
     """
-    queue = DurableQueue(spec.files.queue, create=False)
+    client = open_client(spec.system, spec.files.store)
     effects = EffectLedger(spec.files.effects, destination=Destination.IDEMPOTENT, create=False)
     executions = EffectLedger(
         spec.files.executions, destination=Destination.NON_IDEMPOTENT, create=False
     )
-    with queue, effects, executions, Path(spec.log).open("a", buffering=1) as log:
-        while True:
-            claimed = queue.claim_many(
-                worker_id=spec.worker_id, lease_duration_us=spec.lease_us, limit=spec.batch
-            )
-            if not claimed:
-                if queue.active_count() == 0:
-                    return
-                time.sleep(POLL_S)
-                continue
-            for job in claimed:
-                payload = job.job.payload
-                for ledger in (executions, effects):
-                    ledger.apply(
-                        effect_key=payload["effect_key"],
-                        value=payload["value"],
-                        job_id=job.job.job_id,
-                        attempt=job.attempt,
-                        worker_id=spec.worker_id,
-                    )
-            results = queue.succeed_many(
-                [Acknowledgement(c.job.job_id, spec.worker_id, c.lease_token) for c in claimed]
-            )
-            for result in results:
-                if not result.accepted:
-                    log.write(f"stale {result.job_id} {result.stale_reason}\n")
+    next_recovery = 0.0
+    try:
+        with effects, executions, Path(spec.log).open("a", buffering=1) as log:
+            while True:
+                if spec.does_maintenance and time.monotonic() >= next_recovery:
+                    client.recover()
+                    next_recovery = time.monotonic() + OWNER_RECOVERY_EVERY_S
+                claims = client.claim_many(spec.worker_id, spec.lease_us, spec.batch)
+                if not claims:
+                    if client.active_count() == 0:
+                        return
+                    time.sleep(POLL_S)
+                    continue
+                for claim in claims:
+                    log.write(f"claim {claim.key} {claim.token}\n")
+                for claim in claims:
+                    for ledger in (executions, effects):
+                        ledger.apply(
+                            effect_key=claim.payload["effect_key"],
+                            value=claim.payload["value"],
+                            job_id=claim.job_id,
+                            attempt=claim.attempt,
+                            worker_id=spec.worker_id,
+                        )
+                for claim in claims:
+                    log.write(f"acking {claim.key} {claim.token}\n")
+                verdicts = client.succeed_many(claims)
+                for claim, verdict in zip(claims, verdicts, strict=True):
+                    log.write(f"{_answer(verdict)} {claim.key} {claim.token}\n")
+    finally:
+        client.close()
 
 
-def maintenance_main(queue_path: str, stop_file: str) -> None:
-    """Recover expired leases and promote due retries until no work is left or told to stop."""
-    with DurableQueue(queue_path, create=False, retry=CHAOS_RETRY) as queue:
+def maintenance_main(system: str, store: str, stop_file: str) -> None:
+    """Recover expired leases and release due retries until no work is left or told to stop."""
+    client = open_client(system, store)
+    try:
         while not Path(stop_file).exists():
-            queue.recover_expired()
-            queue.promote_retries()
-            if queue.active_count() == 0:
+            client.recover()
+            if client.active_count() == 0:
                 return
             time.sleep(POLL_S * 4)
+    finally:
+        client.close()

@@ -1,13 +1,15 @@
-"""The chaos supervisor: submit, start, signal, respawn, wait, judge.
+"""The chaos supervisor: submit, start, signal, respawn, wait, judge; for any system.
 
-The supervisor itself never writes to the queue after submitting and never forks while it
-holds a connection: workers and the maintenance process start from a multiprocessing fork
+The supervisor itself never touches the store after submitting and never forks while it
+holds it open: workers and the maintenance process start from a multiprocessing fork
 server (a clean process that has only imported the library), so a respawn costs a fork
-instead of a fresh interpreter. It watches progress through a read-only connection.
+instead of a fresh interpreter. It follows progress through the workers' logs, so it works
+as well for a system with a single owner, whose store nobody else may open.
 
-Pauses: a SIGSTOPped worker keeps its leases until they expire; the maintenance process
-recovers them and another worker takes the jobs over. Only then is the paused worker
-continued, so its late acknowledgements must be rejected by the lease fencing.
+Pauses: a SIGSTOPped worker keeps its leases until they expire; where several processes
+may work, the maintenance process recovers them and another worker takes the jobs over, and
+only then is the paused worker continued. A single owner is continued once its leases have
+run out. Either way its late acknowledgements must be refused by the lease fencing.
 """
 
 from __future__ import annotations
@@ -15,24 +17,27 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from crashqueuelab.core.queue import DurableQueue
 from crashqueuelab.lab.chaos.accounting import judge_run
 from crashqueuelab.lab.chaos.processes import (
     RunFiles,
     WorkerSpec,
     maintenance_main,
+    open_client,
     worker_main,
 )
 from crashqueuelab.lab.chaos.schedule import FaultKind, PlannedFault, plan
+from crashqueuelab.lab.chaos.worklog import LOG_SUFFIX, LogFollower, read_logs
 from crashqueuelab.lab.effects import Destination, EffectLedger
 from crashqueuelab.lab.reports import prepare_output_directory, write_json
+from crashqueuelab.lab.scenario import STORE_DIRECTORY
+from crashqueuelab.systems.contract import JobSpec, System
+from crashqueuelab.systems.registry import DEFAULT_SYSTEM, resolve_system
 
 CHAOS_FILE = "chaos.json"
 TICK_S = 0.002
@@ -63,25 +68,28 @@ class _RunState:
     delivered: list[dict[str, Any]] = field(default_factory=list)
     respawns: int = 0
     started: float = field(default_factory=time.monotonic)
-    # slot index -> (the pause's record, the leases it held, when to continue it anyway)
-    paused: dict[int, tuple[dict[str, Any], dict[str, str], float]] = field(default_factory=dict)
+    # slot index -> (the pause's record, the keys it held, when to continue it anyway)
+    paused: dict[int, tuple[dict[str, Any], set[str], float]] = field(default_factory=dict)
 
 
-def _submit(files: RunFiles, jobs: int, max_attempts: int) -> list[str]:
+def _submit(system: str, files: RunFiles, jobs: int, max_attempts: int) -> list[str]:
     keys = [f"chaos-{index:06d}" for index in range(jobs)]
-    with DurableQueue(files.queue) as queue:
+    client = open_client(system, files.store)
+    try:
         for start in range(0, jobs, 500):
-            queue.submit_many(
+            client.submit_many(
                 [
-                    {
-                        "idempotency_key": key,
-                        "job_type": "synthetic.effect",
-                        "payload": {"effect_key": key, "value": start + offset},
-                        "max_attempts": max_attempts,
-                    }
+                    JobSpec(
+                        key=key,
+                        job_type="synthetic.effect",
+                        payload={"effect_key": key, "value": start + offset},
+                        max_attempts=max_attempts,
+                    )
                     for offset, key in enumerate(keys[start : start + 500])
                 ]
             )
+    finally:
+        client.close()
     for path, destination in (
         (files.effects, Destination.IDEMPOTENT),
         (files.executions, Destination.NON_IDEMPOTENT),
@@ -90,37 +98,20 @@ def _submit(files: RunFiles, jobs: int, max_attempts: int) -> list[str]:
     return keys
 
 
-class _Watcher:
-    """Read-only views of the queue for the supervisor's decisions."""
+class _Watcher(LogFollower):
+    """What the workers' logs say: how much is done, and who holds what."""
 
-    def __init__(self, path: str) -> None:
-        uri = f"{Path(path).resolve().as_uri()}?mode=ro"
-        self._conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+    def finished(self) -> int:
+        return len(self.acknowledged)
 
-    def close(self) -> None:
-        self._conn.close()
+    def leases_of(self, worker_id: str) -> set[str]:
+        log = self.logs.get(worker_id)
+        return set() if log is None else {key for key, _ in log.held()}
 
-    def active(self) -> int:
-        row = self._conn.execute(
-            "SELECT count(*) FROM jobs WHERE state IN ('QUEUED', 'LEASED', 'RETRY_SCHEDULED')"
-        ).fetchone()
-        return int(row[0])
-
-    def leases_of(self, worker_id: str) -> dict[str, str]:
-        rows = self._conn.execute(
-            "SELECT job_id, lease_token FROM jobs WHERE state = 'LEASED' AND lease_worker_id = ?",
-            (worker_id,),
-        )
-        return {str(job_id): str(token) for job_id, token in rows}
-
-    def still_held(self, leases: dict[str, str]) -> int:
-        held = 0
-        for job_id, token in leases.items():
-            row = self._conn.execute(
-                "SELECT lease_token FROM jobs WHERE job_id = ?", (job_id,)
-            ).fetchone()
-            held += int(row is not None and row[0] == token)
-        return held
+    def claimed_by_others(self, worker_id: str) -> set[str]:
+        return {
+            key for other, log in self.logs.items() if other != worker_id for key, _ in log.claims
+        }
 
 
 def _kind_count(records: list[dict[str, Any]], kind: FaultKind) -> int:
@@ -131,15 +122,27 @@ class _ChaosRun:
     """One run's processes, schedule and bookkeeping."""
 
     def __init__(
-        self, output_dir: Path, files: RunFiles, *, lease_ms: int, batch: int, workers: int
+        self,
+        output_dir: Path,
+        files: RunFiles,
+        *,
+        system: tuple[str, System],
+        lease_ms: int,
+        batch: int,
+        workers: int,
     ) -> None:
         self.logs = output_dir / "worker-logs"
         self.logs.mkdir()
+        self.spec, self.system = system
+        self.single_owner = self.system.capabilities.single_owner
         self.files = files
         self.lease_ms = lease_ms
         self.batch = batch
         self.context = multiprocessing.get_context("forkserver")
-        self.context.set_forkserver_preload(["crashqueuelab.lab.chaos.processes"])
+        # A respawn should cost a fork, not the imports of the system under test.
+        self.context.set_forkserver_preload(
+            ["crashqueuelab.lab.chaos.processes", self.system.open.__module__]
+        )
         self.stop_file = output_dir / "stop-maintenance"
         self.state = _RunState()
         self.slots = [_Slot(index) for index in range(workers)]
@@ -148,17 +151,28 @@ class _ChaosRun:
     def start(self, slot: _Slot) -> None:
         slot.generation += 1
         slot.worker_id = f"worker-{slot.index}.{slot.generation}"
-        log = str(self.logs / f"{slot.worker_id}.log")
-        spec = WorkerSpec(self.files, slot.worker_id, self.lease_ms * 1000, self.batch, log)
+        log = str(self.logs / f"{slot.worker_id}{LOG_SUFFIX}")
+        spec = WorkerSpec(
+            self.spec,
+            self.files,
+            slot.worker_id,
+            self.lease_ms * 1000,
+            self.batch,
+            log,
+            does_maintenance=self.single_owner,
+        )
         slot.process = self.context.Process(target=worker_main, args=(spec,), daemon=True)
         slot.process.start()
         slot.started_at = time.monotonic()
 
     def launch(self) -> None:
-        self.maintenance = self.context.Process(
-            target=maintenance_main, args=(self.files.queue, str(self.stop_file)), daemon=True
-        )
-        self.maintenance.start()
+        if not self.single_owner:
+            self.maintenance = self.context.Process(
+                target=maintenance_main,
+                args=(self.spec, self.files.store, str(self.stop_file)),
+                daemon=True,
+            )
+            self.maintenance.start()
         for slot in self.slots:
             self.start(slot)
 
@@ -175,6 +189,10 @@ class _ChaosRun:
                 return slot
         return None
 
+    def work_done(self) -> bool:
+        """A worker that found no work left exits with status 0 by itself."""
+        return any(slot.process.exitcode == 0 for slot in self.slots)
+
     def respawn_dead(self) -> None:
         for slot in self.slots:
             if slot.index not in self.state.paused and slot.process.exitcode is not None:
@@ -182,12 +200,17 @@ class _ChaosRun:
                 self.start(slot)
 
     def continue_paused(self, watcher: _Watcher, *, force: bool) -> None:
-        """Continue each paused worker once its leases were taken over (or its time is up)."""
+        """Continue each paused worker once its leases were taken over (or its time is up).
+
+        A single owner has nobody to take over: it is continued once its leases expired.
+        """
         for index, (record, leases, until) in list(self.state.paused.items()):
-            held = watcher.still_held(leases)
-            if held and not force and time.monotonic() < until:
+            worker_id = self.slots[index].worker_id
+            taken = leases & watcher.claimed_by_others(worker_id)
+            waiting = self.single_owner or taken != leases
+            if waiting and not force and time.monotonic() < until:
                 continue
-            record["taken_over"] = bool(leases) and held == 0
+            record["taken_over"] = bool(leases) and taken == leases
             _signal(self.slots[index].process, signal.SIGCONT)
             record["continued_at_s"] = round(time.monotonic() - self.state.started, 6)
             del self.state.paused[index]
@@ -202,10 +225,11 @@ class _ChaosRun:
             if _signal(slot.process, signal.SIGCONT):
                 slot.process.terminate()
                 slot.process.join(timeout=10)
-        self.maintenance.join(timeout=10)
-        if self.maintenance.exitcode is None:
-            self.maintenance.kill()
+        if self.maintenance is not None:
             self.maintenance.join(timeout=10)
+            if self.maintenance.exitcode is None:
+                self.maintenance.kill()
+                self.maintenance.join(timeout=10)
 
 
 def run_chaos(
@@ -219,31 +243,51 @@ def run_chaos(
     lease_ms: int = 500,
     batch: int = 4,
     deadline_s: float = 600.0,
+    system: str = DEFAULT_SYSTEM,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Run one chaos experiment into ``output_dir`` (new or empty) and return its report."""
+    chosen = resolve_system(system)
     prepare_output_directory(output_dir)
     files = RunFiles(
-        queue=str(output_dir / "queue.sqlite"),
+        store=str(output_dir / STORE_DIRECTORY),
         effects=str(output_dir / "effects-idempotent.sqlite"),
         executions=str(output_dir / "executions-non-idempotent.sqlite"),
     )
+    notes = []
+    if chosen.capabilities.single_owner and workers != 1:
+        notes.append(
+            f"{chosen.name} has a single owner: one owner process runs the claim, effect and "
+            f"acknowledgement loop (and its own maintenance) instead of {workers} workers; "
+            "the faults hit the owner"
+        )
+        workers = 1
     # Enough attempts that a job killed again and again is never dead-lettered.
-    keys = _submit(files, jobs, max_attempts=1000)
+    keys = _submit(system, files, jobs, max_attempts=1000)
     pending = plan(seed=seed, jobs=jobs, workers=workers, kills=kills, pauses=pauses)
-    run = _ChaosRun(output_dir, files, lease_ms=lease_ms, batch=batch, workers=workers)
+    run = _ChaosRun(
+        output_dir,
+        files,
+        system=(system, chosen),
+        lease_ms=lease_ms,
+        batch=batch,
+        workers=workers,
+    )
     run.launch()
-    watcher = _Watcher(files.queue)
+    watcher = _Watcher(run.logs)
     started = run.state.started
     next_report = started + PROGRESS_EVERY_S
+    finished_in_time = False
     try:
         while time.monotonic() < started + deadline_s:
-            active = watcher.active()
-            if active == 0:
+            watcher.refresh()
+            if run.work_done():
+                finished_in_time = True
                 break
+            finished = watcher.finished()
             run.respawn_dead()
             run.continue_paused(watcher, force=False)
-            while pending and pending[0].after_finished <= jobs - active:
+            while pending and pending[0].after_finished <= finished:
                 target = run.target_for(pending[0].worker_slot)
                 if target is None:
                     break  # every worker is paused or too fresh: try again next tick
@@ -254,13 +298,12 @@ def run_chaos(
                 next_report = time.monotonic() + PROGRESS_EVERY_S
                 kills_so_far = _kind_count(run.state.delivered, FaultKind.KILL)
                 progress(
-                    f"{jobs - active}/{jobs} jobs finished, {kills_so_far} kills,"
+                    f"{finished}/{jobs} jobs acknowledged, {kills_so_far} kills,"
                     f" {time.monotonic() - started:.1f} s"
                 )
             time.sleep(TICK_S)
         run.continue_paused(watcher, force=True)
     finally:
-        watcher.close()
         run.shut_down()
     # Faults planned after the last job finished would only have hit idle workers.
     run.state.delivered.extend(
@@ -268,18 +311,22 @@ def run_chaos(
         for fault in pending
     )
     elapsed = time.monotonic() - started
+    pause_anomalies = _judge_pauses(run.state.delivered, run.logs)
     accounting = judge_run(
-        queue=Path(files.queue),
+        system=chosen,
+        store=Path(files.store),
         effects=Path(files.effects),
         executions=Path(files.executions),
-        effect_keys=keys,
+        keys=keys,
         log_dir=run.logs,
     )
     delivered = run.state.delivered
     kills_delivered = _kind_count(delivered, FaultKind.KILL)
     pauses_delivered = _kind_count(delivered, FaultKind.PAUSE)
     report = {
+        "system": chosen.describe(),
         "seed": seed,
+        "notes": notes,
         "parameters": {
             "jobs": jobs,
             "workers": workers,
@@ -291,12 +338,20 @@ def run_chaos(
         "kills_delivered": kills_delivered,
         "pauses_delivered": pauses_delivered,
         "pauses_with_takeover": sum(1 for record in delivered if record.get("taken_over")),
+        "pauses_fenced": sum(1 for record in delivered if record.get("fenced")),
         "respawns": run.state.respawns,
         "accounting": accounting,
-        "ok": accounting["ok"] and kills_delivered == kills and pauses_delivered == pauses,
+        "anomalies": accounting["anomalies"] + pause_anomalies,
+        "ok": (
+            accounting["ok"]
+            and not pause_anomalies
+            and kills_delivered == kills
+            and pauses_delivered == pauses
+        ),
+        "finished_in_time": finished_in_time,
         "faults": delivered,
         "artifacts": {
-            "queue_database": "queue.sqlite",
+            "store_directory": STORE_DIRECTORY,
             "idempotent_ledger": "effects-idempotent.sqlite",
             "non_idempotent_ledger": "executions-non-idempotent.sqlite",
             "worker_logs": "worker-logs",
@@ -305,6 +360,31 @@ def run_chaos(
     }
     write_json(output_dir / CHAOS_FILE, report)
     return report
+
+
+def _judge_pauses(delivered: list[dict[str, Any]], log_dir: Path) -> list[str]:
+    """What each paused worker was told about the leases it held when it was stopped.
+
+    It was continued only after its leases' deadlines had passed or other workers had
+    claimed its jobs, so every one of its late acknowledgements must have been refused.
+    """
+    logs = read_logs(log_dir)
+    anomalies = []
+    for record in delivered:
+        held = set(record.get("held_keys", ()))
+        if record["kind"] != FaultKind.PAUSE.value or not held:
+            continue
+        log = logs.get(record["worker_id"])
+        refused = {key for key, _ in log.stale} & held if log else set()
+        accepted = {key for key, _ in log.acks} & held if log else set()
+        record["late_acknowledgements"] = {"refused": len(refused), "accepted": len(accepted)}
+        record["fenced"] = not accepted
+        anomalies += [
+            f"job {key}: {record['worker_id']}, stopped past its lease, had its late "
+            "acknowledgement accepted"
+            for key in sorted(accepted)
+        ]
+    return anomalies
 
 
 def _signal(process: Any, signum: int) -> bool:
@@ -349,16 +429,18 @@ def _deliver(fault: PlannedFault, run: _ChaosRun, watcher: _Watcher, slot: _Slot
         record["worker_age_s"] = round(time.monotonic() - slot.started_at, 6)
         process.join(timeout=10)
         # What the dead worker left behind: leases that only expiry can free now.
+        watcher.refresh()
         record["leases_held_at_death"] = len(watcher.leases_of(slot.worker_id))
         state.delivered.append(record)
         return
     # Stop it at a moment when it holds leases (read while it is stopped, so they are
     # exactly what it holds); a worker between batches is continued and tried again.
-    leases: dict[str, str] = {}
+    leases: set[str] = set()
     for _ in range(PAUSE_TRIES):
         if not _signal(process, signal.SIGSTOP):
             break
         record["at_s"] = round(time.monotonic() - state.started, 6)
+        watcher.refresh()
         leases = watcher.leases_of(slot.worker_id)
         if leases:
             break
@@ -369,6 +451,7 @@ def _deliver(fault: PlannedFault, run: _ChaosRun, watcher: _Watcher, slot: _Slot
         state.delivered.append(record)
         return
     record["leases_held"] = len(leases)
+    record["held_keys"] = sorted(leases)
     # The main loop continues it once another worker took its jobs over (bounded).
     state.paused[slot.index] = (record, leases, time.monotonic() + PAUSE_LEASES * lease_ms / 1000)
     state.delivered.append(record)

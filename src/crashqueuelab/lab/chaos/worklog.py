@@ -1,0 +1,100 @@
+"""What each chaos worker saw, line by line, and reading it back.
+
+A worker appends one line per claim, accepted acknowledgement and refused (stale)
+acknowledgement to its own line-buffered log, so the lines survive SIGKILL (the page cache
+keeps what was written). The supervisor reads the logs to follow progress and to see who
+held what when it paused a worker; the accounting reads them to count what the workers were
+told, which no database records: two accepted acknowledgements of one job mean the system
+accepted a stale one.
+
+Line format: ``claim KEY TOKEN`` once the claim returned; ``acking KEY TOKEN`` just before the
+acknowledgement is sent (from then on the lease may be gone at any moment, so a worker
+stopped there is not counted as holding it); ``ack KEY TOKEN`` or ``stale KEY TOKEN`` with
+the system's answer.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+LOG_SUFFIX = ".log"
+
+
+@dataclass
+class WorkerLog:
+    """One worker's claims, accepted and refused acknowledgements, by key."""
+
+    claims: list[tuple[str, str]] = field(default_factory=list)
+    acking: list[tuple[str, str]] = field(default_factory=list)
+    acks: list[tuple[str, str]] = field(default_factory=list)
+    stale: list[tuple[str, str]] = field(default_factory=list)
+
+    def held(self) -> set[tuple[str, str]]:
+        """Claims whose acknowledgement has not started: leases this worker surely holds."""
+        return set(self.claims) - set(self.acking) - set(self.acks) - set(self.stale)
+
+    def add(self, text: str) -> None:
+        """Take the complete lines of ``text``."""
+        lists = {
+            "claim": self.claims,
+            "acking": self.acking,
+            "ack": self.acks,
+            "stale": self.stale,
+        }
+        for line in text.splitlines():
+            parts = line.split(" ")
+            if len(parts) == 3 and parts[0] in lists:
+                lists[parts[0]].append((parts[1], parts[2]))
+
+
+def _complete(data: bytes) -> bytes:
+    # A worker killed mid-line leaves a partial last line: it is not evidence (yet).
+    return data[: data.rfind(b"\n") + 1]
+
+
+def read_log(path: Path) -> WorkerLog:
+    log = WorkerLog()
+    if path.is_file():
+        log.add(_complete(path.read_bytes()).decode())
+    return log
+
+
+class LogFollower:
+    """Reads only what was appended to each log since the last look."""
+
+    def __init__(self, directory: Path) -> None:
+        self._directory = directory
+        self._offsets: dict[Path, int] = {}
+        self.logs: dict[str, WorkerLog] = {}
+        self.acknowledged: set[str] = set()
+
+    def refresh(self) -> None:
+        for path in self._directory.glob(f"*{LOG_SUFFIX}"):
+            offset = self._offsets.get(path, 0)
+            with path.open("rb") as handle:
+                handle.seek(offset)
+                data = _complete(handle.read())
+            if data:
+                self._offsets[path] = offset + len(data)
+                log = self.logs.setdefault(path.name.removesuffix(LOG_SUFFIX), WorkerLog())
+                seen = len(log.acks)
+                log.add(data.decode())
+                self.acknowledged.update(key for key, _ in log.acks[seen:])
+
+
+def read_logs(directory: Path) -> dict[str, WorkerLog]:
+    """Every worker's log in ``directory``, by worker id."""
+    return {
+        path.name.removesuffix(LOG_SUFFIX): read_log(path)
+        for path in sorted(directory.glob(f"*{LOG_SUFFIX}"))
+    }
+
+
+def acknowledged_keys(logs: dict[str, WorkerLog]) -> set[str]:
+    return {key for log in logs.values() for key, _ in log.acks}
+
+
+def accepted_per_key(logs: dict[str, WorkerLog]) -> Counter[str]:
+    return Counter(key for log in logs.values() for key, _ in log.acks)
