@@ -227,7 +227,8 @@ def _chaos(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         key: report[key]
         for key in (
             "ok", "system", "notes", "seed", "parameters", "kills_delivered", "pauses_delivered",
-            "pauses_with_takeover", "respawns", "accounting", "timings",
+            "pauses_with_takeover", "pauses_fenced", "respawns", "accounting", "anomalies",
+            "timings",
         )
     } | {"chaos_report": str(args.output_directory / CHAOS_FILE)}  # fmt: skip
 

@@ -44,8 +44,10 @@ class _Bench:
     def claim(self, worker_id: str, key: str) -> Claim:
         claim = self.client.claim(worker_id, LEASE_US)
         if claim is None or claim.key != key:
-            found = None if claim is None else claim.key
-            raise ProbeFailed(f"job {key}: {worker_id} expected to claim it, got {found}")
+            offered = "nothing" if claim is None else f"job {claim.key}"
+            raise ProbeFailed(
+                f"job {key}: {worker_id} should claim it now; the queue offered {offered}"
+            )
         return claim
 
     def expire(self) -> None:

@@ -41,7 +41,12 @@ def resolve_system(spec: str) -> System:
     factory = getattr(module, attribute, None)
     if not callable(factory):
         raise SystemUnavailable(spec, f"{module_name} has no callable {attribute}")
-    system = factory()
+    try:
+        system = factory()
+    except Exception as error:  # a user's factory failing is bad input, not a lab crash
+        raise SystemUnavailable(
+            spec, f"{attribute}() raised {type(error).__name__}: {error}"
+        ) from None
     if not isinstance(system, System):
         raise SystemUnavailable(
             spec, f"{attribute}() returned {type(system).__name__}, not a crashqueuelab System"

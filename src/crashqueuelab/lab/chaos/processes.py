@@ -7,7 +7,10 @@ writes what it was told to its log (``worklog.py``).
 
 from __future__ import annotations
 
+import sys
 import time
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +27,9 @@ POLL_S = 0.005
 CHAOS_RETRY = RetryPolicy(base_delay_us=10_000, max_delay_us=200_000)
 #: How often an owner that does its own maintenance looks for expired leases.
 OWNER_RECOVERY_EVERY_S = 0.02
+#: The exit status of a worker whose system raised; the error is kept beside its log.
+WORKER_FAILED = 3
+ERROR_SUFFIX = ".error"
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,19 @@ class WorkerSpec:
     batch: int
     log: str
     does_maintenance: bool
+    #: The parent's import path, so a system given as module:factory imports here too
+    #: (a fork server started earlier may not have it).
+    sys_path: tuple[str, ...] = ()
+
+
+def _guarded(error_file: str, sys_path: tuple[str, ...], body: Callable[[], None]) -> None:
+    """Run ``body``; if the system raises, keep the traceback and exit with WORKER_FAILED."""
+    sys.path[:0] = [entry for entry in sys_path if entry not in sys.path]
+    try:
+        body()
+    except Exception:
+        Path(error_file).write_text(traceback.format_exc())
+        sys.exit(WORKER_FAILED)
 
 
 def open_client(system: str, store: str) -> QueueClient:
@@ -61,6 +80,10 @@ def worker_main(spec: WorkerSpec) -> None:
     Every execution is written to the non-idempotent ledger (one row per execution) and to
     the idempotent one (one effect per job however often it runs).
     """
+    _guarded(spec.log + ERROR_SUFFIX, spec.sys_path, lambda: _work(spec))
+
+
+def _work(spec: WorkerSpec) -> None:
     client = open_client(spec.system, spec.files.store)
     effects = EffectLedger(spec.files.effects, destination=Destination.IDEMPOTENT, create=False)
     executions = EffectLedger(
@@ -99,8 +122,14 @@ def worker_main(spec: WorkerSpec) -> None:
         client.close()
 
 
-def maintenance_main(system: str, store: str, stop_file: str) -> None:
+def maintenance_main(
+    system: str, store: str, stop_file: str, sys_path: tuple[str, ...] = ()
+) -> None:
     """Recover expired leases and release due retries until no work is left or told to stop."""
+    _guarded(stop_file + ERROR_SUFFIX, sys_path, lambda: _maintain(system, store, stop_file))
+
+
+def _maintain(system: str, store: str, stop_file: str) -> None:
     client = open_client(system, store)
     try:
         while not Path(stop_file).exists():

@@ -17,6 +17,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from typing import Any
 
 from crashqueuelab.lab.chaos.accounting import judge_run
 from crashqueuelab.lab.chaos.processes import (
+    ERROR_SUFFIX,
     RunFiles,
     WorkerSpec,
     maintenance_main,
@@ -50,6 +52,8 @@ PAUSE_TRIES = 50
 MIN_WORKER_AGE_S = 0.01
 #: Workers get this long to notice the end of the work and exit on their own.
 DRAIN_S = 10.0
+#: A run stops once workers died this often without being killed (the system raised).
+MAX_WORKER_FAILURES = 5
 
 Progress = Callable[[str], None]
 
@@ -67,6 +71,7 @@ class _Slot:
 class _RunState:
     delivered: list[dict[str, Any]] = field(default_factory=list)
     respawns: int = 0
+    failures: list[dict[str, Any]] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
     # slot index -> (the pause's record, the keys it held, when to continue it anyway)
     paused: dict[int, tuple[dict[str, Any], set[str], float]] = field(default_factory=dict)
@@ -160,6 +165,7 @@ class _ChaosRun:
             self.batch,
             log,
             does_maintenance=self.single_owner,
+            sys_path=tuple(sys.path),
         )
         slot.process = self.context.Process(target=worker_main, args=(spec,), daemon=True)
         slot.process.start()
@@ -169,7 +175,7 @@ class _ChaosRun:
         if not self.single_owner:
             self.maintenance = self.context.Process(
                 target=maintenance_main,
-                args=(self.spec, self.files.store, str(self.stop_file)),
+                args=(self.spec, self.files.store, str(self.stop_file), tuple(sys.path)),
                 daemon=True,
             )
             self.maintenance.start()
@@ -193,9 +199,31 @@ class _ChaosRun:
         """A worker that found no work left exits with status 0 by itself."""
         return any(slot.process.exitcode == 0 for slot in self.slots)
 
+    def failed(self) -> bool:
+        """Workers keep dying by themselves: the system raises, and respawning cannot help."""
+        return len(self.state.failures) >= MAX_WORKER_FAILURES
+
+    def note_exit(self, slot: _Slot) -> None:
+        """Record a worker that died without being killed, with its system's error."""
+        code = slot.process.exitcode
+        if code in (0, -signal.SIGKILL):
+            return
+        error_file = self.logs / f"{slot.worker_id}{LOG_SUFFIX}{ERROR_SUFFIX}"
+        error = error_file.read_text().strip().splitlines() if error_file.is_file() else []
+        self.state.failures.append(
+            {
+                "worker_id": slot.worker_id,
+                "exit_code": code,
+                "error": error[-1] if error else "no error recorded",
+            }
+        )
+
     def respawn_dead(self) -> None:
         for slot in self.slots:
             if slot.index not in self.state.paused and slot.process.exitcode is not None:
+                self.note_exit(slot)
+                if self.failed():
+                    return
                 self.state.respawns += 1
                 self.start(slot)
 
@@ -274,37 +302,11 @@ def run_chaos(
         workers=workers,
     )
     run.launch()
-    watcher = _Watcher(run.logs)
-    started = run.state.started
-    next_report = started + PROGRESS_EVERY_S
-    finished_in_time = False
     try:
-        while time.monotonic() < started + deadline_s:
-            watcher.refresh()
-            if run.work_done():
-                finished_in_time = True
-                break
-            finished = watcher.finished()
-            run.respawn_dead()
-            run.continue_paused(watcher, force=False)
-            while pending and pending[0].after_finished <= finished:
-                target = run.target_for(pending[0].worker_slot)
-                if target is None:
-                    break  # every worker is paused or too fresh: try again next tick
-                fault = pending.pop(0)
-                time.sleep(fault.delay_ms / 1000)
-                _deliver(fault, run, watcher, target)
-            if progress is not None and time.monotonic() >= next_report:
-                next_report = time.monotonic() + PROGRESS_EVERY_S
-                kills_so_far = _kind_count(run.state.delivered, FaultKind.KILL)
-                progress(
-                    f"{finished}/{jobs} jobs acknowledged, {kills_so_far} kills,"
-                    f" {time.monotonic() - started:.1f} s"
-                )
-            time.sleep(TICK_S)
-        run.continue_paused(watcher, force=True)
+        finished_in_time = _drive(run, pending, jobs=jobs, deadline_s=deadline_s, progress=progress)
     finally:
         run.shut_down()
+    started = run.state.started
     # Faults planned after the last job finished would only have hit idle workers.
     run.state.delivered.extend(
         {"index": fault.index, "kind": fault.kind.value, "skipped": "no work left"}
@@ -341,9 +343,16 @@ def run_chaos(
         "pauses_fenced": sum(1 for record in delivered if record.get("fenced")),
         "respawns": run.state.respawns,
         "accounting": accounting,
-        "anomalies": accounting["anomalies"] + pause_anomalies,
+        "worker_failures": run.state.failures,
+        "anomalies": [
+            f"{failure['worker_id']} exited with status {failure['exit_code']}: {failure['error']}"
+            for failure in run.state.failures
+        ]
+        + accounting["anomalies"]
+        + pause_anomalies,
         "ok": (
             accounting["ok"]
+            and not run.state.failures
             and not pause_anomalies
             and kills_delivered == kills
             and pauses_delivered == pauses
@@ -360,6 +369,48 @@ def run_chaos(
     }
     write_json(output_dir / CHAOS_FILE, report)
     return report
+
+
+def _drive(
+    run: _ChaosRun,
+    pending: list[PlannedFault],
+    *,
+    jobs: int,
+    deadline_s: float,
+    progress: Progress | None,
+) -> bool:
+    """Deliver the planned faults as the work progresses; True once the work is done."""
+    watcher = _Watcher(run.logs)
+    started = run.state.started
+    next_report = started + PROGRESS_EVERY_S
+    try:
+        while time.monotonic() < started + deadline_s:
+            watcher.refresh()
+            if run.work_done():
+                return True
+            finished = watcher.finished()
+            run.respawn_dead()
+            if run.failed():
+                return False
+            run.continue_paused(watcher, force=False)
+            while pending and pending[0].after_finished <= finished:
+                target = run.target_for(pending[0].worker_slot)
+                if target is None:
+                    break  # every worker is paused or too fresh: try again next tick
+                fault = pending.pop(0)
+                time.sleep(fault.delay_ms / 1000)
+                _deliver(fault, run, watcher, target)
+            if progress is not None and time.monotonic() >= next_report:
+                next_report = time.monotonic() + PROGRESS_EVERY_S
+                kills_so_far = _kind_count(run.state.delivered, FaultKind.KILL)
+                progress(
+                    f"{finished}/{jobs} jobs acknowledged, {kills_so_far} kills,"
+                    f" {time.monotonic() - started:.1f} s"
+                )
+            time.sleep(TICK_S)
+        return False
+    finally:
+        run.continue_paused(watcher, force=True)
 
 
 def _judge_pauses(delivered: list[dict[str, Any]], log_dir: Path) -> list[str]:
@@ -415,6 +466,7 @@ def _deliver(fault: PlannedFault, run: _ChaosRun, watcher: _Watcher, slot: _Slot
     }
     process = slot.process
     if process.exitcode is not None:
+        run.note_exit(slot)
         state.respawns += 1
         run.start(slot)
         process = slot.process

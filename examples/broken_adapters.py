@@ -1,0 +1,59 @@
+"""Two deliberately broken TinyQueues, to show what the lab says about a queue that is wrong.
+
+- ``stale_ack_system``: an acknowledgement is accepted from anyone while the job is leased,
+  whoever holds the lease now and whenever it expired (no fencing);
+- ``losing_system``: recovery deletes a job whose lease expired instead of retrying it
+  (as huey's storage deletes a job when it is taken);
+- ``raising_system``: every claim raises.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import partial
+
+from tiny_adapter import TinyClient, tiny_system
+from tiny_queue import TinyQueue
+
+from crashqueuelab.systems import Claim, System
+
+
+class UnfencedQueue(TinyQueue):
+    def ack(self, key: str, token: str, now: int) -> bool:
+        # The planted bug: no token, no deadline. Whoever asks finishes the job.
+        changed = self._write(
+            "UPDATE jobs SET state = 'done', owner = NULL, token = NULL, deadline = NULL"
+            " WHERE key = ? AND state IN ('leased', 'ready')",
+            (key,),
+        )
+        return changed == 1
+
+
+class LosingQueue(TinyQueue):
+    def expire(self, now: int) -> int:
+        # The planted bug: an expired job is dropped instead of being offered again.
+        return self._write("DELETE FROM jobs WHERE state = 'leased' AND deadline <= ?", (now,))
+
+
+def stale_ack_system() -> System:
+    return replace(
+        tiny_system(),
+        name="tinyqueue-unfenced",
+        open=partial(TinyClient, queue_class=UnfencedQueue),
+    )
+
+
+def losing_system() -> System:
+    return replace(
+        tiny_system(), name="tinyqueue-losing", open=partial(TinyClient, queue_class=LosingQueue)
+    )
+
+
+class RaisingClient(TinyClient):
+    def claim(self, worker_id: str, lease_us: int) -> Claim | None:
+        raise RuntimeError("the queue's claim is broken")
+
+
+def raising_system() -> System:
+    """A queue whose every claim raises: the lab reports it and stops, never hangs."""
+    return replace(tiny_system(), name="tinyqueue-raising", open=RaisingClient)

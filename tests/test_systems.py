@@ -1,0 +1,142 @@
+"""Systems from outside the package: the docs' walk-through adapter passes, broken ones are
+reported with the anomaly named (job and what happened), never with a traceback."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crashqueuelab import cli
+from crashqueuelab.core.errors import SystemUnavailable
+from crashqueuelab.systems import resolve_system
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+@pytest.fixture(autouse=True)
+def examples_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+
+
+def run_cli(*argv: str) -> tuple[int, dict[str, Any], str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.main(list(argv), stdout=out, stderr=err)
+    return code, json.loads(out.getvalue()), err.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("spec", "reason"),
+    [
+        ("postgres", "not one of sqlite, walqueue, nor package.module:factory"),
+        ("no_such_module:factory", "cannot import no_such_module"),
+        ("tiny_adapter:no_such_factory", "tiny_adapter has no callable no_such_factory"),
+        ("tiny_queue:TinyQueue", "TinyQueue() raised TypeError"),
+        ("uuid:uuid4", "uuid4() returned UUID, not a crashqueuelab System"),
+    ],
+)
+def test_an_unusable_system_is_a_usage_error(tmp_path: Path, spec: str, reason: str) -> None:
+    with pytest.raises(SystemUnavailable) as caught:
+        resolve_system(spec)
+    assert reason in str(caught.value)
+    code, result, _ = run_cli("campaign", "--system", spec, "--output-directory", str(tmp_path))
+    assert code == cli.EXIT_USAGE
+    assert result["error"]["type"] == "SystemUnavailable"
+    assert result["error"]["spec"] == spec
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_walk_through_adapter_passes_its_campaign(tmp_path: Path) -> None:
+    code, result, _ = run_cli(
+        "campaign", "--system", "tiny_adapter:tiny_system", "--seed", "3",
+        "--output-directory", str(tmp_path / "c"),
+    )  # fmt: skip
+    assert code == cli.EXIT_OK, result["anomalies"]
+    assert result["system"]["name"] == "tinyqueue"
+    assert result["system"]["independent_reader"] is False
+    summary = result["summary"]
+    assert (summary["passed"], summary["failed"], summary["probes_failed"]) == (12, 0, 0)
+    # No heartbeat: the probe that needs one is skipped, and the report says so.
+    report = json.loads((tmp_path / "c" / "campaign.json").read_text())
+    skipped = [probe for probe in report["probes"] if not probe["ran"]]
+    assert skipped == [
+        {
+            "name": "heartbeat_after_expiry",
+            "ran": False,
+            "ok": True,
+            "detail": "skipped: no heartbeats",
+        }
+    ]
+    case = report["cases"][0]
+    assert case["crash_state"]["store"]["judge"].startswith("the system's own client")
+
+
+def test_the_walk_through_adapter_passes_chaos(tmp_path: Path) -> None:
+    code, result, _ = run_cli(
+        "chaos", "--system", "tiny_adapter:tiny_system", "--seed", "3", "--jobs", "300",
+        "--kills", "15", "--pauses", "2", "--lease-ms", "300", "--workers", "3",
+        "--output-directory", str(tmp_path / "c"),
+    )  # fmt: skip
+    assert code == cli.EXIT_OK, result["anomalies"]
+    assert result["accounting"]["succeeded"] == 300
+    assert result["pauses_fenced"] == 2
+
+
+def test_an_unfenced_queue_is_caught_by_the_probes_and_by_chaos(tmp_path: Path) -> None:
+    code, result, _ = run_cli(
+        "campaign", "--system", "broken_adapters:stale_ack_system", "--seed", "3",
+        "--output-directory", str(tmp_path / "c"),
+    )  # fmt: skip
+    assert code == cli.EXIT_REJECTED
+    assert result["ok"] is False
+    assert any(
+        line.startswith("probe stale_holder_after_expiry: job stale-holder: an acknowledgement")
+        and "was accepted" in line
+        for line in result["anomalies"]
+    )
+    code, result, _ = run_cli(
+        "chaos", "--system", "broken_adapters:stale_ack_system", "--seed", "3", "--jobs", "300",
+        "--kills", "5", "--pauses", "2", "--lease-ms", "300", "--workers", "3",
+        "--output-directory", str(tmp_path / "h"),
+    )  # fmt: skip
+    assert code == cli.EXIT_REJECTED
+    assert any("had its late acknowledgement accepted" in line for line in result["anomalies"])
+
+
+def test_a_queue_that_loses_jobs_on_recovery_is_caught(tmp_path: Path) -> None:
+    code, result, _ = run_cli(
+        "campaign", "--system", "broken_adapters:losing_system", "--seed", "3",
+        "--output-directory", str(tmp_path / "c"),
+    )  # fmt: skip
+    assert code == cli.EXIT_REJECTED
+    assert result["summary"]["failed"] >= 1
+    assert any("at the crash, missing after recovery" in line for line in result["anomalies"])
+    code, result, _ = run_cli(
+        "chaos", "--system", "broken_adapters:losing_system", "--seed", "3", "--jobs", "300",
+        "--kills", "15", "--lease-ms", "300", "--workers", "3",
+        "--output-directory", str(tmp_path / "h"),
+    )  # fmt: skip
+    assert code == cli.EXIT_REJECTED
+    assert result["accounting"]["lost"] >= 1
+    assert any("missing from the store (lost)" in line for line in result["anomalies"])
+
+
+def test_a_queue_that_raises_is_reported_and_the_run_stops(tmp_path: Path) -> None:
+    code, result, err = run_cli(
+        "chaos", "--system", "broken_adapters:raising_system", "--seed", "3", "--jobs", "50",
+        "--kills", "5", "--output-directory", str(tmp_path / "h"),
+    )  # fmt: skip
+    assert code == cli.EXIT_REJECTED
+    assert "Traceback" not in err
+    assert result["anomalies"][0].endswith("RuntimeError: the queue's claim is broken")
+    assert result["accounting"]["lost"] == 50
+    code, result, err = run_cli(
+        "campaign", "--system", "broken_adapters:raising_system", "--seed", "3",
+        "--output-directory", str(tmp_path / "c"),
+    )  # fmt: skip
+    assert code == cli.EXIT_REJECTED
+    assert "Traceback" not in err
+    assert any("the system raised RuntimeError" in line for line in result["anomalies"])
