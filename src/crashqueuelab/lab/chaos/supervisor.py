@@ -47,7 +47,7 @@ TICK_S = 0.002
 PAUSE_LEASES = 6
 PROGRESS_EVERY_S = 5.0
 #: How often a pause looks for a moment when its worker holds a lease.
-PAUSE_TRIES = 50
+PAUSE_TRIES = 250
 #: A worker is hit again only after it has lived this long (so kills land on work).
 MIN_WORKER_AGE_S = 0.01
 #: Workers get this long to notice the end of the work and exit on their own.
@@ -73,8 +73,10 @@ class _RunState:
     respawns: int = 0
     failures: list[dict[str, Any]] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
-    # slot index -> (the pause's record, the keys it held, when to continue it anyway)
-    paused: dict[int, tuple[dict[str, Any], set[str], float]] = field(default_factory=dict)
+    # slot index -> (the pause's record, the leases it held, when to continue it anyway)
+    paused: dict[int, tuple[dict[str, Any], set[tuple[str, str]], float]] = field(
+        default_factory=dict
+    )
 
 
 def _submit(system: str, files: RunFiles, jobs: int, max_attempts: int) -> list[str]:
@@ -109,9 +111,10 @@ class _Watcher(LogFollower):
     def finished(self) -> int:
         return len(self.acknowledged)
 
-    def leases_of(self, worker_id: str) -> set[str]:
+    def leases_of(self, worker_id: str) -> set[tuple[str, str]]:
+        """(key, lease token) of every lease the worker holds, as far as its log tells."""
         log = self.logs.get(worker_id)
-        return set() if log is None else {key for key, _ in log.held()}
+        return set() if log is None else log.held()
 
     def claimed_by_others(self, worker_id: str) -> set[str]:
         return {
@@ -234,11 +237,12 @@ class _ChaosRun:
         """
         for index, (record, leases, until) in list(self.state.paused.items()):
             worker_id = self.slots[index].worker_id
-            taken = leases & watcher.claimed_by_others(worker_id)
-            waiting = self.single_owner or taken != leases
+            held = {key for key, _ in leases}
+            taken = held & watcher.claimed_by_others(worker_id)
+            waiting = self.single_owner or taken != held
             if waiting and not force and time.monotonic() < until:
                 continue
-            record["taken_over"] = bool(leases) and taken == leases
+            record["taken_over"] = bool(held) and taken == held
             _signal(self.slots[index].process, signal.SIGCONT)
             record["continued_at_s"] = round(time.monotonic() - self.state.started, 6)
             del self.state.paused[index]
@@ -422,18 +426,23 @@ def _judge_pauses(delivered: list[dict[str, Any]], log_dir: Path) -> list[str]:
     logs = read_logs(log_dir)
     anomalies = []
     for record in delivered:
-        held = set(record.get("held_keys", ()))
+        held = {(key, token) for key, token in record.get("held_leases", ())}
         if record["kind"] != FaultKind.PAUSE.value or not held:
             continue
         log = logs.get(record["worker_id"])
-        refused = {key for key, _ in log.stale} & held if log else set()
-        accepted = {key for key, _ in log.acks} & held if log else set()
-        record["late_acknowledgements"] = {"refused": len(refused), "accepted": len(accepted)}
+        refused = set(log.stale) & held if log else set()
+        accepted = set(log.acks) & held if log else set()
+        # A worker killed soon after it was continued may never have heard an answer.
+        record["late_acknowledgements"] = {
+            "refused": len(refused),
+            "accepted": len(accepted),
+            "unanswered": len(held - refused - accepted),
+        }
         record["fenced"] = not accepted
         anomalies += [
             f"job {key}: {record['worker_id']}, stopped past its lease, had its late "
             "acknowledgement accepted"
-            for key in sorted(accepted)
+            for key, _ in sorted(accepted)
         ]
     return anomalies
 
@@ -487,7 +496,7 @@ def _deliver(fault: PlannedFault, run: _ChaosRun, watcher: _Watcher, slot: _Slot
         return
     # Stop it at a moment when it holds leases (read while it is stopped, so they are
     # exactly what it holds); a worker between batches is continued and tried again.
-    leases: set[str] = set()
+    leases: set[tuple[str, str]] = set()
     for _ in range(PAUSE_TRIES):
         if not _signal(process, signal.SIGSTOP):
             break
@@ -503,7 +512,7 @@ def _deliver(fault: PlannedFault, run: _ChaosRun, watcher: _Watcher, slot: _Slot
         state.delivered.append(record)
         return
     record["leases_held"] = len(leases)
-    record["held_keys"] = sorted(leases)
+    record["held_leases"] = [list(lease) for lease in sorted(leases)]
     # The main loop continues it once another worker took its jobs over (bounded).
     state.paused[slot.index] = (record, leases, time.monotonic() + PAUSE_LEASES * lease_ms / 1000)
     state.delivered.append(record)
