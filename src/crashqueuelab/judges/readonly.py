@@ -44,3 +44,12 @@ def open_read_only(
         conn.close()
         raise
     return conn
+
+
+def open_foreign_read_only(path: str | Path) -> sqlite3.Connection:
+    """A read-only connection to another program's SQLite file (no identity to check)."""
+    name = str(path)
+    resolved = Path(name).resolve()
+    if not resolved.is_file():
+        raise StoreNotFound(name)
+    return sqlite3.connect(f"{resolved.as_uri()}?mode=ro", uri=True, isolation_level=None)

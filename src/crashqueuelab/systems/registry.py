@@ -21,18 +21,31 @@ def _walqueue() -> System:
     return walqueue_system()
 
 
+def _persistqueue() -> System:
+    try:
+        from crashqueuelab.systems.persistqueue import persistqueue_system
+    except ImportError as error:
+        raise SystemUnavailable(
+            "persist-queue", f"{error.name} is not installed: pip install 'crashqueuelab[peers]'"
+        ) from None
+    return persistqueue_system()
+
+
 #: The systems shipped with the package, by the name ``--system`` takes.
 SHIPPED: dict[str, Callable[[], System]] = {"sqlite": _sqlite, "walqueue": _walqueue}
+#: Third-party queues with adapters in the package; their libraries come with the peers extra.
+PEERS: dict[str, Callable[[], System]] = {"persist-queue": _persistqueue}
 DEFAULT_SYSTEM = "sqlite"
 
 
 def resolve_system(spec: str) -> System:
     """A shipped system by name, or what ``module:factory`` returns when called."""
-    if spec in SHIPPED:
-        return SHIPPED[spec]()
+    known_systems = SHIPPED | PEERS
+    if spec in known_systems:
+        return known_systems[spec]()
     module_name, colon, attribute = spec.partition(":")
     if not colon or not module_name or not attribute:
-        known = ", ".join(sorted(SHIPPED))
+        known = ", ".join(sorted(known_systems))
         raise SystemUnavailable(spec, f"not one of {known}, nor package.module:factory")
     try:
         module = importlib.import_module(module_name)
