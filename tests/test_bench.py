@@ -10,7 +10,6 @@ import pytest
 
 from crashqueuelab import cli
 from crashqueuelab.lab.bench.runner import (
-    SYSTEMS,
     jain_index,
     percentile,
     run_bench,
@@ -36,8 +35,11 @@ def test_jains_index_is_one_when_even_and_one_over_n_when_one_does_all() -> None
 def test_a_tiny_bench_reports_every_cell_verified(tmp_path: Path) -> None:
     report = run_bench(tmp_path / "bench", jobs=40, workers=(1, 2), work_ms=(0.0,), batch=8)
     assert report["ok"] is True
-    assert {cell["system"] for cell in report["cells"]} == set(SYSTEMS)
-    assert len(report["cells"]) == 2 * len(SYSTEMS)
+    lanes = {"textbook", "sqlite-single", "sqlite-batched"}
+    assert {cell["system"] for cell in report["cells"]} == lanes
+    assert set(report["systems"]) == lanes
+    assert report["systems"]["sqlite-single"]["durability"] == "WAL, synchronous=FULL"
+    assert len(report["cells"]) == 2 * len(lanes)
     for cell in report["cells"]:
         assert cell["verified"]["ok"] is True
         assert cell["verified"]["succeeded"] == 40
@@ -55,7 +57,26 @@ def test_a_tiny_bench_reports_every_cell_verified(tmp_path: Path) -> None:
 def test_targets_are_none_where_a_cell_is_missing() -> None:
     result = targets([])
     assert result["single_vs_textbook_1_worker"] is None
-    assert result["crashqueuelab-batched"]["fairness_16_workers_1ms"] is None
+    assert result["sqlite-batched"]["fairness_16_workers_1ms"] is None
+
+
+def test_other_systems_run_beside_the_textbook_queue(tmp_path: Path) -> None:
+    report = run_bench(
+        tmp_path / "bench",
+        jobs=30,
+        workers=(1, 2),
+        work_ms=(0.0,),
+        systems=("walqueue", "persist-queue"),
+        batch=4,
+    )
+    assert report["ok"] is True
+    cells = {(cell["system"], cell["workers"]): cell for cell in report["cells"]}
+    assert set(report["systems"]) == {"textbook", "walqueue-single", "persist-queue-single"}
+    assert cells["walqueue-single", 1]["verified"]["succeeded"] == 30
+    # One owner: two workers cannot share walqueue's directory; the cell says so.
+    assert "single owner" in cells["walqueue-single", 2]["skipped"]
+    assert "skipped: walqueue has a single owner" in table(report["cells"])
+    assert cells["persist-queue-single", 1]["verified"]["succeeded"] == 30
 
 
 def run_cli(*argv: str) -> tuple[int, dict[str, object], str]:

@@ -32,7 +32,7 @@ from crashqueuelab.lab.campaign import CAMPAIGN_FILE, Progress, run_campaign
 from crashqueuelab.lab.chaos.supervisor import CHAOS_FILE, run_chaos
 from crashqueuelab.lab.demo import DEFAULT_SEED, run_demo
 from crashqueuelab.lab.showcase import run_showcase
-from crashqueuelab.systems.registry import DEFAULT_SYSTEM, SHIPPED
+from crashqueuelab.systems.registry import DEFAULT_SYSTEM, PEERS, SHIPPED
 
 #: The command did what was asked, or the judged database passed.
 EXIT_OK = 0
@@ -239,12 +239,14 @@ def _bench(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         jobs=args.jobs,
         workers=args.workers,
         work_ms=args.work_ms,
+        systems=args.system or [DEFAULT_SYSTEM],
         batch=args.batch,
         progress=_progress(args),
     )
     args.stderr.write(table(report["cells"]) + "\n")
     return (EXIT_OK if report["ok"] else EXIT_REJECTED), {
         "ok": report["ok"],
+        "systems": report["systems"],
         "disk": report["disk"],
         "targets": report["targets"],
         "bench_report": str(args.output_directory / BENCH_FILE),
@@ -300,12 +302,13 @@ def _add_retry(parser: argparse.ArgumentParser) -> None:
 _Command = Callable[..., argparse.ArgumentParser]
 
 
+_SYSTEM_HELP = (
+    f"{', '.join(sorted(SHIPPED | PEERS))}, or package.module:factory (default {DEFAULT_SYSTEM})"
+)
+
+
 def _add_system(sub: argparse.ArgumentParser) -> None:
-    sub.add_argument(
-        "--system",
-        default=DEFAULT_SYSTEM,
-        help=f"{', '.join(sorted(SHIPPED))}, or package.module:factory (default {DEFAULT_SYSTEM})",
-    )
+    sub.add_argument("--system", default=DEFAULT_SYSTEM, help=_SYSTEM_HELP)
 
 
 def _experiment_commands(command: _Command) -> None:
@@ -353,6 +356,11 @@ def _experiment_commands(command: _Command) -> None:
     sub.add_argument("--workers", type=_int_list, default=[1, 2, 4, 8, 16])
     sub.add_argument("--work-ms", type=_float_list, default=[0.0, 1.0])
     sub.add_argument("--batch", type=_positive, default=32)
+    sub.add_argument(
+        "--system",
+        action="append",
+        help=f"repeat to put systems side by side with the textbook queue: {_SYSTEM_HELP}",
+    )
 
 
 def _database_commands(command: _Command) -> None:

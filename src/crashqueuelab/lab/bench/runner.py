@@ -1,10 +1,12 @@
 """Running the benchmark matrix and computing its figures.
 
-For every (system, workers, handler cost) the runner builds a fresh database holding the
-same number of pre-submitted jobs, starts the workers from a fork server (so starting a
-worker costs a fork, and no SQLite connection ever crosses it), releases them through one
-barrier, and collects each worker's per-job claim-to-ack latencies. Throughput counts jobs
-acknowledged per second from the release to the last acknowledgement.
+The lanes are the textbook queue (the baseline) and, for every system under test, its
+single-job path and (where the system batches) its batched path. For every (lane, workers,
+handler cost) the runner builds a fresh store holding the same number of pre-submitted
+jobs, starts the workers from a fork server (so starting a worker costs a fork, and no
+connection ever crosses it), releases them through one barrier, and collects each worker's
+per-job claim-to-ack latencies. Throughput counts jobs acknowledged per second from the
+release to the last acknowledgement. A system with a single owner runs with one worker only.
 """
 
 from __future__ import annotations
@@ -13,26 +15,41 @@ import math
 import multiprocessing
 import os
 import platform
+import shutil
 import sqlite3
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from crashqueuelab.core.clock import ManualClock
-from crashqueuelab.core.ids import SeededIds
-from crashqueuelab.core.models import JobState
-from crashqueuelab.core.queue import DurableQueue
 from crashqueuelab.lab.bench import textbook
-from crashqueuelab.lab.bench.workers import WAIT_TIMEOUT_S, WorkerReport, WorkerSpec, run_worker
+from crashqueuelab.lab.bench.workers import (
+    WAIT_TIMEOUT_S,
+    WorkerReport,
+    WorkerSpec,
+    open_client,
+    run_worker,
+)
+from crashqueuelab.lab.readings import read_store
 from crashqueuelab.lab.reports import prepare_output_directory, write_json
+from crashqueuelab.systems.contract import JobSpec, JobStatus
+from crashqueuelab.systems.registry import DEFAULT_SYSTEM, resolve_system
 
-SYSTEMS = ("textbook", "crashqueuelab-single", "crashqueuelab-batched")
+TEXTBOOK = "textbook"
+TEXTBOOK_DESCRIPTION = {
+    "name": TEXTBOOK,
+    "version": "crashqueuelab.lab.bench.textbook",
+    "durability": "WAL, synchronous=FULL; no history, no attempts, no fencing",
+}
 DEFAULT_WORKERS = (1, 2, 4, 8, 16)
 DEFAULT_WORK_MS = (0.0, 1.0)
 DEFAULT_BATCH = 32
 BENCH_FILE = "bench.json"
+#: The default system's lanes, which the targets compare with the textbook queue.
+SINGLE = f"{DEFAULT_SYSTEM}-single"
+BATCHED = f"{DEFAULT_SYSTEM}-batched"
 
 Progress = Callable[[str], None]
 
@@ -79,51 +96,93 @@ def fsync_rate(directory: Path, *, seconds: float = 1.0) -> dict[str, float]:
     }
 
 
-def _prepare_database(system: str, path: Path, jobs: int) -> float:
-    """Fill a fresh database with ``jobs`` queued jobs; returns submissions per second."""
+@dataclass(frozen=True)
+class Lane:
+    """One column of the matrix: the textbook queue, or one path of one system."""
+
+    name: str
+    path_kind: str
+    system: str
+    single_owner: bool
+    description: dict[str, Any]
+
+
+def lanes_for(systems: Sequence[str]) -> list[Lane]:
+    """The textbook baseline, then each system's single-job path and its batched path."""
+    lanes = [Lane(TEXTBOOK, TEXTBOOK, "", False, TEXTBOOK_DESCRIPTION)]
+    for spec in systems:
+        system = resolve_system(spec)
+        kinds = ("single", "batched") if system.capabilities.batching else ("single",)
+        lanes += [
+            Lane(
+                f"{system.name}-{kind}",
+                kind,
+                spec,
+                system.capabilities.single_owner,
+                system.describe(),
+            )
+            for kind in kinds
+        ]
+    return lanes
+
+
+def _prepare_store(lane: Lane, store: Path, jobs: int) -> float:
+    """Fill a fresh store with ``jobs`` pending jobs; returns submissions per second."""
     started = time.monotonic()
-    if system == "textbook":
-        textbook.create(path, jobs)
-    else:
-        with DurableQueue(path, clock=ManualClock(1), ids=SeededIds(1, path.name)) as queue:
-            requests: list[dict[str, Any]] = [
-                {"idempotency_key": f"job-{n}", "job_type": "bench", "payload": {"value": n}}
-                for n in range(jobs)
-            ]
-            if system == "crashqueuelab-batched":
-                for start in range(0, jobs, 100):
-                    queue.submit_many(requests[start : start + 100])
-            else:
-                for request in requests:
-                    queue.submit(**request)
+    if lane.path_kind == TEXTBOOK:
+        textbook.create(store, jobs)
+        return jobs / (time.monotonic() - started)
+    specs = [JobSpec(key=f"job-{n}", job_type="bench", payload={"value": n}) for n in range(jobs)]
+    client = open_client(lane.system, str(store))
+    try:
+        if lane.path_kind == "batched":
+            for start in range(0, jobs, 100):
+                client.submit_many(specs[start : start + 100])
+        else:
+            for spec in specs:
+                client.submit(spec)
+    finally:
+        client.close()
     return jobs / (time.monotonic() - started)
 
 
-def _verify(system: str, path: Path, jobs: int) -> dict[str, Any]:
-    """Every job acknowledged, none claimed twice (for crashqueuelab: one attempt each)."""
-    if system == "textbook":
-        succeeded = textbook.count_succeeded(path)
+def _verify(lane: Lane, store: Path, jobs: int) -> dict[str, Any]:
+    """Every job acknowledged, none claimed twice (for a system: one attempt each)."""
+    if lane.path_kind == TEXTBOOK:
+        succeeded = textbook.count_succeeded(store)
         return {"succeeded": succeeded, "claimed_twice": None, "ok": succeeded == jobs}
-    with DurableQueue(path, create=False) as queue:
-        succeeded = queue.counts()[JobState.SUCCEEDED]
-        twice = int(
-            queue.connection.execute("SELECT count(*) FROM jobs WHERE attempts > 1").fetchone()[0]
-        )
-    return {"succeeded": succeeded, "claimed_twice": twice, "ok": succeeded == jobs and twice == 0}
+    reading = read_store(resolve_system(lane.system), store, [f"job-{n}" for n in range(jobs)])
+    found = reading.jobs.values()
+    succeeded = sum(1 for job in found if job.status is JobStatus.SUCCEEDED)
+    twice = sum(1 for job in found if job.attempts > 1)
+    return {
+        "succeeded": succeeded,
+        "claimed_twice": twice,
+        "judge_ok": reading.ok,
+        "ok": succeeded == jobs and twice == 0 and reading.ok,
+    }
 
 
 def run_config(
-    context: Any, scratch: Path, *, system: str, workers: int, work_ms: float, jobs: int, batch: int
+    context: Any, scratch: Path, *, lane: Lane, workers: int, work_ms: float, jobs: int, batch: int
 ) -> dict[str, Any]:
     """One cell of the matrix."""
-    path = scratch / f"{system}-w{workers}-{work_ms:g}ms.sqlite"
-    submit_rate = _prepare_database(system, path, jobs)
+    cell: dict[str, Any] = {"system": lane.name, "workers": workers, "work_ms": work_ms}
+    if lane.single_owner and workers > 1:
+        return cell | {"skipped": f"{lane.description['name']} has a single owner: one worker"}
+    store = scratch / f"{lane.name}-w{workers}-{work_ms:g}ms"
+    submit_rate = _prepare_store(lane, store, jobs)
     barrier = context.Barrier(workers + 1)
     results = context.Queue()
+    paths = tuple(sys.path)
     processes = [
         context.Process(
             target=run_worker,
-            args=(WorkerSpec(system, str(path), index, work_ms, batch), barrier, results),
+            args=(
+                WorkerSpec(lane.path_kind, lane.system, str(store), index, work_ms, batch, paths),
+                barrier,
+                results,
+            ),
         )
         for index in range(workers)
     ]
@@ -139,14 +198,13 @@ def run_config(
     latencies = [value for report in reports for value in report.latencies_us]
     counts = [report.jobs for report in sorted(reports, key=lambda r: r.worker_index)]
     elapsed = finished - released
-    verification = _verify(system, path, jobs)
-    for suffix in ("", "-wal", "-shm", "-turns"):
-        Path(f"{path}{suffix}").unlink(missing_ok=True)
-    return {
-        "system": system,
-        "workers": workers,
-        "work_ms": work_ms,
-        "batch": batch if system == "crashqueuelab-batched" else 1,
+    verification = _verify(lane, store, jobs)
+    if store.is_dir():
+        shutil.rmtree(store)
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{store}{suffix}").unlink(missing_ok=True)
+    return cell | {
+        "batch": batch if lane.path_kind == "batched" else 1,
         "jobs": jobs,
         "jobs_per_s": sum(counts) / elapsed if elapsed > 0 else 0.0,
         "elapsed_s": elapsed,
@@ -165,28 +223,30 @@ def _cell(
     cells: list[dict[str, Any]], system: str, workers: int, work_ms: float
 ) -> dict[str, Any] | None:
     for cell in cells:
-        if (cell["system"], cell["workers"], cell["work_ms"]) == (system, workers, work_ms):
+        key = (cell["system"], cell["workers"], cell["work_ms"])
+        if key == (system, workers, work_ms) and "skipped" not in cell:
             return cell
     return None
 
 
 def targets(cells: list[dict[str, Any]]) -> dict[str, Any]:
-    """The issue's targets, as ratios measured in this run (None where a cell is missing)."""
+    """The targets for the default system, as ratios measured in this run (None where a cell
+    is missing)."""
 
     def ratio(a: dict[str, Any] | None, b: dict[str, Any] | None, key: str) -> float | None:
         if a is None or b is None or not b[key]:
             return None
         return float(a[key]) / float(b[key])
 
-    book1 = _cell(cells, "textbook", 1, 0.0)
-    single1 = _cell(cells, "crashqueuelab-single", 1, 0.0)
-    batched1 = _cell(cells, "crashqueuelab-batched", 1, 0.0)
-    book16 = _cell(cells, "textbook", 16, 1.0)
+    book1 = _cell(cells, TEXTBOOK, 1, 0.0)
+    single1 = _cell(cells, SINGLE, 1, 0.0)
+    batched1 = _cell(cells, BATCHED, 1, 0.0)
+    book16 = _cell(cells, TEXTBOOK, 16, 1.0)
     result: dict[str, Any] = {
         "single_vs_textbook_1_worker": ratio(single1, book1, "jobs_per_s"),
         "batched_vs_textbook_1_worker": ratio(batched1, book1, "jobs_per_s"),
     }
-    for system in ("crashqueuelab-single", "crashqueuelab-batched"):
+    for system in (SINGLE, BATCHED):
         ours16 = _cell(cells, system, 16, 1.0)
         ours1 = _cell(cells, system, 1, 1.0)
         result[system] = {
@@ -205,6 +265,12 @@ def table(cells: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for cell in cells:
+        if "skipped" in cell:
+            lines.append(
+                f"| {cell['system']} | {cell['workers']} | {cell['work_ms']:g} |"
+                f" skipped: {cell['skipped']} | | | | |"
+            )
+            continue
         lines.append(
             f"| {cell['system']} | {cell['workers']} | {cell['work_ms']:g} |"
             f" {cell['jobs_per_s']:,.0f} | {cell['latency_p50_ms']:.2f} |"
@@ -221,26 +287,28 @@ def run_bench(
     jobs: int,
     workers: Sequence[int] = DEFAULT_WORKERS,
     work_ms: Sequence[float] = DEFAULT_WORK_MS,
-    systems: Sequence[str] = SYSTEMS,
+    systems: Sequence[str] = (DEFAULT_SYSTEM,),
     batch: int = DEFAULT_BATCH,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """The whole matrix, the fsync rate of the disk, and ``bench.json``."""
+    lanes = lanes_for(systems)
     prepare_output_directory(output_dir)
     scratch = output_dir / "databases"
     scratch.mkdir()
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["crashqueuelab.lab.bench.workers"])
+    adapters = {resolve_system(lane.system).open.__module__ for lane in lanes if lane.system}
+    context.set_forkserver_preload(["crashqueuelab.lab.bench.workers", *sorted(adapters)])
     disk = fsync_rate(output_dir)
     cells = []
     for cost in work_ms:
         for count in workers:
             # Systems alternate inside each (cost, workers) pair, so drift hits them alike.
-            for system in systems:
+            for lane in lanes:
                 cell = run_config(
                     context,
                     scratch,
-                    system=system,
+                    lane=lane,
                     workers=count,
                     work_ms=cost,
                     jobs=jobs,
@@ -248,8 +316,8 @@ def run_bench(
                 )
                 cells.append(cell)
                 if progress is not None:
-                    rate = f"{cell['jobs_per_s']:,.0f} jobs/s"
-                    progress(f"{system} workers={count} work={cost:g}ms: {rate}")
+                    rate = cell.get("skipped") or f"{cell['jobs_per_s']:,.0f} jobs/s"
+                    progress(f"{lane.name} workers={count} work={cost:g}ms: {rate}")
     scratch.rmdir()
     report = {
         "machine": {
@@ -258,12 +326,13 @@ def run_bench(
             "sqlite": sqlite3.sqlite_version,
             "platform": platform.platform(),
         },
+        "systems": {lane.name: lane.description for lane in lanes},
         "jobs_per_cell": jobs,
         "batch": batch,
         "disk": disk,
         "cells": cells,
         "targets": targets(cells),
-        "ok": all(cell["verified"]["ok"] for cell in cells),
+        "ok": all(cell["verified"]["ok"] for cell in cells if "skipped" not in cell),
     }
     write_json(output_dir / BENCH_FILE, report)
     return report

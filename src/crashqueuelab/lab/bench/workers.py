@@ -2,20 +2,25 @@
 
 Each worker records, per job, the time from the start of its claim to the commit of its
 acknowledgement, and returns those figures to the parent through a queue. Connections are
-opened inside the worker process, never inherited.
+opened inside the worker process, never inherited. A system under test is driven through
+the contract alone, one job at a time (``single``) or in batches (``batched``).
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
-from crashqueuelab.core.models import Acknowledgement
-from crashqueuelab.core.queue import DurableQueue
+from crashqueuelab.core.clock import SystemClock
+from crashqueuelab.core.ids import RandomIds
+from crashqueuelab.core.retry import RetryPolicy
 from crashqueuelab.lab.bench import textbook
+from crashqueuelab.systems.contract import OpenRequest, QueueClient
+from crashqueuelab.systems.registry import resolve_system
 
 #: Barrier and result waits are bounded: a stuck worker fails the run instead of hanging it.
 WAIT_TIMEOUT_S = 120.0
@@ -24,11 +29,22 @@ LEASE_US = 60_000_000
 
 @dataclass(frozen=True)
 class WorkerSpec:
+    #: "textbook", or how a system is driven: "single" or "batched".
+    path_kind: str
+    #: The system's name or module:factory (unused for the textbook queue).
     system: str
-    database: str
+    #: The textbook database file, or the system's store directory.
+    store: str
     worker_index: int
     work_ms: float
     batch: int
+    #: The parent's import path, so a system given as module:factory imports here too.
+    sys_path: tuple[str, ...] = ()
+
+
+def open_client(system: str, store: str) -> QueueClient:
+    request = OpenRequest(Path(store), SystemClock(), RandomIds(), RetryPolicy())
+    return resolve_system(system).open(request)
 
 
 @dataclass(frozen=True)
@@ -46,7 +62,7 @@ def _work(milliseconds: float) -> None:
 
 
 def _textbook(spec: WorkerSpec, barrier: Barrier) -> tuple[list[int], float]:
-    conn = textbook.connect(Path(spec.database))
+    conn = textbook.connect(Path(spec.store))
     latencies: list[int] = []
     try:
         barrier.wait(timeout=WAIT_TIMEOUT_S)
@@ -67,54 +83,51 @@ def _textbook(spec: WorkerSpec, barrier: Barrier) -> tuple[list[int], float]:
 def _single(spec: WorkerSpec, barrier: Barrier) -> tuple[list[int], float]:
     worker_id = f"bench-{spec.worker_index}"
     latencies: list[int] = []
-    with DurableQueue(spec.database, create=False) as queue:
+    client = open_client(spec.system, spec.store)
+    try:
         barrier.wait(timeout=WAIT_TIMEOUT_S)
         started = time.monotonic()
         while True:
             begin = time.monotonic()
-            claimed = queue.claim(worker_id=worker_id, lease_duration_us=LEASE_US)
-            if claimed is None:
+            claim = client.claim(worker_id, LEASE_US)
+            if claim is None:
                 break
             _work(spec.work_ms)
-            queue.succeed(
-                job_id=claimed.job.job_id, worker_id=worker_id, lease_token=claimed.lease_token
-            )
+            client.succeed(claim)
             latencies.append(int((time.monotonic() - begin) * 1e6))
+    finally:
+        client.close()
     return latencies, started
 
 
 def _batched(spec: WorkerSpec, barrier: Barrier) -> tuple[list[int], float]:
     worker_id = f"bench-{spec.worker_index}"
     latencies: list[int] = []
-    with DurableQueue(spec.database, create=False) as queue:
+    client = open_client(spec.system, spec.store)
+    try:
         barrier.wait(timeout=WAIT_TIMEOUT_S)
         started = time.monotonic()
         while True:
             begin = time.monotonic()
-            claimed = queue.claim_many(
-                worker_id=worker_id, lease_duration_us=LEASE_US, limit=spec.batch
-            )
-            if not claimed:
+            claims = client.claim_many(worker_id, LEASE_US, spec.batch)
+            if not claims:
                 break
-            for _ in claimed:
+            for _ in claims:
                 _work(spec.work_ms)
-            queue.succeed_many(
-                [Acknowledgement(c.job.job_id, worker_id, c.lease_token) for c in claimed]
-            )
+            client.succeed_many(claims)
             elapsed = int((time.monotonic() - begin) * 1e6)
-            latencies.extend([elapsed] * len(claimed))
+            latencies.extend([elapsed] * len(claims))
+    finally:
+        client.close()
     return latencies, started
 
 
-RUNNERS = {
-    "textbook": _textbook,
-    "crashqueuelab-single": _single,
-    "crashqueuelab-batched": _batched,
-}
+RUNNERS = {"textbook": _textbook, "single": _single, "batched": _batched}
 
 
 def run_worker(spec: WorkerSpec, barrier: Barrier, results: Queue[WorkerReport]) -> None:
     """Process entry point: drain the queue, then report."""
-    latencies, started = RUNNERS[spec.system](spec, barrier)
+    sys.path[:0] = [entry for entry in spec.sys_path if entry not in sys.path]
+    latencies, started = RUNNERS[spec.path_kind](spec, barrier)
     finished = time.monotonic()
     results.put(WorkerReport(spec.worker_index, len(latencies), latencies, started, finished))
