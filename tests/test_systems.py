@@ -31,7 +31,7 @@ def run_cli(*argv: str) -> tuple[int, dict[str, Any], str]:
 @pytest.mark.parametrize(
     ("spec", "reason"),
     [
-        ("postgres", "not one of sqlite, walqueue, nor package.module:factory"),
+        ("postgres", "not one of persist-queue, sqlite, walqueue, nor package.module:factory"),
         ("no_such_module:factory", "cannot import no_such_module"),
         ("tiny_adapter:no_such_factory", "tiny_adapter has no callable no_such_factory"),
         ("tiny_queue:TinyQueue", "TinyQueue() raised TypeError"),

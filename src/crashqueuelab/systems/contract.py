@@ -267,12 +267,6 @@ class System:
     #: system itself, and its reports say the reading is not independent.
     reader: Reader | None = None
 
-    def crash_point(self, name: str) -> CrashPoint:
-        for point in self.crash_points:
-            if point.name == name:
-                return point
-        raise KeyError(name)
-
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,

@@ -1,0 +1,83 @@
+"""The fencing probes reject a queue for each thing it gets wrong, naming the job."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crashqueuelab.lab.probes import run_probes
+from crashqueuelab.lab.readings import read_store
+from crashqueuelab.systems import Claim, JobSpec, OpenRequest, System, Verdict
+from tests.contract.model import ReferenceClient, reference_system
+
+
+class NewJobEverySubmit(ReferenceClient):
+    counter = itertools.count()
+
+    def submit(self, job: JobSpec) -> str:
+        return f"{super().submit(job)}-{next(self.counter)}"
+
+
+class PhantomClaims(ReferenceClient):
+    def claim(self, worker_id: str, lease_us: int) -> Claim | None:
+        claim = super().claim(worker_id, lease_us)
+        return claim or Claim("ghost", "twice", "t", {}, 1, worker_id, "ghost")
+
+
+class NoDeadLetter(ReferenceClient):
+    def fail(self, claim: Claim, error: str) -> Verdict:
+        verdict = super().fail(claim, error)
+        return Verdict.RETRY if verdict is Verdict.DEAD else verdict
+
+
+class RefusesEveryone(ReferenceClient):
+    def succeed(self, claim: Claim) -> Verdict:
+        return Verdict.STALE
+
+
+def verdicts(system: System, tmp_path: Path) -> dict[str, str]:
+    return {p["name"]: p["detail"] for p in run_probes(system, tmp_path) if not p["ok"]}
+
+
+def test_the_reference_passes_every_probe(tmp_path: Path) -> None:
+    assert verdicts(reference_system(ReferenceClient), tmp_path) == {}
+
+
+@pytest.mark.parametrize(
+    ("client_class", "probe", "words"),
+    [
+        (NewJobEverySubmit, "idempotent_submit", "job twice: the same key made two jobs"),
+        (PhantomClaims, "idempotent_submit", "a second job was claimable"),
+        (NoDeadLetter, "attempts_run_out", "its only attempt answered retry"),
+        (RefusesEveryone, "stale_holder_after_expiry", "by the live holder answered stale"),
+    ],
+)
+def test_a_queue_that_gets_one_thing_wrong_fails_that_probe(
+    tmp_path: Path, client_class: type[ReferenceClient], probe: str, words: str
+) -> None:
+    failed = verdicts(reference_system(client_class), tmp_path)
+    assert probe in failed
+    assert words in failed[probe]
+
+
+def test_a_system_that_cannot_open_fails_every_probe_that_runs(tmp_path: Path) -> None:
+    def refuse(request: OpenRequest) -> Any:
+        raise OSError("disk on fire")
+
+    failed = verdicts(replace(reference_system(), open=refuse), tmp_path)
+    assert len(failed) == 6
+    assert all("open raised OSError('disk on fire')" in detail for detail in failed.values())
+
+
+def test_a_reader_that_raises_is_reported_as_a_problem(tmp_path: Path) -> None:
+    def broken_reader(directory: Path) -> Any:
+        raise ValueError("cannot parse")
+
+    system = replace(reference_system(), reader=broken_reader)
+    reading = read_store(system, tmp_path, ["a"])
+    assert reading.ok is False
+    assert reading.problems == ["the reader raised ValueError: cannot parse"]
