@@ -116,10 +116,8 @@ class _Watcher(LogFollower):
         log = self.logs.get(worker_id)
         return set() if log is None else log.held()
 
-    def claimed_by_others(self, worker_id: str) -> set[str]:
-        return {
-            key for other, log in self.logs.items() if other != worker_id for key, _ in log.claims
-        }
+    def claimed_by_others(self, worker_id: str, keys: set[str]) -> set[str]:
+        return {key for key in keys if self.claimers.get(key, set()) - {worker_id}}
 
 
 def _kind_count(records: list[dict[str, Any]], kind: FaultKind) -> int:
@@ -154,9 +152,18 @@ class _ChaosRun:
         self.stop_file = output_dir / "stop-maintenance"
         self.state = _RunState()
         self.slots = [_Slot(index) for index in range(workers)]
+        # Replaced workers whose logs have not been read to the end yet.
+        self.retired: set[str] = set()
         self.maintenance: Any = None
 
+    def follow(self, watcher: _Watcher) -> None:
+        """Read the new lines of the live workers' logs, and the last ones of retired workers."""
+        retired, self.retired = self.retired, set()
+        watcher.refresh([*retired, *(slot.worker_id for slot in self.slots)])
+
     def start(self, slot: _Slot) -> None:
+        if slot.worker_id:
+            self.retired.add(slot.worker_id)
         slot.generation += 1
         slot.worker_id = f"worker-{slot.index}.{slot.generation}"
         log = str(self.logs / f"{slot.worker_id}{LOG_SUFFIX}")
@@ -238,7 +245,7 @@ class _ChaosRun:
         for index, (record, leases, until) in list(self.state.paused.items()):
             worker_id = self.slots[index].worker_id
             held = {key for key, _ in leases}
-            taken = held & watcher.claimed_by_others(worker_id)
+            taken = watcher.claimed_by_others(worker_id, held)
             waiting = self.single_owner or taken != held
             if waiting and not force and time.monotonic() < until:
                 continue
@@ -389,7 +396,7 @@ def _drive(
     next_report = started + PROGRESS_EVERY_S
     try:
         while time.monotonic() < started + deadline_s:
-            watcher.refresh()
+            run.follow(watcher)
             if run.work_done():
                 return True
             finished = watcher.finished()
@@ -490,7 +497,7 @@ def _deliver(fault: PlannedFault, run: _ChaosRun, watcher: _Watcher, slot: _Slot
         record["worker_age_s"] = round(time.monotonic() - slot.started_at, 6)
         process.join(timeout=10)
         # What the dead worker left behind: leases that only expiry can free now.
-        watcher.refresh()
+        run.follow(watcher)
         record["leases_held_at_death"] = len(watcher.leases_of(slot.worker_id))
         state.delivered.append(record)
         return
@@ -501,7 +508,7 @@ def _deliver(fault: PlannedFault, run: _ChaosRun, watcher: _Watcher, slot: _Slot
         if not _signal(process, signal.SIGSTOP):
             break
         record["at_s"] = round(time.monotonic() - state.started, 6)
-        watcher.refresh()
+        run.follow(watcher)
         leases = watcher.leases_of(slot.worker_id)
         if leases:
             break

@@ -16,6 +16,7 @@ the system's answer.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,19 +70,27 @@ class LogFollower:
         self._offsets: dict[Path, int] = {}
         self.logs: dict[str, WorkerLog] = {}
         self.acknowledged: set[str] = set()
+        #: Every worker that ever claimed a key.
+        self.claimers: dict[str, set[str]] = {}
 
-    def refresh(self) -> None:
-        for path in self._directory.glob(f"*{LOG_SUFFIX}"):
+    def refresh(self, worker_ids: Iterable[str]) -> None:
+        """Read what the named workers appended (a worker that has not written yet is skipped)."""
+        for worker_id in worker_ids:
+            path = self._directory / f"{worker_id}{LOG_SUFFIX}"
+            if not path.is_file():
+                continue
             offset = self._offsets.get(path, 0)
             with path.open("rb") as handle:
                 handle.seek(offset)
                 data = _complete(handle.read())
             if data:
                 self._offsets[path] = offset + len(data)
-                log = self.logs.setdefault(path.name.removesuffix(LOG_SUFFIX), WorkerLog())
-                seen = len(log.acks)
+                log = self.logs.setdefault(worker_id, WorkerLog())
+                acks, claims = len(log.acks), len(log.claims)
                 log.add(data.decode())
-                self.acknowledged.update(key for key, _ in log.acks[seen:])
+                self.acknowledged.update(key for key, _ in log.acks[acks:])
+                for key, _ in log.claims[claims:]:
+                    self.claimers.setdefault(key, set()).add(worker_id)
 
 
 def read_logs(directory: Path) -> dict[str, WorkerLog]:
