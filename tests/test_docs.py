@@ -62,3 +62,12 @@ def test_walqueue_imports_nothing_of_crashqueuelab() -> None:
                 assert not (node.module or "").startswith("crashqueuelab"), source.name
             elif isinstance(node, ast.Import):
                 assert not any(a.name.startswith("crashqueuelab") for a in node.names)
+
+
+def test_every_crash_point_of_every_shipped_system_is_explained() -> None:
+    from crashqueuelab.systems import resolve_system
+
+    text = (DOCS / "fault-model.md").read_text()
+    for name in ("sqlite", "walqueue", "persist-queue"):
+        for point in resolve_system(name).crash_points:
+            assert f"| `{point.name}` |" in text, f"docs/fault-model.md: {name} {point.name}"

@@ -23,6 +23,9 @@ CHILD_TIMEOUT_S = 60.0
 #: The file a dying child names its crash point in, inside its case directory.
 LAST_WORDS_FILE = "crash-point.json"
 CHILD_STDERR = "child.stderr"
+#: What the ``crashqueuelab`` console script imports. multiprocessing re-runs a main script
+#: in every child it starts (``python -m`` it skips), so fork servers preload this module.
+CLI_MODULE = "crashqueuelab.cli"
 
 
 def die_with_last_words(point: str, last_words: str | None) -> NoReturn:

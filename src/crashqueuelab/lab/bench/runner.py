@@ -298,7 +298,10 @@ def run_bench(
     scratch.mkdir()
     context = multiprocessing.get_context("forkserver")
     adapters = {resolve_system(lane.system).open.__module__ for lane in lanes if lane.system}
-    context.set_forkserver_preload(["crashqueuelab.lab.bench.workers", *sorted(adapters)])
+    # "__main__" first: the children then need not re-run the main script one by one.
+    context.set_forkserver_preload(
+        ["__main__", "crashqueuelab.lab.bench.workers", *sorted(adapters)]
+    )
     disk = fsync_rate(output_dir)
     cells = []
     for cost in work_ms:

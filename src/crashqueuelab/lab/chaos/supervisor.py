@@ -35,6 +35,7 @@ from crashqueuelab.lab.chaos.processes import (
 )
 from crashqueuelab.lab.chaos.schedule import FaultKind, PlannedFault, plan
 from crashqueuelab.lab.chaos.worklog import LOG_SUFFIX, LogFollower, read_logs
+from crashqueuelab.lab.children import CLI_MODULE
 from crashqueuelab.lab.effects import Destination, EffectLedger
 from crashqueuelab.lab.reports import prepare_output_directory, write_json
 from crashqueuelab.lab.scenario import STORE_DIRECTORY
@@ -43,8 +44,11 @@ from crashqueuelab.systems.registry import DEFAULT_SYSTEM, resolve_system
 
 CHAOS_FILE = "chaos.json"
 TICK_S = 0.002
-#: A paused worker is continued after this many leases even if no takeover was seen.
-PAUSE_LEASES = 6
+#: A paused worker is continued once its jobs were taken over, or after this many lease
+#: lengths: by then every lease it held is past its deadline, so each of its late
+#: acknowledgements must be refused. (Longer would only stall the workers waiting for a
+#: ledger lock the stopped worker may hold.)
+PAUSE_LEASES = 2
 PROGRESS_EVERY_S = 5.0
 #: How often a pause looks for a moment when its worker holds a lease.
 PAUSE_TRIES = 250
@@ -145,9 +149,11 @@ class _ChaosRun:
         self.lease_ms = lease_ms
         self.batch = batch
         self.context = multiprocessing.get_context("forkserver")
-        # A respawn should cost a fork, not the imports of the system under test.
+        # A respawn should cost a fork, not imports: the system's adapter, and the command
+        # line, which the ``crashqueuelab`` console script imports again in every child
+        # (multiprocessing re-runs a main script in each; ``python -m`` it skips).
         self.context.set_forkserver_preload(
-            ["crashqueuelab.lab.chaos.processes", self.system.open.__module__]
+            [CLI_MODULE, "crashqueuelab.lab.chaos.processes", self.system.open.__module__]
         )
         self.stop_file = output_dir / "stop-maintenance"
         self.state = _RunState()
