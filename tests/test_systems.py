@@ -140,3 +140,25 @@ def test_a_queue_that_raises_is_reported_and_the_run_stops(tmp_path: Path) -> No
     assert code == cli.EXIT_REJECTED
     assert "Traceback" not in err
     assert any("the system raised RuntimeError" in line for line in result["anomalies"])
+
+
+def test_the_showcase_takes_an_outside_system_too(tmp_path: Path) -> None:
+    code, summary, _ = run_cli(
+        "showcase", "--system", "tiny_adapter:tiny_system", "--seed", "2",
+        "--output-directory", str(tmp_path / "s"),
+    )  # fmt: skip
+    assert code == cli.EXIT_OK, summary
+    assert list(summary["systems"]) == ["tiny_adapter:tiny_system"]
+    section = summary["systems"]["tiny_adapter:tiny_system"]
+    assert section["system"]["name"] == "tinyqueue"
+    assert summary["process_fault_campaign"] == section["process_fault_campaign"]
+    assert section["effect_commit_before_acknowledgement"]["durable_effects"] == {
+        "idempotent": 1,
+        "non_idempotent": 2,
+    }
+    assert (tmp_path / "s" / "tiny_adapter-tiny_system" / "process-fault-campaign").is_dir()
+    code, result, _ = run_cli(
+        "showcase", "--system", "nowhere:nothing", "--output-directory", str(tmp_path / "t")
+    )
+    assert (code, result["error"]["type"]) == (cli.EXIT_USAGE, "SystemUnavailable")
+    assert not (tmp_path / "t").exists()

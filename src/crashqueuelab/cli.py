@@ -205,7 +205,12 @@ def _campaign(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
 
 
 def _showcase(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
-    summary = run_showcase(args.output_directory, seed=args.seed, progress=_progress(args))
+    summary = run_showcase(
+        args.output_directory,
+        seed=args.seed,
+        systems=args.system or list(SHIPPED),
+        progress=_progress(args),
+    )
     return (EXIT_OK if summary["ok"] else EXIT_REJECTED), summary
 
 
@@ -313,11 +318,16 @@ def _add_system(sub: argparse.ArgumentParser) -> None:
 
 def _experiment_commands(command: _Command) -> None:
     """The experiments: they write an output directory instead of using a database."""
-    command(
+    sub = command(
         "showcase",
         _showcase,
         "run the effect experiment and the fault campaign; print the evidence summary",
         database=False,
+    )
+    sub.add_argument(
+        "--system",
+        action="append",
+        help=f"repeat for several (default: every shipped one): {_SYSTEM_HELP}",
     )
     sub = command(
         "demo",

@@ -29,6 +29,8 @@ class QueueStoreReading:
     last_event: str | None = None
     problems: list[str] = field(default_factory=list)
     history: list[dict[str, Any]] = field(default_factory=list)
+    replay_ok: bool = True
+    invariants_ok: bool = True
 
     @property
     def ok(self) -> bool:
@@ -75,4 +77,6 @@ def read_queue_store(directory: Path) -> QueueStoreReading:
         last_event=history[-1]["event_type"] if history else None,
         problems=problems,
         history=history,
+        replay_ok=replay.ok,
+        invariants_ok=invariants.ok,
     )

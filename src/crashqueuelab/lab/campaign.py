@@ -221,7 +221,11 @@ def run_case(
         },
         "expected_crash_signature": expected,
         "crash_state_matches_point": signature == expected,
-        "crash_judgement": {"ok": crash_reading.ok, "problems": list(crash_reading.problems)},
+        "crash_judgement": {
+            "ok": crash_reading.ok,
+            "problems": list(crash_reading.problems),
+            "checks": dict(crash_reading.checks),
+        },
         "recovery": {
             "rounds": None if recovery is None else recovery.rounds,
             "terminal": recovery is not None and recovery.terminal,
@@ -257,6 +261,7 @@ def run_case(
 def summarize(report: dict[str, Any]) -> dict[str, Any]:
     """The campaign's summary, computed from its case and probe reports."""
     cases, probes = report["cases"], report["probes"]
+    checks = sorted({name for case in cases for name in case["crash_judgement"]["checks"]})
     return {
         "crash_mode": CRASH_MODE,
         "named_fault_points": len({case["fault_point"] for case in cases}),
@@ -267,6 +272,13 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
             {case["exit_code"] for case in cases if case["exit_code"] is not None}
         ),
         "crash_time_judgement_all_ok": all(case["crash_judgement"]["ok"] for case in cases),
+        # Each named check of the system's reader (for SQLite: replay, invariants).
+        **{
+            f"crash_time_{name}_all_ok": all(
+                case["crash_judgement"]["checks"].get(name, False) for case in cases
+            )
+            for name in checks
+        },
         "crash_states_all_match": all(case["crash_state_matches_point"] for case in cases),
         "recovery_all_succeeded": all(case["recovery_ok"] for case in cases),
         "probes_passed": sum(1 for probe in probes if probe["ran"] and probe["ok"]),

@@ -8,7 +8,9 @@ memory or written as a constant.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +22,13 @@ from crashqueuelab.lab.readings import read_store
 from crashqueuelab.lab.reports import prepare_output_directory, read_json, write_json
 from crashqueuelab.lab.scenario import LEDGER_FILE, STORE_DIRECTORY, scenario_jobs
 from crashqueuelab.systems.contract import System
-from crashqueuelab.systems.registry import DEFAULT_SYSTEM, SHIPPED, resolve_system
+from crashqueuelab.systems.registry import SHIPPED, resolve_system
 
 EFFECT_DIR = "effect-commit-before-acknowledgement"
 CAMPAIGN_DIR = "process-fault-campaign"
 SHOWCASE_FILE = "showcase.json"
+#: The systems a showcase ran, in order (the first one's sections are also the top level).
+SYSTEMS_FILE = "systems.json"
 
 
 def _effect_summary(system: System, effect_dir: Path) -> dict[str, Any]:
@@ -108,40 +112,57 @@ def _system_summary(spec: str, system_dir: Path) -> dict[str, Any]:
     }
 
 
+def _directory_name(spec: str) -> str:
+    """A system's section directory: its name, or its import path made a file name."""
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", spec)
+
+
 def summarize(output_dir: Path, *, seed: int) -> dict[str, Any]:
     """The showcase summary, from the artifacts below ``output_dir``.
 
-    The top-level sections are the default system's; ``systems`` has one per shipped system.
+    ``systems`` has one section per system, in the order ``systems.json`` records; the
+    top-level sections are the first system's.
     """
-    systems = {name: _system_summary(name, output_dir / name) for name in SHIPPED}
-    default = systems[DEFAULT_SYSTEM]
+    specs: list[str] = read_json(output_dir / SYSTEMS_FILE)["systems"]
+    systems = {spec: _system_summary(spec, output_dir / _directory_name(spec)) for spec in specs}
+    first = systems[specs[0]]
     return {
         "seed": seed,
         "ok": all(section["ok"] for section in systems.values()),
         "queue_delivery_semantics": read_json(
-            output_dir / DEFAULT_SYSTEM / EFFECT_DIR / COMPARISON_FILE
+            output_dir / _directory_name(specs[0]) / EFFECT_DIR / COMPARISON_FILE
         )["queue_delivery_semantics"],
-        "effect_commit_before_acknowledgement": default["effect_commit_before_acknowledgement"],
-        "process_fault_campaign": default["process_fault_campaign"],
+        "effect_commit_before_acknowledgement": first["effect_commit_before_acknowledgement"],
+        "process_fault_campaign": first["process_fault_campaign"],
         "systems": systems,
         "artifacts": {
             "output_directory": str(output_dir),
-            **default["artifacts"],
+            **first["artifacts"],
             "showcase_report": str(output_dir / SHOWCASE_FILE),
         },
     }
 
 
 def run_showcase(
-    output_dir: Path, *, seed: int, progress: Progress | None = None
+    output_dir: Path,
+    *,
+    seed: int,
+    systems: Sequence[str] = tuple(SHIPPED),
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Run both experiments on every shipped system into ``output_dir`` (new or empty)."""
+    """Run both experiments on each system (every shipped one unless told) into
+    ``output_dir`` (new or empty) and return the summary."""
+    chosen = list(dict.fromkeys(systems))
+    for spec in chosen:
+        resolve_system(spec)  # an unusable system is refused before anything is written
     prepare_output_directory(output_dir)
-    for name in SHIPPED:
-        run_demo(output_dir / name / EFFECT_DIR, seed=seed, system=name)
+    write_json(output_dir / SYSTEMS_FILE, {"systems": chosen})
+    for spec in chosen:
+        section = output_dir / _directory_name(spec)
+        run_demo(section / EFFECT_DIR, seed=seed, system=spec)
         if progress is not None:
-            progress(f"{name}: effect experiment done")
-        run_campaign(output_dir / name / CAMPAIGN_DIR, seed=seed, system=name, progress=progress)
+            progress(f"{spec}: effect experiment done")
+        run_campaign(section / CAMPAIGN_DIR, seed=seed, system=spec, progress=progress)
     summary = summarize(output_dir, seed=seed)
     write_json(output_dir / SHOWCASE_FILE, summary)
     return summary

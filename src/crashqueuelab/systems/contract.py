@@ -231,6 +231,8 @@ class StoreReading:
     judge: str
     #: The store's own history (events, WAL transactions) as JSON rows, where it keeps one.
     history: Sequence[Mapping[str, Any]] = ()
+    #: The verdict of each named check the reader ran (for SQLite: replay, invariants).
+    checks: Mapping[str, bool] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -246,6 +248,7 @@ class StoreReading:
             "facts": dict(self.facts),
             "ok": self.ok,
             "problems": list(self.problems),
+            "checks": dict(self.checks),
             "judge": self.judge,
         }
 

@@ -175,6 +175,7 @@ def read_store(directory: Path) -> StoreReading:
         problems=reading.problems,
         judge="crashqueuelab.judges (replay + invariants over the SQLite file)",
         history=reading.history,
+        checks={"replay": reading.replay_ok, "invariants": reading.invariants_ok},
     )
 
 
