@@ -14,6 +14,7 @@ from typing import TypeVar
 
 from tiny_queue import TinyQueue
 
+from crashqueuelab.core.errors import OperationUnsupported
 from crashqueuelab.systems import (
     Capabilities,
     Claim,
@@ -72,7 +73,7 @@ class TinyClient:
         return [] if claim is None else [claim]
 
     def heartbeat(self, claim: Claim, lease_us: int) -> bool:
-        raise NotImplementedError("TinyQueue has no heartbeat")
+        raise OperationUnsupported("TinyQueue", "heartbeat")
 
     def succeed(self, claim: Claim) -> Verdict:
         done = self._call("ack", self.queue.ack, claim.key, claim.token, self.clock.now_us())

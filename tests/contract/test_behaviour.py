@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from crashqueuelab.core.errors import OperationUnsupported
 from crashqueuelab.systems import JobSpec, JobStatus, Verdict
 from tests.contract.conftest import LEASE_US, Harness, systems_with
 
@@ -119,3 +120,14 @@ def test_batched_claims_and_acknowledgements_are_fenced_one_by_one(harness: Harn
     verdicts = harness.client.succeed_many([old, *first])
     assert verdicts == [Verdict.STALE] + [Verdict.SUCCEEDED] * 3
     assert harness.client.active_count() == 2
+
+
+@pytest.mark.parametrize(
+    "harness", [n for n in systems_with() if n not in systems_with("heartbeats")], indirect=True
+)
+def test_a_system_without_heartbeats_says_so_when_asked(harness: Harness) -> None:
+    harness.submit("a")
+    claim = harness.claim()
+    with pytest.raises(OperationUnsupported, match="has no heartbeat"):
+        harness.client.heartbeat(claim, LEASE_US)
+    assert harness.client.succeed(claim) is Verdict.SUCCEEDED

@@ -146,3 +146,14 @@ class SystemUnavailable(CrashQueueLabError):
         super().__init__(f"system {spec!r}: {reason}")
         self.spec = spec
         self.reason = reason
+
+
+class OperationUnsupported(CrashQueueLabError):
+    """Raised when a system is asked for an operation its capabilities say it does not have."""
+
+    kind = "OperationUnsupported"
+
+    def __init__(self, system: str, operation: str) -> None:
+        super().__init__(f"{system} has no {operation}")
+        self.system = system
+        self.operation = operation

@@ -20,6 +20,7 @@ from typing import Any
 import persistqueue
 from persistqueue.serializers import json as json_serializer
 
+from crashqueuelab.core.errors import OperationUnsupported
 from crashqueuelab.judges.persistqueuefile import DATABASE_FILE, read_ack_queue
 from crashqueuelab.systems.boundary import around
 from crashqueuelab.systems.contract import (
@@ -115,7 +116,7 @@ class PersistQueueClient:
         return [] if claim is None else [claim]
 
     def heartbeat(self, claim: Claim, lease_us: int) -> bool:
-        raise NotImplementedError("persist-queue has no leases to extend")
+        raise OperationUnsupported("persist-queue", "heartbeat")
 
     def succeed(self, claim: Claim) -> Verdict:
         acked = around(self.hook, "ack", lambda: self.queue.ack(id=int(claim.job_id)))

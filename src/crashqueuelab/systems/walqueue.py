@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from crashqueuelab.core.errors import OperationUnsupported
 from crashqueuelab.judges.walfiles import read_walqueue_directory
 from crashqueuelab.systems.contract import (
     Capabilities,
@@ -86,7 +87,7 @@ class WalqueueClient:
         )
 
     def heartbeat(self, claim: Claim, lease_us: int) -> bool:
-        raise NotImplementedError("walqueue has no heartbeat: a lease runs to its deadline")
+        raise OperationUnsupported("walqueue", "heartbeat")
 
     def succeed(self, claim: Claim) -> Verdict:
         try:
