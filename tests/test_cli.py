@@ -201,6 +201,15 @@ BAD_SUBMISSIONS = {
     "zero attempts": ["--max-attempts", "0"],
     "a word for attempts": ["--max-attempts", "three"],
     "a negative time": ["--now-us", "-5"],
+    "a time beyond 64 bits": ["--now-us", "99999999999999999999999"],
+    "a lone surrogate in the payload": ["--payload", '{"a": "\\ud800"}'],
+    "a lone surrogate as a key": ["--payload", '{"\\udc00": 1}'],
+    "a 5,000-digit integer": ["--payload", '{"a": ' + "9" * 5000 + "}"],
+    "an integer beyond 64 bits": ["--payload", '{"a": ' + "9" * 30 + "}"],
+    "an undecodable byte in the key": [
+        "--idempotency-key",
+        b"\xff".decode("utf-8", "surrogateescape"),
+    ],
 }
 
 
@@ -242,6 +251,8 @@ def test_bad_submissions_get_a_usage_error_and_change_nothing(db_path: Path, cas
             "0",
         ],
         ["succeed", "--job-id", "", "--worker-id", "w", "--lease-token", "t"],
+        ["claim", "--worker-id", "w", "--now-us", "9223372036854775807"],
+        ["claim", "--worker-id", "w\udcff"],
         ["fail", "--job-id", "j", "--worker-id", "w", "--lease-token", "t"],
         ["bogus"],
         [],

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-from crashqueuelab.core.clock import Clock, ManualClock, SystemClock
+from crashqueuelab.core.clock import MAX_TIME_US, Clock, ManualClock, SystemClock
 from crashqueuelab.core.errors import (
     CrashQueueLabError,
     InvalidInput,
@@ -63,6 +63,13 @@ def _non_negative(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
+
+
+def _time_us(text: str) -> int:
+    value = _non_negative(text)
+    if value > MAX_TIME_US:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_TIME_US} microseconds")
     return value
 
 
@@ -287,7 +294,7 @@ def _add_database(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--database", required=True, help="path of the queue's SQLite file")
     parser.add_argument(
         "--now-us",
-        type=_non_negative,
+        type=_time_us,
         default=None,
         help="use this time (microseconds) instead of the system clock, for scripted runs",
     )

@@ -14,17 +14,27 @@ from collections.abc import Mapping
 from typing import Any
 
 from crashqueuelab.core.errors import InvalidInput
+from crashqueuelab.core.validation import require_text
 
 #: Upper bound on a canonical payload, in UTF-8 bytes.
 MAX_PAYLOAD_BYTES = 64 * 1024
 #: Nesting bound, so a hostile payload cannot exhaust the recursion limit.
 MAX_PAYLOAD_DEPTH = 32
+#: Integers must fit in 64 bits, as every JSON consumer of note can carry them exactly.
+MAX_PAYLOAD_INT = 2**63 - 1
 
 
 def _check_value(value: object, path: str, depth: int) -> None:
     if depth > MAX_PAYLOAD_DEPTH:
         raise InvalidInput("payload", f"nested deeper than {MAX_PAYLOAD_DEPTH} levels at {path}")
-    if value is None or isinstance(value, (bool, int, str)):
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, int):
+        if not -MAX_PAYLOAD_INT - 1 <= value <= MAX_PAYLOAD_INT:
+            raise InvalidInput("payload", f"{path} is an integer beyond 64 bits")
+        return
+    if isinstance(value, str):
+        require_text("payload", value)
         return
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -38,6 +48,7 @@ def _check_value(value: object, path: str, depth: int) -> None:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise InvalidInput("payload", f"{path} has a non-string key {key!r}")
+            require_text("payload", key)
             _check_value(item, f"{path}.{key}", depth + 1)
         return
     raise InvalidInput("payload", f"{path} is a {type(value).__name__}, which JSON cannot hold")
@@ -75,6 +86,7 @@ def _pairs_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def parse_payload(text: str) -> dict[str, Any]:
     """Parse JSON text from outside (the CLI) into a payload, strictly."""
+    require_text("payload", text)
     if len(text.encode("utf-8")) > MAX_PAYLOAD_BYTES * 4:
         raise InvalidInput("payload", "text is far beyond the payload bound")
     try:
@@ -87,6 +99,8 @@ def parse_payload(text: str) -> dict[str, Any]:
         raise InvalidInput("payload", f"invalid JSON: {error}") from None
     except RecursionError:
         raise InvalidInput("payload", f"nested deeper than {MAX_PAYLOAD_DEPTH} levels") from None
+    except ValueError as error:  # an integer literal with thousands of digits
+        raise InvalidInput("payload", f"invalid JSON: {error}") from None
     if not isinstance(value, dict):
         raise InvalidInput("payload", f"must be a JSON object, got {type(value).__name__}")
     canonical_json(value)

@@ -14,10 +14,22 @@ MAX_LEASE_US = 366 * 24 * 3600 * 1_000_000
 MAX_ATTEMPTS_LIMIT = 1000
 
 
+def require_text(field: str, value: str) -> str:
+    """Text that UTF-8 can carry: a lone surrogate (from an undecodable byte) cannot."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise InvalidInput(
+            field, f"is not valid UTF-8 text (character {error.start} is a lone surrogate)"
+        ) from None
+    return value
+
+
 def require_name(field: str, value: object) -> str:
     """A non-empty, bounded string without NUL characters."""
     if not isinstance(value, str):
         raise InvalidInput(field, f"must be a string, got {type(value).__name__}")
+    require_text(field, value)
     if not value.strip():
         raise InvalidInput(field, "must not be empty")
     if len(value) > MAX_NAME_LENGTH:
@@ -44,4 +56,4 @@ def require_error_text(value: object) -> str:
         raise InvalidInput("error", f"must be a string, got {type(value).__name__}")
     if len(value) > MAX_ERROR_LENGTH:
         raise InvalidInput("error", f"longer than {MAX_ERROR_LENGTH} characters")
-    return value
+    return require_text("error", value)
