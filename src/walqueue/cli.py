@@ -20,6 +20,7 @@ from walqueue.queue import Lease, Queue
 EXIT_OK = 0
 EXIT_UNAVAILABLE = 1
 EXIT_USAGE = 2
+USAGE = "usage: python -m walqueue.cli DIRECTORY (one JSON command per stdin line)"
 
 
 def _lease(raw: Any) -> Lease:
@@ -75,8 +76,12 @@ def main(
         out.write(json.dumps(result, sort_keys=True) + "\n")
         out.flush()
 
-    if len(arguments) != 1:
-        emit(_error(TypeError("usage: python -m walqueue.cli DIRECTORY")))
+    if arguments in (["-h"], ["--help"]):
+        emit({"ok": True, "usage": USAGE})
+        return EXIT_OK
+    # An option is never taken for a directory to create.
+    if len(arguments) != 1 or arguments[0].startswith("-"):
+        emit(_error(TypeError(USAGE)))
         return EXIT_USAGE
     try:
         queue = Queue(arguments[0])
@@ -87,18 +92,25 @@ def main(
         for line in source:
             if not line.strip():
                 continue
+            if queue.closed:
+                # A write failed part-way (a disk error): the store needs a fresh open.
+                emit(_error(WalQueueError("the queue closed after a failed write; reopen it")))
+                return EXIT_UNAVAILABLE
             try:
                 command = json.loads(line)
                 if not isinstance(command, dict):
                     raise TypeError("each line must be a JSON object")
                 emit(_run(queue, command))
+            except RecursionError:
+                emit(_error(ValueError("the line is nested too deeply")))
             except KeyError as error:
                 emit(
                     {"ok": False, "error": {"type": "KeyError", "message": f"unknown task {error}"}}
                 )
-            except (WalQueueError, TypeError, ValueError) as error:
+            except (WalQueueError, TypeError, ValueError, OSError) as error:
                 emit(_error(error))
-    return EXIT_OK
+        failed = queue.closed
+    return EXIT_UNAVAILABLE if failed else EXIT_OK
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from walqueue.codec import canonical, checked_payload, copy_payload
+from walqueue.codec import canonical, checked_payload, copy_payload, encode_frame
 from walqueue.durability import fsync_directory
 from walqueue.errors import KeyConflict, StaleLease, WalQueueError
 from walqueue.ownership import Ownership
@@ -118,6 +118,11 @@ class Queue:
         """Release the directory. Safe to call twice."""
         self._abandon()
 
+    @property
+    def closed(self) -> bool:
+        """True once closed, or once a write failed part-way (as a process death would)."""
+        return self._owner is None
+
     def __enter__(self) -> Queue:
         return self
 
@@ -135,7 +140,13 @@ class Queue:
 
     def _commit(self, txn: dict[str, Any]) -> None:
         try:
-            self._store.append(txn)
+            frame = encode_frame(txn)
+        except ValueError as error:
+            # Text UTF-8 cannot carry (a lone surrogate): refused before any byte is written,
+            # so the queue stays open.
+            raise ValueError(f"the request cannot be stored: {error}") from None
+        try:
+            self._store.append(txn, frame)
         except BaseException:
             # Whatever reached the disk is recovery's business now: this object is done.
             self._abandon()

@@ -157,9 +157,13 @@ class Store:
         self.hook("rotate:after_dir_sync")
         self._open_live(path)
 
-    def append(self, txn: dict[str, Any]) -> None:
-        """Write one transaction as one frame and sync it; rotate first if the segment is full."""
-        frame = encode_frame(txn)
+    def append(self, txn: dict[str, Any], frame: bytes | None = None) -> None:
+        """Write one transaction as one frame and sync it; rotate first if the segment is full.
+
+        ``frame`` is ``txn`` already encoded, when the caller encoded it to check it.
+        """
+        if frame is None:
+            frame = encode_frame(txn)
         if self._live_size and self._live_size + len(frame) > MAX_SEGMENT_BYTES:
             self._start_segment(txn["seq"])
         fd = self._fd()

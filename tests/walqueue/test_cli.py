@@ -78,3 +78,54 @@ def test_python_dash_m_walqueue_cli(tmp_path: Path) -> None:
     replies = [json.loads(line) for line in run.stdout.splitlines()]
     assert replies[0] == {"ok": True, "task_id": "x"}
     assert replies[1]["stats"]["counts"]["ready"] == 1
+
+
+def test_text_utf8_cannot_carry_and_deep_nesting_are_refused_and_the_session_goes_on(
+    tmp_path: Path,
+) -> None:
+    code, replies = session(tmp_path / "q", [
+        '{"op": "put", "task_id": "a", "payload": {"x": "\\ud800"}}',
+        '{"op": "put", "task_id": "\\udcff", "payload": {}}',
+        "[" * 3000 + "]" * 3000,
+        '{"op": "put", "task_id": "b", "payload": {}}',
+        '{"op": "stats"}',
+    ])  # fmt: skip
+    assert code == EXIT_OK
+    assert [reply["ok"] for reply in replies] == [False, False, False, True, True]
+    assert "cannot be stored" in replies[0]["error"]["message"]
+    assert replies[2]["error"]["message"] == "the line is nested too deeply"
+    assert replies[4]["stats"]["counts"]["ready"] == 1
+    with Queue(tmp_path / "q") as queue:
+        assert queue.task_ids() == ["b"]
+
+
+def test_an_option_is_never_taken_for_a_directory(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.chdir(tmp_path)
+    out = io.StringIO()
+    assert main(["--help"], stdin=io.StringIO(""), stdout=out) == EXIT_OK
+    assert json.loads(out.getvalue())["usage"].startswith("usage: python -m walqueue.cli")
+    out = io.StringIO()
+    assert main(["--verbose"], stdin=io.StringIO(""), stdout=out) == EXIT_USAGE
+    assert json.loads(out.getvalue())["ok"] is False
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_queue_closed_by_a_failed_write_ends_the_session(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    from walqueue.store import Store
+
+    def broken_disk(self: Store, txn: dict[str, Any], frame: bytes | None = None) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(Store, "append", broken_disk)
+    out = io.StringIO()
+    lines = '{"op": "put", "task_id": "a", "payload": {}}\n{"op": "stats"}\n'
+    code = main([str(tmp_path / "q")], stdin=io.StringIO(lines), stdout=out)
+    replies = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert code == EXIT_UNAVAILABLE
+    assert "reopen it" in replies[-1]["error"]["message"]
+    # A failed write on the last line still ends with the failure status.
+    out = io.StringIO()
+    code = main([str(tmp_path / "r")], stdin=io.StringIO(lines.splitlines()[0]), stdout=out)
+    assert code == EXIT_UNAVAILABLE
