@@ -449,3 +449,9 @@ def test_claim_with_a_limit_leases_a_batch_in_one_transaction(db_path: Path) -> 
     assert len(result["claimed"]) == 1
     code, result, _ = run("claim", "--database", str(db_path), "--worker-id", "w", "--limit", "0")
     assert code == EXIT_USAGE
+
+
+def test_replaying_an_unknown_job_is_job_not_found(db_path: Path) -> None:
+    submit(db_path)
+    code, result, _ = run("replay", "--database", str(db_path), "--job-id", "job-none")
+    assert (code, result["error"]["type"]) == (EXIT_REJECTED, "JobNotFound")

@@ -251,3 +251,23 @@ def test_replay_flags_illegal_histories(populated: dict[str, str], db_path: Path
     fields = {(m.job_id, m.field.split(" ")[-1]) for m in replay_database(db_path).mismatches}
     assert (leased, "HEARTBEAT") in fields
     assert (populated["QUEUED"], "history") in fields
+
+
+def test_judging_a_closed_database_creates_no_file_beside_it(tmp_path: Path) -> None:
+    """Read-only and immutable: a judged directory (even a read-only one) stays as it was."""
+    from crashqueuelab import DurableQueue
+
+    path = tmp_path / "queue.sqlite"
+    with DurableQueue(path) as queue:
+        queue.submit(idempotency_key="k", job_type="t", payload={})
+    foreign = tmp_path / "other.db"
+    conn = raw(foreign)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("CREATE TABLE t (x)")
+    conn.close()
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert check_database(path).ok
+    assert replay_database(path).ok
+    with pytest.raises(SchemaMismatch, match="application_id 0x00000000, expected 0x43514c31"):
+        check_database(foreign)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before

@@ -17,6 +17,7 @@ from crashqueuelab.core.clock import MAX_TIME_US, Clock, ManualClock, SystemCloc
 from crashqueuelab.core.errors import (
     CrashQueueLabError,
     InvalidInput,
+    JobNotFound,
     StaleLease,
     StoreError,
     SystemUnavailable,
@@ -168,6 +169,9 @@ def _history(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
 
 def _replay(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     report = replay_database(args.database, job_id=args.job_id)
+    if args.job_id is not None and report.jobs_replayed == 0:
+        # As `history` says: replaying a job that does not exist is no proof of anything.
+        raise JobNotFound(args.job_id)
     return (EXIT_OK if report.ok else EXIT_REJECTED), {"ok": report.ok, "replay": report.to_json()}
 
 

@@ -108,8 +108,21 @@ class SchemaMismatch(StoreError):
 
     kind = "SchemaMismatch"
 
-    def __init__(self, path: str, found: int, expected: int, detail: str = "") -> None:
-        message = f"schema version {found}, expected {expected}"
+    def __init__(
+        self,
+        path: str,
+        found: int,
+        expected: int,
+        detail: str = "",
+        *,
+        application_ids: tuple[int, int] | None = None,
+    ) -> None:
+        if application_ids is not None:
+            # Another program's file (or another kind of ours): its identity says so.
+            found_id, expected_id = application_ids
+            message = f"application_id {found_id:#010x}, expected {expected_id:#010x}"
+        else:
+            message = f"schema version {found}, expected {expected}"
         super().__init__(path, f"{message}: {detail}" if detail else message)
         self.found = found
         self.expected = expected

@@ -77,7 +77,13 @@ def _check_identity(
     if application_id == 0 and user_version == 0 and objects == 0:
         return True
     if application_id != spec.application_id:
-        raise SchemaMismatch(path, user_version, spec.version, f"not a {spec.name} database")
+        raise SchemaMismatch(
+            path,
+            user_version,
+            spec.version,
+            f"not a {spec.name} database",
+            application_ids=(application_id, spec.application_id),
+        )
     raise SchemaMismatch(path, user_version, spec.version)
 
 

@@ -13,6 +13,18 @@ EXPECTED_APPLICATION_ID = 0x43514C31
 EXPECTED_SCHEMA_VERSION = 1
 
 
+def _read_only_uri(resolved: Path) -> str:
+    """Read-only; and immutable when there is no WAL file, so that reading creates nothing.
+
+    Without a ``-wal`` file every committed page is in the main file, and an immutable
+    open neither takes locks nor creates ``-shm``/``-wal`` files: a judged directory (even a
+    read-only one, even another program's database) is left exactly as it was. With a WAL
+    file present its content must be read, which needs SQLite's ordinary read-only mode.
+    """
+    immutable = not Path(f"{resolved}-wal").exists()
+    return f"{resolved.as_uri()}?mode=ro" + ("&immutable=1" if immutable else "")
+
+
 def open_read_only(
     path: str | Path,
     *,
@@ -29,7 +41,7 @@ def open_read_only(
     resolved = Path(name).resolve()
     if not resolved.is_file():
         raise StoreNotFound(name)
-    conn = sqlite3.connect(f"{resolved.as_uri()}?mode=ro", uri=True, isolation_level=None)
+    conn = sqlite3.connect(_read_only_uri(resolved), uri=True, isolation_level=None)
     try:
         try:
             found_id = conn.execute("PRAGMA application_id").fetchone()[0]
@@ -37,7 +49,13 @@ def open_read_only(
         except sqlite3.DatabaseError:
             raise NotADatabase(name) from None
         if found_id != application_id:
-            raise SchemaMismatch(name, found_version, version, f"not a {what}")
+            raise SchemaMismatch(
+                name,
+                found_version,
+                version,
+                f"not a {what}",
+                application_ids=(found_id, application_id),
+            )
         if found_version != version:
             raise SchemaMismatch(name, found_version, version)
     except BaseException:
@@ -52,4 +70,4 @@ def open_foreign_read_only(path: str | Path) -> sqlite3.Connection:
     resolved = Path(name).resolve()
     if not resolved.is_file():
         raise StoreNotFound(name)
-    return sqlite3.connect(f"{resolved.as_uri()}?mode=ro", uri=True, isolation_level=None)
+    return sqlite3.connect(_read_only_uri(resolved), uri=True, isolation_level=None)
