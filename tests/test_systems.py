@@ -162,3 +162,18 @@ def test_the_showcase_takes_an_outside_system_too(tmp_path: Path) -> None:
     )
     assert (code, result["error"]["type"]) == (cli.EXIT_USAGE, "SystemUnavailable")
     assert not (tmp_path / "t").exists()
+
+
+def test_a_system_that_raises_fails_its_bench_cells_without_a_traceback(tmp_path: Path) -> None:
+    code, result, err = run_cli(
+        "bench", "--system", "broken_adapters:raising_system", "--jobs", "10",
+        "--workers", "1", "--work-ms", "0", "--output-directory", str(tmp_path / "b"),
+    )  # fmt: skip
+    assert code == cli.EXIT_REJECTED
+    assert result["ok"] is False
+    assert "Traceback" not in err
+    assert "FAILED" in err
+    report = json.loads((tmp_path / "b" / "bench.json").read_text())
+    failed = [cell for cell in report["cells"] if "failed" in cell]
+    assert [cell["system"] for cell in failed] == ["tinyqueue-raising-single"]
+    assert "RuntimeError: the queue's claim is broken" in failed[0]["failed"]

@@ -15,9 +15,11 @@ import math
 import multiprocessing
 import os
 import platform
+import queue
 import shutil
 import sqlite3
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -163,6 +165,13 @@ def _verify(lane: Lane, store: Path, jobs: int) -> dict[str, Any]:
     }
 
 
+def _remove_store(store: Path) -> None:
+    if store.is_dir():
+        shutil.rmtree(store)
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{store}{suffix}").unlink(missing_ok=True)
+
+
 def run_config(
     context: Any, scratch: Path, *, lane: Lane, workers: int, work_ms: float, jobs: int, batch: int
 ) -> dict[str, Any]:
@@ -188,21 +197,31 @@ def run_config(
     ]
     for process in processes:
         process.start()
-    barrier.wait(timeout=WAIT_TIMEOUT_S)
-    released = time.monotonic()
-    reports: list[WorkerReport] = [results.get(timeout=WAIT_TIMEOUT_S * 5) for _ in processes]
+    try:
+        barrier.wait(timeout=WAIT_TIMEOUT_S)
+        released = time.monotonic()
+        reports: list[WorkerReport] = [results.get(timeout=WAIT_TIMEOUT_S * 5) for _ in processes]
+    except (threading.BrokenBarrierError, queue.Empty):
+        # A worker died (its system raised) or hung: this cell failed; the run goes on.
+        for process in processes:
+            process.kill()
+            process.join(timeout=WAIT_TIMEOUT_S)
+        _remove_store(store)
+        codes = [process.exitcode for process in processes]
+        return cell | {"failed": f"workers did not start or finish (exit codes {codes})"}
     for process in processes:
         process.join(timeout=WAIT_TIMEOUT_S)
     exit_codes = [process.exitcode for process in processes]
+    errors = [report.error for report in reports if report.error is not None]
+    if errors:
+        _remove_store(store)
+        return cell | {"failed": f"a worker's system raised: {errors[0]}"}
     finished = max(report.finished for report in reports)
     latencies = [value for report in reports for value in report.latencies_us]
     counts = [report.jobs for report in sorted(reports, key=lambda r: r.worker_index)]
     elapsed = finished - released
     verification = _verify(lane, store, jobs)
-    if store.is_dir():
-        shutil.rmtree(store)
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{store}{suffix}").unlink(missing_ok=True)
+    _remove_store(store)
     return cell | {
         "batch": batch if lane.path_kind == "batched" else 1,
         "jobs": jobs,
@@ -224,7 +243,7 @@ def _cell(
 ) -> dict[str, Any] | None:
     for cell in cells:
         key = (cell["system"], cell["workers"], cell["work_ms"])
-        if key == (system, workers, work_ms) and "skipped" not in cell:
+        if key == (system, workers, work_ms) and "jobs_per_s" in cell:
             return cell
     return None
 
@@ -265,10 +284,12 @@ def table(cells: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for cell in cells:
-        if "skipped" in cell:
+        if "jobs_per_s" not in cell:
+            why = (
+                f"skipped: {cell['skipped']}" if "skipped" in cell else f"FAILED: {cell['failed']}"
+            )
             lines.append(
-                f"| {cell['system']} | {cell['workers']} | {cell['work_ms']:g} |"
-                f" skipped: {cell['skipped']} | | | | |"
+                f"| {cell['system']} | {cell['workers']} | {cell['work_ms']:g} | {why} | | | | |"
             )
             continue
         lines.append(
@@ -319,7 +340,11 @@ def run_bench(
                 )
                 cells.append(cell)
                 if progress is not None:
-                    rate = cell.get("skipped") or f"{cell['jobs_per_s']:,.0f} jobs/s"
+                    rate = (
+                        f"{cell['jobs_per_s']:,.0f} jobs/s"
+                        if "jobs_per_s" in cell
+                        else cell.get("skipped") or cell.get("failed")
+                    )
                     progress(f"{lane.name} workers={count} work={cost:g}ms: {rate}")
     scratch.rmdir()
     report = {
@@ -335,7 +360,9 @@ def run_bench(
         "disk": disk,
         "cells": cells,
         "targets": targets(cells),
-        "ok": all(cell["verified"]["ok"] for cell in cells if "skipped" not in cell),
+        "ok": all(
+            "failed" not in cell and cell.get("verified", {"ok": True})["ok"] for cell in cells
+        ),
     }
     write_json(output_dir / BENCH_FILE, report)
     return report

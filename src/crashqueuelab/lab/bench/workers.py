@@ -54,6 +54,8 @@ class WorkerReport:
     latencies_us: list[int]
     started: float
     finished: float
+    #: What the system raised, when the worker could not drain the queue.
+    error: str | None = None
 
 
 def _work(milliseconds: float) -> None:
@@ -128,6 +130,13 @@ RUNNERS = {"textbook": _textbook, "single": _single, "batched": _batched}
 def run_worker(spec: WorkerSpec, barrier: Barrier, results: Queue[WorkerReport]) -> None:
     """Process entry point: drain the queue, then report."""
     sys.path[:0] = [entry for entry in spec.sys_path if entry not in sys.path]
-    latencies, started = RUNNERS[spec.path_kind](spec, barrier)
+    try:
+        latencies, started = RUNNERS[spec.path_kind](spec, barrier)
+    except Exception as error:  # the system failed: say so instead of leaving the parent waiting
+        barrier.abort()
+        results.put(
+            WorkerReport(spec.worker_index, 0, [], 0.0, 0.0, f"{type(error).__name__}: {error}")
+        )
+        return
     finished = time.monotonic()
     results.put(WorkerReport(spec.worker_index, len(latencies), latencies, started, finished))
