@@ -71,3 +71,21 @@ def test_every_crash_point_of_every_shipped_system_is_explained() -> None:
     for name in ("sqlite", "walqueue", "persist-queue"):
         for point in resolve_system(name).crash_points:
             assert f"| `{point.name}` |" in text, f"docs/fault-model.md: {name} {point.name}"
+
+
+def test_every_error_type_a_user_can_see_is_listed() -> None:
+    import inspect
+
+    from crashqueuelab.core import errors
+
+    text = (DOCS / "cli.md").read_text()
+    kinds = {
+        cls.kind
+        for _, cls in inspect.getmembers(errors, inspect.isclass)
+        if issubclass(cls, errors.CrashQueueLabError) and cls.kind != "CrashQueueLabError"
+    }
+    # Raised inside the lab, never out of the command line: the lab never asks a system for
+    # a heartbeat its capabilities say it lacks.
+    kinds -= {"OperationUnsupported"}
+    for kind in sorted(kinds | {"UsageError", "SQLiteError", "OSError"}):
+        assert f"| `{kind}` |" in text, f"docs/cli.md does not list {kind}"
