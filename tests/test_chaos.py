@@ -157,3 +157,38 @@ def test_a_single_owner_system_is_killed_paused_and_restarted_as_the_owner(
     assert accounting["judge"].startswith("crashqueuelab.judges.walfiles")
     # The owner was stopped past its leases; its late acknowledgements were refused.
     assert accounting["stale_operations_rejected"] >= 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--jobs", "10", "--kills", "20"], "20 kills and 5 pauses need at least 30 jobs"),
+        (["--jobs", "10", "--workers", "100000"], "workers: must be at most 64"),
+    ],
+)
+def test_a_run_that_could_not_deliver_its_plan_is_refused_up_front(
+    tmp_path: Path, argv: list[str], words: str
+) -> None:
+    import io
+
+    from crashqueuelab import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.main(["chaos", "--output-directory", str(tmp_path / "c"), *argv],
+                    stdout=out, stderr=err)  # fmt: skip
+    assert code == cli.EXIT_USAGE
+    assert words in json.loads(out.getvalue())["error"]["message"]
+    assert f"crashqueuelab: not ok: {json.loads(out.getvalue())['error']['message']}" in (
+        err.getvalue()
+    )
+    assert not (tmp_path / "c").exists()
+
+
+def test_a_short_run_says_which_faults_it_could_not_deliver(tmp_path: Path) -> None:
+    report = run_chaos(tmp_path / "c", seed=1, jobs=8, workers=2, kills=0, pauses=6)
+    if report["pauses_delivered"] < 6:
+        assert report["ok"] is False
+        missing = 6 - report["pauses_delivered"]
+        assert f"{missing} of 6 planned SIGSTOPs not delivered" in report["reasons"][0]
+    else:
+        assert report["reasons"] == []

@@ -9,6 +9,7 @@ import argparse
 import json
 import sqlite3
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
@@ -183,12 +184,27 @@ def _check(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     }
 
 
+#: Off a terminal, at most one progress line this often (seconds).
+PROGRESS_EVERY_S = 5.0
+
+
 def _progress(args: argparse.Namespace) -> Progress | None:
-    # One line per case on a terminal; quiet when stderr is a pipe or a file.
+    """Every progress line on a terminal; one every few seconds into a pipe or a file;
+    none with ``--quiet``. Every long command behaves alike."""
     stream: TextIO = args.stderr
-    if not stream.isatty():
+    if args.quiet:
         return None
-    return lambda message: print(message, file=stream, flush=True)
+    if stream.isatty():
+        return lambda message: print(message, file=stream, flush=True)
+    last = [-PROGRESS_EVERY_S]
+
+    def throttled(message: str) -> None:
+        now = time.monotonic()
+        if now - last[0] >= PROGRESS_EVERY_S:
+            last[0] = now
+            print(message, file=stream, flush=True)
+
+    return throttled
 
 
 def _demo(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
@@ -211,6 +227,7 @@ def _campaign(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         "seed": report["seed"],
         "summary": report["summary"],
         "anomalies": report["anomalies"],
+        "reasons": report["anomalies"],
         "campaign_report": str(args.output_directory / CAMPAIGN_FILE),
     }
 
@@ -226,7 +243,6 @@ def _showcase(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
 
 
 def _chaos(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
-    stream: TextIO = args.stderr
     report = run_chaos(
         args.output_directory,
         seed=args.seed,
@@ -237,12 +253,13 @@ def _chaos(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         lease_ms=args.lease_ms,
         batch=args.batch,
         system=args.system,
-        progress=lambda message: print(message, file=stream, flush=True),
+        progress=_progress(args),
     )
     return (EXIT_OK if report["ok"] else EXIT_REJECTED), {
         key: report[key]
         for key in (
-            "ok", "system", "notes", "seed", "parameters", "kills_delivered", "pauses_delivered",
+            "ok", "reasons", "system", "notes", "seed", "parameters", "kills_delivered",
+            "pauses_delivered",
             "pauses_with_takeover", "pauses_fenced", "respawns", "accounting", "anomalies",
             "timings",
         )
@@ -292,6 +309,7 @@ def _add_experiment(parser: argparse.ArgumentParser) -> None:
         "--output-directory", type=Path, required=True, help="a new or empty directory"
     )
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="fixes order and ids")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
 def _add_database(parser: argparse.ArgumentParser) -> None:
@@ -497,7 +515,10 @@ def main(
     except OSError as error:
         code, result = EXIT_STORE, _error("OSError", str(error))
     if not result.get("ok", False):
-        print(f"crashqueuelab: {result.get('error', {}).get('message', 'not ok')}", file=err)
+        reasons = result.get("reasons") or [result.get("error", {}).get("message", "not ok")]
+        shown = "; ".join(str(reason) for reason in reasons[:5])
+        more = f" (and {len(reasons) - 5} more)" if len(reasons) > 5 else ""
+        print(f"crashqueuelab: not ok: {shown}{more}", file=err)
     out.write(json.dumps(result, indent=2, sort_keys=True) + "\n")
     out.flush()
     return code

@@ -14,6 +14,7 @@ run out. Either way its late acknowledgements must be refused by the lease fenci
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import signal
@@ -24,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from crashqueuelab.core.errors import InvalidInput
+from crashqueuelab.core.validation import require_int
 from crashqueuelab.lab.chaos.accounting import judge_run
 from crashqueuelab.lab.chaos.processes import (
     ERROR_SUFFIX,
@@ -33,7 +36,7 @@ from crashqueuelab.lab.chaos.processes import (
     open_client,
     worker_main,
 )
-from crashqueuelab.lab.chaos.schedule import FaultKind, PlannedFault, plan
+from crashqueuelab.lab.chaos.schedule import SPAN, FaultKind, PlannedFault, plan
 from crashqueuelab.lab.chaos.worklog import LOG_SUFFIX, LogFollower, read_logs
 from crashqueuelab.lab.children import CLI_MODULE
 from crashqueuelab.lab.effects import Destination, EffectLedger
@@ -58,6 +61,8 @@ MIN_WORKER_AGE_S = 0.01
 DRAIN_S = 10.0
 #: A run stops once workers died this often without being killed (the system raised).
 MAX_WORKER_FAILURES = 5
+#: More worker processes than this would only measure the machine's process table.
+MAX_WORKERS = 64
 
 Progress = Callable[[str], None]
 
@@ -292,6 +297,7 @@ def run_chaos(
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Run one chaos experiment into ``output_dir`` (new or empty) and return its report."""
+    _check_parameters(jobs=jobs, workers=workers, kills=kills, pauses=pauses)
     chosen = resolve_system(system)
     prepare_output_directory(output_dir)
     files = RunFiles(
@@ -374,6 +380,15 @@ def run_chaos(
             and kills_delivered == kills
             and pauses_delivered == pauses
         ),
+        "reasons": _reasons(
+            accounting,
+            run.state.failures,
+            pause_anomalies,
+            delivered,
+            kills=kills,
+            pauses=pauses,
+            finished_in_time=finished_in_time,
+        ),
         "finished_in_time": finished_in_time,
         "faults": delivered,
         "artifacts": {
@@ -386,6 +401,22 @@ def run_chaos(
     }
     write_json(output_dir / CHAOS_FILE, report)
     return report
+
+
+def _check_parameters(*, jobs: int, workers: int, kills: int, pauses: int) -> None:
+    """Refuse, before anything starts, a run that could not deliver what it plans."""
+    require_int("jobs", jobs, minimum=1)
+    require_int("workers", workers, minimum=1, maximum=MAX_WORKERS)
+    require_int("kills", kills, minimum=0)
+    require_int("pauses", pauses, minimum=0)
+    # Faults fire at progress marks spread over the first SPAN of the jobs, one mark each.
+    room = int(jobs * SPAN)
+    if kills + pauses > room:
+        raise InvalidInput(
+            "kills",
+            f"{kills} kills and {pauses} pauses need at least {math.ceil((kills + pauses) / SPAN)}"
+            f" jobs; {jobs} jobs leave room for {room} faults",
+        )
 
 
 def _drive(
@@ -428,6 +459,44 @@ def _drive(
         return False
     finally:
         run.continue_paused(watcher, force=True)
+
+
+def _reasons(
+    accounting: dict[str, Any],
+    failures: list[dict[str, Any]],
+    pause_anomalies: list[str],
+    delivered: list[dict[str, Any]],
+    *,
+    kills: int,
+    pauses: int,
+    finished_in_time: bool,
+) -> list[str]:
+    """Why a run is not ok, one line each (empty when it is)."""
+    reasons = [
+        f"{failure['worker_id']} exited with status {failure['exit_code']}: {failure['error']}"
+        for failure in failures
+    ]
+    if not finished_in_time:
+        reasons.append("the work did not finish before the deadline")
+    for kind, planned in ((FaultKind.KILL, kills), (FaultKind.PAUSE, pauses)):
+        landed = _kind_count(delivered, kind)
+        if landed != planned:
+            reasons.append(
+                f"{planned - landed} of {planned} planned {kind.value}s not delivered"
+                " (the work ended first or no worker could be hit)"
+            )
+    for name in ("lost", "dead", "unexpected", "duplicated_effects", "effects_missing"):
+        if accounting[name]:
+            reasons.append(f"{name.replace('_', ' ')}: {accounting[name]}")
+    if accounting["acknowledged_twice"]:
+        reasons.append(f"jobs acknowledged twice: {accounting['acknowledged_twice']}")
+    if not accounting["judge_ok"]:
+        reasons.append(
+            f"the reader found the store inconsistent: {accounting['judge_problems'][:3]}"
+        )
+    if not all(accounting["integrity_check_ok"].values()):
+        reasons.append(f"ledger integrity: {accounting['integrity_check_ok']}")
+    return reasons + pause_anomalies
 
 
 def _judge_pauses(delivered: list[dict[str, Any]], log_dir: Path) -> list[str]:
