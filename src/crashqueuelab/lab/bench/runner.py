@@ -221,11 +221,18 @@ def run_config(
     counts = [report.jobs for report in sorted(reports, key=lambda r: r.worker_index)]
     elapsed = finished - released
     verification = _verify(lane, store, jobs)
+    # What the workers were told: an acknowledgement of a job another worker also
+    # acknowledged is a job handed out twice, whatever the store's attempt counter says.
+    acknowledged = sum(counts)
+    verification["acknowledged"] = acknowledged
+    verification["handed_out_twice"] = max(0, acknowledged - jobs)
+    verification["ok"] = verification["ok"] and acknowledged == jobs
     _remove_store(store)
     return cell | {
         "batch": batch if lane.path_kind == "batched" else 1,
         "jobs": jobs,
-        "jobs_per_s": sum(counts) / elapsed if elapsed > 0 else 0.0,
+        # Jobs finished per second; repeated acknowledgements of one job do not count.
+        "jobs_per_s": min(acknowledged, jobs) / elapsed if elapsed > 0 else 0.0,
         "elapsed_s": elapsed,
         "latency_p50_ms": percentile(latencies, 0.5) / 1000,
         "latency_p99_ms": percentile(latencies, 0.99) / 1000,
