@@ -116,6 +116,7 @@ def test_the_showcase_prints_a_summary_computed_from_its_artifacts(tmp_path: Pat
         "idempotent": 1,
         "non_idempotent": 2,
     }
+    assert summary.pop("report") == str(target / "report.html")
     assert json.loads((target / "showcase.json").read_text()) == summary
     # Damage one retained effect database: the summary, recomputed, must notice.
     conn = sqlite3.connect(

@@ -111,10 +111,10 @@ def test_the_accounting_notices_lost_duplicated_and_unexpected_work(
     conn.close()
     # Two workers were both told that their acknowledgement of one job was accepted.
     (tmp_path / "logs" / "worker-0.1.log").write_text(
-        "claim chaos-000007 t1\nack chaos-000007 t1\n"
+        "claim chaos-000007 t1 1.0\nacking chaos-000007 t1 1.1\nack chaos-000007 t1 1.2\n"
     )
     (tmp_path / "logs" / "worker-1.1.log").write_text(
-        "claim chaos-000007 t2\nack chaos-000007 t2\n"
+        "claim chaos-000007 t2 2.0\nacking chaos-000007 t2 2.1\nack chaos-000007 t2 2.2\n"
     )
     keys = [f"chaos-{n:06d}" for n in range(600)] + ["chaos-999999"]
     verdict = judge_run(

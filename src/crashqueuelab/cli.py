@@ -6,6 +6,7 @@ Exit codes are the named constants below and are documented in docs/cli.md.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sqlite3
 import sys
@@ -207,11 +208,39 @@ def _progress(args: argparse.Namespace) -> Progress | None:
     return throttled
 
 
+def _html_report(directory: Path, stderr: TextIO | None = None) -> str | None:
+    """Write the run's report.html when Jinja2 is installed (the reports extra); its path.
+
+    The run's evidence is already on disk: a page that cannot be built is said on stderr
+    and costs the run nothing (``crashqueuelab report DIR`` can build it again).
+    """
+    if importlib.util.find_spec("jinja2") is None:
+        return None
+    from crashqueuelab.lab.pages.render import write_report
+
+    try:
+        return str(write_report(directory))
+    except Exception as error:
+        print(f"crashqueuelab: report.html not written: {error!r}", file=stderr or sys.stderr)
+        return None
+
+
+def _report(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    from crashqueuelab.lab.pages.render import write_report
+
+    directory: Path = args.directory
+    if not directory.is_dir():
+        raise InvalidInput("directory", f"{directory} is not a directory")
+    path = write_report(directory)
+    return EXIT_OK, {"ok": True, "report": str(path)}
+
+
 def _demo(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     comparison = run_demo(args.output_directory, seed=args.seed, system=args.system)
     ok = all(comparison[name]["invariants_ok"] for name in ("idempotent", "non_idempotent"))
     return (EXIT_OK if ok else EXIT_REJECTED), {
         "ok": ok,
+        "report": _html_report(args.output_directory),
         "comparison": comparison,
         "output_directory": str(args.output_directory),
     }
@@ -223,6 +252,7 @@ def _campaign(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     )
     return (EXIT_OK if report["ok"] else EXIT_REJECTED), {
         "ok": report["ok"],
+        "report": _html_report(args.output_directory),
         "system": report["system"],
         "seed": report["seed"],
         "summary": report["summary"],
@@ -239,7 +269,17 @@ def _showcase(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         systems=args.system or list(SHIPPED),
         progress=_progress(args),
     )
-    return (EXIT_OK if summary["ok"] else EXIT_REJECTED), summary
+    sections = [Path(section["artifacts"]["campaign_report"]).parent.parent
+                for section in summary["systems"].values()]  # fmt: skip
+    if importlib.util.find_spec("jinja2") is not None:
+        for section in sections:
+            _html_report(section / "effect-commit-before-acknowledgement")
+            _html_report(section / "process-fault-campaign")
+    report = _html_report(args.output_directory)
+    if report is not None:
+        print(f"crashqueuelab: {'passed' if summary['ok'] else 'NOT OK'}; report: {report}",
+              file=args.stderr)  # fmt: skip
+    return (EXIT_OK if summary["ok"] else EXIT_REJECTED), {"report": report, **summary}
 
 
 def _chaos(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
@@ -263,7 +303,10 @@ def _chaos(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
             "pauses_with_takeover", "pauses_fenced", "respawns", "accounting", "anomalies",
             "timings",
         )
-    } | {"chaos_report": str(args.output_directory / CHAOS_FILE)}  # fmt: skip
+    } | {
+        "chaos_report": str(args.output_directory / CHAOS_FILE),
+        "report": _html_report(args.output_directory),
+    }  # fmt: skip
 
 
 def _bench(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
@@ -279,6 +322,7 @@ def _bench(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     args.stderr.write(table(report["cells"]) + "\n")
     return (EXIT_OK if report["ok"] else EXIT_REJECTED), {
         "ok": report["ok"],
+        "report": _html_report(args.output_directory),
         "systems": report["systems"],
         "disk": report["disk"],
         "targets": report["targets"],
@@ -402,6 +446,15 @@ def _experiment_commands(command: _Command) -> None:
     )
 
 
+def _report_command(commands: Any) -> None:
+    help_text = "(re)build DIR/report.html from a run's retained files (needs the reports extra)"
+    sub = commands.add_parser("report", help=help_text, description=help_text)
+    sub.set_defaults(handler=_report)
+    sub.add_argument(
+        "directory", type=Path, help="a showcase, demo, campaign, chaos or bench directory"
+    )
+
+
 def _database_commands(command: _Command) -> None:
     """The operations on one queue database."""
     sub = command("submit", _submit, "submit a job (idempotent by key)")
@@ -463,6 +516,7 @@ def build_parser() -> argparse.ArgumentParser:
         return sub
 
     _experiment_commands(command)
+    _report_command(commands)
     _database_commands(command)
     return parser
 

@@ -347,6 +347,7 @@ def run_campaign(
     probes = run_probes(chosen, output_dir / "probes")
     report: dict[str, Any] = {
         "system": chosen.describe(),
+        "system_spec": system,
         "seed": seed,
         "crash_mode": CRASH_MODE,
         "execution_order": [point.name for point in order],

@@ -11,6 +11,7 @@ release to the last acknowledgement. A system with a single owner runs with one 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import multiprocessing
 import os
@@ -49,6 +50,8 @@ DEFAULT_WORKERS = (1, 2, 4, 8, 16)
 DEFAULT_WORK_MS = (0.0, 1.0)
 DEFAULT_BATCH = 32
 BENCH_FILE = "bench.json"
+#: How long a failed cell waits for its workers' own account of what went wrong.
+REPORT_GRACE_S = 5.0
 #: The default system's lanes, which the targets compare with the textbook queue.
 SINGLE = f"{DEFAULT_SYSTEM}-single"
 BATCHED = f"{DEFAULT_SYSTEM}-batched"
@@ -203,11 +206,18 @@ def run_config(
         reports: list[WorkerReport] = [results.get(timeout=WAIT_TIMEOUT_S * 5) for _ in processes]
     except (threading.BrokenBarrierError, queue.Empty):
         # A worker died (its system raised) or hung: this cell failed; the run goes on.
+        errors = []
+        with contextlib.suppress(queue.Empty):
+            for _ in processes:
+                report = results.get(timeout=REPORT_GRACE_S)
+                errors += [report.error] if report.error is not None else []
         for process in processes:
             process.kill()
             process.join(timeout=WAIT_TIMEOUT_S)
         _remove_store(store)
         codes = [process.exitcode for process in processes]
+        if errors:
+            return cell | {"failed": f"a worker's system raised: {errors[0]}"}
         return cell | {"failed": f"workers did not start or finish (exit codes {codes})"}
     for process in processes:
         process.join(timeout=WAIT_TIMEOUT_S)
@@ -362,6 +372,7 @@ def run_bench(
             "platform": platform.platform(),
         },
         "systems": {lane.name: lane.description for lane in lanes},
+        "system_specs": list(systems),
         "jobs_per_cell": jobs,
         "batch": batch,
         "disk": disk,

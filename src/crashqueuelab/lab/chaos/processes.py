@@ -103,7 +103,7 @@ def _work(spec: WorkerSpec) -> None:
                     time.sleep(POLL_S)
                     continue
                 for claim in claims:
-                    log.write(f"claim {claim.key} {claim.token}\n")
+                    log.write(f"claim {claim.key} {claim.token} {time.monotonic():.6f}\n")
                 for claim in claims:
                     for ledger in (executions, effects):
                         ledger.apply(
@@ -114,10 +114,11 @@ def _work(spec: WorkerSpec) -> None:
                             worker_id=spec.worker_id,
                         )
                 for claim in claims:
-                    log.write(f"acking {claim.key} {claim.token}\n")
+                    log.write(f"acking {claim.key} {claim.token} {time.monotonic():.6f}\n")
                 verdicts = client.succeed_many(claims)
+                answered = time.monotonic()
                 for claim, verdict in zip(claims, verdicts, strict=True):
-                    log.write(f"{_answer(verdict)} {claim.key} {claim.token}\n")
+                    log.write(f"{_answer(verdict)} {claim.key} {claim.token} {answered:.6f}\n")
     finally:
         client.close()
 

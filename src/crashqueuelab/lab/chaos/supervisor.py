@@ -81,6 +81,8 @@ class _RunState:
     delivered: list[dict[str, Any]] = field(default_factory=list)
     respawns: int = 0
     failures: list[dict[str, Any]] = field(default_factory=list)
+    #: Every worker process started: its id, slot and start (seconds into the run).
+    workers: list[dict[str, Any]] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
     # slot index -> (the pause's record, the leases it held, when to continue it anyway)
     paused: dict[int, tuple[dict[str, Any], set[tuple[str, str]], float]] = field(
@@ -191,6 +193,13 @@ class _ChaosRun:
         slot.process = self.context.Process(target=worker_main, args=(spec,), daemon=True)
         slot.process.start()
         slot.started_at = time.monotonic()
+        self.state.workers.append(
+            {
+                "worker_id": slot.worker_id,
+                "slot": slot.index,
+                "started_at_s": round(slot.started_at - self.state.started, 6),
+            }
+        )
 
     def launch(self) -> None:
         if not self.single_owner:
@@ -350,6 +359,7 @@ def run_chaos(
     pauses_delivered = _kind_count(delivered, FaultKind.PAUSE)
     report = {
         "system": chosen.describe(),
+        "system_spec": system,
         "seed": seed,
         "notes": notes,
         "parameters": {
@@ -397,6 +407,9 @@ def run_chaos(
             "non_idempotent_ledger": "executions-non-idempotent.sqlite",
             "worker_logs": "worker-logs",
         },
+        "workers_started": run.state.workers,
+        # The run's start on the machine's monotonic clock, which the worker logs also use.
+        "started_monotonic_s": started,
         "timings": {"elapsed_s": round(elapsed, 3)},
     }
     write_json(output_dir / CHAOS_FILE, report)

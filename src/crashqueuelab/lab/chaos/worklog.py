@@ -7,10 +7,11 @@ held what when it paused a worker; the accounting reads them to count what the w
 told, which no database records: two accepted acknowledgements of one job mean the system
 accepted a stale one.
 
-Line format: ``claim KEY TOKEN`` once the claim returned; ``acking KEY TOKEN`` just before the
-acknowledgement is sent (from then on the lease may be gone at any moment, so a worker
-stopped there is not counted as holding it); ``ack KEY TOKEN`` or ``stale KEY TOKEN`` with
-the system's answer.
+Line format: ``claim KEY TOKEN T`` once the claim returned; ``acking KEY TOKEN T`` just
+before the acknowledgement is sent (from then on the lease may be gone at any moment, so a
+worker stopped there is not counted as holding it); ``ack KEY TOKEN T`` or ``stale KEY TOKEN
+T`` with the system's answer. ``T`` is ``time.monotonic()``, one clock for every process of
+the machine, so the report can place every line on the run's timeline.
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ class WorkerLog:
     acking: list[tuple[str, str]] = field(default_factory=list)
     acks: list[tuple[str, str]] = field(default_factory=list)
     stale: list[tuple[str, str]] = field(default_factory=list)
+    #: When each accepted acknowledgement was heard (monotonic seconds), in log order.
+    ack_times: list[float] = field(default_factory=list)
+    #: When the first and the last line were written.
+    first_at: float | None = None
+    last_at: float | None = None
 
     def held(self) -> set[tuple[str, str]]:
         """Claims whose acknowledgement has not started: leases this worker surely holds."""
@@ -46,8 +52,16 @@ class WorkerLog:
         }
         for line in text.splitlines():
             parts = line.split(" ")
-            if len(parts) == 3 and parts[0] in lists:
+            if len(parts) == 4 and parts[0] in lists:
                 lists[parts[0]].append((parts[1], parts[2]))
+                try:
+                    at = float(parts[3])
+                except ValueError:
+                    continue
+                self.first_at = at if self.first_at is None else self.first_at
+                self.last_at = at
+                if parts[0] == "ack":
+                    self.ack_times.append(at)
 
 
 def _complete(data: bytes) -> bytes:

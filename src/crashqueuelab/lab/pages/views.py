@@ -1,0 +1,492 @@
+"""What each kind of report shows, computed from a run directory's retained files alone."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from crashqueuelab.lab.chaos.worklog import read_logs
+from crashqueuelab.lab.pages.charts import Chart, Mark, Rule, Series, rate_over_time
+
+PALETTE = ("#1a73e8", "#188038", "#9334e6", "#e37400", "#d01884", "#007b83", "#5f6368")
+KILL, PAUSE = "#d93025", "#f29900"
+
+
+@dataclass
+class Verdict:
+    ok: bool
+    title: str
+    system: str
+    durability: str
+    seed: int | None
+    duration: float | None
+    command: str
+    reasons: list[str] = field(default_factory=list)
+
+
+@dataclass
+class View:
+    template: str
+    verdict: Verdict
+    figures: list[tuple[str, str, str]]
+    data: dict[str, Any]
+
+
+def _read(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "NO"
+
+
+def _timeline(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A store's history as rows relative to its first entry (SQLite events, walqueue frames)."""
+    rows = []
+    for entry in history:
+        at = entry.get("at_us", entry.get("now"))
+        what = entry.get("event_type", entry.get("type", "?"))
+        job = (
+            entry.get("job_id")
+            or entry.get("task_id")
+            or ",".join(
+                str(item.get("task_id", item)) if isinstance(item, dict) else str(item)
+                for item in entry.get("task_ids", entry.get("tasks", []))
+            )
+        )
+        shown = ("at_us", "now", "event_type", "type", "job_id", "task_id", "task_ids", "tasks")
+        detail = ", ".join(
+            f"{key}={value}"
+            for key, value in entry.items()
+            if key not in shown and value is not None
+        )
+        rows.append(
+            {
+                "at": at if isinstance(at, int) else None,
+                "what": what,
+                "job": job,
+                "detail": detail[:200],
+            }
+        )
+    known = [row["at"] for row in rows if row["at"] is not None]
+    start = min(known) if known else 0
+    for row in rows:
+        row["at"] = 0.0 if row["at"] is None else (row["at"] - start) / 1e6
+    return rows
+
+
+def _signature_text(signature: dict[str, Any]) -> str:
+    return (
+        f"effect {_job_state(signature['effect_job'])} · flaky {_job_state(signature['flaky_job'])}"
+        f" · effects {signature['effect_job_effects']}"
+    )
+
+
+def _job_state(state: list[Any] | None) -> str:
+    return "absent" if state is None else f"{state[0]}/{state[1]}"
+
+
+def _states(states: dict[str, str] | None) -> str:
+    return "none" if states is None else ", ".join(f"{role} {s}" for role, s in states.items())
+
+
+def campaign_view(run_dir: Path) -> View:
+    report = _read(run_dir / "campaign.json")
+    system, summary = report["system"], report["summary"]
+    cases = []
+    for case in report["cases"]:
+        case_dir = run_dir / case["artifacts"]["case_directory"]
+        history_file = case_dir / "history.json"
+        history = _read(history_file) if history_file.is_file() else []
+        ledger = case["recovery"]["ledger"]
+        cases.append(
+            case
+            | {
+                "anchor": case["case_id"],
+                "executions": ledger["effects"] + ledger["absorbed"],
+                "durable_effects": ledger["effects"],
+                "timeline": _timeline(history),
+                "found": _signature_text(case["crash_state"]["signature"]),
+                "expected": _signature_text(case["expected_crash_signature"]),
+                "final": _states(case["recovered_terminal_state"]),
+            }
+        )
+    verdict = Verdict(
+        ok=report["ok"],
+        title=f"process-fault campaign, {summary['named_fault_points']} crash points",
+        system=system["name"],
+        durability=system["durability"],
+        seed=report["seed"],
+        duration=report["timings"]["total_ms"] / 1000,
+        command=f"crashqueuelab campaign --system {report.get('system_spec', system['name'])}"
+        f" --seed {report['seed']} --output-directory {run_dir}",
+        reasons=report.get("anomalies", []),
+    )
+    figures = [
+        (
+            "crash points passed",
+            f"{summary['passed']} of {summary['named_fault_points']}",
+            "a real child died there (exit 86, its last words), left the declared state,"
+            " and recovered",
+        ),
+        (
+            "exit codes",
+            ", ".join(map(str, summary["exit_codes"])),
+            "86 is the crash hook's os._exit",
+        ),
+        ("crash states as declared", _yes(summary["crash_states_all_match"]), ""),
+        (
+            "store consistent at the crash",
+            _yes(summary["crash_time_judgement_all_ok"]),
+            "the system's independent reader on the crash-time copy",
+        ),
+        ("recovery finished every job, effects once", _yes(summary["recovery_all_succeeded"]), ""),
+        (
+            "fencing probes",
+            f"{summary['probes_passed']} passed, {summary['probes_failed']} failed,"
+            f" {summary['probes_skipped']} skipped",
+            "skipped: the system lacks the capability",
+        ),
+        ("system", system["version"], system["durability"]),
+    ]
+    return View("campaign.html.j2", verdict, figures, {"cases": cases, "probes": report["probes"]})
+
+
+def chaos_view(run_dir: Path) -> View:
+    report = _read(run_dir / "chaos.json")
+    accounting, parameters = report["accounting"], report["parameters"]
+    elapsed = report["timings"]["elapsed_s"]
+    start = report.get("started_monotonic_s")
+    logs = read_logs(run_dir / "worker-logs")
+    acks = [at - start for log in logs.values() for at in log.ack_times] if start else []
+    faults = [f for f in report["faults"] if "at_s" in f]
+    marks = [
+        Mark(
+            f["at_s"],
+            f"{f['kind']} {f['worker_id']} at {f['at_s']:.2f} s",
+            KILL if f["kind"] == "SIGKILL" else PAUSE,
+        )
+        for f in faults
+    ]
+    throughput = Chart(
+        "Acknowledgements per second, with every kill (red) and pause (orange)",
+        "seconds into the run",
+        "jobs/s",
+        [Series("acknowledged jobs/s", rate_over_time(acks, end=elapsed), PALETTE[0])],
+        marks=marks,
+    )
+    lanes = _chaos_lanes(report, logs, start, elapsed)
+    verdict = Verdict(
+        ok=report["ok"],
+        title=f"chaos: {parameters['jobs']:,} jobs, {report['kills_delivered']:,} kills,"
+        f" {report['pauses_delivered']} pauses, {parameters['workers']} workers",
+        system=report["system"]["name"],
+        durability=report["system"]["durability"],
+        seed=report["seed"],
+        duration=elapsed,
+        command="crashqueuelab chaos"
+        f" --system {report.get('system_spec', report['system']['name'])}"
+        f" --seed {report['seed']} --jobs {parameters['jobs']} --workers {parameters['workers']}"
+        f" --kills {parameters['kills']} --pauses {parameters['pauses']}"
+        f" --lease-ms {parameters['lease_ms']} --batch {parameters['batch']}"
+        f" --output-directory {run_dir}",
+        reasons=report.get("reasons", []),
+    )
+    figures = [
+        (
+            "jobs submitted / succeeded",
+            f"{accounting['submitted']:,} / {accounting['succeeded']:,}",
+            "",
+        ),
+        (
+            "lost, dead, unexpected",
+            f"{accounting['lost']}, {accounting['dead']}, {accounting['unexpected']}",
+            "must be 0",
+        ),
+        (
+            "duplicated effects (idempotent ledger)",
+            str(accounting["duplicated_effects"]),
+            "must be 0",
+        ),
+        (
+            "executions (non-idempotent ledger)",
+            f"{accounting['executions']:,}",
+            f"{accounting['redelivered_executions']:,} ran again: at-least-once",
+        ),
+        ("repeats absorbed by the idempotent ledger", f"{accounting['absorbed_duplicates']:,}", ""),
+        ("acknowledgements refused (fencing)", f"{accounting['stale_operations_rejected']:,}", ""),
+        ("jobs acknowledged twice", str(accounting["acknowledged_twice"]), "must be 0"),
+        (
+            "kills / pauses delivered",
+            f"{report['kills_delivered']:,} / {report['pauses_delivered']}",
+            "",
+        ),
+        (
+            "paused workers fenced",
+            str(report.get("pauses_fenced", 0)),
+            "every late acknowledgement of the leases they held was refused",
+        ),
+        ("respawns", f"{report['respawns']:,}", ""),
+        (
+            "store judged by",
+            accounting["judge"],
+            "ok" if accounting["judge_ok"] else "INCONSISTENT",
+        ),
+    ]
+    explanations = _explain(report.get("anomalies", []), logs, start)
+    return View(
+        "chaos.html.j2",
+        verdict,
+        figures,
+        {
+            "throughput": throughput,
+            "lanes": lanes,
+            "end": max(elapsed, 0.001),
+            "explanations": explanations,
+            "notes": report.get("notes", []),
+        },
+    )
+
+
+def _chaos_lanes(
+    report: dict[str, Any], logs: dict[str, Any], start: float | None, elapsed: float
+) -> list[dict[str, Any]]:
+    """One lane per worker slot: each process's life, its kills and pauses."""
+    by_slot: dict[int, list[dict[str, Any]]] = {}
+    for worker in report.get("workers_started", []):
+        by_slot.setdefault(worker["slot"], []).append(worker)
+    lanes = []
+    for slot, workers in sorted(by_slot.items()):
+        spans = []
+        for index, worker in enumerate(workers):
+            end = workers[index + 1]["started_at_s"] if index + 1 < len(workers) else elapsed
+            log = logs.get(worker["worker_id"])
+            acked = len(log.acks) if log else 0
+            spans.append(
+                {
+                    "start": worker["started_at_s"],
+                    "end": end,
+                    "color": PALETTE[index % 2],
+                    "title": f"{worker['worker_id']}: {acked} acknowledgements",
+                }
+            )
+        dots = [
+            {
+                "at": f["at_s"],
+                "color": KILL if f["kind"] == "SIGKILL" else PAUSE,
+                "title": f"{f['kind']} {f['worker_id']} at {f['at_s']:.3f} s",
+            }
+            for f in report["faults"]
+            if "at_s" in f and f.get("worker_slot") == slot
+        ]
+        lanes.append(
+            {"label": f"slot {slot} ({len(workers)} processes)", "spans": spans, "dots": dots}
+        )
+    return lanes
+
+
+def _explain(
+    anomalies: list[str], logs: dict[str, Any], start: float | None
+) -> list[dict[str, Any]]:
+    """Each anomaly with what the workers' logs say of its job, in time order."""
+    explained = []
+    for line in anomalies[:20]:
+        words = line.split()
+        key = words[1].rstrip(":") if len(words) > 1 and words[0] == "job" else None
+        evidence = []
+        if key is not None:
+            for worker, log in logs.items():
+                for kind, entries in (
+                    ("claimed", log.claims),
+                    ("acknowledged (accepted)", log.acks),
+                    ("acknowledgement refused", log.stale),
+                ):
+                    evidence += [
+                        f"{worker} {kind} (lease {token})" for k, token in entries if k == key
+                    ]
+        explained.append({"anomaly": line, "evidence": sorted(evidence)})
+    return explained
+
+
+def bench_view(run_dir: Path) -> View:
+    report = _read(run_dir / "bench.json")
+    cells = [cell for cell in report["cells"] if "jobs_per_s" in cell]
+    lanes = list(report.get("systems", {}))
+    charts = []
+    for work in sorted({cell["work_ms"] for cell in cells}):
+        series, latency = [], []
+        for index, lane in enumerate(lanes):
+            own = sorted(
+                (c for c in cells if c["system"] == lane and c["work_ms"] == work),
+                key=lambda c: c["workers"],
+            )
+            if own:
+                color = PALETTE[index % len(PALETTE)]
+                series.append(Series(lane, [(c["workers"], c["jobs_per_s"]) for c in own], color))
+                latency.append(
+                    Series(lane, [(c["workers"], c["latency_p99_ms"]) for c in own], color)
+                )
+        charts.append(
+            Chart(
+                f"Jobs per second, {work:g} ms of work per job",
+                "workers",
+                "jobs/s",
+                series,
+                rules=[Rule(report["disk"]["fsyncs_per_s"], "fsyncs/s of this disk")],
+                log_x=True,
+            )
+        )
+        charts.append(
+            Chart(
+                f"p99 claim-to-acknowledgement latency, {work:g} ms of work",
+                "workers",
+                "ms",
+                latency,
+                log_x=True,
+            )
+        )
+    failed = [
+        f"{c['system']} at {c['workers']} workers: {c['failed']}"
+        for c in report["cells"]
+        if "failed" in c
+    ]
+    failed += [
+        f"{c['system']} at {c['workers']} workers, {c['work_ms']:g} ms:"
+        f" not verified ({c['verified']})"
+        for c in cells
+        if not c["verified"]["ok"]
+    ]
+    verdict = Verdict(
+        ok=report["ok"],
+        title=f"benchmark: {', '.join(lanes)}",
+        system=", ".join(lanes),
+        durability="; ".join(
+            f"{name}: {d.get('durability', '')}" for name, d in report.get("systems", {}).items()
+        ),
+        seed=None,
+        duration=None,
+        command="crashqueuelab bench "
+        + " ".join(f"--system {spec}" for spec in report.get("system_specs", []))
+        + f" --jobs {report['jobs_per_cell']} --batch {report['batch']}"
+        + f" --output-directory {run_dir}",
+        reasons=failed,
+    )
+    figures = [
+        (
+            "disk",
+            f"{report['disk']['fsyncs_per_s']:,.0f} fsyncs/s",
+            f"p50 {report['disk']['p50_us']:.0f} µs",
+        ),
+        (
+            "jobs per cell",
+            f"{report['jobs_per_cell']:,}",
+            "pre-submitted; workers released together",
+        ),
+        (
+            "machine",
+            f"{report['machine']['cpus']} CPUs",
+            f"Python {report['machine']['python']}, SQLite {report['machine']['sqlite']}",
+        ),
+    ]
+    return View("bench.html.j2", verdict, figures, {"charts": charts, "cells": report["cells"]})
+
+
+def demo_view(run_dir: Path) -> View:
+    comparison = _read(run_dir / "comparison.json")
+    sides = []
+    for name in ("non_idempotent", "idempotent"):
+        scenario = _read(run_dir / name / "report.json")
+        history_file = run_dir / name / "history.json"
+        sides.append(
+            {
+                "name": name.replace("_", "-"),
+                "figures": comparison[name],
+                "report": scenario,
+                "timeline": _timeline(_read(history_file)) if history_file.is_file() else [],
+            }
+        )
+    system = comparison.get("system", {"name": "sqlite", "durability": ""})
+    idem, non = comparison["idempotent"], comparison["non_idempotent"]
+    ok = idem["invariants_ok"] and non["invariants_ok"]
+    verdict = Verdict(
+        ok=ok,
+        title="effect committed, then a crash before the acknowledgement",
+        system=system["name"],
+        durability=system.get("durability", ""),
+        seed=None,
+        duration=None,
+        command=f"crashqueuelab demo --system {system['name']} --output-directory {run_dir}",
+        reasons=[] if ok else ["a store failed its judge"],
+    )
+    figures = [
+        (
+            "crash point",
+            comparison["fault_point"],
+            "the worker died after its effect, before acknowledging",
+        ),
+        (
+            "attempts (non-idempotent / idempotent)",
+            f"{non['attempt_count']} / {idem['attempt_count']}",
+            "",
+        ),
+        (
+            "durable effects",
+            f"{non['effect_count']} / {idem['effect_count']}",
+            "two executions both times; the idempotent destination keeps one",
+        ),
+        ("delivery semantics", comparison["queue_delivery_semantics"], ""),
+    ]
+    return View("demo.html.j2", verdict, figures, {"sides": sides})
+
+
+def showcase_view(run_dir: Path) -> View:
+    summary = _read(run_dir / "showcase.json")
+    sections = []
+    for spec, section in summary["systems"].items():
+        base = Path(section["artifacts"]["campaign_report"]).parent.parent
+        sections.append(
+            {
+                "spec": spec,
+                "section": section,
+                "campaign_link": str(
+                    (base / "process-fault-campaign" / "report.html").relative_to(run_dir)
+                ),
+                "demo_link": str(
+                    (base / "effect-commit-before-acknowledgement" / "report.html").relative_to(
+                        run_dir
+                    )
+                ),
+            }
+        )
+    reasons = [
+        f"{spec}: not ok" for spec, section in summary["systems"].items() if not section["ok"]
+    ]
+    verdict = Verdict(
+        ok=summary["ok"],
+        title=f"showcase: the effect experiment and the crash campaign on {len(sections)} systems",
+        system=", ".join(summary["systems"]),
+        durability="",
+        seed=summary["seed"],
+        duration=None,
+        command=f"crashqueuelab showcase --seed {summary['seed']} "
+        + " ".join(f"--system {spec}" for spec in summary["systems"])
+        + f" --output-directory {run_dir}",
+        reasons=reasons,
+    )
+    campaign = summary["process_fault_campaign"]
+    figures = [
+        (
+            f"{spec}: crash points passed",
+            f"{s['section']['process_fault_campaign']['passed']} of "
+            f"{s['section']['process_fault_campaign']['named_fault_points']}",
+            "",
+        )
+        for s in sections
+        for spec in [s["spec"]]
+    ] + [
+        ("delivery semantics", summary["queue_delivery_semantics"], ""),
+        ("exit codes", ", ".join(map(str, campaign["exit_codes"])), "86: killed by the crash hook"),
+    ]
+    return View("showcase.html.j2", verdict, figures, {"sections": sections})

@@ -1,0 +1,123 @@
+"""report.html for every kind of run: built from the retained files, verdict first, every
+value from a store shown as text, and (where Chromium is installed) rendered by a real
+browser with the verdict visible and the charts drawn."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crashqueuelab import cli
+from crashqueuelab.lab.pages.render import REPORT_FILE, write_report
+
+MARKUP = "<script>alert('owned')</script>"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def run_cli(*argv: str) -> dict[str, Any]:
+    out, err = io.StringIO(), io.StringIO()
+    cli.main(list(argv), stdout=out, stderr=err)
+    result: dict[str, Any] = json.loads(out.getvalue())
+    return result
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("runs")
+    run_cli("showcase", "--seed", "4", "--quiet", "--output-directory", str(base / "showcase"))
+    run_cli("chaos", "--seed", "4", "--jobs", "200", "--workers", "2", "--kills", "8",
+            "--pauses", "1", "--lease-ms", "300", "--quiet", "--output-directory",
+            str(base / "chaos"))  # fmt: skip
+    run_cli("bench", "--jobs", "20", "--workers", "1,2", "--work-ms", "0", "--quiet",
+            "--system", "sqlite", "--system", "walqueue", "--output-directory",
+            str(base / "bench"))  # fmt: skip
+    return {
+        "showcase": base / "showcase",
+        "campaign": base / "showcase" / "walqueue" / "process-fault-campaign",
+        "demo": base / "showcase" / "sqlite" / "effect-commit-before-acknowledgement",
+        "chaos": base / "chaos",
+        "bench": base / "bench",
+    }
+
+
+@pytest.mark.parametrize("kind", ["showcase", "campaign", "demo", "chaos", "bench"])
+def test_every_run_gets_a_report_with_the_verdict_first(runs: dict[str, Path], kind: str) -> None:
+    html = (runs[kind] / REPORT_FILE).read_text()
+    verdict = html.index('id="verdict"')
+    assert verdict < html.index("Key figures")
+    assert 'data-ok="true"' in html[verdict : verdict + 200]
+    assert "Passed" in html[verdict : verdict + 400]
+    assert "crashqueuelab " in html  # the command that reproduces the run
+    assert "<script" not in html  # self-contained, nothing to run
+    assert "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
+
+
+def test_the_report_command_rebuilds_a_report_from_the_files_alone(runs: dict[str, Path]) -> None:
+    target = runs["chaos"] / REPORT_FILE
+    first = target.read_text()
+    target.unlink()
+    result = run_cli("report", str(runs["chaos"]))
+    assert result == {"ok": True, "report": str(target)}
+    assert target.read_text() == first
+
+
+def test_a_directory_without_a_run_is_a_usage_error(tmp_path: Path) -> None:
+    out, err = io.StringIO(), io.StringIO()
+    assert cli.main(["report", str(tmp_path)], stdout=out, stderr=err) == cli.EXIT_USAGE
+    assert "holds no run" in json.loads(out.getvalue())["error"]["message"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_everything_from_a_store_or_a_report_is_shown_as_text(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    copy = tmp_path / "campaign"
+    shutil.copytree(runs["campaign"], copy)
+    report = json.loads((copy / "campaign.json").read_text())
+    report["cases"][0]["where"] = MARKUP
+    report["anomalies"] = [f"job {MARKUP}: lost"]
+    report["ok"] = False
+    (copy / "campaign.json").write_text(json.dumps(report))
+    history = copy / report["cases"][0]["artifacts"]["history"]
+    events = json.loads(history.read_text())
+    events.append({"type": "put", "now": 1, "payload": {"body": MARKUP}})
+    history.write_text(json.dumps(events))
+    html = write_report(copy).read_text()
+    assert MARKUP not in html
+    assert "&lt;script&gt;alert(&#39;owned&#39;)&lt;/script&gt;" in html
+    assert 'data-ok="false"' in html
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine (.ci/run installs it)")
+@pytest.mark.parametrize("kind", ["showcase", "campaign", "demo", "chaos", "bench"])
+def test_a_real_browser_shows_the_verdict_and_draws_the_charts(
+    runs: dict[str, Path], kind: str, tmp_path: Path
+) -> None:
+    assert CHROMIUM is not None
+    page = (runs[kind] / REPORT_FILE).resolve().as_uri()
+    common = [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu",
+              "--enable-logging=stderr", "--v=0", "--window-size=1200,1600"]  # fmt: skip
+    dom = subprocess.run([*common, "--dump-dom", page], capture_output=True, text=True,
+                         timeout=120, check=True)  # fmt: skip
+    assert "CONSOLE" not in dom.stderr
+    assert "Uncaught" not in dom.stderr
+    verdict = re.search(
+        r'<div class="verdict (ok|failed)" id="verdict" data-ok="(\w+)">', dom.stdout
+    )
+    assert verdict is not None
+    assert verdict.group(2) == "true"
+    for width, height in re.findall(r'<svg [^>]*width="([\d.]+)" height="([\d.]+)"', dom.stdout):
+        assert float(width) > 0
+        assert float(height) > 0
+    shot = tmp_path / f"{kind}.png"
+    subprocess.run([*common, f"--screenshot={shot}", page], capture_output=True, timeout=120,
+                   check=True)  # fmt: skip
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert shot.stat().st_size > 20_000  # a rendered page, not a blank one
