@@ -34,6 +34,8 @@ class WorkerLog:
     stale: list[tuple[str, str]] = field(default_factory=list)
     #: When each accepted acknowledgement was heard (monotonic seconds), in log order.
     ack_times: list[float] = field(default_factory=list)
+    #: Every line as (monotonic seconds, word, key, token), in log order.
+    events: list[tuple[float, str, str, str]] = field(default_factory=list)
     #: When the first and the last line were written.
     first_at: float | None = None
     last_at: float | None = None
@@ -60,6 +62,7 @@ class WorkerLog:
                     continue
                 self.first_at = at if self.first_at is None else self.first_at
                 self.last_at = at
+                self.events.append((at, parts[0], parts[1], parts[2]))
                 if parts[0] == "ack":
                     self.ack_times.append(at)
 

@@ -287,6 +287,14 @@ def _chaos_lanes(
     return lanes
 
 
+WORDS = {
+    "claim": "claimed it",
+    "acking": "sent its acknowledgement",
+    "ack": "was told its acknowledgement was accepted",
+    "stale": "was told its acknowledgement was refused",
+}
+
+
 def _explain(
     anomalies: list[str], logs: dict[str, Any], start: float | None
 ) -> list[dict[str, Any]]:
@@ -295,18 +303,21 @@ def _explain(
     for line in anomalies[:20]:
         words = line.split()
         key = words[1].rstrip(":") if len(words) > 1 and words[0] == "job" else None
-        evidence = []
-        if key is not None:
-            for worker, log in logs.items():
-                for kind, entries in (
-                    ("claimed", log.claims),
-                    ("acknowledged (accepted)", log.acks),
-                    ("acknowledgement refused", log.stale),
-                ):
-                    evidence += [
-                        f"{worker} {kind} (lease {token})" for k, token in entries if k == key
-                    ]
-        explained.append({"anomaly": line, "evidence": sorted(evidence)})
+        evidence = sorted(
+            (at, worker, word, token)
+            for worker, log in logs.items()
+            for at, word, logged, token in log.events
+            if logged == key
+        )
+        explained.append(
+            {
+                "anomaly": line,
+                "evidence": [
+                    f"{at - (start or 0):.3f} s: {worker} {WORDS.get(word, word)} (lease {token})"
+                    for at, worker, word, token in evidence
+                ],
+            }
+        )
     return explained
 
 
