@@ -455,3 +455,13 @@ def test_replaying_an_unknown_job_is_job_not_found(db_path: Path) -> None:
     submit(db_path)
     code, result, _ = run("replay", "--database", str(db_path), "--job-id", "job-none")
     assert (code, result["error"]["type"]) == (EXIT_REJECTED, "JobNotFound")
+
+
+def test_the_verdict_comes_first_in_every_answer(db_path: Path) -> None:
+    out, err = io.StringIO(), io.StringIO()
+    main(["check", "--database", str(db_path)], stdout=out, stderr=err)
+    assert out.getvalue().lstrip().startswith('{\n  "ok": false,\n  "error": {')
+    submit(db_path)
+    out = io.StringIO()
+    main(["check", "--database", str(db_path)], stdout=out, stderr=err)
+    assert out.getvalue().lstrip().startswith('{\n  "ok": true,\n  "check": {')

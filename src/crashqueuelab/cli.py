@@ -573,9 +573,27 @@ def main(
         shown = "; ".join(str(reason) for reason in reasons[:5])
         more = f" (and {len(reasons) - 5} more)" if len(reasons) > 5 else ""
         print(f"crashqueuelab: not ok: {shown}{more}", file=err)
-    out.write(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    out.write(json.dumps(_verdict_first(result), indent=2) + "\n")
     out.flush()
     return code
+
+
+#: What a reader looks for first: the verdict, the page that explains it, the error.
+_FIRST_KEYS = ("ok", "report", "error", "reasons")
+
+
+def _sorted(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _sorted(value[key]) for key in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted(item) for item in value]
+    return value
+
+
+def _verdict_first(result: dict[str, Any]) -> dict[str, Any]:
+    """Keys in sorted order, except that the verdict and its explanations come first."""
+    ordered = {key: _sorted(result[key]) for key in _FIRST_KEYS if key in result}
+    return ordered | {key: _sorted(result[key]) for key in sorted(result) if key not in ordered}
 
 
 def entry_point() -> None:
