@@ -127,8 +127,13 @@ class _Watcher(LogFollower):
         log = self.logs.get(worker_id)
         return set() if log is None else log.held()
 
-    def claimed_by_others(self, worker_id: str, keys: set[str]) -> set[str]:
-        return {key for key in keys if self.claimers.get(key, set()) - {worker_id}}
+    def claimed_by_others(self, worker_id: str, keys: set[str], since: float) -> set[str]:
+        """The keys another worker claimed after ``since`` (monotonic seconds)."""
+        return {
+            key
+            for key in keys
+            if any(other != worker_id and at > since for other, at in self.claimers.get(key, []))
+        }
 
 
 def _kind_count(records: list[dict[str, Any]], kind: FaultKind) -> int:
@@ -265,7 +270,10 @@ class _ChaosRun:
         for index, (record, leases, until) in list(self.state.paused.items()):
             worker_id = self.slots[index].worker_id
             held = {key for key, _ in leases}
-            taken = watcher.claimed_by_others(worker_id, held)
+            # Only a claim made after the stop takes a job over (an earlier one was a
+            # previous attempt, before this worker's own claim).
+            stopped = self.state.started + record["at_s"]
+            taken = watcher.claimed_by_others(worker_id, held, stopped)
             waiting = self.single_owner or taken != held
             if waiting and not force and time.monotonic() < until:
                 continue

@@ -87,8 +87,8 @@ class LogFollower:
         self._offsets: dict[Path, int] = {}
         self.logs: dict[str, WorkerLog] = {}
         self.acknowledged: set[str] = set()
-        #: Every worker that ever claimed a key.
-        self.claimers: dict[str, set[str]] = {}
+        #: Every claim of a key: which worker, and when (monotonic seconds).
+        self.claimers: dict[str, list[tuple[str, float]]] = {}
 
     def refresh(self, worker_ids: Iterable[str]) -> None:
         """Read what the named workers appended (a worker that has not written yet is skipped)."""
@@ -103,11 +103,12 @@ class LogFollower:
             if data:
                 self._offsets[path] = offset + len(data)
                 log = self.logs.setdefault(worker_id, WorkerLog())
-                acks, claims = len(log.acks), len(log.claims)
+                acks, events = len(log.acks), len(log.events)
                 log.add(data.decode())
                 self.acknowledged.update(key for key, _ in log.acks[acks:])
-                for key, _ in log.claims[claims:]:
-                    self.claimers.setdefault(key, set()).add(worker_id)
+                for at, word, key, _ in log.events[events:]:
+                    if word == "claim":
+                        self.claimers.setdefault(key, []).append((worker_id, at))
 
 
 def read_logs(directory: Path) -> dict[str, WorkerLog]:
