@@ -465,3 +465,24 @@ def test_the_verdict_comes_first_in_every_answer(db_path: Path) -> None:
     out = io.StringIO()
     main(["check", "--database", str(db_path)], stdout=out, stderr=err)
     assert out.getvalue().lstrip().startswith('{\n  "ok": true,\n  "check": {')
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_on_a_terminal_has_a_bar_and_an_estimate(tmp_path: Path) -> None:
+    err = _Terminal()
+    code = main(["campaign", "--seed", "1", "--output-directory", str(tmp_path / "c")],
+                stdout=io.StringIO(), stderr=err)  # fmt: skip
+    assert code == EXIT_OK
+    lines = err.getvalue().splitlines()
+    assert lines[0].startswith("[#")
+    assert "case 1/13" in lines[0]
+    assert "s left" in lines[0]
+    assert lines[-1].startswith("[####################] case 13/13")
+    quiet = _Terminal()
+    main(["campaign", "--quiet", "--output-directory", str(tmp_path / "q")],
+         stdout=io.StringIO(), stderr=quiet)  # fmt: skip
+    assert quiet.getvalue() == ""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import re
 import sqlite3
 import sys
 import time
@@ -187,6 +188,27 @@ def _check(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
 
 #: Off a terminal, at most one progress line this often (seconds).
 PROGRESS_EVERY_S = 5.0
+_FRACTION = re.compile(r"(\d[\d,]*)/(\d[\d,]*)")
+
+
+def _bar(stream: TextIO) -> Progress:
+    """On a terminal: each line, with a bar and an estimate of the time left when the line
+    says how far along the run is (``12/23``)."""
+    started = time.monotonic()
+
+    def show(message: str) -> None:
+        found = _FRACTION.search(message)
+        if found is None:
+            print(message, file=stream, flush=True)
+            return
+        done, total = (int(part.replace(",", "")) for part in found.groups())
+        share = min(1.0, done / total) if total else 1.0
+        elapsed = time.monotonic() - started
+        left = f", about {elapsed / share - elapsed:.0f} s left" if 0 < share < 1 else ""
+        bar = "#" * round(share * 20) + "." * (20 - round(share * 20))
+        print(f"[{bar}] {message}{left}", file=stream, flush=True)
+
+    return show
 
 
 def _progress(args: argparse.Namespace) -> Progress | None:
@@ -196,7 +218,7 @@ def _progress(args: argparse.Namespace) -> Progress | None:
     if args.quiet:
         return None
     if stream.isatty():
-        return lambda message: print(message, file=stream, flush=True)
+        return _bar(stream)
     last = [-PROGRESS_EVERY_S]
 
     def throttled(message: str) -> None:
