@@ -103,7 +103,12 @@ def test_an_unfenced_queue_is_caught_by_the_probes_and_by_chaos(tmp_path: Path) 
         "--output-directory", str(tmp_path / "h"),
     )  # fmt: skip
     assert code == cli.EXIT_REJECTED
-    assert any("had its late acknowledgement accepted" in line for line in result["anomalies"])
+    # The late acknowledgement lands on a job that is expired, recovered or already redone:
+    # accepted either as a late one or as a second acknowledgement of the job.
+    assert any(
+        "had its late acknowledgement accepted" in line or "acknowledged 2 times" in line
+        for line in result["anomalies"]
+    )
 
 
 def test_a_queue_that_loses_jobs_on_recovery_is_caught(tmp_path: Path) -> None:

@@ -48,10 +48,11 @@ from crashqueuelab.systems.registry import DEFAULT_SYSTEM, resolve_system
 CHAOS_FILE = "chaos.json"
 TICK_S = 0.002
 #: A paused worker is continued once its jobs were taken over, or after this many lease
-#: lengths: by then every lease it held is past its deadline, so each of its late
-#: acknowledgements must be refused. (Longer would only stall the workers waiting for a
-#: ledger lock the stopped worker may hold.)
-PAUSE_LEASES = 2
+#: lengths: its leases were taken before the stop, so by then each is past its deadline and
+#: every late acknowledgement must be refused. Soon after the deadline, while the jobs are
+#: still being recovered or redone, is when a queue without fencing gives itself away;
+#: longer would only stall the workers waiting for a ledger lock the stopped worker holds.
+PAUSE_LEASES = 1.2
 PROGRESS_EVERY_S = 5.0
 #: How often a pause looks for a moment when its worker holds a lease.
 PAUSE_TRIES = 250
