@@ -331,6 +331,23 @@ def _chaos(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     }  # fmt: skip
 
 
+def _mutants(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    from crashqueuelab.lab.mutants.runner import MUTANTS_FILE, run_mutants
+
+    report = run_mutants(
+        args.output_directory,
+        seed=args.seed,
+        names=args.mutant,
+        jobs=args.jobs,
+        kills=args.kills,
+        pauses=args.pauses,
+        progress=_progress(args),
+    )
+    return (EXIT_OK if report["ok"] else EXIT_REJECTED), {
+        key: report[key] for key in ("ok", "reasons", "caught", "total", "missed", "mutants")
+    } | {"mutants_report": str(args.output_directory / MUTANTS_FILE)}
+
+
 def _bench(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     report = run_bench(
         args.output_directory,
@@ -451,6 +468,16 @@ def _experiment_commands(command: _Command) -> None:
     sub.add_argument("--lease-ms", type=_positive, default=500)
     sub.add_argument("--batch", type=_positive, default=4)
     _add_system(sub)
+    sub = command(
+        "mutants",
+        _mutants,
+        "run planted bugs of the shipped systems through the campaign and chaos; what caught each",
+        database=False,
+    )
+    sub.add_argument("--mutant", action="append", help="only this one (repeatable)")
+    sub.add_argument("--jobs", type=_positive, default=300, help="jobs of each chaos run")
+    sub.add_argument("--kills", type=_non_negative, default=15)
+    sub.add_argument("--pauses", type=_non_negative, default=2)
     sub = command(
         "bench",
         _bench,

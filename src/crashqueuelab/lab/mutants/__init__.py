@@ -1,0 +1,2 @@
+"""Mutants: planted bugs in the shipped systems, and the run that shows which evidence of the
+lab catches each one."""

@@ -1,0 +1,194 @@
+"""Deliberately broken variants of the shipped systems: subclasses and adapter variants that
+live here, in the lab; the production code carries no switch for any of them.
+
+Each factory returns a ``System`` that the lab resolves by import path
+(``crashqueuelab.lab.mutants.catalog:<factory>``), so crash children and chaos workers run the
+same broken code as the parent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import walqueue.store
+from crashqueuelab.core.errors import StaleLease
+from crashqueuelab.core.models import Acknowledgement, AckResult, Job, JobState
+from crashqueuelab.core.queue import DurableQueue
+from crashqueuelab.judges.sqlitestore import QUEUE_FILE
+from crashqueuelab.systems.contract import OpenRequest, System
+from crashqueuelab.systems.sqlite import SqliteClient, sqlite_system
+from crashqueuelab.systems.walqueue import WalqueueClient, walqueue_system
+from walqueue.codec import decode_frames, encode_frame
+
+
+class _OneByOne(DurableQueue):
+    """Batched acknowledgements go through ``succeed`` one at a time, so a mutant of the
+    single-job path reaches the batched path too."""
+
+    def succeed_many(self, acknowledgements: Sequence[Acknowledgement]) -> list[AckResult]:
+        results = []
+        for ack in acknowledgements:
+            try:
+                job = self.succeed(
+                    job_id=ack.job_id, worker_id=ack.worker_id, lease_token=ack.lease_token
+                )
+                results.append(AckResult(ack.job_id, job, None))
+            except StaleLease as stale:
+                results.append(AckResult(ack.job_id, None, stale.reason.value))
+        return results
+
+
+class NoFencing(_OneByOne):
+    """Any acknowledgement of a leased job counts, whoever holds the lease now."""
+
+    def _succeed_live_lease(self, job_id: str, worker_id: str, lease_token: str, now: int) -> Job:
+        job = self.get(job_id)
+        if job.state is JobState.LEASED and job.lease_worker_id and job.lease_token:
+            return super()._succeed_live_lease(job_id, job.lease_worker_id, job.lease_token, now)
+        return super()._succeed_live_lease(job_id, worker_id, lease_token, now)
+
+
+class FenceOffByOne(_OneByOne):
+    """An acknowledgement exactly at the deadline is accepted (``>=`` where ``>`` belongs)."""
+
+    def _succeed_live_lease(self, job_id: str, worker_id: str, lease_token: str, now: int) -> Job:
+        job = self.get(job_id)
+        at_deadline = job.lease_deadline_us == now and job.lease_token == lease_token
+        return super()._succeed_live_lease(job_id, worker_id, lease_token, now - at_deadline)
+
+
+class NoRetries(DurableQueue):
+    """The first failed or expired attempt sends the job to the dead letter."""
+
+    def _after_attempt(self, job: Job, now: int) -> tuple[JobState, int | None]:
+        return JobState.DEAD, None
+
+
+class SynchronousNormal(DurableQueue):
+    """Commits return before the WAL is synced: durable only until the power goes."""
+
+    def __init__(self, path: str | Path, **options: Any) -> None:
+        super().__init__(path, **options)
+        self.connection.execute("PRAGMA synchronous = NORMAL")
+
+
+def _sqlite_mutant(name: str, queue_class: type[DurableQueue]) -> System:
+    def open_client(request: OpenRequest) -> SqliteClient:
+        request.directory.mkdir(parents=True, exist_ok=True)
+        return SqliteClient(
+            queue_class(
+                request.directory / QUEUE_FILE,
+                clock=request.clock,
+                ids=request.ids,
+                retry=request.retry,
+                hook=request.hook,
+            )
+        )
+
+    return replace(sqlite_system(), name=f"sqlite-mutant-{name}", open=open_client)
+
+
+@contextlib.contextmanager
+def _patched(target: Any, attribute: str, value: Any) -> Iterator[None]:
+    """Swap one function while a walqueue directory is opened (recovery runs then)."""
+    original = getattr(target, attribute)
+    setattr(target, attribute, value)
+    try:
+        yield
+    finally:
+        setattr(target, attribute, original)
+
+
+def _walqueue_mutant(
+    name: str, patch: Callable[[], contextlib.AbstractContextManager[None]]
+) -> System:
+    class MutantClient(WalqueueClient):
+        def __init__(self, request: OpenRequest) -> None:
+            with patch():
+                super().__init__(request)
+
+    return replace(walqueue_system(), name=f"walqueue-mutant-{name}", open=MutantClient)
+
+
+def _torn_tail_is_corruption() -> contextlib.AbstractContextManager[None]:
+    def strict(data: bytes, *, where: str, tail_may_tear: bool) -> tuple[list[Any], int]:
+        return decode_frames(data, where=where, tail_may_tear=False)
+
+    return _patched(walqueue.store, "decode_frames", strict)
+
+
+def _newest_snapshot_wins() -> contextlib.AbstractContextManager[None]:
+    load = walqueue.store.Store._load_snapshot
+
+    def newest(self: walqueue.store.Store) -> Any:
+        snapshots = sorted(self.directory.glob("snapshot-*.json"))
+        if snapshots:  # an orphan (CURRENT never named it) is trusted as if published
+            seq = int(snapshots[-1].name[len("snapshot-") : -len(".json")])
+            pointer = encode_frame({"snapshot": snapshots[-1].name, "seq": seq})
+            temporary = self.directory / "CURRENT.mutant"
+            temporary.write_bytes(pointer)
+            os.replace(temporary, self.directory / walqueue.store.CURRENT)
+        return load(self)
+
+    return _patched(walqueue.store.Store, "_load_snapshot", newest)
+
+
+def no_fencing() -> System:
+    return _sqlite_mutant("no-fencing", NoFencing)
+
+
+def fence_off_by_one() -> System:
+    return _sqlite_mutant("fence-off-by-one", FenceOffByOne)
+
+
+def no_retries() -> System:
+    return _sqlite_mutant("no-retries", NoRetries)
+
+
+def synchronous_normal() -> System:
+    return _sqlite_mutant("synchronous-normal", SynchronousNormal)
+
+
+def torn_tail_is_corruption() -> System:
+    return _walqueue_mutant("torn-tail-is-corruption", _torn_tail_is_corruption)
+
+
+def newest_snapshot_wins() -> System:
+    return _walqueue_mutant("newest-snapshot-wins", _newest_snapshot_wins)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One planted bug: its factory's name, what it changes, and what can catch it."""
+
+    name: str
+    changes: str
+    #: Why process crashes cannot catch it, where that is so (it needs lost page cache).
+    needs: str | None = None
+
+    @property
+    def spec(self) -> str:
+        return f"{__name__}:{self.name}"
+
+
+MUTANTS = (
+    Mutant("no_fencing", "sqlite: an acknowledgement of a leased job counts whoever sends it"),
+    Mutant("fence_off_by_one", "sqlite: an acknowledgement at now == deadline is accepted"),
+    Mutant("no_retries", "sqlite: the first failed or expired attempt dead-letters the job"),
+    Mutant(
+        "synchronous_normal",
+        "sqlite: PRAGMA synchronous=NORMAL after opening",
+        needs="a power-loss crash mode: a process death keeps the page cache",
+    ),
+    Mutant("torn_tail_is_corruption", "walqueue: a torn final frame is refused as corruption"),
+    Mutant(
+        "newest_snapshot_wins",
+        "walqueue: the newest snapshot file is trusted, whether CURRENT names it or not",
+        needs="a power-loss crash mode: an orphan snapshot is only wrong if it was never synced",
+    ),
+)
