@@ -34,6 +34,15 @@ class NoDeadLetter(ReferenceClient):
         return Verdict.RETRY if verdict is Verdict.DEAD else verdict
 
 
+class HandsOutLeasedJobs(ReferenceClient):
+    def claim(self, worker_id: str, lease_us: int) -> Claim | None:
+        claim = super().claim(worker_id, lease_us)
+        if claim is not None:
+            return claim
+        leased = [key for key, job in self.state.jobs.items() if job.status.value == "leased"]
+        return self.claim_key(leased[0], worker_id, lease_us) if leased else None
+
+
 class RefusesEveryone(ReferenceClient):
     def succeed(self, claim: Claim) -> Verdict:
         return Verdict.STALE
@@ -53,6 +62,7 @@ def test_the_reference_passes_every_probe(tmp_path: Path) -> None:
         (NewJobEverySubmit, "idempotent_submit", "job twice: the same key made two jobs"),
         (PhantomClaims, "idempotent_submit", "a second job was claimable"),
         (NoDeadLetter, "attempts_run_out", "its only attempt answered retry"),
+        (HandsOutLeasedJobs, "a_leased_job_is_not_claimed_again", "while worker-a's lease"),
         (RefusesEveryone, "stale_holder_after_expiry", "by the live holder answered stale"),
     ],
 )
@@ -69,7 +79,7 @@ def test_a_system_that_cannot_open_fails_every_probe_that_runs(tmp_path: Path) -
         raise OSError("disk on fire")
 
     failed = verdicts(replace(reference_system(), open=refuse), tmp_path)
-    assert len(failed) == 6
+    assert len(failed) == 7
     assert all("open raised OSError('disk on fire')" in detail for detail in failed.values())
 
 

@@ -93,6 +93,19 @@ def worker_id_reused_after_restart(bench: _Bench) -> str:
     return "same worker id, new lease: the old lease's acknowledgement was refused"
 
 
+def a_leased_job_is_not_claimed_again(bench: _Bench) -> str:
+    bench.job("leased")
+    first = bench.claim("worker-a", "leased")
+    again = bench.client.claim("worker-b", LEASE_US)
+    if again is not None:
+        raise ProbeFailed(
+            f"job {again.key}: handed to worker-b (attempt {again.attempt}) while worker-a's"
+            f" lease {first.token} was live"
+        )
+    _accepted(bench.client.succeed(first), first, "the acknowledgement")
+    return "a job under a live lease was not handed to a second claimer"
+
+
 def acknowledgement_at_the_deadline(bench: _Bench) -> str:
     bench.job("deadline")
     claim = bench.claim("worker-a", "deadline")
@@ -137,6 +150,7 @@ Probe = Callable[[_Bench], str]
 PROBES: tuple[tuple[str, Probe, str | None], ...] = (
     ("idempotent_submit", idempotent_submit, None),
     ("stale_holder_after_expiry", stale_holder_after_expiry, None),
+    ("a_leased_job_is_not_claimed_again", a_leased_job_is_not_claimed_again, None),
     ("worker_id_reused_after_restart", worker_id_reused_after_restart, "fencing_tokens"),
     ("acknowledgement_at_the_deadline", acknowledgement_at_the_deadline, None),
     ("heartbeat_after_expiry", heartbeat_after_expiry, "heartbeats"),

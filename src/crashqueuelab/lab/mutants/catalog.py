@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import walqueue.store
+from crashqueuelab.core import queue as queue_module
 from crashqueuelab.core.errors import StaleLease
-from crashqueuelab.core.models import Acknowledgement, AckResult, Job, JobState
+from crashqueuelab.core.models import Acknowledgement, AckResult, ClaimedJob, Job, JobState
 from crashqueuelab.core.queue import DurableQueue
+from crashqueuelab.core.statements import CLAIM_NEXT
 from crashqueuelab.judges.sqlitestore import QUEUE_FILE
 from crashqueuelab.systems.contract import OpenRequest, System
 from crashqueuelab.systems.sqlite import SqliteClient, sqlite_system
@@ -67,6 +69,37 @@ class NoRetries(DurableQueue):
 
     def _after_attempt(self, job: Job, now: int) -> tuple[JobState, int | None]:
         return JobState.DEAD, None
+
+
+class NeverDead(DurableQueue):
+    """Attempts never run out: a poison job is retried for ever."""
+
+    def _after_attempt(self, job: Job, now: int) -> tuple[JobState, int | None]:
+        return JobState.RETRY_SCHEDULED, now + self._retry.delay_us(job.attempts)
+
+
+class HeartbeatWithoutEvent(DurableQueue):
+    """A heartbeat extends the lease but writes no event: the history misses a transition."""
+
+    def heartbeat(
+        self, *, job_id: str, worker_id: str, lease_token: str, lease_duration_us: int
+    ) -> ClaimedJob:
+        with _patched(queue_module, "append_event", lambda *args, **kwargs: None):
+            return super().heartbeat(
+                job_id=job_id,
+                worker_id=worker_id,
+                lease_token=lease_token,
+                lease_duration_us=lease_duration_us,
+            )
+
+
+class ClaimTakesLeasedJobs(DurableQueue):
+    """The single-job claim's guard also admits a job whose lease is still live."""
+
+    def _lease_next(self, worker: str, lease: int, now: int) -> ClaimedJob | None:
+        unguarded = CLAIM_NEXT.replace("AND state = 'QUEUED'", "AND state IN ('QUEUED', 'LEASED')")
+        with _patched(queue_module, "CLAIM_NEXT", unguarded):
+            return super()._lease_next(worker, lease, now)
 
 
 class SynchronousNormal(DurableQueue):
@@ -150,6 +183,18 @@ def no_retries() -> System:
     return _sqlite_mutant("no-retries", NoRetries)
 
 
+def never_dead() -> System:
+    return _sqlite_mutant("never-dead", NeverDead)
+
+
+def heartbeat_without_event() -> System:
+    return _sqlite_mutant("heartbeat-without-event", HeartbeatWithoutEvent)
+
+
+def claim_takes_leased_jobs() -> System:
+    return _sqlite_mutant("claim-takes-leased-jobs", ClaimTakesLeasedJobs)
+
+
 def synchronous_normal() -> System:
     return _sqlite_mutant("synchronous-normal", SynchronousNormal)
 
@@ -180,6 +225,12 @@ MUTANTS = (
     Mutant("no_fencing", "sqlite: an acknowledgement of a leased job counts whoever sends it"),
     Mutant("fence_off_by_one", "sqlite: an acknowledgement at now == deadline is accepted"),
     Mutant("no_retries", "sqlite: the first failed or expired attempt dead-letters the job"),
+    Mutant("never_dead", "sqlite: attempts never run out; a poison job is retried for ever"),
+    Mutant("heartbeat_without_event", "sqlite: a heartbeat extends the lease and writes no event"),
+    Mutant(
+        "claim_takes_leased_jobs",
+        "sqlite: the single-job claim also takes a job whose lease is still live",
+    ),
     Mutant(
         "synchronous_normal",
         "sqlite: PRAGMA synchronous=NORMAL after opening",
