@@ -82,8 +82,10 @@ def _textbook(spec: WorkerSpec, barrier: Barrier) -> tuple[list[int], float]:
     return latencies, started
 
 
-def _single(spec: WorkerSpec, barrier: Barrier) -> tuple[list[int], float]:
+def _system(spec: WorkerSpec, barrier: Barrier) -> tuple[list[int], float]:
+    """Drain a system's store one job (``single``) or one batch (``batched``) at a time."""
     worker_id = f"bench-{spec.worker_index}"
+    batched = spec.path_kind == "batched"
     latencies: list[int] = []
     client = open_client(spec.system, spec.store)
     try:
@@ -91,40 +93,27 @@ def _single(spec: WorkerSpec, barrier: Barrier) -> tuple[list[int], float]:
         started = time.monotonic()
         while True:
             begin = time.monotonic()
-            claim = client.claim(worker_id, LEASE_US)
-            if claim is None:
-                break
-            _work(spec.work_ms)
-            client.succeed(claim)
-            latencies.append(int((time.monotonic() - begin) * 1e6))
-    finally:
-        client.close()
-    return latencies, started
-
-
-def _batched(spec: WorkerSpec, barrier: Barrier) -> tuple[list[int], float]:
-    worker_id = f"bench-{spec.worker_index}"
-    latencies: list[int] = []
-    client = open_client(spec.system, spec.store)
-    try:
-        barrier.wait(timeout=WAIT_TIMEOUT_S)
-        started = time.monotonic()
-        while True:
-            begin = time.monotonic()
-            claims = client.claim_many(worker_id, LEASE_US, spec.batch)
+            if batched:
+                claims = client.claim_many(worker_id, LEASE_US, spec.batch)
+            else:
+                claim = client.claim(worker_id, LEASE_US)
+                claims = [] if claim is None else [claim]
             if not claims:
                 break
             for _ in claims:
                 _work(spec.work_ms)
-            client.succeed_many(claims)
-            elapsed = int((time.monotonic() - begin) * 1e6)
-            latencies.extend([elapsed] * len(claims))
+            if batched:
+                client.succeed_many(claims)
+            else:
+                client.succeed(claims[0])
+            # Every job of a batch waited for the whole batch.
+            latencies.extend([int((time.monotonic() - begin) * 1e6)] * len(claims))
     finally:
         client.close()
     return latencies, started
 
 
-RUNNERS = {"textbook": _textbook, "single": _single, "batched": _batched}
+RUNNERS = {"textbook": _textbook, "single": _system, "batched": _system}
 
 
 def run_worker(spec: WorkerSpec, barrier: Barrier, results: Queue[WorkerReport]) -> None:
