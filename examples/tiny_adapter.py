@@ -10,6 +10,7 @@ to the queue itself, which is how a third-party queue is put under the lab too.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TypeVar
 
 from tiny_queue import TinyQueue
@@ -27,6 +28,7 @@ from crashqueuelab.systems import (
     System,
     Verdict,
 )
+from crashqueuelab.systems.boundary import around
 
 T = TypeVar("T")
 STATUS = {
@@ -42,13 +44,11 @@ class TinyClient:
         request.directory.mkdir(parents=True, exist_ok=True)
         self.queue = queue_class(request.directory / "tiny.sqlite")
         self.clock, self.retry = request.clock, request.retry
-        self.hook = request.hook or (lambda point: None)
+        self.hook = request.hook
 
     def _call(self, name: str, call: Callable[..., T], *args: object) -> T:
-        self.hook(f"{name}:before")
-        result = call(*args)
-        self.hook(f"{name}:after")
-        return result
+        # The lab's helper for queues that call no hook: name:before, the call, name:after.
+        return around(self.hook, name, partial(call, *args))
 
     def submit(self, job: JobSpec) -> str:
         args = (job.key, job.job_type, job.payload, job.max_attempts)
