@@ -170,3 +170,14 @@ class OperationUnsupported(CrashQueueLabError):
         super().__init__(f"{system} has no {operation}")
         self.system = system
         self.operation = operation
+
+
+class CrashModeUnavailable(CrashQueueLabError):
+    """Raised when this machine cannot provide a crash mode (power loss needs Linux FUSE)."""
+
+    kind = "CrashModeUnavailable"
+
+    def __init__(self, mode: str, reason: str) -> None:
+        super().__init__(f"crash mode {mode!r}: {reason}")
+        self.mode = mode
+        self.reason = reason

@@ -1,0 +1,54 @@
+"""The file-system process: ``python -m crashqueuelab.lab.powerloss.daemon ROOT MOUNTPOINT``.
+
+It serves ``ROOT/tree`` at ``MOUNTPOINT`` on one thread (so the journal's order is the order
+the kernel sent the requests) until SIGTERM or an unmount, then writes the pending
+operations to ``ROOT/unsynced.json``: the moment it stops serving is the power cut.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from crashqueuelab.lab.powerloss.filesystem import PowerLossFilesystem
+from crashqueuelab.lab.powerloss.journal import JOURNAL_FILE, Journal
+
+#: Zero timeouts: the kernel asks for every name and size instead of remembering them, so a
+#: file the lab changed behind the mount is never seen stale.
+SIGNALLED = "8"
+MOUNT_OPTIONS = {"attr_timeout": 0, "entry_timeout": 0, "negative_timeout": 0}
+
+
+def serve(root: Path, mountpoint: str) -> None:
+    # The bindings pick libfuse 2 when both are installed; the kernel protocol is the same,
+    # but Debian ships fusermount only with fuse3.
+    os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")
+    import mfusepy
+
+    journal = Journal()
+    try:
+        _serve_until_stopped(mfusepy, root, journal, mountpoint)
+    finally:
+        journal.dump(root / JOURNAL_FILE)
+
+
+def _serve_until_stopped(mfusepy: Any, root: Path, journal: Journal, mountpoint: str) -> None:
+    try:
+        mfusepy.FUSE(
+            PowerLossFilesystem(root, journal),
+            mountpoint,
+            foreground=True,
+            nothreads=True,
+            fsname="crashqueuelab-powerloss",
+            **MOUNT_OPTIONS,
+        )
+    except RuntimeError as error:
+        # libfuse's main loop reports "ended by a signal" as 8; SIGTERM is how we stop it.
+        if str(error) != SIGNALLED:
+            raise
+
+
+if __name__ == "__main__":  # pragma: no cover - run as a process by disk.PowerLossDisk
+    serve(Path(sys.argv[1]), sys.argv[2])
