@@ -28,33 +28,43 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from crashqueuelab.core.errors import InvalidInput
+from crashqueuelab.lab.casework import (
+    case_id_for,
+    continuity,
+    crash_signature,
+    kill_children,
+    recover_or_report,
+)
 from crashqueuelab.lab.children import (
     CHILD_STDERR,
-    CHILD_TIMEOUT_S,
     CRASH_EXIT_CODE,
-    ChildRun,
     read_last_words,
-    spawn_child,
 )
-from crashqueuelab.lab.effects import Destination
 from crashqueuelab.lab.observe import observe_ledger
+from crashqueuelab.lab.powerloss.cases import run_power_loss_case
+from crashqueuelab.lab.powerloss.disk import require_power_loss
 from crashqueuelab.lab.probes import run_probes
 from crashqueuelab.lab.readings import read_store
 from crashqueuelab.lab.reports import prepare_output_directory, write_json
 from crashqueuelab.lab.scenario import (
     LEDGER_FILE,
-    RECOVERY_OFFSET_US,
-    START_US,
     STORE_DIRECTORY,
-    RecoveryResult,
     effect_key,
-    recover_case,
     scenario_jobs,
 )
-from crashqueuelab.systems.contract import CrashPoint, JobSpec, StoreReading, System
+from crashqueuelab.systems.contract import CrashPoint, System
 from crashqueuelab.systems.registry import DEFAULT_SYSTEM, resolve_system
 
-CRASH_MODE = "spawned_process_os_exit"
+#: The crash modes: a process death (the page cache survives), or a power cut (it does not).
+PROCESS = "process"
+POWER_LOSS = "power-loss"
+CRASH_MODES = (PROCESS, POWER_LOSS)
+#: How each mode kills, as reports name it.
+MECHANISM = {
+    PROCESS: "spawned_process_os_exit",
+    POWER_LOSS: "spawned_process_os_exit_then_fuse_power_cut",
+}
 CAMPAIGN_FILE = "campaign.json"
 CRASH_TIME_DIR = "crash-time"
 #: Cases run side by side, each with its own child.
@@ -68,16 +78,6 @@ def campaign_order(system: System, seed: int) -> list[CrashPoint]:
     points = list(system.crash_points)
     random.Random(seed).shuffle(points)
     return points
-
-
-def case_id_for(index: int, point: CrashPoint) -> str:
-    name = point.name.lower().replace("_", "-").replace(":", "-")
-    return f"{index + 1:02d}-{name}"
-
-
-def _kill_at(case_dir: Path, spec: str, point: str, seed: int, case_id: str) -> ChildRun:
-    arguments = ["--system", spec, "--fault-point", point, "--seed", str(seed)]
-    return spawn_child(case_dir, [*arguments, "--case-id", case_id], timeout_s=CHILD_TIMEOUT_S)
 
 
 def preserve_crash_time(case_dir: Path) -> Path:
@@ -95,75 +95,6 @@ def preserve_crash_time(case_dir: Path) -> Path:
     return target
 
 
-def crash_signature(
-    reading: StoreReading, ledger: dict[str, Any], jobs: tuple[JobSpec, ...]
-) -> dict[str, Any]:
-    """The part of a reading that identifies a crash point."""
-    effect, flaky = jobs
-
-    def job(spec: JobSpec) -> list[Any] | None:
-        stored = reading.jobs.get(spec.key)
-        return None if stored is None else [stored.native_state, stored.attempts]
-
-    return {
-        "effect_job": job(effect),
-        "flaky_job": job(flaky),
-        "effect_job_effects": ledger["effects_by_key"].get(effect_key(effect), 0),
-        **reading.facts,
-    }
-
-
-def continuity(before: StoreReading, after: StoreReading) -> list[str]:
-    """What recovery lost or undid of the state the crash left, job by job."""
-    anomalies = []
-    for key, was in before.jobs.items():
-        now = after.jobs.get(key)
-        if now is None:
-            anomalies.append(
-                f"job {key}: {was.native_state}/{was.attempts} at the crash, missing after recovery"
-            )
-        elif now.attempts < was.attempts:
-            anomalies.append(f"job {key}: attempts went back from {was.attempts} to {now.attempts}")
-        elif was.status.is_terminal and now.status != was.status:
-            anomalies.append(
-                f"job {key}: {was.native_state} at the crash, {now.native_state} after recovery"
-            )
-    return anomalies
-
-
-def _recover(
-    case_dir: Path, system: System, jobs: tuple[JobSpec, ...], seed: int, case_id: str
-) -> tuple[RecoveryResult | None, str | None]:
-    try:
-        result = recover_case(
-            case_dir,
-            system,
-            jobs=jobs,
-            seed=seed,
-            stream=f"{case_id}/recovery",
-            destination=Destination.IDEMPOTENT,
-            start_us=START_US + RECOVERY_OFFSET_US,
-        )
-    except Exception as error:  # a system that cannot recover is reported, not raised
-        return None, f"recovery raised {type(error).__name__}: {error}"
-    return result, None
-
-
-def _children(
-    case_dir: Path, spec: str, point: CrashPoint, seed: int, case_id: str
-) -> tuple[ChildRun, dict[str, Any] | None]:
-    prelude = None
-    if point.after is not None:
-        first = _kill_at(case_dir, spec, point.after, seed, case_id)
-        prelude = {
-            "fault_point": point.after,
-            "exit_code": first.exit_code,
-            "last_words": read_last_words(case_dir),
-            "timed_out": first.timed_out,
-        }
-    return _kill_at(case_dir, spec, point.name, seed, case_id), prelude
-
-
 def run_case(
     output_dir: Path, index: int, point: CrashPoint, seed: int, *, system: System, spec: str
 ) -> dict[str, Any]:
@@ -173,7 +104,7 @@ def run_case(
     case_dir.mkdir(parents=True)
     jobs = scenario_jobs(case_id)
     keys = [job.key for job in jobs]
-    child, prelude = _children(case_dir, spec, point, seed, case_id)
+    child, prelude = kill_children(case_dir, spec, point, seed, case_id)
     started = time.perf_counter()
     last_words = read_last_words(case_dir)
     died_at_point = child.exit_code == CRASH_EXIT_CODE and last_words == point.name
@@ -186,7 +117,7 @@ def run_case(
     expected = point.expected.signature()
     judged_ms = (time.perf_counter() - started) * 1000
     started = time.perf_counter()
-    recovery, recovery_error = _recover(case_dir, system, jobs, seed, case_id)
+    recovery, recovery_error = recover_or_report(case_dir, system, jobs, seed, case_id)
     recovered = read_store(system, case_dir / STORE_DIRECTORY, keys)
     recovered_ledger = observe_ledger(case_dir / LEDGER_FILE)
     recovery_ms = (time.perf_counter() - started) * 1000
@@ -258,12 +189,16 @@ def run_case(
     return report
 
 
-def summarize(report: dict[str, Any]) -> dict[str, Any]:
-    """The campaign's summary, computed from its case and probe reports."""
-    cases, probes = report["cases"], report["probes"]
-    checks = sorted({name for case in cases for name in case["crash_judgement"]["checks"]})
+def _probe_summary(probes: list[dict[str, Any]]) -> dict[str, int]:
     return {
-        "crash_mode": CRASH_MODE,
+        "probes_passed": sum(1 for probe in probes if probe["ran"] and probe["ok"]),
+        "probes_failed": sum(1 for probe in probes if not probe["ok"]),
+        "probes_skipped": sum(1 for probe in probes if not probe["ran"]),
+    }
+
+
+def _case_summary(cases: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
         "named_fault_points": len({case["fault_point"] for case in cases}),
         "passed": sum(1 for case in cases if case["passed"]),
         "failed": sum(1 for case in cases if not case["passed"]),
@@ -271,6 +206,38 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         "exit_codes": sorted(
             {case["exit_code"] for case in cases if case["exit_code"] is not None}
         ),
+    }
+
+
+def summarize_power_loss(report: dict[str, Any]) -> dict[str, Any]:
+    """A power-loss campaign's summary, computed from its case and probe reports."""
+    cases = report["cases"]
+    states = [state for case in cases for state in case["crash_states"]]
+    return {
+        "crash_mode": MECHANISM[POWER_LOSS],
+        **_case_summary(cases),
+        "crash_states": len(states),
+        "crash_states_passed": sum(1 for state in states if state["passed"]),
+        "states_losing_acknowledged_work": sum(
+            1 for state in states if not state["durable_as_promised"]
+        ),
+        "pending_writes_at_cuts": sum(case["power_cut"]["pending_writes"] for case in cases),
+        "pending_directory_changes_at_cuts": sum(
+            case["power_cut"]["pending_directory_changes"] for case in cases
+        ),
+        **_probe_summary(report["probes"]),
+    }
+
+
+def summarize(report: dict[str, Any]) -> dict[str, Any]:
+    """The campaign's summary, computed from its case and probe reports."""
+    if report["crash_mode"] == POWER_LOSS:
+        return summarize_power_loss(report)
+    cases, probes = report["cases"], report["probes"]
+    checks = sorted({name for case in cases for name in case["crash_judgement"]["checks"]})
+    return {
+        "crash_mode": MECHANISM[PROCESS],
+        **_case_summary(cases),
         "crash_time_judgement_all_ok": all(case["crash_judgement"]["ok"] for case in cases),
         # Each named check of the system's reader (for SQLite: replay, invariants).
         **{
@@ -281,9 +248,7 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         },
         "crash_states_all_match": all(case["crash_state_matches_point"] for case in cases),
         "recovery_all_succeeded": all(case["recovery_ok"] for case in cases),
-        "probes_passed": sum(1 for probe in probes if probe["ran"] and probe["ok"]),
-        "probes_failed": sum(1 for probe in probes if not probe["ok"]),
-        "probes_skipped": sum(1 for probe in probes if not probe["ran"]),
+        **_probe_summary(probes),
     }
 
 
@@ -292,6 +257,9 @@ def anomalies_of(report: dict[str, Any]) -> list[str]:
     lines = []
     for case in report["cases"]:
         if case["passed"]:
+            continue
+        if "anomalies" in case:  # a power-loss case lists its own, state by state
+            lines += [f"case {case['case_id']}: {line}" for line in case["anomalies"]]
             continue
         reasons = []
         if not case["died_at_fault_point"]:
@@ -320,10 +288,17 @@ def run_campaign(
     *,
     seed: int,
     system: str = DEFAULT_SYSTEM,
+    crash_mode: str = PROCESS,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Run every crash point of ``system`` once and the probes; write ``campaign.json``."""
     chosen = resolve_system(system)
+    if crash_mode not in CRASH_MODES:
+        raise InvalidInput("crash_mode", f"{crash_mode!r} is not one of {', '.join(CRASH_MODES)}")
+    runner = run_case
+    if crash_mode == POWER_LOSS:
+        require_power_loss()
+        runner = run_power_loss_case
     prepare_output_directory(output_dir)
     order = campaign_order(chosen, seed)
     started = time.perf_counter()
@@ -332,7 +307,7 @@ def run_campaign(
     # waiting for its child: two at a time keep both cores busy without changing any result.
     with ThreadPoolExecutor(max_workers=CASES_AT_ONCE) as pool:
         running = [
-            pool.submit(run_case, output_dir, index, point, seed, system=chosen, spec=system)
+            pool.submit(runner, output_dir, index, point, seed, system=chosen, spec=system)
             for index, point in enumerate(order)
         ]
         for index, (point, future) in enumerate(zip(order, running, strict=True)):
@@ -349,7 +324,8 @@ def run_campaign(
         "system": chosen.describe(),
         "system_spec": system,
         "seed": seed,
-        "crash_mode": CRASH_MODE,
+        "crash_mode": crash_mode,
+        "mechanism": MECHANISM[crash_mode],
         "execution_order": [point.name for point in order],
         "cases": cases,
         "probes": probes,

@@ -202,12 +202,23 @@ class CrashPoint:
 
     With ``after``, the case first kills a child at that point and then kills a second
     child, which is recovering from the first death, at this one (a crash during recovery).
+
+    ``unacknowledged`` is for a point between an operation's write and its sync: the state
+    before that operation, which a power cut may also leave because the operation was never
+    acknowledged. Nothing else is excused: after a power cut, the jobs must stand as
+    ``expected`` says (or as ``unacknowledged`` says, where set).
     """
 
     name: str
     where: str
     expected: ExpectedState
     after: str | None = None
+    unacknowledged: ExpectedState | None = None
+
+    def power_loss_states(self) -> list[dict[str, Any]]:
+        """The signatures a power cut here may leave."""
+        states = [self.expected] + ([self.unacknowledged] if self.unacknowledged else [])
+        return [state.signature() for state in states]
 
 
 @dataclass(frozen=True)

@@ -228,6 +228,7 @@ CRASH_POINTS = (
         "append:after_write",
         "the first put's frame written, not synced",
         _expect(_READY, None, 0, last="put", seq=1, segments=1),
+        unacknowledged=_EMPTY,
     ),
     CrashPoint(
         "append:after_sync",

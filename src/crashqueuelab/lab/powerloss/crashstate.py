@@ -4,12 +4,14 @@ The backing tree holds every operation the system made; the journal holds the on
 had not made durable, with the bytes each one overwrote. A crash state is a copy of the tree
 with pending operations taken back, newest first:
 
-* ``lose_all``: every pending operation is lost (the state the strict POSIX reading allows
-  and the one that catches a missing fsync whatever the seed);
-* ``seeded(seed)``: a random prefix of the pending directory changes survives (a journaling
-  file system commits its metadata in order), each pending write or truncation survives on
-  its own with probability one half, and the last survivor may be torn: only its first
-  whole 512-byte sectors reach the disk, as when a drive loses power mid-write.
+* every pending write and truncation lost, with each subset of the pending directory changes
+  kept (POSIX orders none of them; the subsets are enumerated, so a catch never depends on
+  a seed); ``LOSE_ALL`` is the one that keeps none;
+* seeded: each pending directory change, write or truncation survives on its own with
+  probability one half, and the last surviving write may be torn: only its first whole
+  512-byte sectors reach the disk, as when a drive loses power mid-write.
+
+A kept directory change keeps the earlier ones it depends on (same file or name).
 
 Every choice is written into the state's ``fate`` so a report can say which bytes survived.
 """
@@ -30,16 +32,52 @@ SECTOR = 512
 
 @dataclass(frozen=True)
 class Choice:
-    """Which pending operations survive: all lost (``seed`` None) or a seeded subset."""
+    """Which pending operations survive a cut.
 
+    ``names_kept`` lists the pending directory changes kept (by their index in the journal;
+    None: drawn from ``seed``); ``seed`` None loses every pending write and truncation.
+    """
+
+    names_kept: frozenset[int] | None
     seed: int | None
 
     @property
     def name(self) -> str:
-        return "lose-all" if self.seed is None else f"seed-{self.seed}"
+        if self.seed is not None:
+            return f"seed-{self.seed}"
+        kept = self.names_kept or frozenset()
+        return (
+            "lose-all" if not kept else "keep-names-" + "-".join(str(i + 1) for i in sorted(kept))
+        )
 
 
-LOSE_ALL = Choice(None)
+LOSE_ALL = Choice(frozenset(), None)
+#: Up to this many pending directory changes, every subset of them is a crash state of its own.
+ENUMERATED_NAMES = 5
+SEEDED_STATES = 3
+
+
+def crash_choices(journal: Journal, seed: int, *, seeded: int = SEEDED_STATES) -> list[Choice]:
+    """The crash states a campaign judges after one cut.
+
+    POSIX orders no unsynced directory changes, so with few of them pending every subset is
+    tried with every pending write lost (deterministic: a catch does not depend on a seed);
+    then ``seeded`` states draw directory changes, writes and a torn sector from ``seed``.
+    """
+    pending = len(journal.names)
+    if pending <= ENUMERATED_NAMES:
+        subsets = [
+            frozenset(i for i in range(pending) if mask >> i & 1) for mask in range(2**pending)
+        ]
+    else:
+        rng = random.Random(seed)
+        subsets = [frozenset(), frozenset(range(pending))]
+        subsets += [
+            frozenset(i for i in range(pending) if rng.random() < 0.5)
+            for _ in range(2**ENUMERATED_NAMES - 2)
+        ]
+    choices = [Choice(subset, None) for subset in dict.fromkeys(subsets)]
+    return choices + [Choice(None, seed * 1000 + k) for k in range(seeded)]
 
 
 @dataclass
@@ -61,12 +99,31 @@ class CrashState:
         }
 
 
-def _survivors(journal: Journal, choice: Choice) -> tuple[int, dict[int, int]]:
-    """How many directory changes survive, and for each surviving data op the bytes kept."""
-    if choice.seed is None:
-        return 0, {}
+def _dependent_closure(names: list[NameOp], kept: set[int]) -> set[int]:
+    """Keeping a directory change keeps every earlier one on the same file or name: a rename
+    cannot survive without the create it renamed."""
+
+    def touches(op: NameOp) -> set[object]:
+        return {op.ino, op.path, *([op.target] if op.target is not None else [])}
+
+    closed = set(kept)
+    for j in sorted(kept, reverse=True):
+        for i in range(j):
+            if i not in closed and touches(names[i]) & touches(names[j]):
+                closed.add(i)
+    return closed if closed == set(kept) else _dependent_closure(names, closed)
+
+
+def _survivors(journal: Journal, choice: Choice) -> tuple[set[int], dict[int, int]]:
+    """Which directory changes survive, and for each surviving data op the bytes kept."""
     rng = random.Random(choice.seed)
-    names_kept = rng.randint(0, len(journal.names))
+    if choice.names_kept is not None:
+        names = set(choice.names_kept)
+    else:
+        names = {i for i in range(len(journal.names)) if rng.random() < 0.5}
+    names = _dependent_closure(journal.names, names)
+    if choice.seed is None:
+        return names, {}
     kept = {op.seq: len(op.new) for op in journal.data if rng.random() < 0.5}
     last = max(kept, default=None)
     if last is not None and rng.random() < 0.5:
@@ -76,7 +133,7 @@ def _survivors(journal: Journal, choice: Choice) -> tuple[int, dict[int, int]]:
         cuts = range(first, op.offset + len(op.new), SECTOR)
         if op.kind == "write" and len(cuts) > 0:
             kept[last] = rng.choice(cuts) - op.offset
-    return names_kept, kept
+    return names, kept
 
 
 def _in_tree(path: str) -> str:
@@ -131,16 +188,17 @@ class _Replayer:
                 stream.write(op.new[:length])
 
 
-def materialize(root: Path, journal: Journal, choice: Choice, target: Path) -> CrashState:
-    """Copy ``root``'s tree to ``target``/tree and take back what ``choice`` loses."""
-    scratch = target / ".materializing"
+def materialize(root: Path, journal: Journal, choice: Choice, store: Path) -> CrashState:
+    """Copy ``root``'s tree to ``store`` and take back what ``choice`` loses."""
+    scratch = store.with_name(store.name + ".materializing")
     shutil.copytree(root / TREE, scratch / TREE, symlinks=True)
     shutil.copytree(root / GRAVEYARD, scratch / GRAVEYARD, symlinks=True)
     replayer = _Replayer(scratch, journal.locations)
     names_kept, kept = _survivors(journal, choice)
-    state = CrashState(choice, target / TREE)
-    for lost in reversed(journal.names[names_kept:]):
-        replayer.undo_name(lost)
+    state = CrashState(choice, store)
+    for index in reversed(range(len(journal.names))):
+        if index not in names_kept:
+            replayer.undo_name(journal.names[index])
     for pending in reversed(journal.data):
         replayer.undo_data(pending)
     for pending in journal.data:
@@ -153,7 +211,7 @@ def materialize(root: Path, journal: Journal, choice: Choice, target: Path) -> C
                 "operation": name_op.kind,
                 "path": name_op.path,
                 **({"target": name_op.target} if name_op.target is not None else {}),
-                "fate": "kept" if index < names_kept else "lost",
+                "fate": "kept" if index in names_kept else "lost",
             }
         )
     for data_op in journal.data:
@@ -171,6 +229,6 @@ def materialize(root: Path, journal: Journal, choice: Choice, target: Path) -> C
             }
         )
     state.fate.sort(key=lambda entry: entry["seq"])
-    os.rename(scratch / TREE, target / TREE)
+    os.rename(scratch / TREE, store)
     shutil.rmtree(scratch)
     return state

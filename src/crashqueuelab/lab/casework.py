@@ -1,0 +1,104 @@
+"""What every crash case does, whatever the crash mode: kill children at a crash point, read
+the signature a crash left, drive recovery, and check that recovery kept what the crash
+left."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from crashqueuelab.lab.children import CHILD_TIMEOUT_S, ChildRun, read_last_words, spawn_child
+from crashqueuelab.lab.effects import Destination
+from crashqueuelab.lab.scenario import (
+    RECOVERY_OFFSET_US,
+    START_US,
+    RecoveryResult,
+    effect_key,
+    recover_case,
+)
+from crashqueuelab.systems.contract import CrashPoint, JobSpec, StoreReading, System
+
+#: The part of a crash signature that says where the jobs stood (the rest are facts about
+#: the files, which a power cut may legitimately change).
+JOB_FIELDS = ("effect_job", "flaky_job", "effect_job_effects")
+
+
+def case_id_for(index: int, point: CrashPoint) -> str:
+    name = point.name.lower().replace("_", "-").replace(":", "-")
+    return f"{index + 1:02d}-{name}"
+
+
+def _kill_at(case_dir: Path, spec: str, point: str, seed: int, case_id: str) -> ChildRun:
+    arguments = ["--system", spec, "--fault-point", point, "--seed", str(seed)]
+    return spawn_child(case_dir, [*arguments, "--case-id", case_id], timeout_s=CHILD_TIMEOUT_S)
+
+
+def crash_signature(
+    reading: StoreReading, ledger: dict[str, Any], jobs: tuple[JobSpec, ...]
+) -> dict[str, Any]:
+    """The part of a reading that identifies a crash point."""
+    effect, flaky = jobs
+
+    def job(spec: JobSpec) -> list[Any] | None:
+        stored = reading.jobs.get(spec.key)
+        return None if stored is None else [stored.native_state, stored.attempts]
+
+    return {
+        "effect_job": job(effect),
+        "flaky_job": job(flaky),
+        "effect_job_effects": ledger["effects_by_key"].get(effect_key(effect), 0),
+        **reading.facts,
+    }
+
+
+def continuity(before: StoreReading, after: StoreReading) -> list[str]:
+    """What recovery lost or undid of the state the crash left, job by job."""
+    anomalies = []
+    for key, was in before.jobs.items():
+        now = after.jobs.get(key)
+        if now is None:
+            anomalies.append(
+                f"job {key}: {was.native_state}/{was.attempts} at the crash, missing after recovery"
+            )
+        elif now.attempts < was.attempts:
+            anomalies.append(f"job {key}: attempts went back from {was.attempts} to {now.attempts}")
+        elif was.status.is_terminal and now.status != was.status:
+            anomalies.append(
+                f"job {key}: {was.native_state} at the crash, {now.native_state} after recovery"
+            )
+    return anomalies
+
+
+def recover_or_report(
+    case_dir: Path, system: System, jobs: tuple[JobSpec, ...], seed: int, case_id: str
+) -> tuple[RecoveryResult | None, str | None]:
+    """Recovery's result, or why the system could not recover (never an exception)."""
+    try:
+        result = recover_case(
+            case_dir,
+            system,
+            jobs=jobs,
+            seed=seed,
+            stream=f"{case_id}/recovery",
+            destination=Destination.IDEMPOTENT,
+            start_us=START_US + RECOVERY_OFFSET_US,
+        )
+    except Exception as error:  # a system that cannot recover is reported, not raised
+        return None, f"recovery raised {type(error).__name__}: {error}"
+    return result, None
+
+
+def kill_children(
+    case_dir: Path, spec: str, point: CrashPoint, seed: int, case_id: str
+) -> tuple[ChildRun, dict[str, Any] | None]:
+    """The child killed at ``point``, after the one killed at ``point.after`` where set."""
+    prelude = None
+    if point.after is not None:
+        first = _kill_at(case_dir, spec, point.after, seed, case_id)
+        prelude = {
+            "fault_point": point.after,
+            "exit_code": first.exit_code,
+            "last_words": read_last_words(case_dir),
+            "timed_out": first.timed_out,
+        }
+    return _kill_at(case_dir, spec, point.name, seed, case_id), prelude

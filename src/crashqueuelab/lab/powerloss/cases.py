@@ -1,0 +1,188 @@
+"""A crash case in power-loss mode: the child dies at its crash point and the disk loses
+everything nobody synced; then every crash state the cut allows is judged and recovered.
+
+The case's store directory is the mount point of a ``PowerLossDisk`` (its backing tree is
+``disk/tree``); the effect ledger stays on the real disk, because it stands for another
+machine's database. After the child's death the power is cut, and for each ``Choice`` of
+``crash_choices`` a copy of the disk is made with the lost operations taken back
+(``crash-states/<choice>/store``) beside a copy of the ledger. Each state is read by the
+system's independent reader, its jobs are compared with what the crash point promises (an
+acknowledged operation must survive), and recovery runs on it as a restarted system would.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from crashqueuelab.lab.casework import (
+    JOB_FIELDS,
+    case_id_for,
+    continuity,
+    crash_signature,
+    kill_children,
+    recover_or_report,
+)
+from crashqueuelab.lab.children import CHILD_STDERR, CRASH_EXIT_CODE, read_last_words
+from crashqueuelab.lab.observe import observe_ledger
+from crashqueuelab.lab.powerloss.crashstate import Choice, crash_choices, materialize
+from crashqueuelab.lab.powerloss.disk import PowerLossDisk
+from crashqueuelab.lab.powerloss.journal import JOURNAL_FILE, Journal
+from crashqueuelab.lab.readings import read_store
+from crashqueuelab.lab.reports import write_json
+from crashqueuelab.lab.scenario import LEDGER_FILE, STORE_DIRECTORY, effect_key, scenario_jobs
+from crashqueuelab.systems.contract import CrashPoint, JobSpec, System
+
+DISK_DIRECTORY = "disk"
+STATES_DIRECTORY = "crash-states"
+
+
+def _jobs_of(signature: dict[str, Any]) -> dict[str, Any]:
+    return {name: signature[name] for name in JOB_FIELDS}
+
+
+def lost_acknowledged(found: dict[str, Any], promised: dict[str, Any]) -> list[str]:
+    """Where the jobs on the disk differ from what the crash point promised, field by field."""
+    return [
+        f"{name}: promised {promised[name]}, found {found[name]}"
+        for name in JOB_FIELDS
+        if found[name] != promised[name]
+    ]
+
+
+def _copy_ledger(case_dir: Path, target: Path) -> None:
+    for suffix in ("", "-wal"):
+        source = case_dir / f"{LEDGER_FILE}{suffix}"
+        if source.exists():
+            shutil.copyfile(source, target / source.name)
+
+
+def judge_state(
+    case_dir: Path,
+    journal: Journal,
+    choice: Choice,
+    *,
+    system: System,
+    point: CrashPoint,
+    jobs: tuple[JobSpec, ...],
+    seed: int,
+    case_id: str,
+) -> dict[str, Any]:
+    """Make one crash state, read and judge it, recover it, and read and judge it again."""
+    state_dir = case_dir / STATES_DIRECTORY / choice.name
+    state_dir.mkdir(parents=True)
+    state = materialize(case_dir / DISK_DIRECTORY, journal, choice, state_dir / STORE_DIRECTORY)
+    _copy_ledger(case_dir, state_dir)
+    keys = [job.key for job in jobs]
+    crash_reading = read_store(system, state_dir / STORE_DIRECTORY, keys)
+    signature = crash_signature(crash_reading, observe_ledger(state_dir / LEDGER_FILE), jobs)
+    allowed = [_jobs_of(promised) for promised in point.power_loss_states()]
+    durable = _jobs_of(signature) in allowed
+    recovery, recovery_error = recover_or_report(state_dir, system, jobs, seed, case_id)
+    recovered = read_store(system, state_dir / STORE_DIRECTORY, keys)
+    ledger = observe_ledger(state_dir / LEDGER_FILE)
+    effects_once = all(ledger["effects_by_key"].get(effect_key(job)) == 1 for job in jobs)
+    anomalies = []
+    if not durable:
+        differences = lost_acknowledged(_jobs_of(signature), allowed[0])
+        anomalies.append("acknowledged work lost: " + "; ".join(differences))
+    anomalies += [f"at the crash: {problem}" for problem in crash_reading.problems]
+    anomalies += continuity(crash_reading, recovered)
+    if recovery_error is not None:
+        anomalies.append(recovery_error)
+    anomalies += [f"after recovery: {problem}" for problem in recovered.problems]
+    if not effects_once:
+        anomalies.append(f"effects after recovery: {ledger['effects_by_key']}")
+    if recovery is not None and not (recovery.terminal and recovery.succeeded):
+        anomalies.append(f"final states {recovery.states}")
+    write_json(state_dir / "history.json", list(recovered.history))
+    return {
+        "choice": choice.name,
+        "operations": state.summary(),
+        "fate": state.fate,
+        "crash_state": {"store": crash_reading.to_json(), "signature": signature},
+        "durable_as_promised": durable,
+        "recovery": {
+            "rounds": None if recovery is None else recovery.rounds,
+            "final_states": None if recovery is None else recovery.states,
+            "store": recovered.to_json(),
+            "ledger": ledger,
+            "each_effect_durable_once": effects_once,
+        },
+        "anomalies": anomalies,
+        "passed": not anomalies,
+        "directory": str(state_dir.relative_to(case_dir)),
+    }
+
+
+def run_power_loss_case(
+    output_dir: Path, index: int, point: CrashPoint, seed: int, *, system: System, spec: str
+) -> dict[str, Any]:
+    """One crash point: the child dies there, the power goes, every crash state is judged."""
+    case_id = case_id_for(index, point)
+    case_dir = output_dir / "cases" / case_id
+    case_dir.mkdir(parents=True)
+    jobs = scenario_jobs(case_id)
+    with PowerLossDisk(case_dir / DISK_DIRECTORY, case_dir / STORE_DIRECTORY) as disk:
+        child, prelude = kill_children(case_dir, spec, point, seed, case_id)
+        journal = disk.cut()
+    started = time.perf_counter()
+    last_words = read_last_words(case_dir)
+    died_at_point = child.exit_code == CRASH_EXIT_CODE and last_words == point.name
+    if prelude is not None:
+        died_at_point = died_at_point and prelude["exit_code"] == CRASH_EXIT_CODE
+    states = [
+        judge_state(
+            case_dir,
+            journal,
+            choice,
+            system=system,
+            point=point,
+            jobs=jobs,
+            seed=seed,
+            case_id=case_id,
+        )
+        for choice in crash_choices(journal, seed * 100 + index)
+    ]
+    anomalies = [] if died_at_point else [f"exit {child.exit_code}, last words {last_words}"]
+    anomalies += [f"{s['choice']}: {line}" for s in states for line in s["anomalies"]]
+    relative = case_dir.relative_to(output_dir)
+    report = {
+        "case_id": case_id,
+        "fault_point": point.name,
+        "where": point.where,
+        "after_crash_at": prelude,
+        "exit_code": child.exit_code,
+        "timed_out": child.timed_out or bool(prelude and prelude["timed_out"]),
+        "last_words": last_words,
+        "died_at_fault_point": died_at_point,
+        "power_cut": {
+            "pending_writes": len(journal.data),
+            "pending_directory_changes": len(journal.names),
+            "file_syncs": journal.synced_files,
+            "directory_syncs": journal.synced_directories,
+            "crash_states": len(states),
+        },
+        "promised": point.power_loss_states(),
+        "crash_states": states,
+        "states_passed": sum(1 for state in states if state["passed"]),
+        "anomalies": anomalies,
+        "passed": not anomalies,
+        "artifacts": {
+            "case_directory": str(relative),
+            "disk": str(relative / DISK_DIRECTORY),
+            "journal": str(relative / DISK_DIRECTORY / JOURNAL_FILE),
+            "crash_states": str(relative / STATES_DIRECTORY),
+            "effect_database": str(relative / LEDGER_FILE),
+            "case_report": str(relative / "case.json"),
+            "child_stderr": str(relative / CHILD_STDERR),
+        },
+        "timings": {
+            "child_ms": round(child.elapsed_ms, 3),
+            "states_ms": round((time.perf_counter() - started) * 1000, 3),
+        },
+    }
+    write_json(case_dir / "case.json", report)
+    return report
