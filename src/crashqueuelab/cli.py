@@ -18,6 +18,7 @@ from typing import Any, NoReturn, TextIO
 
 from crashqueuelab.core.clock import MAX_TIME_US, Clock, ManualClock, SystemClock
 from crashqueuelab.core.errors import (
+    CrashModeUnavailable,
     CrashQueueLabError,
     InvalidInput,
     JobNotFound,
@@ -32,7 +33,13 @@ from crashqueuelab.core.retry import RetryPolicy
 from crashqueuelab.judges.invariants import check_database
 from crashqueuelab.judges.replay import replay_database
 from crashqueuelab.lab.bench.runner import BENCH_FILE, run_bench, table
-from crashqueuelab.lab.campaign import CAMPAIGN_FILE, Progress, run_campaign
+from crashqueuelab.lab.campaign import (
+    CAMPAIGN_FILE,
+    CRASH_MODES,
+    PROCESS,
+    Progress,
+    run_campaign,
+)
 from crashqueuelab.lab.chaos.supervisor import CHAOS_FILE, run_chaos
 from crashqueuelab.lab.demo import DEFAULT_SEED, run_demo
 from crashqueuelab.lab.showcase import run_showcase
@@ -47,6 +54,9 @@ EXIT_REJECTED = 1
 EXIT_USAGE = 2
 #: The database cannot serve: missing, not SQLite, another schema, unprotected history.
 EXIT_STORE = 3
+#: This machine cannot provide the crash mode asked for (power loss needs Linux FUSE: the
+#: message says what is missing); nothing was run.
+EXIT_UNAVAILABLE = 4
 
 DEFAULT_LEASE_US = 30_000_000
 
@@ -270,12 +280,17 @@ def _demo(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
 
 def _campaign(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     report = run_campaign(
-        args.output_directory, seed=args.seed, system=args.system, progress=_progress(args)
+        args.output_directory,
+        seed=args.seed,
+        system=args.system,
+        crash_mode=args.crash_mode,
+        progress=_progress(args),
     )
     return (EXIT_OK if report["ok"] else EXIT_REJECTED), {
         "ok": report["ok"],
         "report": _html_report(args.output_directory),
         "system": report["system"],
+        "crash_mode": report["crash_mode"],
         "seed": report["seed"],
         "summary": report["summary"],
         "anomalies": report["anomalies"],
@@ -338,13 +353,15 @@ def _mutants(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         args.output_directory,
         seed=args.seed,
         names=args.mutant,
+        seeds=args.seeds,
         jobs=args.jobs,
         kills=args.kills,
         pauses=args.pauses,
         progress=_progress(args),
     )
     return (EXIT_OK if report["ok"] else EXIT_REJECTED), {
-        key: report[key] for key in ("ok", "reasons", "caught", "total", "missed", "mutants")
+        key: report[key]
+        for key in ("ok", "reasons", "caught", "total", "missed", "seeds", "mutants")
     } | {"mutants_report": str(args.output_directory / MUTANTS_FILE)}
 
 
@@ -455,6 +472,13 @@ def _experiment_commands(command: _Command) -> None:
         database=False,
     )
     _add_system(sub)
+    sub.add_argument(
+        "--crash-mode",
+        choices=CRASH_MODES,
+        default=PROCESS,
+        help="process: the page cache survives a death; power-loss: every write, create,"
+        " rename and unlink nobody fsynced is lost too (Linux FUSE; exit 4 where unavailable)",
+    )
     sub = command(
         "chaos",
         _chaos,
@@ -475,6 +499,9 @@ def _experiment_commands(command: _Command) -> None:
         database=False,
     )
     sub.add_argument("--mutant", action="append", help="only this one (repeatable)")
+    sub.add_argument(
+        "--seeds", type=_positive, default=2, help="seeds from --seed on; each one must catch"
+    )
     sub.add_argument("--jobs", type=_positive, default=300, help="jobs of each chaos run")
     sub.add_argument("--kills", type=_non_negative, default=15)
     sub.add_argument("--pauses", type=_non_negative, default=2)
@@ -575,6 +602,8 @@ def _error(kind: str, message: str, **data: Any) -> dict[str, Any]:
 
 
 def _exit_code(error: CrashQueueLabError) -> int:
+    if isinstance(error, CrashModeUnavailable):
+        return EXIT_UNAVAILABLE
     if isinstance(error, InvalidInput | SystemUnavailable):
         return EXIT_USAGE
     if isinstance(error, StoreError):

@@ -79,9 +79,12 @@ def encode_frame(value: Any) -> bytes:
 def decode_frames(data: bytes, *, where: str, tail_may_tear: bool) -> tuple[list[Any], int]:
     """Every complete frame of ``data`` and the length they cover.
 
-    An incomplete last frame is a torn tail when ``tail_may_tear`` (its bytes are not
-    counted); anywhere else it, a bad digest, an oversized length or a frame that is not a
-    JSON object is CorruptStore.
+    When ``tail_may_tear``, a damaged tail is torn (its bytes are not counted): an
+    incomplete last frame, or bytes from a bad frame to the end with no valid frame after
+    them. Each frame is fsynced before the next is written, so only the last one can be
+    unsynced, and a power cut may persist its sectors in any order (zeros before data).
+    Anywhere else an incomplete frame, a bad digest, an oversized length or a frame that is
+    not a JSON object is CorruptStore.
     """
     bodies: list[tuple[int, bytes]] = []
     offset = 0
@@ -91,15 +94,19 @@ def decode_frames(data: bytes, *, where: str, tail_may_tear: bool) -> tuple[list
         if len(data) - offset < LENGTH_BYTES:
             return _parse(bodies, where), _torn_at(offset, where, tail_may_tear)
         size = int.from_bytes(view[offset : offset + LENGTH_BYTES], "big")
-        if size > MAX_FRAME_PAYLOAD:
-            raise CorruptStore(f"{where}: frame at byte {offset} claims {size} bytes")
         end = offset + LENGTH_BYTES + size + DIGEST_BYTES
+        if size > MAX_FRAME_PAYLOAD:
+            if tail_may_tear and not _valid_frame_after(data, offset):
+                return _parse(bodies, where), offset
+            raise CorruptStore(f"{where}: frame at byte {offset} claims {size} bytes")
         if end > len(data):
             if _hidden_frame(data, offset):
                 raise CorruptStore(f"{where}: the length field at byte {offset} is damaged")
             return _parse(bodies, where), _torn_at(offset, where, tail_may_tear)
         body = view[offset + LENGTH_BYTES : end - DIGEST_BYTES]
         if sha256(body).digest() != view[end - DIGEST_BYTES : end]:
+            if tail_may_tear and not _valid_frame_after(data, offset):
+                return _parse(bodies, where), offset
             raise CorruptStore(f"{where}: checksum mismatch in the frame at byte {offset}")
         bodies.append((offset, bytes(body)))
         offset = end
@@ -144,6 +151,24 @@ def _hidden_frame(data: bytes, offset: int) -> bool:
         running.update(data[previous:position])
         previous = position
         if running.copy().digest() == data[position : position + DIGEST_BYTES]:
+            return True
+    return False
+
+
+def _valid_frame_after(data: bytes, offset: int) -> bool:
+    """Whether a whole, digest-checked frame starts anywhere after ``offset``: then the bad
+    bytes at ``offset`` were once synced (a later frame was), and are corruption."""
+    view = memoryview(data)
+    opening, closing = ord("{"), ord("}")
+    for start in range(offset + 1, len(data) - LENGTH_BYTES - DIGEST_BYTES):
+        size = int.from_bytes(view[start : start + LENGTH_BYTES], "big")
+        end = start + LENGTH_BYTES + size + DIGEST_BYTES
+        if size < 2 or end > len(data) or data[start + LENGTH_BYTES] != opening:
+            continue
+        if data[end - DIGEST_BYTES - 1] != closing:
+            continue
+        body = view[start + LENGTH_BYTES : end - DIGEST_BYTES]
+        if hashlib.sha256(body).digest() == view[end - DIGEST_BYTES : end]:
             return True
     return False
 

@@ -160,13 +160,20 @@ def test_a_missing_referenced_snapshot_is_corrupt_not_a_fallback(tmp_path: Path)
         Queue(directory)
 
 
-def test_a_length_field_beyond_the_bound_is_corrupt(tmp_path: Path) -> None:
+def test_a_length_field_beyond_the_bound_is_never_allocated(tmp_path: Path) -> None:
+    """At the tail it is what a power cut leaves (torn); before a valid frame, corruption."""
     directory = tmp_path / "q"
     build(directory, compact=False)
     [segment] = segments(directory)
-    with segment.open("ab") as handle:
-        handle.write((2**31).to_bytes(4, "big") + b"x" * 10)
-    with pytest.raises(CorruptStore):
+    intact = segment.read_bytes()
+    bogus = (2**31).to_bytes(4, "big") + b"x" * 10
+    segment.write_bytes(intact + bogus)
+    with Queue(directory) as queue:
+        assert queue.task_ids() == ["a", "b", "c", "d"]
+    assert segment.read_bytes() == intact
+    last = intact[-LAST_FRAME:]
+    segment.write_bytes(intact[:-LAST_FRAME] + bogus + last)
+    with pytest.raises(CorruptStore, match="claims 2147483648 bytes"):
         Queue(directory)
 
 
@@ -184,3 +191,36 @@ def test_old_sealed_segments_left_by_a_compaction_do_not_double_apply(tmp_path: 
     with Queue(directory) as queue:
         assert queue.task_ids() == ["a", "b", "c"]
         assert queue.stats()["last_seq"] == 3
+
+
+@pytest.mark.parametrize("kept", ["second-half", "zeros", "garbage"])
+def test_a_final_frame_garbled_by_a_power_cut_is_a_torn_tail(tmp_path: Path, kept: str) -> None:
+    """A power cut may persist an unsynced frame's later sectors without its first ones."""
+    directory = tmp_path / "q"
+    build(directory, compact=False)
+    [segment] = segments(directory)
+    data = bytearray(segment.read_bytes())
+    start = len(data) - LAST_FRAME
+    half = start + LAST_FRAME // 2
+    if kept == "second-half":
+        data[start:half] = bytes(half - start)
+    elif kept == "zeros":
+        data[start:] = bytes(LAST_FRAME)
+    else:
+        data[start : start + 4] = b"\xff\xff\xff\xff"  # a length beyond every bound
+    segment.write_bytes(bytes(data))
+    with Queue(directory) as queue:
+        assert queue.task_ids() == ["a", "b", "c"]
+        assert segment.stat().st_size == start
+
+
+def test_a_garbled_frame_followed_by_a_valid_one_is_still_corruption(tmp_path: Path) -> None:
+    directory = tmp_path / "q"
+    build(directory, compact=False)
+    [segment] = segments(directory)
+    data = bytearray(segment.read_bytes())
+    start = len(data) - 2 * LAST_FRAME + 1  # inside the frame before the last
+    data[start : start + 8] = bytes(8)
+    segment.write_bytes(bytes(data))
+    with pytest.raises(CorruptStore):
+        Queue(directory)

@@ -53,6 +53,14 @@ class WalReading:
         return not self.problems
 
 
+def _whole_at(data: bytes, at: int) -> bool:
+    size = int.from_bytes(data[at : at + _LENGTH], "big")
+    end = at + _LENGTH + size + _DIGEST
+    if at + _LENGTH > len(data) or end > len(data) or size == 0:
+        return False
+    return hashlib.sha256(data[at + _LENGTH : end - _DIGEST]).digest() == data[end - _DIGEST : end]
+
+
 def _frames(data: bytes, *, tail_may_tear: bool) -> tuple[list[dict[str, Any]], bool]:
     frames: list[dict[str, Any]] = []
     offset = 0
@@ -65,6 +73,12 @@ def _frames(data: bytes, *, tail_may_tear: bool) -> tuple[list[dict[str, Any]], 
             raise _Damaged(f"incomplete frame at byte {offset}")
         body = data[offset + _LENGTH : end - _DIGEST]
         if hashlib.sha256(body).digest() != data[end - _DIGEST : end]:
+            # Garbage up to the end, with nothing whole after it, is an unsynced frame
+            # that a power cut half kept; a whole frame after it proves it was synced.
+            if tail_may_tear and not any(
+                _whole_at(data, at) for at in range(offset + 1, len(data))
+            ):
+                return frames, True
             raise _Damaged(f"checksum mismatch in the frame at byte {offset}")
         value = json.loads(body)
         if not isinstance(value, dict):

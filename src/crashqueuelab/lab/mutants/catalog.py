@@ -15,6 +15,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import walqueue.durability
+import walqueue.queue
 import walqueue.store
 from crashqueuelab.core import queue as queue_module
 from crashqueuelab.core.errors import StaleLease
@@ -171,6 +173,53 @@ def _newest_snapshot_wins() -> contextlib.AbstractContextManager[None]:
     return _patched(walqueue.store.Store, "_load_snapshot", newest)
 
 
+class _OsWithoutFsync:
+    """The ``os`` module, except that ``fsync`` does nothing."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os, name)
+
+    @staticmethod
+    def fsync(fd: int) -> None:
+        return None
+
+
+class UnsyncedAppends(walqueue.store.Store):
+    """Frames are written to the WAL and never fsynced (creating and renaming files still
+    are): a put or an ack returns before it is durable."""
+
+    def append(self, txn: dict[str, Any], frame: bytes | None = None) -> None:
+        with _patched(walqueue.store, "os", _OsWithoutFsync()):
+            super().append(txn, frame)
+
+
+class CurrentWithoutDirectorySync(walqueue.store.Store):
+    """Compaction renames ``CURRENT`` into place and goes on without fsyncing the directory,
+    so the deletion of the segments the new snapshot covers may reach the disk first."""
+
+    def compact(self, state: Any) -> int:
+        hook, phases = self.hook, [""]
+
+        def remembering(phase: str) -> None:
+            phases.append(phase)
+            hook(phase)
+
+        def unless_current_was_renamed(directory: Path) -> None:
+            if phases[-1] != "current:after_rename":
+                walqueue.durability.fsync_directory(directory)
+
+        self.hook = remembering
+        try:
+            with _patched(walqueue.store, "fsync_directory", unless_current_was_renamed):
+                return super().compact(state)
+        finally:
+            self.hook = hook
+
+
+def _store_class(store: type[walqueue.store.Store]) -> Callable[[], Any]:
+    return lambda: _patched(walqueue.queue, "Store", store)
+
+
 def no_fencing() -> System:
     return _sqlite_mutant("no-fencing", NoFencing)
 
@@ -207,6 +256,16 @@ def newest_snapshot_wins() -> System:
     return _walqueue_mutant("newest-snapshot-wins", _newest_snapshot_wins)
 
 
+def wal_without_fsync() -> System:
+    return _walqueue_mutant("wal-without-fsync", _store_class(UnsyncedAppends))
+
+
+def current_without_directory_sync() -> System:
+    return _walqueue_mutant(
+        "current-without-directory-sync", _store_class(CurrentWithoutDirectorySync)
+    )
+
+
 @dataclass(frozen=True)
 class Mutant:
     """One planted bug: its factory's name, what it changes, and what can catch it."""
@@ -241,5 +300,10 @@ MUTANTS = (
         "newest_snapshot_wins",
         "walqueue: the newest snapshot file is trusted, whether CURRENT names it or not",
         needs="a power-loss crash mode: an orphan snapshot is only wrong if it was never synced",
+    ),
+    Mutant("wal_without_fsync", "walqueue: WAL frames are written and never fsynced"),
+    Mutant(
+        "current_without_directory_sync",
+        "walqueue: compaction renames CURRENT without fsyncing the directory",
     ),
 )

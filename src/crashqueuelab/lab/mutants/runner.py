@@ -1,5 +1,7 @@
-"""``crashqueuelab mutants``: every mutant through the crash campaign (with its probes) and a
-chaos run; which evidence caught it, naming the anomaly, or that nothing did."""
+"""``crashqueuelab mutants``: every mutant through the crash campaign in both crash modes
+(with its probes) and a chaos run, once per seed; which evidence caught it, naming the
+anomaly, or that nothing did. A mutant counts as caught only if every seed caught it: a
+catch that depends on the seed is luck, not evidence."""
 
 from __future__ import annotations
 
@@ -9,22 +11,25 @@ from pathlib import Path
 from typing import Any
 
 from crashqueuelab.core.errors import InvalidInput
-from crashqueuelab.lab.campaign import run_campaign
+from crashqueuelab.lab.campaign import POWER_LOSS, run_campaign
 from crashqueuelab.lab.chaos.supervisor import run_chaos
 from crashqueuelab.lab.mutants.catalog import MUTANTS, Mutant
+from crashqueuelab.lab.powerloss.disk import require_power_loss
 from crashqueuelab.lab.reports import prepare_output_directory, write_json
 
 MUTANTS_FILE = "mutants.json"
 Progress = Callable[[str], None]
 
 
-def _evidence(campaign: dict[str, Any], chaos: dict[str, Any]) -> list[dict[str, str]]:
+def _evidence(
+    campaign: dict[str, Any], power_loss: dict[str, Any], chaos: dict[str, Any]
+) -> list[dict[str, str]]:
     caught = []
-    failed_cases = [line for line in campaign["anomalies"] if line.startswith("case ")]
     failed_probes = [line for line in campaign["anomalies"] if line.startswith("probe ")]
-    if failed_cases:
-        caught.append({"by": "crash campaign", "anomaly": failed_cases[0],
-                       "count": str(len(failed_cases))})  # fmt: skip
+    for by, report in (("crash campaign", campaign), ("power-loss campaign", power_loss)):
+        failed_cases = [line for line in report["anomalies"] if line.startswith("case ")]
+        if failed_cases:
+            caught.append({"by": by, "anomaly": failed_cases[0], "count": str(len(failed_cases))})
     if failed_probes:
         caught.append({"by": "fencing probes", "anomaly": failed_probes[0],
                        "count": str(len(failed_probes))})  # fmt: skip
@@ -34,24 +39,50 @@ def _evidence(campaign: dict[str, Any], chaos: dict[str, Any]) -> list[dict[str,
     return caught
 
 
-def run_mutant(
+def _one_seed(
     output_dir: Path, mutant: Mutant, *, seed: int, jobs: int, kills: int, pauses: int
-) -> dict[str, Any]:
-    """One mutant through the campaign and a chaos run; what caught it."""
-    started = time.perf_counter()
+) -> tuple[str, list[dict[str, str]]]:
     campaign = run_campaign(output_dir / "campaign", seed=seed, system=mutant.spec)
+    power_loss = run_campaign(
+        output_dir / "power-loss-campaign", seed=seed, system=mutant.spec, crash_mode=POWER_LOSS
+    )
     chaos = run_chaos(
         output_dir / "chaos", seed=seed, jobs=jobs, workers=3, kills=kills, pauses=pauses,
         lease_ms=300, system=mutant.spec,
     )  # fmt: skip
-    caught_by = _evidence(campaign, chaos)
+    return campaign["system"]["name"], _evidence(campaign, power_loss, chaos)
+
+
+def run_mutant(
+    output_dir: Path, mutant: Mutant, *, seeds: Sequence[int], jobs: int, kills: int, pauses: int
+) -> dict[str, Any]:
+    """One mutant through both campaigns and a chaos run, once per seed; what caught it."""
+    started = time.perf_counter()
+    per_seed: list[dict[str, Any]] = []
+    system = mutant.name
+    for seed in seeds:
+        system, caught_by = _one_seed(
+            output_dir / f"seed-{seed}", mutant, seed=seed, jobs=jobs, kills=kills, pauses=pauses
+        )
+        per_seed.append({"seed": seed, "caught_by": caught_by})
+    # Evidence that caught it under every seed, with the first seed's anomaly as the example.
+    always = set.intersection(*({e["by"] for e in run["caught_by"]} for run in per_seed))
+    caught_by = [e for e in per_seed[0]["caught_by"] if e["by"] in always]
+    sometimes = sorted({e["by"] for run in per_seed for e in run["caught_by"]} - always)
+    because = None
+    if not caught_by:
+        because = mutant.needs or "no evidence noticed it"
+        if sometimes:
+            because = f"only some seeds caught it ({', '.join(sometimes)})"
     return {
         "mutant": mutant.name,
-        "system": campaign["system"]["name"],
+        "system": system,
         "changes": mutant.changes,
         "caught": bool(caught_by),
         "caught_by": caught_by,
-        "not_caught_because": None if caught_by else mutant.needs or "no evidence noticed it",
+        "caught_by_some_seeds_only": sometimes,
+        "per_seed": per_seed,
+        "not_caught_because": because,
         "seconds": round(time.perf_counter() - started, 3),
     }
 
@@ -61,6 +92,7 @@ def run_mutants(
     *,
     seed: int,
     names: Sequence[str] | None = None,
+    seeds: int = 2,
     jobs: int = 300,
     kills: int = 15,
     pauses: int = 2,
@@ -72,12 +104,14 @@ def run_mutants(
     if unknown:
         raise InvalidInput("mutant", f"unknown {unknown}; known: {sorted(known)}")
     chosen = [known[name] for name in names] if names else list(MUTANTS)
+    require_power_loss()
     prepare_output_directory(output_dir)
+    used = [seed + offset for offset in range(seeds)]
     started = time.perf_counter()
     results = []
     for index, mutant in enumerate(chosen):
         result = run_mutant(
-            output_dir / mutant.name, mutant, seed=seed, jobs=jobs, kills=kills, pauses=pauses
+            output_dir / mutant.name, mutant, seeds=used, jobs=jobs, kills=kills, pauses=pauses
         )
         results.append(result)
         if progress is not None:
@@ -87,7 +121,7 @@ def run_mutants(
     report = {
         "ok": not missed,
         "seed": seed,
-        "seeds_used": 1,
+        "seeds": used,
         "caught": len(results) - len(missed),
         "total": len(results),
         "missed": missed,

@@ -157,8 +157,12 @@ class _Replayer:
         return self.root / self.locations[ino]
 
     def _relocate(self, ino: int, where: str) -> None:
-        _move(self.root / self.locations[ino], self.root / where)
-        self.locations[ino] = where
+        was = self.locations[ino]
+        _move(self.root / was, self.root / where)
+        # A moved directory takes its entries along.
+        for other, location in self.locations.items():
+            if location == was or location.startswith(was + "/"):
+                self.locations[other] = where + location[len(was) :]
 
     def undo_name(self, op: NameOp) -> None:
         if op.kind in ("create", "mkdir"):
