@@ -125,6 +125,7 @@ class Store:
             self._open_live(segments[-1][1])
         else:
             self._start_segment(state.last_seq + 1)
+        self.hook("recover:done")
         return state
 
     def _truncate(self, path: Path, length: int) -> None:

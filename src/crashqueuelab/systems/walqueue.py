@@ -297,6 +297,12 @@ CRASH_POINTS = (
         _compacting(segments=1, snapshots=1, published=True),
     ),
     CrashPoint(
+        "recover:done",
+        "recovered from a compaction that died before CURRENT named its snapshot",
+        _compacting(snapshots=1),
+        after="snapshot:after_dir_sync",
+    ),
+    CrashPoint(
         "truncate:before",
         "recovering from a torn first put, before the tail is cut",
         _expect(None, None, 0, last=None, seq=0, segments=1, torn=True),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -128,15 +129,21 @@ def _sqlite_mutant(name: str, queue_class: type[DurableQueue]) -> System:
     return replace(sqlite_system(), name=f"sqlite-mutant-{name}", open=open_client)
 
 
+#: Campaign cases run on two threads of one process: two overlapping swaps of one global
+#: would restore each other's value and leave a mutant's change behind for the next system.
+_SWAPPING = threading.RLock()
+
+
 @contextlib.contextmanager
 def _patched(target: Any, attribute: str, value: Any) -> Iterator[None]:
-    """Swap one function while a walqueue directory is opened (recovery runs then)."""
-    original = getattr(target, attribute)
-    setattr(target, attribute, value)
-    try:
-        yield
-    finally:
-        setattr(target, attribute, original)
+    """Swap one module global for the duration of one call, one thread at a time."""
+    with _SWAPPING:
+        original = getattr(target, attribute)
+        setattr(target, attribute, value)
+        try:
+            yield
+        finally:
+            setattr(target, attribute, original)
 
 
 def _walqueue_mutant(
