@@ -79,20 +79,12 @@ def test_only_power_loss_catches_an_unsynced_directory(report: dict[str, object]
     assert evidence["power-loss campaign"].startswith("case ")
 
 
-def test_a_catch_must_hold_for_every_seed() -> None:
+def test_a_catch_must_hold_for_every_seed(monkeypatch: pytest.MonkeyPatch) -> None:
     from crashqueuelab.lab.mutants import runner
 
-    class Always:
-        name, needs, changes, spec = "m", None, "", "x"
-
     results = iter([("s", [{"by": "chaos", "anomaly": "a", "count": "1"}]), ("s", [])])
-    original = runner._one_seed
-    runner._one_seed = lambda *args, **kwargs: next(results)  # type: ignore[assignment]
-    try:
-        result = runner.run_mutant(Path("unused"), Always(), seeds=[1, 2], jobs=1, kills=0,  # type: ignore[arg-type]
-                                   pauses=0)  # fmt: skip
-    finally:
-        runner._one_seed = original  # type: ignore[assignment]
+    monkeypatch.setattr(runner, "_one_seed", lambda *args, **kwargs: next(results))
+    result = runner.run_mutant(Path("unused"), MUTANTS[0], seeds=[1, 2], jobs=1, kills=0, pauses=0)
     assert not result["caught"]
     assert result["caught_by_some_seeds_only"] == ["chaos"]
     assert result["not_caught_because"] == "only some seeds caught it (chaos)"
