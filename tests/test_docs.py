@@ -28,7 +28,7 @@ def test_every_command_is_documented_and_has_help() -> None:
 
 def test_every_exit_code_is_documented() -> None:
     text = (DOCS / "cli.md").read_text()
-    for name in ("EXIT_OK", "EXIT_REJECTED", "EXIT_USAGE", "EXIT_STORE"):
+    for name in ("EXIT_OK", "EXIT_REJECTED", "EXIT_USAGE", "EXIT_STORE", "EXIT_UNAVAILABLE"):
         assert f"| {getattr(cli, name)} | `{name}` |" in text
 
 

@@ -614,7 +614,16 @@ def _exit_code(error: CrashQueueLabError) -> int:
 
 def _error_data(error: CrashQueueLabError) -> dict[str, Any]:
     data: dict[str, Any] = {}
-    for name in ("field", "job_id", "idempotency_key", "path", "missing", "differing", "spec"):
+    for name in (
+        "field",
+        "job_id",
+        "idempotency_key",
+        "path",
+        "missing",
+        "differing",
+        "spec",
+        "mode",
+    ):
         if hasattr(error, name):
             value = getattr(error, name)
             data[name] = list(value) if isinstance(value, tuple) else value

@@ -87,7 +87,8 @@ def judge_state(
     anomalies = []
     if not durable:
         differences = lost_acknowledged(_jobs_of(signature), allowed[0])
-        anomalies.append("acknowledged work lost: " + "; ".join(differences))
+        after = "recovery raised" if recovery is None else f"recovered to {recovery.states}"
+        anomalies.append(f"acknowledged work lost: {'; '.join(differences)} ({after})")
     anomalies += [f"at the crash: {problem}" for problem in crash_reading.problems]
     anomalies += continuity(crash_reading, recovered)
     if recovery_error is not None:
