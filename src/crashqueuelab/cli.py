@@ -33,14 +33,9 @@ from crashqueuelab.core.retry import RetryPolicy
 from crashqueuelab.judges.invariants import check_database
 from crashqueuelab.judges.replay import replay_database
 from crashqueuelab.lab.bench.runner import BENCH_FILE, run_bench, table
-from crashqueuelab.lab.campaign import (
-    CAMPAIGN_FILE,
-    CRASH_MODES,
-    PROCESS,
-    Progress,
-    run_campaign,
-)
+from crashqueuelab.lab.campaign import CAMPAIGN_FILE, Progress, run_campaign
 from crashqueuelab.lab.chaos.supervisor import CHAOS_FILE, run_chaos
+from crashqueuelab.lab.crashmodes import CRASH_MODES, PROCESS
 from crashqueuelab.lab.demo import DEFAULT_SEED, run_demo
 from crashqueuelab.lab.showcase import run_showcase
 from crashqueuelab.systems.registry import DEFAULT_SYSTEM, PEERS, SHIPPED
@@ -330,13 +325,15 @@ def _chaos(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         lease_ms=args.lease_ms,
         batch=args.batch,
         system=args.system,
+        crash_mode=args.crash_mode,
+        power_cuts=args.power_cuts,
         progress=_progress(args),
     )
     return (EXIT_OK if report["ok"] else EXIT_REJECTED), {
         key: report[key]
         for key in (
-            "ok", "reasons", "system", "notes", "seed", "parameters", "kills_delivered",
-            "pauses_delivered",
+            "ok", "reasons", "system", "crash_mode", "notes", "seed", "parameters",
+            "kills_delivered", "pauses_delivered", "power_cuts_delivered",
             "pauses_with_takeover", "pauses_fenced", "respawns", "accounting", "anomalies",
             "timings",
         )
@@ -472,13 +469,7 @@ def _experiment_commands(command: _Command) -> None:
         database=False,
     )
     _add_system(sub)
-    sub.add_argument(
-        "--crash-mode",
-        choices=CRASH_MODES,
-        default=PROCESS,
-        help="process: the page cache survives a death; power-loss: every write, create,"
-        " rename and unlink nobody fsynced is lost too (Linux FUSE; exit 4 where unavailable)",
-    )
+    _add_crash_mode(sub)
     sub = command(
         "chaos",
         _chaos,
@@ -492,6 +483,13 @@ def _experiment_commands(command: _Command) -> None:
     sub.add_argument("--lease-ms", type=_positive, default=500)
     sub.add_argument("--batch", type=_positive, default=4)
     _add_system(sub)
+    _add_crash_mode(sub)
+    sub.add_argument(
+        "--power-cuts",
+        type=_non_negative,
+        default=0,
+        help="with --crash-mode power-loss: cut the power this often (every process dies)",
+    )
     sub = command(
         "mutants",
         _mutants,
@@ -595,6 +593,16 @@ def build_parser() -> argparse.ArgumentParser:
     _report_command(commands)
     _database_commands(command)
     return parser
+
+
+def _add_crash_mode(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument(
+        "--crash-mode",
+        choices=CRASH_MODES,
+        default=PROCESS,
+        help="process: the page cache survives a death; power-loss: every write, create,"
+        " rename and unlink nobody fsynced is lost too (Linux FUSE; exit 4 where unavailable)",
+    )
 
 
 def _error(kind: str, message: str, **data: Any) -> dict[str, Any]:

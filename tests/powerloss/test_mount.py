@@ -20,7 +20,8 @@ import pytest
 
 from crashqueuelab import cli
 from crashqueuelab.core.errors import CrashModeUnavailable
-from crashqueuelab.lab.campaign import POWER_LOSS, run_campaign
+from crashqueuelab.lab.campaign import run_campaign
+from crashqueuelab.lab.crashmodes import POWER_LOSS
 from crashqueuelab.lab.powerloss import disk as disk_module
 from crashqueuelab.lab.powerloss.crashstate import LOSE_ALL, materialize
 from crashqueuelab.lab.powerloss.disk import PowerLossDisk, unavailable_reason

@@ -28,7 +28,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.casework import (
     case_id_for,
     continuity,
@@ -41,9 +40,9 @@ from crashqueuelab.lab.children import (
     CRASH_EXIT_CODE,
     read_last_words,
 )
+from crashqueuelab.lab.crashmodes import POWER_LOSS, PROCESS, check_crash_mode
 from crashqueuelab.lab.observe import observe_ledger
 from crashqueuelab.lab.powerloss.cases import run_power_loss_case
-from crashqueuelab.lab.powerloss.disk import require_power_loss
 from crashqueuelab.lab.probes import run_probes
 from crashqueuelab.lab.readings import read_store
 from crashqueuelab.lab.reports import prepare_output_directory, write_json
@@ -56,10 +55,6 @@ from crashqueuelab.lab.scenario import (
 from crashqueuelab.systems.contract import CrashPoint, System
 from crashqueuelab.systems.registry import DEFAULT_SYSTEM, resolve_system
 
-#: The crash modes: a process death (the page cache survives), or a power cut (it does not).
-PROCESS = "process"
-POWER_LOSS = "power-loss"
-CRASH_MODES = (PROCESS, POWER_LOSS)
 #: How each mode kills, as reports name it.
 MECHANISM = {
     PROCESS: "spawned_process_os_exit",
@@ -293,12 +288,8 @@ def run_campaign(
 ) -> dict[str, Any]:
     """Run every crash point of ``system`` once and the probes; write ``campaign.json``."""
     chosen = resolve_system(system)
-    if crash_mode not in CRASH_MODES:
-        raise InvalidInput("crash_mode", f"{crash_mode!r} is not one of {', '.join(CRASH_MODES)}")
-    runner = run_case
-    if crash_mode == POWER_LOSS:
-        require_power_loss()
-        runner = run_power_loss_case
+    check_crash_mode(crash_mode)
+    runner = run_power_loss_case if crash_mode == POWER_LOSS else run_case
     prepare_output_directory(output_dir)
     order = campaign_order(chosen, seed)
     started = time.perf_counter()

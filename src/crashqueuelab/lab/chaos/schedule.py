@@ -18,6 +18,8 @@ SPAN = 0.85
 class FaultKind(StrEnum):
     KILL = "SIGKILL"
     PAUSE = "SIGSTOP"
+    #: Every process dies and the disk loses what nobody synced (power-loss mode only).
+    POWER_CUT = "power cut"
 
 
 @dataclass(frozen=True)
@@ -31,10 +33,12 @@ class PlannedFault:
     delay_ms: float
 
 
-def plan(*, seed: int, jobs: int, workers: int, kills: int, pauses: int) -> list[PlannedFault]:
-    """Spread ``kills`` and ``pauses`` over the run's progress, in a seeded order."""
+def plan(
+    *, seed: int, jobs: int, workers: int, kills: int, pauses: int, cuts: int = 0
+) -> list[PlannedFault]:
+    """Spread ``kills``, ``pauses`` and power ``cuts`` over the run's progress, seeded."""
     rng = random.Random(seed)
-    kinds = [FaultKind.KILL] * kills + [FaultKind.PAUSE] * pauses
+    kinds = [FaultKind.KILL] * kills + [FaultKind.PAUSE] * pauses + [FaultKind.POWER_CUT] * cuts
     rng.shuffle(kinds)
     total = len(kinds)
     # Faults land within the first SPAN of the work, so the last ones still find work.

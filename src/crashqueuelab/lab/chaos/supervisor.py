@@ -28,6 +28,7 @@ from typing import Any
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.core.validation import require_int
 from crashqueuelab.lab.chaos.accounting import judge_run
+from crashqueuelab.lab.chaos.powercuts import PowerSupply
 from crashqueuelab.lab.chaos.processes import (
     ERROR_SUFFIX,
     RunFiles,
@@ -39,6 +40,7 @@ from crashqueuelab.lab.chaos.processes import (
 from crashqueuelab.lab.chaos.schedule import SPAN, FaultKind, PlannedFault, plan
 from crashqueuelab.lab.chaos.worklog import LOG_SUFFIX, LogFollower, read_logs
 from crashqueuelab.lab.children import CLI_MODULE
+from crashqueuelab.lab.crashmodes import POWER_LOSS, PROCESS, check_crash_mode
 from crashqueuelab.lab.effects import Destination, EffectLedger
 from crashqueuelab.lab.reports import prepare_output_directory, write_json
 from crashqueuelab.lab.scenario import STORE_DIRECTORY
@@ -174,6 +176,8 @@ class _ChaosRun:
         # Replaced workers whose logs have not been read to the end yet.
         self.retired: set[str] = set()
         self.maintenance: Any = None
+        #: The power-loss disk under the store, in power-loss mode.
+        self.power: PowerSupply | None = None
 
     def follow(self, watcher: _Watcher) -> None:
         """Read the new lines of the live workers' logs, and the last ones of retired workers."""
@@ -208,6 +212,7 @@ class _ChaosRun:
         )
 
     def launch(self) -> None:
+        self.stop_file.unlink(missing_ok=True)
         if not self.single_owner:
             self.maintenance = self.context.Process(
                 target=maintenance_main,
@@ -283,6 +288,24 @@ class _ChaosRun:
             record["continued_at_s"] = round(time.monotonic() - self.state.started, 6)
             del self.state.paused[index]
 
+    def cut_power(self, watcher: _Watcher) -> dict[str, Any]:
+        """Every process dies at once, the disk forgets what was not synced, all restart."""
+        assert self.power is not None
+        processes = [slot.process for slot in self.slots] + [self.maintenance]
+        for process in processes:
+            if process is not None:
+                _signal(process, signal.SIGKILL)
+        for process in processes:
+            if process is not None:
+                process.join(timeout=10)
+        for record, _, _ in self.state.paused.values():
+            record["ended_by_power_cut"] = True
+        self.state.paused.clear()
+        self.follow(watcher)  # the dead workers' last lines
+        record = self.power.cut()
+        self.launch()
+        return record
+
     def shut_down(self) -> None:
         """Let workers drain and exit on their own; stop whatever is still running."""
         self.stop_file.touch()
@@ -312,11 +335,16 @@ def run_chaos(
     batch: int = 4,
     deadline_s: float = 600.0,
     system: str = DEFAULT_SYSTEM,
+    crash_mode: str = PROCESS,
+    power_cuts: int = 0,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Run one chaos experiment into ``output_dir`` (new or empty) and return its report."""
-    _check_parameters(jobs=jobs, workers=workers, kills=kills, pauses=pauses)
+    _check_parameters(jobs=jobs, workers=workers, kills=kills, pauses=pauses, cuts=power_cuts)
+    if power_cuts and crash_mode != POWER_LOSS:
+        raise InvalidInput("power_cuts", "a power cut needs --crash-mode power-loss")
     chosen = resolve_system(system)
+    check_crash_mode(crash_mode)
     prepare_output_directory(output_dir)
     files = RunFiles(
         store=str(output_dir / STORE_DIRECTORY),
@@ -331,22 +359,36 @@ def run_chaos(
             "the faults hit the owner"
         )
         workers = 1
-    # Enough attempts that a job killed again and again is never dead-lettered.
-    keys = _submit(system, files, jobs, max_attempts=1000)
-    pending = plan(seed=seed, jobs=jobs, workers=workers, kills=kills, pauses=pauses)
-    run = _ChaosRun(
-        output_dir,
-        files,
-        system=(system, chosen),
-        lease_ms=lease_ms,
-        batch=batch,
-        workers=workers,
-    )
-    run.launch()
+    power = None
+    if crash_mode == POWER_LOSS:
+        power = PowerSupply(output_dir, Path(files.store), seed)
+        power.start()
     try:
-        finished_in_time = _drive(run, pending, jobs=jobs, deadline_s=deadline_s, progress=progress)
+        # Enough attempts that a job killed again and again is never dead-lettered.
+        keys = _submit(system, files, jobs, max_attempts=1000)
+        pending = plan(
+            seed=seed, jobs=jobs, workers=workers, kills=kills, pauses=pauses, cuts=power_cuts
+        )
+        run = _ChaosRun(
+            output_dir,
+            files,
+            system=(system, chosen),
+            lease_ms=lease_ms,
+            batch=batch,
+            workers=workers,
+        )
+        run.power = power
+        run.launch()
+        try:
+            finished_in_time = _drive(
+                run, pending, jobs=jobs, deadline_s=deadline_s, progress=progress
+            )
+        finally:
+            run.shut_down()
+        store = Path(files.store) if power is None else power.finish()
     finally:
-        run.shut_down()
+        if power is not None:
+            power.stop()
     started = run.state.started
     # Faults planned after the last job finished would only have hit idle workers.
     run.state.delivered.extend(
@@ -357,7 +399,7 @@ def run_chaos(
     pause_anomalies = _judge_pauses(run.state.delivered, run.logs)
     accounting = judge_run(
         system=chosen,
-        store=Path(files.store),
+        store=store,
         effects=Path(files.effects),
         executions=Path(files.executions),
         keys=keys,
@@ -366,21 +408,25 @@ def run_chaos(
     delivered = run.state.delivered
     kills_delivered = _kind_count(delivered, FaultKind.KILL)
     pauses_delivered = _kind_count(delivered, FaultKind.PAUSE)
+    cuts_delivered = _kind_count(delivered, FaultKind.POWER_CUT)
     report = {
         "system": chosen.describe(),
         "system_spec": system,
         "seed": seed,
+        "crash_mode": crash_mode,
         "notes": notes,
         "parameters": {
             "jobs": jobs,
             "workers": workers,
             "kills": kills,
             "pauses": pauses,
+            "power_cuts": power_cuts,
             "lease_ms": lease_ms,
             "batch": batch,
         },
         "kills_delivered": kills_delivered,
         "pauses_delivered": pauses_delivered,
+        "power_cuts_delivered": cuts_delivered,
         "pauses_with_takeover": sum(1 for record in delivered if record.get("taken_over")),
         "pauses_fenced": sum(1 for record in delivered if record.get("fenced")),
         "respawns": run.state.respawns,
@@ -398,20 +444,24 @@ def run_chaos(
             and not pause_anomalies
             and kills_delivered == kills
             and pauses_delivered == pauses
+            and cuts_delivered == power_cuts
         ),
         "reasons": _reasons(
             accounting,
             run.state.failures,
             pause_anomalies,
             delivered,
-            kills=kills,
-            pauses=pauses,
+            planned={
+                FaultKind.KILL: kills,
+                FaultKind.PAUSE: pauses,
+                FaultKind.POWER_CUT: power_cuts,
+            },
             finished_in_time=finished_in_time,
         ),
         "finished_in_time": finished_in_time,
         "faults": delivered,
         "artifacts": {
-            "store_directory": STORE_DIRECTORY,
+            "store_directory": str(store.relative_to(output_dir)),
             "idempotent_ledger": "effects-idempotent.sqlite",
             "non_idempotent_ledger": "executions-non-idempotent.sqlite",
             "worker_logs": "worker-logs",
@@ -425,19 +475,21 @@ def run_chaos(
     return report
 
 
-def _check_parameters(*, jobs: int, workers: int, kills: int, pauses: int) -> None:
+def _check_parameters(*, jobs: int, workers: int, kills: int, pauses: int, cuts: int) -> None:
     """Refuse, before anything starts, a run that could not deliver what it plans."""
     require_int("jobs", jobs, minimum=1)
     require_int("workers", workers, minimum=1, maximum=MAX_WORKERS)
     require_int("kills", kills, minimum=0)
     require_int("pauses", pauses, minimum=0)
+    require_int("power_cuts", cuts, minimum=0)
     # Faults fire at progress marks spread over the first SPAN of the jobs, one mark each.
     room = int(jobs * SPAN)
-    if kills + pauses > room:
+    faults = kills + pauses + cuts
+    if faults > room:
         raise InvalidInput(
             "kills",
-            f"{kills} kills and {pauses} pauses need at least {math.ceil((kills + pauses) / SPAN)}"
-            f" jobs; {jobs} jobs leave room for {room} faults",
+            f"{kills} kills, {pauses} pauses and {cuts} power cuts need at least"
+            f" {math.ceil(faults / SPAN)} jobs; {jobs} jobs leave room for {room} faults",
         )
 
 
@@ -464,6 +516,9 @@ def _drive(
                 return False
             run.continue_paused(watcher, force=False)
             while pending and pending[0].after_finished <= finished:
+                if pending[0].kind is FaultKind.POWER_CUT:
+                    _deliver_power_cut(pending.pop(0), run, watcher)
+                    continue
                 target = run.target_for(pending[0].worker_slot)
                 if target is None:
                     break  # every worker is paused or too fresh: try again next tick
@@ -489,8 +544,7 @@ def _reasons(
     pause_anomalies: list[str],
     delivered: list[dict[str, Any]],
     *,
-    kills: int,
-    pauses: int,
+    planned: dict[FaultKind, int],
     finished_in_time: bool,
 ) -> list[str]:
     """Why a run is not ok, one line each (empty when it is)."""
@@ -500,11 +554,11 @@ def _reasons(
     ]
     if not finished_in_time:
         reasons.append("the work did not finish before the deadline")
-    for kind, planned in ((FaultKind.KILL, kills), (FaultKind.PAUSE, pauses)):
+    for kind, count in planned.items():
         landed = _kind_count(delivered, kind)
-        if landed != planned:
+        if landed != count:
             reasons.append(
-                f"{planned - landed} of {planned} planned {kind.value}s not delivered"
+                f"{count - landed} of {count} planned {kind.value}s not delivered"
                 " (the work ended first or no worker could be hit)"
             )
     for name in ("lost", "dead", "unexpected", "duplicated_effects", "effects_missing"):
@@ -565,6 +619,19 @@ def _signal(process: Any, signum: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def _deliver_power_cut(fault: PlannedFault, run: _ChaosRun, watcher: _Watcher) -> None:
+    time.sleep(fault.delay_ms / 1000)
+    record: dict[str, Any] = {
+        "index": fault.index,
+        "kind": fault.kind.value,
+        "after_finished": fault.after_finished,
+        "at_s": round(time.monotonic() - run.state.started, 6),
+        "workers_killed": [slot.worker_id for slot in run.slots],
+    }
+    record |= run.cut_power(watcher)
+    run.state.delivered.append(record)
 
 
 def _deliver(fault: PlannedFault, run: _ChaosRun, watcher: _Watcher, slot: _Slot) -> None:

@@ -113,7 +113,7 @@ class SynchronousNormal(DurableQueue):
         self.connection.execute("PRAGMA synchronous = NORMAL")
 
 
-def _sqlite_mutant(name: str, queue_class: type[DurableQueue]) -> System:
+def _sqlite_mutant(name: str, queue_class: type[DurableQueue], durability: str = "") -> System:
     def open_client(request: OpenRequest) -> SqliteClient:
         request.directory.mkdir(parents=True, exist_ok=True)
         return SqliteClient(
@@ -126,7 +126,13 @@ def _sqlite_mutant(name: str, queue_class: type[DurableQueue]) -> System:
             )
         )
 
-    return replace(sqlite_system(), name=f"sqlite-mutant-{name}", open=open_client)
+    shipped = sqlite_system()
+    return replace(
+        shipped,
+        name=f"sqlite-mutant-{name}",
+        durability=durability or shipped.durability,
+        open=open_client,
+    )
 
 
 #: Campaign cases run on two threads of one process: two overlapping swaps of one global
@@ -252,7 +258,9 @@ def claim_takes_leased_jobs() -> System:
 
 
 def synchronous_normal() -> System:
-    return _sqlite_mutant("synchronous-normal", SynchronousNormal)
+    return _sqlite_mutant(
+        "synchronous-normal", SynchronousNormal, "WAL, synchronous=NORMAL (the mutant's change)"
+    )
 
 
 def torn_tail_is_corruption() -> System:

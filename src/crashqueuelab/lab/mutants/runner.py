@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from crashqueuelab.core.errors import InvalidInput
-from crashqueuelab.lab.campaign import POWER_LOSS, run_campaign
+from crashqueuelab.lab.campaign import run_campaign
 from crashqueuelab.lab.chaos.supervisor import run_chaos
+from crashqueuelab.lab.crashmodes import POWER_LOSS
 from crashqueuelab.lab.mutants.catalog import MUTANTS, Mutant
 from crashqueuelab.lab.powerloss.disk import require_power_loss
 from crashqueuelab.lab.reports import prepare_output_directory, write_json

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,21 @@ from crashqueuelab.lab.chaos.worklog import read_logs
 from crashqueuelab.lab.pages.charts import Chart, Mark, Rule, Series, rate_over_time
 
 PALETTE = ("#1a73e8", "#188038", "#9334e6", "#e37400", "#d01884", "#007b83", "#5f6368")
-KILL, PAUSE = "#d93025", "#f29900"
+KILL, PAUSE, POWER_CUT = "#d93025", "#f29900", "#5f2eea"
+FAULT_COLORS = {"SIGKILL": KILL, "SIGSTOP": PAUSE, "power cut": POWER_CUT}
+
+
+def _fault_title(fault: dict[str, Any], digits: int = 2) -> str:
+    if fault["kind"] == "power cut":
+        fate = fault["fate"]
+        return (
+            f"power cut at {fault['at_s']:.{digits}f} s: every process died; of"
+            f" {fault['pending_writes']} unsynced writes and"
+            f" {fault['pending_directory_changes']} unsynced directory changes the disk kept"
+            f" {fate.get('kept', 0)} and tore {fate.get('torn', 0)} (crash state"
+            f" {fault['crash_state']})"
+        )
+    return f"{fault['kind']} {fault['worker_id']} at {fault['at_s']:.{digits}f} s"
 
 
 @dataclass
@@ -162,16 +177,11 @@ def chaos_view(run_dir: Path) -> View:
     logs = read_logs(run_dir / "worker-logs")
     acks = [at - start for log in logs.values() for at in log.ack_times] if start else []
     faults = [f for f in report["faults"] if "at_s" in f]
-    marks = [
-        Mark(
-            f["at_s"],
-            f"{f['kind']} {f['worker_id']} at {f['at_s']:.2f} s",
-            KILL if f["kind"] == "SIGKILL" else PAUSE,
-        )
-        for f in faults
-    ]
+    marks = [Mark(f["at_s"], _fault_title(f), FAULT_COLORS[f["kind"]]) for f in faults]
+    cuts = report.get("power_cuts_delivered", 0)
     throughput = Chart(
-        "Acknowledgements per second, with every kill (red) and pause (orange)",
+        "Acknowledgements per second, with every kill (red) and pause (orange)"
+        + (", and power cut (violet)" if cuts else ""),
         "seconds into the run",
         "jobs/s",
         [Series("acknowledged jobs/s", rate_over_time(acks, end=elapsed), PALETTE[0])],
@@ -181,7 +191,9 @@ def chaos_view(run_dir: Path) -> View:
     verdict = Verdict(
         ok=report["ok"],
         title=f"chaos: {parameters['jobs']:,} jobs, {report['kills_delivered']:,} kills,"
-        f" {report['pauses_delivered']} pauses, {parameters['workers']} workers",
+        f" {report['pauses_delivered']} pauses,"
+        + (f" {cuts} power cuts," if cuts else "")
+        + f" {parameters['workers']} workers",
         system=report["system"]["name"],
         durability=report["system"]["durability"],
         seed=report["seed"],
@@ -190,7 +202,8 @@ def chaos_view(run_dir: Path) -> View:
         f" --system {report.get('system_spec', report['system']['name'])}"
         f" --seed {report['seed']} --jobs {parameters['jobs']} --workers {parameters['workers']}"
         f" --kills {parameters['kills']} --pauses {parameters['pauses']}"
-        f" --lease-ms {parameters['lease_ms']} --batch {parameters['batch']}"
+        + (f" --crash-mode power-loss --power-cuts {cuts}" if cuts else "")
+        + f" --lease-ms {parameters['lease_ms']} --batch {parameters['batch']}"
         f" --output-directory {run_dir}",
         reasons=report.get("reasons", []),
     )
@@ -219,9 +232,11 @@ def chaos_view(run_dir: Path) -> View:
         ("acknowledgements refused (fencing)", f"{accounting['stale_operations_rejected']:,}", ""),
         ("jobs acknowledged twice", str(accounting["acknowledged_twice"]), "must be 0"),
         (
-            "kills / pauses delivered",
-            f"{report['kills_delivered']:,} / {report['pauses_delivered']}",
-            "",
+            "kills / pauses / power cuts delivered",
+            f"{report['kills_delivered']:,} / {report['pauses_delivered']} / {cuts}",
+            "a power cut kills every process and loses what nobody synced"
+            if cuts
+            else "no power cuts: process deaths keep the page cache",
         ),
         (
             "paused workers fenced",
@@ -235,7 +250,7 @@ def chaos_view(run_dir: Path) -> View:
             "ok" if accounting["judge_ok"] else "INCONSISTENT",
         ),
     ]
-    explanations = _explain(report.get("anomalies", []), logs, start)
+    explanations = _explain(report.get("anomalies", []), logs, start, faults)
     return View(
         "chaos.html.j2",
         verdict,
@@ -246,6 +261,7 @@ def chaos_view(run_dir: Path) -> View:
             "end": max(elapsed, 0.001),
             "explanations": explanations,
             "notes": report.get("notes", []),
+            "power_cuts": cuts,
         },
     )
 
@@ -273,13 +289,9 @@ def _chaos_lanes(
                 }
             )
         dots = [
-            {
-                "at": f["at_s"],
-                "color": KILL if f["kind"] == "SIGKILL" else PAUSE,
-                "title": f"{f['kind']} {f['worker_id']} at {f['at_s']:.3f} s",
-            }
+            {"at": f["at_s"], "color": FAULT_COLORS[f["kind"]], "title": _fault_title(f, 3)}
             for f in report["faults"]
-            if "at_s" in f and f.get("worker_slot") == slot
+            if "at_s" in f and f.get("worker_slot", slot) == slot
         ]
         lanes.append(
             {"label": f"slot {slot} ({len(workers)} processes)", "spans": spans, "dots": dots}
@@ -296,28 +308,29 @@ WORDS = {
 
 
 def _explain(
-    anomalies: list[str], logs: dict[str, Any], start: float | None
+    anomalies: list[str],
+    logs: dict[str, Any],
+    start: float | None,
+    faults: Sequence[dict[str, Any]] = (),
 ) -> list[dict[str, Any]]:
-    """Each anomaly with what the workers' logs say of its job, in time order."""
+    """Each anomaly with what the workers' logs say of its job, in time order, and the
+    power cuts that fell between (what a cut lost explains a second acknowledgement)."""
+    origin = start or 0.0
+    cuts = [(origin + f["at_s"], _fault_title(f, 3)) for f in faults if f["kind"] == "power cut"]
     explained = []
     for line in anomalies[:20]:
         words = line.split()
         key = words[1].rstrip(":") if len(words) > 1 and words[0] == "job" else None
         evidence = sorted(
-            (at, worker, word, token)
+            (at, f"{at - origin:.3f} s: {worker} {WORDS.get(word, word)} (lease {token})")
             for worker, log in logs.items()
             for at, word, logged, token in log.events
             if logged == key
         )
-        explained.append(
-            {
-                "anomaly": line,
-                "evidence": [
-                    f"{at - (start or 0):.3f} s: {worker} {WORDS.get(word, word)} (lease {token})"
-                    for at, worker, word, token in evidence
-                ],
-            }
-        )
+        if evidence:
+            first, last = evidence[0][0], evidence[-1][0]
+            evidence += [(at, title) for at, title in cuts if first <= at <= last]
+        explained.append({"anomaly": line, "evidence": [text for _, text in sorted(evidence)]})
     return explained
 
 
