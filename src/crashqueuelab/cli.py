@@ -354,6 +354,7 @@ def _mutants(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         jobs=args.jobs,
         kills=args.kills,
         pauses=args.pauses,
+        power_cuts=args.power_cuts,
         progress=_progress(args),
     )
     return (EXIT_OK if report["ok"] else EXIT_REJECTED), {
@@ -503,6 +504,7 @@ def _experiment_commands(command: _Command) -> None:
     sub.add_argument("--jobs", type=_positive, default=300, help="jobs of each chaos run")
     sub.add_argument("--kills", type=_non_negative, default=15)
     sub.add_argument("--pauses", type=_non_negative, default=2)
+    sub.add_argument("--power-cuts", type=_non_negative, default=2, help="of each chaos run")
     sub = command(
         "bench",
         _bench,

@@ -41,7 +41,7 @@ def _evidence(
 
 
 def _one_seed(
-    output_dir: Path, mutant: Mutant, *, seed: int, jobs: int, kills: int, pauses: int
+    output_dir: Path, mutant: Mutant, *, seed: int, jobs: int, kills: int, pauses: int, cuts: int
 ) -> tuple[str, list[dict[str, str]]]:
     campaign = run_campaign(output_dir / "campaign", seed=seed, system=mutant.spec)
     power_loss = run_campaign(
@@ -49,13 +49,20 @@ def _one_seed(
     )
     chaos = run_chaos(
         output_dir / "chaos", seed=seed, jobs=jobs, workers=3, kills=kills, pauses=pauses,
-        lease_ms=300, system=mutant.spec,
+        lease_ms=300, system=mutant.spec, crash_mode=POWER_LOSS, power_cuts=cuts,
     )  # fmt: skip
     return campaign["system"]["name"], _evidence(campaign, power_loss, chaos)
 
 
 def run_mutant(
-    output_dir: Path, mutant: Mutant, *, seeds: Sequence[int], jobs: int, kills: int, pauses: int
+    output_dir: Path,
+    mutant: Mutant,
+    *,
+    seeds: Sequence[int],
+    jobs: int,
+    kills: int,
+    pauses: int,
+    cuts: int = 2,
 ) -> dict[str, Any]:
     """One mutant through both campaigns and a chaos run, once per seed; what caught it."""
     started = time.perf_counter()
@@ -63,7 +70,13 @@ def run_mutant(
     system = mutant.name
     for seed in seeds:
         system, caught_by = _one_seed(
-            output_dir / f"seed-{seed}", mutant, seed=seed, jobs=jobs, kills=kills, pauses=pauses
+            output_dir / f"seed-{seed}",
+            mutant,
+            seed=seed,
+            jobs=jobs,
+            kills=kills,
+            pauses=pauses,
+            cuts=cuts,
         )
         per_seed.append({"seed": seed, "caught_by": caught_by})
     # Evidence that caught it under every seed, with the first seed's anomaly as the example.
@@ -97,6 +110,7 @@ def run_mutants(
     jobs: int = 300,
     kills: int = 15,
     pauses: int = 2,
+    power_cuts: int = 2,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Every mutant (or the named ones); writes ``mutants.json``."""
@@ -112,7 +126,13 @@ def run_mutants(
     results = []
     for index, mutant in enumerate(chosen):
         result = run_mutant(
-            output_dir / mutant.name, mutant, seeds=used, jobs=jobs, kills=kills, pauses=pauses
+            output_dir / mutant.name,
+            mutant,
+            seeds=used,
+            jobs=jobs,
+            kills=kills,
+            pauses=pauses,
+            cuts=power_cuts,
         )
         results.append(result)
         if progress is not None:
@@ -132,7 +152,12 @@ def run_mutants(
             if not result["caught"]
         ],
         "mutants": results,
-        "parameters": {"chaos_jobs": jobs, "chaos_kills": kills, "chaos_pauses": pauses},
+        "parameters": {
+            "chaos_jobs": jobs,
+            "chaos_kills": kills,
+            "chaos_pauses": pauses,
+            "chaos_power_cuts": power_cuts,
+        },
         "timings": {"total_s": round(time.perf_counter() - started, 3)},
     }
     write_json(output_dir / MUTANTS_FILE, report)
