@@ -37,7 +37,13 @@ from crashqueuelab.lab.campaign import CAMPAIGN_FILE, Progress, run_campaign
 from crashqueuelab.lab.chaos.supervisor import CHAOS_FILE, run_chaos
 from crashqueuelab.lab.crashmodes import CRASH_MODES, PROCESS
 from crashqueuelab.lab.demo import DEFAULT_SEED, run_demo
-from crashqueuelab.lab.showcase import run_showcase
+from crashqueuelab.lab.showcase import (
+    CAMPAIGN_DIR,
+    EFFECT_DIR,
+    MUTANTS_DIR,
+    POWER_LOSS_DIR,
+    run_showcase,
+)
 from crashqueuelab.systems.registry import DEFAULT_SYSTEM, PEERS, SHIPPED
 
 #: The command did what was asked, or the judged database passed.
@@ -305,9 +311,13 @@ def _showcase(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
                 for section in summary["systems"].values()]  # fmt: skip
     if importlib.util.find_spec("jinja2") is not None:
         for section in sections:
-            _html_report(section / "effect-commit-before-acknowledgement")
-            _html_report(section / "process-fault-campaign")
+            for part in (EFFECT_DIR, CAMPAIGN_DIR, POWER_LOSS_DIR):
+                if (section / part).is_dir():
+                    _html_report(section / part)
+        _html_report(args.output_directory / MUTANTS_DIR)
     report = _html_report(args.output_directory)
+    if not args.quiet:
+        print(f"crashqueuelab: {summary['mutants']['line']}", file=args.stderr)
     if report is not None:
         print(f"crashqueuelab: {'passed' if summary['ok'] else 'NOT OK'}; report: {report}",
               file=args.stderr)  # fmt: skip
@@ -355,11 +365,12 @@ def _mutants(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         kills=args.kills,
         pauses=args.pauses,
         power_cuts=args.power_cuts,
+        named_evidence=args.named_evidence,
         progress=_progress(args),
     )
     return (EXIT_OK if report["ok"] else EXIT_REJECTED), {
         key: report[key]
-        for key in ("ok", "reasons", "caught", "total", "missed", "seeds", "mutants")
+        for key in ("ok", "reasons", "caught", "total", "missed", "seeds", "evidence", "mutants")
     } | {"mutants_report": str(args.output_directory / MUTANTS_FILE)}
 
 
@@ -505,6 +516,11 @@ def _experiment_commands(command: _Command) -> None:
     sub.add_argument("--kills", type=_non_negative, default=15)
     sub.add_argument("--pauses", type=_non_negative, default=2)
     sub.add_argument("--power-cuts", type=_non_negative, default=2, help="of each chaos run")
+    sub.add_argument(
+        "--named-evidence",
+        action="store_true",
+        help="each mutant only through the evidence the catalog names for it (quick)",
+    )
     sub = command(
         "bench",
         _bench,

@@ -1,5 +1,8 @@
-"""The showcase: the effect experiment and the process-fault campaign on every shipped
-system, summarised.
+"""The showcase: the effect experiment and the crash campaign in both crash modes on every
+shipped system, and the mutant score, summarised.
+
+Where this machine cannot cut the power (no Linux FUSE), the power-loss campaigns and the
+mutants that only a power cut catches are skipped, and the summary says why.
 
 Every value in the summary is read back from the retained artifacts (the comparison and
 campaign reports, and the effect and queue databases themselves), never carried over from
@@ -15,9 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from crashqueuelab.lab.campaign import CAMPAIGN_FILE, Progress, run_campaign
+from crashqueuelab.lab.crashmodes import POWER_LOSS
 from crashqueuelab.lab.demo import COMPARISON_FILE, IDEMPOTENCY_KEY, run_demo
 from crashqueuelab.lab.effects import Destination
+from crashqueuelab.lab.mutants.catalog import MUTANTS
+from crashqueuelab.lab.mutants.runner import MUTANTS_FILE, run_mutants
 from crashqueuelab.lab.observe import observe_ledger
+from crashqueuelab.lab.powerloss.disk import unavailable_reason
 from crashqueuelab.lab.readings import read_store
 from crashqueuelab.lab.reports import prepare_output_directory, read_json, write_json
 from crashqueuelab.lab.scenario import LEDGER_FILE, STORE_DIRECTORY, scenario_jobs
@@ -26,6 +33,8 @@ from crashqueuelab.systems.registry import SHIPPED, resolve_system
 
 EFFECT_DIR = "effect-commit-before-acknowledgement"
 CAMPAIGN_DIR = "process-fault-campaign"
+POWER_LOSS_DIR = "power-loss-campaign"
+MUTANTS_DIR = "mutants"
 SHOWCASE_FILE = "showcase.json"
 #: The systems a showcase ran, in order (the first one's sections are also the top level).
 SYSTEMS_FILE = "systems.json"
@@ -87,10 +96,41 @@ def _campaign_summary(system: System, campaign_dir: Path) -> dict[str, Any]:
     return summary
 
 
-def _system_summary(spec: str, system_dir: Path) -> dict[str, Any]:
+def _power_loss_summary(campaign_dir: Path, unavailable: str | None) -> dict[str, Any]:
+    if unavailable is not None:
+        return {"ran": False, "ok": True, "unavailable": unavailable}
+    report = read_json(campaign_dir / CAMPAIGN_FILE)
+    return {"ran": True, "ok": report["ok"], **report["summary"]}
+
+
+def _mutant_summary(mutants_dir: Path, unavailable: str | None) -> dict[str, Any]:
+    report = read_json(mutants_dir / MUTANTS_FILE)
+    skipped = [m.name for m in MUTANTS if m.name not in {r["mutant"] for r in report["mutants"]}]
+    line = (
+        f"mutants: {report['caught']} of {report['total']} caught by the evidence each is"
+        f" named for (seed {report['seed']}, {report['timings']['total_s']:.0f} s); the full"
+        " run, every kind of evidence under two seeds: crashqueuelab mutants"
+    )
+    if skipped:
+        line += f"; {len(skipped)} skipped, they need a power cut: {unavailable}"
+    return {
+        "ok": report["ok"],
+        "caught": report["caught"],
+        "total": report["total"],
+        "skipped": skipped,
+        "missed": report["missed"],
+        "seeds": report["seeds"],
+        "evidence": report["evidence"],
+        "seconds": report["timings"]["total_s"],
+        "line": line,
+    }
+
+
+def _system_summary(spec: str, system_dir: Path, unavailable: str | None) -> dict[str, Any]:
     system = resolve_system(spec)
     effect = _effect_summary(system, system_dir / EFFECT_DIR)
     campaign = _campaign_summary(system, system_dir / CAMPAIGN_DIR)
+    power_loss = _power_loss_summary(system_dir / POWER_LOSS_DIR, unavailable)
     campaign_ok = (
         campaign["failed"] == 0
         and campaign["timeouts"] == 0
@@ -101,9 +141,10 @@ def _system_summary(spec: str, system_dir: Path) -> dict[str, Any]:
     )
     return {
         "system": read_json(system_dir / CAMPAIGN_DIR / CAMPAIGN_FILE)["system"],
-        "ok": effect["ok"] and campaign_ok,
+        "ok": effect["ok"] and campaign_ok and power_loss["ok"],
         "effect_commit_before_acknowledgement": effect,
         "process_fault_campaign": campaign,
+        "power_loss_campaign": power_loss,
         "artifacts": {
             "effect_comparison": str(system_dir / EFFECT_DIR / COMPARISON_FILE),
             "campaign_report": str(system_dir / CAMPAIGN_DIR / CAMPAIGN_FILE),
@@ -123,12 +164,20 @@ def summarize(output_dir: Path, *, seed: int) -> dict[str, Any]:
     ``systems`` has one section per system, in the order ``systems.json`` records; the
     top-level sections are the first system's.
     """
-    specs: list[str] = read_json(output_dir / SYSTEMS_FILE)["systems"]
-    systems = {spec: _system_summary(spec, output_dir / _directory_name(spec)) for spec in specs}
+    recorded = read_json(output_dir / SYSTEMS_FILE)
+    specs: list[str] = recorded["systems"]
+    unavailable: str | None = recorded["power_loss_unavailable"]
+    systems = {
+        spec: _system_summary(spec, output_dir / _directory_name(spec), unavailable)
+        for spec in specs
+    }
+    mutants = _mutant_summary(output_dir / MUTANTS_DIR, unavailable)
     first = systems[specs[0]]
     return {
         "seed": seed,
-        "ok": all(section["ok"] for section in systems.values()),
+        "ok": all(section["ok"] for section in systems.values()) and mutants["ok"],
+        "mutants": mutants,
+        "power_loss": "ran" if unavailable is None else f"unavailable: {unavailable}",
         "queue_delivery_semantics": read_json(
             output_dir / _directory_name(specs[0]) / EFFECT_DIR / COMPARISON_FILE
         )["queue_delivery_semantics"],
@@ -156,13 +205,33 @@ def run_showcase(
     for spec in chosen:
         resolve_system(spec)  # an unusable system is refused before anything is written
     prepare_output_directory(output_dir)
-    write_json(output_dir / SYSTEMS_FILE, {"systems": chosen})
+    unavailable = unavailable_reason()
+    write_json(
+        output_dir / SYSTEMS_FILE, {"systems": chosen, "power_loss_unavailable": unavailable}
+    )
     for spec in chosen:
         section = output_dir / _directory_name(spec)
         run_demo(section / EFFECT_DIR, seed=seed, system=spec)
         if progress is not None:
             progress(f"{spec}: effect experiment done")
         run_campaign(section / CAMPAIGN_DIR, seed=seed, system=spec, progress=progress)
+        if unavailable is None:
+            run_campaign(
+                section / POWER_LOSS_DIR,
+                seed=seed,
+                system=spec,
+                crash_mode=POWER_LOSS,
+                progress=progress,
+            )
+    runnable = [m.name for m in MUTANTS if unavailable is None or not m.needs_power_loss]
+    run_mutants(
+        output_dir / MUTANTS_DIR,
+        seed=seed,
+        seeds=1,
+        names=runnable,
+        named_evidence=True,
+        progress=progress,
+    )
     summary = summarize(output_dir, seed=seed)
     write_json(output_dir / SHOWCASE_FILE, summary)
     return summary

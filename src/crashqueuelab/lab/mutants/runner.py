@@ -14,44 +14,70 @@ from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.campaign import run_campaign
 from crashqueuelab.lab.chaos.supervisor import run_chaos
 from crashqueuelab.lab.crashmodes import POWER_LOSS
-from crashqueuelab.lab.mutants.catalog import MUTANTS, Mutant
+from crashqueuelab.lab.mutants.catalog import (
+    CHAOS,
+    CRASH_CAMPAIGN,
+    MUTANTS,
+    POWER_LOSS_CAMPAIGN,
+    PROBES,
+    Mutant,
+)
 from crashqueuelab.lab.powerloss.disk import require_power_loss
+from crashqueuelab.lab.probes import run_probes
 from crashqueuelab.lab.reports import prepare_output_directory, write_json
+from crashqueuelab.systems.registry import resolve_system
 
 MUTANTS_FILE = "mutants.json"
+#: Every kind of evidence, in the order reports list them.
+EVIDENCE = (CRASH_CAMPAIGN, POWER_LOSS_CAMPAIGN, PROBES, CHAOS)
 Progress = Callable[[str], None]
 
 
-def _evidence(
-    campaign: dict[str, Any], power_loss: dict[str, Any], chaos: dict[str, Any]
-) -> list[dict[str, str]]:
-    caught = []
-    failed_probes = [line for line in campaign["anomalies"] if line.startswith("probe ")]
-    for by, report in (("crash campaign", campaign), ("power-loss campaign", power_loss)):
-        failed_cases = [line for line in report["anomalies"] if line.startswith("case ")]
-        if failed_cases:
-            caught.append({"by": by, "anomaly": failed_cases[0], "count": str(len(failed_cases))})
-    if failed_probes:
-        caught.append({"by": "fencing probes", "anomaly": failed_probes[0],
-                       "count": str(len(failed_probes))})  # fmt: skip
-    if not chaos["ok"]:
-        reasons = chaos.get("reasons") or chaos.get("anomalies") or ["not ok"]
-        caught.append({"by": "chaos", "anomaly": reasons[0], "count": str(len(reasons))})
-    return caught
+def _failures(lines: list[str], prefix: str, by: str) -> list[dict[str, str]]:
+    failed = [line for line in lines if line.startswith(prefix)]
+    return [{"by": by, "anomaly": failed[0], "count": str(len(failed))}] if failed else []
 
 
 def _one_seed(
-    output_dir: Path, mutant: Mutant, *, seed: int, jobs: int, kills: int, pauses: int, cuts: int
+    output_dir: Path,
+    mutant: Mutant,
+    *,
+    seed: int,
+    kinds: Sequence[str],
+    jobs: int,
+    kills: int,
+    pauses: int,
+    cuts: int,
 ) -> tuple[str, list[dict[str, str]]]:
-    campaign = run_campaign(output_dir / "campaign", seed=seed, system=mutant.spec)
-    power_loss = run_campaign(
-        output_dir / "power-loss-campaign", seed=seed, system=mutant.spec, crash_mode=POWER_LOSS
-    )
-    chaos = run_chaos(
-        output_dir / "chaos", seed=seed, jobs=jobs, workers=3, kills=kills, pauses=pauses,
-        lease_ms=300, system=mutant.spec, crash_mode=POWER_LOSS, power_cuts=cuts,
-    )  # fmt: skip
-    return campaign["system"]["name"], _evidence(campaign, power_loss, chaos)
+    """Run the kinds of evidence asked for; what each one caught."""
+    system = resolve_system(mutant.spec)
+    caught = []
+    if CRASH_CAMPAIGN in kinds:
+        campaign = run_campaign(output_dir / "campaign", seed=seed, system=mutant.spec)
+        caught += _failures(campaign["anomalies"], "case ", CRASH_CAMPAIGN)
+        caught += _failures(campaign["anomalies"], "probe ", PROBES)
+    elif PROBES in kinds:
+        probes = run_probes(system, output_dir / "probes")
+        lines = [f"probe {p['name']}: {p['detail']}" for p in probes if not p["ok"]]
+        caught += _failures(lines, "probe ", PROBES)
+    if POWER_LOSS_CAMPAIGN in kinds:
+        power_loss = run_campaign(
+            output_dir / "power-loss-campaign",
+            seed=seed,
+            system=mutant.spec,
+            crash_mode=POWER_LOSS,
+        )
+        caught += _failures(power_loss["anomalies"], "case ", POWER_LOSS_CAMPAIGN)
+    if CHAOS in kinds:
+        chaos = run_chaos(
+            output_dir / "chaos", seed=seed, jobs=jobs, workers=3, kills=kills, pauses=pauses,
+            lease_ms=300, system=mutant.spec, crash_mode=POWER_LOSS, power_cuts=cuts,
+        )  # fmt: skip
+        if not chaos["ok"]:
+            reasons = chaos.get("reasons") or chaos.get("anomalies") or ["not ok"]
+            caught.append({"by": CHAOS, "anomaly": reasons[0], "count": str(len(reasons))})
+    order = {kind: index for index, kind in enumerate(EVIDENCE)}
+    return system.name, sorted(caught, key=lambda entry: order[entry["by"]])
 
 
 def run_mutant(
@@ -63,8 +89,9 @@ def run_mutant(
     kills: int,
     pauses: int,
     cuts: int = 2,
+    kinds: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """One mutant through both campaigns and a chaos run, once per seed; what caught it."""
+    """One mutant through the evidence (all kinds unless named), once per seed; what caught it."""
     started = time.perf_counter()
     per_seed: list[dict[str, Any]] = []
     system = mutant.name
@@ -77,6 +104,7 @@ def run_mutant(
             kills=kills,
             pauses=pauses,
             cuts=cuts,
+            kinds=kinds or EVIDENCE,
         )
         per_seed.append({"seed": seed, "caught_by": caught_by})
     # Evidence that caught it under every seed, with the first seed's anomaly as the example.
@@ -85,7 +113,7 @@ def run_mutant(
     sometimes = sorted({e["by"] for run in per_seed for e in run["caught_by"]} - always)
     because = None
     if not caught_by:
-        because = mutant.needs or "no evidence noticed it"
+        because = "no evidence noticed it"
         if sometimes:
             because = f"only some seeds caught it ({', '.join(sometimes)})"
     return {
@@ -111,15 +139,21 @@ def run_mutants(
     kills: int = 15,
     pauses: int = 2,
     power_cuts: int = 2,
+    named_evidence: bool = False,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Every mutant (or the named ones); writes ``mutants.json``."""
+    """Every mutant (or the named ones); writes ``mutants.json``.
+
+    With ``named_evidence`` each mutant runs only through the evidence the catalog names for
+    it (the showcase's quick pass); otherwise through all of it.
+    """
     known = {mutant.name: mutant for mutant in MUTANTS}
     unknown = sorted(set(names or ()) - set(known))
     if unknown:
         raise InvalidInput("mutant", f"unknown {unknown}; known: {sorted(known)}")
     chosen = [known[name] for name in names] if names else list(MUTANTS)
-    require_power_loss()
+    if not named_evidence or any(mutant.needs_power_loss for mutant in chosen):
+        require_power_loss()
     prepare_output_directory(output_dir)
     used = [seed + offset for offset in range(seeds)]
     started = time.perf_counter()
@@ -133,6 +167,7 @@ def run_mutants(
             kills=kills,
             pauses=pauses,
             cuts=power_cuts,
+            kinds=(mutant.evidence,) if named_evidence else EVIDENCE,
         )
         results.append(result)
         if progress is not None:
@@ -143,6 +178,7 @@ def run_mutants(
         "ok": not missed,
         "seed": seed,
         "seeds": used,
+        "evidence": "named" if named_evidence else "all",
         "caught": len(results) - len(missed),
         "total": len(results),
         "missed": missed,

@@ -13,6 +13,7 @@ from crashqueuelab.lab.pages.views import (
     campaign_view,
     chaos_view,
     demo_view,
+    mutants_view,
     showcase_view,
 )
 
@@ -24,6 +25,7 @@ KINDS: tuple[tuple[str, Callable[[Path], View]], ...] = (
     ("chaos.json", chaos_view),
     ("bench.json", bench_view),
     ("comparison.json", demo_view),
+    ("mutants.json", mutants_view),
 )
 
 
@@ -45,7 +47,15 @@ def write_report(run_dir: Path) -> Path:
     """Build ``run_dir/report.html`` from the run's retained files; its path."""
     for marker, view_of in KINDS:
         if (run_dir / marker).is_file():
-            view = view_of(run_dir)
+            try:
+                view = view_of(run_dir)
+            except (KeyError, TypeError, ValueError) as error:
+                # Another version's report, or a hand-edited one: say so, never a traceback.
+                raise InvalidInput(
+                    "directory",
+                    f"{run_dir / marker} is not a report this version can read"
+                    f" ({type(error).__name__}: {error})",
+                ) from None
             break
     else:
         known = ", ".join(marker for marker, _ in KINDS)

@@ -107,8 +107,113 @@ def _states(states: dict[str, str] | None) -> str:
     return "none" if states is None else ", ".join(f"{role} {s}" for role, s in states.items())
 
 
+#: A verdict lists this many reasons; the rest are one line away, in the tables below.
+SHOWN_REASONS = 12
+
+
+def _first(reasons: list[str]) -> list[str]:
+    more = len(reasons) - SHOWN_REASONS
+    return reasons[:SHOWN_REASONS] + ([f"... and {more} more below"] if more > 0 else [])
+
+
+def power_loss_view(run_dir: Path, report: dict[str, Any]) -> View:
+    """A power-loss campaign: each crash point's cut and every crash state it allowed."""
+    system, summary = report["system"], report["summary"]
+    cases = []
+    for case in report["cases"]:
+        states = [
+            state
+            | {
+                "found_text": _signature_text(state["crash_state"]["signature"]),
+                "final_text": _states(state["recovery"]["final_states"]),
+            }
+            for state in case["crash_states"]
+        ]
+        cases.append(
+            case
+            | {
+                "crash_states": states,
+                "lost_in": sum(1 for state in states if not state["durable_as_promised"]),
+                "promised_text": " or ".join(_signature_text(p) for p in case["promised"]),
+            }
+        )
+    verdict = Verdict(
+        ok=report["ok"],
+        title=f"power-loss campaign, {summary['named_fault_points']} crash points,"
+        f" {summary['crash_states']} crash states",
+        system=system["name"],
+        durability=system["durability"],
+        seed=report["seed"],
+        duration=report["timings"]["total_ms"] / 1000,
+        command=f"crashqueuelab campaign --crash-mode power-loss"
+        f" --system {report.get('system_spec', system['name'])}"
+        f" --seed {report['seed']} --output-directory {run_dir}",
+        reasons=_first(report.get("anomalies", [])),
+    )
+    figures = [
+        (
+            "crash points passed",
+            f"{summary['passed']} of {summary['named_fault_points']}",
+            "a real child died there (exit 86), then the power was cut",
+        ),
+        (
+            "crash states passed",
+            f"{summary['crash_states_passed']} of {summary['crash_states']}",
+            "each read, compared with the point's promise, recovered and read again",
+        ),
+        (
+            "crash states that lost acknowledged work",
+            str(summary["states_losing_acknowledged_work"]),
+            "must be 0",
+        ),
+        (
+            "unsynced at the cuts",
+            f"{summary['pending_writes_at_cuts']:,} writes,"
+            f" {summary['pending_directory_changes_at_cuts']} directory changes",
+            "what the disk could lose (each case's disk/unsynced.json)",
+        ),
+        (
+            "fencing probes",
+            f"{summary['probes_passed']} passed, {summary['probes_failed']} failed,"
+            f" {summary['probes_skipped']} skipped",
+            "skipped: the system lacks the capability",
+        ),
+        ("system", system["version"], system["durability"]),
+    ]
+    return View("powerloss.html.j2", verdict, figures, {"cases": cases, "probes": report["probes"]})
+
+
+def mutants_view(run_dir: Path) -> View:
+    report = _read(run_dir / "mutants.json")
+    parameters = report["parameters"]
+    evidence = (
+        "the crash campaign, the power-loss campaign, the fencing probes, and a chaos run"
+        f" ({parameters['chaos_jobs']} jobs, {parameters['chaos_kills']} kills,"
+        f" {parameters['chaos_pauses']} pauses, {parameters.get('chaos_power_cuts', 0)} power cuts)"
+    )
+    verdict = Verdict(
+        ok=report["ok"],
+        title=f"mutants: {report['caught']} of {report['total']} caught",
+        system=", ".join(sorted({m["system"] for m in report["mutants"]})),
+        durability="",
+        seed=report["seed"],
+        duration=report["timings"]["total_s"],
+        command=f"crashqueuelab mutants --seed {report['seed']} --seeds {len(report['seeds'])}"
+        f" --output-directory {run_dir}",
+        reasons=report["reasons"],
+    )
+    figures = [
+        ("mutants caught", f"{report['caught']} of {report['total']}", "under every seed"),
+        ("seeds", ", ".join(map(str, report["seeds"])), "a catch must hold for each"),
+    ]
+    data = {"mutants": report["mutants"], "seeds": report["seeds"], "evidence": evidence}
+    return View("mutants.html.j2", verdict, figures, data)
+
+
 def campaign_view(run_dir: Path) -> View:
     report = _read(run_dir / "campaign.json")
+    if report.get("crash_mode") == "power-loss":
+        return power_loss_view(run_dir, report)
     system, summary = report["system"], report["summary"]
     cases = []
     for case in report["cases"]:
@@ -482,14 +587,20 @@ def showcase_view(run_dir: Path) -> View:
                         run_dir
                     )
                 ),
+                "power_loss_link": str(
+                    (base / "power-loss-campaign" / "report.html").relative_to(run_dir)
+                ),
             }
         )
     reasons = [
         f"{spec}: not ok" for spec, section in summary["systems"].items() if not section["ok"]
     ]
+    mutants = summary["mutants"]
+    reasons += [f"mutant {name} not caught" for name in mutants["missed"]]
     verdict = Verdict(
         ok=summary["ok"],
-        title=f"showcase: the effect experiment and the crash campaign on {len(sections)} systems",
+        title=f"showcase: the effect experiment and the crash campaigns on {len(sections)}"
+        f" systems; {mutants['caught']} of {mutants['total']} mutants caught",
         system=", ".join(summary["systems"]),
         durability="",
         seed=summary["seed"],
@@ -510,7 +621,14 @@ def showcase_view(run_dir: Path) -> View:
         for s in sections
         for spec in [s["spec"]]
     ] + [
+        ("mutants", f"{mutants['caught']} of {mutants['total']} caught", mutants["line"]),
+        ("power loss", summary["power_loss"], "campaigns that lose what nobody synced"),
         ("delivery semantics", summary["queue_delivery_semantics"], ""),
         ("exit codes", ", ".join(map(str, campaign["exit_codes"])), "86: killed by the crash hook"),
     ]
-    return View("showcase.html.j2", verdict, figures, {"sections": sections})
+    return View(
+        "showcase.html.j2",
+        verdict,
+        figures,
+        {"sections": sections, "mutants": mutants, "mutants_link": "mutants/report.html"},
+    )
