@@ -104,3 +104,20 @@ def populated(queue: DurableQueue, clock: ManualClock) -> dict[str, str]:
     ids = populate(queue, clock)
     queue.close()
     return ids
+
+
+@pytest.fixture(scope="session")
+def showcase_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[str, object], Path]:
+    """One showcase (seed 4) for every test that reads one: it runs both crash modes on
+    both shipped systems and the mutant pass, so each extra run costs half a minute."""
+    import io
+    import json
+
+    from crashqueuelab import cli
+
+    target = tmp_path_factory.mktemp("shared") / "showcase"
+    out = io.StringIO()
+    argv = ["showcase", "--seed", "4", "--quiet", "--output-directory", str(target)]
+    code = cli.main(argv, stdout=out, stderr=io.StringIO())
+    summary: dict[str, object] = json.loads(out.getvalue())
+    return code, summary, target

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -92,12 +93,17 @@ def run_cli(*argv: str) -> tuple[int, dict[str, Any]]:
     return code, json.loads(out.getvalue())
 
 
-def test_the_showcase_prints_a_summary_computed_from_its_artifacts(tmp_path: Path) -> None:
+def test_the_showcase_prints_a_summary_computed_from_its_artifacts(
+    showcase_run: tuple[int, dict[str, Any], Path], tmp_path: Path
+) -> None:
+    code, printed, shared = showcase_run
+    summary = dict(printed)
+    # A copy: the damage below must not reach the other tests that read this showcase.
     target = tmp_path / "showcase"
-    code, summary = run_cli("showcase", "--output-directory", str(target), "--seed", "3")
+    shutil.copytree(shared, target)
     assert code == cli.EXIT_OK
     assert summary["ok"] is True
-    assert summary["seed"] == 3
+    assert summary["seed"] == 4
     effect = summary["effect_commit_before_acknowledgement"]
     assert effect["attempts_per_scenario"] == {"idempotent": 2, "non_idempotent": 2}
     assert effect["durable_effects"] == {"idempotent": 1, "non_idempotent": 2}
@@ -116,7 +122,16 @@ def test_the_showcase_prints_a_summary_computed_from_its_artifacts(tmp_path: Pat
         "idempotent": 1,
         "non_idempotent": 2,
     }
-    assert summary.pop("report") == str(target / "report.html")
+    for section in summary["systems"].values():
+        power_loss = section["power_loss_campaign"]
+        assert power_loss["ok"] is True
+        if power_loss["ran"]:
+            assert power_loss["crash_states_passed"] == power_loss["crash_states"] > 0
+    mutants = summary["mutants"]
+    assert mutants["ok"] is True
+    assert mutants["caught"] == mutants["total"] == 11 - len(mutants["skipped"])
+    assert mutants["line"].startswith(f"mutants: {mutants['caught']} of {mutants['total']} caught")
+    assert summary.pop("report") == str(shared / "report.html")
     assert json.loads((target / "showcase.json").read_text()) == summary
     # Damage one retained effect database: the summary, recomputed, must notice.
     conn = sqlite3.connect(
@@ -127,9 +142,27 @@ def test_the_showcase_prints_a_summary_computed_from_its_artifacts(tmp_path: Pat
                  " applied_at_us FROM effects")  # fmt: skip
     conn.commit()
     conn.close()
-    recomputed = summarize(target, seed=3)
+    recomputed = summarize(target, seed=4)
     assert recomputed["effect_commit_before_acknowledgement"]["durable_effects"]["idempotent"] == 2
     assert recomputed["ok"] is False
+
+
+def test_a_showcase_without_power_loss_says_why_and_runs_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from crashqueuelab.lab import showcase
+
+    monkeypatch.setattr(showcase, "unavailable_reason", lambda: "no /dev/fuse here")
+    argv = ["showcase", "--system", "sqlite", "--seed", "2", "--quiet"]
+    code, summary = run_cli(*argv, "--output-directory", str(tmp_path / "s"))
+    assert code == cli.EXIT_OK
+    assert summary["power_loss"] == "unavailable: no /dev/fuse here"
+    section = summary["systems"]["sqlite"]["power_loss_campaign"]
+    assert section == {"ran": False, "ok": True, "unavailable": "no /dev/fuse here"}
+    assert not (tmp_path / "s" / "sqlite" / "power-loss-campaign").exists()
+    mutants = summary["mutants"]
+    assert (mutants["caught"], mutants["total"], len(mutants["skipped"])) == (7, 7, 4)
+    assert mutants["line"].endswith("4 skipped, they need a power cut: no /dev/fuse here")
 
 
 @pytest.mark.parametrize("command", ["showcase", "demo", "campaign"])

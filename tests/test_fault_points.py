@@ -23,7 +23,7 @@ REPEATED = {"AFTER_EFFECT_COMMIT", "BEFORE_SUCCESS_COMMIT"}
 
 def test_each_system_names_its_points_once() -> None:
     assert len(SYSTEMS["sqlite"].crash_points) == 13
-    assert len(SYSTEMS["walqueue"].crash_points) == 23
+    assert len(SYSTEMS["walqueue"].crash_points) == 24
     for system in SYSTEMS.values():
         names = [point.name for point in system.crash_points]
         assert len(names) == len(set(names))

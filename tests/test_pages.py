@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,27 +30,46 @@ def run_cli(*argv: str) -> dict[str, Any]:
     return result
 
 
+POWER_LOSS = os.path.exists("/dev/fuse") and sys.platform.startswith("linux")
+KINDS = ["showcase", "campaign", "demo", "chaos", "bench", "power-loss", "power-chaos", "mutants"]
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def runs(
+    tmp_path_factory: pytest.TempPathFactory, showcase_run: tuple[int, Any, Path]
+) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("runs")
-    run_cli("showcase", "--seed", "4", "--quiet", "--output-directory", str(base / "showcase"))
+    showcase = showcase_run[2]
     run_cli("chaos", "--seed", "4", "--jobs", "200", "--workers", "2", "--kills", "8",
             "--pauses", "1", "--lease-ms", "300", "--quiet", "--output-directory",
             str(base / "chaos"))  # fmt: skip
     run_cli("bench", "--jobs", "20", "--workers", "1,2", "--work-ms", "0", "--quiet",
             "--system", "sqlite", "--system", "walqueue", "--output-directory",
             str(base / "bench"))  # fmt: skip
+    if POWER_LOSS:
+        run_cli("chaos", "--seed", "4", "--jobs", "200", "--workers", "2", "--kills", "4",
+                "--crash-mode", "power-loss", "--power-cuts", "2", "--lease-ms", "300",
+                "--quiet", "--output-directory", str(base / "power-chaos"))  # fmt: skip
     return {
-        "showcase": base / "showcase",
-        "campaign": base / "showcase" / "walqueue" / "process-fault-campaign",
-        "demo": base / "showcase" / "sqlite" / "effect-commit-before-acknowledgement",
+        "showcase": showcase,
+        "campaign": showcase / "walqueue" / "process-fault-campaign",
+        "demo": showcase / "sqlite" / "effect-commit-before-acknowledgement",
         "chaos": base / "chaos",
         "bench": base / "bench",
+        "power-loss": showcase / "walqueue" / "power-loss-campaign",
+        "power-chaos": base / "power-chaos",
+        "mutants": showcase / "mutants",
     }
 
 
-@pytest.mark.parametrize("kind", ["showcase", "campaign", "demo", "chaos", "bench"])
+def needs(kind: str) -> None:
+    if kind in ("power-loss", "power-chaos") and not POWER_LOSS:
+        pytest.skip("power loss needs Linux with /dev/fuse")
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_every_run_gets_a_report_with_the_verdict_first(runs: dict[str, Path], kind: str) -> None:
+    needs(kind)
     html = (runs[kind] / REPORT_FILE).read_text()
     verdict = html.index('id="verdict"')
     assert verdict < html.index("Key figures")
@@ -57,6 +78,16 @@ def test_every_run_gets_a_report_with_the_verdict_first(runs: dict[str, Path], k
     assert "crashqueuelab " in html  # the command that reproduces the run
     assert "<script" not in html  # self-contained, nothing to run
     assert "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
+
+
+def test_power_cuts_are_drawn_and_explained(runs: dict[str, Path]) -> None:
+    needs("power-chaos")
+    html = (runs["power-chaos"] / REPORT_FILE).read_text()
+    assert "2 power cuts" in html
+    assert html.count("power cut at ") >= 2  # a mark on the chart and a dot per cut at least
+    page = (runs["power-loss"] / REPORT_FILE).read_text()
+    assert "crash states passed" in page
+    assert "keep-names-" in page or "lose-all" in page
 
 
 def test_the_report_command_rebuilds_a_report_from_the_files_alone(runs: dict[str, Path]) -> None:
@@ -96,10 +127,11 @@ def test_everything_from_a_store_or_a_report_is_shown_as_text(
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine (.ci/run installs it)")
-@pytest.mark.parametrize("kind", ["showcase", "campaign", "demo", "chaos", "bench"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_real_browser_shows_the_verdict_and_draws_the_charts(
     runs: dict[str, Path], kind: str, tmp_path: Path
 ) -> None:
+    needs(kind)
     assert CHROMIUM is not None
     page = (runs[kind] / REPORT_FILE).resolve().as_uri()
     common = [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu",

@@ -488,8 +488,13 @@ def _check_parameters(*, jobs: int, workers: int, kills: int, pauses: int, cuts:
     if faults > room:
         raise InvalidInput(
             "kills",
-            f"{kills} kills, {pauses} pauses and {cuts} power cuts need at least"
-            f" {math.ceil(faults / SPAN)} jobs; {jobs} jobs leave room for {room} faults",
+            (
+                f"{kills} kills, {pauses} pauses and {cuts} power cuts"
+                if cuts
+                else f"{kills} kills and {pauses} pauses"
+            )
+            + f" need at least {math.ceil(faults / SPAN)} jobs; {jobs} jobs leave room for"
+            f" {room} faults",
         )
 
 
