@@ -3,11 +3,11 @@ nobody synced while every process that had the store open dies with it.
 
 Each mount's backing root is ``disks/disk-N``. At a cut the supervisor kills every process
 (the machine is off), the file system stops and writes its journal, and the next disk is
-made from a crash state of the last one: every pending operation lost at the first, third,
-... cut, a seeded subset (with a torn sector) at the second, fourth, ... Everything restarts on the new disk, which
-keeps its predecessor and journal as evidence. At the end, after a clean shutdown, the
-last disk's tree holds every write (an orderly shutdown flushes the page cache) and is what
-the accounting reads.
+made from a crash state of the last one: every pending operation lost at the first,
+third, ... cut, a seeded subset (with a torn sector) at the second, fourth, ... Everything
+restarts on the new disk, which keeps its predecessor and journal as evidence. At the end,
+after a clean shutdown, the last disk's tree holds every write (an orderly shutdown
+flushes the page cache) and is what the accounting reads.
 """
 
 from __future__ import annotations
