@@ -32,6 +32,16 @@ def test_every_crash_point_passes_and_the_probes_name_what_persist_queue_lacks(
     assert verdicts["acknowledgement_at_the_deadline"]["ok"] is False
     assert verdicts["idempotent_submit"]["ok"] is True
     assert verdicts["attempts_run_out"]["ok"] is True
+    assert verdicts["retry_delay_is_capped"]["ok"] is True
+    # The same missing expiry: a task whose holder died is neither retried nor dead.
+    assert "yet it is unack (leased)" in verdicts["expired_attempts_run_out"]["detail"]
+    failed = {name for name, probe in verdicts.items() if not probe["ok"]}
+    assert failed == {
+        "stale_holder_after_expiry",
+        "acknowledgement_at_the_deadline",
+        "expired_attempts_run_out",
+        "batched_acknowledgement_fences_each_item",
+    }
     assert {name for name, probe in verdicts.items() if not probe["ran"]} == {
         "worker_id_reused_after_restart",
         "heartbeat_after_expiry",

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from crashqueuelab.lab.probes import run_probes
+from crashqueuelab.lab.probes import PROBES, run_probes
 from crashqueuelab.lab.readings import read_store
 from crashqueuelab.systems import Claim, JobSpec, OpenRequest, System, Verdict
 from tests.contract.model import ReferenceClient, reference_system
@@ -79,7 +79,7 @@ def test_a_system_that_cannot_open_fails_every_probe_that_runs(tmp_path: Path) -
         raise OSError("disk on fire")
 
     failed = verdicts(replace(reference_system(), open=refuse), tmp_path)
-    assert len(failed) == 7
+    assert len(failed) == len(PROBES) == 10
     assert all("open raised OSError('disk on fire')" in detail for detail in failed.values())
 
 

@@ -133,7 +133,16 @@ def idempotent_submit(bench: _Bench) -> str:
     _accepted(bench.client.succeed(claim), claim, "the acknowledgement")
     if bench.client.claim("worker-a", LEASE_US) is not None:
         raise ProbeFailed("job twice: a second job was claimable after one submission key")
-    return "one key, one job: the second submission returned the first job's id"
+    # A producer that retries after the job finished must get the finished job back.
+    third = bench.client.submit(spec)
+    again = bench.client.claim("worker-a", LEASE_US)
+    if third != first or again is not None:
+        raise ProbeFailed(
+            f"job twice: submitted again after it succeeded, the key made job {third}"
+            + ("" if again is None else f", claimable as attempt {again.attempt}")
+            + f" (the finished job is {first})"
+        )
+    return "one key, one job: later submissions, also after success, returned the first job"
 
 
 def attempts_run_out(bench: _Bench) -> str:
@@ -143,6 +152,51 @@ def attempts_run_out(bench: _Bench) -> str:
     if verdict is not Verdict.DEAD:
         raise ProbeFailed(f"job last-attempt: a failure of its only attempt answered {verdict}")
     return "a failure of the last attempt sent the job to the dead letter"
+
+
+def expired_attempts_run_out(bench: _Bench) -> str:
+    bench.job("abandoned", max_attempts=1)
+    bench.claim("worker-a", "abandoned")
+    bench.expire()  # its holder died: the only attempt ran out with the lease
+    again = bench.client.claim("worker-b", LEASE_US)
+    view = bench.client.job("abandoned")
+    if again is not None or view is None or view.status != "dead":
+        state = "missing" if view is None else f"{view.native_state} ({view.status})"
+        offered = "" if again is None else f", and handed to worker-b (attempt {again.attempt})"
+        raise ProbeFailed(
+            f"job abandoned: its only attempt expired, yet it is {state}{offered}; a job whose"
+            " every holder dies must reach the dead letter"
+        )
+    return "an expired last attempt sent the job to the dead letter"
+
+
+def retry_delay_is_capped(bench: _Bench) -> str:
+    failures = 6
+    bench.job("backoff", max_attempts=failures + 1)
+    for attempt in range(failures):
+        claim = bench.client.claim("worker-a", LEASE_US)
+        if claim is None:
+            raise ProbeFailed(
+                f"job backoff: not ready {RETRY.max_delay_us} us after its failure {attempt},"
+                " the retry policy's longest delay: the backoff grows past its cap"
+            )
+        bench.client.fail(claim, "probe failure")
+        bench.clock.advance(RETRY.max_delay_us)
+        bench.client.recover()
+    return f"after each of {failures} failures the job was ready within the delay cap"
+
+
+def batched_acknowledgement_fences_each_item(bench: _Bench) -> str:
+    bench.job("batch-stale")
+    stale = bench.claim("worker-a", "batch-stale")
+    bench.expire()
+    bench.claim("worker-b", "batch-stale")  # the job is worker-b's now
+    bench.job("batch-live")
+    live = bench.claim("worker-a", "batch-live")
+    verdicts = bench.client.succeed_many([live, stale])
+    _refused(verdicts[1], stale, "an expired acknowledgement batched after a live one")
+    _accepted(verdicts[0], live, "the batch's live acknowledgement")
+    return "in one batch, the live item was accepted and the expired one refused"
 
 
 Probe = Callable[[_Bench], str]
@@ -155,6 +209,9 @@ PROBES: tuple[tuple[str, Probe, str | None], ...] = (
     ("acknowledgement_at_the_deadline", acknowledgement_at_the_deadline, None),
     ("heartbeat_after_expiry", heartbeat_after_expiry, "heartbeats"),
     ("attempts_run_out", attempts_run_out, None),
+    ("expired_attempts_run_out", expired_attempts_run_out, None),
+    ("retry_delay_is_capped", retry_delay_is_capped, None),
+    ("batched_acknowledgement_fences_each_item", batched_acknowledgement_fences_each_item, None),
 )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -21,9 +21,17 @@ import walqueue.queue
 import walqueue.store
 from crashqueuelab.core import queue as queue_module
 from crashqueuelab.core.errors import StaleLease
-from crashqueuelab.core.models import Acknowledgement, AckResult, ClaimedJob, Job, JobState
+from crashqueuelab.core.models import (
+    Acknowledgement,
+    AckResult,
+    ClaimedJob,
+    Job,
+    JobState,
+    SubmitResult,
+)
 from crashqueuelab.core.queue import DurableQueue
 from crashqueuelab.core.statements import CLAIM_NEXT
+from crashqueuelab.core.submission import submit_in_transaction
 from crashqueuelab.judges.sqlitestore import QUEUE_FILE
 from crashqueuelab.systems.contract import OpenRequest, System
 from crashqueuelab.systems.sqlite import SqliteClient, sqlite_system
@@ -103,6 +111,85 @@ class ClaimTakesLeasedJobs(DurableQueue):
         unguarded = CLAIM_NEXT.replace("AND state = 'QUEUED'", "AND state IN ('QUEUED', 'LEASED')")
         with _patched(queue_module, "CLAIM_NEXT", unguarded):
             return super()._lease_next(worker, lease, now)
+
+
+class _Expiring(DurableQueue):
+    """A queue whose expired leases end somewhere else than a failed attempt's would."""
+
+    _expiring = False
+
+    def recover_expired(self) -> list[str]:
+        self._expiring = True
+        try:
+            return super().recover_expired()
+        finally:
+            self._expiring = False
+
+    def _after_attempt(self, job: Job, now: int) -> tuple[JobState, int | None]:
+        if self._expiring:
+            return self._after_expiry(job, now)
+        return super()._after_attempt(job, now)
+
+    def _after_expiry(self, job: Job, now: int) -> tuple[JobState, int | None]:
+        raise NotImplementedError
+
+
+class ExpiryWithoutAttempt(_Expiring):
+    """An expired lease never uses up an attempt: a job whose every holder dies (a poison
+    job that crashes its worker) comes back for ever instead of reaching the dead letter."""
+
+    def _after_expiry(self, job: Job, now: int) -> tuple[JobState, int | None]:
+        return JobState.RETRY_SCHEDULED, now + self._retry.delay_us(job.attempts)
+
+
+class ExpiryDropsJob(_Expiring):
+    """Recovery of an expired lease drops the job (to the dead letter) instead of
+    scheduling its retry."""
+
+    def _after_expiry(self, job: Job, now: int) -> tuple[JobState, int | None]:
+        return JobState.DEAD, None
+
+
+class UncappedBackoff(DurableQueue):
+    """The retry delay doubles with every attempt and never stops at the policy's cap."""
+
+    def _after_attempt(self, job: Job, now: int) -> tuple[JobState, int | None]:
+        if job.attempts >= job.max_attempts:
+            return JobState.DEAD, None
+        return JobState.RETRY_SCHEDULED, now + self._retry.base_delay_us * 2 ** (job.attempts - 1)
+
+
+class BatchFencesFirstOnly(DurableQueue):
+    """A batched acknowledgement checks the lease of its first item only; the others count
+    for whoever holds them now."""
+
+    def succeed_many(self, acknowledgements: Sequence[Acknowledgement]) -> list[AckResult]:
+        first, *rest = acknowledgements
+        unfenced = [first]
+        for ack in rest:
+            job = self.get(ack.job_id)
+            if job.state is JobState.LEASED and job.lease_worker_id and job.lease_token:
+                unfenced.append(Acknowledgement(ack.job_id, job.lease_worker_id, job.lease_token))
+            else:
+                unfenced.append(ack)
+        return super().succeed_many(unfenced)
+
+
+class ResubmissionCreatesJob(DurableQueue):
+    """Submitting the key of a finished job creates a new job (the key is only checked
+    against unfinished ones), so a retried producer runs finished work again."""
+
+    def submit_many(self, requests: Sequence[Mapping[str, Any]]) -> list[SubmitResult]:
+        def fresh_if_finished(conn: Any, item: Any, *, ids: Any, now: int) -> SubmitResult:
+            row = conn.execute(
+                "SELECT state FROM jobs WHERE idempotency_key = ?", (item.idempotency_key,)
+            ).fetchone()
+            if row is not None and row[0] in (JobState.SUCCEEDED.value, JobState.DEAD.value):
+                item = replace(item, idempotency_key=f"{item.idempotency_key}#again-{now}")
+            return submit_in_transaction(conn, item, ids=ids, now=now)
+
+        with _patched(queue_module, "submit_in_transaction", fresh_if_finished):
+            return super().submit_many(requests)
 
 
 class SynchronousNormal(DurableQueue):
@@ -257,6 +344,26 @@ def claim_takes_leased_jobs() -> System:
     return _sqlite_mutant("claim-takes-leased-jobs", ClaimTakesLeasedJobs)
 
 
+def expiry_without_attempt() -> System:
+    return _sqlite_mutant("expiry-without-attempt", ExpiryWithoutAttempt)
+
+
+def expiry_drops_job() -> System:
+    return _sqlite_mutant("expiry-drops-job", ExpiryDropsJob)
+
+
+def uncapped_backoff() -> System:
+    return _sqlite_mutant("uncapped-backoff", UncappedBackoff)
+
+
+def batch_fences_first_only() -> System:
+    return _sqlite_mutant("batch-fences-first-only", BatchFencesFirstOnly)
+
+
+def resubmission_creates_job() -> System:
+    return _sqlite_mutant("resubmission-creates-job", ResubmissionCreatesJob)
+
+
 def synchronous_normal() -> System:
     return _sqlite_mutant(
         "synchronous-normal", SynchronousNormal, "WAL, synchronous=NORMAL (the mutant's change)"
@@ -326,6 +433,31 @@ MUTANTS = (
     Mutant(
         "claim_takes_leased_jobs",
         "sqlite: the single-job claim also takes a job whose lease is still live",
+        PROBES,
+    ),
+    Mutant(
+        "expiry_without_attempt",
+        "sqlite: an expired lease uses up no attempt; a job whose holders keep dying never dies",
+        PROBES,
+    ),
+    Mutant(
+        "expiry_drops_job",
+        "sqlite: recovery of an expired lease dead-letters the job instead of retrying it",
+        CRASH_CAMPAIGN,
+    ),
+    Mutant(
+        "uncapped_backoff",
+        "sqlite: the retry delay doubles for ever, past the policy's cap",
+        PROBES,
+    ),
+    Mutant(
+        "batch_fences_first_only",
+        "sqlite: a batched acknowledgement checks the lease of its first item only",
+        PROBES,
+    ),
+    Mutant(
+        "resubmission_creates_job",
+        "sqlite: submitting a finished job's key creates a new job",
         PROBES,
     ),
     Mutant(
