@@ -15,8 +15,8 @@ from crashqueuelab import cli
 from crashqueuelab.lab.campaign import campaign_order, run_campaign
 from crashqueuelab.lab.demo import run_demo
 from crashqueuelab.lab.faults import InjectedCrash, raise_at
-from crashqueuelab.lab.scenario import run_campaign_workload
 from crashqueuelab.lab.mutants.catalog import MUTANTS
+from crashqueuelab.lab.scenario import run_campaign_workload
 from crashqueuelab.lab.showcase import summarize
 from crashqueuelab.systems import CrashPoint, System, resolve_system
 

@@ -41,6 +41,7 @@ from crashqueuelab.lab.children import (
     read_last_words,
 )
 from crashqueuelab.lab.crashmodes import POWER_LOSS, PROCESS, check_crash_mode
+from crashqueuelab.lab.model import run_model_workload
 from crashqueuelab.lab.observe import observe_ledger
 from crashqueuelab.lab.powerloss.cases import run_power_loss_case
 from crashqueuelab.lab.probes import run_probes
@@ -184,11 +185,14 @@ def run_case(
     return report
 
 
-def _probe_summary(probes: list[dict[str, Any]]) -> dict[str, int]:
+def _probe_summary(report: dict[str, Any]) -> dict[str, Any]:
+    probes, model = report["probes"], report["model"]
     return {
         "probes_passed": sum(1 for probe in probes if probe["ran"] and probe["ok"]),
         "probes_failed": sum(1 for probe in probes if not probe["ok"]),
         "probes_skipped": sum(1 for probe in probes if not probe["ran"]),
+        "model_workload_ok": model["ok"],
+        "model_workload_observations": model["observations"],
     }
 
 
@@ -220,7 +224,7 @@ def summarize_power_loss(report: dict[str, Any]) -> dict[str, Any]:
         "pending_directory_changes_at_cuts": sum(
             case["power_cut"]["pending_directory_changes"] for case in cases
         ),
-        **_probe_summary(report["probes"]),
+        **_probe_summary(report),
     }
 
 
@@ -228,7 +232,7 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
     """The campaign's summary, computed from its case and probe reports."""
     if report["crash_mode"] == POWER_LOSS:
         return summarize_power_loss(report)
-    cases, probes = report["cases"], report["probes"]
+    cases = report["cases"]
     checks = sorted({name for case in cases for name in case["crash_judgement"]["checks"]})
     return {
         "crash_mode": MECHANISM[PROCESS],
@@ -243,7 +247,7 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         },
         "crash_states_all_match": all(case["crash_state_matches_point"] for case in cases),
         "recovery_all_succeeded": all(case["recovery_ok"] for case in cases),
-        **_probe_summary(probes),
+        **_probe_summary(report),
     }
 
 
@@ -275,6 +279,7 @@ def anomalies_of(report: dict[str, Any]) -> list[str]:
             reasons.append(f"final states {case['recovery']['final_states']}")
         lines.append(f"case {case['case_id']}: " + "; ".join(reasons))
     lines += [f"probe {p['name']}: {p['detail']}" for p in report["probes"] if not p["ok"]]
+    lines += [f"model workload: {anomaly}" for anomaly in report["model"]["anomalies"]]
     return lines
 
 
@@ -311,6 +316,7 @@ def run_campaign(
                     f"exit {case['exit_code']}, {verdict}"
                 )
     probes = run_probes(chosen, output_dir / "probes")
+    model = run_model_workload(chosen, output_dir / "model", seed=seed)
     report: dict[str, Any] = {
         "system": chosen.describe(),
         "system_spec": system,
@@ -320,10 +326,15 @@ def run_campaign(
         "execution_order": [point.name for point in order],
         "cases": cases,
         "probes": probes,
+        "model": model,
     }
     report["summary"] = summarize(report)
     report["anomalies"] = anomalies_of(report)
-    report["ok"] = report["summary"]["failed"] == 0 and report["summary"]["probes_failed"] == 0
+    report["ok"] = (
+        report["summary"]["failed"] == 0
+        and report["summary"]["probes_failed"] == 0
+        and report["model"]["ok"]
+    )
     report["timings"] = {"total_ms": round((time.perf_counter() - started) * 1000, 3)}
     write_json(output_dir / CAMPAIGN_FILE, report)
     return report

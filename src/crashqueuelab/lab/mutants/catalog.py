@@ -410,6 +410,7 @@ class Mutant:
 CRASH_CAMPAIGN = "crash campaign"
 POWER_LOSS_CAMPAIGN = "power-loss campaign"
 PROBES = "fencing probes"
+MODEL = "model workload"
 CHAOS = "chaos"
 
 MUTANTS = (

@@ -17,6 +17,7 @@ from crashqueuelab.lab.crashmodes import POWER_LOSS
 from crashqueuelab.lab.mutants.catalog import (
     CHAOS,
     CRASH_CAMPAIGN,
+    MODEL,
     MUTANTS,
     POWER_LOSS_CAMPAIGN,
     PROBES,
@@ -29,7 +30,7 @@ from crashqueuelab.systems.registry import resolve_system
 
 MUTANTS_FILE = "mutants.json"
 #: Every kind of evidence, in the order reports list them.
-EVIDENCE = (CRASH_CAMPAIGN, POWER_LOSS_CAMPAIGN, PROBES, CHAOS)
+EVIDENCE = (CRASH_CAMPAIGN, POWER_LOSS_CAMPAIGN, PROBES, MODEL, CHAOS)
 Progress = Callable[[str], None]
 
 
@@ -56,6 +57,7 @@ def _one_seed(
         campaign = run_campaign(output_dir / "campaign", seed=seed, system=mutant.spec)
         caught += _failures(campaign["anomalies"], "case ", CRASH_CAMPAIGN)
         caught += _failures(campaign["anomalies"], "probe ", PROBES)
+        caught += _failures(campaign["anomalies"], "model workload: ", MODEL)
     elif PROBES in kinds:
         probes = run_probes(system, output_dir / "probes")
         lines = [f"probe {p['name']}: {p['detail']}" for p in probes if not p["ok"]]

@@ -107,6 +107,18 @@ def _states(states: dict[str, str] | None) -> str:
     return "none" if states is None else ", ".join(f"{role} {s}" for role, s in states.items())
 
 
+def _model_figure(report: dict[str, Any]) -> tuple[str, str, str]:
+    model = report.get("model")
+    if model is None:
+        return ("model-driven workload", "not run", "a report from before it existed")
+    return (
+        "model-driven workload",
+        f"{model['observations']} observations, {len(model['anomalies'])} anomalies",
+        "single and batched operations, restarts, deadlines hit exactly; what each caller"
+        " was told, judged against the lease rules and the store (model/)",
+    )
+
+
 #: A verdict lists this many reasons; the rest are one line away, in the tables below.
 SHOWN_REASONS = 12
 
@@ -178,6 +190,7 @@ def power_loss_view(run_dir: Path, report: dict[str, Any]) -> View:
             f" {summary['probes_skipped']} skipped",
             "skipped: the system lacks the capability",
         ),
+        _model_figure(report),
         ("system", system["version"], system["durability"]),
     ]
     return View("powerloss.html.j2", verdict, figures, {"cases": cases, "probes": report["probes"]})
@@ -269,6 +282,7 @@ def campaign_view(run_dir: Path) -> View:
             f" {summary['probes_skipped']} skipped",
             "skipped: the system lacks the capability",
         ),
+        _model_figure(report),
         ("system", system["version"], system["durability"]),
     ]
     return View("campaign.html.j2", verdict, figures, {"cases": cases, "probes": report["probes"]})

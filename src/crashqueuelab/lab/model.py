@@ -1,0 +1,163 @@
+"""A seeded, model-driven workload: many small operations in a random but reproducible
+order, each written to an observation log of what the caller was told.
+
+Where the campaign follows one script per crash point and the probes one race each, this
+workload mixes single and batched claims and acknowledgements, failures, heartbeats,
+resubmissions of finished keys, restarts that keep the workers' ids, and clock steps that
+land exactly on a lease's deadline, one microsecond before and one after it (the clock is
+injected, so "at the deadline" is exact). Nothing here decides what is right: the judge
+(``judges/observations.py``) reads the log and the store afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from crashqueuelab.core.clock import ManualClock
+from crashqueuelab.core.ids import SeededIds
+from crashqueuelab.judges.observations import judge_observations
+from crashqueuelab.lab.readings import read_store
+from crashqueuelab.lab.reports import write_json
+from crashqueuelab.lab.scenario import LEASE_US, RETRY, START_US
+from crashqueuelab.systems.contract import Claim, JobSpec, OpenRequest, QueueClient, System
+
+OBSERVATIONS_FILE = "observations.jsonl"
+STORE_DIRECTORY = "store"
+STEPS = 400
+WORKERS = ("worker-a", "worker-b", "worker-c")
+JOBS = 16
+
+
+@dataclass
+class _Run:
+    system: System
+    directory: Path
+    rng: random.Random
+    clock: ManualClock = field(default_factory=lambda: ManualClock(START_US))
+    client: QueueClient | None = None
+    opened: int = 0
+    specs: list[JobSpec] = field(default_factory=list)
+    #: Every claim each worker was given, live or not: fencing is tested with old ones too.
+    claims: dict[str, list[Claim]] = field(default_factory=dict)
+    deadlines: list[int] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+
+    def open(self) -> QueueClient:
+        self.opened += 1
+        ids = SeededIds(self.rng.randrange(2**32), f"model/{self.opened}")
+        request = OpenRequest(self.directory / STORE_DIRECTORY, self.clock, ids, RETRY)
+        self.client = self.system.open(request)
+        return self.client
+
+    def log(self, op: str, **fields: Any) -> None:
+        self.lines.append(json.dumps({"op": op, "t": self.clock.now_us(), **fields}))
+
+
+def _claimed(run: _Run, worker: str, claims: list[Claim], *, batch: bool) -> None:
+    for claim in claims:
+        run.claims.setdefault(worker, []).append(claim)
+        run.deadlines.append(run.clock.now_us() + LEASE_US)
+        run.log("claim", worker=worker, key=claim.key, token=claim.token, attempt=claim.attempt,
+                deadline=run.clock.now_us() + LEASE_US, batch=batch)  # fmt: skip
+
+
+def _step(run: _Run, client: QueueClient) -> None:
+    rng, worker = run.rng, run.rng.choice(WORKERS)
+    held = run.claims.get(worker, [])
+    roll = rng.random()
+    if roll < 0.12 or not run.specs:
+        index = rng.randrange(JOBS)
+        spec = JobSpec(f"model-{index:02d}", "model", {"n": index}, max_attempts=1 + index % 3)
+        run.specs.append(spec)
+        run.log("submit", key=spec.key, job_id=client.submit(spec), max_attempts=spec.max_attempts)
+    elif roll < 0.30:
+        claim = client.claim(worker, LEASE_US)
+        _claimed(run, worker, [] if claim is None else [claim], batch=False)
+    elif roll < 0.38:
+        _claimed(run, worker, client.claim_many(worker, LEASE_US, rng.randint(2, 3)), batch=True)
+    elif roll < 0.52 and held:
+        claim = rng.choice(held[-4:])
+        run.log("ack", worker=worker, key=claim.key, token=claim.token,
+                verdict=client.succeed(claim).value, batch=False)  # fmt: skip
+    elif roll < 0.58 and len(held) >= 2:
+        batch = rng.sample(held[-4:], min(2, len(held[-4:])))
+        for claim, verdict in zip(batch, client.succeed_many(batch), strict=True):
+            run.log("ack", worker=worker, key=claim.key, token=claim.token,
+                    verdict=verdict.value, batch=True)  # fmt: skip
+    elif roll < 0.64 and held:
+        claim = rng.choice(held[-4:])
+        run.log("fail", worker=worker, key=claim.key, token=claim.token,
+                verdict=client.fail(claim, "model failure").value)  # fmt: skip
+    elif roll < 0.68 and held and run.system.capabilities.heartbeats:
+        claim = held[-1]
+        ok = client.heartbeat(claim, LEASE_US)
+        run.log("heartbeat", worker=worker, key=claim.key, token=claim.token, ok=ok,
+                deadline=run.clock.now_us() + LEASE_US)  # fmt: skip
+    elif roll < 0.84:
+        _advance(run)
+    elif roll < 0.95:
+        run.log("recover", moved=client.recover())
+    else:
+        client.close()
+        run.log("restart")
+        run.open()
+
+
+def _advance(run: _Run) -> None:
+    """Step the clock: a little, to a lease's deadline (or one microsecond either side of
+    it), or past every lease and retry."""
+    now, rng = run.clock.now_us(), run.rng
+    ahead = [deadline for deadline in run.deadlines if deadline > now]
+    choice = rng.random()
+    if ahead and choice < 0.6:
+        target = rng.choice(ahead) + rng.choice((-1, 0, 0, 1))
+        run.clock.advance(max(1, target - now))
+    elif choice < 0.85:
+        run.clock.advance(rng.randint(1, LEASE_US // 5))
+    else:
+        run.clock.advance(LEASE_US + RETRY.max_delay_us)
+    run.log("clock")
+
+
+def run_model_workload(
+    system: System, directory: Path, *, seed: int, steps: int = STEPS
+) -> dict[str, Any]:
+    """Drive ``steps`` seeded operations, then judge the observation log against the store."""
+    run = _Run(system, directory, random.Random(seed))
+    directory.mkdir(parents=True)
+    error = None
+    client = run.open()
+    try:
+        for _ in range(steps):
+            assert run.client is not None
+            _step(run, run.client)
+    except Exception as raised:  # the system raised on a valid operation: that is evidence
+        error = f"the system raised {type(raised).__name__}: {raised}"
+        run.log("raised", error=error)
+    finally:
+        if run.client is not None:
+            run.client.close()
+        del client
+    log = directory / OBSERVATIONS_FILE
+    log.write_text("\n".join(run.lines) + "\n", encoding="utf-8")
+    keys = sorted({spec.key for spec in run.specs})
+    reading = read_store(system, directory / STORE_DIRECTORY, keys)
+    verdict = judge_observations(log, {key: job.status.value for key, job in reading.jobs.items()})
+    anomalies = ([error] if error else []) + verdict.anomalies
+    anomalies += [f"judge: {problem}" for problem in reading.problems]
+    report = {
+        "seed": seed,
+        "steps": steps,
+        "observations": len(run.lines),
+        "restarts": run.opened - 1,
+        "checked": verdict.checked,
+        "anomalies": anomalies,
+        "ok": not anomalies,
+        "observation_log": OBSERVATIONS_FILE,
+    }
+    write_json(directory / "model.json", report)
+    return report
