@@ -7,7 +7,9 @@ operations to ``ROOT/unsynced.json``: the moment it stops serving is the power c
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,15 @@ from crashqueuelab.lab.powerloss.journal import JOURNAL_FILE, Journal
 #: Zero timeouts: the kernel asks for every name and size instead of remembering them, so a
 #: file the lab changed behind the mount is never seen stale.
 SIGNALLED = "8"
+PR_SET_PDEATHSIG = 1
 MOUNT_OPTIONS = {"attr_timeout": 0, "entry_timeout": 0, "negative_timeout": 0}
+
+
+def _stop_with_parent() -> None:
+    """Ask Linux to send SIGTERM when the lab process dies, so a killed run never leaves a
+    mount behind (SIGTERM makes libfuse unmount and this process write its journal)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def serve(root: Path, mountpoint: str) -> None:
@@ -27,6 +37,7 @@ def serve(root: Path, mountpoint: str) -> None:
     os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")
     import mfusepy
 
+    _stop_with_parent()
     journal = Journal()
     try:
         _serve_until_stopped(mfusepy, root, journal, mountpoint)
