@@ -85,7 +85,20 @@ def test_a_mount_that_does_not_come_up_in_time_is_stopped_and_reported(
     disk = PowerLossDisk(tmp_path / "disk", tmp_path / "mnt")
     with pytest.raises(CrashModeUnavailable, match="did not come up"):
         disk.start()
-    assert not os.path.ismount(tmp_path / "mnt")
+    # The file system was killed mid-start; its mount, if any, was detached.
+    assert not disk_module._listed_as_mounted(tmp_path / "mnt")
+
+
+@needs_fuse
+def test_relative_paths_work_from_any_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with PowerLossDisk(Path("disk"), Path("mnt")) as disk:
+        (tmp_path / "mnt" / "file").write_bytes(b"x")
+        journal = disk.cut()
+    assert [op.path for op in journal.names] == ["/file"]
+    assert not disk_module._listed_as_mounted(tmp_path / "mnt")
 
 
 def test_a_machine_without_fuse_gets_exit_4_and_the_reason(

@@ -50,12 +50,23 @@ def require_power_loss() -> None:
         raise CrashModeUnavailable(MODE, reason)
 
 
+def _listed_as_mounted(path: Path) -> bool:
+    """Whether the kernel lists ``path`` as a mount point, even one whose server is gone."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8") as mounts:
+            # Field 5 is the mount point, with spaces and the like octal-escaped.
+            return any(line.split()[4] == str(path) for line in mounts)
+    except OSError:
+        return os.path.ismount(path)
+
+
 class PowerLossDisk:
     """One mount of ``root/tree`` at ``mountpoint``, from start to power cut."""
 
     def __init__(self, root: Path, mountpoint: Path) -> None:
-        self.root = root
-        self.mountpoint = mountpoint
+        # Absolute: libfuse runs the file system from "/", where relative paths mean nothing.
+        self.root = root.absolute()
+        self.mountpoint = mountpoint.absolute()
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -104,8 +115,9 @@ class PowerLossDisk:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(timeout=STOP_TIMEOUT_S)
-        if os.path.ismount(self.mountpoint):
-            # A killed file system leaves its mount behind ("transport endpoint not connected").
+        if _listed_as_mounted(self.mountpoint):
+            # A killed file system leaves its mount behind ("transport endpoint is not
+            # connected", which os.path.ismount cannot even stat): detach it.
             subprocess.run(["umount", "-l", str(self.mountpoint)], check=False, capture_output=True)
 
     def __enter__(self) -> PowerLossDisk:
