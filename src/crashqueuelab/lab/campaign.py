@@ -32,13 +32,12 @@ from crashqueuelab.lab.casework import (
     case_id_for,
     continuity,
     crash_signature,
+    death_record,
     kill_children,
     recover_or_report,
 )
 from crashqueuelab.lab.children import (
     CHILD_STDERR,
-    CRASH_EXIT_CODE,
-    read_last_words,
 )
 from crashqueuelab.lab.crashmodes import POWER_LOSS, PROCESS, check_crash_mode
 from crashqueuelab.lab.model import run_model_workload
@@ -102,10 +101,8 @@ def run_case(
     keys = [job.key for job in jobs]
     child, prelude = kill_children(case_dir, spec, point, seed, case_id)
     started = time.perf_counter()
-    last_words = read_last_words(case_dir)
-    died_at_point = child.exit_code == CRASH_EXIT_CODE and last_words == point.name
-    if prelude is not None:
-        died_at_point = died_at_point and prelude["exit_code"] == CRASH_EXIT_CODE
+    death = death_record(case_id, point, child, prelude, case_dir)
+    died_at_point = death["died_at_fault_point"]
     crash_dir = preserve_crash_time(case_dir)
     crash_reading = read_store(system, crash_dir / STORE_DIRECTORY, keys)
     crash_ledger = observe_ledger(crash_dir / LEDGER_FILE)
@@ -133,14 +130,7 @@ def run_case(
     passed = died_at_point and signature == expected and crash_reading.ok and recovery_ok
     relative = case_dir.relative_to(output_dir)
     report = {
-        "case_id": case_id,
-        "fault_point": point.name,
-        "where": point.where,
-        "after_crash_at": prelude,
-        "exit_code": child.exit_code,
-        "timed_out": child.timed_out or bool(prelude and prelude["timed_out"]),
-        "last_words": last_words,
-        "died_at_fault_point": died_at_point,
+        **death,
         "crash_state": {
             "store": crash_reading.to_json(),
             "ledger": crash_ledger,

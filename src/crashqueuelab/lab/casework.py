@@ -7,7 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from crashqueuelab.lab.children import CHILD_TIMEOUT_S, ChildRun, read_last_words, spawn_child
+from crashqueuelab.lab.children import (
+    CHILD_TIMEOUT_S,
+    CRASH_EXIT_CODE,
+    ChildRun,
+    read_last_words,
+    spawn_child,
+)
 from crashqueuelab.lab.effects import Destination
 from crashqueuelab.lab.scenario import (
     RECOVERY_OFFSET_US,
@@ -26,6 +32,27 @@ JOB_FIELDS = ("effect_job", "flaky_job", "effect_job_effects")
 def case_id_for(index: int, point: CrashPoint) -> str:
     name = point.name.lower().replace("_", "-").replace(":", "-")
     return f"{index + 1:02d}-{name}"
+
+
+def death_record(
+    case_id: str, point: CrashPoint, child: ChildRun, prelude: dict[str, Any] | None, case_dir: Path
+) -> dict[str, Any]:
+    """How the case's children died, read from their exit codes and last words: whether each
+    died at the point it was sent to."""
+    last_words = read_last_words(case_dir)
+    died = child.exit_code == CRASH_EXIT_CODE and last_words == point.name
+    if prelude is not None:
+        died = died and prelude["exit_code"] == CRASH_EXIT_CODE
+    return {
+        "case_id": case_id,
+        "fault_point": point.name,
+        "where": point.where,
+        "after_crash_at": prelude,
+        "exit_code": child.exit_code,
+        "timed_out": child.timed_out or bool(prelude and prelude["timed_out"]),
+        "last_words": last_words,
+        "died_at_fault_point": died,
+    }
 
 
 def _kill_at(case_dir: Path, spec: str, point: str, seed: int, case_id: str) -> ChildRun:

@@ -107,16 +107,26 @@ def _states(states: dict[str, str] | None) -> str:
     return "none" if states is None else ", ".join(f"{role} {s}" for role, s in states.items())
 
 
-def _model_figure(report: dict[str, Any]) -> tuple[str, str, str]:
-    model = report.get("model")
-    if model is None:
-        return ("model-driven workload", "not run", "a report from before it existed")
-    return (
-        "model-driven workload",
-        f"{model['observations']} observations, {len(model['anomalies'])} anomalies",
-        "single and batched operations, restarts, deadlines hit exactly; what each caller"
-        " was told, judged against the lease rules and the store (model/)",
+def _closing_figures(report: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """A campaign's last rows, in either crash mode: the probes, the model workload, the system."""
+    summary, system, model = report["summary"], report["system"], report.get("model")
+    probes = (
+        "fencing probes",
+        f"{summary['probes_passed']} passed, {summary['probes_failed']} failed,"
+        f" {summary['probes_skipped']} skipped",
+        "skipped: the system lacks the capability",
     )
+    workload = (
+        ("model-driven workload", "not run", "a report from before it existed")
+        if model is None
+        else (
+            "model-driven workload",
+            f"{model['observations']} observations, {len(model['anomalies'])} anomalies",
+            "single and batched operations, restarts, deadlines hit exactly; what each caller"
+            " was told, judged against the lease rules and the store (model/)",
+        )
+    )
+    return [probes, workload, ("system", system["version"], system["durability"])]
 
 
 #: A verdict lists this many reasons; the rest are one line away, in the tables below.
@@ -184,14 +194,7 @@ def power_loss_view(run_dir: Path, report: dict[str, Any]) -> View:
             f" {summary['pending_directory_changes_at_cuts']} directory changes",
             "what the disk could lose (each case's disk/unsynced.json)",
         ),
-        (
-            "fencing probes",
-            f"{summary['probes_passed']} passed, {summary['probes_failed']} failed,"
-            f" {summary['probes_skipped']} skipped",
-            "skipped: the system lacks the capability",
-        ),
-        _model_figure(report),
-        ("system", system["version"], system["durability"]),
+        *_closing_figures(report),
     ]
     return View("powerloss.html.j2", verdict, figures, {"cases": cases, "probes": report["probes"]})
 
@@ -276,14 +279,7 @@ def campaign_view(run_dir: Path) -> View:
             "the system's independent reader on the crash-time copy",
         ),
         ("recovery finished every job, effects once", _yes(summary["recovery_all_succeeded"]), ""),
-        (
-            "fencing probes",
-            f"{summary['probes_passed']} passed, {summary['probes_failed']} failed,"
-            f" {summary['probes_skipped']} skipped",
-            "skipped: the system lacks the capability",
-        ),
-        _model_figure(report),
-        ("system", system["version"], system["durability"]),
+        *_closing_figures(report),
     ]
     return View("campaign.html.j2", verdict, figures, {"cases": cases, "probes": report["probes"]})
 

@@ -22,10 +22,11 @@ from crashqueuelab.lab.casework import (
     case_id_for,
     continuity,
     crash_signature,
+    death_record,
     kill_children,
     recover_or_report,
 )
-from crashqueuelab.lab.children import CHILD_STDERR, CRASH_EXIT_CODE, read_last_words
+from crashqueuelab.lab.children import CHILD_STDERR
 from crashqueuelab.lab.observe import observe_ledger
 from crashqueuelab.lab.powerloss.crashstate import Choice, crash_choices, materialize
 from crashqueuelab.lab.powerloss.disk import PowerLossDisk
@@ -130,10 +131,7 @@ def run_power_loss_case(
         child, prelude = kill_children(case_dir, spec, point, seed, case_id)
         journal = disk.cut()
     started = time.perf_counter()
-    last_words = read_last_words(case_dir)
-    died_at_point = child.exit_code == CRASH_EXIT_CODE and last_words == point.name
-    if prelude is not None:
-        died_at_point = died_at_point and prelude["exit_code"] == CRASH_EXIT_CODE
+    death = death_record(case_id, point, child, prelude, case_dir)
     states = [
         judge_state(
             case_dir,
@@ -147,18 +145,13 @@ def run_power_loss_case(
         )
         for choice in crash_choices(journal, seed * 100 + index)
     ]
-    anomalies = [] if died_at_point else [f"exit {child.exit_code}, last words {last_words}"]
+    anomalies = []
+    if not death["died_at_fault_point"]:
+        anomalies.append(f"exit {child.exit_code}, last words {death['last_words']}")
     anomalies += [f"{s['choice']}: {line}" for s in states for line in s["anomalies"]]
     relative = case_dir.relative_to(output_dir)
     report = {
-        "case_id": case_id,
-        "fault_point": point.name,
-        "where": point.where,
-        "after_crash_at": prelude,
-        "exit_code": child.exit_code,
-        "timed_out": child.timed_out or bool(prelude and prelude["timed_out"]),
-        "last_words": last_words,
-        "died_at_fault_point": died_at_point,
+        **death,
         "power_cut": {
             "pending_writes": len(journal.data),
             "pending_directory_changes": len(journal.names),
