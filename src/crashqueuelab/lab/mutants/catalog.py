@@ -116,6 +116,8 @@ class ClaimTakesLeasedJobs(DurableQueue):
 class _Expiring(DurableQueue):
     """A queue whose expired leases end somewhere else than a failed attempt's would."""
 
+    #: Where an expired lease sends its job, whatever attempts it has left.
+    after_expiry = JobState.RETRY_SCHEDULED
     _expiring = False
 
     def recover_expired(self) -> list[str]:
@@ -126,28 +128,23 @@ class _Expiring(DurableQueue):
             self._expiring = False
 
     def _after_attempt(self, job: Job, now: int) -> tuple[JobState, int | None]:
-        if self._expiring:
-            return self._after_expiry(job, now)
-        return super()._after_attempt(job, now)
-
-    def _after_expiry(self, job: Job, now: int) -> tuple[JobState, int | None]:
-        raise NotImplementedError
+        if not self._expiring:
+            return super()._after_attempt(job, now)
+        if self.after_expiry is JobState.DEAD:
+            return JobState.DEAD, None
+        return JobState.RETRY_SCHEDULED, now + self._retry.delay_us(job.attempts)
 
 
 class ExpiryWithoutAttempt(_Expiring):
     """An expired lease never uses up an attempt: a job whose every holder dies (a poison
     job that crashes its worker) comes back for ever instead of reaching the dead letter."""
 
-    def _after_expiry(self, job: Job, now: int) -> tuple[JobState, int | None]:
-        return JobState.RETRY_SCHEDULED, now + self._retry.delay_us(job.attempts)
-
 
 class ExpiryDropsJob(_Expiring):
     """Recovery of an expired lease drops the job (to the dead letter) instead of
     scheduling its retry."""
 
-    def _after_expiry(self, job: Job, now: int) -> tuple[JobState, int | None]:
-        return JobState.DEAD, None
+    after_expiry = JobState.DEAD
 
 
 class UncappedBackoff(DurableQueue):

@@ -61,5 +61,5 @@ def _serve_until_stopped(mfusepy: Any, root: Path, journal: Journal, mountpoint:
             raise
 
 
-if __name__ == "__main__":  # pragma: no cover - run as a process by disk.PowerLossDisk
+if __name__ == "__main__":  # run as a process by disk.PowerLossDisk
     serve(Path(sys.argv[1]), sys.argv[2])
