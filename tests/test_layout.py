@@ -11,8 +11,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 KNOWN = {
-    ".ci", ".github", ".gitignore", "LICENSE", "README.md", "pyproject.toml", "src", "tests", "docs",
-    "reports", "scripts", "benchmarks", "examples",
+    ".ci", ".github", ".gitignore", "LICENSE", "README.md", "pyproject.toml",
+    "src", "tests", "docs", "reports", "scripts", "benchmarks", "examples",
 }  # fmt: skip
 SCRATCH = (".sqlite", ".sqlite-wal", ".sqlite-shm", ".log", ".jsonl")
 
