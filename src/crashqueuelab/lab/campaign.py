@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from crashqueuelab.lab.casework import (
-    case_id_for,
     continuity,
     crash_signature,
     death_record,
     kill_children,
+    new_case,
     recover_or_report,
 )
 from crashqueuelab.lab.children import (
@@ -50,7 +50,6 @@ from crashqueuelab.lab.scenario import (
     LEDGER_FILE,
     STORE_DIRECTORY,
     effect_key,
-    scenario_jobs,
 )
 from crashqueuelab.systems.contract import CrashPoint, System
 from crashqueuelab.systems.registry import DEFAULT_SYSTEM, resolve_system
@@ -94,10 +93,7 @@ def run_case(
     output_dir: Path, index: int, point: CrashPoint, seed: int, *, system: System, spec: str
 ) -> dict[str, Any]:
     """One crash point: spawn, kill, read, judge, recover, judge again; the case report."""
-    case_id = case_id_for(index, point)
-    case_dir = output_dir / "cases" / case_id
-    case_dir.mkdir(parents=True)
-    jobs = scenario_jobs(case_id)
+    case_id, case_dir, jobs = new_case(output_dir, index, point)
     keys = [job.key for job in jobs]
     child, prelude = kill_children(case_dir, spec, point, seed, case_id)
     started = time.perf_counter()

@@ -21,6 +21,7 @@ from crashqueuelab.lab.scenario import (
     RecoveryResult,
     effect_key,
     recover_case,
+    scenario_jobs,
 )
 from crashqueuelab.systems.contract import CrashPoint, JobSpec, StoreReading, System
 
@@ -32,6 +33,16 @@ JOB_FIELDS = ("effect_job", "flaky_job", "effect_job_effects")
 def case_id_for(index: int, point: CrashPoint) -> str:
     name = point.name.lower().replace("_", "-").replace(":", "-")
     return f"{index + 1:02d}-{name}"
+
+
+def new_case(
+    output_dir: Path, index: int, point: CrashPoint
+) -> tuple[str, Path, tuple[JobSpec, JobSpec]]:
+    """A case's id, its fresh directory under ``output_dir/cases`` and its workload's jobs."""
+    case_id = case_id_for(index, point)
+    case_dir = output_dir / "cases" / case_id
+    case_dir.mkdir(parents=True)
+    return case_id, case_dir, scenario_jobs(case_id)
 
 
 def death_record(

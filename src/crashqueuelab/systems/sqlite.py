@@ -147,11 +147,14 @@ class SqliteClient:
         self.queue.close()
 
 
-def open_sqlite(request: OpenRequest) -> SqliteClient:
-    """The queue file of a store directory, opened with the request's clock, ids and hook."""
+def open_sqlite(
+    request: OpenRequest, queue_class: type[DurableQueue] = DurableQueue
+) -> SqliteClient:
+    """The queue file of a store directory, opened with the request's clock, ids and hook
+    (``queue_class``: a variant of the queue, as the lab's mutants are)."""
     request.directory.mkdir(parents=True, exist_ok=True)
     return SqliteClient(
-        DurableQueue(
+        queue_class(
             request.directory / QUEUE_FILE,
             clock=request.clock,
             ids=request.ids,

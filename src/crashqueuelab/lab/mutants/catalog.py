@@ -9,6 +9,7 @@ same broken code as the parent.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -32,9 +33,8 @@ from crashqueuelab.core.models import (
 from crashqueuelab.core.queue import DurableQueue
 from crashqueuelab.core.statements import CLAIM_NEXT
 from crashqueuelab.core.submission import submit_in_transaction
-from crashqueuelab.judges.sqlitestore import QUEUE_FILE
 from crashqueuelab.systems.contract import OpenRequest, System
-from crashqueuelab.systems.sqlite import SqliteClient, sqlite_system
+from crashqueuelab.systems.sqlite import open_sqlite, sqlite_system
 from crashqueuelab.systems.walqueue import WalqueueClient, walqueue_system
 from walqueue.codec import decode_frames, encode_frame
 
@@ -198,24 +198,12 @@ class SynchronousNormal(DurableQueue):
 
 
 def _sqlite_mutant(name: str, queue_class: type[DurableQueue], durability: str = "") -> System:
-    def open_client(request: OpenRequest) -> SqliteClient:
-        request.directory.mkdir(parents=True, exist_ok=True)
-        return SqliteClient(
-            queue_class(
-                request.directory / QUEUE_FILE,
-                clock=request.clock,
-                ids=request.ids,
-                retry=request.retry,
-                hook=request.hook,
-            )
-        )
-
     shipped = sqlite_system()
     return replace(
         shipped,
         name=f"sqlite-mutant-{name}",
         durability=durability or shipped.durability,
-        open=open_client,
+        open=functools.partial(open_sqlite, queue_class=queue_class),
     )
 
 

@@ -19,11 +19,11 @@ from typing import Any
 
 from crashqueuelab.lab.casework import (
     JOB_FIELDS,
-    case_id_for,
     continuity,
     crash_signature,
     death_record,
     kill_children,
+    new_case,
     recover_or_report,
 )
 from crashqueuelab.lab.children import CHILD_STDERR
@@ -33,7 +33,7 @@ from crashqueuelab.lab.powerloss.disk import PowerLossDisk
 from crashqueuelab.lab.powerloss.journal import JOURNAL_FILE, Journal
 from crashqueuelab.lab.readings import read_store
 from crashqueuelab.lab.reports import write_json
-from crashqueuelab.lab.scenario import LEDGER_FILE, STORE_DIRECTORY, effect_key, scenario_jobs
+from crashqueuelab.lab.scenario import LEDGER_FILE, STORE_DIRECTORY, effect_key
 from crashqueuelab.systems.contract import CrashPoint, JobSpec, System
 
 DISK_DIRECTORY = "disk"
@@ -123,10 +123,7 @@ def run_power_loss_case(
     output_dir: Path, index: int, point: CrashPoint, seed: int, *, system: System, spec: str
 ) -> dict[str, Any]:
     """One crash point: the child dies there, the power goes, every crash state is judged."""
-    case_id = case_id_for(index, point)
-    case_dir = output_dir / "cases" / case_id
-    case_dir.mkdir(parents=True)
-    jobs = scenario_jobs(case_id)
+    case_id, case_dir, jobs = new_case(output_dir, index, point)
     with PowerLossDisk(case_dir / DISK_DIRECTORY, case_dir / STORE_DIRECTORY) as disk:
         child, prelude = kill_children(case_dir, spec, point, seed, case_id)
         journal = disk.cut()
