@@ -80,7 +80,7 @@ def test_the_walk_through_adapter_passes_chaos(tmp_path: Path) -> None:
         "--kills", "15", "--pauses", "2", "--lease-ms", "300", "--workers", "3",
         "--output-directory", str(tmp_path / "c"),
     )  # fmt: skip
-    assert code == cli.EXIT_OK, result["anomalies"]
+    assert code == cli.EXIT_OK, result["reasons"]
     assert result["accounting"]["succeeded"] == 300
     report = json.loads((tmp_path / "c" / "chaos.json").read_text())
     holding = [f for f in report["faults"] if f["kind"] == "SIGSTOP" and f.get("leases_held")]

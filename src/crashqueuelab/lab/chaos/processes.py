@@ -50,6 +50,9 @@ class WorkerSpec:
     batch: int
     log: str
     does_maintenance: bool
+    #: Written by the supervisor once every planned fault has landed: until then a worker
+    #: that finds no work waits instead of exiting, so the work cannot end under the faults.
+    release_file: str
     #: The parent's import path, so a system given as module:factory imports here too
     #: (a fork server started earlier may not have it).
     sys_path: tuple[str, ...] = ()
@@ -98,7 +101,7 @@ def _work(spec: WorkerSpec) -> None:
                     next_recovery = time.monotonic() + OWNER_RECOVERY_EVERY_S
                 claims = client.claim_many(spec.worker_id, spec.lease_us, spec.batch)
                 if not claims:
-                    if client.active_count() == 0:
+                    if client.active_count() == 0 and Path(spec.release_file).exists():
                         return
                     time.sleep(POLL_S)
                     continue
@@ -124,18 +127,22 @@ def _work(spec: WorkerSpec) -> None:
 
 
 def maintenance_main(
-    system: str, store: str, stop_file: str, sys_path: tuple[str, ...] = ()
+    system: str, store: str, stop_file: str, release_file: str, sys_path: tuple[str, ...] = ()
 ) -> None:
     """Recover expired leases and release due retries until no work is left or told to stop."""
-    _guarded(stop_file + ERROR_SUFFIX, sys_path, lambda: _maintain(system, store, stop_file))
+    _guarded(
+        stop_file + ERROR_SUFFIX,
+        sys_path,
+        lambda: _maintain(system, store, stop_file, release_file),
+    )
 
 
-def _maintain(system: str, store: str, stop_file: str) -> None:
+def _maintain(system: str, store: str, stop_file: str, release_file: str) -> None:
     client = open_client(system, store)
     try:
         while not Path(stop_file).exists():
             client.recover()
-            if client.active_count() == 0:
+            if client.active_count() == 0 and Path(release_file).exists():
                 return
             time.sleep(POLL_S * 4)
     finally:

@@ -171,6 +171,8 @@ class _ChaosRun:
             [CLI_MODULE, "crashqueuelab.lab.chaos.processes", self.system.open.__module__]
         )
         self.stop_file = output_dir / "stop-maintenance"
+        self.release_file = output_dir / "faults-delivered"
+        self.released = False
         self.state = _RunState()
         self.slots = [_Slot(index) for index in range(workers)]
         # Replaced workers whose logs have not been read to the end yet.
@@ -198,6 +200,7 @@ class _ChaosRun:
             self.batch,
             log,
             does_maintenance=self.single_owner,
+            release_file=str(self.release_file),
             sys_path=tuple(sys.path),
         )
         slot.process = self.context.Process(target=worker_main, args=(spec,), daemon=True)
@@ -216,7 +219,13 @@ class _ChaosRun:
         if not self.single_owner:
             self.maintenance = self.context.Process(
                 target=maintenance_main,
-                args=(self.spec, self.files.store, str(self.stop_file), tuple(sys.path)),
+                args=(
+                    self.spec,
+                    self.files.store,
+                    str(self.stop_file),
+                    str(self.release_file),
+                    tuple(sys.path),
+                ),
                 daemon=True,
             )
             self.maintenance.start()
@@ -306,8 +315,15 @@ class _ChaosRun:
         self.launch()
         return record
 
+    def release(self) -> None:
+        """Every planned fault has landed: workers may now stop once the work is done."""
+        if not self.released:
+            self.release_file.touch()
+            self.released = True
+
     def shut_down(self) -> None:
         """Let workers drain and exit on their own; stop whatever is still running."""
+        self.release()
         self.stop_file.touch()
         drained = time.monotonic() + DRAIN_S
         for slot in self.slots:
@@ -512,6 +528,8 @@ def _drive(
     next_report = started + PROGRESS_EVERY_S
     try:
         while time.monotonic() < started + deadline_s:
+            if not pending:
+                run.release()
             run.follow(watcher)
             if run.work_done():
                 return True
