@@ -62,7 +62,7 @@ def _prepare_venv(python: str, venv: Path) -> Path:
         raise SystemExit(f"could not create a virtual environment at {venv}")
     interpreter = _venv_python(venv)
     pip: list[str | Path] = [interpreter, "-m", "pip", "--disable-pip-version-check", "-q"]
-    if _run([*pip, "install", "-e", ".[dev,peers,reports,powerloss]"]).returncode != 0:
+    if _run([*pip, "install", "-e", ".[dev,peers,reports,powerloss,postgres]"]).returncode != 0:
         raise SystemExit("could not install the project with its dev extra")
     return interpreter
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -121,3 +122,28 @@ def showcase_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[st
     code = cli.main(argv, stdout=out, stderr=io.StringIO())
     summary: dict[str, object] = json.loads(out.getvalue())
     return code, summary, target
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn() -> Iterator[str]:
+    """A throwaway PostgreSQL server for the session, named to children by the environment.
+
+    Skips only where no server can exist here (no binaries); CI installs and runs it.
+    """
+    from crashqueuelab.postgres.server import DSN_VARIABLE, ServerUnavailable, ThrowawayServer
+
+    try:
+        server = ThrowawayServer()
+    except ServerUnavailable as error:
+        pytest.skip(f"no PostgreSQL server can run here: {error.reason}")
+    previous = os.environ.get(DSN_VARIABLE)
+    with server:
+        server.start()
+        os.environ[DSN_VARIABLE] = server.dsn
+        try:
+            yield server.dsn
+        finally:
+            if previous is None:
+                os.environ.pop(DSN_VARIABLE, None)
+            else:
+                os.environ[DSN_VARIABLE] = previous

@@ -47,6 +47,7 @@ def _tinyqueue() -> System:
 FACTORIES: dict[str, Callable[[], System]] = {
     "reference": reference_system,
     "sqlite": lambda: resolve_system("sqlite"),
+    "postgres": lambda: resolve_system("postgres"),
     "walqueue": lambda: resolve_system("walqueue"),
     "persist-queue": lambda: resolve_system("persist-queue"),
     "tinyqueue": _tinyqueue,
@@ -94,9 +95,16 @@ def open_client(
 def systems_with(capability: str | None = None) -> list[str]:
     if capability is None:
         return list(FACTORIES)
-    return [
-        name for name, factory in FACTORIES.items() if factory().capabilities.to_json()[capability]
-    ]
+    return [name for name in FACTORIES if _capabilities(name)[capability]]
+
+
+def _capabilities(name: str) -> dict[str, bool]:
+    # Collection must not need a server: the PostgreSQL system's capabilities are static.
+    if name == "postgres":
+        from crashqueuelab.systems.postgres import CAPABILITIES
+
+        return CAPABILITIES.to_json()
+    return FACTORIES[name]().capabilities.to_json()
 
 
 @pytest.fixture
@@ -105,6 +113,8 @@ def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]
     reason = EXPECTED_DEFECTS.get((name, request.node.originalname))
     if reason is not None:
         request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+    if name == "postgres":
+        request.getfixturevalue("postgres_dsn")
     system = FACTORIES[name]()
     clock = ManualClock(1_000_000_000)
     harness = Harness(

@@ -192,6 +192,8 @@ def test_the_state_machine_agrees_with_the_reference(
     name: str, request: pytest.FixtureRequest
 ) -> None:
     reason = EXPECTED_DEFECTS.get((name, "test_the_state_machine_agrees_with_the_reference"))
+    if name == "postgres":
+        request.getfixturevalue("postgres_dsn")
     phases = list(Phase)
     if reason is not None:
         request.applymarker(pytest.mark.xfail(strict=True, reason=reason))

@@ -31,16 +31,28 @@ def _persistqueue() -> System:
     return persistqueue_system()
 
 
+def _postgres() -> System:
+    try:
+        from crashqueuelab.systems.postgres import postgres_system
+    except ImportError as error:
+        raise SystemUnavailable(
+            "postgres", f"{error.name} is not installed: pip install 'crashqueuelab[postgres]'"
+        ) from None
+    return postgres_system()
+
+
 #: The systems shipped with the package, by the name ``--system`` takes.
 SHIPPED: dict[str, Callable[[], System]] = {"sqlite": _sqlite, "walqueue": _walqueue}
 #: Third-party queues with adapters in the package; their libraries come with the peers extra.
 PEERS: dict[str, Callable[[], System]] = {"persist-queue": _persistqueue}
+#: Systems that live on a server the command line provides (a throwaway one, or --dsn).
+SERVERS: dict[str, Callable[[], System]] = {"postgres": _postgres}
 DEFAULT_SYSTEM = "sqlite"
 
 
 def resolve_system(spec: str) -> System:
     """A shipped system by name, or what ``module:factory`` returns when called."""
-    known_systems = SHIPPED | PEERS
+    known_systems = SHIPPED | PEERS | SERVERS
     if spec in known_systems:
         return known_systems[spec]()
     module_name, colon, attribute = spec.partition(":")

@@ -1,0 +1,400 @@
+"""PostgresQueue: the SQLite queue's contract on a PostgreSQL server, through psycopg 3.
+
+Every transition is one statement in one short transaction (``statements.py``): the job rows
+and their events are written together or not at all, and a holder's operation is fenced by
+its worker id, lease token and deadline inside that statement. Times come from the injected
+clock, ids from the injected generator, and the hook sees the same phases as the SQLite
+queue's (``BEFORE_*`` inside the open transaction, ``AFTER_*`` once COMMIT returned).
+
+A server that restarts, or a session that is terminated, costs a reconnection, never the
+worker: the transaction is tried again on a new connection (bounded). A retried transaction
+whose first COMMIT did reach the server finds the lease already ended and answers stale;
+nothing is applied twice.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import sql
+from psycopg.errors import DeadlockDetected
+
+from crashqueuelab.core.clock import Clock
+from crashqueuelab.core.errors import (
+    DurabilityUnavailable,
+    HistoryUnprotected,
+    IdempotencyConflict,
+    SchemaMismatch,
+    StoreError,
+)
+from crashqueuelab.core.hooks import Hook, Phase, no_hook
+from crashqueuelab.core.ids import IdGenerator
+from crashqueuelab.core.retry import RetryPolicy
+from crashqueuelab.core.submission import PreparedSubmission, prepare_batch
+from crashqueuelab.core.validation import MAX_LEASE_US, require_int
+from crashqueuelab.postgres import statements
+from crashqueuelab.postgres.schema import (
+    APPEND_ONLY_TRIGGERS,
+    SCHEMA_MARK,
+    SCHEMA_NAME,
+    create_statements,
+)
+
+T = TypeVar("T")
+
+#: How long an operation keeps trying to reach a server that went away (restarting).
+RECONNECT_TIMEOUT_S = 60.0
+RECONNECT_PAUSE_S = 0.05
+#: Deadlocks between batched acknowledgements are retried this often.
+MAX_DEADLOCK_RETRIES = 20
+#: The server settings a durable queue needs; a server with other values is refused.
+DURABLE_SETTINGS = {"fsync": "on", "synchronous_commit": "on"}
+
+
+@dataclass(frozen=True)
+class PgJob:
+    """One job row as the queue reads it."""
+
+    job_id: str
+    key: str
+    job_type: str
+    payload_json: str
+    state: str
+    attempts: int
+    max_attempts: int
+    available_at_us: int
+    lease_worker_id: str | None
+    lease_token: str | None
+    lease_deadline_us: int | None
+    last_error: str | None
+
+
+@dataclass(frozen=True)
+class PgAck:
+    job_id: str
+    worker_id: str
+    lease_token: str
+
+
+def _job(row: Sequence[Any]) -> PgJob:
+    return PgJob(*row)
+
+
+def create_store(dsn: str, schema: str) -> None:
+    """Create the store's schema, once, however many processes race to do it."""
+    with psycopg.connect(dsn, autocommit=True) as conn, conn.transaction():
+        # Serialises creators of the same schema; released with the transaction.
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (schema,))
+        exists = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone()
+        if exists is None:
+            for statement in create_statements(schema):
+                conn.execute(statement.encode())
+
+
+class PostgresQueue:
+    """A job queue in one schema of a PostgreSQL database, with fenced leases and history."""
+
+    def __init__(
+        self,
+        dsn: str,
+        schema: str,
+        *,
+        clock: Clock,
+        ids: IdGenerator,
+        retry: RetryPolicy,
+        hook: Hook | None = None,
+        application_name: str = "crashqueuelab",
+        required_settings: Mapping[str, str] = DURABLE_SETTINGS,
+    ) -> None:
+        if not SCHEMA_NAME.match(schema):
+            raise StoreError(schema, "not a queue schema name")
+        self.dsn = dsn
+        self.schema = schema
+        self._clock = clock
+        self._ids = ids
+        self._retry = retry
+        self._hook: Hook = hook if hook is not None else no_hook
+        self._application_name = application_name
+        self._required = dict(required_settings)
+        self._conn: psycopg.Connection[Any] | None = None
+        self._connect()
+
+    # -- connection ------------------------------------------------------------------------
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        conn = psycopg.connect(
+            self.dsn,
+            autocommit=True,
+            application_name=self._application_name[:63],
+            options=f"-c search_path={self.schema}",
+        )
+        try:
+            self._check(conn)
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+        return conn
+
+    def _check(self, conn: psycopg.Connection[Any]) -> None:
+        """Refuse a foreign schema, unprotected history, or a server that may lose commits."""
+        mark = conn.execute(
+            "SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = %s",
+            (self.schema,),
+        ).fetchone()
+        if mark is None:
+            raise StoreError(self.schema, "no such schema on the server")
+        if mark[0] != SCHEMA_MARK:
+            raise SchemaMismatch(self.schema, 0, 1, f"schema comment {mark[0]!r}")
+        present = {
+            row[0]
+            for row in conn.execute(
+                "SELECT tgname FROM pg_trigger WHERE tgrelid = %s::regclass AND tgenabled <> 'D'",
+                (f"{self.schema}.events",),
+            )
+        }
+        missing = tuple(name for name in APPEND_ONLY_TRIGGERS if name not in present)
+        if missing:
+            raise HistoryUnprotected(self.schema, missing)
+        for name, wanted in self._required.items():
+            row = conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone()
+            got = str(row[0]) if row else ""
+            if got != wanted:
+                raise DurabilityUnavailable(self.schema, name, wanted, got)
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            return self._reconnect()
+        return self._conn
+
+    def _reconnect(self) -> psycopg.Connection[Any]:
+        """A new session, waiting (bounded) for a server that is restarting."""
+        self._drop()
+        give_up = time.monotonic() + RECONNECT_TIMEOUT_S
+        while True:
+            try:
+                return self._connect()
+            except psycopg.OperationalError as error:
+                if time.monotonic() >= give_up:
+                    raise StoreError(self.schema, f"server unreachable: {error}") from None
+                time.sleep(RECONNECT_PAUSE_S)
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _transact(
+        self, body: Callable[[psycopg.Connection[Any]], T], before: Phase | None = None
+    ) -> T:
+        """Run ``body`` in one transaction; the hook's BEFORE phase fires when it changed
+        something (a truthy result), inside the transaction."""
+        deadlocks = 0
+        while True:
+            conn = self._connection()
+            try:
+                with conn.transaction():
+                    result = body(conn)
+                    if result and before is not None:
+                        self._hook(before)
+                return result
+            except DeadlockDetected:
+                deadlocks += 1
+                if deadlocks > MAX_DEADLOCK_RETRIES:
+                    raise
+            except psycopg.OperationalError:
+                # The session or the server went away: roll back is the server's; try again.
+                self._reconnect()
+
+    def close(self) -> None:
+        self._drop()
+
+    # -- producer --------------------------------------------------------------------------
+
+    def submit_many(self, requests: Sequence[Mapping[str, Any]]) -> list[tuple[str, bool]]:
+        """(job id, created) per request, all in one transaction; idempotent per key."""
+        prepared = prepare_batch(requests)
+        now = self._clock.now_us()
+        job_ids = [self._ids.job_id() for _ in prepared]
+
+        def body(conn: psycopg.Connection[Any]) -> list[tuple[str, bool]]:
+            results = [
+                self._submit_one(conn, item, job_id, now)
+                for item, job_id in zip(prepared, job_ids, strict=True)
+            ]
+            if any(created for _, created in results):
+                self._hook(Phase.BEFORE_SUBMIT_COMMIT)
+            return results
+
+        results = self._transact(body, before=None)
+        if any(created for _, created in results):
+            self._hook(Phase.AFTER_SUBMIT_COMMIT)
+        return results
+
+    def _submit_one(
+        self, conn: psycopg.Connection[Any], item: PreparedSubmission, job_id: str, now: int
+    ) -> tuple[str, bool]:
+        row = conn.execute(
+            statements.SUBMIT,
+            {
+                "job_id": job_id,
+                "key": item.idempotency_key,
+                "job_type": item.job_type,
+                "payload": item.canonical_payload,
+                "sha256": item.payload_sha256,
+                "max_attempts": item.max_attempts,
+                "now": now,
+            },
+        ).fetchone()
+        if row is not None:
+            return str(row[0]), True
+        existing = conn.execute(statements.SUBMITTED_AS, (item.idempotency_key,)).fetchone()
+        if existing is None:
+            raise StoreError(self.schema, f"key {item.idempotency_key!r} conflicted, then vanished")
+        differing = tuple(
+            name
+            for name, same in (
+                ("job_type", existing[1] == item.job_type),
+                ("payload", existing[2] == item.payload_sha256),
+                ("max_attempts", existing[3] == item.max_attempts),
+            )
+            if not same
+        )
+        if differing:
+            raise IdempotencyConflict(item.idempotency_key, str(existing[0]), differing)
+        return str(existing[0]), False
+
+    # -- lease holder ----------------------------------------------------------------------
+
+    def claim_many(self, worker_id: str, lease_us: int, limit: int) -> list[PgJob]:
+        """Lease up to ``limit`` ready jobs, oldest first, skipping rows others are claiming."""
+        lease = require_int("lease_duration_us", lease_us, minimum=1, maximum=MAX_LEASE_US)
+        count = require_int("limit", limit, minimum=1, maximum=1000)
+        now = self._clock.now_us()
+        tokens = [self._ids.lease_token() for _ in range(count)]
+        arguments = {
+            "now": now,
+            "limit": count,
+            "worker": worker_id,
+            "tokens": tokens,
+            "deadline": now + lease,
+        }
+
+        def body(conn: psycopg.Connection[Any]) -> list[PgJob]:
+            return [_job(row) for row in conn.execute(statements.CLAIM, arguments)]
+
+        claimed = self._transact(body, before=Phase.BEFORE_CLAIM_COMMIT)
+        if claimed:
+            self._hook(Phase.AFTER_CLAIM_COMMIT)
+        return claimed
+
+    def heartbeat(self, ack: PgAck, lease_us: int) -> bool:
+        lease = require_int("lease_duration_us", lease_us, minimum=1, maximum=MAX_LEASE_US)
+        now = self._clock.now_us()
+        arguments = {
+            "job_id": ack.job_id,
+            "worker": ack.worker_id,
+            "token": ack.lease_token,
+            "now": now,
+            "deadline": now + lease,
+        }
+
+        def body(conn: psycopg.Connection[Any]) -> bool:
+            return conn.execute(statements.HEARTBEAT, arguments).fetchone() is not None
+
+        extended = self._transact(body, before=Phase.BEFORE_HEARTBEAT_COMMIT)
+        if extended:
+            self._hook(Phase.AFTER_HEARTBEAT_COMMIT)
+        return extended
+
+    def succeed_many(self, acks: Sequence[PgAck]) -> list[bool]:
+        """Acknowledge each claim on its own lease; True where it was the live holder."""
+        now = self._clock.now_us()
+        arguments = {
+            "job_ids": [ack.job_id for ack in acks],
+            "workers": [ack.worker_id for ack in acks],
+            "tokens": [ack.lease_token for ack in acks],
+            "now": now,
+        }
+
+        def body(conn: psycopg.Connection[Any]) -> set[str]:
+            return {str(row[0]) for row in conn.execute(statements.SUCCEED, arguments)}
+
+        done = self._transact(body, before=Phase.BEFORE_SUCCESS_COMMIT)
+        if done:
+            self._hook(Phase.AFTER_SUCCESS_COMMIT)
+        # A batch naming one job twice is acknowledged once: the first item takes it.
+        answered: set[str] = set()
+        results = []
+        for ack in acks:
+            results.append(ack.job_id in done and ack.job_id not in answered)
+            answered.add(ack.job_id)
+        return results
+
+    def fail(self, ack: PgAck, error: str) -> str | None:
+        """The job's new state (RETRY_SCHEDULED or DEAD), or None when the claim is stale."""
+        arguments = {
+            "job_id": ack.job_id,
+            "worker": ack.worker_id,
+            "token": ack.lease_token,
+            "now": self._clock.now_us(),
+            "error": error,
+            "base": self._retry.base_delay_us,
+            "max": self._retry.max_delay_us,
+        }
+
+        def body(conn: psycopg.Connection[Any]) -> str | None:
+            row = conn.execute(statements.FAIL, arguments).fetchone()
+            return None if row is None else str(row[0])
+
+        state = self._transact(body, before=Phase.BEFORE_FAILURE_COMMIT)
+        if state is not None:
+            self._hook(Phase.AFTER_FAILURE_COMMIT)
+        return state
+
+    # -- maintenance -----------------------------------------------------------------------
+
+    def recover_expired(self) -> int:
+        return self._maintain(
+            statements.RECOVER_EXPIRED, Phase.BEFORE_RECOVERY_COMMIT, Phase.AFTER_RECOVERY_COMMIT
+        )
+
+    def promote_retries(self) -> int:
+        return self._maintain(
+            statements.PROMOTE, Phase.BEFORE_PROMOTION_COMMIT, Phase.AFTER_PROMOTION_COMMIT
+        )
+
+    def _maintain(self, statement: bytes, before: Phase, after: Phase) -> int:
+        arguments = {
+            "now": self._clock.now_us(),
+            "base": self._retry.base_delay_us,
+            "max": self._retry.max_delay_us,
+        }
+
+        def body(conn: psycopg.Connection[Any]) -> int:
+            return len(conn.execute(statement, arguments).fetchall())
+
+        moved = self._transact(body, before=before)
+        if moved:
+            self._hook(after)
+        return moved
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def job_by_key(self, key: str) -> PgJob | None:
+        def body(conn: psycopg.Connection[Any]) -> PgJob | None:
+            row = conn.execute(statements.JOB_BY_KEY, (key,)).fetchone()
+            return None if row is None else _job(row)
+
+        return self._transact(body)
+
+    def active_count(self) -> int:
+        def body(conn: psycopg.Connection[Any]) -> int:
+            row = conn.execute(statements.ACTIVE_COUNT).fetchone()
+            return int(row[0]) if row else 0
+
+        return self._transact(body)

@@ -1,0 +1,242 @@
+"""The PostgreSQL queue as a system under test, and everything the lab knows of its crash
+points: the one place where that knowledge lives.
+
+A store is a schema on the server; its directory holds ``store.json`` naming the schema (and
+the server, without a password), so the store travels with the run directory as any other
+system's does. The server comes from ``CRASHQUEUELAB_POSTGRES_DSN``, which the command line
+sets for a run (a throwaway server it started, or ``--dsn``) and every child inherits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Sequence
+from pathlib import Path
+
+from crashqueuelab.core.errors import SystemUnavailable
+from crashqueuelab.judges.pgstore import DESCRIPTOR_FILE, read_postgres_store
+from crashqueuelab.postgres.queue import PgAck, PgJob, PostgresQueue, create_store
+from crashqueuelab.postgres.server import DSN_VARIABLE
+from crashqueuelab.systems.contract import (
+    Capabilities,
+    Claim,
+    JobSpec,
+    JobStatus,
+    JobView,
+    OpenRequest,
+    StoredJob,
+    StoreReading,
+    System,
+    Verdict,
+)
+from crashqueuelab.systems.sqlite import CRASH_POINTS as SQLITE_CRASH_POINTS
+
+_STATUS = {
+    "QUEUED": JobStatus.PENDING,
+    "RETRY_SCHEDULED": JobStatus.PENDING,
+    "LEASED": JobStatus.LEASED,
+    "SUCCEEDED": JobStatus.SUCCEEDED,
+    "DEAD": JobStatus.DEAD,
+}
+_FAILED = {"RETRY_SCHEDULED": Verdict.RETRY, "DEAD": Verdict.DEAD}
+
+
+def _claim(job: PgJob) -> Claim:
+    assert job.lease_worker_id is not None
+    assert job.lease_token is not None
+    return Claim(
+        job_id=job.job_id,
+        key=job.key,
+        job_type=job.job_type,
+        payload=json.loads(job.payload_json),
+        attempt=job.attempts,
+        worker_id=job.lease_worker_id,
+        token=job.lease_token,
+    )
+
+
+def _ack(claim: Claim) -> PgAck:
+    return PgAck(claim.job_id, claim.worker_id, claim.token)
+
+
+class PostgresClient:
+    """``QueueClient`` over one ``PostgresQueue``."""
+
+    def __init__(self, queue: PostgresQueue) -> None:
+        self.queue = queue
+
+    def submit(self, job: JobSpec) -> str:
+        return self.submit_many([job])[0]
+
+    def submit_many(self, jobs: Sequence[JobSpec]) -> list[str]:
+        results = self.queue.submit_many(
+            [
+                {
+                    "idempotency_key": job.key,
+                    "job_type": job.job_type,
+                    "payload": job.payload,
+                    "max_attempts": job.max_attempts,
+                }
+                for job in jobs
+            ]
+        )
+        return [job_id for job_id, _ in results]
+
+    def claim(self, worker_id: str, lease_us: int) -> Claim | None:
+        claimed = self.claim_many(worker_id, lease_us, 1)
+        return claimed[0] if claimed else None
+
+    def claim_many(self, worker_id: str, lease_us: int, limit: int) -> list[Claim]:
+        return [_claim(job) for job in self.queue.claim_many(worker_id, lease_us, limit)]
+
+    def heartbeat(self, claim: Claim, lease_us: int) -> bool:
+        return self.queue.heartbeat(_ack(claim), lease_us)
+
+    def succeed(self, claim: Claim) -> Verdict:
+        return self.succeed_many([claim])[0]
+
+    def succeed_many(self, claims: Sequence[Claim]) -> list[Verdict]:
+        accepted = self.queue.succeed_many([_ack(claim) for claim in claims])
+        return [Verdict.SUCCEEDED if ok else Verdict.STALE for ok in accepted]
+
+    def fail(self, claim: Claim, error: str) -> Verdict:
+        state = self.queue.fail(_ack(claim), error)
+        return Verdict.STALE if state is None else _FAILED[state]
+
+    def recover(self) -> int:
+        return self.queue.recover_expired() + self.queue.promote_retries()
+
+    def checkpoint(self) -> None:
+        # The server checkpoints by itself; no step of the queue's is a crash point here.
+        return None
+
+    def job(self, key: str) -> JobView | None:
+        found = self.queue.job_by_key(key)
+        if found is None:
+            return None
+        return JobView(key, _STATUS[found.state], found.attempts, found.state)
+
+    def active_count(self) -> int:
+        return self.queue.active_count()
+
+    def close(self) -> None:
+        self.queue.close()
+
+
+def _public_server(dsn: str) -> str:
+    """The DSN without its password, to write beside the store."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    params = {k: v for k, v in conninfo_to_dict(dsn).items() if k != "password"}
+    return make_conninfo(**{k: str(v) for k, v in params.items() if v is not None})
+
+
+def store_schema(directory: Path, dsn: str) -> str:
+    """The schema of the store in ``directory``, naming a new one the first time (atomically:
+    racing processes agree on the first name written)."""
+    descriptor = directory / DESCRIPTOR_FILE
+    if not descriptor.exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        content = {
+            "system": "postgres",
+            "schema": f"cql_{secrets.token_hex(8)}",
+            "server": _public_server(dsn),
+        }
+        draft = directory / f".{DESCRIPTOR_FILE}.{os.getpid()}"
+        with draft.open("w") as handle:
+            json.dump(content, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(draft, descriptor)
+        except FileExistsError:
+            pass
+        finally:
+            draft.unlink()
+        flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+        handle_fd = os.open(directory, flags)
+        try:
+            os.fsync(handle_fd)
+        finally:
+            os.close(handle_fd)
+    return str(json.loads(descriptor.read_text())["schema"])
+
+
+def server_dsn() -> str:
+    dsn = os.environ.get(DSN_VARIABLE)
+    if not dsn:
+        raise SystemUnavailable(
+            "postgres",
+            f"no server: the command line starts one (or give --dsn); {DSN_VARIABLE} is unset",
+        )
+    return dsn
+
+
+def open_postgres(request: OpenRequest) -> PostgresClient:
+    dsn = server_dsn()
+    schema = store_schema(request.directory, dsn)
+    create_store(dsn, schema)
+    return PostgresClient(
+        PostgresQueue(
+            dsn,
+            schema,
+            clock=request.clock,
+            ids=request.ids,
+            retry=request.retry,
+            hook=request.hook,
+            application_name=f"crashqueuelab:{os.getpid()}",
+        )
+    )
+
+
+def read_store(directory: Path) -> StoreReading:
+    """The judges' reading: replay and invariants with their own SQL."""
+    reading = read_postgres_store(directory)
+    return StoreReading(
+        exists=reading.exists,
+        jobs={
+            key: StoredJob(state, _STATUS[state], attempts)
+            for key, (state, attempts) in reading.jobs.items()
+        },
+        facts={"last_event": reading.last_event},
+        ok=reading.ok,
+        problems=reading.problems,
+        judge=f"crashqueuelab.judges.pgstore (replay + invariants, own SQL; {reading.source})",
+        history=reading.history,
+        checks={"replay": reading.replay_ok, "invariants": reading.invariants_ok},
+    )
+
+
+#: The PostgreSQL queue keeps the SQLite queue's phases, states and events (one statement
+#: per transition instead of one BEGIN IMMEDIATE transaction), so a death at each point must
+#: leave exactly what it leaves there: the same table holds for both.
+CRASH_POINTS = SQLITE_CRASH_POINTS
+
+CAPABILITIES = Capabilities(
+    fencing_tokens=True,
+    heartbeats=True,
+    several_processes=True,
+    batching=True,
+    single_owner=False,
+    checkpoint=False,
+)
+
+
+def postgres_system() -> System:
+    """crashqueuelab's PostgreSQL queue on the run's server."""
+    import psycopg
+
+    from crashqueuelab import __version__
+
+    server_dsn()
+    return System(
+        name="postgres",
+        version=f"crashqueuelab {__version__} (psycopg {psycopg.__version__})",
+        durability="synchronous_commit=on, fsync=on (checked at open)",
+        capabilities=CAPABILITIES,
+        crash_points=CRASH_POINTS,
+        open=open_postgres,
+        reader=read_store,
+    )
