@@ -130,7 +130,8 @@ def postgres_dsn() -> Iterator[str]:
 
     Skips only where no server can exist here (no binaries); CI installs and runs it.
     """
-    from crashqueuelab.postgres.server import DSN_VARIABLE, ServerUnavailable, ThrowawayServer
+    from crashqueuelab.core.errors import ServerUnavailable
+    from crashqueuelab.postgres.server import DSN_VARIABLE, ThrowawayServer
 
     try:
         server = ThrowawayServer()

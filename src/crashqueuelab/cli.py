@@ -22,6 +22,7 @@ from crashqueuelab.core.errors import (
     CrashQueueLabError,
     InvalidInput,
     JobNotFound,
+    ServerUnavailable,
     StaleLease,
     StoreError,
     SystemUnavailable,
@@ -37,6 +38,7 @@ from crashqueuelab.lab.campaign import CAMPAIGN_FILE, Progress, run_campaign
 from crashqueuelab.lab.chaos.supervisor import CHAOS_FILE, run_chaos
 from crashqueuelab.lab.crashmodes import CRASH_MODES, PROCESS
 from crashqueuelab.lab.demo import DEFAULT_SEED, run_demo
+from crashqueuelab.lab.servers import servers_for
 from crashqueuelab.lab.showcase import (
     CAMPAIGN_DIR,
     EFFECT_DIR,
@@ -44,7 +46,7 @@ from crashqueuelab.lab.showcase import (
     POWER_LOSS_DIR,
     run_showcase,
 )
-from crashqueuelab.systems.registry import DEFAULT_SYSTEM, PEERS, SHIPPED
+from crashqueuelab.systems.registry import DEFAULT_SYSTEM, PEERS, SERVERS, SHIPPED
 
 #: The command did what was asked, or the judged database passed.
 EXIT_OK = 0
@@ -337,6 +339,9 @@ def _chaos(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         system=args.system,
         crash_mode=args.crash_mode,
         power_cuts=args.power_cuts,
+        server_restarts=args.server_restarts,
+        session_kills=args.session_kills,
+        restart_server=None if args.server is None else args.server.restart_after_crash,
         progress=_progress(args),
     )
     return (EXIT_OK if report["ok"] else EXIT_REJECTED), {
@@ -344,6 +349,7 @@ def _chaos(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         for key in (
             "ok", "reasons", "system", "crash_mode", "notes", "seed", "parameters",
             "kills_delivered", "pauses_delivered", "power_cuts_delivered",
+            "server_restarts_delivered", "session_kills_delivered",
             "pauses_with_takeover", "pauses_fenced", "respawns", "accounting", "anomalies",
             "timings",
         )
@@ -446,12 +452,23 @@ _Command = Callable[..., argparse.ArgumentParser]
 
 
 _SYSTEM_HELP = (
-    f"{', '.join(sorted(SHIPPED | PEERS))}, or package.module:factory (default {DEFAULT_SYSTEM})"
+    f"{', '.join(sorted(SHIPPED | PEERS | SERVERS))}, or package.module:factory"
+    f" (default {DEFAULT_SYSTEM})"
 )
 
 
 def _add_system(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--system", default=DEFAULT_SYSTEM, help=_SYSTEM_HELP)
+    _add_dsn(sub)
+
+
+def _add_dsn(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument(
+        "--dsn",
+        default=None,
+        help="for --system postgres: a running server to use (libpq connection string);"
+        " without it the run starts a throwaway server and removes it at the end",
+    )
 
 
 def _experiment_commands(command: _Command) -> None:
@@ -467,6 +484,7 @@ def _experiment_commands(command: _Command) -> None:
         action="append",
         help=f"repeat for several (default: every shipped one): {_SYSTEM_HELP}",
     )
+    _add_dsn(sub)
     sub = command(
         "demo",
         _demo,
@@ -502,6 +520,19 @@ def _experiment_commands(command: _Command) -> None:
         default=0,
         help="with --crash-mode power-loss: cut the power this often (every process dies)",
     )
+    sub.add_argument(
+        "--server-restarts",
+        type=_non_negative,
+        default=0,
+        help="stop the system's server with pg_ctl stop -m immediate and start it again this"
+        " often (postgres, on the server the run started)",
+    )
+    sub.add_argument(
+        "--session-kills",
+        type=_non_negative,
+        default=0,
+        help="end a worker's database session with pg_terminate_backend this often (postgres)",
+    )
     sub = command(
         "mutants",
         _mutants,
@@ -536,6 +567,7 @@ def _experiment_commands(command: _Command) -> None:
         action="append",
         help=f"repeat to put systems side by side with the textbook queue: {_SYSTEM_HELP}",
     )
+    _add_dsn(sub)
 
 
 def _report_command(commands: Any) -> None:
@@ -628,7 +660,7 @@ def _error(kind: str, message: str, **data: Any) -> dict[str, Any]:
 
 
 def _exit_code(error: CrashQueueLabError) -> int:
-    if isinstance(error, CrashModeUnavailable):
+    if isinstance(error, CrashModeUnavailable | ServerUnavailable):
         return EXIT_UNAVAILABLE
     if isinstance(error, InvalidInput | SystemUnavailable):
         return EXIT_USAGE
@@ -649,6 +681,7 @@ def _error_data(error: CrashQueueLabError) -> dict[str, Any]:
         "differing",
         "spec",
         "mode",
+        "reason",
     ):
         if hasattr(error, name):
             value = getattr(error, name)
@@ -671,7 +704,11 @@ def main(
         args = build_parser().parse_args(argv)
         args.stderr = err
         handler: Handler = args.handler
-        code, result = handler(args)
+        systems = getattr(args, "system", None)
+        named = [systems] if isinstance(systems, str) else list(systems or ())
+        with servers_for(named, getattr(args, "dsn", None)) as server:
+            args.server = server
+            code, result = handler(args)
     except UsageError as error:
         code, result = EXIT_USAGE, _error("UsageError", str(error))
     except CrashQueueLabError as error:

@@ -181,3 +181,13 @@ class CrashModeUnavailable(CrashQueueLabError):
         super().__init__(f"crash mode {mode!r}: {reason}")
         self.mode = mode
         self.reason = reason
+
+
+class ServerUnavailable(CrashQueueLabError):
+    """Raised when a system's server cannot be started here (no binaries, no account)."""
+
+    kind = "ServerUnavailable"
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"postgres server: {reason}")
+        self.reason = reason

@@ -21,6 +21,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from crashqueuelab.core.errors import ServerUnavailable
+
 #: Where the children of a run find the server (the run's parent process sets it).
 DSN_VARIABLE = "CRASHQUEUELAB_POSTGRES_DSN"
 #: A directory holding ``initdb`` and ``pg_ctl``, where they are not on PATH.
@@ -41,14 +43,6 @@ SETTINGS: Mapping[str, str] = {
     "full_page_writes": "on",
     "logging_collector": "off",
 }
-
-
-class ServerUnavailable(Exception):
-    """No PostgreSQL server can be started here; ``reason`` says what is missing."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 def find_binaries(environ: Mapping[str, str] = os.environ) -> Path | None:

@@ -280,6 +280,9 @@ class System:
     #: An independent reader of the store's files; None means the lab can only ask the
     #: system itself, and its reports say the reading is not independent.
     reader: Reader | None = None
+    #: Ends the database sessions of the process with this pid, as an administrator would
+    #: (how many ended); None for a system without server sessions.
+    terminate_sessions: Callable[[int], int] | None = None
 
     def describe(self) -> dict[str, Any]:
         return {

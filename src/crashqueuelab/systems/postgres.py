@@ -186,6 +186,7 @@ def open_postgres(request: OpenRequest) -> PostgresClient:
             ids=request.ids,
             retry=request.retry,
             hook=request.hook,
+            # terminate_sessions finds a process's sessions by this name.
             application_name=f"crashqueuelab:{os.getpid()}",
         )
     )
@@ -207,6 +208,19 @@ def read_store(directory: Path) -> StoreReading:
         history=reading.history,
         checks={"replay": reading.replay_ok, "invariants": reading.invariants_ok},
     )
+
+
+def terminate_sessions(pid: int) -> int:
+    """End every session the process ``pid`` has open on the server (pg_terminate_backend)."""
+    import psycopg
+
+    with psycopg.connect(server_dsn(), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE application_name = %s",
+            (f"crashqueuelab:{pid}",),
+        ).fetchone()
+    return int(row[0]) if row else 0
 
 
 #: The PostgreSQL queue keeps the SQLite queue's phases, states and events (one statement
@@ -239,4 +253,5 @@ def postgres_system() -> System:
         crash_points=CRASH_POINTS,
         open=open_postgres,
         reader=read_store,
+        terminate_sessions=terminate_sessions,
     )

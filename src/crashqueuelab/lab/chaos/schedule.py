@@ -20,6 +20,10 @@ class FaultKind(StrEnum):
     PAUSE = "SIGSTOP"
     #: Every process dies and the disk loses what nobody synced (power-loss mode only).
     POWER_CUT = "power cut"
+    #: The system's server dies (pg_ctl stop -m immediate) and starts again.
+    SERVER_RESTART = "server restart"
+    #: A worker's database session is ended by the server (pg_terminate_backend).
+    SESSION_KILL = "session terminated"
 
 
 @dataclass(frozen=True)
@@ -34,11 +38,21 @@ class PlannedFault:
 
 
 def plan(
-    *, seed: int, jobs: int, workers: int, kills: int, pauses: int, cuts: int = 0
+    *,
+    seed: int,
+    jobs: int,
+    workers: int,
+    kills: int,
+    pauses: int,
+    cuts: int = 0,
+    restarts: int = 0,
+    session_kills: int = 0,
 ) -> list[PlannedFault]:
-    """Spread ``kills``, ``pauses`` and power ``cuts`` over the run's progress, seeded."""
+    """Spread ``kills``, ``pauses``, power ``cuts``, server ``restarts`` and ``session_kills``
+    over the run's progress, seeded."""
     rng = random.Random(seed)
     kinds = [FaultKind.KILL] * kills + [FaultKind.PAUSE] * pauses + [FaultKind.POWER_CUT] * cuts
+    kinds += [FaultKind.SERVER_RESTART] * restarts + [FaultKind.SESSION_KILL] * session_kills
     rng.shuffle(kinds)
     total = len(kinds)
     # Faults land within the first SPAN of the work, so the last ones still find work.

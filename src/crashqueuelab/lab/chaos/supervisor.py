@@ -180,6 +180,8 @@ class _ChaosRun:
         self.maintenance: Any = None
         #: The power-loss disk under the store, in power-loss mode.
         self.power: PowerSupply | None = None
+        #: Crashes and restarts the system's server, where the run started one.
+        self.restart_server: Callable[[], None] | None = None
 
     def follow(self, watcher: _Watcher) -> None:
         """Read the new lines of the live workers' logs, and the last ones of retired workers."""
@@ -353,13 +355,33 @@ def run_chaos(
     system: str = DEFAULT_SYSTEM,
     crash_mode: str = PROCESS,
     power_cuts: int = 0,
+    server_restarts: int = 0,
+    session_kills: int = 0,
+    restart_server: Callable[[], None] | None = None,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Run one chaos experiment into ``output_dir`` (new or empty) and return its report."""
-    _check_parameters(jobs=jobs, workers=workers, kills=kills, pauses=pauses, cuts=power_cuts)
+    """Run one chaos experiment into ``output_dir`` (new or empty) and return its report.
+
+    ``restart_server`` crashes and restarts the system's server (the run's own throwaway
+    server); server restarts need it.
+    """
+    _check_parameters(
+        jobs=jobs,
+        workers=workers,
+        kills=kills,
+        pauses=pauses,
+        cuts=power_cuts,
+        server_faults=server_restarts + session_kills,
+    )
     if power_cuts and crash_mode != POWER_LOSS:
         raise InvalidInput("power_cuts", "a power cut needs --crash-mode power-loss")
+    if server_restarts and restart_server is None:
+        raise InvalidInput(
+            "server_restarts", "needs a server this run started (not one given with --dsn)"
+        )
     chosen = resolve_system(system)
+    if session_kills and chosen.terminate_sessions is None:
+        raise InvalidInput("session_kills", f"{chosen.name} has no server sessions to end")
     check_crash_mode(crash_mode)
     prepare_output_directory(output_dir)
     files = RunFiles(
@@ -383,7 +405,14 @@ def run_chaos(
         # Enough attempts that a job killed again and again is never dead-lettered.
         keys = _submit(system, files, jobs, max_attempts=1000)
         pending = plan(
-            seed=seed, jobs=jobs, workers=workers, kills=kills, pauses=pauses, cuts=power_cuts
+            seed=seed,
+            jobs=jobs,
+            workers=workers,
+            kills=kills,
+            pauses=pauses,
+            cuts=power_cuts,
+            restarts=server_restarts,
+            session_kills=session_kills,
         )
         run = _ChaosRun(
             output_dir,
@@ -394,6 +423,7 @@ def run_chaos(
             workers=workers,
         )
         run.power = power
+        run.restart_server = restart_server
         run.launch()
         try:
             finished_in_time = _drive(
@@ -425,6 +455,8 @@ def run_chaos(
     kills_delivered = _kind_count(delivered, FaultKind.KILL)
     pauses_delivered = _kind_count(delivered, FaultKind.PAUSE)
     cuts_delivered = _kind_count(delivered, FaultKind.POWER_CUT)
+    restarts_delivered = _kind_count(delivered, FaultKind.SERVER_RESTART)
+    session_kills_delivered = _kind_count(delivered, FaultKind.SESSION_KILL)
     report = {
         "system": chosen.describe(),
         "system_spec": system,
@@ -437,12 +469,16 @@ def run_chaos(
             "kills": kills,
             "pauses": pauses,
             "power_cuts": power_cuts,
+            "server_restarts": server_restarts,
+            "session_kills": session_kills,
             "lease_ms": lease_ms,
             "batch": batch,
         },
         "kills_delivered": kills_delivered,
         "pauses_delivered": pauses_delivered,
         "power_cuts_delivered": cuts_delivered,
+        "server_restarts_delivered": restarts_delivered,
+        "session_kills_delivered": session_kills_delivered,
         "pauses_with_takeover": sum(1 for record in delivered if record.get("taken_over")),
         "pauses_fenced": sum(1 for record in delivered if record.get("fenced")),
         "respawns": run.state.respawns,
@@ -461,6 +497,8 @@ def run_chaos(
             and kills_delivered == kills
             and pauses_delivered == pauses
             and cuts_delivered == power_cuts
+            and restarts_delivered == server_restarts
+            and session_kills_delivered == session_kills
         ),
         "reasons": _reasons(
             accounting,
@@ -471,6 +509,8 @@ def run_chaos(
                 FaultKind.KILL: kills,
                 FaultKind.PAUSE: pauses,
                 FaultKind.POWER_CUT: power_cuts,
+                FaultKind.SERVER_RESTART: server_restarts,
+                FaultKind.SESSION_KILL: session_kills,
             },
             finished_in_time=finished_in_time,
         ),
@@ -491,16 +531,19 @@ def run_chaos(
     return report
 
 
-def _check_parameters(*, jobs: int, workers: int, kills: int, pauses: int, cuts: int) -> None:
+def _check_parameters(
+    *, jobs: int, workers: int, kills: int, pauses: int, cuts: int, server_faults: int = 0
+) -> None:
     """Refuse, before anything starts, a run that could not deliver what it plans."""
     require_int("jobs", jobs, minimum=1)
     require_int("workers", workers, minimum=1, maximum=MAX_WORKERS)
     require_int("kills", kills, minimum=0)
     require_int("pauses", pauses, minimum=0)
     require_int("power_cuts", cuts, minimum=0)
+    require_int("server_faults", server_faults, minimum=0)
     # Faults fire at progress marks spread over the first SPAN of the jobs, one mark each.
     room = int(jobs * SPAN)
-    faults = kills + pauses + cuts
+    faults = kills + pauses + cuts + server_faults
     if faults > room:
         raise InvalidInput(
             "kills",
@@ -541,6 +584,14 @@ def _drive(
             while pending and pending[0].after_finished <= finished:
                 if pending[0].kind is FaultKind.POWER_CUT:
                     _deliver_power_cut(pending.pop(0), run, watcher)
+                    continue
+                if pending[0].kind is FaultKind.SERVER_RESTART:
+                    _deliver_server_restart(pending.pop(0), run)
+                    continue
+                if pending[0].kind is FaultKind.SESSION_KILL:
+                    if not _deliver_session_kill(pending[0], run):
+                        break  # no worker has a session right now: try again next tick
+                    pending.pop(0)
                     continue
                 target = run.target_for(pending[0].worker_slot)
                 if target is None:
@@ -655,6 +706,49 @@ def _deliver_power_cut(fault: PlannedFault, run: _ChaosRun, watcher: _Watcher) -
     }
     record |= run.cut_power(watcher)
     run.state.delivered.append(record)
+
+
+def _deliver_server_restart(fault: PlannedFault, run: _ChaosRun) -> None:
+    """The server dies without a checkpoint and starts again; the workers live on and must
+    reconnect, and every transition they were told was committed must still be there."""
+    assert run.restart_server is not None
+    time.sleep(fault.delay_ms / 1000)
+    record: dict[str, Any] = {
+        "index": fault.index,
+        "kind": fault.kind.value,
+        "after_finished": fault.after_finished,
+        "at_s": round(time.monotonic() - run.state.started, 6),
+    }
+    run.restart_server()
+    record["back_after_s"] = round(time.monotonic() - run.state.started - record["at_s"], 6)
+    run.state.delivered.append(record)
+
+
+def _deliver_session_kill(fault: PlannedFault, run: _ChaosRun) -> bool:
+    """End the database session of the planned worker (or the next one round the table that
+    has a session); False when no worker had one."""
+    assert run.system.terminate_sessions is not None
+    for step in range(len(run.slots)):
+        slot = run.slots[(fault.worker_slot + step) % len(run.slots)]
+        if slot.index in run.state.paused or slot.process.exitcode is not None:
+            continue
+        ended = run.system.terminate_sessions(slot.process.pid)
+        if ended:
+            run.state.delivered.append(
+                {
+                    "index": fault.index,
+                    "kind": fault.kind.value,
+                    "planned_slot": fault.worker_slot,
+                    "worker_slot": slot.index,
+                    "worker_id": slot.worker_id,
+                    "pid": slot.process.pid,
+                    "after_finished": fault.after_finished,
+                    "at_s": round(time.monotonic() - run.state.started, 6),
+                    "sessions_ended": ended,
+                }
+            )
+            return True
+    return False
 
 
 def _deliver(fault: PlannedFault, run: _ChaosRun, watcher: _Watcher, slot: _Slot) -> None:

@@ -1,0 +1,45 @@
+"""The servers a run needs: started for the run, named to its children, stopped after it.
+
+A run on the PostgreSQL system gets a throwaway server (``crashqueuelab.postgres.server``)
+unless ``--dsn`` names one; either way the DSN reaches every child process through the
+environment, where the system's adapter and the judges read it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from crashqueuelab.postgres.server import ThrowawayServer
+
+#: The systems that live on a server.
+SERVER_SYSTEMS = ("postgres",)
+
+
+@contextmanager
+def servers_for(systems: Iterable[str], dsn: str | None) -> Iterator[ThrowawayServer | None]:
+    """The server handle while the run lasts: a ThrowawayServer, or None (``dsn`` given, or
+    no system needs a server)."""
+    if not any(system in SERVER_SYSTEMS for system in systems):
+        yield None
+        return
+    from crashqueuelab.postgres.server import DSN_VARIABLE, ThrowawayServer
+
+    previous = os.environ.get(DSN_VARIABLE)
+    try:
+        if dsn is not None:
+            os.environ[DSN_VARIABLE] = dsn
+            yield None
+        else:
+            with ThrowawayServer() as server:
+                server.start()
+                os.environ[DSN_VARIABLE] = server.dsn
+                yield server
+    finally:
+        if previous is None:
+            os.environ.pop(DSN_VARIABLE, None)
+        else:
+            os.environ[DSN_VARIABLE] = previous
