@@ -84,8 +84,25 @@ def _job(row: Sequence[Any]) -> PgJob:
     return PgJob(*row)
 
 
+def while_server_restarts(action: Callable[[], T], what: str) -> T:
+    """``action()``, tried again while the server is unreachable (bounded: a server that is
+    restarting comes back within seconds; one that does not is an error)."""
+    give_up = time.monotonic() + RECONNECT_TIMEOUT_S
+    while True:
+        try:
+            return action()
+        except psycopg.OperationalError as error:
+            if time.monotonic() >= give_up:
+                raise StoreError(what, f"server unreachable: {error}") from None
+            time.sleep(RECONNECT_PAUSE_S)
+
+
 def create_store(dsn: str, schema: str) -> None:
     """Create the store's schema, once, however many processes race to do it."""
+    while_server_restarts(lambda: _create_store(dsn, schema), schema)
+
+
+def _create_store(dsn: str, schema: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn, conn.transaction():
         # Serialises creators of the same schema; released with the transaction.
         conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (schema,))
@@ -121,7 +138,7 @@ class PostgresQueue:
         self._application_name = application_name
         self._required = dict(required_settings)
         self._conn: psycopg.Connection[Any] | None = None
-        self._connect()
+        self._reconnect()
 
     # -- connection ------------------------------------------------------------------------
 
@@ -174,14 +191,7 @@ class PostgresQueue:
     def _reconnect(self) -> psycopg.Connection[Any]:
         """A new session, waiting (bounded) for a server that is restarting."""
         self._drop()
-        give_up = time.monotonic() + RECONNECT_TIMEOUT_S
-        while True:
-            try:
-                return self._connect()
-            except psycopg.OperationalError as error:
-                if time.monotonic() >= give_up:
-                    raise StoreError(self.schema, f"server unreachable: {error}") from None
-                time.sleep(RECONNECT_PAUSE_S)
+        return while_server_restarts(self._connect, self.schema)
 
     def _drop(self) -> None:
         if self._conn is not None:

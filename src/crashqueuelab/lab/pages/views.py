@@ -13,7 +13,14 @@ from crashqueuelab.lab.pages.charts import Chart, Mark, Rule, Series, rate_over_
 
 PALETTE = ("#1a73e8", "#188038", "#9334e6", "#e37400", "#d01884", "#007b83", "#5f6368")
 KILL, PAUSE, POWER_CUT = "#d93025", "#f29900", "#5f2eea"
-FAULT_COLORS = {"SIGKILL": KILL, "SIGSTOP": PAUSE, "power cut": POWER_CUT}
+SERVER_RESTART, SESSION_KILL = "#202124", "#00897b"
+FAULT_COLORS = {
+    "SIGKILL": KILL,
+    "SIGSTOP": PAUSE,
+    "power cut": POWER_CUT,
+    "server restart": SERVER_RESTART,
+    "session terminated": SESSION_KILL,
+}
 
 
 def _fault_title(fault: dict[str, Any], digits: int = 2) -> str:
@@ -25,6 +32,11 @@ def _fault_title(fault: dict[str, Any], digits: int = 2) -> str:
             f" {fault['pending_directory_changes']} unsynced directory changes the disk kept"
             f" {fate.get('kept', 0)} and tore {fate.get('torn', 0)} (crash state"
             f" {fault['crash_state']})"
+        )
+    if fault["kind"] == "server restart":
+        return (
+            f"server crashed (pg_ctl stop -m immediate) at {fault['at_s']:.{digits}f} s,"
+            f" accepting connections again {fault['back_after_s']:.{digits}f} s later"
         )
     return f"{fault['kind']} {fault['worker_id']} at {fault['at_s']:.{digits}f} s"
 
@@ -294,9 +306,13 @@ def chaos_view(run_dir: Path) -> View:
     faults = [f for f in report["faults"] if "at_s" in f]
     marks = [Mark(f["at_s"], _fault_title(f), FAULT_COLORS[f["kind"]]) for f in faults]
     cuts = report.get("power_cuts_delivered", 0)
+    restarts = report.get("server_restarts_delivered", 0)
+    session_kills = report.get("session_kills_delivered", 0)
     throughput = Chart(
         "Acknowledgements per second, with every kill (red) and pause (orange)"
-        + (", and power cut (violet)" if cuts else ""),
+        + (", and power cut (violet)" if cuts else "")
+        + (", server restart (black)" if restarts else "")
+        + (", terminated session (teal)" if session_kills else ""),
         "seconds into the run",
         "jobs/s",
         [Series("acknowledged jobs/s", rate_over_time(acks, end=elapsed), PALETTE[0])],
@@ -308,6 +324,8 @@ def chaos_view(run_dir: Path) -> View:
         title=f"chaos: {parameters['jobs']:,} jobs, {report['kills_delivered']:,} kills,"
         f" {report['pauses_delivered']} pauses,"
         + (f" {cuts} power cuts," if cuts else "")
+        + (f" {restarts} server restarts," if restarts else "")
+        + (f" {session_kills} sessions terminated," if session_kills else "")
         + f" {parameters['workers']} workers",
         system=report["system"]["name"],
         durability=report["system"]["durability"],
@@ -318,6 +336,8 @@ def chaos_view(run_dir: Path) -> View:
         f" --seed {report['seed']} --jobs {parameters['jobs']} --workers {parameters['workers']}"
         f" --kills {parameters['kills']} --pauses {parameters['pauses']}"
         + (f" --crash-mode power-loss --power-cuts {cuts}" if cuts else "")
+        + (f" --server-restarts {restarts}" if restarts else "")
+        + (f" --session-kills {session_kills}" if session_kills else "")
         + f" --lease-ms {parameters['lease_ms']} --batch {parameters['batch']}"
         f" --output-directory {run_dir}",
         reasons=report.get("reasons", []),
@@ -357,6 +377,17 @@ def chaos_view(run_dir: Path) -> View:
             "paused workers fenced",
             str(report.get("pauses_fenced", 0)),
             "every late acknowledgement of the leases they held was refused",
+        ),
+        *(
+            [
+                (
+                    "server restarts / sessions terminated",
+                    f"{restarts} / {session_kills}",
+                    "the workers lived on and reconnected",
+                )
+            ]
+            if restarts or session_kills
+            else []
         ),
         ("respawns", f"{report['respawns']:,}", ""),
         (
