@@ -229,13 +229,9 @@ class PostgresQueue:
         """(job id, created) per request, all in one transaction; idempotent per key."""
         prepared = prepare_batch(requests)
         now = self._clock.now_us()
-        job_ids = [self._ids.job_id() for _ in prepared]
 
         def body(conn: psycopg.Connection[Any]) -> list[tuple[str, bool]]:
-            results = [
-                self._submit_one(conn, item, job_id, now)
-                for item, job_id in zip(prepared, job_ids, strict=True)
-            ]
+            results = [self._submit_one(conn, item, self._ids.job_id(), now) for item in prepared]
             if any(created for _, created in results):
                 self._hook(Phase.BEFORE_SUBMIT_COMMIT)
             return results
@@ -285,17 +281,15 @@ class PostgresQueue:
         lease = require_int("lease_duration_us", lease_us, minimum=1, maximum=MAX_LEASE_US)
         count = require_int("limit", limit, minimum=1, maximum=1000)
         now = self._clock.now_us()
-        tokens = [self._ids.lease_token() for _ in range(count)]
-        arguments = {
-            "now": now,
-            "limit": count,
-            "worker": worker_id,
-            "tokens": tokens,
-            "deadline": now + lease,
-        }
+        arguments = {"now": now, "limit": count, "worker": worker_id, "deadline": now + lease}
 
         def body(conn: psycopg.Connection[Any]) -> list[PgJob]:
-            return [_job(row) for row in conn.execute(statements.CLAIM, arguments)]
+            # Fresh tokens on every try: a try whose COMMIT reached the server before the
+            # connection broke has leased its jobs with the tokens it carried.
+            tokens = [self._ids.lease_token() for _ in range(count)]
+            return [
+                _job(row) for row in conn.execute(statements.CLAIM, arguments | {"tokens": tokens})
+            ]
 
         claimed = self._transact(body, before=Phase.BEFORE_CLAIM_COMMIT)
         if claimed:
