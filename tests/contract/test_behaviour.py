@@ -122,6 +122,18 @@ def test_batched_claims_and_acknowledgements_are_fenced_one_by_one(harness: Harn
     assert harness.client.active_count() == 2
 
 
+@pytest.mark.parametrize("harness", systems_with("batching"), indirect=True)
+def test_a_batch_naming_one_job_under_its_old_and_its_live_lease_accepts_the_live_one(
+    harness: Harness,
+) -> None:
+    harness.submit("a")
+    old = harness.claim("w1")
+    harness.expire()
+    live = harness.claim("w1")  # the same worker id, after a restart
+    assert harness.client.succeed_many([old, live]) == [Verdict.STALE, Verdict.SUCCEEDED]
+    assert harness.client.succeed_many([live, old]) == [Verdict.STALE, Verdict.STALE]
+
+
 @pytest.mark.parametrize(
     "harness", [n for n in systems_with() if n not in systems_with("heartbeats")], indirect=True
 )

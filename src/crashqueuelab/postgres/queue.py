@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.errors import DeadlockDetected
 
 from crashqueuelab.core.clock import Clock
@@ -143,11 +144,13 @@ class PostgresQueue:
     # -- connection ------------------------------------------------------------------------
 
     def _connect(self) -> psycopg.Connection[Any]:
+        # The DSN's own options (a user's settings) are kept; the store's schema is added.
+        given = conninfo_to_dict(self.dsn).get("options") or ""
         conn = psycopg.connect(
             self.dsn,
             autocommit=True,
             application_name=self._application_name[:63],
-            options=f"-c search_path={self.schema}",
+            options=f"{given} -c search_path={self.schema}".strip(),
         )
         try:
             self._check(conn)
@@ -325,18 +328,20 @@ class PostgresQueue:
             "now": now,
         }
 
-        def body(conn: psycopg.Connection[Any]) -> set[str]:
-            return {str(row[0]) for row in conn.execute(statements.SUCCEED, arguments)}
+        def body(conn: psycopg.Connection[Any]) -> set[PgAck]:
+            return {PgAck(*row) for row in conn.execute(statements.SUCCEED, arguments)}
 
         done = self._transact(body, before=Phase.BEFORE_SUCCESS_COMMIT)
         if done:
             self._hook(Phase.AFTER_SUCCESS_COMMIT)
-        # A batch naming one job twice is acknowledged once: the first item takes it.
-        answered: set[str] = set()
+        # Each item is answered by its own lease: a batch may name one job under an old and
+        # under its live lease, and only the live one was accepted. An item repeated within
+        # the batch is accepted once.
+        answered: set[PgAck] = set()
         results = []
         for ack in acks:
-            results.append(ack.job_id in done and ack.job_id not in answered)
-            answered.add(ack.job_id)
+            results.append(ack in done and ack not in answered)
+            answered.add(ack)
         return results
 
     def fail(self, ack: PgAck, error: str) -> str | None:

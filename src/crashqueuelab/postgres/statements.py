@@ -125,7 +125,7 @@ WITH acks AS (
            lease_token
     FROM done
 )
-SELECT job_id FROM done
+SELECT job_id, worker_id, lease_token FROM done
 """)
 
 FAIL = _sql(f"""

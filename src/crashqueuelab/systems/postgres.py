@@ -186,8 +186,7 @@ def open_postgres(request: OpenRequest) -> PostgresClient:
             ids=request.ids,
             retry=request.retry,
             hook=request.hook,
-            # terminate_sessions finds a process's sessions by this name.
-            application_name=f"crashqueuelab:{os.getpid()}",
+            application_name=session_name(os.getpid()),
         )
     )
 
@@ -210,6 +209,12 @@ def read_store(directory: Path) -> StoreReading:
     )
 
 
+def session_name(pid: int) -> str:
+    """The application_name of every session process ``pid`` opens (terminate_sessions finds
+    a process's sessions by it)."""
+    return f"crashqueuelab:{pid}"
+
+
 def terminate_sessions(pid: int) -> int:
     """End every session the process ``pid`` has open on the server (pg_terminate_backend)."""
     import psycopg
@@ -218,7 +223,7 @@ def terminate_sessions(pid: int) -> int:
         row = conn.execute(
             "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity"
             " WHERE application_name = %s",
-            (f"crashqueuelab:{pid}",),
+            (session_name(pid),),
         ).fetchone()
     return int(row[0]) if row else 0
 

@@ -1,0 +1,120 @@
+"""The lab's commands on the PostgreSQL system, each against a real server: a throwaway one
+the command starts and removes, or the session's given with --dsn."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from crashqueuelab import cli
+from crashqueuelab.postgres import server as server_module
+from crashqueuelab.postgres.server import DSN_VARIABLE
+
+
+def run_cli(*argv: str) -> tuple[int, dict[str, Any]]:
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.main(list(argv), stdout=out, stderr=err)
+    return code, json.loads(out.getvalue())
+
+
+def test_the_campaign_passes_every_crash_point_on_a_server_it_starts(tmp_path: Path) -> None:
+    code, result = run_cli(
+        "campaign", "--system", "postgres", "--seed", "7", "--quiet",
+        "--output-directory", str(tmp_path / "c"),
+    )  # fmt: skip
+    assert code == cli.EXIT_OK, result["anomalies"]
+    summary = result["summary"]
+    assert (summary["passed"], summary["failed"], summary["probes_failed"]) == (13, 0, 0)
+    assert summary["model_workload_ok"]
+    # The run's server is gone, and with it the environment it set.
+    assert DSN_VARIABLE not in os.environ
+    report = json.loads((tmp_path / "c" / "campaign.json").read_text())
+    case = report["cases"][0]
+    assert "own SQL" in case["crash_state"]["store"]["judge"]
+
+
+def test_a_given_server_is_used_and_left_running(postgres_dsn: str, tmp_path: Path) -> None:
+    code, result = run_cli(
+        "demo", "--system", "postgres", "--dsn", postgres_dsn, "--seed", "3",
+        "--output-directory", str(tmp_path / "d"),
+    )  # fmt: skip
+    assert code == cli.EXIT_OK, result
+    assert os.environ[DSN_VARIABLE] == postgres_dsn
+    with psycopg.connect(postgres_dsn) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_chaos_with_server_restarts_and_terminated_sessions_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    code, result = run_cli(
+        "chaos", "--system", "postgres", "--seed", "7", "--jobs", "600", "--workers", "4",
+        "--kills", "40", "--pauses", "2", "--server-restarts", "1", "--session-kills", "3",
+        "--lease-ms", "300", "--quiet", "--output-directory", str(tmp_path / "x"),
+    )  # fmt: skip
+    assert code == cli.EXIT_OK, result["reasons"]
+    assert (result["server_restarts_delivered"], result["session_kills_delivered"]) == (1, 3)
+    accounting = result["accounting"]
+    assert (accounting["succeeded"], accounting["lost"], accounting["duplicated_effects"]) == (
+        600,
+        0,
+        0,
+    )
+    assert accounting["judge_ok"]
+    report = json.loads((tmp_path / "x" / "chaos.json").read_text())
+    restart = next(f for f in report["faults"] if f["kind"] == "server restart")
+    assert restart["back_after_s"] > 0
+    page = (tmp_path / "x" / "report.html").read_text()
+    assert "server crashed (pg_ctl stop -m immediate)" in page
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        (["--system", "postgres", "--server-restarts", "1"], "server_restarts"),
+        (["--system", "sqlite", "--session-kills", "1"], "session_kills"),
+    ],
+)
+def test_faults_the_run_cannot_deliver_are_refused_up_front(
+    postgres_dsn: str, tmp_path: Path, extra: list[str], field: str
+) -> None:
+    code, result = run_cli(
+        "chaos", *extra, "--dsn", postgres_dsn, "--jobs", "100", "--kills", "0",
+        "--pauses", "0", "--output-directory", str(tmp_path / "x"),
+    )  # fmt: skip
+    assert code == cli.EXIT_USAGE
+    assert result["error"]["field"] == field
+
+
+def test_no_server_binaries_is_said_plainly_with_exit_4(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server_module, "DEBIAN_BINARIES", tmp_path / "none")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv(server_module.BIN_VARIABLE, raising=False)
+    code, result = run_cli(
+        "campaign", "--system", "postgres", "--output-directory", str(tmp_path / "c")
+    )
+    assert code == cli.EXIT_UNAVAILABLE
+    assert result["error"]["type"] == "ServerUnavailable"
+    assert "no PostgreSQL server binaries" in result["error"]["reason"]
+    assert not (tmp_path / "c").exists()
+
+
+def test_the_bench_runs_postgres_beside_sqlite(postgres_dsn: str, tmp_path: Path) -> None:
+    code, result = run_cli(
+        "bench", "--system", "sqlite", "--system", "postgres", "--dsn", postgres_dsn,
+        "--jobs", "120", "--workers", "1,2", "--work-ms", "0", "--quiet",
+        "--output-directory", str(tmp_path / "b"),
+    )  # fmt: skip
+    assert code == cli.EXIT_OK, result
+    report = json.loads((tmp_path / "b" / "bench.json").read_text())
+    lanes = {(cell["system"], cell["workers"]) for cell in report["cells"]}
+    assert {("postgres-single", 2), ("postgres-batched", 2)} <= lanes
+    assert report["systems"]["postgres"]["durability"].startswith("synchronous_commit=on")

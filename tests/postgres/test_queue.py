@@ -1,0 +1,157 @@
+"""The PostgreSQL queue against a real server: what it refuses at open, how it survives a
+server that dies and a session that is ended, and that a retried transaction never reuses
+what an earlier try carried."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from crashqueuelab.core.clock import ManualClock
+from crashqueuelab.core.errors import (
+    DurabilityUnavailable,
+    HistoryUnprotected,
+    IdempotencyConflict,
+    SchemaMismatch,
+    StoreError,
+)
+from crashqueuelab.core.hooks import Phase
+from crashqueuelab.core.ids import SeededIds
+from crashqueuelab.core.retry import RetryPolicy
+from crashqueuelab.postgres.queue import PgAck, PostgresQueue, create_store
+from crashqueuelab.postgres.server import DSN_VARIABLE, ThrowawayServer
+from crashqueuelab.systems.postgres import session_name, store_schema, terminate_sessions
+
+RETRY = RetryPolicy(base_delay_us=1_000, max_delay_us=4_000)
+LEASE_US = 1_000_000
+
+
+def open_queue(dsn: str, directory: Path, *, hook: Any = None, stream: str = "q") -> PostgresQueue:
+    schema = store_schema(directory, dsn)
+    create_store(dsn, schema)
+    return PostgresQueue(
+        dsn,
+        schema,
+        clock=ManualClock(1_000_000_000),
+        ids=SeededIds(3, stream),
+        retry=RETRY,
+        hook=hook,
+        application_name=session_name(os.getpid()),
+    )
+
+
+@pytest.fixture
+def queue(postgres_dsn: str, tmp_path: Path) -> Iterator[PostgresQueue]:
+    opened = open_queue(postgres_dsn, tmp_path / "store")
+    yield opened
+    opened.close()
+
+
+def submit(queue: PostgresQueue, key: str, **extra: Any) -> tuple[str, bool]:
+    [result] = queue.submit_many(
+        [{"idempotency_key": key, "job_type": "t", "payload": {"k": key}, **extra}]
+    )
+    return result
+
+
+def test_a_key_names_one_job_and_a_different_request_under_it_is_refused(
+    queue: PostgresQueue,
+) -> None:
+    job_id, created = submit(queue, "a")
+    assert created
+    assert submit(queue, "a") == (job_id, False)
+    with pytest.raises(IdempotencyConflict) as caught:
+        submit(queue, "a", max_attempts=5)
+    assert caught.value.differing == ("max_attempts",)
+    assert queue.active_count() == 1
+
+
+def test_history_is_append_only_in_the_database(queue: PostgresQueue) -> None:
+    submit(queue, "a")
+    with psycopg.connect(queue.dsn, autocommit=True) as conn:
+        for statement in ("UPDATE {}.events SET error = 'x'", "DELETE FROM {}.events"):
+            with pytest.raises(psycopg.errors.RaiseException, match="append-only"):
+                conn.execute(statement.format(queue.schema).encode())
+        with pytest.raises(psycopg.errors.RaiseException, match="append-only"):
+            conn.execute(f"TRUNCATE {queue.schema}.events CASCADE".encode())
+        count = conn.execute(f"SELECT count(*) FROM {queue.schema}.events".encode()).fetchone()
+    assert count == (1,)
+
+
+def test_open_refuses_a_store_whose_history_lost_its_trigger(
+    postgres_dsn: str, tmp_path: Path
+) -> None:
+    open_queue(postgres_dsn, tmp_path / "store").close()
+    schema = store_schema(tmp_path / "store", postgres_dsn)
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"DROP TRIGGER events_append_only ON {schema}.events".encode())
+    with pytest.raises(HistoryUnprotected) as caught:
+        open_queue(postgres_dsn, tmp_path / "store")
+    assert caught.value.missing == ("events_append_only",)
+
+
+def test_open_refuses_a_foreign_schema_and_a_missing_one(postgres_dsn: str, tmp_path: Path) -> None:
+    schema = store_schema(tmp_path / "store", postgres_dsn)
+    with pytest.raises(StoreError, match="no such schema"):
+        PostgresQueue(postgres_dsn, schema, clock=ManualClock(1), ids=SeededIds(1), retry=RETRY)
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}".encode())
+    with pytest.raises(SchemaMismatch):
+        open_queue(postgres_dsn, tmp_path / "store")
+
+
+def test_open_refuses_a_session_that_would_not_wait_for_its_commits(
+    postgres_dsn: str, tmp_path: Path
+) -> None:
+    lax = postgres_dsn + " options='-c synchronous_commit=off'"
+    with pytest.raises(DurabilityUnavailable) as caught:
+        open_queue(lax, tmp_path / "store")
+    assert (caught.value.pragma, caught.value.got) == ("synchronous_commit", "off")
+
+
+def test_a_retried_claim_takes_fresh_tokens(postgres_dsn: str, tmp_path: Path) -> None:
+    broken = []
+
+    def hook(phase: str) -> None:
+        # The first try dies as a broken connection would; the transaction is tried again.
+        if phase == Phase.BEFORE_CLAIM_COMMIT and not broken:
+            broken.append(phase)
+            raise psycopg.OperationalError("connection broke")
+
+    queue = open_queue(postgres_dsn, tmp_path / "store", hook=hook)
+    try:
+        submit(queue, "a")
+        [job] = queue.claim_many("w1", LEASE_US, 1)
+    finally:
+        queue.close()
+    first_token = SeededIds(3, "q")
+    first_token.job_id()  # the submission's job id comes first from the stream
+    assert broken
+    assert job.lease_token != first_token.lease_token()
+
+
+def test_the_queue_lives_through_a_server_crash_and_a_terminated_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with ThrowawayServer() as server:
+        server.start()
+        monkeypatch.setenv(DSN_VARIABLE, server.dsn)
+        queue = open_queue(server.dsn, tmp_path / "store")
+        try:
+            submit(queue, "a")
+            submit(queue, "b")
+            [job] = queue.claim_many("w1", LEASE_US, 1)
+            server.restart_after_crash()
+            # The next operation reconnects; the committed claim is still there.
+            assert queue.succeed_many([PgAck(job.job_id, "w1", str(job.lease_token))]) == [True]
+            assert terminate_sessions(os.getpid()) >= 1
+            [second] = queue.claim_many("w1", LEASE_US, 1)
+            assert second.key == "b"
+            assert queue.active_count() == 1
+        finally:
+            queue.close()
