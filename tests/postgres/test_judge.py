@@ -82,7 +82,8 @@ def test_a_row_rewritten_behind_the_history_fails_replay(postgres_dsn: str, tmp_
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
         conn.execute(
             f"UPDATE {schema}.jobs SET state = 'QUEUED', lease_worker_id = NULL,"
-            " lease_token = NULL, lease_deadline_us = NULL WHERE idempotency_key = 'leased'".encode()
+            " lease_token = NULL, lease_deadline_us = NULL"
+            " WHERE idempotency_key = 'leased'".encode()
         )
         conn.execute(f"ALTER TABLE {schema}.events DISABLE TRIGGER events_no_truncate".encode())
     reading = read_postgres_store(tmp_path / "store")

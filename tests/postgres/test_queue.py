@@ -115,7 +115,7 @@ def test_open_refuses_a_session_that_would_not_wait_for_its_commits(
 
 
 def test_a_retried_claim_takes_fresh_tokens(postgres_dsn: str, tmp_path: Path) -> None:
-    broken = []
+    broken: list[str] = []
 
     def hook(phase: str) -> None:
         # The first try dies as a broken connection would; the transaction is tried again.

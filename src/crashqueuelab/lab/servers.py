@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
 #: The systems that live on a server.
 SERVER_SYSTEMS = ("postgres",)
+#: The environment variables through which a run names its servers to its children.
+SERVER_VARIABLES = ("CRASHQUEUELAB_POSTGRES_DSN",)
 
 
 @contextmanager

@@ -35,6 +35,7 @@ from crashqueuelab.lab.bench.workers import (
     open_client,
     run_worker,
 )
+from crashqueuelab.lab.inheritance import Inherited
 from crashqueuelab.lab.readings import read_store
 from crashqueuelab.lab.reports import prepare_output_directory, write_json
 from crashqueuelab.systems.contract import JobSpec, JobStatus
@@ -186,12 +187,14 @@ def run_config(
     submit_rate = _prepare_store(lane, store, jobs)
     barrier = context.Barrier(workers + 1)
     results = context.Queue()
-    paths = tuple(sys.path)
+    inherited = Inherited.capture()
     processes = [
         context.Process(
             target=run_worker,
             args=(
-                WorkerSpec(lane.path_kind, lane.system, str(store), index, work_ms, batch, paths),
+                WorkerSpec(
+                    lane.path_kind, lane.system, str(store), index, work_ms, batch, inherited
+                ),
                 barrier,
                 results,
             ),

@@ -8,7 +8,6 @@ the contract alone, one job at a time (``single``) or in batches (``batched``).
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass
 from multiprocessing.queues import Queue
@@ -19,6 +18,7 @@ from crashqueuelab.core.clock import SystemClock
 from crashqueuelab.core.ids import RandomIds
 from crashqueuelab.core.retry import RetryPolicy
 from crashqueuelab.lab.bench import textbook
+from crashqueuelab.lab.inheritance import Inherited
 from crashqueuelab.systems.contract import OpenRequest, QueueClient
 from crashqueuelab.systems.registry import resolve_system
 
@@ -38,8 +38,8 @@ class WorkerSpec:
     worker_index: int
     work_ms: float
     batch: int
-    #: The parent's import path, so a system given as module:factory imports here too.
-    sys_path: tuple[str, ...] = ()
+    #: The parent's import path and server environment.
+    inherited: Inherited
 
 
 def open_client(system: str, store: str) -> QueueClient:
@@ -118,7 +118,7 @@ RUNNERS = {"textbook": _textbook, "single": _system, "batched": _system}
 
 def run_worker(spec: WorkerSpec, barrier: Barrier, results: Queue[WorkerReport]) -> None:
     """Process entry point: drain the queue, then report."""
-    sys.path[:0] = [entry for entry in spec.sys_path if entry not in sys.path]
+    spec.inherited.adopt()
     try:
         latencies, started = RUNNERS[spec.path_kind](spec, barrier)
     except Exception as error:  # the system failed: say so instead of leaving the parent waiting

@@ -18,6 +18,7 @@ from crashqueuelab.core.clock import SystemClock
 from crashqueuelab.core.ids import RandomIds
 from crashqueuelab.core.retry import RetryPolicy
 from crashqueuelab.lab.effects import Destination, EffectLedger
+from crashqueuelab.lab.inheritance import Inherited
 from crashqueuelab.systems.contract import OpenRequest, QueueClient, Verdict
 from crashqueuelab.systems.registry import resolve_system
 
@@ -53,14 +54,14 @@ class WorkerSpec:
     #: Written by the supervisor once every planned fault has landed: until then a worker
     #: that finds no work waits instead of exiting, so the work cannot end under the faults.
     release_file: str
-    #: The parent's import path, so a system given as module:factory imports here too
-    #: (a fork server started earlier may not have it).
-    sys_path: tuple[str, ...] = ()
+    #: The parent's import path and server environment (a fork server started earlier may
+    #: have neither).
+    inherited: Inherited
 
 
-def _guarded(error_file: str, sys_path: tuple[str, ...], body: Callable[[], None]) -> None:
+def _guarded(error_file: str, inherited: Inherited, body: Callable[[], None]) -> None:
     """Run ``body``; if the system raises, keep the traceback and exit with WORKER_FAILED."""
-    sys.path[:0] = [entry for entry in sys_path if entry not in sys.path]
+    inherited.adopt()
     try:
         body()
     except Exception:
@@ -83,7 +84,7 @@ def worker_main(spec: WorkerSpec) -> None:
     Every execution is written to the non-idempotent ledger (one row per execution) and to
     the idempotent one (one effect per job however often it runs).
     """
-    _guarded(spec.log + ERROR_SUFFIX, spec.sys_path, lambda: _work(spec))
+    _guarded(spec.log + ERROR_SUFFIX, spec.inherited, lambda: _work(spec))
 
 
 def _work(spec: WorkerSpec) -> None:
@@ -127,12 +128,12 @@ def _work(spec: WorkerSpec) -> None:
 
 
 def maintenance_main(
-    system: str, store: str, stop_file: str, release_file: str, sys_path: tuple[str, ...] = ()
+    system: str, store: str, stop_file: str, release_file: str, inherited: Inherited
 ) -> None:
     """Recover expired leases and release due retries until no work is left or told to stop."""
     _guarded(
         stop_file + ERROR_SUFFIX,
-        sys_path,
+        inherited,
         lambda: _maintain(system, store, stop_file, release_file),
     )
 

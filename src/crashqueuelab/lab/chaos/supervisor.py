@@ -18,7 +18,6 @@ import math
 import multiprocessing
 import os
 import signal
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from crashqueuelab.lab.chaos.worklog import LOG_SUFFIX, LogFollower, read_logs
 from crashqueuelab.lab.children import CLI_MODULE
 from crashqueuelab.lab.crashmodes import POWER_LOSS, PROCESS, check_crash_mode
 from crashqueuelab.lab.effects import Destination, EffectLedger
+from crashqueuelab.lab.inheritance import Inherited
 from crashqueuelab.lab.reports import prepare_output_directory, write_json
 from crashqueuelab.lab.scenario import STORE_DIRECTORY
 from crashqueuelab.systems.contract import JobSpec, System
@@ -203,7 +203,7 @@ class _ChaosRun:
             log,
             does_maintenance=self.single_owner,
             release_file=str(self.release_file),
-            sys_path=tuple(sys.path),
+            inherited=Inherited.capture(),
         )
         slot.process = self.context.Process(target=worker_main, args=(spec,), daemon=True)
         slot.process.start()
@@ -226,7 +226,7 @@ class _ChaosRun:
                     self.files.store,
                     str(self.stop_file),
                     str(self.release_file),
-                    tuple(sys.path),
+                    Inherited.capture(),
                 ),
                 daemon=True,
             )
