@@ -31,13 +31,24 @@ def run_cli(*argv: str) -> tuple[int, dict[str, Any], str]:
 @pytest.mark.parametrize(
     ("spec", "reason"),
     [
-        ("postgres", "not one of persist-queue, sqlite, walqueue, nor package.module:factory"),
+        (
+            "oracle",
+            "not one of persist-queue, postgres, sqlite, walqueue, nor package.module:factory",
+        ),
         ("no_such_module:factory", "cannot import no_such_module"),
         ("tiny_adapter:no_such_factory", "tiny_adapter has no callable no_such_factory"),
         ("tiny_queue:TinyQueue", "TinyQueue() raised TypeError"),
         ("uuid:uuid4", "uuid4() returned UUID, not a crashqueuelab System"),
     ],
 )
+def test_postgres_without_a_server_says_how_to_get_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    from crashqueuelab.postgres.server import DSN_VARIABLE
+
+    monkeypatch.delenv(DSN_VARIABLE, raising=False)
+    with pytest.raises(SystemUnavailable, match="no server: the command line starts one"):
+        resolve_system("postgres")
+
+
 def test_an_unusable_system_is_a_usage_error(tmp_path: Path, spec: str, reason: str) -> None:
     with pytest.raises(SystemUnavailable) as caught:
         resolve_system(spec)

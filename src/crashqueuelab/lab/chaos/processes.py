@@ -94,6 +94,7 @@ def _work(spec: WorkerSpec) -> None:
         spec.files.executions, destination=Destination.NON_IDEMPOTENT, create=False
     )
     next_recovery = 0.0
+    idle = False
     try:
         with effects, executions, Path(spec.log).open("a", buffering=1) as log:
             while True:
@@ -102,8 +103,14 @@ def _work(spec: WorkerSpec) -> None:
                     next_recovery = time.monotonic() + OWNER_RECOVERY_EVERY_S
                 claims = client.claim_many(spec.worker_id, spec.lease_us, spec.batch)
                 if not claims:
-                    if client.active_count() == 0 and Path(spec.release_file).exists():
-                        return
+                    if client.active_count() == 0:
+                        if Path(spec.release_file).exists():
+                            return
+                        if not idle:
+                            # Faults are still planned at marks the work may never reach
+                            # (a power cut lost acknowledged jobs): the supervisor decides.
+                            idle = True
+                            log.write(f"idle {time.monotonic():.6f}\n")
                     time.sleep(POLL_S)
                     continue
                 for claim in claims:

@@ -19,7 +19,7 @@ import multiprocessing
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,6 +124,14 @@ class _Watcher(LogFollower):
 
     def finished(self) -> int:
         return len(self.acknowledged)
+
+    def found_no_work(self, worker_ids: Iterable[str]) -> bool:
+        """Whether one of these workers found no unfinished job left."""
+        return any(
+            self.logs[worker_id].idle_at is not None
+            for worker_id in worker_ids
+            if worker_id in self.logs
+        )
 
     def leases_of(self, worker_id: str) -> set[tuple[str, str]]:
         """(key, lease token) of every lease the worker holds, as far as its log tells."""
@@ -599,6 +607,14 @@ def _drive(
                 fault = pending.pop(0)
                 time.sleep(fault.delay_ms / 1000)
                 _deliver(fault, run, watcher, target)
+            if (
+                pending
+                and pending[0].after_finished > finished
+                and watcher.found_no_work(slot.worker_id for slot in run.slots)
+            ):
+                # No job is left to finish, so the remaining marks will never be reached:
+                # the work ended under the plan (they are reported as not delivered).
+                run.release()
             if progress is not None and time.monotonic() >= next_report:
                 next_report = time.monotonic() + PROGRESS_EVERY_S
                 kills_so_far = _kind_count(run.state.delivered, FaultKind.KILL)

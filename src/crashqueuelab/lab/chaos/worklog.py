@@ -10,7 +10,8 @@ accepted a stale one.
 Line format: ``claim KEY TOKEN T`` once the claim returned; ``acking KEY TOKEN T`` just
 before the acknowledgement is sent (from then on the lease may be gone at any moment, so a
 worker stopped there is not counted as holding it); ``ack KEY TOKEN T`` or ``stale KEY TOKEN
-T`` with the system's answer. ``T`` is ``time.monotonic()``, one clock for every process of
+T`` with the system's answer; ``idle T`` once, when the worker first found no unfinished job
+left while faults were still planned. ``T`` is ``time.monotonic()``, one clock for every process of
 the machine, so the report can place every line on the run's timeline.
 """
 
@@ -36,6 +37,8 @@ class WorkerLog:
     ack_times: list[float] = field(default_factory=list)
     #: Every line as (monotonic seconds, word, key, token), in log order.
     events: list[tuple[float, str, str, str]] = field(default_factory=list)
+    #: When the worker first found no unfinished job left (and waited for the release).
+    idle_at: float | None = None
     #: When the first and the last line were written.
     first_at: float | None = None
     last_at: float | None = None
@@ -54,6 +57,11 @@ class WorkerLog:
         }
         for line in text.splitlines():
             parts = line.split(" ")
+            if len(parts) == 2 and parts[0] == "idle" and self.idle_at is None:
+                try:
+                    self.idle_at = float(parts[1])
+                except ValueError:
+                    continue
             if len(parts) == 4 and parts[0] in lists:
                 lists[parts[0]].append((parts[1], parts[2]))
                 try:
