@@ -28,6 +28,14 @@ def run_cli(*argv: str) -> tuple[int, dict[str, Any], str]:
     return code, json.loads(out.getvalue()), err.getvalue()
 
 
+def test_postgres_without_a_server_says_how_to_get_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    from crashqueuelab.postgres.server import DSN_VARIABLE
+
+    monkeypatch.delenv(DSN_VARIABLE, raising=False)
+    with pytest.raises(SystemUnavailable, match="no server: the command line starts one"):
+        resolve_system("postgres")
+
+
 @pytest.mark.parametrize(
     ("spec", "reason"),
     [
@@ -41,14 +49,6 @@ def run_cli(*argv: str) -> tuple[int, dict[str, Any], str]:
         ("uuid:uuid4", "uuid4() returned UUID, not a crashqueuelab System"),
     ],
 )
-def test_postgres_without_a_server_says_how_to_get_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    from crashqueuelab.postgres.server import DSN_VARIABLE
-
-    monkeypatch.delenv(DSN_VARIABLE, raising=False)
-    with pytest.raises(SystemUnavailable, match="no server: the command line starts one"):
-        resolve_system("postgres")
-
-
 def test_an_unusable_system_is_a_usage_error(tmp_path: Path, spec: str, reason: str) -> None:
     with pytest.raises(SystemUnavailable) as caught:
         resolve_system(spec)
