@@ -28,12 +28,21 @@ def run_cli(*argv: str) -> tuple[int, dict[str, Any], str]:
     return code, json.loads(out.getvalue()), err.getvalue()
 
 
-def test_postgres_without_a_server_says_how_to_get_one(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_postgres_without_a_server_says_how_to_get_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from crashqueuelab.core.clock import ManualClock
+    from crashqueuelab.core.ids import SeededIds
+    from crashqueuelab.core.retry import RetryPolicy
     from crashqueuelab.postgres.server import DSN_VARIABLE
+    from crashqueuelab.systems import OpenRequest
 
     monkeypatch.delenv(DSN_VARIABLE, raising=False)
+    system = resolve_system("postgres")
+    assert system.server == "postgres"
+    request = OpenRequest(tmp_path, ManualClock(1), SeededIds(1), RetryPolicy())
     with pytest.raises(SystemUnavailable, match="no server: the command line starts one"):
-        resolve_system("postgres")
+        system.open(request)
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from crashqueuelab.postgres.server import ThrowawayServer
 
-#: The systems that live on a server.
-SERVER_SYSTEMS = ("postgres",)
 #: The environment variables through which a run names its servers to its children.
 SERVER_VARIABLES = ("CRASHQUEUELAB_POSTGRES_DSN",)
 
@@ -25,7 +23,7 @@ SERVER_VARIABLES = ("CRASHQUEUELAB_POSTGRES_DSN",)
 def servers_for(systems: Iterable[str], dsn: str | None) -> Iterator[ThrowawayServer | None]:
     """The server handle while the run lasts: a ThrowawayServer, or None (``dsn`` given, or
     no system needs a server)."""
-    if not any(system in SERVER_SYSTEMS for system in systems):
+    if not any(_needs_server(system) for system in systems):
         yield None
         return
     from crashqueuelab.postgres.server import DSN_VARIABLE, ThrowawayServer
@@ -45,3 +43,15 @@ def servers_for(systems: Iterable[str], dsn: str | None) -> Iterator[ThrowawaySe
             os.environ.pop(DSN_VARIABLE, None)
         else:
             os.environ[DSN_VARIABLE] = previous
+
+
+def _needs_server(spec: str) -> bool:
+    """Whether the system named needs a PostgreSQL server (a spec that does not resolve
+    needs none here: the run itself reports it)."""
+    from crashqueuelab.core.errors import SystemUnavailable
+    from crashqueuelab.systems.registry import resolve_system
+
+    try:
+        return resolve_system(spec).server == "postgres"
+    except SystemUnavailable:
+        return False

@@ -127,6 +127,7 @@ class PostgresQueue:
         hook: Hook | None = None,
         application_name: str = "crashqueuelab",
         required_settings: Mapping[str, str] = DURABLE_SETTINGS,
+        session_settings: Mapping[str, str] | None = None,
     ) -> None:
         if not SCHEMA_NAME.match(schema):
             raise StoreError(schema, "not a queue schema name")
@@ -138,6 +139,9 @@ class PostgresQueue:
         self._hook: Hook = hook if hook is not None else no_hook
         self._application_name = application_name
         self._required = dict(required_settings)
+        self._session = "".join(
+            f" -c {name}={value}" for name, value in (session_settings or {}).items()
+        )
         self._conn: psycopg.Connection[Any] | None = None
         self._reconnect()
 
@@ -150,7 +154,7 @@ class PostgresQueue:
             self.dsn,
             autocommit=True,
             application_name=self._application_name[:63],
-            options=f"{given} -c search_path={self.schema}".strip(),
+            options=f"{given}{self._session} -c search_path={self.schema}".strip(),
         )
         try:
             self._check(conn)

@@ -283,6 +283,8 @@ class System:
     #: Ends the database sessions of the process with this pid, as an administrator would
     #: (how many ended); None for a system without server sessions.
     terminate_sessions: Callable[[int], int] | None = None
+    #: The kind of server the command line must provide for a run ("postgres"), or None.
+    server: str | None = None
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -12,12 +12,18 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from crashqueuelab.core.errors import SystemUnavailable
 from crashqueuelab.judges.pgstore import DESCRIPTOR_FILE, read_postgres_store
-from crashqueuelab.postgres.queue import PgAck, PgJob, PostgresQueue, create_store
+from crashqueuelab.postgres.queue import (
+    DURABLE_SETTINGS,
+    PgAck,
+    PgJob,
+    PostgresQueue,
+    create_store,
+)
 from crashqueuelab.postgres.server import DSN_VARIABLE
 from crashqueuelab.systems.contract import (
     Capabilities,
@@ -174,7 +180,14 @@ def server_dsn() -> str:
     return dsn
 
 
-def open_postgres(request: OpenRequest) -> PostgresClient:
+def open_postgres(
+    request: OpenRequest,
+    *,
+    session_settings: Mapping[str, str] | None = None,
+    required_settings: Mapping[str, str] = DURABLE_SETTINGS,
+) -> PostgresClient:
+    """The store of ``request.directory`` on the run's server (``session_settings`` and
+    ``required_settings``: a variant, as the lab's mutants are)."""
     dsn = server_dsn()
     schema = store_schema(request.directory, dsn)
     create_store(dsn, schema)
@@ -187,6 +200,8 @@ def open_postgres(request: OpenRequest) -> PostgresClient:
             retry=request.retry,
             hook=request.hook,
             application_name=session_name(os.getpid()),
+            session_settings=session_settings or {},
+            required_settings=required_settings,
         )
     )
 
@@ -249,7 +264,6 @@ def postgres_system() -> System:
 
     from crashqueuelab import __version__
 
-    server_dsn()
     return System(
         name="postgres",
         version=f"crashqueuelab {__version__} (psycopg {psycopg.__version__})",
@@ -259,4 +273,5 @@ def postgres_system() -> System:
         open=open_postgres,
         reader=read_store,
         terminate_sessions=terminate_sessions,
+        server="postgres",
     )
