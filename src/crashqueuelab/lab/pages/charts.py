@@ -28,6 +28,8 @@ class Mark:
     x: float
     label: str
     color: str
+    #: A rare fault among thousands of kills is drawn wide and opaque, so it stays visible.
+    wide: bool = False
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,8 @@ class Chart:
 
     def vertical_marks(self) -> list[dict[str, object]]:
         return [
-            {"x": round(self._sx(m.x), 1), "label": m.label, "color": m.color} for m in self.marks
+            {"x": round(self._sx(m.x), 1), "label": m.label, "color": m.color, "wide": m.wide}
+            for m in self.marks
         ]
 
     def horizontal_rules(self) -> list[dict[str, object]]:

@@ -304,7 +304,15 @@ def chaos_view(run_dir: Path) -> View:
     logs = read_logs(run_dir / "worker-logs")
     acks = [at - start for log in logs.values() for at in log.ack_times] if start else []
     faults = [f for f in report["faults"] if "at_s" in f]
-    marks = [Mark(f["at_s"], _fault_title(f), FAULT_COLORS[f["kind"]]) for f in faults]
+    # Kills first: the rarer faults (pauses, cuts, restarts) are drawn over them, visible.
+    wide = {"power cut", "server restart"}
+    marks = sorted(
+        (
+            Mark(f["at_s"], _fault_title(f), FAULT_COLORS[f["kind"]], f["kind"] in wide)
+            for f in faults
+        ),
+        key=lambda mark: mark.color != KILL,
+    )
     cuts = report.get("power_cuts_delivered", 0)
     restarts = report.get("server_restarts_delivered", 0)
     session_kills = report.get("session_kills_delivered", 0)
