@@ -133,3 +133,35 @@ def test_asynchronous_commit_is_caught_by_server_crashes(tmp_path: Path) -> None
     accounting = result["accounting"]
     assert accounting["acknowledged_twice"] + accounting["lost"] > 0, result["reasons"]
     assert result["system"]["durability"].startswith("synchronous_commit=off")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["campaign", "--crash-mode", "power-loss"],
+        [
+            "chaos",
+            "--crash-mode",
+            "power-loss",
+            "--power-cuts",
+            "1",
+            "--kills",
+            "0",
+            "--pauses",
+            "0",
+        ],
+    ],
+)
+def test_a_power_cut_is_refused_where_the_data_is_not_on_the_disk(
+    postgres_dsn: str, tmp_path: Path, argv: list[str]
+) -> None:
+    # The power-loss disk holds the store directory; the server's data lives elsewhere, so
+    # a cut would lose nothing: a pass would prove nothing.
+    code, result = run_cli(
+        *argv, "--system", "postgres", "--dsn", postgres_dsn,
+        "--output-directory", str(tmp_path / "x"),
+    )  # fmt: skip
+    assert code == cli.EXIT_UNAVAILABLE
+    assert result["error"]["type"] == "CrashModeUnavailable"
+    assert "server's data directory" in result["error"]["message"]
+    assert not (tmp_path / "x").exists()

@@ -279,7 +279,7 @@ def run_campaign(
 ) -> dict[str, Any]:
     """Run every crash point of ``system`` once and the probes; write ``campaign.json``."""
     chosen = resolve_system(system)
-    check_crash_mode(crash_mode)
+    check_crash_mode(crash_mode, chosen)
     runner = run_power_loss_case if crash_mode == POWER_LOSS else run_case
     prepare_output_directory(output_dir)
     order = campaign_order(chosen, seed)

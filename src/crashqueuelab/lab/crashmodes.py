@@ -3,17 +3,36 @@ system's page cache, or a power cut, which loses every write nobody synced."""
 
 from __future__ import annotations
 
-from crashqueuelab.core.errors import InvalidInput
+from crashqueuelab.core.errors import CrashModeUnavailable, InvalidInput
 from crashqueuelab.lab.powerloss.disk import MODE, require_power_loss
+from crashqueuelab.systems.contract import System
 
 PROCESS = "process"
 POWER_LOSS = MODE
 CRASH_MODES = (PROCESS, POWER_LOSS)
 
 
-def check_crash_mode(mode: str) -> None:
-    """Refuse an unknown mode; for power loss, a machine that cannot provide it (exit 4)."""
+def check_crash_mode(mode: str, system: System | None = None) -> None:
+    """Refuse an unknown mode; for power loss, a machine that cannot provide it (exit 4), and
+    a system whose data would not be on the power-loss disk."""
     if mode not in CRASH_MODES:
         raise InvalidInput("crash_mode", f"{mode!r} is not one of {', '.join(CRASH_MODES)}")
+    refused = None if system is None else power_loss_refusal(system)
+    if mode == POWER_LOSS and refused is not None:
+        raise CrashModeUnavailable(mode, refused)
     if mode == POWER_LOSS:
         require_power_loss()
+
+
+def power_loss_refusal(system: System) -> str | None:
+    """Why a power cut cannot be judged on ``system`` (None when it can).
+
+    The disk sits under the run's store directory; a server keeps its data in its own data
+    directory, so a cut would lose nothing and a pass would prove nothing.
+    """
+    if system.server is None:
+        return None
+    return (
+        f"{system.name} keeps its data in its {system.server} server's data directory, which"
+        " the power-loss disk does not hold (server crashes: chaos --server-restarts)"
+    )

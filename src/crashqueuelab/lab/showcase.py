@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from crashqueuelab.lab.campaign import CAMPAIGN_FILE, Progress, run_campaign
-from crashqueuelab.lab.crashmodes import POWER_LOSS
+from crashqueuelab.lab.crashmodes import POWER_LOSS, power_loss_refusal
 from crashqueuelab.lab.demo import COMPARISON_FILE, IDEMPOTENCY_KEY, run_demo
 from crashqueuelab.lab.effects import Destination
 from crashqueuelab.lab.mutants.catalog import MUTANTS
@@ -168,7 +168,11 @@ def summarize(output_dir: Path, *, seed: int) -> dict[str, Any]:
     specs: list[str] = recorded["systems"]
     unavailable: str | None = recorded["power_loss_unavailable"]
     systems = {
-        spec: _system_summary(spec, output_dir / _directory_name(spec), unavailable)
+        spec: _system_summary(
+            spec,
+            output_dir / _directory_name(spec),
+            unavailable or power_loss_refusal(resolve_system(spec)),
+        )
         for spec in specs
     }
     mutants = _mutant_summary(output_dir / MUTANTS_DIR, unavailable)
@@ -215,7 +219,7 @@ def run_showcase(
         if progress is not None:
             progress(f"{spec}: effect experiment done")
         run_campaign(section / CAMPAIGN_DIR, seed=seed, system=spec, progress=progress)
-        if unavailable is None:
+        if unavailable is None and power_loss_refusal(resolve_system(spec)) is None:
             run_campaign(
                 section / POWER_LOSS_DIR,
                 seed=seed,
