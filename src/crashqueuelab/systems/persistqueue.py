@@ -152,6 +152,11 @@ class PersistQueueClient:
 
     def close(self) -> None:
         self.queue.close()
+        # persist-queue's __del__ closes its connections again, from whichever thread the
+        # garbage collector runs in, and sqlite3 refuses a close from another thread even
+        # for a closed connection: an error at some random later moment. Closed is closed.
+        self.queue._getter = None
+        self.queue._putter = None
 
 
 def read_store(directory: Path) -> StoreReading:
