@@ -20,13 +20,15 @@ Two runs with one seed produce JSON that differs only in the ``timings`` fields.
 
 from __future__ import annotations
 
+import functools
 import random
 import shutil
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from crashqueuelab.lab.casework import (
     continuity,
@@ -43,6 +45,7 @@ from crashqueuelab.lab.crashmodes import POWER_LOSS, PROCESS, check_crash_mode
 from crashqueuelab.lab.model import run_model_workload
 from crashqueuelab.lab.observe import observe_ledger
 from crashqueuelab.lab.powerloss.cases import run_power_loss_case
+from crashqueuelab.lab.powerloss.serverdisk import ClusterTemplate
 from crashqueuelab.lab.probes import run_probes
 from crashqueuelab.lab.readings import read_store
 from crashqueuelab.lab.reports import prepare_output_directory, write_json
@@ -269,27 +272,33 @@ def anomalies_of(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def run_campaign(
+class CaseRunner(Protocol):
+    def __call__(
+        self,
+        output_dir: Path,
+        index: int,
+        point: CrashPoint,
+        seed: int,
+        *,
+        system: System,
+        spec: str,
+    ) -> dict[str, Any]: ...
+
+
+def _run_cases(
     output_dir: Path,
-    *,
+    order: list[CrashPoint],
     seed: int,
-    system: str = DEFAULT_SYSTEM,
-    crash_mode: str = PROCESS,
-    progress: Progress | None = None,
-) -> dict[str, Any]:
-    """Run every crash point of ``system`` once and the probes; write ``campaign.json``."""
-    chosen = resolve_system(system)
-    check_crash_mode(crash_mode, chosen)
-    runner = run_power_loss_case if crash_mode == POWER_LOSS else run_case
-    prepare_output_directory(output_dir)
-    order = campaign_order(chosen, seed)
-    started = time.perf_counter()
+    chosen: System,
+    spec: str,
+    runner: CaseRunner,
+    progress: Progress | None,
+    at_once: int,
+) -> list[dict[str, Any]]:
     cases = []
-    # Cases share nothing (each has its own directory, clock and ids), and most of a case is
-    # waiting for its child: two at a time keep both cores busy without changing any result.
-    with ThreadPoolExecutor(max_workers=CASES_AT_ONCE) as pool:
+    with ThreadPoolExecutor(max_workers=at_once) as pool:
         running = [
-            pool.submit(runner, output_dir, index, point, seed, system=chosen, spec=system)
+            pool.submit(runner, output_dir, index, point, seed, system=chosen, spec=spec)
             for index, point in enumerate(order)
         ]
         for index, (point, future) in enumerate(zip(order, running, strict=True)):
@@ -301,7 +310,39 @@ def run_campaign(
                     f"case {index + 1}/{len(order)} {point.name}: "
                     f"exit {case['exit_code']}, {verdict}"
                 )
+    return cases
+
+
+def run_campaign(
+    output_dir: Path,
+    *,
+    seed: int,
+    system: str = DEFAULT_SYSTEM,
+    crash_mode: str = PROCESS,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Run every crash point of ``system`` once and the probes; write ``campaign.json``."""
+    chosen = resolve_system(system)
+    check_crash_mode(crash_mode, chosen)
+    prepare_output_directory(output_dir)
+    order = campaign_order(chosen, seed)
+    started = time.perf_counter()
+    # Cases share nothing (each has its own directory, clock and ids), and most of a case is
+    # waiting for its child: two at a time keep both cores busy without changing any result.
+    # A server system's power-loss cases each name their own server to this process, so
+    # they take turns.
+    at_once = CASES_AT_ONCE
+    with ExitStack() as resources:
+        runner: CaseRunner = run_case
+        if crash_mode == POWER_LOSS and chosen.server is not None:
+            template = resources.enter_context(ClusterTemplate())
+            runner = functools.partial(run_power_loss_case, template=template)
+            at_once = 1
+        elif crash_mode == POWER_LOSS:
+            runner = run_power_loss_case
+        cases = _run_cases(output_dir, order, seed, chosen, system, runner, progress, at_once)
     probes = run_probes(chosen, output_dir / "probes")
+
     model = run_model_workload(chosen, output_dir / "model", seed=seed)
     report: dict[str, Any] = {
         "system": chosen.describe(),

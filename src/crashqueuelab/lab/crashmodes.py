@@ -12,27 +12,31 @@ POWER_LOSS = MODE
 CRASH_MODES = (PROCESS, POWER_LOSS)
 
 
-def check_crash_mode(mode: str, system: System | None = None) -> None:
+def check_crash_mode(
+    mode: str, system: System | None = None, *, experiment: str = "campaign"
+) -> None:
     """Refuse an unknown mode; for power loss, a machine that cannot provide it (exit 4), and
-    a system whose data would not be on the power-loss disk."""
+    an experiment that cannot put the system's data on the power-loss disk."""
     if mode not in CRASH_MODES:
         raise InvalidInput("crash_mode", f"{mode!r} is not one of {', '.join(CRASH_MODES)}")
-    refused = None if system is None else power_loss_refusal(system)
+    refused = None if system is None else power_loss_refusal(system, experiment)
     if mode == POWER_LOSS and refused is not None:
         raise CrashModeUnavailable(mode, refused)
     if mode == POWER_LOSS:
         require_power_loss()
 
 
-def power_loss_refusal(system: System) -> str | None:
-    """Why a power cut cannot be judged on ``system`` (None when it can).
+def power_loss_refusal(system: System, experiment: str = "campaign") -> str | None:
+    """Why a power cut cannot be judged on ``system`` in ``experiment`` (None when it can).
 
-    The disk sits under the run's store directory; a server keeps its data in its own data
-    directory, so a cut would lose nothing and a pass would prove nothing.
+    A campaign puts a server's data directory on the disk (a server per case). Chaos puts
+    only the run's store directory there, while a server keeps its data in its own data
+    directory: a cut would lose nothing and a pass would prove nothing.
     """
-    if system.server is None:
+    if system.server is None or experiment == "campaign":
         return None
     return (
         f"{system.name} keeps its data in its {system.server} server's data directory, which"
-        " the power-loss disk does not hold (server crashes: chaos --server-restarts)"
+        " chaos's power-loss disk does not hold (campaign --crash-mode power-loss puts it on"
+        " the disk; server crashes during chaos: --server-restarts)"
     )

@@ -26,23 +26,32 @@ def servers_for(systems: Iterable[str], dsn: str | None) -> Iterator[ThrowawaySe
     if not any(_needs_server(system) for system in systems):
         yield None
         return
-    from crashqueuelab.postgres.server import DSN_VARIABLE, ThrowawayServer
+    from crashqueuelab.postgres.server import ThrowawayServer
 
-    previous = os.environ.get(DSN_VARIABLE)
-    try:
-        if dsn is not None:
-            os.environ[DSN_VARIABLE] = dsn
+    if dsn is not None:
+        with naming_server(dsn):
             yield None
-        else:
-            with ThrowawayServer() as server:
-                server.start()
-                os.environ[DSN_VARIABLE] = server.dsn
+    else:
+        with ThrowawayServer() as server:
+            server.start()
+            with naming_server(server.dsn):
                 yield server
+
+
+@contextmanager
+def naming_server(dsn: str) -> Iterator[None]:
+    """The PostgreSQL server ``dsn`` is the one this process and its children use, until
+    the block ends (the one named before is named again)."""
+    variable = SERVER_VARIABLES[0]
+    previous = os.environ.get(variable)
+    os.environ[variable] = dsn
+    try:
+        yield
     finally:
         if previous is None:
-            os.environ.pop(DSN_VARIABLE, None)
+            os.environ.pop(variable, None)
         else:
-            os.environ[DSN_VARIABLE] = previous
+            os.environ[variable] = previous
 
 
 def _needs_server(spec: str) -> bool:

@@ -11,11 +11,15 @@ stops or restarts it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
+import shlex
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -64,6 +68,21 @@ def find_binaries(environ: Mapping[str, str] = os.environ) -> Path | None:
         if (candidate / "initdb").is_file() and (candidate / "pg_ctl").is_file():
             return candidate
     return None
+
+
+def signal_all(pids: Sequence[int], how: signal.Signals) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, how)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie waiting for its parent counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 def _server_account() -> pwd.struct_passwd | None:
@@ -131,10 +150,13 @@ class ThrowawayServer:
                 + (f"\nserver log: {log_tail}" if log_tail else "")
             )
 
-    def start(self) -> Self:
-        """initdb (first time only) and start; returns once the server accepts connections."""
+    def _own(self, path: Path) -> None:
         if self.account is not None:
-            os.chown(self.root, self.account.pw_uid, self.account.pw_gid)
+            os.chown(path, self.account.pw_uid, self.account.pw_gid)
+
+    def initdb(self) -> None:
+        """Create the cluster (once), with this server's settings in its configuration."""
+        self._own(self.root)
         if not self.data.exists():
             initdb = ["initdb", "-D", str(self.data), "-U", self.user, "--auth=trust"]
             self._run([*initdb, "-E", "UTF8", "--no-instructions"])
@@ -143,12 +165,61 @@ class ThrowawayServer:
                 conf.write(f"unix_socket_directories = '{self.root}'\n")
                 for name, value in self.settings.items():
                     conf.write(f"{name} = {value}\n")
+
+    def start(self) -> Self:
+        """initdb (first time only) and start; returns once the server accepts connections."""
+        self.initdb()
         self.start_again()
         return self
 
+    def adopt(self, cluster: Path) -> None:
+        """Make the (stopped or crashed) cluster directory ``cluster`` this server's data, as
+        the server's account owns a data directory. Its ``postmaster.pid`` is dropped: the
+        process it names is gone (a reboot), and its number may belong to another by now."""
+        self._own(self.root)
+        if cluster != self.data:
+            shutil.copytree(cluster, self.data, symlinks=True)
+        (self.data / "postmaster.pid").unlink(missing_ok=True)
+        for directory, _, files in os.walk(self.data):
+            self._own(Path(directory))
+            for name in files:
+                self._own(Path(directory) / name)
+        self.data.chmod(0o700)
+
+    def processes(self) -> list[int]:
+        """The server's processes: the postmaster (from its pid file) and its children."""
+        try:
+            postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return []
+        children = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    # Field 4 of stat is the parent; the name before it may hold spaces.
+                    stat = (entry / "stat").read_text()
+                except OSError:
+                    continue
+                if int(stat.rsplit(")", 1)[1].split()[1]) == postmaster:
+                    children.append(int(entry.name))
+        return [postmaster, *children]
+
+    def kill(self, pids: Sequence[int]) -> None:
+        """Every process of the server dies at once (SIGKILL), as in a power cut; returns
+        once they are gone (bounded)."""
+        self.running = False
+        signal_all(pids, signal.SIGKILL)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
     def start_again(self) -> None:
-        """Start the existing cluster (after a stop, crash recovery runs here)."""
-        pg_ctl = ["pg_ctl", "-D", str(self.data), "-l", str(self.log)]
+        """Start the existing cluster (after a stop, crash recovery runs here).
+
+        The socket goes into this server's directory even when the cluster was copied from
+        another one (its configuration names the other's)."""
+        socket = f"-k {shlex.quote(str(self.root))}"
+        pg_ctl = ["pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", socket]
         self._run([*pg_ctl, "-w", "-t", str(START_TIMEOUT_S), "start"])
         self.running = True
 
@@ -165,6 +236,9 @@ class ThrowawayServer:
 
     def close(self) -> None:
         try:
+            if not (self.data / "PG_VERSION").exists():
+                # Its data directory went away under it (a power cut's mount): nothing to stop.
+                self.running = False
             self.stop("fast")
         finally:
             shutil.rmtree(self.root, ignore_errors=True)

@@ -390,7 +390,7 @@ def run_chaos(
     chosen = resolve_system(system)
     if session_kills and chosen.terminate_sessions is None:
         raise InvalidInput("session_kills", f"{chosen.name} has no server sessions to end")
-    check_crash_mode(crash_mode, chosen)
+    check_crash_mode(crash_mode, chosen, experiment="chaos")
     prepare_output_directory(output_dir)
     files = RunFiles(
         store=str(output_dir / STORE_DIRECTORY),

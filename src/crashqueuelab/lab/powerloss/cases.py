@@ -28,15 +28,15 @@ from crashqueuelab.lab.casework import (
 )
 from crashqueuelab.lab.children import CHILD_STDERR
 from crashqueuelab.lab.observe import observe_ledger
-from crashqueuelab.lab.powerloss.crashstate import Choice, crash_choices, materialize
-from crashqueuelab.lab.powerloss.disk import PowerLossDisk
-from crashqueuelab.lab.powerloss.journal import JOURNAL_FILE, Journal
+from crashqueuelab.lab.powerloss.crashstate import Choice, CrashState, crash_choices
+from crashqueuelab.lab.powerloss.journal import Journal
+from crashqueuelab.lab.powerloss.serverdisk import ClusterTemplate, ServerOnDisk
+from crashqueuelab.lab.powerloss.targets import PowerLossTarget, StoreOnDisk
 from crashqueuelab.lab.readings import read_store
 from crashqueuelab.lab.reports import write_json
 from crashqueuelab.lab.scenario import LEDGER_FILE, STORE_DIRECTORY, effect_key
 from crashqueuelab.systems.contract import CrashPoint, JobSpec, System
 
-DISK_DIRECTORY = "disk"
 STATES_DIRECTORY = "crash-states"
 
 
@@ -62,6 +62,7 @@ def _copy_ledger(case_dir: Path, target: Path) -> None:
 
 def judge_state(
     case_dir: Path,
+    target: PowerLossTarget,
     journal: Journal,
     choice: Choice,
     *,
@@ -74,7 +75,25 @@ def judge_state(
     """Make one crash state, read and judge it, recover it, and read and judge it again."""
     state_dir = case_dir / STATES_DIRECTORY / choice.name
     state_dir.mkdir(parents=True)
-    state = materialize(case_dir / DISK_DIRECTORY, journal, choice, state_dir / STORE_DIRECTORY)
+    with target.place(journal, choice, state_dir) as placed:
+        return _judge_placed(
+            case_dir, state_dir, placed.state, placed.problem,
+            system=system, point=point, jobs=jobs, seed=seed, case_id=case_id,
+        )  # fmt: skip
+
+
+def _judge_placed(
+    case_dir: Path,
+    state_dir: Path,
+    state: CrashState,
+    unreadable: str | None,
+    *,
+    system: System,
+    point: CrashPoint,
+    jobs: tuple[JobSpec, ...],
+    seed: int,
+    case_id: str,
+) -> dict[str, Any]:
     _copy_ledger(case_dir, state_dir)
     keys = [job.key for job in jobs]
     crash_reading = read_store(system, state_dir / STORE_DIRECTORY, keys)
@@ -85,7 +104,7 @@ def judge_state(
     recovered = read_store(system, state_dir / STORE_DIRECTORY, keys)
     ledger = observe_ledger(state_dir / LEDGER_FILE)
     effects_once = all(ledger["effects_by_key"].get(effect_key(job)) == 1 for job in jobs)
-    anomalies = []
+    anomalies = [] if unreadable is None else [unreadable]
     if not durable:
         differences = lost_acknowledged(_jobs_of(signature), allowed[0])
         after = "recovery raised" if recovery is None else f"recovered to {recovery.states}"
@@ -101,7 +120,7 @@ def judge_state(
         anomalies.append(f"final states {recovery.states}")
     write_json(state_dir / "history.json", list(recovered.history))
     return {
-        "choice": choice.name,
+        "choice": state.choice.name,
         "operations": state.summary(),
         "fate": state.fate,
         "crash_state": {"store": crash_reading.to_json(), "signature": signature},
@@ -120,28 +139,42 @@ def judge_state(
 
 
 def run_power_loss_case(
-    output_dir: Path, index: int, point: CrashPoint, seed: int, *, system: System, spec: str
+    output_dir: Path,
+    index: int,
+    point: CrashPoint,
+    seed: int,
+    *,
+    system: System,
+    spec: str,
+    template: ClusterTemplate | None = None,
 ) -> dict[str, Any]:
-    """One crash point: the child dies there, the power goes, every crash state is judged."""
+    """One crash point: the child dies there, the power goes, every crash state is judged.
+
+    ``template``: the cluster a server system's case starts from (its data directory is
+    then what the disk holds)."""
     case_id, case_dir, jobs = new_case(output_dir, index, point)
-    with PowerLossDisk(case_dir / DISK_DIRECTORY, case_dir / STORE_DIRECTORY) as disk:
+    target: PowerLossTarget = (
+        StoreOnDisk(case_dir) if template is None else ServerOnDisk(case_dir, template)
+    )
+    with target:
         child, prelude = kill_children(case_dir, spec, point, seed, case_id)
-        journal = disk.cut()
-    started = time.perf_counter()
+        journal = target.cut()
+        started = time.perf_counter()
+        states = [
+            judge_state(
+                case_dir,
+                target,
+                journal,
+                choice,
+                system=system,
+                point=point,
+                jobs=jobs,
+                seed=seed,
+                case_id=case_id,
+            )
+            for choice in crash_choices(journal, seed * 100 + index)
+        ]
     death = death_record(case_id, point, child, prelude, case_dir)
-    states = [
-        judge_state(
-            case_dir,
-            journal,
-            choice,
-            system=system,
-            point=point,
-            jobs=jobs,
-            seed=seed,
-            case_id=case_id,
-        )
-        for choice in crash_choices(journal, seed * 100 + index)
-    ]
     anomalies = []
     if not death["died_at_fault_point"]:
         anomalies.append(f"exit {child.exit_code}, last words {death['last_words']}")
@@ -163,8 +196,7 @@ def run_power_loss_case(
         "passed": not anomalies,
         "artifacts": {
             "case_directory": str(relative),
-            "disk": str(relative / DISK_DIRECTORY),
-            "journal": str(relative / DISK_DIRECTORY / JOURNAL_FILE),
+            **target.artifacts(relative),
             "crash_states": str(relative / STATES_DIRECTORY),
             "effect_database": str(relative / LEDGER_FILE),
             "case_report": str(relative / "case.json"),

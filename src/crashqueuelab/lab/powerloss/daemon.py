@@ -1,8 +1,11 @@
-"""The file-system process: ``python -m crashqueuelab.lab.powerloss.daemon ROOT MOUNTPOINT``.
+"""The file-system process: ``python -m crashqueuelab.lab.powerloss.daemon ROOT MOUNTPOINT
+[shared]``.
 
 It serves ``ROOT/tree`` at ``MOUNTPOINT`` on one thread (so the journal's order is the order
 the kernel sent the requests) until SIGTERM or an unmount, then writes the pending
 operations to ``ROOT/unsynced.json``: the moment it stops serving is the power cut.
+``shared`` lets other accounts use the mount (a server running as its own account), each
+owning what it creates.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from crashqueuelab.lab.powerloss.journal import JOURNAL_FILE, Journal
 SIGNALLED = "8"
 PR_SET_PDEATHSIG = 1
 MOUNT_OPTIONS = {"attr_timeout": 0, "entry_timeout": 0, "negative_timeout": 0}
+SHARED = "shared"
 
 
 def _stop_with_parent() -> None:
@@ -31,7 +35,7 @@ def _stop_with_parent() -> None:
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def serve(root: Path, mountpoint: str) -> None:
+def serve(root: Path, mountpoint: str, *, shared: bool = False) -> None:
     # The bindings pick libfuse 2 when both are installed; the kernel protocol is the same,
     # but Debian ships fusermount only with fuse3.
     os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")
@@ -40,20 +44,29 @@ def serve(root: Path, mountpoint: str) -> None:
     _stop_with_parent()
     journal = Journal()
     try:
-        _serve_until_stopped(mfusepy, root, journal, mountpoint)
+        _serve_until_stopped(mfusepy, root, journal, mountpoint, shared=shared)
     finally:
         journal.dump(root / JOURNAL_FILE)
 
 
-def _serve_until_stopped(mfusepy: Any, root: Path, journal: Journal, mountpoint: str) -> None:
+def _caller(mfusepy: Any) -> tuple[int, int]:
+    uid, gid, _ = mfusepy.fuse_get_context()
+    return int(uid), int(gid)
+
+
+def _serve_until_stopped(
+    mfusepy: Any, root: Path, journal: Journal, mountpoint: str, *, shared: bool
+) -> None:
+    caller = (lambda: _caller(mfusepy)) if shared else None
+    options: dict[str, Any] = {**MOUNT_OPTIONS, **({"allow_other": True} if shared else {})}
     try:
         mfusepy.FUSE(
-            PowerLossFilesystem(root, journal),
+            PowerLossFilesystem(root, journal, caller),
             mountpoint,
             foreground=True,
             nothreads=True,
             fsname="crashqueuelab-powerloss",
-            **MOUNT_OPTIONS,
+            **options,
         )
     except RuntimeError as error:
         # libfuse's main loop reports "ended by a signal" as 8; SIGTERM is how we stop it.
@@ -62,4 +75,4 @@ def _serve_until_stopped(mfusepy: Any, root: Path, journal: Journal, mountpoint:
 
 
 if __name__ == "__main__":  # run as a process by disk.PowerLossDisk
-    serve(Path(sys.argv[1]), sys.argv[2])
+    serve(Path(sys.argv[1]), sys.argv[2], shared=sys.argv[3:] == [SHARED])

@@ -63,10 +63,13 @@ def _listed_as_mounted(path: Path) -> bool:
 class PowerLossDisk:
     """One mount of ``root/tree`` at ``mountpoint``, from start to power cut."""
 
-    def __init__(self, root: Path, mountpoint: Path) -> None:
+    def __init__(self, root: Path, mountpoint: Path, *, shared: bool = False) -> None:
+        """``shared``: other accounts may use the mount, each owning what it creates (a
+        server that runs as its own account keeps its data directory here)."""
         # Absolute: libfuse runs the file system from "/", where relative paths mean nothing.
         self.root = root.absolute()
         self.mountpoint = mountpoint.absolute()
+        self.shared = shared
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -86,6 +89,7 @@ class PowerLossDisk:
                     "crashqueuelab.lab.powerloss.daemon",
                     self.root,
                     self.mountpoint,
+                    *(["shared"] if self.shared else []),
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,14 @@ class PowerLossFilesystem:
 
     use_ns = True
 
-    def __init__(self, root: Path, journal: Journal) -> None:
+    def __init__(
+        self, root: Path, journal: Journal, caller: Callable[[], tuple[int, int]] | None = None
+    ) -> None:
+        """``caller`` names the uid and gid of the process making a request; given, what it
+        creates is its own (a mount shared with another account, as a server's data
+        directory is), else the file system's."""
         self.tree = root / TREE
+        self.caller = caller
         self.graveyard = root / GRAVEYARD
         self.journal = journal
         self._buried = 0
@@ -79,6 +86,10 @@ class PowerLossFilesystem:
         names = ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files", "f_ffree")
         return {name: getattr(info, name) for name in (*names, "f_namemax")}
 
+    def _own(self, path: str) -> None:
+        if self.caller is not None:
+            os.chown(self._real(path), *self.caller())
+
     def _track(self, path: str, fd: int) -> int:
         ino = os.fstat(fd).st_ino
         self._files[fd] = ino
@@ -96,6 +107,7 @@ class PowerLossFilesystem:
 
     def create(self, path: str, mode: int, fi: Any = None) -> int:
         fd = os.open(self._real(path), os.O_RDWR | os.O_CREAT | os.O_EXCL, stat.S_IMODE(mode))
+        self._own(path)
         self._track(path, fd)
         self.journal.name_op("create", path, self._files[fd])
         return fd
@@ -160,6 +172,7 @@ class PowerLossFilesystem:
 
     def mkdir(self, path: str, mode: int) -> int:
         os.mkdir(self._real(path), stat.S_IMODE(mode))
+        self._own(path)
         ino = os.lstat(self._real(path)).st_ino
         self.journal.seen(ino, f"{TREE}/{path.lstrip('/')}")
         self.journal.name_op("mkdir", path, ino)
