@@ -288,6 +288,7 @@ def _campaign(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         system=args.system,
         crash_mode=args.crash_mode,
         progress=_progress(args),
+        crash_points=args.crash_point,
     )
     return (EXIT_OK if report["ok"] else EXIT_REJECTED), {
         "ok": report["ok"],
@@ -500,6 +501,11 @@ def _experiment_commands(command: _Command) -> None:
     )
     _add_system(sub)
     _add_crash_mode(sub)
+    sub.add_argument(
+        "--crash-point",
+        action="append",
+        help="run only this crash point (repeat for several; default: every one)",
+    )
     sub = command(
         "chaos",
         _chaos,

@@ -24,12 +24,13 @@ import functools
 import random
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Protocol
 
+from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.casework import (
     continuity,
     crash_signature,
@@ -70,11 +71,24 @@ CASES_AT_ONCE = 2
 Progress = Callable[[str], None]
 
 
-def campaign_order(system: System, seed: int) -> list[CrashPoint]:
-    """Every crash point exactly once, in an order fixed by ``seed``."""
+def campaign_order(
+    system: System, seed: int, only: Sequence[str] | None = None
+) -> list[CrashPoint]:
+    """Every crash point exactly once (or those named in ``only``), in an order fixed by
+    ``seed`` (the same order, less the points left out)."""
     points = list(system.crash_points)
     random.Random(seed).shuffle(points)
-    return points
+    if only is None:
+        return points
+    known = {point.name for point in points}
+    unknown = sorted(set(only) - known)
+    if unknown:
+        raise InvalidInput(
+            "crash_point",
+            f"{', '.join(unknown)}: {system.name} has no such crash point"
+            f" (it has {', '.join(sorted(known))})",
+        )
+    return [point for point in points if point.name in only]
 
 
 def preserve_crash_time(case_dir: Path) -> Path:
@@ -320,12 +334,14 @@ def run_campaign(
     system: str = DEFAULT_SYSTEM,
     crash_mode: str = PROCESS,
     progress: Progress | None = None,
+    crash_points: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """Run every crash point of ``system`` once and the probes; write ``campaign.json``."""
+    """Run every crash point of ``system`` once (or those named in ``crash_points``) and the
+    probes; write ``campaign.json``."""
     chosen = resolve_system(system)
     check_crash_mode(crash_mode, chosen)
+    order = campaign_order(chosen, seed, crash_points)
     prepare_output_directory(output_dir)
-    order = campaign_order(chosen, seed)
     started = time.perf_counter()
     # Cases share nothing (each has its own directory, clock and ids), and most of a case is
     # waiting for its child: two at a time keep both cores busy without changing any result.
@@ -351,6 +367,8 @@ def run_campaign(
         "crash_mode": crash_mode,
         "mechanism": MECHANISM[crash_mode],
         "execution_order": [point.name for point in order],
+        # None: every crash point the system declares ran.
+        "crash_points_chosen": None if crash_points is None else sorted(set(crash_points)),
         "cases": cases,
         "probes": probes,
         "model": model,

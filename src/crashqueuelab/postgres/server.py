@@ -103,7 +103,12 @@ def _server_account() -> pwd.struct_passwd | None:
 class ThrowawayServer:
     """One PostgreSQL cluster in a temporary directory, removed by ``close``."""
 
-    def __init__(self, bindir: Path | None = None, settings: Mapping[str, str] = SETTINGS):
+    def __init__(
+        self,
+        bindir: Path | None = None,
+        settings: Mapping[str, str] = SETTINGS,
+        initdb_options: Sequence[str] = (),
+    ):
         found = bindir if bindir is not None else find_binaries()
         if found is None:
             raise ServerUnavailable(
@@ -112,6 +117,7 @@ class ThrowawayServer:
             )
         self.bindir = found
         self.settings = dict(settings)
+        self.initdb_options = tuple(initdb_options)
         self.account = _server_account()
         self.root = Path(tempfile.mkdtemp(prefix="crashqueuelab-postgres-"))
         self.data = self.root / "data"
@@ -159,7 +165,7 @@ class ThrowawayServer:
         self._own(self.root)
         if not self.data.exists():
             initdb = ["initdb", "-D", str(self.data), "-U", self.user, "--auth=trust"]
-            self._run([*initdb, "-E", "UTF8", "--no-instructions"])
+            self._run([*initdb, "-E", "UTF8", "--no-instructions", *self.initdb_options])
             with (self.data / "postgresql.conf").open("a") as conf:
                 conf.write("\n# crashqueuelab throwaway server\n")
                 conf.write(f"unix_socket_directories = '{self.root}'\n")

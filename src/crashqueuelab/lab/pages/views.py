@@ -150,19 +150,21 @@ def _first(reasons: list[str]) -> list[str]:
     return reasons[:SHOWN_REASONS] + ([f"... and {more} more below"] if more > 0 else [])
 
 
+def _state_texts(state: dict[str, Any]) -> dict[str, str]:
+    if state["crash_state"] is None:  # a state nothing could read (a server refused it)
+        return {"found_text": "unreadable", "final_text": "not recovered"}
+    return {
+        "found_text": _signature_text(state["crash_state"]["signature"]),
+        "final_text": _states(state["recovery"]["final_states"]),
+    }
+
+
 def power_loss_view(run_dir: Path, report: dict[str, Any]) -> View:
     """A power-loss campaign: each crash point's cut and every crash state it allowed."""
     system, summary = report["system"], report["summary"]
     cases = []
     for case in report["cases"]:
-        states = [
-            state
-            | {
-                "found_text": _signature_text(state["crash_state"]["signature"]),
-                "final_text": _states(state["recovery"]["final_states"]),
-            }
-            for state in case["crash_states"]
-        ]
+        states = [state | _state_texts(state) for state in case["crash_states"]]
         cases.append(
             case
             | {

@@ -76,8 +76,21 @@ def judge_state(
     state_dir = case_dir / STATES_DIRECTORY / choice.name
     state_dir.mkdir(parents=True)
     with target.place(journal, choice, state_dir) as placed:
+        if placed.problem is not None:
+            # Nothing can read this state, so nothing may recover it elsewhere either.
+            return {
+                "choice": choice.name,
+                "operations": placed.state.summary(),
+                "fate": placed.state.fate,
+                "crash_state": None,
+                "durable_as_promised": False,
+                "recovery": None,
+                "anomalies": [placed.problem],
+                "passed": False,
+                "directory": str(state_dir.relative_to(case_dir)),
+            }
         return _judge_placed(
-            case_dir, state_dir, placed.state, placed.problem,
+            case_dir, state_dir, placed.state,
             system=system, point=point, jobs=jobs, seed=seed, case_id=case_id,
         )  # fmt: skip
 
@@ -86,7 +99,6 @@ def _judge_placed(
     case_dir: Path,
     state_dir: Path,
     state: CrashState,
-    unreadable: str | None,
     *,
     system: System,
     point: CrashPoint,
@@ -104,7 +116,7 @@ def _judge_placed(
     recovered = read_store(system, state_dir / STORE_DIRECTORY, keys)
     ledger = observe_ledger(state_dir / LEDGER_FILE)
     effects_once = all(ledger["effects_by_key"].get(effect_key(job)) == 1 for job in jobs)
-    anomalies = [] if unreadable is None else [unreadable]
+    anomalies = []
     if not durable:
         differences = lost_acknowledged(_jobs_of(signature), allowed[0])
         after = "recovery raised" if recovery is None else f"recovered to {recovery.states}"
