@@ -199,3 +199,33 @@ def test_walqueue_passes_and_its_two_sync_mutants_are_caught(tmp_path: Path) -> 
         )
         assert not report["ok"]
         assert report["summary"]["states_losing_acknowledged_work"] > 0
+
+
+@needs_fuse
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root may mount for other accounts")
+def test_a_shared_mount_lets_another_account_create_files_it_owns() -> None:
+    import pwd
+    import subprocess
+    import tempfile
+
+    nobody = pwd.getpwnam("nobody")
+    # Another account must reach the mount point: not under pytest's private directory.
+    root = Path(tempfile.mkdtemp(prefix="crashqueuelab-shared-"))
+    try:
+        root.chmod(0o755)
+        mountpoint = root / "mnt"
+        with PowerLossDisk(root / "disk", mountpoint, shared=True) as disk:
+            os.chown(disk.tree, nobody.pw_uid, nobody.pw_gid)
+            subprocess.run(
+                ["/bin/sh", "-c", f"echo x > '{mountpoint / 'made'}'"],
+                user=nobody.pw_uid,
+                group=nobody.pw_gid,
+                extra_groups=[],
+                check=True,
+                timeout=30,
+            )
+            made = os.stat(disk.tree / "made")
+            disk.cut()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    assert (made.st_uid, made.st_gid) == (nobody.pw_uid, nobody.pw_gid)
