@@ -12,9 +12,11 @@ from crashqueuelab import cli
 from crashqueuelab.lab.bench.runner import (
     jain_index,
     percentile,
+    reasons,
     run_bench,
     table,
     targets,
+    versus_peers,
 )
 
 
@@ -128,3 +130,64 @@ def test_the_chaos_command_reports_its_accounting(tmp_path: Path) -> None:
     accounting = result["accounting"]
     assert isinstance(accounting, dict)
     assert accounting["lost"] == 0
+
+
+def test_peer_libraries_run_through_their_own_calls_beside_ours(tmp_path: Path) -> None:
+    report = run_bench(
+        tmp_path / "bench", jobs=30, workers=(1,), work_ms=(0.0,), batch=8,
+        peers=("litequeue", "litequeue-full", "huey", "persist-queue"),
+    )  # fmt: skip
+    assert report["ok"] is True, report["reasons"]
+    peers = {"litequeue", "litequeue-full", "huey", "persist-queue"}
+    cells = {cell["system"]: cell for cell in report["cells"]}
+    assert peers <= set(cells)
+    for name in peers:
+        assert cells[name]["verified"] == {
+            "succeeded": 30, "claimed_twice": None, "ok": True,
+            "acknowledged": 30, "handed_out_twice": 0,
+        }  # fmt: skip
+    # The durability in force is read back from each library's own connection.
+    assert "synchronous=NORMAL (its default)" in report["systems"]["litequeue"]["durability"]
+    assert (
+        "synchronous=FULL (set by the bench)" in report["systems"]["litequeue-full"]["durability"]
+    )
+    assert report["systems"]["huey"]["version"].startswith("huey ")
+    compared = report["targets"]["versus_peers"]
+    assert {row["peer"] for row in compared["cells"]} == peers
+    row = compared["cells"][0]
+    assert row["sqlite-single"] == pytest.approx(
+        cells["sqlite-single"]["jobs_per_s"] / cells[row["peer"]]["jobs_per_s"]
+    )
+    assert set(compared["ahead_of_every_peer"]) == {"sqlite-single", "sqlite-batched"}
+
+
+def test_a_cell_that_fails_verification_is_named_in_the_reasons() -> None:
+    cells = [
+        {"system": "p", "workers": 4, "work_ms": 0.0, "jobs": 10,
+         "verified": {"ok": False, "succeeded": 10, "handed_out_twice": 3}},
+        {"system": "q", "workers": 1, "work_ms": 1.0, "failed": "a worker's system raised: X"},
+        {"system": "r", "workers": 2, "work_ms": 0.0, "jobs": 10,
+         "verified": {"ok": False, "succeeded": 8, "claimed_twice": 1, "judge_ok": False}},
+        {"system": "s", "workers": 1, "work_ms": 0.0, "jobs": 10, "verified": {"ok": True}},
+    ]  # fmt: skip
+    assert reasons(cells) == [
+        "p at 4 workers, 0 ms: 3 jobs handed out twice",
+        "q at 1 workers, 1 ms: a worker's system raised: X",
+        "r at 2 workers, 0 ms: 1 jobs claimed twice, 8 of 10 jobs finished, the judge refused"
+        " the store",
+    ]
+    assert versus_peers(cells, ()) == {
+        "cells": [],
+        "ahead_of_every_peer": {"sqlite-single": None, "sqlite-batched": None},
+    }
+
+
+def test_an_unknown_peer_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    out = io.StringIO()
+    argv = ["bench", "--peer", "celery", "--output-directory", str(tmp_path / "b")]
+    code = cli.main(argv, stdout=out, stderr=io.StringIO())
+    assert code == cli.EXIT_USAGE
+    error = json.loads(out.getvalue())["error"]
+    assert error["type"] == "InvalidInput"
+    assert "'celery' is not one of litequeue" in error["message"]
+    assert not (tmp_path / "b").exists()

@@ -33,6 +33,7 @@ from crashqueuelab.core.queue import DurableQueue
 from crashqueuelab.core.retry import RetryPolicy
 from crashqueuelab.judges.invariants import check_database
 from crashqueuelab.judges.replay import replay_database
+from crashqueuelab.lab.bench.peers import BENCH_PEERS
 from crashqueuelab.lab.bench.runner import BENCH_FILE, run_bench, table
 from crashqueuelab.lab.campaign import CAMPAIGN_FILE, Progress, run_campaign
 from crashqueuelab.lab.chaos.supervisor import CHAOS_FILE, run_chaos
@@ -390,11 +391,13 @@ def _bench(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         systems=args.system or [DEFAULT_SYSTEM],
         batch=args.batch,
         progress=_progress(args),
+        peers=args.peer or [],
     )
     args.stderr.write(table(report["cells"]) + "\n")
     return (EXIT_OK if report["ok"] else EXIT_REJECTED), {
         "ok": report["ok"],
         "report": _html_report(args.output_directory),
+        "reasons": report["reasons"],
         "systems": report["systems"],
         "disk": report["disk"],
         "targets": report["targets"],
@@ -572,6 +575,12 @@ def _experiment_commands(command: _Command) -> None:
         "--system",
         action="append",
         help=f"repeat to put systems side by side with the textbook queue: {_SYSTEM_HELP}",
+    )
+    sub.add_argument(
+        "--peer",
+        action="append",
+        help="repeat to add a peer library, driven through its own calls (the peers extra):"
+        f" {', '.join(BENCH_PEERS)}",
     )
     _add_dsn(sub)
 

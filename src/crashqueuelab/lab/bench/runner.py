@@ -20,6 +20,7 @@ import queue
 import shutil
 import sqlite3
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from crashqueuelab.lab.bench import textbook
+from crashqueuelab.lab.bench.peers import resolve_peer
 from crashqueuelab.lab.bench.workers import (
     WAIT_TIMEOUT_S,
     WorkerReport,
@@ -42,6 +44,7 @@ from crashqueuelab.systems.contract import JobSpec, JobStatus
 from crashqueuelab.systems.registry import DEFAULT_SYSTEM, resolve_system
 
 TEXTBOOK = "textbook"
+PEER = "peer"
 TEXTBOOK_DESCRIPTION = {
     "name": TEXTBOOK,
     "version": "crashqueuelab.lab.bench.textbook",
@@ -113,8 +116,11 @@ class Lane:
     description: dict[str, Any]
 
 
-def lanes_for(systems: Sequence[str]) -> list[Lane]:
-    """The textbook baseline, then each system's single-job path and its batched path."""
+def lanes_for(
+    systems: Sequence[str], peers: Sequence[str] = (), scratch: Path | None = None
+) -> list[Lane]:
+    """The textbook baseline, then each system's single-job path and its batched path, then
+    each peer library (described from a store opened in ``scratch``)."""
     lanes = [Lane(TEXTBOOK, TEXTBOOK, "", False, TEXTBOOK_DESCRIPTION)]
     for spec in systems:
         system = resolve_system(spec)
@@ -129,6 +135,14 @@ def lanes_for(systems: Sequence[str]) -> list[Lane]:
             )
             for kind in kinds
         ]
+    for name in peers:
+        peer = resolve_peer(name)
+        where = Path(tempfile.mkdtemp(dir=scratch))
+        try:
+            description = peer.describe(where)
+        finally:
+            shutil.rmtree(where)
+        lanes.append(Lane(name, PEER, name, False, description))
     return lanes
 
 
@@ -137,6 +151,9 @@ def _prepare_store(lane: Lane, store: Path, jobs: int) -> float:
     started = time.monotonic()
     if lane.path_kind == TEXTBOOK:
         textbook.create(store, jobs)
+        return jobs / (time.monotonic() - started)
+    if lane.path_kind == PEER:
+        resolve_peer(lane.system).fill(store, jobs)
         return jobs / (time.monotonic() - started)
     specs = [JobSpec(key=f"job-{n}", job_type="bench", payload={"value": n}) for n in range(jobs)]
     client = open_client(lane.system, str(store))
@@ -157,6 +174,9 @@ def _verify(lane: Lane, store: Path, jobs: int) -> dict[str, Any]:
     if lane.path_kind == TEXTBOOK:
         succeeded = textbook.count_succeeded(store)
         return {"succeeded": succeeded, "claimed_twice": None, "ok": succeeded == jobs}
+    if lane.path_kind == PEER:
+        finished = resolve_peer(lane.system).finished(store, jobs)
+        return {"succeeded": finished, "claimed_twice": None, "ok": finished == jobs}
     reading = read_store(resolve_system(lane.system), store, [f"job-{n}" for n in range(jobs)])
     found = reading.jobs.values()
     succeeded = sum(1 for job in found if job.status is JobStatus.SUCCEEDED)
@@ -268,6 +288,56 @@ def _cell(
     return None
 
 
+def versus_peers(cells: list[dict[str, Any]], peers: Sequence[str]) -> dict[str, Any]:
+    """The default system's paths against each peer library, cell by cell (jobs/s ratios of
+    this run), and whether each path was ahead of every peer in every cell both ran."""
+    comparisons = []
+    for peer in peers:
+        for cell in cells:
+            if cell["system"] != peer or "jobs_per_s" not in cell or not cell["jobs_per_s"]:
+                continue
+            row: dict[str, Any] = {
+                "peer": peer,
+                "workers": cell["workers"],
+                "work_ms": cell["work_ms"],
+            }
+            for lane in (SINGLE, BATCHED):
+                ours = _cell(cells, lane, cell["workers"], cell["work_ms"])
+                row[lane] = None if ours is None else ours["jobs_per_s"] / cell["jobs_per_s"]
+            comparisons.append(row)
+    ahead = {
+        lane: (
+            all(row[lane] is not None and row[lane] > 1.0 for row in comparisons)
+            if comparisons
+            else None
+        )
+        for lane in (SINGLE, BATCHED)
+    }
+    return {"cells": comparisons, "ahead_of_every_peer": ahead}
+
+
+def reasons(cells: list[dict[str, Any]]) -> list[str]:
+    """Why a run is not ok: each failed cell and each cell its verification refused."""
+    found = []
+    for cell in cells:
+        where = f"{cell['system']} at {cell['workers']} workers, {cell['work_ms']:g} ms"
+        verified = cell.get("verified", {"ok": True})
+        if "failed" in cell:
+            found.append(f"{where}: {cell['failed']}")
+        elif not verified["ok"]:
+            problems = []
+            if verified.get("handed_out_twice"):
+                problems.append(f"{verified['handed_out_twice']} jobs handed out twice")
+            if verified.get("claimed_twice"):
+                problems.append(f"{verified['claimed_twice']} jobs claimed twice")
+            if verified["succeeded"] != cell["jobs"]:
+                problems.append(f"{verified['succeeded']} of {cell['jobs']} jobs finished")
+            if verified.get("judge_ok") is False:
+                problems.append("the judge refused the store")
+            found.append(f"{where}: {', '.join(problems) or 'not verified'}")
+    return found
+
+
 def targets(cells: list[dict[str, Any]]) -> dict[str, Any]:
     """The targets for the default system, as ratios measured in this run (None where a cell
     is missing)."""
@@ -331,14 +401,24 @@ def run_bench(
     systems: Sequence[str] = (DEFAULT_SYSTEM,),
     batch: int = DEFAULT_BATCH,
     progress: Progress | None = None,
+    peers: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The whole matrix, the fsync rate of the disk, and ``bench.json``."""
-    lanes = lanes_for(systems)
+    # An unknown system or peer is refused before anything is written.
+    for spec in systems:
+        resolve_system(spec)
+    for name in peers:
+        resolve_peer(name)
     prepare_output_directory(output_dir)
     scratch = output_dir / "databases"
     scratch.mkdir()
+    lanes = lanes_for(systems, peers, scratch)
     context = multiprocessing.get_context("forkserver")
-    adapters = {resolve_system(lane.system).open.__module__ for lane in lanes if lane.system}
+    adapters = {
+        resolve_system(lane.system).open.__module__
+        for lane in lanes
+        if lane.system and lane.path_kind != PEER
+    }
     # "__main__" first: the children then need not re-run the main script one by one.
     context.set_forkserver_preload(
         ["__main__", "crashqueuelab.lab.bench.workers", *sorted(adapters)]
@@ -376,14 +456,14 @@ def run_bench(
         },
         "systems": {lane.name: lane.description for lane in lanes},
         "system_specs": list(systems),
+        "peers": list(peers),
         "jobs_per_cell": jobs,
         "batch": batch,
         "disk": disk,
         "cells": cells,
-        "targets": targets(cells),
-        "ok": all(
-            "failed" not in cell and cell.get("verified", {"ok": True})["ok"] for cell in cells
-        ),
+        "targets": targets(cells) | {"versus_peers": versus_peers(cells, peers)},
+        "reasons": reasons(cells),
     }
+    report["ok"] = not report["reasons"]
     write_json(output_dir / BENCH_FILE, report)
     return report

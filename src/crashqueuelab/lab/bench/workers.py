@@ -18,6 +18,7 @@ from crashqueuelab.core.clock import SystemClock
 from crashqueuelab.core.ids import RandomIds
 from crashqueuelab.core.retry import RetryPolicy
 from crashqueuelab.lab.bench import textbook
+from crashqueuelab.lab.bench.peers import resolve_peer
 from crashqueuelab.lab.inheritance import Inherited
 from crashqueuelab.systems.contract import OpenRequest, QueueClient
 from crashqueuelab.systems.registry import resolve_system
@@ -29,9 +30,9 @@ LEASE_US = 60_000_000
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    #: "textbook", or how a system is driven: "single" or "batched".
+    #: "textbook", "peer", or how a system is driven: "single" or "batched".
     path_kind: str
-    #: The system's name or module:factory (unused for the textbook queue).
+    #: The system's name or module:factory, or the peer's name (unused for the textbook).
     system: str
     #: The textbook database file, or the system's store directory.
     store: str
@@ -113,7 +114,27 @@ def _system(spec: WorkerSpec, barrier: Barrier) -> tuple[list[int], float]:
     return latencies, started
 
 
-RUNNERS = {"textbook": _textbook, "single": _system, "batched": _system}
+def _peer(spec: WorkerSpec, barrier: Barrier) -> tuple[list[int], float]:
+    """Drain a peer library's store through its own calls, one job at a time."""
+    latencies: list[int] = []
+    queue = resolve_peer(spec.system).open(Path(spec.store))
+    try:
+        barrier.wait(timeout=WAIT_TIMEOUT_S)
+        started = time.monotonic()
+        while True:
+            begin = time.monotonic()
+            item = queue.take()
+            if item is None:
+                break
+            _work(spec.work_ms)
+            queue.done(item)
+            latencies.append(int((time.monotonic() - begin) * 1e6))
+    finally:
+        queue.close()
+    return latencies, started
+
+
+RUNNERS = {"textbook": _textbook, "single": _system, "batched": _system, "peer": _peer}
 
 
 def run_worker(spec: WorkerSpec, barrier: Barrier, results: Queue[WorkerReport]) -> None:
