@@ -37,7 +37,7 @@ def test_jains_index_is_one_when_even_and_one_over_n_when_one_does_all() -> None
 def test_a_tiny_bench_reports_every_cell_verified(tmp_path: Path) -> None:
     report = run_bench(tmp_path / "bench", jobs=40, workers=(1, 2), work_ms=(0.0,), batch=8)
     assert report["ok"] is True
-    lanes = {"textbook", "sqlite-single", "sqlite-batched"}
+    lanes = {"textbook", "sqlite-single", "sqlite-chained", "sqlite-batched"}
     assert {cell["system"] for cell in report["cells"]} == lanes
     assert set(report["systems"]) == lanes
     assert report["systems"]["sqlite-single"]["durability"] == "WAL, synchronous=FULL"
@@ -52,6 +52,7 @@ def test_a_tiny_bench_reports_every_cell_verified(tmp_path: Path) -> None:
         assert cell["worker_exit_codes"] == [0] * cell["workers"]
     assert report["disk"]["fsyncs_per_s"] > 0
     assert report["targets"]["batched_vs_textbook_1_worker"] > 0
+    assert report["targets"]["chained_vs_textbook_1_worker"] > 0
     assert json.loads((tmp_path / "bench" / "bench.json").read_text()) == report
     assert not list((tmp_path / "bench").glob("databases"))
     assert "| textbook | 1 | 0 |" in table(report["cells"])
@@ -158,7 +159,9 @@ def test_peer_libraries_run_through_their_own_calls_beside_ours(tmp_path: Path) 
     assert row["sqlite-single"] == pytest.approx(
         cells["sqlite-single"]["jobs_per_s"] / cells[row["peer"]]["jobs_per_s"]
     )
-    assert set(compared["ahead_of_every_peer"]) == {"sqlite-single", "sqlite-batched"}
+    assert set(compared["ahead_of_every_peer"]) == {
+        "sqlite-single", "sqlite-chained", "sqlite-batched",
+    }  # fmt: skip
 
 
 def test_a_cell_that_fails_verification_is_named_in_the_reasons() -> None:
@@ -178,7 +181,11 @@ def test_a_cell_that_fails_verification_is_named_in_the_reasons() -> None:
     ]
     assert versus_peers(cells, ()) == {
         "cells": [],
-        "ahead_of_every_peer": {"sqlite-single": None, "sqlite-batched": None},
+        "ahead_of_every_peer": {
+            "sqlite-single": None,
+            "sqlite-chained": None,
+            "sqlite-batched": None,
+        },
     }
 
 
@@ -191,3 +198,49 @@ def test_an_unknown_peer_is_refused_before_anything_is_written(tmp_path: Path) -
     assert error["type"] == "InvalidInput"
     assert "'celery' is not one of litequeue" in error["message"]
     assert not (tmp_path / "b").exists()
+
+
+def test_an_acknowledgement_can_lease_the_next_job_in_the_same_commit(tmp_path: Path) -> None:
+    from crashqueuelab.core.clock import ManualClock
+    from crashqueuelab.core.ids import SeededIds
+    from crashqueuelab.core.retry import RetryPolicy
+    from crashqueuelab.systems import resolve_system
+    from crashqueuelab.systems.contract import ChainingClient, JobSpec, OpenRequest, Verdict
+
+    clock = ManualClock(1_000)
+    request = OpenRequest(tmp_path / "store", clock, SeededIds(3), RetryPolicy())
+    client = resolve_system("sqlite").open(request)
+    try:
+        assert isinstance(client, ChainingClient)
+        for n in range(2):
+            client.submit(JobSpec(key=f"k{n}", job_type="t", payload={}))
+        first = client.claim("w", 100)
+        assert first is not None
+        verdict, second = client.succeed_and_claim(first, 100)
+        assert verdict is Verdict.SUCCEEDED
+        assert second is not None
+        assert (second.key, second.worker_id) == ("k1", "w")
+        clock.advance(200)  # the second lease ran out: its acknowledgement is stale
+        assert client.succeed_and_claim(second, 100) == (Verdict.STALE, None)
+        client.recover()  # expired: a retry is scheduled
+        clock.advance(10**9)
+        client.recover()  # and promoted
+        third = client.claim("w", 100)
+        assert third is not None
+        assert client.succeed_and_claim(third, 100) == (Verdict.SUCCEEDED, None)
+    finally:
+        client.close()
+
+
+def test_a_chained_lane_on_a_system_that_cannot_chain_fails_its_cell(tmp_path: Path) -> None:
+    import multiprocessing
+
+    from crashqueuelab.lab.bench.runner import Lane, run_config
+    from crashqueuelab.systems import resolve_system
+
+    system = resolve_system("walqueue")
+    assert not system.capabilities.chained
+    lane = Lane("walqueue-chained", "chained", "walqueue", False, system.describe())
+    context = multiprocessing.get_context("forkserver")
+    cell = run_config(context, tmp_path, lane=lane, workers=1, work_ms=0.0, jobs=5, batch=1)
+    assert "cannot acknowledge and claim in one commit" in cell["failed"]

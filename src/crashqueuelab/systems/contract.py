@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from crashqueuelab.core.clock import Clock
 from crashqueuelab.core.ids import IdGenerator
@@ -139,6 +139,17 @@ class QueueClient(Protocol):
         ...
 
 
+@runtime_checkable
+class ChainingClient(Protocol):
+    """A client whose acknowledgement can also lease the worker's next job, in one commit
+    (``Capabilities.chained``): two transitions, two events, one fsync."""
+
+    def succeed_and_claim(self, claim: Claim, lease_us: int) -> tuple[Verdict, Claim | None]:
+        """Acknowledge ``claim``; if that was accepted, lease the next ready job to the same
+        worker in the same transaction (None when nothing is ready)."""
+        ...
+
+
 @dataclass(frozen=True)
 class OpenRequest:
     """Everything a system is opened with: injected time, ids and hook."""
@@ -161,9 +172,11 @@ class Capabilities:
     batching: bool  # claim_many and succeed_many are set-oriented
     single_owner: bool  # one process owns the store; workers live inside it
     checkpoint: bool  # checkpoint() does durable work with crash points of its own
+    chained: bool = False  # the client is a ChainingClient
 
     def to_json(self) -> dict[str, bool]:
         return {
+            "chained": self.chained,
             "fencing_tokens": self.fencing_tokens,
             "heartbeats": self.heartbeats,
             "several_processes": self.several_processes,

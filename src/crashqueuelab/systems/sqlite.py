@@ -108,6 +108,18 @@ class SqliteClient:
             return Verdict.STALE
         return _VERDICT[job.state]
 
+    def succeed_and_claim(self, claim: Claim, lease_us: int) -> tuple[Verdict, Claim | None]:
+        try:
+            job, claimed = self.queue.succeed_and_claim(
+                job_id=claim.job_id,
+                worker_id=claim.worker_id,
+                lease_token=claim.token,
+                lease_duration_us=lease_us,
+            )
+        except StaleLease:
+            return Verdict.STALE, None
+        return _VERDICT[job.state], None if claimed is None else _claim(claimed, claim.worker_id)
+
     def succeed_many(self, claims: Sequence[Claim]) -> list[Verdict]:
         results = self.queue.succeed_many(
             [Acknowledgement(claim.job_id, claim.worker_id, claim.token) for claim in claims]
@@ -270,6 +282,7 @@ CAPABILITIES = Capabilities(
     batching=True,
     single_owner=False,
     checkpoint=False,
+    chained=True,
 )
 
 

@@ -58,6 +58,7 @@ BENCH_FILE = "bench.json"
 REPORT_GRACE_S = 5.0
 #: The default system's lanes, which the targets compare with the textbook queue.
 SINGLE = f"{DEFAULT_SYSTEM}-single"
+CHAINED = f"{DEFAULT_SYSTEM}-chained"
 BATCHED = f"{DEFAULT_SYSTEM}-batched"
 
 Progress = Callable[[str], None]
@@ -124,7 +125,11 @@ def lanes_for(
     lanes = [Lane(TEXTBOOK, TEXTBOOK, "", False, TEXTBOOK_DESCRIPTION)]
     for spec in systems:
         system = resolve_system(spec)
-        kinds = ("single", "batched") if system.capabilities.batching else ("single",)
+        kinds = (
+            "single",
+            *(["chained"] if system.capabilities.chained else []),
+            *(["batched"] if system.capabilities.batching else []),
+        )
         lanes += [
             Lane(
                 f"{system.name}-{kind}",
@@ -301,7 +306,7 @@ def versus_peers(cells: list[dict[str, Any]], peers: Sequence[str]) -> dict[str,
                 "workers": cell["workers"],
                 "work_ms": cell["work_ms"],
             }
-            for lane in (SINGLE, BATCHED):
+            for lane in (SINGLE, CHAINED, BATCHED):
                 ours = _cell(cells, lane, cell["workers"], cell["work_ms"])
                 row[lane] = None if ours is None else ours["jobs_per_s"] / cell["jobs_per_s"]
             comparisons.append(row)
@@ -311,7 +316,7 @@ def versus_peers(cells: list[dict[str, Any]], peers: Sequence[str]) -> dict[str,
             if comparisons
             else None
         )
-        for lane in (SINGLE, BATCHED)
+        for lane in (SINGLE, CHAINED, BATCHED)
     }
     return {"cells": comparisons, "ahead_of_every_peer": ahead}
 
@@ -349,13 +354,15 @@ def targets(cells: list[dict[str, Any]]) -> dict[str, Any]:
 
     book1 = _cell(cells, TEXTBOOK, 1, 0.0)
     single1 = _cell(cells, SINGLE, 1, 0.0)
+    chained1 = _cell(cells, CHAINED, 1, 0.0)
     batched1 = _cell(cells, BATCHED, 1, 0.0)
     book16 = _cell(cells, TEXTBOOK, 16, 1.0)
     result: dict[str, Any] = {
         "single_vs_textbook_1_worker": ratio(single1, book1, "jobs_per_s"),
+        "chained_vs_textbook_1_worker": ratio(chained1, book1, "jobs_per_s"),
         "batched_vs_textbook_1_worker": ratio(batched1, book1, "jobs_per_s"),
     }
-    for system in (SINGLE, BATCHED):
+    for system in (SINGLE, CHAINED, BATCHED):
         ours16 = _cell(cells, system, 16, 1.0)
         ours1 = _cell(cells, system, 1, 1.0)
         result[system] = {

@@ -20,7 +20,7 @@ from crashqueuelab.core.retry import RetryPolicy
 from crashqueuelab.lab.bench import textbook
 from crashqueuelab.lab.bench.peers import resolve_peer
 from crashqueuelab.lab.inheritance import Inherited
-from crashqueuelab.systems.contract import OpenRequest, QueueClient
+from crashqueuelab.systems.contract import ChainingClient, OpenRequest, QueueClient
 from crashqueuelab.systems.registry import resolve_system
 
 #: Barrier and result waits are bounded: a stuck worker fails the run instead of hanging it.
@@ -30,7 +30,7 @@ LEASE_US = 60_000_000
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    #: "textbook", "peer", or how a system is driven: "single" or "batched".
+    #: "textbook", "peer", or how a system is driven: "single", "chained" or "batched".
     path_kind: str
     #: The system's name or module:factory, or the peer's name (unused for the textbook).
     system: str
@@ -80,6 +80,31 @@ def _textbook(spec: WorkerSpec, barrier: Barrier) -> tuple[list[int], float]:
             latencies.append(int((time.monotonic() - begin) * 1e6))
     finally:
         conn.close()
+    return latencies, started
+
+
+def _chained(spec: WorkerSpec, barrier: Barrier) -> tuple[list[int], float]:
+    """Drain a system's store one job at a time, each acknowledgement leasing the next job
+    in the same commit (a ``ChainingClient``)."""
+    worker_id = f"bench-{spec.worker_index}"
+    latencies: list[int] = []
+    client = open_client(spec.system, spec.store)
+    if not isinstance(client, ChainingClient):
+        client.close()
+        raise TypeError(f"{spec.system} cannot acknowledge and claim in one commit")
+    try:
+        barrier.wait(timeout=WAIT_TIMEOUT_S)
+        started = begin = time.monotonic()
+        claim = client.claim(worker_id, LEASE_US)
+        while claim is not None:
+            _work(spec.work_ms)
+            # The next job's claim starts with this acknowledgement.
+            next_begin = time.monotonic()
+            _, claim = client.succeed_and_claim(claim, LEASE_US)
+            latencies.append(int((time.monotonic() - begin) * 1e6))
+            begin = next_begin
+    finally:
+        client.close()
     return latencies, started
 
 
@@ -134,7 +159,13 @@ def _peer(spec: WorkerSpec, barrier: Barrier) -> tuple[list[int], float]:
     return latencies, started
 
 
-RUNNERS = {"textbook": _textbook, "single": _system, "batched": _system, "peer": _peer}
+RUNNERS = {
+    "textbook": _textbook,
+    "single": _system,
+    "chained": _chained,
+    "batched": _system,
+    "peer": _peer,
+}
 
 
 def run_worker(spec: WorkerSpec, barrier: Barrier, results: Queue[WorkerReport]) -> None:
