@@ -166,7 +166,9 @@ class ServerOnDisk:
         try:
             state = materialize(self.disk.root, journal, choice, server.data)
             server.adopt(server.data)
-            shutil.copytree(self.case_dir / STORE_DIRECTORY, state_dir / STORE_DIRECTORY)
+            store = self.case_dir / STORE_DIRECTORY
+            if store.is_dir():  # a child that died before opening the store made none
+                shutil.copytree(store, state_dir / STORE_DIRECTORY)
             try:
                 server.start_again()
             except ServerUnavailable as refused:
