@@ -1,0 +1,93 @@
+"""Where one worker's time goes on each path of the SQLite queue: a cProfile of a drain.
+
+    python benchmarks/profile_paths.py [--path single|chained|batched] [--jobs 3000]
+        [--batch 32] [--sync-off] [--no-profile] [--top 25]
+
+Fills a fresh store (under the system temp directory) and drains it through the lab's
+client, one worker, with cProfile on; prints jobs/s and the functions with the most time
+of their own. ``--sync-off`` sets ``synchronous=OFF`` on the open connection after the
+queue checked ``FULL`` (never possible through the queue's API): what is left is the CPU
+cost of a transition, without its fsync. Profiling slows the run: ``--no-profile`` gives
+the rate alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from crashqueuelab.core.clock import SystemClock
+from crashqueuelab.core.ids import RandomIds
+from crashqueuelab.core.retry import RetryPolicy
+from crashqueuelab.systems import resolve_system
+from crashqueuelab.systems.contract import ChainingClient, JobSpec, OpenRequest, QueueClient
+from crashqueuelab.systems.sqlite import SqliteClient
+
+LEASE_US = 60_000_000
+
+
+def drain(client: QueueClient, path: str, batch: int) -> int:
+    done = 0
+    if path == "batched":
+        while claims := client.claim_many("profile", LEASE_US, batch):
+            client.succeed_many(claims)
+            done += len(claims)
+    elif path == "chained":
+        assert isinstance(client, ChainingClient)
+        claim = client.claim("profile", LEASE_US)
+        while claim is not None:
+            _, claim = client.succeed_and_claim(claim, LEASE_US)
+            done += 1
+    else:
+        while (one := client.claim("profile", LEASE_US)) is not None:
+            client.succeed(one)
+            done += 1
+    return done
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--path", choices=("single", "chained", "batched"), default="single")
+    parser.add_argument("--jobs", type=int, default=3000)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--sync-off", action="store_true")
+    parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="cql-profile-"))
+    try:
+        request = OpenRequest(scratch / "store", SystemClock(), RandomIds(), RetryPolicy())
+        client = resolve_system("sqlite").open(request)
+        try:
+            specs = [JobSpec(f"job-{n}", "profile", {"n": n}) for n in range(args.jobs)]
+            for start in range(0, args.jobs, 500):
+                client.submit_many(specs[start : start + 500])
+            if args.sync_off:
+                assert isinstance(client, SqliteClient)
+                client.queue.connection.execute("PRAGMA synchronous = OFF")
+            profile = cProfile.Profile()
+            started = time.perf_counter()
+            if not args.no_profile:
+                profile.enable()
+            done = drain(client, args.path, args.batch)
+            profile.disable()
+            elapsed = time.perf_counter() - started
+        finally:
+            client.close()
+    finally:
+        shutil.rmtree(scratch)
+    setting = "OFF" if args.sync_off else "FULL"
+    how = "alone" if args.no_profile else "under the profiler"
+    print(f"{args.path}, synchronous={setting}: {done} jobs in {elapsed:.2f} s,"
+          f" {done / elapsed:,.0f} jobs/s {how}")  # fmt: skip
+    if not args.no_profile:
+        pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
+
+
+if __name__ == "__main__":
+    main()
