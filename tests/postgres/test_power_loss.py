@@ -126,3 +126,21 @@ def test_an_unknown_crash_point_is_refused_before_anything_is_written(tmp_path: 
     assert result["error"]["type"] == "InvalidInput"
     assert "NOWHERE: sqlite has no such crash point" in result["error"]["message"]
     assert not (tmp_path / "c").exists()
+
+
+def test_a_case_server_that_cannot_mount_leaves_nothing_behind(
+    template: ClusterTemplate, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from crashqueuelab.core.errors import CrashModeUnavailable
+    from crashqueuelab.lab.powerloss.disk import PowerLossDisk
+
+    def refuse(disk: PowerLossDisk) -> None:
+        raise CrashModeUnavailable("power-loss", "no mount today")
+
+    monkeypatch.setattr(PowerLossDisk, "start", refuse)
+    before = os.environ.get(DSN_VARIABLE)
+    target = serverdisk.ServerOnDisk(tmp_path, template)
+    with pytest.raises(CrashModeUnavailable, match="no mount today"), target:
+        pass
+    assert not target.server.root.exists()
+    assert os.environ.get(DSN_VARIABLE) == before

@@ -21,7 +21,7 @@ from __future__ import annotations
 import shutil
 import signal
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -107,10 +107,9 @@ class ServerOnDisk:
         self.template = template
         self.server = _server()
         # The backing tree lives beside the server, in the system temp directory: a cluster
-        # is 40 MB, and what a reader needs (the journal, the logs) is copied to the case.
+        # is 20 MB, and what a reader needs (the journal, the logs) is copied to the case.
         self.disk = PowerLossDisk(self.server.root / DISK_DIRECTORY, self.server.data, shared=True)
-        self._naming = naming_server(self.server.dsn)
-        self._pids: list[int] = []
+        self._naming = ExitStack()
 
     def __enter__(self) -> ServerOnDisk:
         try:
@@ -124,7 +123,7 @@ class ServerOnDisk:
             self.server.adopt(self.server.data)
             self.disk.start()
             self.server.start_again()
-            self._naming.__enter__()
+            self._naming.enter_context(naming_server(self.server.dsn))
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -137,10 +136,9 @@ class ServerOnDisk:
         traceback: TracebackType | None,
     ) -> None:
         try:
-            self._naming.__exit__(kind, error, traceback)
+            self._naming.close()
             if self.server.running:
-                self._pids = self.server.processes()
-                self.server.kill(self._pids)
+                self.server.kill(self.server.processes())
             self.disk.__exit__(kind, error, traceback)
             _keep_log(self.server, self.case_dir / SERVER_LOG)
         finally:
@@ -150,10 +148,10 @@ class ServerOnDisk:
         """Every server process stops where it is, the disk stops, then they all die."""
         from crashqueuelab.postgres.server import signal_all
 
-        self._pids = self.server.processes()
-        signal_all(self._pids, signal.SIGSTOP)
+        pids = self.server.processes()
+        signal_all(pids, signal.SIGSTOP)
         journal = self.disk.cut()
-        self.server.kill(self._pids)
+        self.server.kill(pids)
         kept = self.case_dir / DISK_DIRECTORY
         kept.mkdir(exist_ok=True)
         shutil.copyfile(self.disk.root / JOURNAL_FILE, kept / JOURNAL_FILE)
