@@ -244,3 +244,25 @@ def test_a_chained_lane_on_a_system_that_cannot_chain_fails_its_cell(tmp_path: P
     context = multiprocessing.get_context("forkserver")
     cell = run_config(context, tmp_path, lane=lane, workers=1, work_ms=0.0, jobs=5, batch=1)
     assert "cannot acknowledge and claim in one commit" in cell["failed"]
+
+
+def test_a_peer_acknowledgement_the_library_refuses_is_not_counted(tmp_path: Path) -> None:
+    import importlib.metadata
+
+    from crashqueuelab.lab.bench.peers import resolve_peer
+
+    peer = resolve_peer("litequeue")
+    peer.fill(tmp_path / "s", 1)
+    queue = peer.open(tmp_path / "s")
+    try:
+        item = queue.take()
+        assert item is not None
+        assert queue.done(item) is True
+        # From 0.14 litequeue fences done by the claim id: a second done is stale.
+        version = importlib.metadata.version("litequeue")
+        fenced = tuple(int(part) for part in version.split(".")[:2]) >= (0, 14)
+        assert queue.done(item) is (not fenced)
+        assert queue.take() is None
+        assert queue.finished(1) == 1
+    finally:
+        queue.close()

@@ -9,7 +9,8 @@ assumed. These are not systems under test (the crash campaign needs crash points
 persist-queue adapter in ``systems/`` is that); they need the ``peers`` extra.
 
 - litequeue: ``put`` / ``pop`` (one ``UPDATE ... RETURNING`` under ``BEGIN IMMEDIATE``) /
-  ``done``; its default is ``synchronous=NORMAL``.
+  ``done``; its default is ``synchronous=NORMAL``. From 0.14 (Python 3.12 and later) ``done``
+  takes the claim id ``pop`` returned and refuses a stale one.
 - huey's ``SqliteStorage``: ``enqueue`` / ``dequeue``, which deletes the task in the
   transaction that reads it: there is no acknowledgement (at most once), so ``done`` does
   nothing and a finished job is one no longer stored.
@@ -38,7 +39,9 @@ class PeerQueue(Protocol):
 
     def take(self) -> object | None: ...
 
-    def done(self, item: object) -> None: ...
+    def done(self, item: object) -> bool:
+        """Whether the library accepted the acknowledgement."""
+        ...
 
     def finished(self, jobs: int) -> int: ...
 
@@ -71,10 +74,16 @@ class LiteQueueDriver:
 
     def take(self) -> object | None:
         message = self.queue.pop()
-        return None if message is None else message.message_id
+        if message is None:
+            return None
+        return message.message_id, getattr(message, "claim_id", None)
 
-    def done(self, item: object) -> None:
-        self.queue.done(item)
+    def done(self, item: object) -> bool:
+        message_id, claim_id = cast(tuple[str, int | None], item)
+        if claim_id is None:  # before 0.14: no claim ids, every done is applied
+            self.queue.done(message_id)
+            return True
+        return bool(self.queue.done(message_id, claim_id=claim_id))
 
     def finished(self, jobs: int) -> int:
         row = self.queue.conn.execute(
@@ -103,8 +112,8 @@ class HueyDriver:
         data: object | None = self.storage.dequeue()
         return data
 
-    def done(self, item: object) -> None:
-        return None  # dequeue already deleted it: huey has no acknowledgement
+    def done(self, item: object) -> bool:
+        return True  # dequeue already deleted it: huey has no acknowledgement
 
     def finished(self, jobs: int) -> int:
         return jobs - int(self.storage.queue_size())
@@ -144,8 +153,8 @@ class PersistQueueDriver:
             return None
         return item
 
-    def done(self, item: object) -> None:
-        self.queue.ack(item)
+    def done(self, item: object) -> bool:
+        return self.queue.ack(item) is not None
 
     def finished(self, jobs: int) -> int:
         return int(self.queue.acked_count())

@@ -152,8 +152,9 @@ def _peer(spec: WorkerSpec, barrier: Barrier) -> tuple[list[int], float]:
             if item is None:
                 break
             _work(spec.work_ms)
-            queue.done(item)
-            latencies.append(int((time.monotonic() - begin) * 1e6))
+            # A refused acknowledgement (a stale claim) finished nothing: not counted.
+            if queue.done(item):
+                latencies.append(int((time.monotonic() - begin) * 1e6))
     finally:
         queue.close()
     return latencies, started
