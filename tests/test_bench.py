@@ -159,6 +159,15 @@ def test_peer_libraries_run_through_their_own_calls_beside_ours(tmp_path: Path) 
     assert row["sqlite-single"] == pytest.approx(
         cells["sqlite-single"]["jobs_per_s"] / cells[row["peer"]]["jobs_per_s"]
     )
+    # The page's reproduce command is the run's: its peers, workers and costs included.
+    from crashqueuelab.lab.pages.views import bench_view
+
+    view = bench_view(tmp_path / "bench")
+    assert view.verdict.command == (
+        "crashqueuelab bench --system sqlite --peer litequeue --peer litequeue-full"
+        " --peer huey --peer persist-queue --jobs 30 --workers 1 --work-ms 0 --batch 8"
+        f" --output-directory {tmp_path / 'bench'}"
+    )
     assert set(compared["ahead_of_every_peer"]) == {
         "sqlite-single", "sqlite-chained", "sqlite-batched",
     }  # fmt: skip

@@ -11,7 +11,21 @@ from typing import Any
 from crashqueuelab.lab.chaos.worklog import read_logs
 from crashqueuelab.lab.pages.charts import Chart, Mark, Rule, Series, rate_over_time
 
-PALETTE = ("#1a73e8", "#188038", "#9334e6", "#e37400", "#d01884", "#007b83", "#5f6368")
+#: Twelve colors, so a bench with ten lanes (ours, the textbook queue, six peers) repeats none.
+PALETTE = (
+    "#1a73e8",
+    "#188038",
+    "#9334e6",
+    "#e37400",
+    "#d01884",
+    "#007b83",
+    "#5f6368",
+    "#795548",
+    "#12b5cb",
+    "#f9ab00",
+    "#3949ab",
+    "#7cb342",
+)
 KILL, PAUSE, POWER_CUT = "#d93025", "#f29900", "#5f2eea"
 SERVER_RESTART, SESSION_KILL = "#202124", "#00897b"
 FAULT_COLORS = {
@@ -527,17 +541,21 @@ def bench_view(run_dir: Path) -> View:
                 log_x=True,
             )
         )
-    failed = [
+    # The run's own account of what failed; a bench.json from before it kept one is read
+    # cell by cell.
+    failed = report.get("reasons") or [
         f"{c['system']} at {c['workers']} workers: {c['failed']}"
         for c in report["cells"]
         if "failed" in c
-    ]
-    failed += [
+    ] + [
         f"{c['system']} at {c['workers']} workers, {c['work_ms']:g} ms:"
         f" not verified ({c['verified']})"
         for c in cells
         if not c["verified"]["ok"]
     ]
+    every = report["cells"]
+    workers = ",".join(str(n) for n in sorted({c["workers"] for c in every}))
+    work = ",".join(f"{ms:g}" for ms in sorted({c["work_ms"] for c in every}))
     verdict = Verdict(
         ok=report["ok"],
         title=f"benchmark: {', '.join(lanes)}",
@@ -549,8 +567,9 @@ def bench_view(run_dir: Path) -> View:
         duration=None,
         command="crashqueuelab bench "
         + " ".join(f"--system {spec}" for spec in report.get("system_specs", []))
-        + f" --jobs {report['jobs_per_cell']} --batch {report['batch']}"
-        + f" --output-directory {run_dir}",
+        + "".join(f" --peer {peer}" for peer in report.get("peers", []))
+        + f" --jobs {report['jobs_per_cell']} --workers {workers} --work-ms {work}"
+        + f" --batch {report['batch']} --output-directory {run_dir}",
         reasons=failed,
     )
     figures = [
