@@ -238,6 +238,24 @@ def test_the_judges_refuse_what_is_not_a_queue_database(tmp_path: Path) -> None:
         check_database(foreign)
 
 
+def test_a_store_kept_from_schema_version_1_is_judged_but_not_written(
+    populated: dict[str, str], db_path: Path
+) -> None:
+    """Version 1 had version 2's tables; only its constraints were written as IN lists."""
+    from crashqueuelab import DurableQueue
+
+    conn = raw(db_path)
+    conn.execute("PRAGMA user_version = 1")
+    conn.close()
+    before = fingerprint(db_path)
+    assert check_database(db_path).ok
+    assert replay_database(db_path).ok
+    with pytest.raises(SchemaMismatch) as caught:
+        DurableQueue(db_path, create=False)
+    assert (caught.value.found, caught.value.expected) == (1, 2)
+    assert fingerprint(db_path) == before
+
+
 def test_replay_flags_illegal_histories(populated: dict[str, str], db_path: Path) -> None:
     conn = raw(db_path)
     conn.execute("DROP TRIGGER events_no_update")

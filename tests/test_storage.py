@@ -26,7 +26,7 @@ def test_a_new_store_runs_in_wal_with_synchronous_full(db_path: Path) -> None:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2
         assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
     finally:
         conn.close()
 
@@ -74,7 +74,7 @@ def test_another_schema_version_is_refused(db_path: Path) -> None:
     before = fingerprint(db_path)
     with pytest.raises(SchemaMismatch) as caught:
         DurableQueue(db_path)
-    assert (caught.value.found, caught.value.expected) == (99, 1)
+    assert (caught.value.found, caught.value.expected) == (99, 2)
     assert fingerprint(db_path) == before
 
 
@@ -142,3 +142,23 @@ def test_a_connection_is_never_used_from_another_process(queue: DurableQueue) ->
     queue._pid = -1  # what a forked child would see
     with pytest.raises(StoreError, match="another process"):
         queue.get("job-x")
+
+
+def test_no_constraint_or_index_condition_is_an_in_list(db_path: Path) -> None:
+    """SQLite builds a temporary b-tree per run for such a list: per row under executemany."""
+    conn = open_store(db_path, create=True)
+    try:
+        schema = [row[0] for row in conn.execute("SELECT sql FROM sqlite_master WHERE sql > ''")]
+        claim_plan = [
+            row[3]
+            for row in conn.execute(
+                "EXPLAIN QUERY PLAN SELECT submit_seq FROM jobs WHERE state = 'QUEUED'"
+                " AND available_at_us <= 0 ORDER BY available_at_us, submit_seq"
+            )
+        ]
+    finally:
+        conn.close()
+    assert len(schema) == 7
+    assert not [sql for sql in schema if " IN (" in sql.upper()]
+    # A query naming one live state is enough for the partial index of live jobs.
+    assert any("jobs_active" in step for step in claim_plan), claim_plan

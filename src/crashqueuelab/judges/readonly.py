@@ -10,7 +10,9 @@ from crashqueuelab.core.errors import NotADatabase, SchemaMismatch, StoreNotFoun
 # The judges hold their own copy of the identity they expect, so a change to the queue's
 # schema module cannot silently change what the judges accept.
 EXPECTED_APPLICATION_ID = 0x43514C31
-EXPECTED_SCHEMA_VERSION = 1
+#: Versions 1 and 2 hold the same tables and columns (2 only writes its constraints
+#: differently), so a store kept from a run of either can be judged.
+READABLE_SCHEMA_VERSIONS = (1, 2)
 
 
 def _read_only_uri(resolved: Path) -> str:
@@ -29,7 +31,7 @@ def open_read_only(
     path: str | Path,
     *,
     application_id: int = EXPECTED_APPLICATION_ID,
-    version: int = EXPECTED_SCHEMA_VERSION,
+    versions: tuple[int, ...] = READABLE_SCHEMA_VERSIONS,
     what: str = "crashqueuelab database",
 ) -> sqlite3.Connection:
     """A read-only connection; StoreNotFound, NotADatabase or SchemaMismatch when unusable.
@@ -48,16 +50,17 @@ def open_read_only(
             found_version = conn.execute("PRAGMA user_version").fetchone()[0]
         except sqlite3.DatabaseError:
             raise NotADatabase(name) from None
+        expected = max(versions)
         if found_id != application_id:
             raise SchemaMismatch(
                 name,
                 found_version,
-                version,
+                expected,
                 f"not a {what}",
                 application_ids=(found_id, application_id),
             )
-        if found_version != version:
-            raise SchemaMismatch(name, found_version, version)
+        if found_version not in versions:
+            raise SchemaMismatch(name, found_version, expected)
     except BaseException:
         conn.close()
         raise

@@ -21,7 +21,7 @@ def observe_ledger(path: Path) -> dict[str, Any]:
     conn = open_read_only(
         path,
         application_id=LEDGER_SCHEMA.application_id,
-        version=LEDGER_SCHEMA.version,
+        versions=(LEDGER_SCHEMA.version,),
         what="crashqueuelab effect ledger",
     )
     try:

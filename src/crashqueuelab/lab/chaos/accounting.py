@@ -29,7 +29,7 @@ def _ledger_rows(path: Path, sql: str) -> list[tuple[Any, ...]]:
     conn = open_read_only(
         path,
         application_id=LEDGER_SCHEMA.application_id,
-        version=LEDGER_SCHEMA.version,
+        versions=(LEDGER_SCHEMA.version,),
         what="crashqueuelab effect ledger",
     )
     try:
