@@ -49,6 +49,18 @@ def test_random_ids_do_not_repeat() -> None:
     assert ids.lease_token() != ids.lease_token()
 
 
+def test_random_job_ids_sort_in_the_order_their_clock_made_them() -> None:
+    clock = ManualClock(1_000)
+    ids = RandomIds(clock)
+    made = []
+    for _ in range(50):
+        made.append(ids.job_id())
+        clock.advance(1)
+    assert sorted(made) == made
+    # Made at the same microsecond, two ids still differ.
+    assert ids.job_id() != ids.job_id()
+
+
 @pytest.mark.parametrize(
     ("arguments", "field"),
     [

@@ -107,7 +107,7 @@ class DurableQueue(DatabaseHandle):
             what="queue",
         )
         self._clock: Clock = clock if clock is not None else SystemClock()
-        self._ids: IdGenerator = ids if ids is not None else RandomIds()
+        self._ids: IdGenerator = ids if ids is not None else RandomIds(self._clock)
         self._retry = retry if retry is not None else RetryPolicy()
         self._hook: Hook = hook if hook is not None else no_hook
 
