@@ -56,6 +56,21 @@ def test_a_tiny_bench_reports_every_cell_verified(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "bench" / "bench.json").read_text()) == report
     assert not list((tmp_path / "bench").glob("databases"))
     assert "| textbook | 1 | 0 |" in table(report["cells"])
+    batched = [cell for cell in report["cells"] if cell["system"] == "sqlite-batched"]
+    assert [cell["batch"] for cell in batched] == [8, 8]
+    assert all(0 < cell["batch_largest"] <= 8 for cell in batched)
+
+
+def test_the_batched_path_sizes_its_batches_itself_by_default(tmp_path: Path) -> None:
+    report = run_bench(tmp_path / "bench", jobs=60, workers=(1,), work_ms=(0.0,))
+    assert report["ok"] is True
+    assert report["batch"] == "adaptive"
+    [cell] = [cell for cell in report["cells"] if cell["system"] == "sqlite-batched"]
+    assert cell["batch"] == "adaptive"
+    # The first batch is measured (8 jobs); jobs that cost nothing then make the next
+    # batch as large as the 52 jobs left allow.
+    assert cell["batch_largest"] > 8
+    assert cell["batch_mean"] > 8
 
 
 def test_targets_are_none_where_a_cell_is_missing() -> None:
@@ -97,11 +112,12 @@ def run_cli(*argv: str) -> tuple[int, dict[str, object], str]:
 def test_the_bench_command_prints_targets_and_a_table(tmp_path: Path) -> None:
     code, result, err = run_cli(
         "bench", "--output-directory", str(tmp_path / "b"), "--jobs", "20",
-        "--workers", "1", "--work-ms", "0",
+        "--workers", "1", "--work-ms", "0", "--batch", "adaptive",
     )  # fmt: skip
     assert code == cli.EXIT_OK
     assert result["ok"] is True
     assert "| system | workers |" in err
+    assert json.loads((tmp_path / "b" / "bench.json").read_text())["batch"] == "adaptive"
 
 
 @pytest.mark.parametrize(
@@ -112,6 +128,8 @@ def test_the_bench_command_prints_targets_and_a_table(tmp_path: Path) -> None:
         ["--work-ms", "-1"],
         ["--work-ms", "x"],
         ["--jobs", "0"],
+        ["--batch", "0"],
+        ["--batch", "adaptively"],
     ],
 )
 def test_bad_bench_arguments_are_usage_errors(tmp_path: Path, argv: list[str]) -> None:

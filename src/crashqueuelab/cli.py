@@ -98,6 +98,17 @@ def _positive(text: str) -> int:
     return value
 
 
+def _batch_size(text: str) -> int | None:
+    if text == "adaptive":
+        return None
+    try:
+        return _positive(text)
+    except argparse.ArgumentTypeError as error:
+        raise argparse.ArgumentTypeError(
+            f"{error}; give a positive integer or 'adaptive'"
+        ) from None
+
+
 Handler = Callable[[argparse.Namespace], tuple[int, dict[str, Any]]]
 
 
@@ -570,7 +581,13 @@ def _experiment_commands(command: _Command) -> None:
     sub.add_argument("--jobs", type=_positive, default=2000)
     sub.add_argument("--workers", type=_int_list, default=[1, 2, 4, 8, 16])
     sub.add_argument("--work-ms", type=_float_list, default=[0.0, 1.0])
-    sub.add_argument("--batch", type=_positive, default=32)
+    sub.add_argument(
+        "--batch",
+        type=_batch_size,
+        default=None,
+        help="jobs per batch of the batched path, or 'adaptive' (the default): each worker"
+        " sizes its batches from the commit and work times it measures",
+    )
     sub.add_argument(
         "--system",
         action="append",

@@ -52,7 +52,8 @@ TEXTBOOK_DESCRIPTION = {
 }
 DEFAULT_WORKERS = (1, 2, 4, 8, 16)
 DEFAULT_WORK_MS = (0.0, 1.0)
-DEFAULT_BATCH = 32
+#: None: each worker of the batched path sizes its own batches (lab/batching.py).
+DEFAULT_BATCH: int | None = None
 BENCH_FILE = "bench.json"
 #: How long a failed cell waits for its workers' own account of what went wrong.
 REPORT_GRACE_S = 5.0
@@ -202,7 +203,14 @@ def _remove_store(store: Path) -> None:
 
 
 def run_config(
-    context: Any, scratch: Path, *, lane: Lane, workers: int, work_ms: float, jobs: int, batch: int
+    context: Any,
+    scratch: Path,
+    *,
+    lane: Lane,
+    workers: int,
+    work_ms: float,
+    jobs: int,
+    batch: int | None,
 ) -> dict[str, Any]:
     """One cell of the matrix."""
     cell: dict[str, Any] = {"system": lane.name, "workers": workers, "work_ms": work_ms}
@@ -266,21 +274,33 @@ def run_config(
     verification["handed_out_twice"] = max(0, acknowledged - jobs)
     verification["ok"] = verification["ok"] and acknowledged == jobs
     _remove_store(store)
-    return cell | {
-        "batch": batch if lane.path_kind == "batched" else 1,
-        "jobs": jobs,
-        # Jobs finished per second; repeated acknowledgements of one job do not count.
-        "jobs_per_s": min(acknowledged, jobs) / elapsed if elapsed > 0 else 0.0,
-        "elapsed_s": elapsed,
-        "latency_p50_ms": percentile(latencies, 0.5) / 1000,
-        "latency_p99_ms": percentile(latencies, 0.99) / 1000,
-        "jobs_per_worker_min": min(counts),
-        "jobs_per_worker_max": max(counts),
-        "fairness_jain": jain_index(counts),
-        "submit_per_s": submit_rate,
-        "worker_exit_codes": exit_codes,
-        "verified": verification,
-    }
+    batches = sum(report.batches for report in reports)
+    if lane.path_kind == "batched":
+        sizes = {
+            "batch": "adaptive" if batch is None else batch,
+            "batch_mean": acknowledged / batches if batches else 0.0,
+            "batch_largest": max(report.largest_batch for report in reports),
+        }
+    else:
+        sizes = {"batch": 1}
+    return (
+        cell
+        | sizes
+        | {
+            "jobs": jobs,
+            # Jobs finished per second; repeated acknowledgements of one job do not count.
+            "jobs_per_s": min(acknowledged, jobs) / elapsed if elapsed > 0 else 0.0,
+            "elapsed_s": elapsed,
+            "latency_p50_ms": percentile(latencies, 0.5) / 1000,
+            "latency_p99_ms": percentile(latencies, 0.99) / 1000,
+            "jobs_per_worker_min": min(counts),
+            "jobs_per_worker_max": max(counts),
+            "fairness_jain": jain_index(counts),
+            "submit_per_s": submit_rate,
+            "worker_exit_codes": exit_codes,
+            "verified": verification,
+        }
+    )
 
 
 def _cell(
@@ -406,7 +426,7 @@ def run_bench(
     workers: Sequence[int] = DEFAULT_WORKERS,
     work_ms: Sequence[float] = DEFAULT_WORK_MS,
     systems: Sequence[str] = (DEFAULT_SYSTEM,),
-    batch: int = DEFAULT_BATCH,
+    batch: int | None = DEFAULT_BATCH,
     progress: Progress | None = None,
     peers: Sequence[str] = (),
 ) -> dict[str, Any]:
@@ -465,7 +485,7 @@ def run_bench(
         "system_specs": list(systems),
         "peers": list(peers),
         "jobs_per_cell": jobs,
-        "batch": batch,
+        "batch": "adaptive" if batch is None else batch,
         "disk": disk,
         "cells": cells,
         "targets": targets(cells) | {"versus_peers": versus_peers(cells, peers)},

@@ -17,6 +17,7 @@ from pathlib import Path
 from crashqueuelab.core.clock import SystemClock
 from crashqueuelab.core.ids import RandomIds
 from crashqueuelab.core.retry import RetryPolicy
+from crashqueuelab.lab.batching import batch_sizer
 from crashqueuelab.lab.bench import textbook
 from crashqueuelab.lab.bench.peers import resolve_peer
 from crashqueuelab.lab.inheritance import Inherited
@@ -38,7 +39,8 @@ class WorkerSpec:
     store: str
     worker_index: int
     work_ms: float
-    batch: int
+    #: Jobs per batch of the batched path; None lets each worker size its batches itself.
+    batch: int | None
     #: The parent's import path and server environment.
     inherited: Inherited
 
@@ -57,6 +59,9 @@ class WorkerReport:
     finished: float
     #: What the system raised, when the worker could not drain the queue.
     error: str | None = None
+    #: Claims that returned jobs (each a batch on the batched path).
+    batches: int = 0
+    largest_batch: int = 0
 
 
 def _work(milliseconds: float) -> None:
@@ -64,7 +69,7 @@ def _work(milliseconds: float) -> None:
         time.sleep(milliseconds / 1000)
 
 
-def _textbook(spec: WorkerSpec, barrier: Barrier) -> tuple[list[int], float]:
+def _textbook(spec: WorkerSpec, barrier: Barrier) -> tuple[list[int], float, list[int]]:
     conn = textbook.connect(Path(spec.store))
     latencies: list[int] = []
     try:
@@ -80,10 +85,10 @@ def _textbook(spec: WorkerSpec, barrier: Barrier) -> tuple[list[int], float]:
             latencies.append(int((time.monotonic() - begin) * 1e6))
     finally:
         conn.close()
-    return latencies, started
+    return latencies, started, []
 
 
-def _chained(spec: WorkerSpec, barrier: Barrier) -> tuple[list[int], float]:
+def _chained(spec: WorkerSpec, barrier: Barrier) -> tuple[list[int], float, list[int]]:
     """Drain a system's store one job at a time, each acknowledgement leasing the next job
     in the same commit (a ``ChainingClient``)."""
     worker_id = f"bench-{spec.worker_index}"
@@ -105,14 +110,16 @@ def _chained(spec: WorkerSpec, barrier: Barrier) -> tuple[list[int], float]:
             begin = next_begin
     finally:
         client.close()
-    return latencies, started
+    return latencies, started, []
 
 
-def _system(spec: WorkerSpec, barrier: Barrier) -> tuple[list[int], float]:
+def _system(spec: WorkerSpec, barrier: Barrier) -> tuple[list[int], float, list[int]]:
     """Drain a system's store one job (``single``) or one batch (``batched``) at a time."""
     worker_id = f"bench-{spec.worker_index}"
     batched = spec.path_kind == "batched"
+    sizer = batch_sizer(spec.batch)
     latencies: list[int] = []
+    sizes: list[int] = []
     client = open_client(spec.system, spec.store)
     try:
         barrier.wait(timeout=WAIT_TIMEOUT_S)
@@ -120,26 +127,31 @@ def _system(spec: WorkerSpec, barrier: Barrier) -> tuple[list[int], float]:
         while True:
             begin = time.monotonic()
             if batched:
-                claims = client.claim_many(worker_id, LEASE_US, spec.batch)
+                claims = client.claim_many(worker_id, LEASE_US, sizer.next_size())
             else:
                 claim = client.claim(worker_id, LEASE_US)
                 claims = [] if claim is None else [claim]
             if not claims:
                 break
+            claimed = time.monotonic()
             for _ in claims:
                 _work(spec.work_ms)
+            worked = time.monotonic()
             if batched:
                 client.succeed_many(claims)
             else:
                 client.succeed(claims[0])
+            end = time.monotonic()
+            sizer.observe(jobs=len(claims), work_s=worked - claimed)
+            sizes.append(len(claims))
             # Every job of a batch waited for the whole batch.
-            latencies.extend([int((time.monotonic() - begin) * 1e6)] * len(claims))
+            latencies.extend([int((end - begin) * 1e6)] * len(claims))
     finally:
         client.close()
-    return latencies, started
+    return latencies, started, sizes
 
 
-def _peer(spec: WorkerSpec, barrier: Barrier) -> tuple[list[int], float]:
+def _peer(spec: WorkerSpec, barrier: Barrier) -> tuple[list[int], float, list[int]]:
     """Drain a peer library's store through its own calls, one job at a time."""
     latencies: list[int] = []
     queue = resolve_peer(spec.system).open(Path(spec.store))
@@ -157,7 +169,7 @@ def _peer(spec: WorkerSpec, barrier: Barrier) -> tuple[list[int], float]:
                 latencies.append(int((time.monotonic() - begin) * 1e6))
     finally:
         queue.close()
-    return latencies, started
+    return latencies, started, []
 
 
 RUNNERS = {
@@ -173,7 +185,7 @@ def run_worker(spec: WorkerSpec, barrier: Barrier, results: Queue[WorkerReport])
     """Process entry point: drain the queue, then report."""
     spec.inherited.adopt()
     try:
-        latencies, started = RUNNERS[spec.path_kind](spec, barrier)
+        latencies, started, sizes = RUNNERS[spec.path_kind](spec, barrier)
     except Exception as error:  # the system failed: say so instead of leaving the parent waiting
         barrier.abort()
         results.put(
@@ -181,4 +193,14 @@ def run_worker(spec: WorkerSpec, barrier: Barrier, results: Queue[WorkerReport])
         )
         return
     finished = time.monotonic()
-    results.put(WorkerReport(spec.worker_index, len(latencies), latencies, started, finished))
+    results.put(
+        WorkerReport(
+            spec.worker_index,
+            len(latencies),
+            latencies,
+            started,
+            finished,
+            batches=len(sizes),
+            largest_batch=max(sizes, default=0),
+        )
+    )
