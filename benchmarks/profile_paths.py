@@ -1,14 +1,15 @@
 """Where one worker's time goes on each path of the SQLite queue: a cProfile of a drain.
 
     python benchmarks/profile_paths.py [--path single|chained|batched] [--jobs 3000]
-        [--batch 32] [--sync-off] [--no-profile] [--top 25]
+        [--batch 32] [--sync-off] [--no-profile] [--wal-pages] [--top 25]
 
 Fills a fresh store (under the system temp directory) and drains it through the lab's
 client, one worker, with cProfile on; prints jobs/s and the functions with the most time
 of their own. ``--sync-off`` sets ``synchronous=OFF`` on the open connection after the
 queue checked ``FULL`` (never possible through the queue's API): what is left is the CPU
 cost of a transition, without its fsync. Profiling slows the run: ``--no-profile`` gives
-the rate alone.
+the rate alone. ``--wal-pages`` also counts the pages the drain wrote to the WAL, per job
+(automatic checkpoints are turned off for the drain, so the WAL keeps every frame).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from crashqueuelab.systems.contract import ChainingClient, JobSpec, OpenRequest,
 from crashqueuelab.systems.sqlite import SqliteClient
 
 LEASE_US = 60_000_000
+#: A WAL frame is its page after a 24-byte header; the file starts with a 32-byte header.
+FRAME_HEADER, WAL_HEADER = 24, 32
 
 
 def drain(client: QueueClient, path: str, batch: int) -> int:
@@ -57,6 +60,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--sync-off", action="store_true")
     parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument("--wal-pages", action="store_true")
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="cql-profile-"))
@@ -67,9 +71,13 @@ def main() -> None:
             specs = [JobSpec(f"job-{n}", "profile", {"n": n}) for n in range(args.jobs)]
             for start in range(0, args.jobs, 500):
                 client.submit_many(specs[start : start + 500])
+            assert isinstance(client, SqliteClient)
+            connection = client.queue.connection
             if args.sync_off:
-                assert isinstance(client, SqliteClient)
-                client.queue.connection.execute("PRAGMA synchronous = OFF")
+                connection.execute("PRAGMA synchronous = OFF")
+            if args.wal_pages:
+                connection.execute("PRAGMA wal_autocheckpoint = 0")
+                connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             profile = cProfile.Profile()
             started = time.perf_counter()
             if not args.no_profile:
@@ -77,6 +85,11 @@ def main() -> None:
             done = drain(client, args.path, args.batch)
             profile.disable()
             elapsed = time.perf_counter() - started
+            written = 0.0
+            if args.wal_pages:
+                page = connection.execute("PRAGMA page_size").fetchone()[0]
+                wal = Path(f"{client.queue.path}-wal").stat().st_size
+                written = (wal - WAL_HEADER) / (page + FRAME_HEADER)
         finally:
             client.close()
     finally:
@@ -85,6 +98,8 @@ def main() -> None:
     how = "alone" if args.no_profile else "under the profiler"
     print(f"{args.path}, synchronous={setting}: {done} jobs in {elapsed:.2f} s,"
           f" {done / elapsed:,.0f} jobs/s {how}")  # fmt: skip
+    if args.wal_pages:
+        print(f"{written / done:.2f} WAL pages written per job")
     if not args.no_profile:
         pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
 
