@@ -1,7 +1,7 @@
 """Where one worker's time goes on each path of the SQLite queue: a cProfile of a drain.
 
     python benchmarks/profile_paths.py [--path single|chained|batched] [--jobs 3000]
-        [--batch 32] [--sync-off] [--no-profile] [--wal-pages] [--top 25]
+        [--batch 32] [--sync-off] [--no-profile] [--wal-pages] [--unordered-ids] [--top 25]
 
 Fills a fresh store (under the system temp directory) and drains it through the lab's
 client, one worker, with cProfile on; prints jobs/s and the functions with the most time
@@ -10,6 +10,8 @@ queue checked ``FULL`` (never possible through the queue's API): what is left is
 cost of a transition, without its fsync. Profiling slows the run: ``--no-profile`` gives
 the rate alone. ``--wal-pages`` also counts the pages the drain wrote to the WAL, per job
 (automatic checkpoints are turned off for the drain, so the WAL keeps every frame).
+``--unordered-ids`` submits the jobs with purely random ids (what the queue made before
+its ids began with their time), to see what id order does to the pages a commit writes.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
+import secrets
 import shutil
 import tempfile
 import time
@@ -32,6 +35,13 @@ from crashqueuelab.systems.sqlite import SqliteClient
 LEASE_US = 60_000_000
 #: A WAL frame is its page after a 24-byte header; the file starts with a 32-byte header.
 FRAME_HEADER, WAL_HEADER = 24, 32
+
+
+class UnorderedIds(RandomIds):
+    """Job ids of 64 random bits and nothing else."""
+
+    def job_id(self) -> str:
+        return f"job-{secrets.token_hex(8)}"
 
 
 def drain(client: QueueClient, path: str, batch: int) -> int:
@@ -61,11 +71,17 @@ def main() -> None:
     parser.add_argument("--sync-off", action="store_true")
     parser.add_argument("--no-profile", action="store_true")
     parser.add_argument("--wal-pages", action="store_true")
+    parser.add_argument("--unordered-ids", action="store_true")
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="cql-profile-"))
     try:
-        request = OpenRequest(scratch / "store", SystemClock(), RandomIds(), RetryPolicy())
+        request = OpenRequest(
+            scratch / "store",
+            SystemClock(),
+            UnorderedIds() if args.unordered_ids else RandomIds(),
+            RetryPolicy(),
+        )
         client = resolve_system("sqlite").open(request)
         try:
             specs = [JobSpec(f"job-{n}", "profile", {"n": n}) for n in range(args.jobs)]
