@@ -80,6 +80,18 @@ def test_every_run_gets_a_report_with_the_verdict_first(runs: dict[str, Path], k
     assert "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
 
 
+def test_the_bench_page_shows_the_batch_sizes_the_batched_path_used(
+    runs: dict[str, Path],
+) -> None:
+    html = (runs["bench"] / REPORT_FILE).read_text()
+    cells = json.loads((runs["bench"] / "bench.json").read_text())["cells"]
+    batched = [cell for cell in cells if cell["system"] == "sqlite-batched"]
+    assert len(batched) == 2
+    for cell in batched:
+        assert f"{cell['batch_mean']:.1f} ({cell['batch_largest']}), adaptive" in html
+    assert "--batch adaptive" in html
+
+
 def test_power_cuts_are_drawn_and_explained(runs: dict[str, Path]) -> None:
     needs("power-chaos")
     html = (runs["power-chaos"] / REPORT_FILE).read_text()
