@@ -37,7 +37,9 @@ def test_jains_index_is_one_when_even_and_one_over_n_when_one_does_all() -> None
 def test_a_tiny_bench_reports_every_cell_verified(tmp_path: Path) -> None:
     report = run_bench(tmp_path / "bench", jobs=40, workers=(1, 2), work_ms=(0.0,), batch=8)
     assert report["ok"] is True
-    lanes = {"textbook", "sqlite-single", "sqlite-chained", "sqlite-batched"}
+    lanes = {
+        "textbook", "sqlite-single", "sqlite-chained", "sqlite-batched", "sqlite-batched-chained",
+    }  # fmt: skip
     assert {cell["system"] for cell in report["cells"]} == lanes
     assert set(report["systems"]) == lanes
     assert report["systems"]["sqlite-single"]["durability"] == "WAL, synchronous=FULL"
@@ -56,8 +58,8 @@ def test_a_tiny_bench_reports_every_cell_verified(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "bench" / "bench.json").read_text()) == report
     assert not list((tmp_path / "bench").glob("databases"))
     assert "| textbook | 1 | 0 |" in table(report["cells"])
-    batched = [cell for cell in report["cells"] if cell["system"] == "sqlite-batched"]
-    assert [cell["batch"] for cell in batched] == [8, 8]
+    batched = [cell for cell in report["cells"] if cell["system"].startswith("sqlite-batched")]
+    assert [cell["batch"] for cell in batched] == [8, 8, 8, 8]
     assert all(0 < cell["batch_largest"] <= 8 for cell in batched)
 
 
@@ -187,7 +189,7 @@ def test_peer_libraries_run_through_their_own_calls_beside_ours(tmp_path: Path) 
         f" --output-directory {tmp_path / 'bench'}"
     )
     assert set(compared["ahead_of_every_peer"]) == {
-        "sqlite-single", "sqlite-chained", "sqlite-batched",
+        "sqlite-single", "sqlite-chained", "sqlite-batched", "sqlite-batched-chained",
     }  # fmt: skip
 
 
@@ -212,6 +214,7 @@ def test_a_cell_that_fails_verification_is_named_in_the_reasons() -> None:
             "sqlite-single": None,
             "sqlite-chained": None,
             "sqlite-batched": None,
+            "sqlite-batched-chained": None,
         },
     }
 
@@ -255,11 +258,22 @@ def test_an_acknowledgement_can_lease_the_next_job_in_the_same_commit(tmp_path: 
         third = client.claim("w", 100)
         assert third is not None
         assert client.succeed_and_claim(third, 100) == (Verdict.SUCCEEDED, None)
+        for n in range(2, 5):
+            client.submit(JobSpec(key=f"k{n}", job_type="t", payload={}))
+        batch = client.claim_many("w", 100, 2)
+        verdicts, following = client.succeed_many_and_claim(batch, "w", 100, 2)
+        assert verdicts == [Verdict.SUCCEEDED, Verdict.SUCCEEDED]
+        assert [claim.key for claim in following] == ["k4"]
+        clock.advance(200)  # its lease ran out: stale, and nothing left to claim
+        assert client.succeed_many_and_claim(following, "w", 100, 2) == ([Verdict.STALE], [])
     finally:
         client.close()
 
 
-def test_a_chained_lane_on_a_system_that_cannot_chain_fails_its_cell(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["chained", "batched-chained"])
+def test_a_chained_lane_on_a_system_that_cannot_chain_fails_its_cell(
+    tmp_path: Path, kind: str
+) -> None:
     import multiprocessing
 
     from crashqueuelab.lab.bench.runner import Lane, run_config
@@ -267,7 +281,7 @@ def test_a_chained_lane_on_a_system_that_cannot_chain_fails_its_cell(tmp_path: P
 
     system = resolve_system("walqueue")
     assert not system.capabilities.chained
-    lane = Lane("walqueue-chained", "chained", "walqueue", False, system.describe())
+    lane = Lane(f"walqueue-{kind}", kind, "walqueue", False, system.describe())
     context = multiprocessing.get_context("forkserver")
     cell = run_config(context, tmp_path, lane=lane, workers=1, work_ms=0.0, jobs=5, batch=1)
     assert "cannot acknowledge and claim in one commit" in cell["failed"]

@@ -166,3 +166,72 @@ def test_large_acknowledgement_batches_are_read_in_chunks(queue: DurableQueue) -
     )
     assert all(r.accepted for r in results)
     assert queue.active_count() == 0
+
+
+def test_succeed_many_and_claim_acknowledges_a_batch_and_leases_the_next_in_one_commit(
+    make_queue: QueueFactory, db_path: Path
+) -> None:
+    phases: list[Phase] = []
+    queue = make_queue(hook=phases.append)
+    queue.submit_many(requests(5))
+    first = queue.claim_many(worker_id="w", lease_duration_us=LEASE_US, limit=2)
+    acks = [Acknowledgement(c.job.job_id, "w", c.lease_token) for c in first]
+    acks.append(Acknowledgement(first[0].job.job_id, "w", "lease-forged"))
+    phases.clear()
+    results, following = queue.succeed_many_and_claim(
+        acks, worker_id="w", lease_duration_us=LEASE_US, limit=2
+    )
+    assert [r.accepted for r in results] == [True, True, False]
+    assert results[2].stale_reason == "not_leased"  # acknowledged earlier in this batch
+    assert [c.job.idempotency_key for c in following] == ["k2", "k3"]
+    assert [p.value for p in phases] == [
+        "BEFORE_SUCCESS_COMMIT",
+        "BEFORE_CLAIM_COMMIT",
+        "AFTER_SUCCESS_COMMIT",
+        "AFTER_CLAIM_COMMIT",
+    ]
+    # Each transition has its own event, as if claimed and acknowledged one by one.
+    for claim in first:
+        kinds = [e.event_type for e in queue.history(claim.job.job_id)]
+        assert kinds == [EventType.SUBMITTED, EventType.CLAIMED, EventType.SUCCEEDED]
+    last, rest = queue.succeed_many_and_claim(
+        [Acknowledgement(c.job.job_id, "w", c.lease_token) for c in following],
+        worker_id="w",
+        lease_duration_us=LEASE_US,
+        limit=10,
+    )
+    assert all(r.accepted for r in last)
+    assert len(rest) == 1
+    phases.clear()
+    done, nothing = queue.succeed_many_and_claim(
+        [Acknowledgement(rest[0].job.job_id, "w", rest[0].lease_token)],
+        worker_id="w",
+        lease_duration_us=LEASE_US,
+        limit=10,
+    )
+    assert (len(done), nothing) == (1, [])
+    assert [p.value for p in phases] == ["BEFORE_SUCCESS_COMMIT", "AFTER_SUCCESS_COMMIT"]
+    assert queue.counts()[JobState.SUCCEEDED] == 5
+    assert check_database(db_path).ok
+    assert replay_database(db_path).ok
+
+
+def test_a_bad_chained_batch_writes_nothing(queue: DurableQueue, db_path: Path) -> None:
+    queue.submit_many(requests(2))
+    [claim] = queue.claim_many(worker_id="w", lease_duration_us=LEASE_US, limit=1)
+    ack = Acknowledgement(claim.job.job_id, "w", claim.lease_token)
+    before = fingerprint(db_path)
+    with pytest.raises(InvalidInput):
+        queue.succeed_many_and_claim([], worker_id="w", lease_duration_us=LEASE_US, limit=1)
+    with pytest.raises(InvalidInput):
+        queue.succeed_many_and_claim([ack], worker_id="w", lease_duration_us=LEASE_US, limit=0)
+    with pytest.raises(InvalidInput):
+        queue.succeed_many_and_claim([ack], worker_id="", lease_duration_us=LEASE_US, limit=1)
+    with pytest.raises(JobNotFound):
+        queue.succeed_many_and_claim(
+            [ack, Acknowledgement("job-none", "w", "t")],
+            worker_id="w",
+            lease_duration_us=LEASE_US,
+            limit=1,
+        )
+    assert fingerprint(db_path) == before

@@ -78,6 +78,21 @@ def _require_lease_arguments(job_id: str, worker_id: str, lease_token: str) -> N
     require_name("lease_token", lease_token)
 
 
+def _require_batch_claim(
+    worker_id: str, lease_duration_us: int, limit: int
+) -> tuple[str, int, int]:
+    worker = require_name("worker_id", worker_id)
+    lease = require_int("lease_duration_us", lease_duration_us, minimum=1, maximum=MAX_LEASE_US)
+    return worker, lease, require_int("limit", limit, minimum=1, maximum=MAX_BATCH)
+
+
+def _require_acknowledgements(acknowledgements: Sequence[Acknowledgement]) -> None:
+    if not 1 <= len(acknowledgements) <= MAX_BATCH:
+        raise InvalidInput("acknowledgements", f"must hold 1 to {MAX_BATCH} items")
+    for ack in acknowledgements:
+        _require_lease_arguments(ack.job_id, ack.worker_id, ack.lease_token)
+
+
 def _require_applied(cursor: sqlite3.Cursor, what: str) -> None:
     # The guards repeat what was checked under the same write lock, so a miss here is a bug
     # in this module, never a race; fail loudly and roll back.
@@ -175,23 +190,12 @@ class DurableQueue(DatabaseHandle):
         Each job gets its own lease token, attempt row and CLAIMED event, exactly as if it
         had been claimed alone; only the commit (and its fsync) is shared.
         """
-        worker = require_name("worker_id", worker_id)
-        lease = require_int("lease_duration_us", lease_duration_us, minimum=1, maximum=MAX_LEASE_US)
-        count = require_int("limit", limit, minimum=1, maximum=MAX_BATCH)
+        worker, lease, count = _require_batch_claim(worker_id, lease_duration_us, limit)
         now = self._clock.now_us()
         with self._transaction():
-            claimed = lease_ready(
-                self.connection,
-                worker_id=worker,
-                lease_us=lease,
-                limit=count,
-                now=now,
-                ids=self._ids,
-            )
-            if not claimed:
-                return []
-            self._hook(Phase.BEFORE_CLAIM_COMMIT)
-        self._hook(Phase.AFTER_CLAIM_COMMIT)
+            claimed = self._lease_batch(worker, lease, count, now)
+        if claimed:
+            self._hook(Phase.AFTER_CLAIM_COMMIT)
         return claimed
 
     def succeed_many(self, acknowledgements: Sequence[Acknowledgement]) -> list[AckResult]:
@@ -199,19 +203,39 @@ class DurableQueue(DatabaseHandle):
 
         A stale item is reported (``stale_reason``) and writes nothing; the others commit.
         """
-        if not 1 <= len(acknowledgements) <= MAX_BATCH:
-            raise InvalidInput("acknowledgements", f"must hold 1 to {MAX_BATCH} items")
-        for ack in acknowledgements:
-            _require_lease_arguments(ack.job_id, ack.worker_id, ack.lease_token)
+        _require_acknowledgements(acknowledgements)
         now = self._clock.now_us()
         with self._transaction():
-            results = acknowledge(self.connection, acknowledgements, now=now)
-            accepted = any(result.accepted for result in results)
-            if accepted:
-                self._hook(Phase.BEFORE_SUCCESS_COMMIT)
-        if accepted:
+            results = self._acknowledge_batch(acknowledgements, now)
+        if any(result.accepted for result in results):
             self._hook(Phase.AFTER_SUCCESS_COMMIT)
         return results
+
+    def succeed_many_and_claim(
+        self,
+        acknowledgements: Sequence[Acknowledgement],
+        *,
+        worker_id: str,
+        lease_duration_us: int,
+        limit: int,
+    ) -> tuple[list[AckResult], list[ClaimedJob]]:
+        """Acknowledge a batch and lease ``worker_id``'s next one in a single transaction.
+
+        The same transitions and events as ``succeed_many`` then ``claim_many``, with one
+        commit (one fsync, one turn at the write lock) instead of two. Stale items are
+        reported as by ``succeed_many``; the claim does not depend on them.
+        """
+        _require_acknowledgements(acknowledgements)
+        worker, lease, count = _require_batch_claim(worker_id, lease_duration_us, limit)
+        now = self._clock.now_us()
+        with self._transaction():
+            results = self._acknowledge_batch(acknowledgements, now)
+            claimed = self._lease_batch(worker, lease, count, now)
+        if any(result.accepted for result in results):
+            self._hook(Phase.AFTER_SUCCESS_COMMIT)
+        if claimed:
+            self._hook(Phase.AFTER_CLAIM_COMMIT)
+        return results, claimed
 
     def succeed_and_claim(
         self, *, job_id: str, worker_id: str, lease_token: str, lease_duration_us: int
@@ -427,6 +451,22 @@ class DurableQueue(DatabaseHandle):
         return ClaimedJob(
             job=job, lease_token=token, lease_deadline_us=deadline, attempt=job.attempts
         )
+
+    def _lease_batch(self, worker: str, lease: int, count: int, now: int) -> list[ClaimedJob]:
+        claimed = lease_ready(
+            self.connection, worker_id=worker, lease_us=lease, limit=count, now=now, ids=self._ids
+        )
+        if claimed:
+            self._hook(Phase.BEFORE_CLAIM_COMMIT)
+        return claimed
+
+    def _acknowledge_batch(
+        self, acknowledgements: Sequence[Acknowledgement], now: int
+    ) -> list[AckResult]:
+        results = acknowledge(self.connection, acknowledgements, now=now)
+        if any(result.accepted for result in results):
+            self._hook(Phase.BEFORE_SUCCESS_COMMIT)
+        return results
 
     def _explain_stale(self, job_id: str, worker_id: str, lease_token: str, now: int) -> NoReturn:
         """Raise the StaleLease (or JobNotFound) that explains why a lease guard did not match."""

@@ -149,6 +149,13 @@ class ChainingClient(Protocol):
         worker in the same transaction (None when nothing is ready)."""
         ...
 
+    def succeed_many_and_claim(
+        self, claims: Sequence[Claim], worker_id: str, lease_us: int, limit: int
+    ) -> tuple[list[Verdict], list[Claim]]:
+        """Acknowledge ``claims`` (each fenced on its own, as ``succeed_many``) and lease up
+        to ``limit`` ready jobs to ``worker_id`` in the same transaction."""
+        ...
+
 
 @dataclass(frozen=True)
 class OpenRequest:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from crashqueuelab.core.errors import JobNotFound, StaleLease
-from crashqueuelab.core.models import Acknowledgement, ClaimedJob, JobState
+from crashqueuelab.core.models import Acknowledgement, AckResult, ClaimedJob, JobState
 from crashqueuelab.core.queue import DurableQueue
 from crashqueuelab.judges.sqlitestore import QUEUE_FILE, read_queue_store
 from crashqueuelab.systems.contract import (
@@ -52,6 +52,16 @@ def _claim(claimed: ClaimedJob, worker_id: str) -> Claim:
         worker_id=worker_id,
         token=claimed.lease_token,
     )
+
+
+def _acknowledgements(claims: Sequence[Claim]) -> list[Acknowledgement]:
+    return [Acknowledgement(claim.job_id, claim.worker_id, claim.token) for claim in claims]
+
+
+def _verdicts(results: Sequence[AckResult]) -> list[Verdict]:
+    return [
+        Verdict.STALE if result.job is None else _VERDICT[result.job.state] for result in results
+    ]
 
 
 class SqliteClient:
@@ -121,13 +131,15 @@ class SqliteClient:
         return _VERDICT[job.state], None if claimed is None else _claim(claimed, claim.worker_id)
 
     def succeed_many(self, claims: Sequence[Claim]) -> list[Verdict]:
-        results = self.queue.succeed_many(
-            [Acknowledgement(claim.job_id, claim.worker_id, claim.token) for claim in claims]
+        return _verdicts(self.queue.succeed_many(_acknowledgements(claims)))
+
+    def succeed_many_and_claim(
+        self, claims: Sequence[Claim], worker_id: str, lease_us: int, limit: int
+    ) -> tuple[list[Verdict], list[Claim]]:
+        results, claimed = self.queue.succeed_many_and_claim(
+            _acknowledgements(claims), worker_id=worker_id, lease_duration_us=lease_us, limit=limit
         )
-        return [
-            Verdict.STALE if result.job is None else _VERDICT[result.job.state]
-            for result in results
-        ]
+        return _verdicts(results), [_claim(one, worker_id) for one in claimed]
 
     def fail(self, claim: Claim, error: str) -> Verdict:
         try:

@@ -61,6 +61,9 @@ REPORT_GRACE_S = 5.0
 SINGLE = f"{DEFAULT_SYSTEM}-single"
 CHAINED = f"{DEFAULT_SYSTEM}-chained"
 BATCHED = f"{DEFAULT_SYSTEM}-batched"
+BATCHED_CHAINED = f"{DEFAULT_SYSTEM}-batched-chained"
+#: The default system's lanes, in the order the targets list them.
+PATHS = (SINGLE, CHAINED, BATCHED, BATCHED_CHAINED)
 
 Progress = Callable[[str], None]
 
@@ -130,6 +133,11 @@ def lanes_for(
             "single",
             *(["chained"] if system.capabilities.chained else []),
             *(["batched"] if system.capabilities.batching else []),
+            *(
+                ["batched-chained"]
+                if system.capabilities.batching and system.capabilities.chained
+                else []
+            ),
         )
         lanes += [
             Lane(
@@ -164,7 +172,7 @@ def _prepare_store(lane: Lane, store: Path, jobs: int) -> float:
     specs = [JobSpec(key=f"job-{n}", job_type="bench", payload={"value": n}) for n in range(jobs)]
     client = open_client(lane.system, str(store))
     try:
-        if lane.path_kind == "batched":
+        if lane.path_kind.startswith("batched"):
             for start in range(0, jobs, 100):
                 client.submit_many(specs[start : start + 100])
         else:
@@ -275,7 +283,7 @@ def run_config(
     verification["ok"] = verification["ok"] and acknowledged == jobs
     _remove_store(store)
     batches = sum(report.batches for report in reports)
-    if lane.path_kind == "batched":
+    if lane.path_kind.startswith("batched"):
         sizes = {
             "batch": "adaptive" if batch is None else batch,
             "batch_mean": acknowledged / batches if batches else 0.0,
@@ -326,7 +334,7 @@ def versus_peers(cells: list[dict[str, Any]], peers: Sequence[str]) -> dict[str,
                 "workers": cell["workers"],
                 "work_ms": cell["work_ms"],
             }
-            for lane in (SINGLE, CHAINED, BATCHED):
+            for lane in PATHS:
                 ours = _cell(cells, lane, cell["workers"], cell["work_ms"])
                 row[lane] = None if ours is None else ours["jobs_per_s"] / cell["jobs_per_s"]
             comparisons.append(row)
@@ -336,7 +344,7 @@ def versus_peers(cells: list[dict[str, Any]], peers: Sequence[str]) -> dict[str,
             if comparisons
             else None
         )
-        for lane in (SINGLE, CHAINED, BATCHED)
+        for lane in PATHS
     }
     return {"cells": comparisons, "ahead_of_every_peer": ahead}
 
@@ -376,13 +384,15 @@ def targets(cells: list[dict[str, Any]]) -> dict[str, Any]:
     single1 = _cell(cells, SINGLE, 1, 0.0)
     chained1 = _cell(cells, CHAINED, 1, 0.0)
     batched1 = _cell(cells, BATCHED, 1, 0.0)
+    batched_chained1 = _cell(cells, BATCHED_CHAINED, 1, 0.0)
     book16 = _cell(cells, TEXTBOOK, 16, 1.0)
     result: dict[str, Any] = {
         "single_vs_textbook_1_worker": ratio(single1, book1, "jobs_per_s"),
         "chained_vs_textbook_1_worker": ratio(chained1, book1, "jobs_per_s"),
         "batched_vs_textbook_1_worker": ratio(batched1, book1, "jobs_per_s"),
+        "batched_chained_vs_textbook_1_worker": ratio(batched_chained1, book1, "jobs_per_s"),
     }
-    for system in (SINGLE, CHAINED, BATCHED):
+    for system in PATHS:
         ours16 = _cell(cells, system, 16, 1.0)
         ours1 = _cell(cells, system, 1, 1.0)
         result[system] = {

@@ -31,7 +31,8 @@ LEASE_US = 60_000_000
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    #: "textbook", "peer", or how a system is driven: "single", "chained" or "batched".
+    #: "textbook", "peer", or how a system is driven: "single", "chained", "batched" or
+    #: "batched-chained".
     path_kind: str
     #: The system's name or module:factory, or the peer's name (unused for the textbook).
     system: str
@@ -151,6 +152,40 @@ def _system(spec: WorkerSpec, barrier: Barrier) -> tuple[list[int], float, list[
     return latencies, started, sizes
 
 
+def _batched_chained(spec: WorkerSpec, barrier: Barrier) -> tuple[list[int], float, list[int]]:
+    """Drain a system's store in batches, each acknowledgement leasing the next batch in
+    the same commit (a ``ChainingClient``)."""
+    worker_id = f"bench-{spec.worker_index}"
+    sizer = batch_sizer(spec.batch)
+    latencies: list[int] = []
+    sizes: list[int] = []
+    client = open_client(spec.system, spec.store)
+    if not isinstance(client, ChainingClient):
+        client.close()
+        raise TypeError(f"{spec.system} cannot acknowledge and claim in one commit")
+    try:
+        barrier.wait(timeout=WAIT_TIMEOUT_S)
+        started = begin = time.monotonic()
+        claims = client.claim_many(worker_id, LEASE_US, sizer.next_size())
+        while claims:
+            claimed = time.monotonic()
+            for _ in claims:
+                _work(spec.work_ms)
+            worked = time.monotonic()
+            sizer.observe(jobs=len(claims), work_s=worked - claimed)
+            # The next batch's claim starts with this acknowledgement.
+            _, following = client.succeed_many_and_claim(
+                claims, worker_id, LEASE_US, sizer.next_size()
+            )
+            end = time.monotonic()
+            sizes.append(len(claims))
+            latencies.extend([int((end - begin) * 1e6)] * len(claims))
+            claims, begin = following, worked
+    finally:
+        client.close()
+    return latencies, started, sizes
+
+
 def _peer(spec: WorkerSpec, barrier: Barrier) -> tuple[list[int], float, list[int]]:
     """Drain a peer library's store through its own calls, one job at a time."""
     latencies: list[int] = []
@@ -177,6 +212,7 @@ RUNNERS = {
     "single": _system,
     "chained": _chained,
     "batched": _system,
+    "batched-chained": _batched_chained,
     "peer": _peer,
 }
 
