@@ -28,6 +28,7 @@ from hypothesis.stateful import (
 from crashqueuelab.core.clock import ManualClock
 from crashqueuelab.core.ids import SeededIds
 from crashqueuelab.systems import Claim, JobSpec, JobStatus, OpenRequest
+from crashqueuelab.systems.contract import ChainingClient, Verdict
 from tests.contract.conftest import (
     EXPECTED_DEFECTS,
     FACTORIES,
@@ -122,6 +123,36 @@ def machine_for(name: str) -> type[RuleBasedStateMachine]:
             verdicts = self.client.succeed_many([claim for claim, _ in chosen])
             expected = self.reference.succeed_many([mirrored for _, mirrored in chosen])
             assert verdicts == expected
+
+        def _chaining(self) -> ChainingClient:
+            assert isinstance(self.client, ChainingClient)
+            return self.client
+
+        @precondition(lambda self: able.chained and bool(self.claims))
+        @rule(pick=PICK)
+        def succeed_and_claim(self, pick: int) -> None:
+            claim, mirrored = self._pick(pick)
+            verdict, following = self._chaining().succeed_and_claim(claim, LEASE_US)
+            expected = self.reference.succeed(mirrored)
+            assert verdict is expected, f"{claim}: {verdict}, the reference says {expected}"
+            if verdict is Verdict.STALE:
+                assert following is None, "a stale acknowledgement leased a job"
+                return
+            self._mirror([] if following is None else [following], 1)
+
+        @precondition(lambda self: able.chained and bool(self.claims))
+        @rule(
+            picks=st.lists(PICK, min_size=1, max_size=3),
+            worker=WORKERS,
+            limit=st.integers(min_value=1, max_value=3),
+        )
+        def succeed_many_and_claim(self, picks: list[int], worker: str, limit: int) -> None:
+            chosen = list({self._pick(p)[0].token: self._pick(p) for p in picks}.values())
+            verdicts, following = self._chaining().succeed_many_and_claim(
+                [claim for claim, _ in chosen], worker, LEASE_US, limit
+            )
+            assert verdicts == self.reference.succeed_many([mirrored for _, mirrored in chosen])
+            self._mirror(following, limit)
 
         @precondition(lambda self: able.heartbeats and bool(self.claims))
         @rule(pick=PICK)
