@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
+from typing import Protocol, cast
 
 from crashqueuelab.core.clock import SystemClock
 from crashqueuelab.core.ids import RandomIds
@@ -89,15 +90,25 @@ def _textbook(spec: WorkerSpec, barrier: Barrier) -> tuple[list[int], float, lis
     return latencies, started, []
 
 
+class _ChainingQueueClient(QueueClient, ChainingClient, Protocol):
+    """A system's client that also acknowledges and claims in one commit."""
+
+
+def _open_chaining(spec: WorkerSpec) -> _ChainingQueueClient:
+    """The system's client, refused (TypeError) unless it acknowledges and claims in one commit."""
+    client = open_client(spec.system, spec.store)
+    if not isinstance(client, ChainingClient):
+        client.close()
+        raise TypeError(f"{spec.system} cannot acknowledge and claim in one commit")
+    return cast(_ChainingQueueClient, client)
+
+
 def _chained(spec: WorkerSpec, barrier: Barrier) -> tuple[list[int], float, list[int]]:
     """Drain a system's store one job at a time, each acknowledgement leasing the next job
     in the same commit (a ``ChainingClient``)."""
     worker_id = f"bench-{spec.worker_index}"
     latencies: list[int] = []
-    client = open_client(spec.system, spec.store)
-    if not isinstance(client, ChainingClient):
-        client.close()
-        raise TypeError(f"{spec.system} cannot acknowledge and claim in one commit")
+    client = _open_chaining(spec)
     try:
         barrier.wait(timeout=WAIT_TIMEOUT_S)
         started = begin = time.monotonic()
@@ -159,10 +170,7 @@ def _batched_chained(spec: WorkerSpec, barrier: Barrier) -> tuple[list[int], flo
     sizer = batch_sizer(spec.batch)
     latencies: list[int] = []
     sizes: list[int] = []
-    client = open_client(spec.system, spec.store)
-    if not isinstance(client, ChainingClient):
-        client.close()
-        raise TypeError(f"{spec.system} cannot acknowledge and claim in one commit")
+    client = _open_chaining(spec)
     try:
         barrier.wait(timeout=WAIT_TIMEOUT_S)
         started = begin = time.monotonic()
