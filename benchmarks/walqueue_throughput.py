@@ -1,5 +1,5 @@
-"""walqueue on this disk, in one run: per-transaction rate against a raw append+fsync loop,
-batched puts, reopening a long WAL, and what compaction leaves behind.
+"""walqueue on this disk, in one run: per-transaction rate against raw sync loops, batched
+puts, reopening a long WAL, and what compaction leaves behind.
 
     python benchmarks/walqueue_throughput.py [--seconds 3] [--reopen-transactions 100000]
 """
@@ -19,35 +19,53 @@ from walqueue import Queue
 from walqueue.codec import encode_frame
 
 
-def interleaved_rates(directory: Path, seconds: float, slices: int = 6) -> tuple[float, float]:
-    """(raw append+fsync per second, single puts per second), measured in alternating slices.
+def interleaved_rates(directory: Path, seconds: float, slices: int = 6) -> dict[str, float]:
+    """Per second: raw append+fsync, raw overwrite+fdatasync of a preallocated file, and
+    walqueue's single puts, measured in alternating slices.
 
-    The raw loop appends a frame-sized record and fsyncs: the physical limit. Alternating
-    short slices exposes both to the same disk weather, so their ratio is fair.
+    The first raw loop appends a frame-sized record and fsyncs: the target's reference. The
+    second writes the same record over zeros synced beforehand and fdatasyncs, which is
+    what walqueue's segments do: the physical limit of its own technique. Alternating short
+    slices exposes all three to the same disk weather, so their ratios are fair.
     """
     record = encode_frame({"seq": 1, "type": "put", "tasks": [{"task_id": "t" * 8}]})
-    fd = os.open(directory / "raw.bin", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    raw_count = puts = 0
-    raw_time = put_time = 0.0
+    append_fd = os.open(directory / "raw.bin", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    overwrite_fd = os.open(directory / "raw-preallocated.bin", os.O_WRONLY | os.O_CREAT, 0o644)
+    room = 64 * 1024 * 1024
+    os.pwrite(overwrite_fd, bytes(room), 0)
+    os.fsync(overwrite_fd)
+    counts = {"append": 0, "overwrite": 0, "put": 0}
+    times = dict.fromkeys(counts, 0.0)
+    offset = 0
+
+    def append() -> None:
+        os.write(append_fd, record)
+        os.fsync(append_fd)
+
+    def overwrite() -> None:
+        nonlocal offset
+        os.pwrite(overwrite_fd, record, offset)
+        os.fdatasync(overwrite_fd)
+        offset = (offset + len(record)) % (room - len(record))
+
     try:
         with Queue(directory / "single") as queue:
+
+            def put() -> None:
+                queue.put(f"task-{counts['put']}", {"n": counts["put"]})
+
             for _ in range(slices):
-                started = time.perf_counter()
-                deadline = started + seconds / slices / 2
-                while time.perf_counter() < deadline:
-                    os.write(fd, record)
-                    os.fsync(fd)
-                    raw_count += 1
-                raw_time += time.perf_counter() - started
-                started = time.perf_counter()
-                deadline = started + seconds / slices / 2
-                while time.perf_counter() < deadline:
-                    queue.put(f"task-{puts}", {"n": puts})
-                    puts += 1
-                put_time += time.perf_counter() - started
+                for name, step in (("append", append), ("overwrite", overwrite), ("put", put)):
+                    started = time.perf_counter()
+                    deadline = started + seconds / slices / 3
+                    while time.perf_counter() < deadline:
+                        step()
+                        counts[name] += 1
+                    times[name] += time.perf_counter() - started
     finally:
-        os.close(fd)
-    return raw_count / raw_time, puts / put_time
+        os.close(append_fd)
+        os.close(overwrite_fd)
+    return {name: counts[name] / times[name] for name in counts}
 
 
 def batched_put_rate(directory: Path, frames: int, per_frame: int = 100) -> float:
@@ -103,14 +121,16 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="walqueue-bench-") as scratch:
         root = Path(scratch)
-        raw, single = interleaved_rates(root, args.seconds * 2)
+        rates = interleaved_rates(root, args.seconds * 3)
         batched = batched_put_rate(root / "batched", args.batched_frames)
         reopen, stats = reopen_seconds(root / "reopen", args.reopen_transactions)
         leftovers = compaction_leftovers(root / "compacted")
     result = {
-        "raw_append_fsync_per_s": raw,
-        "single_put_transactions_per_s": single,
-        "single_vs_raw": single / raw,
+        "raw_append_fsync_per_s": rates["append"],
+        "raw_preallocated_fdatasync_per_s": rates["overwrite"],
+        "single_put_transactions_per_s": rates["put"],
+        "single_vs_raw": rates["put"] / rates["append"],
+        "single_vs_raw_preallocated": rates["put"] / rates["overwrite"],
         "put_many_100_tasks_per_s": batched,
         "reopen_transactions": args.reopen_transactions,
         "reopen_seconds": reopen,

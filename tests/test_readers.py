@@ -10,6 +10,7 @@ from typing import Any
 
 from crashqueuelab.judges.persistqueuefile import read_ack_queue
 from crashqueuelab.judges.walfiles import read_walqueue_directory
+from tests.walqueue.helpers import frames_of, preallocated
 from walqueue import Queue
 from walqueue.codec import encode_frame
 
@@ -48,15 +49,36 @@ def test_a_torn_tail_is_a_fact_and_a_torn_middle_is_damage(tmp_path: Path) -> No
     directory = tmp_path / "q"
     a_walqueue(directory)
     live = segment(directory)
-    live.write_bytes(live.read_bytes() + b"\x00\x00\x01\x00{")
+    frames = frames_of(live)
+    for shape in (preallocated, bytes):  # zeros after the frames, or nothing
+        live.write_bytes(shape(frames + b"\x00\x00\x01\x00{"))
+        reading = read_walqueue_directory(directory)
+        assert (reading.problems, reading.facts["torn_tail"]) == ([], True)
+    live.write_bytes(preallocated(frames))
     reading = read_walqueue_directory(directory)
-    assert (reading.problems, reading.facts["torn_tail"]) == ([], True)
+    assert (reading.problems, reading.facts["torn_tail"]) == ([], False)
     # The same bytes in a segment that is not the newest are corruption.
+    live.write_bytes(frames + b"\x00\x00\x01\x00{")
     live.rename(directory / "wal-00000000000000000001.log")
     (directory / "wal-00000000000000000006.log").write_bytes(b"")
     reading = read_walqueue_directory(directory)
     assert len(reading.problems) == 1
     assert "incomplete frame" in reading.problems[0]
+
+
+def test_a_stray_byte_in_a_sealed_segments_zeros_is_damage(tmp_path: Path) -> None:
+    directory = tmp_path / "q"
+    a_walqueue(directory)
+    live = segment(directory)
+    frames = frames_of(live)
+    data = bytearray(preallocated(frames))
+    data[len(frames) + 100] = 1
+    live.write_bytes(bytes(data))
+    assert read_walqueue_directory(directory).facts["torn_tail"] is True
+    live.rename(directory / "wal-00000000000000000001.log")
+    (directory / "wal-00000000000000000006.log").write_bytes(preallocated(b""))
+    [problem] = read_walqueue_directory(directory).problems
+    assert "checksum mismatch" in problem
 
 
 def test_a_flipped_byte_is_named(tmp_path: Path) -> None:
@@ -71,7 +93,7 @@ def test_a_flipped_byte_is_named(tmp_path: Path) -> None:
 
 def forged(directory: Path, txn: dict[str, Any]) -> list[str]:
     live = segment(directory)
-    live.write_bytes(live.read_bytes() + encode_frame(txn))
+    live.write_bytes(preallocated(frames_of(live) + encode_frame(txn)))
     return read_walqueue_directory(directory).problems
 
 

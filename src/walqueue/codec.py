@@ -79,12 +79,14 @@ def encode_frame(value: Any) -> bytes:
 def decode_frames(data: bytes, *, where: str, tail_may_tear: bool) -> tuple[list[Any], int]:
     """Every complete frame of ``data`` and the length they cover.
 
-    When ``tail_may_tear``, a damaged tail is torn (its bytes are not counted): an
-    incomplete last frame, or bytes from a bad frame to the end with no valid frame after
-    them. Each frame is fsynced before the next is written, so only the last one can be
-    unsynced, and a power cut may persist its sectors in any order (zeros before data).
-    Anywhere else an incomplete frame, a bad digest, an oversized length or a frame that is
-    not a JSON object is CorruptStore.
+    Segments are preallocated with zeros, so the frames may be followed by a zero tail: a
+    length field of zero (no frame is empty) with nothing but zeros after it ends the
+    frames, in any segment. When ``tail_may_tear``, a damaged tail is torn (its bytes are
+    not counted): an incomplete last frame, or bytes from a bad frame to the end with no
+    valid frame after them. Each frame is synced before the next is written, so only the
+    last one can be unsynced, and a power cut may persist its sectors in any order (zeros
+    before data). Anywhere else an incomplete frame, a bad digest, an oversized length or a
+    frame that is not a JSON object is CorruptStore.
     """
     bodies: list[tuple[int, bytes]] = []
     offset = 0
@@ -92,8 +94,18 @@ def decode_frames(data: bytes, *, where: str, tail_may_tear: bool) -> tuple[list
     sha256 = hashlib.sha256
     while offset < len(data):
         if len(data) - offset < LENGTH_BYTES:
+            if zero_from(data, offset):
+                break
             return _parse(bodies, where), _torn_at(offset, where, tail_may_tear)
         size = int.from_bytes(view[offset : offset + LENGTH_BYTES], "big")
+        if size == 0:
+            if zero_from(data, offset):
+                break
+            # Zeros where a frame begins, but data after them: a frame whose first sectors
+            # a power cut lost, torn like any other damaged tail.
+            if tail_may_tear and not _valid_frame_after(data, offset):
+                return _parse(bodies, where), offset
+            raise CorruptStore(f"{where}: a zero length field at byte {offset} before data")
         end = offset + LENGTH_BYTES + size + DIGEST_BYTES
         if size > MAX_FRAME_PAYLOAD:
             if tail_may_tear and not _valid_frame_after(data, offset):
@@ -133,6 +145,16 @@ def _parse(bodies: list[tuple[int, bytes]], where: str) -> list[Any]:
     return values
 
 
+def zero_from(data: bytes, offset: int) -> bool:
+    """Whether every byte of ``data`` from ``offset`` on is zero (the preallocated tail)."""
+    return data.count(0, offset) == len(data) - offset
+
+
+def _written_end(data: bytes) -> int:
+    """One past the last non-zero byte: no frame starts at or after it (a body is never zero)."""
+    return len(data.rstrip(b"\0"))
+
+
 def _hidden_frame(data: bytes, offset: int) -> bool:
     """Whether a complete frame starts at ``offset`` although its length field says otherwise.
 
@@ -145,7 +167,9 @@ def _hidden_frame(data: bytes, offset: int) -> bool:
     running = hashlib.sha256()
     previous = start
     closing = ord("}")
-    for position in range(start, len(data) - DIGEST_BYTES + 1):
+    # A body ends in a non-zero "}", so a digest starts at most one byte past the written end.
+    last = min(len(data) - DIGEST_BYTES, _written_end(data)) + 1
+    for position in range(start, last):
         if data[position - 1] != closing or position == start:
             continue
         running.update(data[previous:position])
@@ -160,7 +184,8 @@ def _valid_frame_after(data: bytes, offset: int) -> bool:
     bytes at ``offset`` were once synced (a later frame was), and are corruption."""
     view = memoryview(data)
     opening, closing = ord("{"), ord("}")
-    for start in range(offset + 1, len(data) - LENGTH_BYTES - DIGEST_BYTES):
+    last = min(len(data) - LENGTH_BYTES - DIGEST_BYTES, _written_end(data))
+    for start in range(offset + 1, last):
         size = int.from_bytes(view[start : start + LENGTH_BYTES], "big")
         end = start + LENGTH_BYTES + size + DIGEST_BYTES
         if size < 2 or end > len(data) or data[start + LENGTH_BYTES] != opening:

@@ -4,11 +4,27 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from walqueue import Lease, Queue
+from walqueue.codec import decode_frames
+from walqueue.store import SEGMENT_BYTES
 
 Observable = dict[str, Any]
+
+
+def frames_of(segment: Path) -> bytes:
+    """The bytes of a segment's frames, without the zeros preallocated after them."""
+    data = segment.read_bytes()
+    _, end = decode_frames(data, where=segment.name, tail_may_tear=False)
+    assert not any(data[end:]), "a segment's frames are followed by zeros only"
+    return data[:end]
+
+
+def preallocated(frames: bytes) -> bytes:
+    """A segment as walqueue makes it: ``frames``, then zeros up to the segment size."""
+    return frames + bytes(max(0, SEGMENT_BYTES - len(frames)))
 
 
 def observe(queue: Queue) -> Observable:

@@ -18,8 +18,9 @@ def queue(tmp_path: Path) -> Iterator[Queue]:
         yield opened
 
 
-def wal_bytes(directory: Path) -> int:
-    return sum(path.stat().st_size for path in directory.glob("wal-*.log"))
+def wal_bytes(directory: Path) -> bytes:
+    """Every byte of every segment: a refused operation must leave them all as they were."""
+    return b"".join(path.read_bytes() for path in sorted(directory.glob("wal-*.log")))
 
 
 def test_identical_puts_return_the_task_and_never_resurrect_it(queue: Queue) -> None:
@@ -45,18 +46,18 @@ def test_a_reused_key_or_id_for_another_request_conflicts(
     queue: Queue, retry: dict[str, object]
 ) -> None:
     queue.put("t", {"a": 1})
-    size = wal_bytes(queue.directory)
+    before = wal_bytes(queue.directory)
     with pytest.raises(KeyConflict):
         queue.put_many([retry])
-    assert wal_bytes(queue.directory) == size
+    assert wal_bytes(queue.directory) == before
 
 
 def test_put_many_is_one_transaction_or_none(queue: Queue) -> None:
     queue.put("x", {})
-    size = wal_bytes(queue.directory)
+    before = wal_bytes(queue.directory)
     with pytest.raises(KeyConflict):
         queue.put_many([{"task_id": "y", "payload": {}}, {"task_id": "x", "payload": {"no": 1}}])
-    assert wal_bytes(queue.directory) == size
+    assert wal_bytes(queue.directory) == before
     with pytest.raises(KeyError):
         queue.get("y")
     assert queue.put_many([{"task_id": "y", "payload": {}}, {"task_id": "z", "payload": {}}]) == [
@@ -103,10 +104,10 @@ def test_put_many_is_one_transaction_or_none(queue: Queue) -> None:
 def test_bad_arguments_are_refused_before_anything_is_written(
     queue: Queue, call: object, error: type[Exception]
 ) -> None:
-    size = wal_bytes(queue.directory)
+    before = wal_bytes(queue.directory)
     with pytest.raises(error):
         call(queue)  # type: ignore[operator]
-    assert wal_bytes(queue.directory) == size
+    assert wal_bytes(queue.directory) == before
 
 
 def test_payloads_are_copied_at_every_boundary(queue: Queue) -> None:
@@ -166,13 +167,13 @@ def test_stale_operations_append_nothing(tmp_path: Path) -> None:
         lease.__class__(lease.task_id, "w", lease.generation + 1, lease.deadline, 1, {}),
         lease.__class__("unknown", "w", 1, 5, 1, {}),
     ]
-    size = wal_bytes(directory)
+    before = wal_bytes(directory)
     for stale in stale_variants:
         with pytest.raises(StaleLease):
             queue.ack(stale, now=1)
     with pytest.raises(StaleLease):
         queue.release(lease, now=5)  # now == deadline is too late
-    assert wal_bytes(directory) == size
+    assert wal_bytes(directory) == before
     queue.close()
     # After a restart and after a compaction, the old generation stays stale.
     queue = Queue(directory)
@@ -180,10 +181,10 @@ def test_stale_operations_append_nothing(tmp_path: Path) -> None:
     queue.compact()
     queue.close()
     queue = Queue(directory)
-    size = wal_bytes(directory)
+    before = wal_bytes(directory)
     with pytest.raises(StaleLease):
         queue.ack(lease, now=7)
-    assert wal_bytes(directory) == size
+    assert wal_bytes(directory) == before
     assert fresh.generation == 2
     queue.ack(fresh, now=7)
     queue.close()

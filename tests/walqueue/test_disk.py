@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.walqueue.helpers import frames_of, preallocated
 from walqueue import CorruptStore, Queue
-from walqueue.codec import encode_frame
+from walqueue.codec import decode_frames, encode_frame
+from walqueue.store import SEGMENT_BYTES
 
 # The frame of the workload's last put (task "d", sequence 4), byte for byte.
 LAST_FRAME = len(
@@ -44,24 +46,88 @@ def segments(directory: Path) -> list[Path]:
     return sorted(directory.glob("wal-*.log"))
 
 
-def test_every_prefix_of_the_final_frame_is_a_recoverable_torn_tail(tmp_path: Path) -> None:
+@pytest.mark.parametrize("shape", ["preallocated", "appended"])
+def test_every_prefix_of_the_final_frame_is_a_recoverable_torn_tail(
+    tmp_path: Path, shape: str
+) -> None:
+    """Torn inside its preallocated segment (zeros after), or at the end of a segment an
+    appending writer made (nothing after): either way the torn bytes become zeros."""
     pristine = tmp_path / "pristine"
     build(pristine, compact=False)
     [segment] = segments(pristine)
-    data = segment.read_bytes()
-    last_frame = LAST_FRAME
-    start = len(data) - last_frame
+    data = frames_of(segment)
+    start = len(data) - LAST_FRAME
     for cut in range(start, len(data)):
         directory = tmp_path / f"cut-{cut}"
         shutil.copytree(pristine, directory)
-        (directory / segment.name).write_bytes(data[:cut])
+        torn = directory / segment.name
+        torn.write_bytes(preallocated(data[:cut]) if shape == "preallocated" else data[:cut])
+        size = torn.stat().st_size
         with Queue(directory) as queue:
             assert queue.task_ids() == ["a", "b", "c"], cut
-            assert (directory / segment.name).stat().st_size == start
+            assert frames_of(torn) == data[:start]
+            assert torn.stat().st_size == size
             queue.put("e", {"n": 5})
         with Queue(directory) as queue:
             assert queue.task_ids() == ["a", "b", "c", "e"]
             assert queue.stats()["last_seq"] == 4
+
+
+def sequences(segment: Path) -> list[int]:
+    frames, _ = decode_frames(segment.read_bytes(), where=segment.name, tail_may_tear=False)
+    return [frame["seq"] for frame in frames]
+
+
+def test_a_segment_is_created_full_of_zeros_and_frames_overwrite_them(tmp_path: Path) -> None:
+    directory = tmp_path / "q"
+    with Queue(directory):
+        [segment] = segments(directory)
+        assert segment.read_bytes() == bytes(SEGMENT_BYTES)
+    build(directory, compact=False)
+    assert segment.stat().st_size == SEGMENT_BYTES
+    assert sequences(segment) == [1, 2, 3, 4]
+    assert len(frames_of(segment)) < SEGMENT_BYTES
+
+
+def test_a_transaction_that_does_not_fit_starts_the_next_segment(tmp_path: Path) -> None:
+    directory = tmp_path / "q"
+    big = {"blob": "x" * (SEGMENT_BYTES // 3)}
+    with Queue(directory) as queue:
+        for n in range(4):
+            queue.put(f"t{n}", big)
+    files = segments(directory)
+    assert [sequences(path) for path in files] == [[1, 2], [3, 4]]
+    assert all(path.stat().st_size == SEGMENT_BYTES for path in files)
+    # One transaction larger than a segment grows its segment past the preallocated size.
+    with Queue(directory) as queue:
+        queue.put("huge", {"blob": "y" * SEGMENT_BYTES})
+    files = segments(directory)
+    assert len(files) == 3
+    assert files[-1].stat().st_size > SEGMENT_BYTES
+    assert sequences(files[-1]) == [5]
+    with Queue(directory) as queue:
+        assert queue.task_ids() == ["huge", "t0", "t1", "t2", "t3"]
+
+
+@pytest.mark.parametrize("newest", [True, False])
+def test_bytes_in_the_zero_tail_are_a_torn_tail_only_in_the_newest_segment(
+    tmp_path: Path, newest: bool
+) -> None:
+    directory = tmp_path / "q"
+    build(directory, compact=False)
+    [segment] = segments(directory)
+    frames = frames_of(segment)
+    data = bytearray(preallocated(frames))
+    data[len(frames) + 1000] = 0x7F  # a sector of an unsynced frame, kept without its start
+    segment.write_bytes(bytes(data))
+    if not newest:
+        (directory / "wal-00000000000000000005.log").write_bytes(preallocated(b""))
+        with pytest.raises(CorruptStore):
+            Queue(directory)
+        return
+    with Queue(directory) as queue:
+        assert queue.task_ids() == ["a", "b", "c", "d"]
+    assert segment.read_bytes() == preallocated(frames)
 
 
 @pytest.mark.parametrize("target", ["sealed", "non-final", "snapshot", "current"])
@@ -77,12 +143,12 @@ def test_flipping_any_byte_is_detected(tmp_path: Path, target: str) -> None:
         # Keep a sealed segment next to the snapshot: rebuild one from the live segment.
         live = segments(pristine)[-1]
         victim_name, data = live.name, live.read_bytes()
-        end = len(data) - LAST_FRAME
+        end = len(frames_of(live)) - LAST_FRAME
         span = range(end)
     elif target == "non-final":
         victim_name = segments(pristine)[-1].name
         data = (pristine / victim_name).read_bytes()
-        end = len(data) - LAST_FRAME
+        end = len(frames_of(pristine / victim_name)) - LAST_FRAME
         span = range(end)
     elif target == "snapshot":
         victim_name = next(pristine.glob("snapshot-*.json")).name
@@ -104,12 +170,13 @@ def test_flipping_any_byte_is_detected(tmp_path: Path, target: str) -> None:
             Queue(directory)
 
 
-def test_an_incomplete_sealed_segment_is_corrupt(tmp_path: Path) -> None:
+@pytest.mark.parametrize("shape", ["preallocated", "appended"])
+def test_an_incomplete_sealed_segment_is_corrupt(tmp_path: Path, shape: str) -> None:
     directory = tmp_path / "q"
     build(directory, compact=False)
     [segment] = segments(directory)
-    data = segment.read_bytes()
-    segment.write_bytes(data[:-5])
+    cut = frames_of(segment)[:-5]
+    segment.write_bytes(preallocated(cut) if shape == "preallocated" else cut)
     (directory / "wal-00000000000000000005.log").write_bytes(b"")
     with pytest.raises(CorruptStore):
         Queue(directory)
@@ -131,13 +198,9 @@ def test_an_invalid_transaction_is_corrupt(tmp_path: Path) -> None:
     directory = tmp_path / "q"
     build(directory, compact=False)
     [segment] = segments(directory)
-    with segment.open("ab") as handle:
-        handle.write(
-            encode_frame(
-                {"seq": 5, "type": "ack", "task_id": "a", "worker": "w", "generation": 1, "now": 0}
-            )
-        )
-    with pytest.raises(CorruptStore):
+    ack = {"seq": 5, "type": "ack", "task_id": "a", "worker": "w", "generation": 1, "now": 0}
+    segment.write_bytes(preallocated(frames_of(segment) + encode_frame(ack)))
+    with pytest.raises(CorruptStore, match="invalid transaction"):
         Queue(directory)
 
 
@@ -165,14 +228,14 @@ def test_a_length_field_beyond_the_bound_is_never_allocated(tmp_path: Path) -> N
     directory = tmp_path / "q"
     build(directory, compact=False)
     [segment] = segments(directory)
-    intact = segment.read_bytes()
+    intact = frames_of(segment)
     bogus = (2**31).to_bytes(4, "big") + b"x" * 10
-    segment.write_bytes(intact + bogus)
+    segment.write_bytes(preallocated(intact + bogus))
     with Queue(directory) as queue:
         assert queue.task_ids() == ["a", "b", "c", "d"]
-    assert segment.read_bytes() == intact
+    assert segment.read_bytes() == preallocated(intact)
     last = intact[-LAST_FRAME:]
-    segment.write_bytes(intact[:-LAST_FRAME] + bogus + last)
+    segment.write_bytes(preallocated(intact[:-LAST_FRAME] + bogus + last))
     with pytest.raises(CorruptStore, match="claims 2147483648 bytes"):
         Queue(directory)
 
@@ -199,28 +262,39 @@ def test_a_final_frame_garbled_by_a_power_cut_is_a_torn_tail(tmp_path: Path, kep
     directory = tmp_path / "q"
     build(directory, compact=False)
     [segment] = segments(directory)
-    data = bytearray(segment.read_bytes())
-    start = len(data) - LAST_FRAME
+    frames = frames_of(segment)
+    data = bytearray(preallocated(frames))
+    start = len(frames) - LAST_FRAME
     half = start + LAST_FRAME // 2
     if kept == "second-half":
         data[start:half] = bytes(half - start)
     elif kept == "zeros":
-        data[start:] = bytes(LAST_FRAME)
+        data[start : len(frames)] = bytes(LAST_FRAME)
     else:
         data[start : start + 4] = b"\xff\xff\xff\xff"  # a length beyond every bound
     segment.write_bytes(bytes(data))
     with Queue(directory) as queue:
         assert queue.task_ids() == ["a", "b", "c"]
-        assert segment.stat().st_size == start
+    assert segment.read_bytes() == preallocated(frames[:start])
 
 
 def test_a_garbled_frame_followed_by_a_valid_one_is_still_corruption(tmp_path: Path) -> None:
     directory = tmp_path / "q"
     build(directory, compact=False)
     [segment] = segments(directory)
-    data = bytearray(segment.read_bytes())
-    start = len(data) - 2 * LAST_FRAME + 1  # inside the frame before the last
+    frames = frames_of(segment)
+    data = bytearray(preallocated(frames))
+    start = len(frames) - 2 * LAST_FRAME + 1  # inside the frame before the last
     data[start : start + 8] = bytes(8)
     segment.write_bytes(bytes(data))
     with pytest.raises(CorruptStore):
         Queue(directory)
+
+
+@pytest.mark.parametrize("zeros", [0, 1, 3, 4, 5, 4096])
+def test_frames_end_where_only_zeros_remain(zeros: int) -> None:
+    frame = encode_frame({"seq": 1, "type": "put", "tasks": []})
+    frames, covered = decode_frames(frame + bytes(zeros), where="w", tail_may_tear=False)
+    assert (frames, covered) == ([{"seq": 1, "type": "put", "tasks": []}], len(frame))
+    with pytest.raises(CorruptStore, match="zero length field|incomplete frame"):
+        decode_frames(frame + bytes(zeros) + b"\x01", where="w", tail_may_tear=False)

@@ -64,7 +64,10 @@ def _whole_at(data: bytes, at: int) -> bool:
 def _frames(data: bytes, *, tail_may_tear: bool) -> tuple[list[dict[str, Any]], bool]:
     frames: list[dict[str, Any]] = []
     offset = 0
-    while offset < len(data):
+    # Segments are created full of zeros: no frame is empty and a body is never zero, so
+    # frames end where only zeros remain, and none can start at or after the last non-zero.
+    written = len(data.rstrip(b"\0"))
+    while offset < written:
         size = int.from_bytes(data[offset : offset + _LENGTH], "big")
         end = offset + _LENGTH + size + _DIGEST
         if offset + _LENGTH > len(data) or end > len(data):
@@ -72,12 +75,10 @@ def _frames(data: bytes, *, tail_may_tear: bool) -> tuple[list[dict[str, Any]], 
                 return frames, True
             raise _Damaged(f"incomplete frame at byte {offset}")
         body = data[offset + _LENGTH : end - _DIGEST]
-        if hashlib.sha256(body).digest() != data[end - _DIGEST : end]:
+        if size == 0 or hashlib.sha256(body).digest() != data[end - _DIGEST : end]:
             # Garbage up to the end, with nothing whole after it, is an unsynced frame
             # that a power cut half kept; a whole frame after it proves it was synced.
-            if tail_may_tear and not any(
-                _whole_at(data, at) for at in range(offset + 1, len(data))
-            ):
+            if tail_may_tear and not any(_whole_at(data, at) for at in range(offset + 1, written)):
                 return frames, True
             raise _Damaged(f"checksum mismatch in the frame at byte {offset}")
         value = json.loads(body)

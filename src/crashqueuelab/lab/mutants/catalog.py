@@ -258,15 +258,8 @@ def _newest_snapshot_wins() -> contextlib.AbstractContextManager[None]:
     return _patched(walqueue.store.Store, "_load_snapshot", newest)
 
 
-class _OsWithoutFsync:
-    """The ``os`` module, except that ``fsync`` does nothing."""
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(os, name)
-
-    @staticmethod
-    def fsync(fd: int) -> None:
-        return None
+def _no_sync(fd: int) -> None:
+    """What the mutant calls instead of syncing a frame: nothing."""
 
 
 class UnsyncedAppends(walqueue.store.Store):
@@ -274,7 +267,7 @@ class UnsyncedAppends(walqueue.store.Store):
     are): a put or an ack returns before it is durable."""
 
     def append(self, txn: dict[str, Any], frame: bytes | None = None) -> None:
-        with _patched(walqueue.store, "os", _OsWithoutFsync()):
+        with _patched(walqueue.store, "sync_data", _no_sync):
             super().append(txn, frame)
 
 
