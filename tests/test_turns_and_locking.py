@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
 
 from crashqueuelab import StoreError
+from crashqueuelab.core import futex as futex_module
 from crashqueuelab.core import turns as turns_module
+from crashqueuelab.core.futex import FutexWords, futex_available
 from crashqueuelab.core.locking import begin_immediate, is_busy, retry_busy
 from crashqueuelab.core.turns import TurnLock, TurnTimeout
 
@@ -18,8 +22,9 @@ def line(tmp_path: Path) -> Path:
     return tmp_path / "queue.sqlite-turns"
 
 
-def test_turns_are_served_in_ticket_order(line: Path) -> None:
-    first, second = TurnLock(line), TurnLock(line)
+@pytest.mark.parametrize("futex", [None, False])
+def test_turns_are_served_in_ticket_order(line: Path, futex: bool | None) -> None:
+    first, second = TurnLock(line, futex=futex), TurnLock(line, futex=futex)
     try:
         assert first.acquire(timeout_s=1) == 0
         first.release(0)
@@ -120,3 +125,79 @@ def test_retry_busy_returns_once_the_lock_frees_and_passes_other_errors() -> Non
 
     with pytest.raises(sqlite3.OperationalError, match="no such table"):
         retry_busy(broken, timeout_s=1)
+
+
+needs_futex = pytest.mark.skipif(
+    not futex_available(), reason="futexes need Linux on x86_64/aarch64"
+)
+
+
+@needs_futex
+def test_a_futex_sleeper_is_woken_by_another_and_a_changed_word_does_not_wait(
+    tmp_path: Path,
+) -> None:
+    fd = os.open(tmp_path / "words", os.O_RDWR | os.O_CREAT, 0o644)
+    words, other = FutexWords(fd, 8192, 4), FutexWords(fd, 8192, 4)
+    try:
+        assert os.fstat(fd).st_size == 8192 + 16
+        seen = words.value(1)
+        returned = threading.Event()
+
+        def sleeper() -> None:
+            words.wait(1, seen, 30.0)
+            returned.set()
+
+        thread = threading.Thread(target=sleeper)
+        thread.start()
+        other.wake(1)  # through a mapping of its own, as another process would
+        thread.join(timeout=30)
+        assert returned.is_set()
+        assert words.value(1) == seen + 1
+        assert words.value(5) == words.value(1)  # indexes wrap onto the same words
+        words.wait(1, seen, 30.0)  # the word moved on: returns at once
+        words.wait(2, words.value(2), 0.0)  # a zero timeout returns
+    finally:
+        words.close()
+        words.close()
+        other.close()
+        os.close(fd)
+    with pytest.raises(OSError, match="closed"):
+        words.value(0)
+
+
+def test_without_futexes_the_line_polls(line: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(futex_module, "_syscall_number", lambda: None)
+    assert not futex_available()
+    fd = os.open(line, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        with pytest.raises(OSError, match="not available"):
+            FutexWords(fd, 8192, 4)
+    finally:
+        os.close(fd)
+    polling = TurnLock(line)
+    try:
+        assert polling.acquire(timeout_s=1) == 0
+        polling.release(0)
+    finally:
+        polling.close()
+
+
+def test_a_turn_is_handed_past_a_waiter_that_gave_up(
+    line: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(turns_module, "STUCK_AFTER_S", 60.0)
+    holder, quitter, waiter = TurnLock(line), TurnLock(line), TurnLock(line)
+    got: list[int] = []
+    try:
+        first = holder.acquire(timeout_s=1)
+        with pytest.raises(TurnTimeout):
+            quitter.acquire(timeout_s=0.01)  # ticket 1, given up
+        thread = threading.Thread(target=lambda: got.append(waiter.acquire(timeout_s=30)))
+        thread.start()
+        holder.release(first)  # serves ticket 1, finds it ownerless, wakes ticket 2 too
+        thread.join(timeout=30)
+        assert got == [2]
+        waiter.release(2)
+    finally:
+        for lock in (holder, quitter, waiter):
+            lock.close()

@@ -296,5 +296,5 @@ def test_frames_end_where_only_zeros_remain(zeros: int) -> None:
     frame = encode_frame({"seq": 1, "type": "put", "tasks": []})
     frames, covered = decode_frames(frame + bytes(zeros), where="w", tail_may_tear=False)
     assert (frames, covered) == ([{"seq": 1, "type": "put", "tasks": []}], len(frame))
-    with pytest.raises(CorruptStore, match="zero length field|incomplete frame"):
+    with pytest.raises(CorruptStore, match=r"zero length field|incomplete frame"):
         decode_frames(frame + bytes(zeros) + b"\x01", where="w", tail_may_tear=False)

@@ -7,12 +7,16 @@ instead burns the CPU the lock holder needs. So writers take turns, like custome
 number at a counter:
 
 - a sidecar file (``<database>-turns``) holds two 8-byte counters: the next ticket and the
-  ticket now served, followed by one byte per ticket slot;
+  ticket now served, followed by one byte per ticket slot and, from byte 8192, one 4-byte
+  futex word per slot;
 - to write, a process takes the next ticket (under a short lock on the counters) and locks
   its slot byte; it waits until "now served" reaches its ticket, then runs its SQLite
   transaction; releasing advances "now served" and unlocks the slot;
-- a waiter sleeps in proportion to its distance from the head of the line, so only the
-  next in line polls closely, and the others leave the CPU to the holder;
+- a waiter sleeps on its slot's futex word (futex.py) until the turn before its own ends:
+  releasing a turn wakes exactly the next ticket's waiter, so nobody polls and the CPU
+  stays with the holder. Waits time out (1 ms for the next in line, longer further back)
+  so a dead or stuck neighbour is noticed; where futexes are unavailable, a waiter polls
+  instead, sleeping in proportion to its distance from the head of the line;
 - the slot locks are Linux open-file-description locks, which the kernel releases when a
   process dies: a waiter that finds the ticket being served has no live owner (its process
   was killed while waiting or while holding its turn) skips it. A killed worker can
@@ -32,17 +36,25 @@ import time
 from pathlib import Path
 
 from crashqueuelab.core.errors import StoreError
+from crashqueuelab.core.futex import FutexWords, futex_available
 
 _NEXT_TICKET = 0
 _SERVING = 8
 _SLOTS_AT = 16
 #: More concurrent writers than this would wrap onto a slot still in use.
 SLOTS = 4096
+#: Where the slots' futex words start (page-aligned, after the slot bytes).
+_WORDS_AT = 8192
 _FLOCK = "@hhqqi4x"  # struct flock: l_type, l_whence, l_start, l_len, l_pid (+ padding)
 _HEAD_SLEEP_S = 20e-6
 _LONGEST_SLEEP_S = 2e-3
 #: About how long one turn lasts; a waiter k places back sleeps about k times this.
 _TURN_ESTIMATE_S = 150e-6
+#: How long a futex sleeper waits before it looks at the line again: the next in line
+#: soon (its holder may have died), the others rarely (a dead waiter ahead of them is
+#: handed over past at once, see ``_hand_over``).
+_HEAD_WAIT_S = 1e-3
+_FAR_WAIT_S = 50e-3
 #: A turn served for longer than this is presumed stuck (a stopped process) and skipped.
 #: Skipping is always safe: SQLite's own write lock still serialises the transactions.
 STUCK_AFTER_S = 0.25
@@ -63,12 +75,23 @@ def _lock(fd: int, command: int, kind: int, start: int, length: int = 1) -> byte
 class TurnLock:
     """The ticket line of one database, through one open file description."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, futex: bool | None = None) -> None:
+        """``futex`` None uses futexes where available; False always polls."""
         self.path = path
         self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         self._jitter = random.Random()
+        self._words: FutexWords | None = None
+        if futex if futex is not None else futex_available():
+            try:
+                self._words = FutexWords(self._fd, _WORDS_AT, SLOTS)
+            except BaseException:
+                self.close()
+                raise
 
     def close(self) -> None:
+        if self._words is not None:
+            self._words.close()
+            self._words = None
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -123,6 +146,9 @@ class TurnLock:
             self._release_counters()
         watched, since = -1, time.monotonic()
         while True:
+            # Read before the line: a hand-over after this read changes the word, and the
+            # wait below then returns at once instead of missing it.
+            seen = self._words.value(ticket) if self._words is not None else 0
             serving = self._read(_SERVING)
             if serving >= ticket:
                 return ticket
@@ -136,9 +162,25 @@ class TurnLock:
                 # Give the ticket up: whoever reaches it will find its slot free and skip it.
                 _lock(self._descriptor, fcntl.F_OFD_SETLK, fcntl.F_UNLCK, self._slot(ticket))
                 raise TurnTimeout(str(self.path), f"ticket {ticket} not served in {timeout_s} s")
-            distance = ticket - serving
-            sleep = _HEAD_SLEEP_S if distance == 1 else distance * _TURN_ESTIMATE_S
-            time.sleep(min(sleep, _LONGEST_SLEEP_S) * (0.5 + self._jitter.random()))
+            self._pause(ticket, seen, ticket - serving, deadline)
+
+    def _pause(self, ticket: int, seen: int, distance: int, deadline: float) -> None:
+        """Wait a while for the line to move: on the ticket's futex word, or polling."""
+        if self._words is not None:
+            wait = _HEAD_WAIT_S if distance == 1 else _FAR_WAIT_S
+            self._words.wait(ticket, seen, min(wait, deadline - time.monotonic()))
+            return
+        sleep = _HEAD_SLEEP_S if distance == 1 else distance * _TURN_ESTIMATE_S
+        time.sleep(min(sleep, _LONGEST_SLEEP_S) * (0.5 + self._jitter.random()))
+
+    def _hand_over(self, serving: int) -> None:
+        """Wake the waiter of the ticket now served; if that ticket has no live owner (its
+        process died or gave up while waiting), also the one behind it, who skips it."""
+        if self._words is None:
+            return
+        self._words.wake(serving)
+        if not self._slot_owned(serving):
+            self._words.wake(serving + 1)
 
     def _skip(self, serving: int, deadline: float) -> None:
         """The served ticket is dead or stuck: advance the line past it, once."""
@@ -148,10 +190,12 @@ class TurnLock:
                 self._write(_SERVING, serving + 1)
         finally:
             self._release_counters()
+        self._hand_over(serving + 1)
 
     def release(self, ticket: int) -> None:
         """End this turn: serve the next ticket (unless the line moved on), free the slot."""
         # A turn that was skipped as stuck must not move the line back.
         if self._read(_SERVING) == ticket:
             self._write(_SERVING, ticket + 1)
+            self._hand_over(ticket + 1)
         _lock(self._descriptor, fcntl.F_OFD_SETLK, fcntl.F_UNLCK, self._slot(ticket))
