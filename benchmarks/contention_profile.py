@@ -1,0 +1,118 @@
+"""Where the time of a contended turn goes: N processes draining one DurableQueue file.
+
+    python benchmarks/contention_profile.py [--workers 16] [--work-ms 1] [--jobs 3000]
+    strace -f -c -o counts.txt python benchmarks/contention_profile.py --workers 16
+
+Fills a fresh store (under the system temp directory) and starts ``--workers`` spawned
+processes that each claim a job, sleep ``--work-ms`` and succeed it until none is left.
+Each process times every turn at the write lock (from the moment its ticket is served to
+the moment it releases the turn) and its own CPU time; the parent prints jobs/s, the
+turns' mean and percentiles, how busy the lock was, and the CPU spent per job. Run under
+``strace -f -c`` it also shows which system calls the waiting costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+LEASE_US = 60_000_000
+
+
+@dataclass(frozen=True)
+class WorkerFigures:
+    jobs: int
+    turns: list[float]
+    cpu_s: float
+
+
+def _drain(path: Path, work_s: float, results: Any) -> None:
+    from crashqueuelab.core import turns
+    from crashqueuelab.core.queue import DurableQueue
+
+    held: list[float] = []
+    served_at = [0.0]
+    acquire, release = turns.TurnLock.acquire, turns.TurnLock.release
+
+    def timed_acquire(lock: turns.TurnLock, *, timeout_s: float) -> int:
+        ticket = acquire(lock, timeout_s=timeout_s)
+        served_at[0] = time.perf_counter()
+        return ticket
+
+    def timed_release(lock: turns.TurnLock, ticket: int) -> None:
+        release(lock, ticket)
+        held.append(time.perf_counter() - served_at[0])
+
+    # Only this spawned child's class is wrapped; the parent's is untouched.
+    setattr(turns.TurnLock, "acquire", timed_acquire)  # noqa: B010
+    setattr(turns.TurnLock, "release", timed_release)  # noqa: B010
+    worker = f"w{os.getpid()}"
+    done = 0
+    with DurableQueue(path) as queue:
+        started = time.process_time()
+        while (claimed := queue.claim(worker_id=worker, lease_duration_us=LEASE_US)) is not None:
+            time.sleep(work_s)
+            queue.succeed(
+                job_id=claimed.job.job_id, worker_id=worker, lease_token=claimed.lease_token
+            )
+            done += 1
+        cpu = time.process_time() - started
+    results.put(WorkerFigures(done, held, cpu))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--work-ms", type=float, default=1.0)
+    parser.add_argument("--jobs", type=int, default=3000)
+    args = parser.parse_args()
+    from crashqueuelab.core.queue import DurableQueue
+
+    scratch = Path(tempfile.mkdtemp(prefix="cql-contention-"))
+    try:
+        path = scratch / "queue.sqlite"
+        with DurableQueue(path) as queue:
+            for start in range(0, args.jobs, 500):
+                queue.submit_many(
+                    [
+                        {"idempotency_key": f"k{n}", "job_type": "profile", "payload": {"n": n}}
+                        for n in range(start, min(start + 500, args.jobs))
+                    ]
+                )
+        context = multiprocessing.get_context("spawn")
+        results = context.Queue()
+        workers = [
+            context.Process(target=_drain, args=(path, args.work_ms / 1000, results))
+            for _ in range(args.workers)
+        ]
+        for process in workers:
+            process.start()
+        started = time.perf_counter()
+        figures = [results.get(timeout=600) for _ in workers]
+        elapsed = time.perf_counter() - started
+        for process in workers:
+            process.join(timeout=60)
+    finally:
+        shutil.rmtree(scratch)
+    jobs = sum(figure.jobs for figure in figures)
+    turns = sorted(turn for figure in figures for turn in figure.turns)
+    cuts = statistics.quantiles(turns, n=10)
+    print(
+        f"{args.workers} workers, {args.work_ms:g} ms: {jobs / elapsed:,.0f} jobs/s;"
+        f" {len(turns)} turns, held {statistics.fmean(turns) * 1e6:.0f} us on average"
+        f" (p50 {cuts[4] * 1e6:.0f}, p90 {cuts[8] * 1e6:.0f});"
+        f" lock busy {sum(turns) / elapsed:.0%};"
+        f" CPU {sum(figure.cpu_s for figure in figures) / jobs * 1e6:.0f} us per job"
+    )
+
+
+if __name__ == "__main__":
+    main()
