@@ -339,7 +339,10 @@ def walqueue_system() -> System:
     return System(
         name="walqueue",
         version=f"walqueue (crashqueuelab {__version__})",
-        durability="own WAL, fsync per transaction, directory fsync on create and rename",
+        durability=(
+            "own WAL in segments created full of zeros, fdatasync per transaction,"
+            " directory fsync on create and rename"
+        ),
         capabilities=CAPABILITIES,
         crash_points=CRASH_POINTS,
         open=WalqueueClient,
