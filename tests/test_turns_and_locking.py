@@ -201,3 +201,20 @@ def test_a_turn_is_handed_past_a_waiter_that_gave_up(
     finally:
         for lock in (holder, quitter, waiter):
             lock.close()
+
+
+def test_a_sidecar_that_cannot_be_mapped_makes_the_line_poll(
+    line: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unmappable(fd: int, offset: int, count: int) -> FutexWords:
+        raise OSError("mmap: no such device")
+
+    monkeypatch.setattr(turns_module, "FutexWords", unmappable)
+    polling = TurnLock(line)
+    try:
+        assert polling.acquire(timeout_s=1) == 0
+        polling.release(0)
+    finally:
+        polling.close()
+    with pytest.raises(OSError, match="no such device"):
+        TurnLock(line, futex=True)

@@ -76,17 +76,24 @@ class TurnLock:
     """The ticket line of one database, through one open file description."""
 
     def __init__(self, path: Path, *, futex: bool | None = None) -> None:
-        """``futex`` None uses futexes where available; False always polls."""
+        """``futex`` None uses futexes where they work, True insists on them, False polls."""
         self.path = path
         self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         self._jitter = random.Random()
         self._words: FutexWords | None = None
-        if futex if futex is not None else futex_available():
-            try:
-                self._words = FutexWords(self._fd, _WORDS_AT, SLOTS)
-            except BaseException:
+        if futex is False or (futex is None and not futex_available()):
+            return
+        try:
+            self._words = FutexWords(self._fd, _WORDS_AT, SLOTS)
+        except OSError:
+            # A file system that cannot map the sidecar shared (some network and FUSE
+            # mounts): unless futexes were demanded, the line polls as it would elsewhere.
+            if futex:
                 self.close()
                 raise
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
         if self._words is not None:
