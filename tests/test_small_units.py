@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import runpy
 import sys
 
@@ -10,9 +11,9 @@ import pytest
 from crashqueuelab import InvalidInput, ManualClock, RetryPolicy, SeededIds, StoreError
 from crashqueuelab.core.clock import SystemClock
 from crashqueuelab.core.ids import RandomIds
-from crashqueuelab.core.models import JobState, to_json
+from crashqueuelab.core.models import Job, JobState, to_json
 from crashqueuelab.core.payloads import parse_payload
-from crashqueuelab.core.rows import decode_job
+from crashqueuelab.core.rows import decode_job, finished_copy, leased_copy
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "0"])
@@ -91,6 +92,24 @@ def test_an_unknown_state_in_a_row_is_a_store_error() -> None:
     assert to_json(valid)["payload"] == {}
     assert JobState.SUCCEEDED.is_terminal
     assert not JobState.LEASED.is_terminal
+
+
+def test_records_built_from_rows_are_the_records_the_dataclass_makes() -> None:
+    row = ("j", 1, "k", "t", "{}", "x", "QUEUED", 0, 3, 5, None, None, None, None, 0, 0)
+    decoded = decode_job(row)
+    made = Job("j", 1, "k", "t", "{}", "x", JobState.QUEUED, 0, 3, 5, None, None, None, None, 0, 0)
+    assert (decoded, hash(decoded), repr(decoded)) == (made, hash(made), repr(made))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        decoded.attempts = 9  # type: ignore[misc]
+    leased = leased_copy(decoded, worker_id="w", token="t1", deadline=9, now=2)
+    assert leased == dataclasses.replace(
+        made, state=JobState.LEASED, attempts=1, lease_worker_id="w", lease_token="t1",
+        lease_deadline_us=9, updated_at_us=2,
+    )  # fmt: skip
+    done = finished_copy(leased, state=JobState.SUCCEEDED, now=3)
+    assert done == dataclasses.replace(made, state=JobState.SUCCEEDED, attempts=1, updated_at_us=3)
+    with pytest.raises(ValueError, match="zip"):
+        decode_job(row[:-1])
 
 
 def test_payload_text_that_is_valid_parses_to_the_object() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -218,3 +219,32 @@ def test_a_sidecar_that_cannot_be_mapped_makes_the_line_poll(
         polling.close()
     with pytest.raises(OSError, match="no such device"):
         TurnLock(line, futex=True)
+
+
+def test_without_futexes_a_waiter_polls_until_it_is_served(
+    line: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    polled = threading.Event()
+
+    class Clock:
+        monotonic = staticmethod(time.monotonic)
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            polled.set()  # the waiter is in its loop: now the holder may go
+
+    monkeypatch.setattr(turns_module, "time", Clock)
+    holder, waiter = TurnLock(line, futex=False), TurnLock(line, futex=False)
+    got: list[int] = []
+    try:
+        first = holder.acquire(timeout_s=1)
+        thread = threading.Thread(target=lambda: got.append(waiter.acquire(timeout_s=30)))
+        thread.start()
+        assert polled.wait(timeout=30)
+        holder.release(first)
+        thread.join(timeout=30)
+        assert got == [1]
+        waiter.release(1)
+    finally:
+        holder.close()
+        waiter.close()
