@@ -310,13 +310,13 @@ CRASH_POINTS = (
     ),
     CrashPoint(
         "truncate:after_truncate",
-        "recovering: the torn tail cut, not synced",
+        "recovering: the torn tail zeroed, not synced",
         _EMPTY,
         after="append:mid_write",
     ),
     CrashPoint(
         "truncate:after_sync",
-        "recovering: the torn tail cut and synced",
+        "recovering: the torn tail zeroed and synced",
         _EMPTY,
         after="append:mid_write",
     ),
