@@ -128,6 +128,15 @@ def test_retry_busy_returns_once_the_lock_frees_and_passes_other_errors() -> Non
         retry_busy(broken, timeout_s=1)
 
 
+def serve_one_turn(lock: TurnLock) -> None:
+    """The first turn of a fresh line: served at once, then released; the lock is closed."""
+    try:
+        assert lock.acquire(timeout_s=1) == 0
+        lock.release(0)
+    finally:
+        lock.close()
+
+
 needs_futex = pytest.mark.skipif(
     not futex_available(), reason="futexes need Linux on x86_64/aarch64"
 )
@@ -175,12 +184,7 @@ def test_without_futexes_the_line_polls(line: Path, monkeypatch: pytest.MonkeyPa
             FutexWords(fd, 8192, 4)
     finally:
         os.close(fd)
-    polling = TurnLock(line)
-    try:
-        assert polling.acquire(timeout_s=1) == 0
-        polling.release(0)
-    finally:
-        polling.close()
+    serve_one_turn(TurnLock(line))
 
 
 def test_a_turn_is_handed_past_a_waiter_that_gave_up(
@@ -211,12 +215,7 @@ def test_a_sidecar_that_cannot_be_mapped_makes_the_line_poll(
         raise OSError("mmap: no such device")
 
     monkeypatch.setattr(turns_module, "FutexWords", unmappable)
-    polling = TurnLock(line)
-    try:
-        assert polling.acquire(timeout_s=1) == 0
-        polling.release(0)
-    finally:
-        polling.close()
+    serve_one_turn(TurnLock(line))
     with pytest.raises(OSError, match="no such device"):
         TurnLock(line, futex=True)
 
