@@ -150,7 +150,7 @@ def zero_from(data: bytes, offset: int) -> bool:
     return data.count(0, offset) == len(data) - offset
 
 
-def _written_end(data: bytes) -> int:
+def written_end(data: bytes) -> int:
     """One past the last non-zero byte: no frame starts at or after it (a body is never zero)."""
     return len(data.rstrip(b"\0"))
 
@@ -168,7 +168,7 @@ def _hidden_frame(data: bytes, offset: int) -> bool:
     previous = start
     closing = ord("}")
     # A body ends in a non-zero "}", so a digest starts at most one byte past the written end.
-    last = min(len(data) - DIGEST_BYTES, _written_end(data)) + 1
+    last = min(len(data) - DIGEST_BYTES, written_end(data)) + 1
     for position in range(start, last):
         if data[position - 1] != closing or position == start:
             continue
@@ -184,7 +184,7 @@ def _valid_frame_after(data: bytes, offset: int) -> bool:
     bytes at ``offset`` were once synced (a later frame was), and are corruption."""
     view = memoryview(data)
     opening, closing = ord("{"), ord("}")
-    last = min(len(data) - LENGTH_BYTES - DIGEST_BYTES, _written_end(data))
+    last = min(len(data) - LENGTH_BYTES - DIGEST_BYTES, written_end(data))
     for start in range(offset + 1, last):
         size = int.from_bytes(view[start : start + LENGTH_BYTES], "big")
         end = start + LENGTH_BYTES + size + DIGEST_BYTES

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from walqueue.codec import decode_frames, decode_single, encode_frame, zero_from
+from walqueue.codec import decode_frames, decode_single, encode_frame, written_end, zero_from
 from walqueue.durability import fsync_directory, sync_data, write_file
 from walqueue.errors import CorruptStore
 from walqueue.state import State, apply, validate
@@ -110,7 +110,7 @@ class Store:
             data = path.read_bytes()
             frames, covered = decode_frames(data, where=path.name, tail_may_tear=newest)
             if not zero_from(data, covered):
-                self._truncate(path, covered, len(data.rstrip(b"\0")))
+                self._truncate(path, covered, written_end(data))
             frames_end = covered
             if expected is not None and first_seq != expected:
                 raise CorruptStore(f"{path.name}: starts at {first_seq}, expected {expected}")
@@ -137,7 +137,7 @@ class Store:
         self.hook("recover:done")
         return state
 
-    def _truncate(self, path: Path, length: int, written_end: int) -> None:
+    def _truncate(self, path: Path, length: int, end: int) -> None:
         """Cut a torn final frame off the newest segment, durably, before any append.
 
         The torn bytes are overwritten with zeros rather than cut off the file, so the
@@ -146,7 +146,7 @@ class Store:
         self.hook("truncate:before")
         fd = os.open(path, os.O_WRONLY)
         try:
-            _write_all_at(fd, bytes(written_end - length), length)
+            _write_all_at(fd, bytes(end - length), length)
             self.hook("truncate:after_truncate")
             os.fsync(fd)
         finally:
