@@ -108,6 +108,8 @@ def test_records_built_from_rows_are_the_records_the_dataclass_makes() -> None:
     )  # fmt: skip
     done = finished_copy(leased, state=JobState.SUCCEEDED, now=3)
     assert done == dataclasses.replace(made, state=JobState.SUCCEEDED, attempts=1, updated_at_us=3)
+    # The copies share nothing with the record they were made from.
+    assert (decoded, leased.state) == (made, JobState.LEASED)
 
 
 def test_payload_text_that_is_valid_parses_to_the_object() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any, TypeVar
 
 from crashqueuelab.core.errors import StoreError
@@ -31,10 +32,28 @@ def _enum(kind: type[_E], value: Any) -> _E:
         raise StoreError("<row>", f"unknown {kind.__name__} {value!r} in the store") from None
 
 
+_JOB_FIELDS = tuple(field.name for field in fields(Job))
+_JOB_STATES = {state.value: state for state in JobState}
+_new = object.__new__
+
+
+def _job_from(values: dict[str, Any]) -> Job:
+    # A frozen dataclass's __init__ sets its sixteen fields one object.__setattr__ at a
+    # time: 1.7 us a record, measured, and the batched paths build four records a job.
+    # Filling the instance's dict directly makes the same record (equal, same hash) in
+    # under half that. Job has no __post_init__ and no slots, so nothing is skipped.
+    job: Job = _new(Job)
+    job.__dict__.update(values)
+    return job
+
+
 def decode_job(row: tuple[Any, ...]) -> Job:
-    values = list(row)
-    values[6] = _enum(JobState, values[6])
-    return Job(*values)
+    values = dict(zip(_JOB_FIELDS, row, strict=True))
+    state = _JOB_STATES.get(values["state"])
+    if state is None:
+        raise StoreError("<row>", f"unknown JobState {values['state']!r} in the store")
+    values["state"] = state
+    return _job_from(values)
 
 
 def decode_attempt(row: tuple[Any, ...]) -> Attempt:
@@ -53,49 +72,28 @@ def decode_event(row: tuple[Any, ...]) -> Event:
     return Event(*values)
 
 
-# dataclasses.replace re-validates every field through __init__ by keyword; these two
-# copies sit on the batched hot path, so they build the record positionally instead.
-
-
 def leased_copy(job: Job, *, worker_id: str, token: str, deadline: int, now: int) -> Job:
     """``job`` as a claim leaves it: LEASED to ``worker_id``, one more attempt."""
-    return Job(
-        job.job_id,
-        job.submit_seq,
-        job.idempotency_key,
-        job.job_type,
-        job.payload_json,
-        job.payload_sha256,
-        JobState.LEASED,
-        job.attempts + 1,
-        job.max_attempts,
-        job.available_at_us,
-        worker_id,
-        token,
-        deadline,
-        job.last_error,
-        job.created_at_us,
-        now,
+    values = dict(job.__dict__)
+    values.update(
+        state=JobState.LEASED,
+        attempts=job.attempts + 1,
+        lease_worker_id=worker_id,
+        lease_token=token,
+        lease_deadline_us=deadline,
+        updated_at_us=now,
     )
+    return _job_from(values)
 
 
 def finished_copy(job: Job, *, state: JobState, now: int) -> Job:
     """``job`` after its lease ended in ``state`` with the same retry time."""
-    return Job(
-        job.job_id,
-        job.submit_seq,
-        job.idempotency_key,
-        job.job_type,
-        job.payload_json,
-        job.payload_sha256,
-        state,
-        job.attempts,
-        job.max_attempts,
-        job.available_at_us,
-        None,
-        None,
-        None,
-        job.last_error,
-        job.created_at_us,
-        now,
+    values = dict(job.__dict__)
+    values.update(
+        state=state,
+        lease_worker_id=None,
+        lease_token=None,
+        lease_deadline_us=None,
+        updated_at_us=now,
     )
+    return _job_from(values)
