@@ -34,14 +34,15 @@ def event_row(
 ) -> EventRow:
     """The parameters of one event, for ``append_events``.
 
-    The states and the event type are string enums, which SQLite stores as their text; not
-    reading ``.value`` (a property lookup each) saves a third of this function's cost.
+    The enums go in as their plain ``.value``: SQLite would store a member as the same text,
+    but the sqlite3 module first looks for an adapter for any ``str`` subclass it binds,
+    which measured slower than the property lookup (the batched drain lost 4%).
     """
     return (
         job_id,
-        event_type,
-        from_state,
-        to_state,
+        event_type.value,
+        None if from_state is None else from_state.value,
+        to_state.value,
         at_us,
         attempt,
         worker_id,
