@@ -5,12 +5,14 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from crashqueuelab import cli
 from crashqueuelab.lab.bench.runner import (
     jain_index,
+    median_run,
     percentile,
     reasons,
     run_bench,
@@ -61,6 +63,67 @@ def test_a_tiny_bench_reports_every_cell_verified(tmp_path: Path) -> None:
     batched = [cell for cell in report["cells"] if cell["system"].startswith("sqlite-batched")]
     assert [cell["batch"] for cell in batched] == [8, 8, 8, 8]
     assert all(0 < cell["batch_largest"] <= 8 for cell in batched)
+
+
+def one_run(rate: float, *, p99: float = 1.0, ok: bool = True) -> dict[str, Any]:
+    return {
+        "system": "x", "workers": 1, "work_ms": 0.0, "jobs": 10, "jobs_per_s": rate,
+        "latency_p50_ms": 0.5, "latency_p99_ms": p99, "fairness_jain": 1.0,
+        "jobs_per_worker_min": 10, "jobs_per_worker_max": 10,
+        "verified": {"ok": ok, "succeeded": 10, "handed_out_twice": 0 if ok else 2},
+    }  # fmt: skip
+
+
+def test_a_repeated_cell_shows_its_median_run_whole_and_every_run() -> None:
+    runs = [one_run(300, p99=3.0), one_run(100, p99=1.0), one_run(200, p99=2.0)]
+    cell = median_run(runs)
+    # The figures of one real run, never a mix: the median's throughput with its own p99.
+    assert (cell["jobs_per_s"], cell["latency_p99_ms"]) == (200, 2.0)
+    assert [run["jobs_per_s"] for run in cell["runs"]] == [300, 100, 200]
+    assert all(run["verified"] for run in cell["runs"])
+    assert cell["verified"]["ok"] is True
+    assert median_run(runs[:2])["jobs_per_s"] == 100  # of two, the lower
+    assert "(100-300)" in table([cell])
+    assert "(" not in table([median_run([one_run(100)])]).splitlines()[-1]
+
+
+def test_one_refused_run_makes_its_repeated_cell_refused() -> None:
+    cell = median_run([one_run(300), one_run(100, ok=False), one_run(200)])
+    assert cell["jobs_per_s"] == 200
+    assert cell["verified"]["ok"] is False
+    assert [run["verified"] for run in cell["runs"]] == [True, False, True]
+    assert reasons([cell]) == ["x at 1 workers, 0 ms (run 2 of 3): 2 jobs handed out twice"]
+
+
+def test_a_failed_run_fails_its_cell_and_a_skipped_cell_stays_skipped() -> None:
+    failed = {"system": "x", "workers": 2, "work_ms": 0.0, "failed": "a worker raised"}
+    cell = median_run([one_run(100), failed, failed])
+    assert (cell["failed"], cell["runs_failed"], cell["runs_total"]) == ("a worker raised", 2, 3)
+    assert reasons([cell]) == ["x at 2 workers, 0 ms: a worker raised"]
+    skipped = {"system": "x", "workers": 2, "work_ms": 0.0, "skipped": "one owner"}
+    assert median_run([skipped, skipped]) == skipped
+    with pytest.raises(ValueError, match="at least one run"):
+        median_run([])
+
+
+def test_a_repeated_bench_interleaves_its_rounds(tmp_path: Path) -> None:
+    lines: list[str] = []
+    report = run_bench(
+        tmp_path / "bench", jobs=20, workers=(1,), work_ms=(0.0,), batch=8, repeat=2,
+        progress=lines.append,
+    )  # fmt: skip
+    assert report["ok"] is True
+    assert report["repeat"] == 2
+    for cell in report["cells"]:
+        assert len(cell["runs"]) == 2
+        assert cell["jobs_per_s"] == min(run["jobs_per_s"] for run in cell["runs"])
+    first = [at for at, line in enumerate(lines) if "(run 1 of 2)" in line]
+    second = [at for at, line in enumerate(lines) if "(run 2 of 2)" in line]
+    assert len(first) == len(second) == len(report["cells"])
+    assert max(first) < min(second)  # every lane once, then every lane again
+    with pytest.raises(ValueError, match="at least once"):
+        run_bench(tmp_path / "never", jobs=20, repeat=0)
+    assert not (tmp_path / "never").exists()
 
 
 def test_the_batched_path_sizes_its_batches_itself_by_default(tmp_path: Path) -> None:
@@ -132,6 +195,7 @@ def test_the_bench_command_prints_targets_and_a_table(tmp_path: Path) -> None:
         ["--jobs", "0"],
         ["--batch", "0"],
         ["--batch", "adaptively"],
+        ["--repeat", "0"],
     ],
 )
 def test_bad_bench_arguments_are_usage_errors(tmp_path: Path, argv: list[str]) -> None:

@@ -44,8 +44,8 @@ def runs(
             "--pauses", "1", "--lease-ms", "300", "--quiet", "--output-directory",
             str(base / "chaos"))  # fmt: skip
     run_cli("bench", "--jobs", "20", "--workers", "1,2", "--work-ms", "0", "--quiet",
-            "--system", "sqlite", "--system", "walqueue", "--output-directory",
-            str(base / "bench"))  # fmt: skip
+            "--system", "sqlite", "--system", "walqueue", "--repeat", "2",
+            "--output-directory", str(base / "bench"))  # fmt: skip
     if POWER_LOSS:
         run_cli("chaos", "--seed", "4", "--jobs", "200", "--workers", "2", "--kills", "4",
                 "--crash-mode", "power-loss", "--power-cuts", "2", "--lease-ms", "300",
@@ -90,6 +90,9 @@ def test_the_bench_page_shows_the_batch_sizes_the_batched_path_used(
     for cell in batched:
         assert f"{cell['batch_mean']:.1f} ({cell['batch_largest']}), adaptive" in html
     assert "--batch adaptive" in html
+    # Two runs of every cell: the median shown, the range of both beside it.
+    assert "--repeat 2" in html
+    assert html.count(" in 2 runs") == len([cell for cell in cells if "jobs_per_s" in cell])
 
 
 def test_power_cuts_are_drawn_and_explained(runs: dict[str, Path]) -> None:

@@ -403,6 +403,7 @@ def _bench(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         batch=args.batch,
         progress=_progress(args),
         peers=args.peer or [],
+        repeat=args.repeat,
     )
     args.stderr.write(table(report["cells"]) + "\n")
     return (EXIT_OK if report["ok"] else EXIT_REJECTED), {
@@ -579,6 +580,12 @@ def _experiment_commands(command: _Command) -> None:
         database=False,
     )
     sub.add_argument("--jobs", type=_positive, default=2000)
+    sub.add_argument(
+        "--repeat",
+        type=_positive,
+        default=1,
+        help="run every cell N times, interleaved; a cell shows its median run and the spread",
+    )
     sub.add_argument("--workers", type=_int_list, default=[1, 2, 4, 8, 16])
     sub.add_argument("--work-ms", type=_float_list, default=[0.0, 1.0])
     sub.add_argument(

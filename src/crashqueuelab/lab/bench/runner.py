@@ -7,6 +7,11 @@ jobs, starts the workers from a fork server (so starting a worker costs a fork, 
 connection ever crosses it), releases them through one barrier, and collects each worker's
 per-job claim-to-ack latencies. Throughput counts jobs acknowledged per second from the
 release to the last acknowledgement. A system with a single owner runs with one worker only.
+
+With ``repeat`` above one, every cell runs that many times, the rounds interleaved (every
+lane once, then every lane again), and the cell reports its median run whole (throughput,
+latencies and fairness of that one run) with every run's figures beside it: one slow
+moment of a shared disk then moves a spread, not a ratio.
 """
 
 from __future__ import annotations
@@ -55,6 +60,8 @@ DEFAULT_WORK_MS = (0.0, 1.0)
 #: None: each worker of the batched path sizes its own batches (lab/batching.py).
 DEFAULT_BATCH: int | None = None
 BENCH_FILE = "bench.json"
+#: Runs of each cell: one by default.
+DEFAULT_REPEAT = 1
 #: How long a failed cell waits for its workers' own account of what went wrong.
 REPORT_GRACE_S = 5.0
 #: The default system's lanes, which the targets compare with the textbook queue.
@@ -311,6 +318,38 @@ def run_config(
     )
 
 
+def _run_figures(run: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "jobs_per_s": run["jobs_per_s"],
+        "latency_p99_ms": run["latency_p99_ms"],
+        "fairness_jain": run["fairness_jain"],
+        "verified": run["verified"]["ok"],
+    }
+
+
+def median_run(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One cell from its repeated runs: the run of median throughput (the lower of the two
+    middle ones for an even count), whole, with every run's figures under ``runs``.
+
+    A cell fails if any run failed and is skipped if its runs were. Its verification is
+    that of the first run refused, if any was: a job handed out twice in one run of three
+    makes the cell not ok, whatever the median run shows.
+    """
+    if not runs:
+        raise ValueError("a cell needs at least one run")
+    if "skipped" in runs[0]:
+        return dict(runs[0])
+    failed = [run for run in runs if "failed" in run]
+    if failed:
+        return dict(failed[0]) | {"runs_failed": len(failed), "runs_total": len(runs)}
+    ordered = sorted(runs, key=lambda run: run["jobs_per_s"])
+    cell = dict(ordered[(len(ordered) - 1) // 2])
+    refused = [number for number, run in enumerate(runs, 1) if not run["verified"]["ok"]]
+    if refused:
+        cell["verified"] = runs[refused[0] - 1]["verified"] | {"run": refused[0]}
+    return cell | {"runs": [_run_figures(run) for run in runs]}
+
+
 def _cell(
     cells: list[dict[str, Any]], system: str, workers: int, work_ms: float
 ) -> dict[str, Any] | None:
@@ -355,6 +394,8 @@ def reasons(cells: list[dict[str, Any]]) -> list[str]:
     for cell in cells:
         where = f"{cell['system']} at {cell['workers']} workers, {cell['work_ms']:g} ms"
         verified = cell.get("verified", {"ok": True})
+        if "run" in verified:
+            where += f" (run {verified['run']} of {len(cell['runs'])})"
         if "failed" in cell:
             found.append(f"{where}: {cell['failed']}")
         elif not verified["ok"]:
@@ -419,9 +460,13 @@ def table(cells: list[dict[str, Any]]) -> str:
                 f"| {cell['system']} | {cell['workers']} | {cell['work_ms']:g} | {why} | | | | |"
             )
             continue
+        spread = ""
+        if len(cell.get("runs", ())) > 1:
+            rates = [run["jobs_per_s"] for run in cell["runs"]]
+            spread = f" ({min(rates):,.0f}-{max(rates):,.0f})"
         lines.append(
             f"| {cell['system']} | {cell['workers']} | {cell['work_ms']:g} |"
-            f" {cell['jobs_per_s']:,.0f} | {cell['latency_p50_ms']:.2f} |"
+            f" {cell['jobs_per_s']:,.0f}{spread} | {cell['latency_p50_ms']:.2f} |"
             f" {cell['latency_p99_ms']:.2f} |"
             f" {cell['jobs_per_worker_min']}-{cell['jobs_per_worker_max']} |"
             f" {cell['fairness_jain']:.2f} |"
@@ -439,8 +484,11 @@ def run_bench(
     batch: int | None = DEFAULT_BATCH,
     progress: Progress | None = None,
     peers: Sequence[str] = (),
+    repeat: int = DEFAULT_REPEAT,
 ) -> dict[str, Any]:
     """The whole matrix, the fsync rate of the disk, and ``bench.json``."""
+    if repeat < 1:
+        raise ValueError(f"every cell runs at least once, not {repeat} times")
     # An unknown system or peer is refused before anything is written.
     for spec in systems:
         resolve_system(spec)
@@ -464,25 +512,30 @@ def run_bench(
     cells = []
     for cost in work_ms:
         for count in workers:
-            # Systems alternate inside each (cost, workers) pair, so drift hits them alike.
-            for lane in lanes:
-                cell = run_config(
-                    context,
-                    scratch,
-                    lane=lane,
-                    workers=count,
-                    work_ms=cost,
-                    jobs=jobs,
-                    batch=batch,
-                )
-                cells.append(cell)
-                if progress is not None:
-                    rate = (
-                        f"{cell['jobs_per_s']:,.0f} jobs/s"
-                        if "jobs_per_s" in cell
-                        else cell.get("skipped") or cell.get("failed")
+            runs: dict[str, list[dict[str, Any]]] = {lane.name: [] for lane in lanes}
+            # Systems alternate inside each (cost, workers) pair, and so do the rounds, so
+            # drift hits them alike.
+            for round_number in range(1, repeat + 1):
+                for lane in lanes:
+                    run = run_config(
+                        context,
+                        scratch,
+                        lane=lane,
+                        workers=count,
+                        work_ms=cost,
+                        jobs=jobs,
+                        batch=batch,
                     )
-                    progress(f"{lane.name} workers={count} work={cost:g}ms: {rate}")
+                    runs[lane.name].append(run)
+                    if progress is not None:
+                        rate = (
+                            f"{run['jobs_per_s']:,.0f} jobs/s"
+                            if "jobs_per_s" in run
+                            else run.get("skipped") or run.get("failed")
+                        )
+                        which = f" (run {round_number} of {repeat})" if repeat > 1 else ""
+                        progress(f"{lane.name} workers={count} work={cost:g}ms{which}: {rate}")
+            cells += [median_run(runs[lane.name]) for lane in lanes]
     scratch.rmdir()
     report = {
         "machine": {
@@ -495,6 +548,7 @@ def run_bench(
         "system_specs": list(systems),
         "peers": list(peers),
         "jobs_per_cell": jobs,
+        "repeat": repeat,
         "batch": "adaptive" if batch is None else batch,
         "disk": disk,
         "cells": cells,

@@ -569,6 +569,7 @@ def bench_view(run_dir: Path) -> View:
         + " ".join(f"--system {spec}" for spec in report.get("system_specs", []))
         + "".join(f" --peer {peer}" for peer in report.get("peers", []))
         + f" --jobs {report['jobs_per_cell']} --workers {workers} --work-ms {work}"
+        + (f" --repeat {report['repeat']}" if report.get("repeat", 1) > 1 else "")
         + f" --batch {report['batch']} --output-directory {run_dir}",
         reasons=failed,
     )
@@ -582,6 +583,13 @@ def bench_view(run_dir: Path) -> View:
             "jobs per cell",
             f"{report['jobs_per_cell']:,}",
             "pre-submitted; workers released together",
+        ),
+        (
+            "runs per cell",
+            f"{report.get('repeat', 1)}",
+            "each cell shows its median run; the range of every run beside it"
+            if report.get("repeat", 1) > 1
+            else "one run each",
         ),
         (
             "machine",
