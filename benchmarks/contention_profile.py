@@ -7,13 +7,17 @@ Fills a fresh store (under the system temp directory) and starts ``--workers`` s
 processes that each claim a job, sleep ``--work-ms`` and succeed it until none is left.
 Each process times every turn at the write lock (from the moment its ticket is served to
 the moment it releases the turn) and its own CPU time; the parent prints jobs/s, the
-turns' mean and percentiles, how busy the lock was, and the CPU spent per job. Run under
+turns' mean and percentiles, the CPU spent per job, and, over the window from the first
+turn to the last (process start-up left out), the share of it the lock was held and the
+hand-over gaps between one turn's release and the next turn's start (the clock is the
+system-wide monotonic one, so the processes' times compare). Run under
 ``strace -f -c`` it also shows which system calls the waiting costs.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import multiprocessing
 import os
 import shutil
@@ -30,7 +34,8 @@ LEASE_US = 60_000_000
 @dataclass(frozen=True)
 class WorkerFigures:
     jobs: int
-    turns: list[float]
+    #: (served, released) of each turn, in seconds of the system-wide monotonic clock.
+    turns: list[tuple[float, float]]
     cpu_s: float
 
 
@@ -38,7 +43,7 @@ def _drain(path: Path, work_s: float, results: Any) -> None:
     from crashqueuelab.core import turns
     from crashqueuelab.core.queue import DurableQueue
 
-    held: list[float] = []
+    held: list[tuple[float, float]] = []
     served_at = [0.0]
     acquire, release = turns.TurnLock.acquire, turns.TurnLock.release
 
@@ -49,7 +54,7 @@ def _drain(path: Path, work_s: float, results: Any) -> None:
 
     def timed_release(lock: turns.TurnLock, ticket: int) -> None:
         release(lock, ticket)
-        held.append(time.perf_counter() - served_at[0])
+        held.append((served_at[0], time.perf_counter()))
 
     # Only this spawned child's class is wrapped; the parent's is untouched.
     setattr(turns.TurnLock, "acquire", timed_acquire)  # noqa: B010
@@ -103,13 +108,22 @@ def main() -> None:
     finally:
         shutil.rmtree(scratch)
     jobs = sum(figure.jobs for figure in figures)
-    turns = sorted(turn for figure in figures for turn in figure.turns)
+    spans = sorted(span for figure in figures for span in figure.turns)
+    turns = sorted(released - served for served, released in spans)
     cuts = statistics.quantiles(turns, n=10)
+    window = spans[-1][1] - spans[0][0]
+    # A release is timed after the hand-over call returns, so the next turn may start a
+    # little before it: such a gap counts as none.
+    gaps = [max(0.0, after[0] - before[1]) for before, after in itertools.pairwise(spans)]
+    gap_cuts = statistics.quantiles(gaps, n=10)
     print(
-        f"{args.workers} workers, {args.work_ms:g} ms: {jobs / elapsed:,.0f} jobs/s;"
+        f"{args.workers} workers, {args.work_ms:g} ms: {jobs / elapsed:,.0f} jobs/s"
+        f" ({jobs / window:,.0f} over the window of turns);"
         f" {len(turns)} turns, held {statistics.fmean(turns) * 1e6:.0f} us on average"
         f" (p50 {cuts[4] * 1e6:.0f}, p90 {cuts[8] * 1e6:.0f});"
-        f" lock busy {sum(turns) / elapsed:.0%};"
+        f" lock held {sum(turns) / window:.0%} of the window;"
+        f" hand-over gaps {statistics.fmean(gaps) * 1e6:.0f} us on average"
+        f" (p50 {gap_cuts[4] * 1e6:.0f}, p90 {gap_cuts[8] * 1e6:.0f});"
         f" CPU {sum(figure.cpu_s for figure in figures) / jobs * 1e6:.0f} us per job"
     )
 
