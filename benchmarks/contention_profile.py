@@ -1,6 +1,7 @@
 """Where the time of a contended turn goes: N processes draining one DurableQueue file.
 
     python benchmarks/contention_profile.py [--workers 16] [--work-ms 1] [--jobs 3000]
+        [--statements]
     strace -f -c -o counts.txt python benchmarks/contention_profile.py --workers 16
 
 Fills a fresh store (under the system temp directory) and starts ``--workers`` spawned
@@ -10,7 +11,9 @@ the moment it releases the turn) and its own CPU time; the parent prints jobs/s,
 turns' mean and percentiles, the CPU spent per job, and, over the window from the first
 turn to the last (process start-up left out), the share of it the lock was held and the
 hand-over gaps between one turn's release and the next turn's start (the clock is the
-system-wide monotonic one, so the processes' times compare). Run under
+system-wide monotonic one, so the processes' times compare). ``--statements`` also times
+every SQL statement the workers run (profile_paths.py's timing connection) and prints the
+time per job of each, summed over the workers. Run under
 ``strace -f -c`` it also shows which system calls the waiting costs.
 """
 
@@ -24,6 +27,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,11 +41,18 @@ class WorkerFigures:
     #: (served, released) of each turn, in seconds of the system-wide monotonic clock.
     turns: list[tuple[float, float]]
     cpu_s: float
+    #: Seconds spent in each kind of SQL statement (with ``--statements``).
+    statements: dict[str, float]
 
 
-def _drain(path: Path, work_s: float, results: Any) -> None:
+def _drain(path: Path, work_s: float, timed: bool, results: Any) -> None:
+    from profile_paths import timed_queue
+
     from crashqueuelab.core import turns
     from crashqueuelab.core.queue import DurableQueue
+
+    spent: defaultdict[str, float] = defaultdict(float)
+    queue_class = timed_queue(spent) if timed else DurableQueue
 
     held: list[tuple[float, float]] = []
     served_at = [0.0]
@@ -61,7 +72,7 @@ def _drain(path: Path, work_s: float, results: Any) -> None:
     setattr(turns.TurnLock, "release", timed_release)  # noqa: B010
     worker = f"w{os.getpid()}"
     done = 0
-    with DurableQueue(path) as queue:
+    with queue_class(path) as queue:
         started = time.process_time()
         while (claimed := queue.claim(worker_id=worker, lease_duration_us=LEASE_US)) is not None:
             time.sleep(work_s)
@@ -70,7 +81,7 @@ def _drain(path: Path, work_s: float, results: Any) -> None:
             )
             done += 1
         cpu = time.process_time() - started
-    results.put(WorkerFigures(done, held, cpu))
+    results.put(WorkerFigures(done, held, cpu, dict(spent)))
 
 
 def main() -> None:
@@ -78,6 +89,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--work-ms", type=float, default=1.0)
     parser.add_argument("--jobs", type=int, default=3000)
+    parser.add_argument("--statements", action="store_true")
     args = parser.parse_args()
     from crashqueuelab.core.queue import DurableQueue
 
@@ -95,7 +107,9 @@ def main() -> None:
         context = multiprocessing.get_context("spawn")
         results = context.Queue()
         workers = [
-            context.Process(target=_drain, args=(path, args.work_ms / 1000, results))
+            context.Process(
+                target=_drain, args=(path, args.work_ms / 1000, args.statements, results)
+            )
             for _ in range(args.workers)
         ]
         for process in workers:
@@ -126,6 +140,13 @@ def main() -> None:
         f" (p50 {gap_cuts[4] * 1e6:.0f}, p90 {gap_cuts[8] * 1e6:.0f});"
         f" CPU {sum(figure.cpu_s for figure in figures) / jobs * 1e6:.0f} us per job"
     )
+    if args.statements:
+        spent: Counter[str] = Counter()
+        for figure in figures:
+            spent.update(figure.statements)
+        print(f"SQL statements: {spent.total() / jobs * 1e6:.1f} us per job, by statement:")
+        for name, seconds in spent.most_common():
+            print(f"  {seconds / jobs * 1e6:7.1f} us  {name}")
 
 
 if __name__ == "__main__":
