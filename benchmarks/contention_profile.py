@@ -27,7 +27,7 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,13 +46,15 @@ class WorkerFigures:
 
 
 def _drain(path: Path, work_s: float, timed: bool, results: Any) -> None:
-    from profile_paths import timed_queue
-
     from crashqueuelab.core import turns
     from crashqueuelab.core.queue import DurableQueue
 
     spent: defaultdict[str, float] = defaultdict(float)
-    queue_class = timed_queue(spent) if timed else DurableQueue
+    queue_class = DurableQueue
+    if timed:
+        from profile_paths import timed_queue
+
+        queue_class = timed_queue(spent)
 
     held: list[tuple[float, float]] = []
     served_at = [0.0]
@@ -141,12 +143,13 @@ def main() -> None:
         f" CPU {sum(figure.cpu_s for figure in figures) / jobs * 1e6:.0f} us per job"
     )
     if args.statements:
-        spent: Counter[str] = Counter()
+        from profile_paths import print_statements
+
+        spent: defaultdict[str, float] = defaultdict(float)
         for figure in figures:
-            spent.update(figure.statements)
-        print(f"SQL statements: {spent.total() / jobs * 1e6:.1f} us per job, by statement:")
-        for name, seconds in spent.most_common():
-            print(f"  {seconds / jobs * 1e6:7.1f} us  {name}")
+            for name, seconds in figure.statements.items():
+                spent[name] += seconds
+        print_statements(spent, jobs)
 
 
 if __name__ == "__main__":

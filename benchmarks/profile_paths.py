@@ -29,7 +29,7 @@ import sqlite3
 import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +111,13 @@ def timed_queue(spent: defaultdict[str, float]) -> type[DurableQueue]:
     return TimedQueue
 
 
+def print_statements(spent: Mapping[str, float], jobs: int) -> None:
+    """The SQL time per job of ``jobs`` jobs, in all and by statement, longest first."""
+    print(f"SQL statements: {sum(spent.values()) / jobs * 1e6:.1f} us per job, by statement:")
+    for name, seconds in sorted(spent.items(), key=lambda item: -item[1]):
+        print(f"  {seconds / jobs * 1e6:7.2f} us  {name}")
+
+
 def pages_by_tree(connection: sqlite3.Connection, wal: Path) -> Counter[str]:
     """The frames of ``wal``, counted by the b-tree that owns each page at the end.
 
@@ -167,9 +174,7 @@ def report(
         for tree, frames in written.most_common():
             print(f"  {frames / done:5.2f}  {tree}")
     if args.statements:
-        print(f"SQL statements: {sum(spent.values()) / done * 1e6:.1f} us per job, by statement:")
-        for name, seconds in sorted(spent.items(), key=lambda item: -item[1]):
-            print(f"  {seconds / done * 1e6:6.2f} us  {name}")
+        print_statements(spent, done)
     if not (args.no_profile or args.statements):
         pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
 
