@@ -15,11 +15,13 @@ from crashqueuelab import (
     JobState,
     ManualClock,
     Phase,
+    SeededIds,
 )
-from crashqueuelab.core.models import Acknowledgement
+from crashqueuelab.core.held import HeldLeases
+from crashqueuelab.core.models import Acknowledgement, Job
 from crashqueuelab.judges.invariants import check_database
 from crashqueuelab.judges.replay import replay_database
-from tests.conftest import LEASE_US, QueueFactory, fingerprint
+from tests.conftest import LEASE_US, RETRY, START_US, QueueFactory, fingerprint, raw
 
 
 def requests(count: int, prefix: str = "k") -> list[dict[str, object]]:
@@ -235,3 +237,155 @@ def test_a_bad_chained_batch_writes_nothing(queue: DurableQueue, db_path: Path) 
             limit=1,
         )
     assert fingerprint(db_path) == before
+
+
+def _drain_in_one_batch(queue: DurableQueue, acknowledger: DurableQueue) -> list[bool]:
+    queue.submit_many(requests(6))
+    claimed = queue.claim_many(worker_id="w", lease_duration_us=LEASE_US, limit=4)
+    acks = [Acknowledgement(c.job.job_id, "w", c.lease_token) for c in claimed]
+    acks.append(acks[1])
+    results = acknowledger.succeed_many(acks)
+    return [result.accepted for result in results]
+
+
+def test_a_batch_acknowledged_by_the_handle_that_leased_it_writes_what_any_handle_would(
+    tmp_path: Path,
+) -> None:
+    """The kept leased copies (held.py) change how rows are found, never what is written."""
+    dumps = []
+    for own_handle in (True, False):
+        path = tmp_path / f"own-{own_handle}.sqlite"
+        clock = ManualClock(START_US)
+        with DurableQueue(path, clock=clock, ids=SeededIds(7, "q"), retry=RETRY) as queue:
+            if own_handle:
+                accepted = _drain_in_one_batch(queue, queue)
+            else:
+                with DurableQueue(path, clock=clock, ids=SeededIds(7, "q")) as other:
+                    accepted = _drain_in_one_batch(queue, other)
+        assert accepted == [True, True, True, True, False]
+        assert check_database(path).ok
+        assert replay_database(path).ok
+        dumps.append(fingerprint(path)[1])
+    assert dumps[0] == dumps[1]
+
+
+def test_a_kept_lease_that_another_handle_ended_is_fenced_from_its_row(
+    make_queue: QueueFactory, db_path: Path
+) -> None:
+    """A handle whose clock lags still believes its leases live; the row decides."""
+    queue = make_queue()
+    queue.submit_many(requests(3))
+    claimed = queue.claim_many(worker_id="w", lease_duration_us=LEASE_US, limit=3)
+    later = ManualClock(START_US + 2 * LEASE_US)
+    with DurableQueue(db_path, clock=later, ids=SeededIds(7, "ahead"), retry=RETRY) as ahead:
+        assert len(ahead.recover_expired()) == 3
+        later.advance(RETRY.max_delay_us)
+        ahead.promote_retries()
+        retaken = ahead.claim_many(worker_id="w2", lease_duration_us=LEASE_US, limit=1)
+    assert retaken[0].job.job_id == claimed[0].job.job_id
+    results = queue.succeed_many(
+        [Acknowledgement(c.job.job_id, "w", c.lease_token) for c in claimed]
+    )
+    assert [r.stale_reason for r in results] == ["wrong_worker", "not_leased", "not_leased"]
+    retaken_job = queue.get(retaken[0].job.job_id)
+    assert (retaken_job.state, retaken_job.lease_worker_id) == (JobState.LEASED, "w2")
+    kinds = [e.event_type for e in queue.history(claimed[0].job.job_id)]
+    assert EventType.SUCCEEDED not in kinds
+    assert check_database(db_path).ok
+    assert replay_database(db_path).ok
+
+
+def test_a_copy_kept_wrong_is_undone_and_the_batch_fenced_again(
+    make_queue: QueueFactory, db_path: Path
+) -> None:
+    """When the guarded update misses a row the kept copy vouched for, the rows the same
+    statement did change are rolled back to the savepoint before the batch is fenced again."""
+    queue = make_queue()
+    queue.submit_many(requests(3))
+    claimed = queue.claim_many(worker_id="w", lease_duration_us=LEASE_US, limit=3)
+    conn = raw(db_path)
+    try:
+        # Another lease on the middle job, as a writer the handle never saw would leave it.
+        conn.execute(
+            "UPDATE jobs SET lease_token = 'lease-other' WHERE job_id = ?",
+            (claimed[1].job.job_id,),
+        )
+    finally:
+        conn.close()
+    results = queue.succeed_many(
+        [Acknowledgement(c.job.job_id, "w", c.lease_token) for c in claimed]
+    )
+    assert [r.stale_reason for r in results] == [None, "wrong_token", None]
+    for claim, finished in zip(claimed, (True, False, True), strict=True):
+        kinds = [e.event_type for e in queue.history(claim.job.job_id)]
+        assert kinds.count(EventType.SUCCEEDED) == int(finished)
+        attempt = queue.attempts(claim.job.job_id)[-1]
+        assert (attempt.outcome is not None) == finished
+    assert queue.get(claimed[1].job.job_id).state is JobState.LEASED
+
+
+def test_a_heartbeat_through_another_handle_keeps_the_batch_lease_live(
+    make_queue: QueueFactory, clock: ManualClock
+) -> None:
+    queue, other = make_queue(), make_queue(stream="other")
+    queue.submit_many(requests(3))
+    claimed = queue.claim_many(worker_id="w", lease_duration_us=LEASE_US, limit=3)
+    clock.advance(LEASE_US // 2)
+    other.heartbeat(
+        job_id=claimed[0].job.job_id,
+        worker_id="w",
+        lease_token=claimed[0].lease_token,
+        lease_duration_us=LEASE_US,
+    )
+    queue.heartbeat(
+        job_id=claimed[1].job.job_id,
+        worker_id="w",
+        lease_token=claimed[1].lease_token,
+        lease_duration_us=LEASE_US,
+    )
+    clock.advance(LEASE_US // 2)
+    results = queue.succeed_many(
+        [Acknowledgement(c.job.job_id, "w", c.lease_token) for c in claimed]
+    )
+    assert [r.stale_reason for r in results] == [None, None, "lease_expired"]
+    assert results[0].job == queue.get(claimed[0].job.job_id)
+    assert results[1].job == queue.get(claimed[1].job.job_id)
+
+
+def test_held_leases_keep_the_newest_copies_up_to_their_capacity() -> None:
+    def job(job_id: str, token: str) -> Job:
+        return Job(
+            submit_seq=1,
+            job_id=job_id,
+            idempotency_key=job_id,
+            job_type="t",
+            payload_json="{}",
+            payload_sha256="0" * 64,
+            state=JobState.LEASED,
+            attempts=1,
+            max_attempts=3,
+            available_at_us=0,
+            lease_worker_id="w",
+            lease_token=token,
+            lease_deadline_us=10,
+            last_error=None,
+            created_at_us=0,
+            updated_at_us=0,
+        )
+
+    with pytest.raises(ValueError, match="at least one lease"):
+        HeldLeases(capacity=0)
+    held = HeldLeases(capacity=2)
+    held.keep([job("a", "t1"), job("b", "t1"), job("a", "t2"), job("c", "t1")])
+    assert len(held) == 2
+    assert held.take("b") is None  # the oldest, dropped for "c"
+    held.refresh(job("c", "t3"))
+    held.refresh(job("d", "t1"))  # never kept: nothing to refresh
+    assert len(held) == 2
+    kept = held.take("c")
+    assert kept is not None
+    assert kept.lease_token == "t3"
+    assert held.take("c") is None
+    a = held.take("a")
+    assert a is not None
+    assert a.lease_token == "t2"

@@ -12,7 +12,8 @@ import sqlite3
 from collections.abc import Sequence
 
 from crashqueuelab.core.errors import JobNotFound, StoreError
-from crashqueuelab.core.fencing import stale_lease
+from crashqueuelab.core.fencing import LIVE_LEASE_GUARD, stale_lease
+from crashqueuelab.core.held import HeldLeases
 from crashqueuelab.core.history import append_events, event_row
 from crashqueuelab.core.ids import IdGenerator
 from crashqueuelab.core.models import (
@@ -37,10 +38,10 @@ _LEASE = (
     " lease_token = ?, lease_deadline_us = ?, updated_at_us = ?"
     " WHERE submit_seq = ? AND state = 'QUEUED'"
 )
+# The whole live-lease rule, not only the token: a kept copy (held.py) may be wrong.
 _SUCCEED = (
     "UPDATE jobs SET state = 'SUCCEEDED', lease_worker_id = NULL, lease_token = NULL,"
-    " lease_deadline_us = NULL, updated_at_us = ?"
-    " WHERE submit_seq = ? AND state = 'LEASED' AND lease_token = ?"
+    f" lease_deadline_us = NULL, updated_at_us = ? WHERE submit_seq = ? AND {LIVE_LEASE_GUARD}"
 )
 # Stay well under SQLite's bound on host parameters per statement.
 _IN_CHUNK = 500
@@ -106,12 +107,64 @@ def lease_ready(
     ]
 
 
+class _KeptCopyWrong(Exception):
+    """A kept leased copy no longer matched its row: fence the batch again from the rows."""
+
+
 def acknowledge(
-    conn: sqlite3.Connection, acknowledgements: Sequence[Acknowledgement], *, now: int
+    conn: sqlite3.Connection,
+    acknowledgements: Sequence[Acknowledgement],
+    *,
+    now: int,
+    held: HeldLeases | None = None,
 ) -> list[AckResult]:
-    """Succeed every acknowledgement that holds a live lease; report the others as stale."""
-    wanted = sorted({ack.job_id for ack in acknowledgements})
-    current: dict[str, Job] = {}
+    """Succeed every acknowledgement that holds a live lease; report the others as stale.
+
+    ``held`` (the acknowledging handle's own leases, held.py) spares reading the rows of the
+    jobs it leased itself. A batch fenced with any kept copy runs under a savepoint: if the
+    guarded update then misses a row (the copy was wrong), the batch is undone and fenced
+    again from rows read under this lock, so the result never depends on the copies.
+    """
+    kept = _kept_live(acknowledgements, held, now) if held is not None else {}
+    if not kept:
+        return _succeed(conn, acknowledgements, now, {})
+    conn.execute("SAVEPOINT kept_leases")
+    try:
+        results = _succeed(conn, acknowledgements, now, kept)
+    except _KeptCopyWrong:
+        conn.execute("ROLLBACK TO kept_leases")
+        conn.execute("RELEASE kept_leases")
+        return _succeed(conn, acknowledgements, now, {})
+    conn.execute("RELEASE kept_leases")
+    return results
+
+
+def _kept_live(
+    acknowledgements: Sequence[Acknowledgement], held: HeldLeases, now: int
+) -> dict[str, Job]:
+    """The kept copies that show a live lease for the pair acknowledging them."""
+    kept: dict[str, Job] = {}
+    for ack in acknowledgements:
+        job = held.take(ack.job_id)
+        # Anything but a live lease (say, a deadline that another handle's heartbeat may
+        # have moved) is decided from the row itself.
+        if (
+            job is not None
+            and stale_lease(job, worker_id=ack.worker_id, lease_token=ack.lease_token, now_us=now)
+            is None
+        ):
+            kept[ack.job_id] = job
+    return kept
+
+
+def _succeed(
+    conn: sqlite3.Connection,
+    acknowledgements: Sequence[Acknowledgement],
+    now: int,
+    kept: dict[str, Job],
+) -> list[AckResult]:
+    current = dict(kept)
+    wanted = sorted({ack.job_id for ack in acknowledgements} - current.keys())
     for start in range(0, len(wanted), _IN_CHUNK):
         chunk = wanted[start : start + _IN_CHUNK]
         marks = ", ".join("?" * len(chunk))
@@ -135,13 +188,14 @@ def acknowledge(
         results.append(AckResult(ack.job_id, done, None))
     if not accepted:
         return results
-    _require_rows(
-        conn.executemany(
-            _SUCCEED, [(now, job.submit_seq, ack.lease_token) for job, ack in accepted]
-        ),
-        len(accepted),
-        "success",
-    )
+    updated = conn.executemany(
+        _SUCCEED,
+        [(now, job.submit_seq, ack.worker_id, ack.lease_token, now) for job, ack in accepted],
+    ).rowcount
+    if updated != len(accepted) and kept:
+        raise _KeptCopyWrong
+    if updated != len(accepted):
+        raise StoreError("<batch>", f"guarded success changed {updated} of {len(accepted)} rows")
     _require_rows(
         conn.executemany(
             CLOSE_ATTEMPT,

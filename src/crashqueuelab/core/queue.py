@@ -17,6 +17,7 @@ from crashqueuelab.core.clock import Clock, SystemClock
 from crashqueuelab.core.errors import InvalidInput, JobNotFound, StoreError
 from crashqueuelab.core.fencing import require_live_lease
 from crashqueuelab.core.handle import DatabaseHandle
+from crashqueuelab.core.held import HeldLeases
 from crashqueuelab.core.history import append_event
 from crashqueuelab.core.hooks import Hook, Phase, no_hook
 from crashqueuelab.core.ids import IdGenerator, RandomIds
@@ -125,6 +126,7 @@ class DurableQueue(DatabaseHandle):
         self._ids: IdGenerator = ids if ids is not None else RandomIds(self._clock)
         self._retry = retry if retry is not None else RetryPolicy()
         self._hook: Hook = hook if hook is not None else no_hook
+        self._held = HeldLeases()
 
     # -- producer --------------------------------------------------------------------------
 
@@ -194,6 +196,7 @@ class DurableQueue(DatabaseHandle):
         now = self._clock.now_us()
         with self._transaction():
             claimed = self._lease_batch(worker, lease, count, now)
+        self._held.keep(one.job for one in claimed)
         if claimed:
             self._hook(Phase.AFTER_CLAIM_COMMIT)
         return claimed
@@ -231,6 +234,7 @@ class DurableQueue(DatabaseHandle):
         with self._transaction():
             results = self._acknowledge_batch(acknowledgements, now)
             claimed = self._lease_batch(worker, lease, count, now)
+        self._held.keep(one.job for one in claimed)
         if any(result.accepted for result in results):
             self._hook(Phase.AFTER_SUCCESS_COMMIT)
         if claimed:
@@ -289,6 +293,7 @@ class DurableQueue(DatabaseHandle):
                 lease_deadline_us=deadline,
             )
             self._hook(Phase.BEFORE_HEARTBEAT_COMMIT)
+        self._held.refresh(job)
         self._hook(Phase.AFTER_HEARTBEAT_COMMIT)
         return ClaimedJob(
             job=job, lease_token=lease_token, lease_deadline_us=deadline, attempt=job.attempts
@@ -463,7 +468,7 @@ class DurableQueue(DatabaseHandle):
     def _acknowledge_batch(
         self, acknowledgements: Sequence[Acknowledgement], now: int
     ) -> list[AckResult]:
-        results = acknowledge(self.connection, acknowledgements, now=now)
+        results = acknowledge(self.connection, acknowledgements, now=now, held=self._held)
         if any(result.accepted for result in results):
             self._hook(Phase.BEFORE_SUCCESS_COMMIT)
         return results
