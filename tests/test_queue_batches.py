@@ -389,3 +389,26 @@ def test_held_leases_keep_the_newest_copies_up_to_their_capacity() -> None:
     a = held.take("a")
     assert a is not None
     assert a.lease_token == "t2"
+
+
+def test_a_heartbeat_that_shortened_the_lease_elsewhere_is_not_outlived_by_the_kept_copy(
+    make_queue: QueueFactory, clock: ManualClock
+) -> None:
+    """A heartbeat may set a nearer deadline than the claim's. The kept copy still shows the
+    claim's deadline as live, so the guard in the update has to check the row's."""
+    queue, other = make_queue(), make_queue(stream="other")
+    queue.submit_many(requests(2))
+    claimed = queue.claim_many(worker_id="w", lease_duration_us=LEASE_US, limit=2)
+    other.heartbeat(
+        job_id=claimed[0].job.job_id,
+        worker_id="w",
+        lease_token=claimed[0].lease_token,
+        lease_duration_us=LEASE_US // 10,
+    )
+    clock.advance(LEASE_US // 2)
+    results = queue.succeed_many(
+        [Acknowledgement(c.job.job_id, "w", c.lease_token) for c in claimed]
+    )
+    assert [r.stale_reason for r in results] == ["lease_expired", None]
+    assert queue.get(claimed[0].job.job_id).state is JobState.LEASED
+    assert queue.get(claimed[1].job.job_id).state is JobState.SUCCEEDED
