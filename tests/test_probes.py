@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import pytest
 from crashqueuelab.lab.probes import PROBES, run_probes
 from crashqueuelab.lab.readings import read_store
 from crashqueuelab.systems import Claim, JobSpec, OpenRequest, System, Verdict
-from tests.contract.model import ReferenceClient, reference_system
+from tests.contract.model import ReferenceClient, ReferenceState, reference_system
 
 
 class NewJobEverySubmit(ReferenceClient):
@@ -48,6 +49,27 @@ class RefusesEveryone(ReferenceClient):
         return Verdict.STALE
 
 
+class TrustsTheLeasesItGranted(ReferenceClient):
+    """Judges a batched acknowledgement by the deadline the claim granted, as a queue that
+    trusted its memory of the leases it handed out would."""
+
+    def __init__(self, state: ReferenceState, request: OpenRequest) -> None:
+        super().__init__(state, request)
+        self.granted: dict[str, int] = {}
+
+    def claim_many(self, worker_id: str, lease_us: int, limit: int) -> list[Claim]:
+        claims = super().claim_many(worker_id, lease_us, limit)
+        self.granted = {claim.key: self.clock.now_us() + lease_us for claim in claims}
+        return claims
+
+    def succeed_many(self, claims: Sequence[Claim]) -> list[Verdict]:
+        for claim in claims:
+            job = self.state.jobs[claim.key]
+            if job.token == claim.token and claim.key in self.granted:
+                job.deadline = self.granted[claim.key]
+        return super().succeed_many(claims)
+
+
 def verdicts(system: System, tmp_path: Path) -> dict[str, str]:
     return {p["name"]: p["detail"] for p in run_probes(system, tmp_path) if not p["ok"]}
 
@@ -64,6 +86,11 @@ def test_the_reference_passes_every_probe(tmp_path: Path) -> None:
         (NoDeadLetter, "attempts_run_out", "its only attempt answered retry"),
         (HandsOutLeasedJobs, "a_leased_job_is_not_claimed_again", "while worker-a's lease"),
         (RefusesEveryone, "stale_holder_after_expiry", "by the live holder answered stale"),
+        (
+            TrustsTheLeasesItGranted,
+            "batched_acknowledgement_sees_the_lease_as_it_stands",
+            "job shortened: a batched acknowledgement after its heartbeat's nearer deadline",
+        ),
     ],
 )
 def test_a_queue_that_gets_one_thing_wrong_fails_that_probe(
@@ -79,7 +106,7 @@ def test_a_system_that_cannot_open_fails_every_probe_that_runs(tmp_path: Path) -
         raise OSError("disk on fire")
 
     failed = verdicts(replace(reference_system(), open=refuse), tmp_path)
-    assert len(failed) == len(PROBES) == 10
+    assert len(failed) == len(PROBES) == 11
     assert all("open raised OSError('disk on fire')" in detail for detail in failed.values())
 
 

@@ -199,6 +199,35 @@ def batched_acknowledgement_fences_each_item(bench: _Bench) -> str:
     return "in one batch, the live item was accepted and the expired one refused"
 
 
+def batched_acknowledgement_sees_the_lease_as_it_stands(bench: _Bench) -> str:
+    """A batch's leases count as they stand when it is acknowledged, not as they were when
+    it was claimed: a queue that remembers the leases it granted must not trust the memory."""
+    for key in ("shortened", "kept", "overdue"):
+        bench.job(key)
+    claims = {claim.key: claim for claim in bench.client.claim_many("worker-a", LEASE_US, 3)}
+    if sorted(claims) != ["kept", "overdue", "shortened"]:
+        raise ProbeFailed(
+            f"jobs shortened, kept, overdue: worker-a should claim all three in one batch;"
+            f" the queue offered {sorted(claims) or 'nothing'}"
+        )
+    shortened, kept, overdue = claims["shortened"], claims["kept"], claims["overdue"]
+    if not bench.client.heartbeat(shortened, LEASE_US // 10):
+        raise ProbeFailed("job shortened: the live holder's heartbeat was refused")
+    bench.clock.advance(LEASE_US // 2)
+    verdicts = bench.client.succeed_many([shortened, kept])
+    _refused(
+        verdicts[0], shortened, "a batched acknowledgement after its heartbeat's nearer deadline"
+    )
+    _accepted(verdicts[1], kept, "the batch's live acknowledgement")
+    bench.clock.advance(LEASE_US - LEASE_US // 2)
+    [late] = bench.client.succeed_many([overdue])
+    _refused(late, overdue, "a batched acknowledgement at the deadline, no recovery run yet")
+    return (
+        "in batches, a lease a heartbeat had shortened and a lease at its deadline were"
+        " refused, the live one accepted"
+    )
+
+
 Probe = Callable[[_Bench], str]
 #: Each probe, and the capability it needs (None: every system).
 PROBES: tuple[tuple[str, Probe, str | None], ...] = (
@@ -212,6 +241,11 @@ PROBES: tuple[tuple[str, Probe, str | None], ...] = (
     ("expired_attempts_run_out", expired_attempts_run_out, None),
     ("retry_delay_is_capped", retry_delay_is_capped, None),
     ("batched_acknowledgement_fences_each_item", batched_acknowledgement_fences_each_item, None),
+    (
+        "batched_acknowledgement_sees_the_lease_as_it_stands",
+        batched_acknowledgement_sees_the_lease_as_it_stands,
+        "heartbeats",
+    ),
 )
 
 

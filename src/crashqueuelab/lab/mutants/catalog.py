@@ -172,6 +172,32 @@ class BatchFencesFirstOnly(DurableQueue):
         return super().succeed_many(unfenced)
 
 
+class GrantTimeFencing(DurableQueue):
+    """A batched acknowledgement fences each job its handle claimed as of the moment the
+    lease was granted (a time taken at the claim and reused), so a lease that a heartbeat
+    shortened since, or one past its deadline, still counts."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._granted_at: dict[str, int] = {}
+
+    def claim_many(self, *, worker_id: str, lease_duration_us: int, limit: int) -> list[ClaimedJob]:
+        claimed = super().claim_many(
+            worker_id=worker_id, lease_duration_us=lease_duration_us, limit=limit
+        )
+        self._granted_at.update((one.job.job_id, one.job.updated_at_us) for one in claimed)
+        return claimed
+
+    def _acknowledge_batch(
+        self, acknowledgements: Sequence[Acknowledgement], now: int
+    ) -> list[AckResult]:
+        results = []
+        for ack in acknowledgements:
+            granted = self._granted_at.pop(ack.job_id, now)
+            results.extend(super()._acknowledge_batch([ack], granted))
+        return results
+
+
 class ResubmissionCreatesJob(DurableQueue):
     """Submitting the key of a finished job creates a new job (the key is only checked
     against unfinished ones), so a retried producer runs finished work again."""
@@ -338,6 +364,10 @@ def batch_fences_first_only() -> System:
     return _sqlite_mutant("batch-fences-first-only", BatchFencesFirstOnly)
 
 
+def grant_time_fencing() -> System:
+    return _sqlite_mutant("grant-time-fencing", GrantTimeFencing)
+
+
 def resubmission_creates_job() -> System:
     return _sqlite_mutant("resubmission-creates-job", ResubmissionCreatesJob)
 
@@ -432,6 +462,11 @@ MUTANTS = (
     Mutant(
         "batch_fences_first_only",
         "sqlite: a batched acknowledgement checks the lease of its first item only",
+        PROBES,
+    ),
+    Mutant(
+        "grant_time_fencing",
+        "sqlite: a batched acknowledgement fences each job as of the moment its lease was granted",
         PROBES,
     ),
     Mutant(
