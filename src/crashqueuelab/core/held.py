@@ -4,8 +4,8 @@ Acknowledging a batch needs each job's current row: to fence the acknowledgement
 return the finished record. The handle that leased the batch wrote those rows itself, and
 while a (worker, token) pair holds a lease its row changes only by a heartbeat, which moves
 the deadline; every other change ends the lease or issues a new token. So the leased copies
-kept here can stand in for reading the rows again, which cost a batched job about a sixth
-of its time (docs/performance.md).
+kept here can stand in for reading and decoding the rows again, about a tenth of a batched
+job's time (docs/performance.md).
 
 They are a hint, never evidence. A kept copy is used only while it shows a live lease for
 the acknowledging pair; the acknowledgement's ``UPDATE`` still carries the whole live-lease
