@@ -188,14 +188,13 @@ def _succeed(
         results.append(AckResult(ack.job_id, done, None))
     if not accepted:
         return results
-    updated = conn.executemany(
+    cursor = conn.executemany(
         _SUCCEED,
         [(now, job.submit_seq, ack.worker_id, ack.lease_token, now) for job, ack in accepted],
-    ).rowcount
-    if updated != len(accepted) and kept:
+    )
+    if cursor.rowcount != len(accepted) and kept:
         raise _KeptCopyWrong
-    if updated != len(accepted):
-        raise StoreError("<batch>", f"guarded success changed {updated} of {len(accepted)} rows")
+    _require_rows(cursor, len(accepted), "success")
     _require_rows(
         conn.executemany(
             CLOSE_ATTEMPT,
