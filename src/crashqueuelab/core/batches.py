@@ -116,7 +116,7 @@ def acknowledge(
     acknowledgements: Sequence[Acknowledgement],
     *,
     now: int,
-    held: HeldLeases | None = None,
+    held: HeldLeases,
 ) -> list[AckResult]:
     """Succeed every acknowledgement that holds a live lease; report the others as stale.
 
@@ -125,7 +125,7 @@ def acknowledge(
     guarded update then misses a row (the copy was wrong), the batch is undone and fenced
     again from rows read under this lock, so the result never depends on the copies.
     """
-    kept = _kept_live(acknowledgements, held, now) if held is not None else {}
+    kept = _kept_live(acknowledgements, held, now)
     if not kept:
         return _succeed(conn, acknowledgements, now, {})
     conn.execute("SAVEPOINT kept_leases")
