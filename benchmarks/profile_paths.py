@@ -81,7 +81,12 @@ class TimedConnection:
         words = sql.split()
         table = next((words[at + 1] for at, word in enumerate(words[:-1]) if word in
                       ("INTO", "UPDATE", "FROM")), "")  # fmt: skip
-        return f"{words[0]} {table}{' (next job)' if 'LIMIT' in sql else ''}".strip()
+        # A statement that names its rows in a WITH clause is known by what it does to them.
+        verb = next((word for word in words if word in ("INSERT", "UPDATE")), words[0])
+        if words[0] != "WITH":
+            verb = words[0]
+        rows = " (rows)" if "), (" in sql else ""
+        return f"{verb} {table}{' (next job)' if 'LIMIT' in sql else ''}{rows}".strip()
 
     def execute(self, sql: str, parameters: Sequence[Any] = ()) -> FetchedRows:
         started = time.perf_counter()

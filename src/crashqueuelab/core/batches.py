@@ -3,7 +3,7 @@
 A batch is one transaction, but every job in it still gets its own guard, its own lease
 token, its own attempt row and its own event; the judges see no difference. What a batch
 saves is the commit (one fsync for all) and the per-row round trips from Python: rows are
-read with one query and written with ``executemany``, which runs each statement per row in C.
+read with one query and written a chunk of rows per statement (multirow.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sqlite3
 from collections.abc import Sequence
 
 from crashqueuelab.core.errors import JobNotFound, StoreError
-from crashqueuelab.core.fencing import LIVE_LEASE_GUARD, stale_lease
+from crashqueuelab.core.fencing import live_lease_guard, stale_lease
 from crashqueuelab.core.held import HeldLeases
 from crashqueuelab.core.history import append_events, event_row
 from crashqueuelab.core.ids import IdGenerator
@@ -25,31 +25,50 @@ from crashqueuelab.core.models import (
     Job,
     JobState,
 )
+from crashqueuelab.core.multirow import RowsStatement, run_rows
 from crashqueuelab.core.rows import JOB_COLUMNS, decode_job, finished_copy, leased_copy
 from crashqueuelab.core.schema import ACTIVE_JOBS
-from crashqueuelab.core.statements import CLOSE_ATTEMPT, OPEN_ATTEMPT
 
 _SELECT_READY = (
     f"SELECT {JOB_COLUMNS} FROM jobs WHERE {ACTIVE_JOBS} AND state = 'QUEUED'"
     " AND available_at_us <= ? ORDER BY available_at_us, submit_seq LIMIT ?"
 )
-_LEASE = (
-    "UPDATE jobs SET state = 'LEASED', attempts = attempts + 1, lease_worker_id = ?,"
-    " lease_token = ?, lease_deadline_us = ?, updated_at_us = ?"
-    " WHERE submit_seq = ? AND state = 'QUEUED'"
+# Each statement carries a chunk of jobs in its VALUES list (multirow.py) and repeats the
+# guard for every one of them.
+_LEASE = RowsStatement(
+    "WITH v(seq, token) AS (VALUES {rows})"
+    " UPDATE jobs SET state = 'LEASED', attempts = attempts + 1, lease_worker_id = ?,"
+    " lease_token = v.token, lease_deadline_us = ?, updated_at_us = ?"
+    " FROM v WHERE jobs.submit_seq = v.seq AND jobs.state = 'QUEUED'",
+    width=2,
+)
+_OPEN_ATTEMPTS = RowsStatement(
+    "INSERT INTO attempts (job_id, attempt, worker_id, lease_token, claimed_at_us,"
+    " lease_deadline_us) VALUES {rows}",
+    width=6,
 )
 # The whole live-lease rule, not only the token: a kept copy (held.py) may be wrong.
-_SUCCEED = (
-    "UPDATE jobs SET state = 'SUCCEEDED', lease_worker_id = NULL, lease_token = NULL,"
-    f" lease_deadline_us = NULL, updated_at_us = ? WHERE submit_seq = ? AND {LIVE_LEASE_GUARD}"
+_SUCCEED = RowsStatement(
+    "WITH v(seq, worker, token) AS (VALUES {rows})"
+    " UPDATE jobs SET state = 'SUCCEEDED', lease_worker_id = NULL, lease_token = NULL,"
+    " lease_deadline_us = NULL, updated_at_us = ?"
+    f" FROM v WHERE jobs.submit_seq = v.seq AND {live_lease_guard('v.worker', 'v.token')}",
+    width=3,
+)
+_CLOSE_ATTEMPTS = RowsStatement(
+    "WITH v(id, number) AS (VALUES {rows})"
+    " UPDATE attempts SET ended_at_us = ?, outcome = ?, error = NULL"
+    " FROM v WHERE attempts.job_id = v.id AND attempts.attempt = v.number"
+    " AND attempts.outcome IS NULL",
+    width=2,
 )
 # Stay well under SQLite's bound on host parameters per statement.
 _IN_CHUNK = 500
 
 
-def _require_rows(cursor: sqlite3.Cursor, expected: int, what: str) -> None:
-    if cursor.rowcount != expected:
-        raise StoreError("<batch>", f"guarded {what} changed {cursor.rowcount} of {expected} rows")
+def _require_rows(changed: int, expected: int, what: str) -> None:
+    if changed != expected:
+        raise StoreError("<batch>", f"guarded {what} changed {changed} of {expected} rows")
 
 
 def lease_ready(
@@ -68,15 +87,18 @@ def lease_ready(
     deadline = now + lease_us
     pairs = [(job, ids.lease_token()) for job in jobs]
     _require_rows(
-        conn.executemany(
+        run_rows(
+            conn,
             _LEASE,
-            [(worker_id, token, deadline, now, job.submit_seq) for job, token in pairs],
+            [(job.submit_seq, token) for job, token in pairs],
+            (worker_id, deadline, now),
         ),
         len(jobs),
         "claim",
     )
-    conn.executemany(
-        OPEN_ATTEMPT,
+    run_rows(
+        conn,
+        _OPEN_ATTEMPTS,
         [(job.job_id, job.attempts + 1, worker_id, token, now, deadline) for job, token in pairs],
     )
     append_events(
@@ -188,20 +210,21 @@ def _succeed(
         results.append(AckResult(ack.job_id, done, None))
     if not accepted:
         return results
-    cursor = conn.executemany(
+    changed = run_rows(
+        conn,
         _SUCCEED,
-        [(now, job.submit_seq, ack.worker_id, ack.lease_token, now) for job, ack in accepted],
+        [(job.submit_seq, ack.worker_id, ack.lease_token) for job, ack in accepted],
+        (now, now),
     )
-    if cursor.rowcount != len(accepted) and kept:
+    if changed != len(accepted) and kept:
         raise _KeptCopyWrong
-    _require_rows(cursor, len(accepted), "success")
+    _require_rows(changed, len(accepted), "success")
     _require_rows(
-        conn.executemany(
-            CLOSE_ATTEMPT,
-            [
-                (now, AttemptOutcome.SUCCEEDED.value, None, job.job_id, job.attempts)
-                for job, _ in accepted
-            ],
+        run_rows(
+            conn,
+            _CLOSE_ATTEMPTS,
+            [(job.job_id, job.attempts) for job, _ in accepted],
+            (now, AttemptOutcome.SUCCEEDED.value),
         ),
         len(accepted),
         "attempt close",

@@ -11,12 +11,23 @@ from __future__ import annotations
 from crashqueuelab.core.errors import StaleLease, StaleReason
 from crashqueuelab.core.models import Job, JobState
 
-#: The same rule as a guard for ``UPDATE jobs ... WHERE job_id = ? AND <guard>``; its
-#: parameters are (worker_id, lease_token, now_us). The queue applies it inside the write
-#: transaction and calls ``require_live_lease`` only to explain a guard that did not match.
-LIVE_LEASE_GUARD = (
-    "state = 'LEASED' AND lease_worker_id = ? AND lease_token = ? AND lease_deadline_us > ?"
-)
+
+def live_lease_guard(worker_id: str = "?", lease_token: str = "?") -> str:
+    """The live-lease rule as SQL, for ``UPDATE jobs ... WHERE <key> AND <guard>``.
+
+    The pair is two parameters by default, or two columns of a list of rows being
+    acknowledged together (multirow.py); the time is always a parameter, the last one.
+    """
+    return (
+        f"state = 'LEASED' AND lease_worker_id = {worker_id} AND lease_token = {lease_token}"
+        " AND lease_deadline_us > ?"
+    )
+
+
+#: The same rule as ``stale_lease`` for one job; its parameters are (worker_id, lease_token,
+#: now_us). The queue applies it inside the write transaction and calls
+#: ``require_live_lease`` only to explain a guard that did not match.
+LIVE_LEASE_GUARD = live_lease_guard()
 
 
 def stale_lease(job: Job, *, worker_id: str, lease_token: str, now_us: int) -> StaleLease | None:

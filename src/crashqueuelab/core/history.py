@@ -7,12 +7,14 @@ import sqlite3
 from typing import Any
 
 from crashqueuelab.core.models import EventType, JobState
+from crashqueuelab.core.multirow import RowsStatement, run_rows
 
-_INSERT = (
+_INSERT_INTO = (
     "INSERT INTO events (job_id, event_type, from_state, to_state, at_us, attempt, worker_id,"
-    " lease_token, lease_deadline_us, available_at_us, error, detail)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " lease_token, lease_deadline_us, available_at_us, error, detail) VALUES "
 )
+_INSERT = _INSERT_INTO + "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_INSERT_ROWS = RowsStatement(_INSERT_INTO + "{rows}", width=12)
 
 
 EventRow = tuple[object, ...]
@@ -55,8 +57,8 @@ def event_row(
 
 
 def append_events(conn: sqlite3.Connection, rows: list[EventRow]) -> None:
-    """Append many events in the caller's transaction (one statement, run per row in C)."""
-    conn.executemany(_INSERT, rows)
+    """Append many events in the caller's transaction, a chunk of rows per statement."""
+    run_rows(conn, _INSERT_ROWS, rows)
 
 
 def append_event(
