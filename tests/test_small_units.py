@@ -13,7 +13,7 @@ from crashqueuelab.core.clock import SystemClock
 from crashqueuelab.core.ids import RandomIds
 from crashqueuelab.core.models import Job, JobState, to_json
 from crashqueuelab.core.payloads import parse_payload
-from crashqueuelab.core.rows import decode_job, finished_copy, leased_copy
+from crashqueuelab.core.rows import decode_job, decode_leased, finished_copy
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "0"])
@@ -101,7 +101,7 @@ def test_records_built_from_rows_are_the_records_the_dataclass_makes() -> None:
     assert (decoded, hash(decoded), repr(decoded)) == (made, hash(made), repr(made))
     with pytest.raises(dataclasses.FrozenInstanceError):
         decoded.attempts = 9  # type: ignore[misc]
-    leased = leased_copy(decoded, worker_id="w", token="t1", deadline=9, now=2)
+    leased = decode_leased(row, worker_id="w", token="t1", deadline=9, now=2)
     assert leased == dataclasses.replace(
         made, state=JobState.LEASED, attempts=1, lease_worker_id="w", lease_token="t1",
         lease_deadline_us=9, updated_at_us=2,

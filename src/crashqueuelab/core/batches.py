@@ -26,7 +26,7 @@ from crashqueuelab.core.models import (
     JobState,
 )
 from crashqueuelab.core.multirow import RowsStatement, run_rows
-from crashqueuelab.core.rows import JOB_COLUMNS, decode_job, finished_copy, leased_copy
+from crashqueuelab.core.rows import JOB_COLUMNS, decode_job, decode_leased, finished_copy
 from crashqueuelab.core.schema import ACTIVE_JOBS
 
 _SELECT_READY = (
@@ -81,11 +81,16 @@ def lease_ready(
     ids: IdGenerator,
 ) -> list[ClaimedJob]:
     """Lease up to ``limit`` ready jobs, oldest first, each with a fresh token."""
-    jobs = [decode_job(row) for row in conn.execute(_SELECT_READY, (now, limit))]
-    if not jobs:
+    rows = conn.execute(_SELECT_READY, (now, limit)).fetchall()
+    if not rows:
         return []
     deadline = now + lease_us
-    pairs = [(job, ids.lease_token()) for job in jobs]
+    # The rows are decoded straight into the records the guarded update below makes of
+    # them; the update's row count shows that every one of them was still QUEUED.
+    pairs = [
+        (decode_leased(row, worker_id=worker_id, token=token, deadline=deadline, now=now), token)
+        for row, token in zip(rows, [ids.lease_token() for _ in rows], strict=True)
+    ]
     _require_rows(
         run_rows(
             conn,
@@ -93,13 +98,13 @@ def lease_ready(
             [(job.submit_seq, token) for job, token in pairs],
             (worker_id, deadline, now),
         ),
-        len(jobs),
+        len(pairs),
         "claim",
     )
     run_rows(
         conn,
         _OPEN_ATTEMPTS,
-        [(job.job_id, job.attempts + 1, worker_id, token, now, deadline) for job, token in pairs],
+        [(job.job_id, job.attempts, worker_id, token, now, deadline) for job, token in pairs],
     )
     append_events(
         conn,
@@ -110,7 +115,7 @@ def lease_ready(
                 from_state=JobState.QUEUED,
                 to_state=JobState.LEASED,
                 at_us=now,
-                attempt=job.attempts + 1,
+                attempt=job.attempts,
                 worker_id=worker_id,
                 lease_token=token,
                 lease_deadline_us=deadline,
@@ -119,12 +124,7 @@ def lease_ready(
         ],
     )
     return [
-        ClaimedJob(
-            job=leased_copy(job, worker_id=worker_id, token=token, deadline=deadline, now=now),
-            lease_token=token,
-            lease_deadline_us=deadline,
-            attempt=job.attempts + 1,
-        )
+        ClaimedJob(job=job, lease_token=token, lease_deadline_us=deadline, attempt=job.attempts)
         for job, token in pairs
     ]
 

@@ -36,15 +36,17 @@ def event_row(
 ) -> EventRow:
     """The parameters of one event, for ``append_events``.
 
-    The enums go in as their plain ``.value``: SQLite would store a member as the same text,
+    The enums go in as their plain value: SQLite would store a member as the same text,
     but the sqlite3 module first looks for an adapter for any ``str`` subclass it binds,
-    which measured slower than the property lookup (the batched drain lost 4%).
+    which measured slower than the property lookup (the batched drain lost 4%). The value
+    is read from the member's ``_value_`` attribute, which the ``.value`` property returns
+    through two Python calls: 19 against 97 ns, six times a batched job.
     """
     return (
         job_id,
-        event_type.value,
-        None if from_state is None else from_state.value,
-        to_state.value,
+        event_type._value_,
+        None if from_state is None else from_state._value_,
+        to_state._value_,
         at_us,
         attempt,
         worker_id,
