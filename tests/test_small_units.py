@@ -11,9 +11,12 @@ import pytest
 from crashqueuelab import InvalidInput, ManualClock, RetryPolicy, SeededIds, StoreError
 from crashqueuelab.core.clock import SystemClock
 from crashqueuelab.core.ids import RandomIds
-from crashqueuelab.core.models import Job, JobState, to_json
+from crashqueuelab.core.models import ClaimedJob, Job, JobState, to_json
 from crashqueuelab.core.payloads import parse_payload
+from crashqueuelab.core.records import filler
 from crashqueuelab.core.rows import decode_job, decode_leased, finished_copy
+from crashqueuelab.systems.contract import Claim
+from crashqueuelab.systems.sqlite import _claim
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "0"])
@@ -110,6 +113,44 @@ def test_records_built_from_rows_are_the_records_the_dataclass_makes() -> None:
     assert done == dataclasses.replace(made, state=JobState.SUCCEEDED, attempts=1, updated_at_us=3)
     # The copies share nothing with the record they were made from.
     assert (decoded, leased.state) == (made, JobState.LEASED)
+
+
+def test_a_claim_made_without_its_init_is_the_claim_the_dataclass_makes() -> None:
+    row = ("j", 1, "k", "t", '{"n": 1}', "x", "QUEUED", 0, 3, 5, None, None, None, None, 0, 0)
+    leased = decode_leased(row, worker_id="w", token="t1", deadline=9, now=2)
+    made = _claim(ClaimedJob(job=leased, lease_token="t1", lease_deadline_us=9, attempt=1), "w")
+    expected = Claim(
+        job_id="j", key="k", job_type="t", payload={"n": 1}, attempt=1, worker_id="w", token="t1"
+    )
+    assert (made, hash(made), repr(made)) == (expected, hash(expected), repr(expected))
+    assert (made.payload, made.handle) == ({"n": 1}, None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.token = "t2"  # type: ignore[misc]
+
+
+@dataclasses.dataclass
+class _Open:
+    x: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _Checked:
+    x: int
+
+    def __post_init__(self) -> None:
+        if self.x < 0:
+            raise ValueError("negative")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Slotted:
+    x: int
+
+
+@pytest.mark.parametrize("kind", [_Open, _Checked, _Slotted, dict])
+def test_only_plain_frozen_dataclasses_are_filled_without_init(kind: type[object]) -> None:
+    with pytest.raises(TypeError):
+        filler(kind)
 
 
 def test_payload_text_that_is_valid_parses_to_the_object() -> None:

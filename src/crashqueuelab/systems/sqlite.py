@@ -11,6 +11,7 @@ from pathlib import Path
 from crashqueuelab.core.errors import JobNotFound, StaleLease
 from crashqueuelab.core.models import Acknowledgement, AckResult, ClaimedJob, JobState
 from crashqueuelab.core.queue import DurableQueue
+from crashqueuelab.core.records import filler
 from crashqueuelab.judges.sqlitestore import QUEUE_FILE, read_queue_store
 from crashqueuelab.systems.contract import (
     Capabilities,
@@ -41,16 +42,23 @@ _VERDICT = {
 }
 
 
+_make_claim = filler(Claim)
+
+
 def _claim(claimed: ClaimedJob, worker_id: str) -> Claim:
     job = claimed.job
-    return Claim(
-        job_id=job.job_id,
-        key=job.idempotency_key,
-        job_type=job.job_type,
-        payload=job.payload,
-        attempt=claimed.attempt,
-        worker_id=worker_id,
-        token=claimed.lease_token,
+    # Made without Claim's frozen __init__ (core/records.py): one claim a job on every path.
+    return _make_claim(
+        {
+            "job_id": job.job_id,
+            "key": job.idempotency_key,
+            "job_type": job.job_type,
+            "payload": job.payload,
+            "attempt": claimed.attempt,
+            "worker_id": worker_id,
+            "token": claimed.lease_token,
+            "handle": None,
+        }
     )
 
 
