@@ -11,10 +11,18 @@ import pytest
 from crashqueuelab import InvalidInput, ManualClock, RetryPolicy, SeededIds, StoreError
 from crashqueuelab.core.clock import SystemClock
 from crashqueuelab.core.ids import RandomIds
-from crashqueuelab.core.models import ClaimedJob, Job, JobState, to_json
+from crashqueuelab.core.models import (
+    Acknowledgement,
+    AckResult,
+    ClaimedJob,
+    Job,
+    JobState,
+    to_json,
+)
 from crashqueuelab.core.payloads import parse_payload
 from crashqueuelab.core.records import filler
 from crashqueuelab.core.rows import decode_job, decode_leased, finished_copy
+from crashqueuelab.core.validation import require_name
 from crashqueuelab.systems.contract import Claim
 from crashqueuelab.systems.sqlite import _claim
 
@@ -126,6 +134,63 @@ def test_a_claim_made_without_its_init_is_the_claim_the_dataclass_makes() -> Non
     assert (made.payload, made.handle) == ({"n": 1}, None)
     with pytest.raises(dataclasses.FrozenInstanceError):
         made.token = "t2"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("kind", "values"),
+    [
+        (Acknowledgement, {"job_id": "j", "worker_id": "w", "lease_token": "t"}),
+        (AckResult, {"job_id": "j", "job": None, "stale_reason": "not_leased"}),
+        (
+            ClaimedJob,
+            {
+                "job": decode_job(
+                    ("j", 1, "k", "t", "{}", "x", "QUEUED", 0, 3, 5, None, None, None, None, 0, 0)
+                ),
+                "lease_token": "t",
+                "lease_deadline_us": 9,
+                "attempt": 1,
+            },
+        ),
+    ],
+)
+def test_every_filled_record_is_the_record_its_init_makes(
+    kind: type[object], values: dict[str, object]
+) -> None:
+    made, expected = filler(kind)(dict(values)), kind(**values)
+    assert (made, hash(made), repr(made)) == (expected, hash(expected), repr(expected))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.job_id = "other"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("job-0001", None),
+        ("wörker", None),
+        ("a b", None),
+        ("", "must not be empty"),
+        ("   ", "must not be empty"),
+        ("\u2003", "must not be empty"),
+        ("a\x00b", "must not contain NUL"),
+        ("x" * 512, None),
+        ("x" * 513, "longer than 512"),
+        ("é" * 513, "longer than 512"),
+        ("bad\udcff", "lone surrogate"),
+        (7, "must be a string"),
+    ],
+)
+def test_names_are_checked_alike_on_both_paths(value: object, problem: str | None) -> None:
+    class Text(str):
+        pass
+
+    # A str subclass takes the general path, a plain ASCII str the short one.
+    for candidate in (value, Text(value)) if isinstance(value, str) else (value,):
+        if problem is None:
+            assert require_name("field", candidate) == value
+        else:
+            with pytest.raises(InvalidInput, match=problem):
+                require_name("field", candidate)
 
 
 @dataclasses.dataclass

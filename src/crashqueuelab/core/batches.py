@@ -26,6 +26,7 @@ from crashqueuelab.core.models import (
     JobState,
 )
 from crashqueuelab.core.multirow import RowsStatement, run_rows
+from crashqueuelab.core.records import filler
 from crashqueuelab.core.rows import JOB_COLUMNS, decode_job, decode_leased, finished_copy
 from crashqueuelab.core.schema import ACTIVE_JOBS
 
@@ -62,6 +63,9 @@ _CLOSE_ATTEMPTS = RowsStatement(
     " AND attempts.outcome IS NULL",
     width=2,
 )
+# The records a batch returns, one or two a job, made without their frozen __init__.
+_claimed = filler(ClaimedJob)
+_accepted = filler(AckResult)
 # Stay well under SQLite's bound on host parameters per statement.
 _IN_CHUNK = 500
 
@@ -124,7 +128,14 @@ def lease_ready(
         ],
     )
     return [
-        ClaimedJob(job=job, lease_token=token, lease_deadline_us=deadline, attempt=job.attempts)
+        _claimed(
+            {
+                "job": job,
+                "lease_token": token,
+                "lease_deadline_us": deadline,
+                "attempt": job.attempts,
+            }
+        )
         for job, token in pairs
     ]
 
@@ -207,7 +218,7 @@ def _succeed(
         # A job acknowledged twice in one batch: the second finds it already finished.
         current[job.job_id] = done
         accepted.append((job, ack))
-        results.append(AckResult(ack.job_id, done, None))
+        results.append(_accepted({"job_id": ack.job_id, "job": done, "stale_reason": None}))
     if not accepted:
         return results
     changed = run_rows(

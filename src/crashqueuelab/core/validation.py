@@ -27,6 +27,16 @@ def require_text(field: str, value: str) -> str:
 
 def require_name(field: str, value: object) -> str:
     """A non-empty, bounded string without NUL characters."""
+    # Ids and tokens are ASCII almost always, and an ASCII string cannot hold a lone
+    # surrogate: answered without encoding it (a batched job checks three names).
+    if (
+        type(value) is str
+        and value.isascii()
+        and 0 < len(value) <= MAX_NAME_LENGTH
+        and "\x00" not in value
+        and not value.isspace()
+    ):
+        return value
     if not isinstance(value, str):
         raise InvalidInput(field, f"must be a string, got {type(value).__name__}")
     require_text(field, value)

@@ -43,6 +43,7 @@ _VERDICT = {
 
 
 _make_claim = filler(Claim)
+_make_acknowledgement = filler(Acknowledgement)
 
 
 def _claim(claimed: ClaimedJob, worker_id: str) -> Claim:
@@ -63,7 +64,12 @@ def _claim(claimed: ClaimedJob, worker_id: str) -> Claim:
 
 
 def _acknowledgements(claims: Sequence[Claim]) -> list[Acknowledgement]:
-    return [Acknowledgement(claim.job_id, claim.worker_id, claim.token) for claim in claims]
+    return [
+        _make_acknowledgement(
+            {"job_id": claim.job_id, "worker_id": claim.worker_id, "lease_token": claim.token}
+        )
+        for claim in claims
+    ]
 
 
 def _verdicts(results: Sequence[AckResult]) -> list[Verdict]:
