@@ -82,9 +82,9 @@ class TimedConnection:
         table = next((words[at + 1] for at, word in enumerate(words[:-1]) if word in
                       ("INTO", "UPDATE", "FROM")), "")  # fmt: skip
         # A statement that names its rows in a WITH clause is known by what it does to them.
-        verb = next((word for word in words if word in ("INSERT", "UPDATE")), words[0])
-        if words[0] != "WITH":
-            verb = words[0]
+        verb = words[0]
+        if verb == "WITH":
+            verb = next((word for word in words if word in ("INSERT", "UPDATE")), verb)
         rows = " (rows)" if "), (" in sql else ""
         return f"{verb} {table}{' (next job)' if 'LIMIT' in sql else ''}{rows}".strip()
 
