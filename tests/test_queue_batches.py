@@ -16,6 +16,7 @@ from crashqueuelab import (
     ManualClock,
     Phase,
     SeededIds,
+    StoreError,
 )
 from crashqueuelab.core.held import HeldLeases
 from crashqueuelab.core.models import Acknowledgement, Job
@@ -322,6 +323,29 @@ def test_a_copy_kept_wrong_is_undone_and_the_batch_fenced_again(
         attempt = queue.attempts(claim.job.job_id)[-1]
         assert (attempt.outcome is not None) == finished
     assert queue.get(claimed[1].job.job_id).state is JobState.LEASED
+
+
+def test_an_attempt_row_that_disagrees_with_its_job_fails_the_batch_and_writes_nothing(
+    make_queue: QueueFactory, db_path: Path
+) -> None:
+    """A guarded write that changes fewer rows than it must is a damaged store, not a stale
+    lease: the batch raises and rolls back whole."""
+    queue = make_queue()
+    queue.submit_many(requests(3))
+    claimed = queue.claim_many(worker_id="w", lease_duration_us=LEASE_US, limit=3)
+    conn = raw(db_path)
+    try:
+        # The middle job's attempt closed, its job row still leased: no queue writes that.
+        conn.execute(
+            "UPDATE attempts SET outcome = 'FAILED', ended_at_us = 1 WHERE job_id = ?",
+            (claimed[1].job.job_id,),
+        )
+    finally:
+        conn.close()
+    before = fingerprint(db_path)
+    with pytest.raises(StoreError, match="guarded attempt close changed 2 of 3 rows"):
+        queue.succeed_many([Acknowledgement(c.job.job_id, "w", c.lease_token) for c in claimed])
+    assert fingerprint(db_path) == before
 
 
 def test_a_heartbeat_through_another_handle_keeps_the_batch_lease_live(
