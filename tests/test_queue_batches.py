@@ -19,7 +19,7 @@ from crashqueuelab import (
     StoreError,
 )
 from crashqueuelab.core.held import HeldLeases
-from crashqueuelab.core.models import Acknowledgement, Job
+from crashqueuelab.core.models import Acknowledgement, ClaimedJob, Job
 from crashqueuelab.judges.invariants import check_database
 from crashqueuelab.judges.replay import replay_database
 from tests.conftest import LEASE_US, RETRY, START_US, QueueFactory, fingerprint, raw
@@ -296,23 +296,29 @@ def test_a_kept_lease_that_another_handle_ended_is_fenced_from_its_row(
     assert replay_database(db_path).ok
 
 
+def _three_claimed_then(queue: DurableQueue, db_path: Path, tamper: str) -> list[ClaimedJob]:
+    """Three jobs leased in one batch, then ``tamper`` run on the middle one's id behind the
+    queue's back (a writer the handle never saw)."""
+    queue.submit_many(requests(3))
+    claimed = queue.claim_many(worker_id="w", lease_duration_us=LEASE_US, limit=3)
+    conn = raw(db_path)
+    try:
+        conn.execute(tamper, (claimed[1].job.job_id,))
+    finally:
+        conn.close()
+    return claimed
+
+
 def test_a_copy_kept_wrong_is_undone_and_the_batch_fenced_again(
     make_queue: QueueFactory, db_path: Path
 ) -> None:
     """When the guarded update misses a row the kept copy vouched for, the rows the same
     statement did change are rolled back to the savepoint before the batch is fenced again."""
     queue = make_queue()
-    queue.submit_many(requests(3))
-    claimed = queue.claim_many(worker_id="w", lease_duration_us=LEASE_US, limit=3)
-    conn = raw(db_path)
-    try:
-        # Another lease on the middle job, as a writer the handle never saw would leave it.
-        conn.execute(
-            "UPDATE jobs SET lease_token = 'lease-other' WHERE job_id = ?",
-            (claimed[1].job.job_id,),
-        )
-    finally:
-        conn.close()
+    # Another lease on the middle job, as a writer the handle never saw would leave it.
+    claimed = _three_claimed_then(
+        queue, db_path, "UPDATE jobs SET lease_token = 'lease-other' WHERE job_id = ?"
+    )
     results = queue.succeed_many(
         [Acknowledgement(c.job.job_id, "w", c.lease_token) for c in claimed]
     )
@@ -331,17 +337,10 @@ def test_an_attempt_row_that_disagrees_with_its_job_fails_the_batch_and_writes_n
     """A guarded write that changes fewer rows than it must is a damaged store, not a stale
     lease: the batch raises and rolls back whole."""
     queue = make_queue()
-    queue.submit_many(requests(3))
-    claimed = queue.claim_many(worker_id="w", lease_duration_us=LEASE_US, limit=3)
-    conn = raw(db_path)
-    try:
-        # The middle job's attempt closed, its job row still leased: no queue writes that.
-        conn.execute(
-            "UPDATE attempts SET outcome = 'FAILED', ended_at_us = 1 WHERE job_id = ?",
-            (claimed[1].job.job_id,),
-        )
-    finally:
-        conn.close()
+    # The middle job's attempt closed, its job row still leased: no queue writes that.
+    claimed = _three_claimed_then(
+        queue, db_path, "UPDATE attempts SET outcome = 'FAILED', ended_at_us = 1 WHERE job_id = ?"
+    )
     before = fingerprint(db_path)
     with pytest.raises(StoreError, match="guarded attempt close changed 2 of 3 rows"):
         queue.succeed_many([Acknowledgement(c.job.job_id, "w", c.lease_token) for c in claimed])
