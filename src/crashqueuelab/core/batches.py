@@ -29,6 +29,7 @@ from crashqueuelab.core.multirow import RowsStatement, run_rows
 from crashqueuelab.core.records import filler
 from crashqueuelab.core.rows import JOB_COLUMNS, decode_job, decode_leased, finished_copy
 from crashqueuelab.core.schema import ACTIVE_JOBS
+from crashqueuelab.core.statements import OPEN_ATTEMPT_INTO
 
 _SELECT_READY = (
     f"SELECT {JOB_COLUMNS} FROM jobs WHERE {ACTIVE_JOBS} AND state = 'QUEUED'"
@@ -43,11 +44,7 @@ _LEASE = RowsStatement(
     " FROM v WHERE jobs.submit_seq = v.seq AND jobs.state = 'QUEUED'",
     width=2,
 )
-_OPEN_ATTEMPTS = RowsStatement(
-    "INSERT INTO attempts (job_id, attempt, worker_id, lease_token, claimed_at_us,"
-    " lease_deadline_us) VALUES {rows}",
-    width=6,
-)
+_OPEN_ATTEMPTS = RowsStatement(OPEN_ATTEMPT_INTO + "{rows}", width=6)
 # The whole live-lease rule, not only the token: a kept copy (held.py) may be wrong.
 _SUCCEED = RowsStatement(
     "WITH v(seq, worker, token) AS (VALUES {rows})"

@@ -33,10 +33,12 @@ SELECT_DUE_RETRIES = (
     " AND available_at_us <= ?"
     " ORDER BY available_at_us, submit_seq"
 )
-OPEN_ATTEMPT = (
+#: Opening attempts, up to the values: one row's (below) or a batch's list (batches.py).
+OPEN_ATTEMPT_INTO = (
     "INSERT INTO attempts (job_id, attempt, worker_id, lease_token, claimed_at_us,"
-    " lease_deadline_us) VALUES (?, ?, ?, ?, ?, ?)"
+    " lease_deadline_us) VALUES "
 )
+OPEN_ATTEMPT = OPEN_ATTEMPT_INTO + "(?, ?, ?, ?, ?, ?)"
 EXTEND_LEASE = (
     "UPDATE jobs SET lease_deadline_us = ?, updated_at_us = ?"
     f" WHERE job_id = ? AND {LIVE_LEASE_GUARD} RETURNING {JOB_COLUMNS}"
