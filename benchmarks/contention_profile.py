@@ -7,7 +7,8 @@
 Fills a fresh store (under the system temp directory) and starts ``--workers`` spawned
 processes that each claim a job, sleep ``--work-ms`` and succeed it until none is left.
 Each process times every turn at the write lock (from the moment its ticket is served to
-the moment it releases the turn) and its own CPU time; the parent prints jobs/s, the
+the moment it finishes the turn, which also carries the requests of the writers waiting
+behind it: group commit), counts the requests its turns carried, and its own CPU time; the parent prints jobs/s, the
 turns' mean and percentiles, the CPU spent per job, and, over the window from the first
 turn to the last (process start-up left out), the share of it the lock was held and the
 hand-over gaps between one turn's release and the next turn's start (the clock is the
@@ -43,6 +44,8 @@ class WorkerFigures:
     cpu_s: float
     #: Seconds spent in each kind of SQL statement (with ``--statements``).
     statements: dict[str, float]
+    #: Other writers' requests this worker's turns carried (group commit).
+    carried: int
 
 
 def _drain(path: Path, work_s: float, timed: bool, results: Any) -> None:
@@ -58,20 +61,28 @@ def _drain(path: Path, work_s: float, timed: bool, results: Any) -> None:
 
     held: list[tuple[float, float]] = []
     served_at = [0.0]
-    acquire, release = turns.TurnLock.acquire, turns.TurnLock.release
+    carried = [0]
+    wait, finish = turns.TurnLock._wait, turns.TurnLock.finish
 
-    def timed_acquire(lock: turns.TurnLock, *, timeout_s: float) -> int:
-        ticket = acquire(lock, timeout_s=timeout_s)
-        served_at[0] = time.perf_counter()
-        return ticket
+    def timed_wait(
+        lock: turns.TurnLock, ticket: int, deadline: float, *, posted: bool
+    ) -> turns.Served | turns.Carried:
+        entry = wait(lock, ticket, deadline, posted=posted)
+        if isinstance(entry, turns.Served):
+            served_at[0] = time.perf_counter()
+        return entry
 
-    def timed_release(lock: turns.TurnLock, ticket: int) -> None:
-        release(lock, ticket)
+    def timed_finish(
+        lock: turns.TurnLock, ticket: int, behind: list[int], *, timeout_s: float
+    ) -> None:
+        finish(lock, ticket, behind, timeout_s=timeout_s)
         held.append((served_at[0], time.perf_counter()))
+        carried[0] += len(behind)
 
-    # Only this spawned child's class is wrapped; the parent's is untouched.
-    setattr(turns.TurnLock, "acquire", timed_acquire)  # noqa: B010
-    setattr(turns.TurnLock, "release", timed_release)  # noqa: B010
+    # Only this spawned child's class is wrapped; the parent's is untouched. Every turn
+    # ends in ``finish``, which also carries the requests of the writers behind it.
+    setattr(turns.TurnLock, "_wait", timed_wait)  # noqa: B010
+    setattr(turns.TurnLock, "finish", timed_finish)  # noqa: B010
     worker = f"w{os.getpid()}"
     done = 0
     with queue_class(path) as queue:
@@ -83,7 +94,7 @@ def _drain(path: Path, work_s: float, timed: bool, results: Any) -> None:
             )
             done += 1
         cpu = time.process_time() - started
-    results.put(WorkerFigures(done, held, cpu, dict(spent)))
+    results.put(WorkerFigures(done, held, cpu, dict(spent), carried[0]))
 
 
 def main() -> None:
@@ -140,7 +151,9 @@ def main() -> None:
         f" lock held {sum(turns) / window:.0%} of the window;"
         f" hand-over gaps {statistics.fmean(gaps) * 1e6:.0f} us on average"
         f" (p50 {gap_cuts[4] * 1e6:.0f}, p90 {gap_cuts[8] * 1e6:.0f});"
-        f" CPU {sum(figure.cpu_s for figure in figures) / jobs * 1e6:.0f} us per job"
+        f" CPU {sum(figure.cpu_s for figure in figures) / jobs * 1e6:.0f} us per job;"
+        f" {sum(figure.carried for figure in figures)} transitions carried in another"
+        " writer's turn"
     )
     if args.statements:
         from profile_paths import print_statements

@@ -7,6 +7,7 @@ import os
 import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,8 +35,10 @@ def clock() -> ManualClock:
 def make_queue(db_path: Path, clock: ManualClock) -> Iterator[QueueFactory]:
     opened: list[DurableQueue] = []
 
-    def factory(hook: Hook | None = None, stream: str = "test") -> DurableQueue:
-        queue = DurableQueue(db_path, clock=clock, ids=SeededIds(7, stream), retry=RETRY, hook=hook)
+    def factory(hook: Hook | None = None, stream: str = "test", **options: Any) -> DurableQueue:
+        queue = DurableQueue(
+            db_path, clock=clock, ids=SeededIds(7, stream), retry=RETRY, hook=hook, **options
+        )
         opened.append(queue)
         return queue
 

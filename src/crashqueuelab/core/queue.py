@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, NoReturn
 
+from crashqueuelab.core import groupcommit
 from crashqueuelab.core.batches import acknowledge, lease_ready
 from crashqueuelab.core.clock import Clock, SystemClock
-from crashqueuelab.core.errors import InvalidInput, JobNotFound, StoreError
+from crashqueuelab.core.errors import InvalidInput, JobNotFound, StaleLease, StoreError
 from crashqueuelab.core.fencing import require_live_lease
 from crashqueuelab.core.handle import DatabaseHandle
 from crashqueuelab.core.held import HeldLeases
@@ -57,8 +59,9 @@ from crashqueuelab.core.statements import (
     SELECT_EXPIRED,
     SELECT_JOB,
 )
-from crashqueuelab.core.storage import DEFAULT_BUSY_TIMEOUT_MS
+from crashqueuelab.core.storage import DEFAULT_BUSY_TIMEOUT_MS, write_transaction
 from crashqueuelab.core.submission import MAX_BATCH, prepare_batch, submit_in_transaction
+from crashqueuelab.core.turns import Carried, Served
 from crashqueuelab.core.validation import (
     MAX_LEASE_US,
     require_error_text,
@@ -114,7 +117,14 @@ class DurableQueue(DatabaseHandle):
         hook: Hook | None = None,
         create: bool = True,
         busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+        group_commit: bool | None = None,
     ) -> None:
+        """``group_commit``: whether single claims and acknowledgements may be carried by
+        the transaction of the writer ahead in line (groupcommit.py). A carried transition
+        fires its ``AFTER_*`` phase in this process but no ``BEFORE_*`` phase, since its
+        transaction is another process's; so the default (None) is on without a ``hook``
+        and off with one, and every fault point of a hooked queue fires where it is named.
+        """
         super().__init__(
             path,
             spec=QUEUE_SCHEMA,
@@ -127,6 +137,7 @@ class DurableQueue(DatabaseHandle):
         self._retry = retry if retry is not None else RetryPolicy()
         self._hook: Hook = hook if hook is not None else no_hook
         self._held = HeldLeases()
+        self._group_commit = hook is None if group_commit is None else group_commit
 
     # -- producer --------------------------------------------------------------------------
 
@@ -178,11 +189,25 @@ class DurableQueue(DatabaseHandle):
         worker = require_name("worker_id", worker_id)
         lease = require_int("lease_duration_us", lease_duration_us, minimum=1, maximum=MAX_LEASE_US)
         now = self._clock.now_us()
-        with self._transaction():
-            claimed = self._lease_next(worker, lease, now)
+        token = self._ids.lease_token()
+        served = None
+        if self._group_commit:
+            entry = self._enter(groupcommit.claim_request(worker, token, lease, now))
+            if isinstance(entry, Carried):
+                claimed = groupcommit.decode_claim(entry.result, token)
+                if claimed is not None:
+                    self._hook(Phase.AFTER_CLAIM_COMMIT)
+                return claimed
+            served = entry
+        with self._transaction(served):
+            claimed = None
+            if served is not None and served.taken:
+                claimed = self._claim_a_vanished_carrier_committed(served.ticket, token)
             if claimed is None:
-                return None
-            self._hook(Phase.BEFORE_CLAIM_COMMIT)
+                claimed = self._lease_next(worker, lease, now, token)
+                if claimed is None:
+                    return None
+                self._hook(Phase.BEFORE_CLAIM_COMMIT)
         self._hook(Phase.AFTER_CLAIM_COMMIT)
         return claimed
 
@@ -255,7 +280,7 @@ class DurableQueue(DatabaseHandle):
         with self._transaction():
             done = self._succeed_live_lease(job_id, worker_id, lease_token, now)
             self._hook(Phase.BEFORE_SUCCESS_COMMIT)
-            claimed = self._lease_next(worker_id, lease, now)
+            claimed = self._lease_next(worker_id, lease, now, self._ids.lease_token())
             if claimed is not None:
                 self._hook(Phase.BEFORE_CLAIM_COMMIT)
         self._hook(Phase.AFTER_SUCCESS_COMMIT)
@@ -303,9 +328,25 @@ class DurableQueue(DatabaseHandle):
         """Acknowledge the caller's attempt: the job becomes SUCCEEDED for good."""
         _require_lease_arguments(job_id, worker_id, lease_token)
         now = self._clock.now_us()
-        with self._transaction():
-            done = self._succeed_live_lease(job_id, worker_id, lease_token, now)
-            self._hook(Phase.BEFORE_SUCCESS_COMMIT)
+        served = None
+        if self._group_commit:
+            entry = self._enter(groupcommit.success_request(job_id, worker_id, lease_token, now))
+            if isinstance(entry, Carried):
+                # SUCCEEDED is final: the row reads as the carrier's commit left it.
+                done = self.get(job_id)
+                self._hook(Phase.AFTER_SUCCESS_COMMIT)
+                return done
+            served = entry
+        with self._transaction(served):
+            if (
+                served is not None
+                and served.taken
+                and self._succeeded_by(served, job_id, lease_token)
+            ):
+                done = self.get(job_id)
+            else:
+                done = self._succeed_live_lease(job_id, worker_id, lease_token, now)
+                self._hook(Phase.BEFORE_SUCCESS_COMMIT)
         self._hook(Phase.AFTER_SUCCESS_COMMIT)
         return done
 
@@ -385,6 +426,83 @@ class DurableQueue(DatabaseHandle):
         self._hook(Phase.AFTER_PROMOTION_COMMIT)
         return [job.job_id for job in due]
 
+    # -- group commit ------------------------------------------------------------------------
+
+    def _transaction(
+        self, served: Served | None = None
+    ) -> AbstractContextManager[sqlite3.Connection]:
+        return write_transaction(
+            self.connection,
+            timeout_ms=self._timeout_ms,
+            turns=self._turns,
+            served=served,
+            carrier=self._carry,
+        )
+
+    def _enter(self, request: bytes) -> Served | Carried:
+        _ = self.connection  # a closed queue, or one opened in another process, is refused first
+        return self._turns.enter(request, timeout_s=self._timeout_ms / 1000)
+
+    def _carry(self, taken: list[tuple[int, bytes]]) -> list[bytes | None]:
+        """Run the requests of the writers behind this one, in this transaction.
+
+        After the first one given back, the rest are given back too, unrun: the line can
+        then move past exactly the run of carried writers right behind this turn.
+        """
+        results: list[bytes | None] = []
+        for _, request in taken:
+            results.append(None if None in results else self._run_carried(request))
+        return results
+
+    def _run_carried(self, request: bytes) -> bytes | None:
+        decoded = groupcommit.decode_request(request)
+        if isinstance(decoded, groupcommit.ClaimRequest):
+            return self._carry_claim(decoded)
+        if isinstance(decoded, groupcommit.SuccessRequest):
+            try:
+                self._succeed_live_lease(
+                    decoded.job_id, decoded.worker_id, decoded.lease_token, decoded.now_us
+                )
+            except (StaleLease, JobNotFound):
+                return None  # nothing written: the writer's own call explains it
+            return b""
+        return None
+
+    def _carry_claim(self, request: groupcommit.ClaimRequest) -> bytes | None:
+        conn = self.connection
+        # A job whose row does not fit the result slot is handed back, unclaimed.
+        conn.execute("SAVEPOINT carried_claim")
+        claimed = self._lease_next(
+            request.worker_id, request.lease_us, request.now_us, request.lease_token
+        )
+        result = groupcommit.encode_claim(claimed)
+        if result is None:
+            conn.execute("ROLLBACK TO carried_claim")
+        conn.execute("RELEASE carried_claim")
+        return result
+
+    def _claim_a_vanished_carrier_committed(self, ticket: int, token: str) -> ClaimedJob | None:
+        """The claim a carrier that then vanished committed for this process, if it did."""
+        noted = self._turns.reclaim(ticket, timeout_s=self._timeout_ms / 1000)
+        claimed = groupcommit.decode_claim(noted, token) if noted else None
+        if claimed is None:
+            return None
+        row = self.connection.execute(
+            "SELECT 1 FROM attempts WHERE job_id = ? AND lease_token = ?",
+            (claimed.job.job_id, token),
+        ).fetchone()
+        return claimed if row is not None else None
+
+    def _succeeded_by(self, served: Served, job_id: str, lease_token: str) -> bool:
+        """Whether the attempt holding ``lease_token`` already ended in success (as a
+        vanished carrier of this acknowledgement may have committed)."""
+        self._turns.reclaim(served.ticket, timeout_s=self._timeout_ms / 1000)
+        row = self.connection.execute(
+            "SELECT 1 FROM attempts WHERE job_id = ? AND lease_token = ? AND outcome = ?",
+            (job_id, lease_token, AttemptOutcome.SUCCEEDED.value),
+        ).fetchone()
+        return row is not None
+
     # -- reads -----------------------------------------------------------------------------
 
     def get(self, job_id: str) -> Job:
@@ -432,9 +550,8 @@ class DurableQueue(DatabaseHandle):
 
     # -- transition helpers (run inside the caller's transaction) ----------------------------
 
-    def _lease_next(self, worker: str, lease: int, now: int) -> ClaimedJob | None:
+    def _lease_next(self, worker: str, lease: int, now: int, token: str) -> ClaimedJob | None:
         conn = self.connection
-        token = self._ids.lease_token()
         deadline = now + lease
         row = conn.execute(CLAIM_NEXT, (worker, token, deadline, now, now)).fetchone()
         if row is None:

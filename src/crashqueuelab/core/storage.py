@@ -8,7 +8,7 @@ anything (even the journal mode) is changed in it.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -22,7 +22,7 @@ from crashqueuelab.core.errors import (
 )
 from crashqueuelab.core.locking import begin_immediate
 from crashqueuelab.core.schema import QUEUE_SCHEMA, SchemaSpec
-from crashqueuelab.core.turns import TurnLock
+from crashqueuelab.core.turns import Served, TurnLock
 
 #: How long a writer waits for the write lock before SQLite reports "database is locked".
 DEFAULT_BUSY_TIMEOUT_MS = 30_000
@@ -132,30 +132,54 @@ def open_store(
     return conn
 
 
+#: Runs the requests other writers posted (ticket, request bytes), in the open transaction;
+#: returns a result for each, or None for one it gave back without writing anything.
+Carrier = Callable[[list[tuple[int, bytes]]], list[bytes | None]]
+#: How many waiting writers' requests one transaction carries at most.
+CARRY_LIMIT = 32
+
+
 @contextmanager
 def write_transaction(
     conn: sqlite3.Connection,
     *,
     timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
     turns: TurnLock | None = None,
+    served: Served | None = None,
+    carrier: Carrier | None = None,
 ) -> Iterator[sqlite3.Connection]:
     """BEGIN IMMEDIATE ... COMMIT, rolled back on any exception (simulated crashes included).
 
     IMMEDIATE takes the write lock up front, so a transaction never upgrades from a read
     snapshot that another writer has made stale (which SQLite reports as SQLITE_BUSY
     without waiting). With ``turns``, writers of this database take the lock in arrival
-    order (turns.py); every wait is bounded by ``timeout_ms``.
+    order (turns.py), in the turn ``served`` if the caller already waited for it; every
+    wait is bounded by ``timeout_ms``. With a ``carrier``, the transaction first runs the
+    requests that the writers right behind it in line posted, so its one commit (and
+    fsync) serves them too (group commit); a rollback gives them back to their writers.
     """
-    ticket = None if turns is None else turns.acquire(timeout_s=timeout_ms / 1000)
+    timeout_s = timeout_ms / 1000
+    ticket = None
+    if turns is not None:
+        ticket = served.ticket if served is not None else turns.acquire(timeout_s=timeout_s)
+    carried: list[int] = []
     try:
-        begin_immediate(conn, timeout_s=timeout_ms / 1000)
+        begin_immediate(conn, timeout_s=timeout_s)
         try:
+            if turns is not None and ticket is not None and carrier is not None:
+                taken = turns.take(ticket, limit=CARRY_LIMIT, timeout_s=timeout_s)
+                carried = [behind for behind, _ in taken]
+                if taken:
+                    turns.note(list(zip(carried, carrier(taken), strict=True)), timeout_s=timeout_s)
             yield conn
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
+            if turns is not None and carried:
+                turns.abandon(carried, timeout_s=timeout_s)
+                carried = []
             raise
     finally:
         if turns is not None and ticket is not None:
-            turns.release(ticket)
+            turns.finish(ticket, carried, timeout_s=timeout_s)

@@ -33,10 +33,13 @@ import os
 import random
 import struct
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from crashqueuelab.core import requestslots
 from crashqueuelab.core.errors import StoreError
 from crashqueuelab.core.futex import FutexWords, futex_available
+from crashqueuelab.core.requestslots import SlotState
 
 _NEXT_TICKET = 0
 _SERVING = 8
@@ -60,6 +63,32 @@ _FAR_WAIT_S = 50e-3
 STUCK_AFTER_S = 0.25
 
 
+#: How much longer than its deadline a writer waits for the counter lock to take its
+#: request back (the lock is held for microseconds).
+_GIVE_UP_GRACE_S = 1.0
+#: Slot states in which the carrier has finished with a request.
+_SETTLED = (SlotState.DONE, SlotState.REFUSED)
+
+
+@dataclass(frozen=True)
+class Served:
+    """This process's turn came: it runs its transaction, then calls ``release``."""
+
+    ticket: int
+    #: Whether a carrier took the posted request and vanished before finishing it (died,
+    #: or was skipped as stuck): its transaction may or may not have committed it. The
+    #: writer then calls ``reclaim`` once it holds SQLite's write lock, so that the
+    #: carrier's transaction has ended, and decides from the database.
+    taken: bool
+
+
+@dataclass(frozen=True)
+class Carried:
+    """A carrier's committed transaction ran the posted request; the ticket is spent."""
+
+    result: bytes
+
+
 class TurnTimeout(StoreError):
     """Raised when the line does not reach a writer's ticket within its timeout."""
 
@@ -80,6 +109,8 @@ class TurnLock:
         self.path = path
         self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         self._jitter = random.Random()
+        #: Tickets of this lock whose request is posted and not yet taken back.
+        self._posted: set[int] = set()
         self._words: FutexWords | None = None
         if futex is False or (futex is None and not futex_available()):
             return
@@ -141,6 +172,24 @@ class TurnLock:
     def acquire(self, *, timeout_s: float) -> int:
         """Wait for this process's turn; returns the ticket to pass to ``release``."""
         deadline = time.monotonic() + timeout_s
+        ticket = self._take_ticket(None, deadline)
+        served = self._wait(ticket, deadline, posted=False)
+        assert isinstance(served, Served)  # nothing was posted, so nothing can be carried
+        return served.ticket
+
+    def enter(self, request: bytes, *, timeout_s: float) -> Served | Carried:
+        """Take a ticket, post ``request`` for a carrier, and wait: for this process's own
+        turn (``Served``: run the request, or what a vanished carrier left of it, and
+        ``release``), or for a carrier's commit (``Carried``: the ticket is spent).
+
+        A request longer than ``requestslots.REQUEST_MAX``, or whose slot another live
+        writer still uses, is not posted: the writer simply waits for its own turn.
+        """
+        deadline = time.monotonic() + timeout_s
+        ticket = self._take_ticket(request, deadline)
+        return self._wait(ticket, deadline, posted=ticket in self._posted)
+
+    def _take_ticket(self, request: bytes | None, deadline: float) -> int:
         self._with_counters(deadline)
         try:
             ticket = self._read(_NEXT_TICKET)
@@ -149,16 +198,33 @@ class TurnLock:
                 _lock(self._descriptor, fcntl.F_OFD_SETLK, fcntl.F_WRLCK, self._slot(ticket))
             except BlockingIOError:
                 raise StoreError(str(self.path), f"more than {SLOTS} writers in line") from None
+            if request is not None and self._slot_free(ticket, request):
+                requestslots.write_request(self._descriptor, ticket, request)
+                self._posted.add(ticket)
         finally:
             self._release_counters()
+        return ticket
+
+    def _slot_free(self, ticket: int, request: bytes) -> bool:
+        """Whether ``ticket`` may post ``request``: it fits, and nobody alive uses the slot."""
+        if len(request) > requestslots.REQUEST_MAX:
+            return False
+        header = requestslots.read_header(self._descriptor, ticket)
+        return header.state is SlotState.EMPTY or not self._slot_owned(header.ticket)
+
+    def _wait(self, ticket: int, deadline: float, *, posted: bool) -> Served | Carried:
         watched, since = -1, time.monotonic()
         while True:
             # Read before the line: a hand-over after this read changes the word, and the
             # wait below then returns at once instead of missing it.
             seen = self._words.value(ticket) if self._words is not None else 0
+            if posted and requestslots.read_header(self._descriptor, ticket).state in _SETTLED:
+                return self._settle(ticket, deadline, served=False)
             serving = self._read(_SERVING)
             if serving >= ticket:
-                return ticket
+                if posted:
+                    return self._settle(ticket, deadline, served=True)
+                return Served(ticket, taken=False)
             now = time.monotonic()
             if serving != watched:
                 watched, since = serving, now
@@ -166,10 +232,149 @@ class TurnLock:
                 self._skip(serving, deadline)
                 continue
             if time.monotonic() >= deadline:
-                # Give the ticket up: whoever reaches it will find its slot free and skip it.
-                _lock(self._descriptor, fcntl.F_OFD_SETLK, fcntl.F_UNLCK, self._slot(ticket))
-                raise TurnTimeout(str(self.path), f"ticket {ticket} not served in {timeout_s} s")
+                return self._time_out(ticket, deadline, posted=posted)
             self._pause(ticket, seen, ticket - serving, deadline)
+
+    def _settle(self, ticket: int, deadline: float, *, served: bool) -> Served | Carried:
+        """Take the posted request back, as its carrier left it.
+
+        Done: the carrier committed it and this ticket is spent. Refused: the carrier gave
+        it back untouched, and the writer keeps its place in line. Taken but not done when
+        the line reached this ticket: the carrier vanished; the slot stays as it is until
+        the writer ``reclaim``s it.
+        """
+        state, result = self._withdraw(ticket, deadline, keep_taken=served)
+        if state is SlotState.DONE:
+            self.release(ticket)
+            return Carried(result)
+        if state is SlotState.REFUSED and not served:
+            return self._wait(ticket, deadline, posted=False)
+        return Served(ticket, taken=state is SlotState.TAKEN)
+
+    def _withdraw(
+        self, ticket: int, deadline: float, *, keep_taken: bool = False
+    ) -> tuple[SlotState, bytes]:
+        """Empty ``ticket``'s slot (unless TAKEN and ``keep_taken``); how its carrier, if
+        any, left it, and its result.
+
+        Emptied, the slot is out of reach of a carrier that comes back late: ``note`` and
+        ``finish`` only touch a slot still TAKEN under the same ticket.
+        """
+        fd = self._descriptor
+        # The counters are held for microseconds; a writer past its deadline still waits
+        # this long for them, or its request could be carried after it gave up.
+        self._with_counters(deadline + _GIVE_UP_GRACE_S)
+        try:
+            header = requestslots.read_header(fd, ticket)
+            state = header.state if header.ticket == ticket else SlotState.EMPTY
+            result = requestslots.read_result(fd, header) if state >= SlotState.TAKEN else b""
+            if state is not SlotState.EMPTY and not (keep_taken and state is SlotState.TAKEN):
+                requestslots.write_header(fd, ticket, SlotState.EMPTY, 0, 0)
+        finally:
+            self._release_counters()
+        self._posted.discard(ticket)
+        return state, result
+
+    def reclaim(self, ticket: int, *, timeout_s: float) -> bytes:
+        """The result a vanished carrier noted for ``ticket`` (empty if none); empties the slot.
+
+        Call it holding SQLite's write lock: the carrier's transaction has then ended, and
+        had it committed, it noted its result before its COMMIT.
+        """
+        state, result = self._withdraw(ticket, time.monotonic() + timeout_s)
+        return result if state in (SlotState.TAKEN, SlotState.DONE) else b""
+
+    def _time_out(self, ticket: int, deadline: float, *, posted: bool) -> Carried:
+        """Give the ticket up (whoever reaches it finds its slot free and skips it) and
+        raise TurnTimeout, unless a carrier committed the request meanwhile."""
+        state = SlotState.EMPTY
+        if posted:
+            state, result = self._withdraw(ticket, deadline)
+            if state is SlotState.DONE:
+                self.release(ticket)
+                return Carried(result)
+        _lock(self._descriptor, fcntl.F_OFD_SETLK, fcntl.F_UNLCK, self._slot(ticket))
+        detail = ""
+        if state is SlotState.TAKEN:
+            detail = "; its request is in another writer's open transaction, which may commit it"
+        raise TurnTimeout(str(self.path), f"ticket {ticket} not served in time{detail}")
+
+    # -- carrying (the writer being served) -------------------------------------------------
+
+    def take(self, ticket: int, *, limit: int, timeout_s: float) -> list[tuple[int, bytes]]:
+        """The requests posted by the live writers right behind ``ticket`` (this process's
+        served turn), up to ``limit``, now TAKEN: run each, ``note`` the results, commit,
+        then ``finish`` (or ``abandon`` on rollback)."""
+        fd = self._descriptor
+        taken: list[tuple[int, bytes]] = []
+        self._with_counters(time.monotonic() + timeout_s)
+        try:
+            last = min(self._read(_NEXT_TICKET), ticket + 1 + limit)
+            for behind in range(ticket + 1, last):
+                header = requestslots.read_header(fd, behind)
+                if header.ticket != behind or header.state is not SlotState.POSTED:
+                    break
+                if not self._slot_owned(behind):
+                    break
+                requestslots.write_header(fd, behind, SlotState.TAKEN, header.request_length, 0)
+                taken.append((behind, requestslots.read_request(fd, header)))
+        finally:
+            self._release_counters()
+        return taken
+
+    def note(self, results: list[tuple[int, bytes | None]], *, timeout_s: float) -> None:
+        """Before COMMIT: each taken ticket's result, or None to give it back untouched."""
+        fd = self._descriptor
+        self._with_counters(time.monotonic() + timeout_s)
+        try:
+            for ticket, result in results:
+                header = requestslots.read_header(fd, ticket)
+                if header.ticket != ticket or header.state is not SlotState.TAKEN:
+                    continue
+                if result is None:
+                    requestslots.write_header(fd, ticket, SlotState.REFUSED, 0, 0)
+                else:
+                    requestslots.write_result(fd, header, result)
+        finally:
+            self._release_counters()
+
+    def finish(self, ticket: int, carried: list[int], *, timeout_s: float) -> None:
+        """After COMMIT: the carried requests are done; the line moves past the run of
+        them right behind ``ticket``, their writers wake, and this turn ends."""
+        if not carried:
+            self.release(ticket)
+            return
+        fd = self._descriptor
+        done: list[int] = []
+        self._with_counters(time.monotonic() + timeout_s)
+        try:
+            for behind in carried:
+                header = requestslots.read_header(fd, behind)
+                if header.ticket == behind and header.state is SlotState.TAKEN:
+                    requestslots.write_header(
+                        fd, behind, SlotState.DONE, header.request_length, header.result_length
+                    )
+                    done.append(behind)
+            past = ticket
+            while past + 1 in done:
+                past += 1
+            # A turn that was skipped as stuck must not move the line back.
+            moved = self._read(_SERVING) == ticket
+            if moved:
+                self._write(_SERVING, past + 1)
+        finally:
+            self._release_counters()
+        # The next turn first: on a busy machine the woken writers compete for the CPU.
+        if moved:
+            self._hand_over(past + 1)
+        if self._words is not None:
+            for behind in done:
+                self._words.wake(behind)
+        _lock(fd, fcntl.F_OFD_SETLK, fcntl.F_UNLCK, self._slot(ticket))
+
+    def abandon(self, carried: list[int], *, timeout_s: float) -> None:
+        """After ROLLBACK: give every carried request back; its writer runs it itself."""
+        self.note([(behind, None) for behind in carried], timeout_s=timeout_s)
 
     def _pause(self, ticket: int, seen: int, distance: int, deadline: float) -> None:
         """Wait a while for the line to move: on the ticket's futex word, or polling."""

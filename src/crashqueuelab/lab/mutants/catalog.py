@@ -107,10 +107,10 @@ class HeartbeatWithoutEvent(DurableQueue):
 class ClaimTakesLeasedJobs(DurableQueue):
     """The single-job claim's guard also admits a job whose lease is still live."""
 
-    def _lease_next(self, worker: str, lease: int, now: int) -> ClaimedJob | None:
+    def _lease_next(self, worker: str, lease: int, now: int, token: str) -> ClaimedJob | None:
         unguarded = CLAIM_NEXT.replace("AND state = 'QUEUED'", "AND state IN ('QUEUED', 'LEASED')")
         with _patched(queue_module, "CLAIM_NEXT", unguarded):
-            return super()._lease_next(worker, lease, now)
+            return super()._lease_next(worker, lease, now, token)
 
 
 class _Expiring(DurableQueue):

@@ -1,0 +1,426 @@
+"""Group commit across processes: a writer waiting in line has its single claim or
+acknowledgement carried by the transaction of the writer being served.
+
+Two queues on one file stand for two processes (each has its own connection and its own
+open file description of the turns sidecar, so the kernel treats their locks as two
+owners'). The carrier holds the line; the follower's call runs in a thread, posts its
+request and waits; the test then lets the carrier commit, roll back or vanish.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crashqueuelab import DurableQueue, JobState, ManualClock, SeededIds, StaleLease
+from crashqueuelab.core import groupcommit, requestslots
+from crashqueuelab.core import turns as turns_module
+from crashqueuelab.core.hooks import Phase
+from crashqueuelab.core.locking import begin_immediate
+from crashqueuelab.core.requestslots import SlotState
+from crashqueuelab.core.turns import Carried, Served, TurnLock, TurnTimeout
+from crashqueuelab.judges.invariants import check_database
+from crashqueuelab.judges.replay import replay_database
+from tests.conftest import LEASE_US, RETRY, QueueFactory, fingerprint
+
+WAIT_S = 10.0
+
+
+def _announce_waits(lock: TurnLock, reached: threading.Event) -> None:
+    """Make ``lock`` set ``reached`` whenever it starts waiting in line."""
+    wait = lock._wait
+
+    def announcing_wait(ticket: int, deadline: float, *, posted: bool) -> Served | Carried:
+        reached.set()
+        return wait(ticket, deadline, posted=posted)
+
+    lock._wait = announcing_wait  # type: ignore[method-assign]
+
+
+class Follower:
+    """One queue call in a thread, on a queue of its own (a connection belongs to the thread
+    that opened it); the constructor returns once the call has posted its request."""
+
+    def __init__(self, open_queue: Callable[[], DurableQueue], call: Callable[[DurableQueue], Any]):
+        self.posted = threading.Event()
+        #: Set once the line reached the follower's own ticket.
+        self.served = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(open_queue, call), daemon=True)
+        self._thread.start()
+        assert self.posted.wait(WAIT_S), "the follower never reached the line"
+
+    def _run(
+        self, open_queue: Callable[[], DurableQueue], call: Callable[[DurableQueue], Any]
+    ) -> None:
+        try:
+            with open_queue() as queue:
+                _announce_waits(queue._turns, self.posted)
+                settle = queue._turns._settle
+
+                def announcing_settle(ticket: int, deadline: float, *, served: bool) -> Any:
+                    entry = settle(ticket, deadline, served=served)
+                    if isinstance(entry, Served):
+                        self.served.set()
+                    return entry
+
+                queue._turns._settle = announcing_settle  # type: ignore[method-assign]
+                self.result = call(queue)
+        except BaseException as error:  # handed to the test, which re-raises it
+            self.error = error
+            self.posted.set()
+
+    def join(self) -> Any:
+        self._thread.join(WAIT_S)
+        assert not self._thread.is_alive(), "the follower is still waiting"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+Opener = Callable[[], DurableQueue]
+
+
+@pytest.fixture
+def phases() -> list[Phase]:
+    return []
+
+
+@pytest.fixture
+def follower(db_path: Path, clock: ManualClock, phases: list[Phase]) -> Opener:
+    """Opens a follower queue that records its hook's phases, group commit on."""
+    return lambda: DurableQueue(
+        db_path,
+        clock=clock,
+        ids=SeededIds(7, "follower"),
+        retry=RETRY,
+        hook=phases.append,
+        group_commit=True,
+    )
+
+
+@pytest.fixture
+def carrier(make_queue: QueueFactory) -> DurableQueue:
+    return make_queue(stream="carrier")
+
+
+def _submit(queue: DurableQueue, key: str = "k", payload: dict[str, Any] | None = None) -> str:
+    return queue.submit(idempotency_key=key, job_type="t", payload=payload or {"k": key}).job.job_id
+
+
+def _claim(queue: DurableQueue) -> Any:
+    return queue.claim(worker_id="wf", lease_duration_us=LEASE_US)
+
+
+def _succeed(job_id: str, token: str) -> Callable[[DurableQueue], Any]:
+    return lambda queue: queue.succeed(job_id=job_id, worker_id="wf", lease_token=token)
+
+
+def _event_types(queue: DurableQueue, job_id: str) -> list[str]:
+    return [event.event_type.value for event in queue.history(job_id)]
+
+
+def _carry_and_vanish(carrier: DurableQueue, ticket: int, *, committed: bool) -> None:
+    """The carrier runs the requests behind it and commits (or not), then is killed before
+    it can finish its turn: the kernel drops its slot lock and the line skips it."""
+    conn = carrier.connection
+    begin_immediate(conn, timeout_s=WAIT_S)
+    taken = carrier._turns.take(ticket, limit=4, timeout_s=WAIT_S)
+    assert len(taken) == 1
+    behind = [ticket for ticket, _ in taken]
+    carrier._turns.note(list(zip(behind, carrier._carry(taken), strict=True)), timeout_s=WAIT_S)
+    conn.execute("COMMIT" if committed else "ROLLBACK")
+    carrier._turns.close()
+
+
+def test_a_waiting_claim_and_acknowledgement_ride_the_carriers_commit(
+    carrier: DurableQueue, follower: Opener, phases: list[Phase], db_path: Path
+) -> None:
+    job_id = _submit(carrier)
+
+    ticket = carrier._turns.acquire(timeout_s=WAIT_S)
+    waiting = Follower(follower, _claim)
+    with carrier._transaction(Served(ticket, taken=False)):
+        pass
+    claimed = waiting.join()
+    assert claimed.job.job_id == job_id
+    assert claimed.job.state is JobState.LEASED
+    assert claimed.job.lease_worker_id == "wf"
+    assert claimed.job == carrier.get(job_id)
+    assert claimed.lease_deadline_us == claimed.job.lease_deadline_us
+    # The follower's own transaction never ran: no BEFORE_* phase fired in it.
+    assert phases == [Phase.AFTER_CLAIM_COMMIT]
+
+    ticket = carrier._turns.acquire(timeout_s=WAIT_S)
+    waiting = Follower(follower, _succeed(job_id, claimed.lease_token))
+    with carrier._transaction(Served(ticket, taken=False)):
+        pass
+    done = waiting.join()
+    assert done.state is JobState.SUCCEEDED
+    assert done == carrier.get(job_id)
+    assert phases == [Phase.AFTER_CLAIM_COMMIT, Phase.AFTER_SUCCESS_COMMIT]
+    assert _event_types(carrier, job_id) == ["SUBMITTED", "CLAIMED", "SUCCEEDED"]
+    assert [attempt.lease_token for attempt in carrier.attempts(job_id)] == [claimed.lease_token]
+    assert check_database(db_path).ok
+    assert replay_database(db_path).ok
+
+
+def test_nothing_to_claim_is_carried_as_none(
+    carrier: DurableQueue,
+    follower: Opener,
+    phases: list[Phase],
+) -> None:
+    ticket = carrier._turns.acquire(timeout_s=WAIT_S)
+    waiting = Follower(follower, _claim)
+    with carrier._transaction(Served(ticket, taken=False)):
+        pass
+    assert waiting.join() is None
+    assert phases == []
+
+
+def test_a_carrier_that_rolls_back_gives_the_request_back(
+    carrier: DurableQueue,
+    follower: Opener,
+    phases: list[Phase],
+) -> None:
+    job_id = _submit(carrier)
+    ticket = carrier._turns.acquire(timeout_s=WAIT_S)
+    waiting = Follower(follower, _claim)
+    with (
+        pytest.raises(RuntimeError, match="carrier fails"),
+        carrier._transaction(Served(ticket, taken=False)),
+    ):
+        raise RuntimeError("carrier fails")
+    # Given back, the follower kept its place and ran the claim in its own turn.
+    claimed = waiting.join()
+    assert claimed.job.job_id == job_id
+    assert phases == [Phase.BEFORE_CLAIM_COMMIT, Phase.AFTER_CLAIM_COMMIT]
+    assert _event_types(carrier, job_id) == ["SUBMITTED", "CLAIMED"]
+
+
+@pytest.mark.parametrize("committed", [True, False], ids=["after-commit", "before-commit"])
+def test_a_carrier_that_vanishes_leaves_the_follower_what_its_commit_did(
+    carrier: DurableQueue, follower: Opener, phases: list[Phase], db_path: Path, committed: bool
+) -> None:
+    job_id = _submit(carrier)
+    ticket = carrier._turns.acquire(timeout_s=WAIT_S)
+    waiting = Follower(follower, _claim)
+    _carry_and_vanish(carrier, ticket, committed=committed)
+    claimed = waiting.join()
+    assert claimed.job.job_id == job_id
+    assert claimed.job.lease_worker_id == "wf"
+    before = [Phase.BEFORE_CLAIM_COMMIT] if not committed else []
+    assert phases == [*before, Phase.AFTER_CLAIM_COMMIT]
+    assert _event_types(carrier, job_id) == ["SUBMITTED", "CLAIMED"]
+    assert check_database(db_path).ok
+    assert replay_database(db_path).ok
+
+
+def test_a_carrier_skipped_as_stuck_still_decides_what_it_carried(
+    carrier: DurableQueue,
+    follower: Opener,
+    phases: list[Phase],
+    db_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(turns_module, "STUCK_AFTER_S", 0.01)
+    job_id = _submit(carrier)
+    ticket = carrier._turns.acquire(timeout_s=WAIT_S)
+    waiting = Follower(follower, _claim)
+    conn = carrier.connection
+    begin_immediate(conn, timeout_s=WAIT_S)
+    taken = carrier._turns.take(ticket, limit=4, timeout_s=WAIT_S)
+    # The carrier stalls with the request taken: the line moves on to the follower, whose
+    # own transaction must wait for the carrier's to end before it looks at the database.
+    assert waiting.served.wait(WAIT_S)
+    behind = [ticket for ticket, _ in taken]
+    carrier._turns.note(list(zip(behind, carrier._carry(taken), strict=True)), timeout_s=WAIT_S)
+    conn.execute("COMMIT")
+    claimed = waiting.join()
+    # Back late, the carrier cannot mark the request done or move the line back.
+    carrier._turns.finish(ticket, behind, timeout_s=WAIT_S)
+    assert claimed.job.job_id == job_id
+    assert phases == [Phase.AFTER_CLAIM_COMMIT]
+    assert _event_types(carrier, job_id) == ["SUBMITTED", "CLAIMED"]
+    assert carrier._turns.acquire(timeout_s=WAIT_S) == ticket + 2
+    assert replay_database(db_path).ok
+
+
+@pytest.mark.parametrize("committed", [True, False], ids=["after-commit", "before-commit"])
+def test_an_acknowledgement_whose_carrier_vanished_is_applied_once(
+    carrier: DurableQueue, follower: Opener, phases: list[Phase], db_path: Path, committed: bool
+) -> None:
+    job_id = _submit(carrier)
+    claimed = carrier.claim(worker_id="wf", lease_duration_us=LEASE_US)
+    assert claimed is not None
+    ticket = carrier._turns.acquire(timeout_s=WAIT_S)
+    waiting = Follower(follower, _succeed(job_id, claimed.lease_token))
+    _carry_and_vanish(carrier, ticket, committed=committed)
+    assert waiting.join().state is JobState.SUCCEEDED
+    before = [Phase.BEFORE_SUCCESS_COMMIT] if not committed else []
+    assert phases == [*before, Phase.AFTER_SUCCESS_COMMIT]
+    assert _event_types(carrier, job_id) == ["SUBMITTED", "CLAIMED", "SUCCEEDED"]
+    assert replay_database(db_path).ok
+
+
+def test_a_stale_acknowledgement_is_given_back_and_raises_in_its_own_turn(
+    carrier: DurableQueue, follower: Opener, phases: list[Phase], db_path: Path
+) -> None:
+    job_id = _submit(carrier)
+    assert carrier.claim(worker_id="wf", lease_duration_us=LEASE_US) is not None
+    before = fingerprint(db_path)
+    ticket = carrier._turns.acquire(timeout_s=WAIT_S)
+    waiting = Follower(follower, _succeed(job_id, "forged"))
+    with carrier._transaction(Served(ticket, taken=False)):
+        pass
+    with pytest.raises(StaleLease):
+        waiting.join()
+    assert phases == []
+    assert fingerprint(db_path) == before
+
+
+def test_a_claimed_row_too_large_for_its_slot_is_given_back(
+    carrier: DurableQueue,
+    follower: Opener,
+    phases: list[Phase],
+) -> None:
+    job_id = _submit(carrier, payload={"blob": "x" * (requestslots.RESULT_MAX + 1)})
+    ticket = carrier._turns.acquire(timeout_s=WAIT_S)
+    waiting = Follower(follower, _claim)
+    with carrier._transaction(Served(ticket, taken=False)):
+        pass
+    claimed = waiting.join()
+    assert claimed.job.job_id == job_id
+    # The carrier's claim was rolled back to its savepoint; the follower claimed it itself.
+    assert phases == [Phase.BEFORE_CLAIM_COMMIT, Phase.AFTER_CLAIM_COMMIT]
+    assert _event_types(carrier, job_id) == ["SUBMITTED", "CLAIMED"]
+
+
+def test_a_hooked_queue_keeps_every_transition_in_its_own_transaction(
+    carrier: DurableQueue, db_path: Path, clock: ManualClock, phases: list[Phase]
+) -> None:
+    job_id = _submit(carrier)
+    ticket = carrier._turns.acquire(timeout_s=WAIT_S)
+    hooked = lambda: DurableQueue(db_path, clock=clock, retry=RETRY, hook=phases.append)  # noqa: E731
+    waiting = Follower(hooked, _claim)
+    with carrier._transaction(Served(ticket, taken=False)):
+        pass
+    assert waiting.join().job.job_id == job_id
+    assert phases == [Phase.BEFORE_CLAIM_COMMIT, Phase.AFTER_CLAIM_COMMIT]
+
+
+def test_a_closed_queue_refuses_before_it_joins_the_line(make_queue: QueueFactory) -> None:
+    queue = make_queue()
+    queue.close()
+    with pytest.raises(Exception, match="closed"):
+        queue.claim(worker_id="w", lease_duration_us=LEASE_US)
+
+
+@pytest.fixture
+def line(tmp_path: Path) -> Iterator[tuple[TurnLock, TurnLock, int]]:
+    holder, waiter = TurnLock(tmp_path / "q-turns"), TurnLock(tmp_path / "q-turns")
+    fd = os.open(tmp_path / "q-turns", os.O_RDONLY)
+    try:
+        yield holder, waiter, fd
+    finally:
+        os.close(fd)
+        holder.close()
+        waiter.close()
+
+
+def test_a_request_given_up_at_its_deadline_leaves_its_slot_empty(
+    line: tuple[TurnLock, TurnLock, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(turns_module, "STUCK_AFTER_S", 60.0)
+    holder, waiter, fd = line
+    ticket = holder.acquire(timeout_s=WAIT_S)
+    with pytest.raises(TurnTimeout, match=r"not served in time$"):
+        waiter.enter(b"request", timeout_s=0.05)
+    assert requestslots.read_header(fd, ticket + 1).state is SlotState.EMPTY
+    assert holder.take(ticket, limit=4, timeout_s=WAIT_S) == []
+    holder.release(ticket)
+
+
+def test_a_request_taken_when_its_writer_gives_up_is_reported_as_maybe_committed(
+    line: tuple[TurnLock, TurnLock, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(turns_module, "STUCK_AFTER_S", 60.0)
+    holder, waiter, fd = line
+    ticket = holder.acquire(timeout_s=WAIT_S)
+    caught: list[BaseException] = []
+    posted = threading.Event()
+    _announce_waits(waiter, posted)
+
+    def enter() -> None:
+        try:
+            waiter.enter(b"request", timeout_s=0.2)
+        except TurnTimeout as error:
+            caught.append(error)
+
+    thread = threading.Thread(target=enter, daemon=True)
+    thread.start()
+    assert posted.wait(WAIT_S)
+    assert holder.take(ticket, limit=4, timeout_s=WAIT_S) == [(ticket + 1, b"request")]
+    thread.join(WAIT_S)
+    assert not thread.is_alive()
+    assert len(caught) == 1
+    assert "may commit it" in str(caught[0])
+    # Out of reach of the late carrier: finishing marks nothing done.
+    holder.finish(ticket, [ticket + 1], timeout_s=WAIT_S)
+    assert requestslots.read_header(fd, ticket + 1).state is SlotState.EMPTY
+
+
+def test_a_request_too_long_for_a_slot_is_not_posted(
+    line: tuple[TurnLock, TurnLock, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(turns_module, "STUCK_AFTER_S", 60.0)
+    holder, waiter, fd = line
+    ticket = holder.acquire(timeout_s=WAIT_S)
+    with pytest.raises(TurnTimeout):
+        waiter.enter(b"x" * (requestslots.REQUEST_MAX + 1), timeout_s=0.05)
+    assert requestslots.read_header(fd, ticket + 1).state is SlotState.EMPTY
+    holder.release(ticket)
+
+
+def test_requests_round_trip_and_anything_else_is_refused() -> None:
+    claim = groupcommit.claim_request("w", "t", 5, 7)
+    success = groupcommit.success_request("j", "w", "t", 7)
+    assert groupcommit.decode_request(claim) == groupcommit.ClaimRequest("w", "t", 5, 7)
+    assert groupcommit.decode_request(success) == groupcommit.SuccessRequest("j", "w", "t", 7)
+    for damaged in (b"", b"\xff", b"{}", b'["claim","w","t","5",7]', b'["other",1]', b"[]"):
+        assert groupcommit.decode_request(damaged) is None
+    assert groupcommit.decode_claim(b"null", "t") is None
+    assert groupcommit.encode_claim(None) == b"null"
+
+
+def test_a_claim_result_naming_another_lease_is_refused(queue: DurableQueue) -> None:
+    _submit(queue)
+    claimed = queue.claim(worker_id="w", lease_duration_us=LEASE_US)
+    result = groupcommit.encode_claim(claimed)
+    assert result is not None
+    assert claimed is not None
+    assert groupcommit.decode_claim(result, claimed.lease_token) == claimed
+    with pytest.raises(ValueError, match="another lease"):
+        groupcommit.decode_claim(result, "someone-else")
+
+
+def test_group_commit_is_on_by_default_without_a_hook(db_path: Path) -> None:
+    with DurableQueue(db_path, clock=ManualClock(1)) as queue:
+        _submit(queue)
+        ticket_before = queue._turns.acquire(timeout_s=WAIT_S)
+        queue._turns.release(ticket_before)
+        # A lone writer is served at once: nothing is left posted in its slot.
+        assert queue.claim(worker_id="w", lease_duration_us=LEASE_US) is not None
+    fd = os.open(f"{db_path}-turns", os.O_RDONLY)
+    try:
+        header = requestslots.read_header(fd, ticket_before + 1)
+    finally:
+        os.close(fd)
+    assert header.ticket == ticket_before + 1
+    assert header.state is SlotState.EMPTY
