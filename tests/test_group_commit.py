@@ -31,13 +31,19 @@ from tests.conftest import LEASE_US, RETRY, QueueFactory, fingerprint
 WAIT_S = 10.0
 
 
-def _announce_waits(lock: TurnLock, reached: threading.Event) -> None:
-    """Make ``lock`` set ``reached`` whenever it starts waiting in line."""
+def _announce_waits(
+    lock: TurnLock, reached: threading.Event, served: threading.Event | None = None
+) -> None:
+    """Make ``lock`` set ``reached`` whenever it starts waiting in line, and ``served``
+    when the line reaches its own ticket."""
     wait = lock._wait
 
     def announcing_wait(ticket: int, deadline: float, *, posted: bool) -> Served | Carried:
         reached.set()
-        return wait(ticket, deadline, posted=posted)
+        entry = wait(ticket, deadline, posted=posted)
+        if served is not None and isinstance(entry, Served):
+            served.set()
+        return entry
 
     lock._wait = announcing_wait  # type: ignore[method-assign]
 
@@ -61,16 +67,7 @@ class Follower:
     ) -> None:
         try:
             with open_queue() as queue:
-                _announce_waits(queue._turns, self.posted)
-                settle = queue._turns._settle
-
-                def announcing_settle(ticket: int, deadline: float, *, served: bool) -> Any:
-                    entry = settle(ticket, deadline, served=served)
-                    if isinstance(entry, Served):
-                        self.served.set()
-                    return entry
-
-                queue._turns._settle = announcing_settle  # type: ignore[method-assign]
+                _announce_waits(queue._turns, self.posted, self.served)
                 self.result = call(queue)
         except BaseException as error:  # handed to the test, which re-raises it
             self.error = error
@@ -269,14 +266,67 @@ def test_an_acknowledgement_whose_carrier_vanished_is_applied_once(
     assert replay_database(db_path).ok
 
 
-def test_a_stale_acknowledgement_is_given_back_and_raises_in_its_own_turn(
-    carrier: DurableQueue, follower: Opener, phases: list[Phase], db_path: Path
+def _chain(job_id: str, token: str) -> Callable[[DurableQueue], Any]:
+    return lambda queue: queue.succeed_and_claim(
+        job_id=job_id, worker_id="wf", lease_token=token, lease_duration_us=LEASE_US
+    )
+
+
+@pytest.mark.parametrize("waiting_jobs", [1, 0], ids=["next-job", "no-next-job"])
+def test_an_acknowledgement_with_the_next_claim_rides_the_carriers_commit(
+    carrier: DurableQueue, follower: Opener, phases: list[Phase], db_path: Path, waiting_jobs: int
 ) -> None:
     job_id = _submit(carrier)
+    following = [_submit(carrier, f"next-{n}") for n in range(waiting_jobs)]
+    claimed = carrier.claim(worker_id="wf", lease_duration_us=LEASE_US)
+    assert claimed is not None
+    ticket = carrier._turns.acquire(timeout_s=WAIT_S)
+    waiting = Follower(follower, _chain(job_id, claimed.lease_token))
+    with carrier._transaction(Served(ticket, taken=False)):
+        pass
+    done, next_claim = waiting.join()
+    assert done == carrier.get(job_id)
+    assert done.state is JobState.SUCCEEDED
+    if following:
+        assert next_claim.job == carrier.get(following[0])
+        assert next_claim.job.lease_worker_id == "wf"
+        assert phases == [Phase.AFTER_SUCCESS_COMMIT, Phase.AFTER_CLAIM_COMMIT]
+    else:
+        assert next_claim is None
+        assert phases == [Phase.AFTER_SUCCESS_COMMIT]
+    assert check_database(db_path).ok
+    assert replay_database(db_path).ok
+
+
+@pytest.mark.parametrize("committed", [True, False], ids=["after-commit", "before-commit"])
+def test_a_chained_call_whose_carrier_vanished_is_applied_once(
+    carrier: DurableQueue, follower: Opener, phases: list[Phase], db_path: Path, committed: bool
+) -> None:
+    job_id, next_id = _submit(carrier), _submit(carrier, "next")
+    claimed = carrier.claim(worker_id="wf", lease_duration_us=LEASE_US)
+    assert claimed is not None
+    ticket = carrier._turns.acquire(timeout_s=WAIT_S)
+    waiting = Follower(follower, _chain(job_id, claimed.lease_token))
+    _carry_and_vanish(carrier, ticket, committed=committed)
+    done, next_claim = waiting.join()
+    assert done.state is JobState.SUCCEEDED
+    assert next_claim.job.job_id == next_id
+    before = [] if committed else [Phase.BEFORE_SUCCESS_COMMIT, Phase.BEFORE_CLAIM_COMMIT]
+    assert phases == [*before, Phase.AFTER_SUCCESS_COMMIT, Phase.AFTER_CLAIM_COMMIT]
+    assert _event_types(carrier, next_id) == ["SUBMITTED", "CLAIMED"]
+    assert replay_database(db_path).ok
+
+
+@pytest.mark.parametrize("chained", [False, True], ids=["succeed", "succeed_and_claim"])
+def test_a_stale_acknowledgement_is_given_back_and_raises_in_its_own_turn(
+    carrier: DurableQueue, follower: Opener, phases: list[Phase], db_path: Path, chained: bool
+) -> None:
+    job_id = _submit(carrier)
+    _submit(carrier, "next")
     assert carrier.claim(worker_id="wf", lease_duration_us=LEASE_US) is not None
     before = fingerprint(db_path)
     ticket = carrier._turns.acquire(timeout_s=WAIT_S)
-    waiting = Follower(follower, _succeed(job_id, "forged"))
+    waiting = Follower(follower, (_chain if chained else _succeed)(job_id, "forged"))
     with carrier._transaction(Served(ticket, taken=False)):
         pass
     with pytest.raises(StaleLease):
@@ -312,6 +362,7 @@ def test_a_hooked_queue_keeps_every_transition_in_its_own_transaction(
     with carrier._transaction(Served(ticket, taken=False)):
         pass
     assert waiting.join().job.job_id == job_id
+    assert waiting.served.is_set()
     assert phases == [Phase.BEFORE_CLAIM_COMMIT, Phase.AFTER_CLAIM_COMMIT]
 
 
@@ -341,7 +392,7 @@ def test_a_request_given_up_at_its_deadline_leaves_its_slot_empty(
     holder, waiter, fd = line
     ticket = holder.acquire(timeout_s=WAIT_S)
     with pytest.raises(TurnTimeout, match=r"not served in time$"):
-        waiter.enter(b"request", timeout_s=0.05)
+        waiter.enter(lambda: b"request", timeout_s=0.05)
     assert requestslots.read_header(fd, ticket + 1).state is SlotState.EMPTY
     assert holder.take(ticket, limit=4, timeout_s=WAIT_S) == []
     holder.release(ticket)
@@ -359,7 +410,7 @@ def test_a_request_taken_when_its_writer_gives_up_is_reported_as_maybe_committed
 
     def enter() -> None:
         try:
-            waiter.enter(b"request", timeout_s=0.2)
+            waiter.enter(lambda: b"request", timeout_s=0.2)
         except TurnTimeout as error:
             caught.append(error)
 
@@ -383,7 +434,7 @@ def test_a_request_too_long_for_a_slot_is_not_posted(
     holder, waiter, fd = line
     ticket = holder.acquire(timeout_s=WAIT_S)
     with pytest.raises(TurnTimeout):
-        waiter.enter(b"x" * (requestslots.REQUEST_MAX + 1), timeout_s=0.05)
+        waiter.enter(lambda: b"x" * (requestslots.REQUEST_MAX + 1), timeout_s=0.05)
     assert requestslots.read_header(fd, ticket + 1).state is SlotState.EMPTY
     holder.release(ticket)
 
@@ -393,6 +444,8 @@ def test_requests_round_trip_and_anything_else_is_refused() -> None:
     success = groupcommit.success_request("j", "w", "t", 7)
     assert groupcommit.decode_request(claim) == groupcommit.ClaimRequest("w", "t", 5, 7)
     assert groupcommit.decode_request(success) == groupcommit.SuccessRequest("j", "w", "t", 7)
+    chain = groupcommit.chain_request("j", "w", "t", "n", 5, 7)
+    assert groupcommit.decode_request(chain) == groupcommit.ChainRequest("j", "w", "t", "n", 5, 7)
     for damaged in (b"", b"\xff", b"{}", b'["claim","w","t","5",7]', b'["other",1]', b"[]"):
         assert groupcommit.decode_request(damaged) is None
     assert groupcommit.decode_claim(b"null", "t") is None
@@ -410,17 +463,25 @@ def test_a_claim_result_naming_another_lease_is_refused(queue: DurableQueue) -> 
         groupcommit.decode_claim(result, "someone-else")
 
 
-def test_group_commit_is_on_by_default_without_a_hook(db_path: Path) -> None:
-    with DurableQueue(db_path, clock=ManualClock(1)) as queue:
-        _submit(queue)
-        ticket_before = queue._turns.acquire(timeout_s=WAIT_S)
-        queue._turns.release(ticket_before)
-        # A lone writer is served at once: nothing is left posted in its slot.
-        assert queue.claim(worker_id="w", lease_duration_us=LEASE_US) is not None
+def test_group_commit_is_on_by_default_without_a_hook(
+    carrier: DurableQueue, db_path: Path, clock: ManualClock
+) -> None:
+    job_id = _submit(carrier)
+    ticket = carrier._turns.acquire(timeout_s=WAIT_S)
+    waiting = Follower(lambda: DurableQueue(db_path, clock=clock, retry=RETRY), _claim)
+    with carrier._transaction(Served(ticket, taken=False)):
+        pass
+    assert waiting.join().job.job_id == job_id
+    assert not waiting.served.is_set()
+
+
+def test_a_lone_writer_posts_nothing(queue: DurableQueue, db_path: Path) -> None:
+    _submit(queue)
+    assert queue.claim(worker_id="w", lease_duration_us=LEASE_US) is not None
     fd = os.open(f"{db_path}-turns", os.O_RDONLY)
     try:
-        header = requestslots.read_header(fd, ticket_before + 1)
+        headers = [requestslots.read_header(fd, ticket) for ticket in range(4)]
     finally:
         os.close(fd)
-    assert header.ticket == ticket_before + 1
-    assert header.state is SlotState.EMPTY
+    assert {header.state for header in headers} == {SlotState.EMPTY}
+    assert {header.request_length for header in headers} == {0}

@@ -9,7 +9,8 @@ row, attempt row and single event, under the same guards; only the COMMIT is sha
 
 A claim's result is the claimed job's row (its writer needs the job as the claim left it,
 and the row may change as soon as the lease ends); an acknowledgement's is empty (a
-SUCCEEDED row never changes again, so its writer reads it back). Requests carry the
+SUCCEEDED row never changes again, so its writer reads it back); an acknowledgement with
+the next claim (``succeed_and_claim``) has the claim's. Requests carry the
 writer's own lease token and clock reading, so a carried transition records exactly what
 its writer's own transaction would have.
 """
@@ -26,6 +27,7 @@ from crashqueuelab.core.rows import decode_job
 
 _CLAIM = "claim"
 _SUCCESS = "succeed"
+_CHAIN = "succeed_and_claim"
 _JOB_FIELDS = tuple(field.name for field in fields(Job))
 _NO_JOB = b"null"
 
@@ -46,6 +48,21 @@ class SuccessRequest:
     now_us: int
 
 
+@dataclass(frozen=True)
+class ChainRequest:
+    """An acknowledgement and the same worker's next claim, in one transaction."""
+
+    job_id: str
+    worker_id: str
+    lease_token: str
+    next_token: str
+    lease_us: int
+    now_us: int
+
+
+Request = ClaimRequest | SuccessRequest | ChainRequest
+
+
 def _encode(values: list[Any]) -> bytes:
     return json.dumps(values, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
@@ -58,13 +75,19 @@ def success_request(job_id: str, worker_id: str, lease_token: str, now_us: int) 
     return _encode([_SUCCESS, job_id, worker_id, lease_token, now_us])
 
 
+def chain_request(
+    job_id: str, worker_id: str, lease_token: str, next_token: str, lease_us: int, now_us: int
+) -> bytes:
+    return _encode([_CHAIN, job_id, worker_id, lease_token, next_token, lease_us, now_us])
+
+
 def _typed(values: list[Any], kinds: tuple[type, ...]) -> bool:
     return len(values) == len(kinds) and all(
         type(value) is kind for value, kind in zip(values, kinds, strict=True)
     )
 
 
-def decode_request(data: bytes) -> ClaimRequest | SuccessRequest | None:
+def decode_request(data: bytes) -> Request | None:
     """The request ``data`` holds, or None for anything else (a damaged slot, or a request
     of another version): the carrier gives it back and its writer runs it itself."""
     try:
@@ -75,6 +98,8 @@ def decode_request(data: bytes) -> ClaimRequest | SuccessRequest | None:
         return ClaimRequest(*values)
     if kind == _SUCCESS and _typed(values, (str, str, str, int)):
         return SuccessRequest(*values)
+    if kind == _CHAIN and _typed(values, (str, str, str, str, int, int)):
+        return ChainRequest(*values)
     return None
 
 

@@ -8,7 +8,7 @@ handler or an external effect; that is the worker boundary's job.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, NoReturn
@@ -192,7 +192,7 @@ class DurableQueue(DatabaseHandle):
         token = self._ids.lease_token()
         served = None
         if self._group_commit:
-            entry = self._enter(groupcommit.claim_request(worker, token, lease, now))
+            entry = self._enter(lambda: groupcommit.claim_request(worker, token, lease, now))
             if isinstance(entry, Carried):
                 claimed = groupcommit.decode_claim(entry.result, token)
                 if claimed is not None:
@@ -200,9 +200,8 @@ class DurableQueue(DatabaseHandle):
                 return claimed
             served = entry
         with self._transaction(served):
-            claimed = None
-            if served is not None and served.taken:
-                claimed = self._claim_a_vanished_carrier_committed(served.ticket, token)
+            noted = self._reclaim(served)
+            claimed = None if noted is None else self._claim_committed(noted, token)
             if claimed is None:
                 claimed = self._lease_next(worker, lease, now, token)
                 if claimed is None:
@@ -277,16 +276,34 @@ class DurableQueue(DatabaseHandle):
         _require_lease_arguments(job_id, worker_id, lease_token)
         lease = require_int("lease_duration_us", lease_duration_us, minimum=1, maximum=MAX_LEASE_US)
         now = self._clock.now_us()
-        with self._transaction():
-            done = self._succeed_live_lease(job_id, worker_id, lease_token, now)
-            self._hook(Phase.BEFORE_SUCCESS_COMMIT)
-            claimed = self._lease_next(worker_id, lease, now, self._ids.lease_token())
-            if claimed is not None:
-                self._hook(Phase.BEFORE_CLAIM_COMMIT)
+        token = self._ids.lease_token()
+        served = None
+        if self._group_commit:
+            entry = self._enter(
+                lambda: groupcommit.chain_request(job_id, worker_id, lease_token, token, lease, now)
+            )
+            if isinstance(entry, Carried):
+                done, claimed = self.get(job_id), groupcommit.decode_claim(entry.result, token)
+                self._after_chain(claimed)
+                return done, claimed
+            served = entry
+        with self._transaction(served):
+            noted = self._reclaim(served)
+            if noted is not None and self._succeeded_by(job_id, lease_token):
+                done, claimed = self.get(job_id), self._claim_committed(noted, token)
+            else:
+                done = self._succeed_live_lease(job_id, worker_id, lease_token, now)
+                self._hook(Phase.BEFORE_SUCCESS_COMMIT)
+                claimed = self._lease_next(worker_id, lease, now, token)
+                if claimed is not None:
+                    self._hook(Phase.BEFORE_CLAIM_COMMIT)
+        self._after_chain(claimed)
+        return done, claimed
+
+    def _after_chain(self, claimed: ClaimedJob | None) -> None:
         self._hook(Phase.AFTER_SUCCESS_COMMIT)
         if claimed is not None:
             self._hook(Phase.AFTER_CLAIM_COMMIT)
-        return done, claimed
 
     def heartbeat(
         self, *, job_id: str, worker_id: str, lease_token: str, lease_duration_us: int
@@ -330,7 +347,9 @@ class DurableQueue(DatabaseHandle):
         now = self._clock.now_us()
         served = None
         if self._group_commit:
-            entry = self._enter(groupcommit.success_request(job_id, worker_id, lease_token, now))
+            entry = self._enter(
+                lambda: groupcommit.success_request(job_id, worker_id, lease_token, now)
+            )
             if isinstance(entry, Carried):
                 # SUCCEEDED is final: the row reads as the carrier's commit left it.
                 done = self.get(job_id)
@@ -338,11 +357,7 @@ class DurableQueue(DatabaseHandle):
                 return done
             served = entry
         with self._transaction(served):
-            if (
-                served is not None
-                and served.taken
-                and self._succeeded_by(served, job_id, lease_token)
-            ):
+            if self._reclaim(served) is not None and self._succeeded_by(job_id, lease_token):
                 done = self.get(job_id)
             else:
                 done = self._succeed_live_lease(job_id, worker_id, lease_token, now)
@@ -439,7 +454,7 @@ class DurableQueue(DatabaseHandle):
             carrier=self._carry,
         )
 
-    def _enter(self, request: bytes) -> Served | Carried:
+    def _enter(self, request: Callable[[], bytes]) -> Served | Carried:
         _ = self.connection  # a closed queue, or one opened in another process, is refused first
         return self._turns.enter(request, timeout_s=self._timeout_ms / 1000)
 
@@ -455,35 +470,49 @@ class DurableQueue(DatabaseHandle):
         return results
 
     def _run_carried(self, request: bytes) -> bytes | None:
+        """One waiting writer's request, inside a savepoint: its result, or None (and
+        nothing written) when it is given back to its writer."""
         decoded = groupcommit.decode_request(request)
-        if isinstance(decoded, groupcommit.ClaimRequest):
-            return self._carry_claim(decoded)
-        if isinstance(decoded, groupcommit.SuccessRequest):
-            try:
-                self._succeed_live_lease(
-                    decoded.job_id, decoded.worker_id, decoded.lease_token, decoded.now_us
-                )
-            except (StaleLease, JobNotFound):
-                return None  # nothing written: the writer's own call explains it
-            return b""
-        return None
-
-    def _carry_claim(self, request: groupcommit.ClaimRequest) -> bytes | None:
+        if decoded is None:
+            return None
         conn = self.connection
-        # A job whose row does not fit the result slot is handed back, unclaimed.
-        conn.execute("SAVEPOINT carried_claim")
-        claimed = self._lease_next(
-            request.worker_id, request.lease_us, request.now_us, request.lease_token
-        )
-        result = groupcommit.encode_claim(claimed)
+        conn.execute("SAVEPOINT carried")
+        try:
+            result = self._carried_transitions(decoded)
+        except (StaleLease, JobNotFound):
+            result = None  # the writer's own call explains it
         if result is None:
-            conn.execute("ROLLBACK TO carried_claim")
-        conn.execute("RELEASE carried_claim")
+            conn.execute("ROLLBACK TO carried")
+        conn.execute("RELEASE carried")
         return result
 
-    def _claim_a_vanished_carrier_committed(self, ticket: int, token: str) -> ClaimedJob | None:
-        """The claim a carrier that then vanished committed for this process, if it did."""
-        noted = self._turns.reclaim(ticket, timeout_s=self._timeout_ms / 1000)
+    def _carried_transitions(self, request: groupcommit.Request) -> bytes | None:
+        """The transitions of ``request``, as its writer's own call would run them; a
+        claimed row too large for the result slot is given back (None)."""
+        if isinstance(request, groupcommit.SuccessRequest):
+            self._succeed_live_lease(
+                request.job_id, request.worker_id, request.lease_token, request.now_us
+            )
+            return b""
+        if isinstance(request, groupcommit.ChainRequest):
+            self._succeed_live_lease(
+                request.job_id, request.worker_id, request.lease_token, request.now_us
+            )
+            token = request.next_token
+        else:
+            token = request.lease_token
+        claimed = self._lease_next(request.worker_id, request.lease_us, request.now_us, token)
+        return groupcommit.encode_claim(claimed)
+
+    def _reclaim(self, served: Served | None) -> bytes | None:
+        """What a vanished carrier noted for this writer's request (None: no carrier took
+        it). Called holding the write lock, so the carrier's transaction has ended."""
+        if served is None or not served.taken:
+            return None
+        return self._turns.reclaim(served.ticket, timeout_s=self._timeout_ms / 1000)
+
+    def _claim_committed(self, noted: bytes, token: str) -> ClaimedJob | None:
+        """The claim a vanished carrier noted, if its transaction committed it."""
         claimed = groupcommit.decode_claim(noted, token) if noted else None
         if claimed is None:
             return None
@@ -493,10 +522,9 @@ class DurableQueue(DatabaseHandle):
         ).fetchone()
         return claimed if row is not None else None
 
-    def _succeeded_by(self, served: Served, job_id: str, lease_token: str) -> bool:
+    def _succeeded_by(self, job_id: str, lease_token: str) -> bool:
         """Whether the attempt holding ``lease_token`` already ended in success (as a
         vanished carrier of this acknowledgement may have committed)."""
-        self._turns.reclaim(served.ticket, timeout_s=self._timeout_ms / 1000)
         row = self.connection.execute(
             "SELECT 1 FROM attempts WHERE job_id = ? AND lease_token = ? AND outcome = ?",
             (job_id, lease_token, AttemptOutcome.SUCCEEDED.value),

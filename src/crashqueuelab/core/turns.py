@@ -33,6 +33,7 @@ import os
 import random
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -172,24 +173,33 @@ class TurnLock:
     def acquire(self, *, timeout_s: float) -> int:
         """Wait for this process's turn; returns the ticket to pass to ``release``."""
         deadline = time.monotonic() + timeout_s
-        ticket = self._take_ticket(None, deadline)
-        served = self._wait(ticket, deadline, posted=False)
-        assert isinstance(served, Served)  # nothing was posted, so nothing can be carried
-        return served.ticket
+        ticket, now_served = self._take_ticket(None, deadline)
+        if not now_served:
+            served = self._wait(ticket, deadline, posted=False)
+            assert isinstance(served, Served)  # nothing was posted, so nothing is carried
+        return ticket
 
-    def enter(self, request: bytes, *, timeout_s: float) -> Served | Carried:
-        """Take a ticket, post ``request`` for a carrier, and wait: for this process's own
-        turn (``Served``: run the request, or what a vanished carrier left of it, and
-        ``release``), or for a carrier's commit (``Carried``: the ticket is spent).
+    def enter(self, request: Callable[[], bytes], *, timeout_s: float) -> Served | Carried:
+        """Take a ticket, post the request (``request()``'s bytes) for a carrier, and wait:
+        for this process's own turn (``Served``: run the request, or what a vanished
+        carrier left of it, and ``release``), or for a carrier's commit (``Carried``: the
+        ticket is spent).
 
-        A request longer than ``requestslots.REQUEST_MAX``, or whose slot another live
-        writer still uses, is not posted: the writer simply waits for its own turn.
+        A writer served at once posts nothing (``request`` is not even called), nor does
+        one whose request is longer than ``requestslots.REQUEST_MAX`` or whose slot another
+        live writer still uses: it simply waits for its own turn.
         """
         deadline = time.monotonic() + timeout_s
-        ticket = self._take_ticket(request, deadline)
+        ticket, now_served = self._take_ticket(request, deadline)
+        if now_served:
+            return Served(ticket, taken=False)
         return self._wait(ticket, deadline, posted=ticket in self._posted)
 
-    def _take_ticket(self, request: bytes | None, deadline: float) -> int:
+    def _take_ticket(
+        self, request: Callable[[], bytes] | None, deadline: float
+    ) -> tuple[int, bool]:
+        """A new ticket, and whether it is already served (nobody ahead of it); posts the
+        request of a writer that will have to wait."""
         self._with_counters(deadline)
         try:
             ticket = self._read(_NEXT_TICKET)
@@ -198,12 +208,15 @@ class TurnLock:
                 _lock(self._descriptor, fcntl.F_OFD_SETLK, fcntl.F_WRLCK, self._slot(ticket))
             except BlockingIOError:
                 raise StoreError(str(self.path), f"more than {SLOTS} writers in line") from None
-            if request is not None and self._slot_free(ticket, request):
-                requestslots.write_request(self._descriptor, ticket, request)
-                self._posted.add(ticket)
+            now_served = self._read(_SERVING) >= ticket
+            if request is not None and not now_served:
+                posted = request()
+                if self._slot_free(ticket, posted):
+                    requestslots.write_request(self._descriptor, ticket, posted)
+                    self._posted.add(ticket)
         finally:
             self._release_counters()
-        return ticket
+        return ticket, now_served
 
     def _slot_free(self, ticket: int, request: bytes) -> bool:
         """Whether ``ticket`` may post ``request``: it fits, and nobody alive uses the slot."""
@@ -305,6 +318,10 @@ class TurnLock:
         """The requests posted by the live writers right behind ``ticket`` (this process's
         served turn), up to ``limit``, now TAKEN: run each, ``note`` the results, commit,
         then ``finish`` (or ``abandon`` on rollback)."""
+        # Nobody behind (read without the lock: a writer arriving after it waits for its
+        # own turn, which comes right after this one).
+        if self._read(_NEXT_TICKET) <= ticket + 1:
+            return []
         fd = self._descriptor
         taken: list[tuple[int, bytes]] = []
         self._with_counters(time.monotonic() + timeout_s)
