@@ -82,6 +82,21 @@ def test_a_paused_worker_is_fenced_and_its_effect_not_duplicated(
     assert any("stale " in log.read_text() for log in logs)
 
 
+def test_killed_workers_on_the_single_calls_lose_and_duplicate_nothing(tmp_path: Path) -> None:
+    # A batch of one goes through claim and succeed, which group commit carries: the kills
+    # land on carriers holding other workers' requests and on the workers they carry.
+    report = run_chaos(
+        tmp_path / "run", seed=11, jobs=400, workers=6, kills=40, pauses=3, lease_ms=300, batch=1
+    )
+    accounting = report["accounting"]
+    assert report["ok"] is True, accounting["anomalies"]
+    assert report["kills_delivered"] == 40
+    assert accounting["submitted"] == accounting["succeeded"] == 400
+    assert (accounting["lost"], accounting["dead"], accounting["duplicated_effects"]) == (0, 0, 0)
+    assert accounting["acknowledged_twice"] == 0
+    assert accounting["judge_ok"] is True
+
+
 def test_the_accounting_notices_lost_duplicated_and_unexpected_work(
     small_run: tuple[Path, dict[str, Any]], tmp_path: Path
 ) -> None:

@@ -19,7 +19,7 @@ from crashqueuelab.core.ids import RandomIds
 from crashqueuelab.core.retry import RetryPolicy
 from crashqueuelab.lab.effects import Destination, EffectLedger
 from crashqueuelab.lab.inheritance import Inherited
-from crashqueuelab.systems.contract import OpenRequest, QueueClient, Verdict
+from crashqueuelab.systems.contract import Claim, OpenRequest, QueueClient, Verdict
 from crashqueuelab.systems.registry import resolve_system
 
 #: How long an idle worker or the maintenance loop waits before looking again.
@@ -87,6 +87,21 @@ def worker_main(spec: WorkerSpec) -> None:
     _guarded(spec.log + ERROR_SUFFIX, spec.inherited, lambda: _work(spec))
 
 
+def _claim(client: QueueClient, spec: WorkerSpec) -> list[Claim]:
+    # A batch of one goes through the single calls, which other workers' commits can carry
+    # (group commit), so the signals also land on carriers and the writers they carry.
+    if spec.batch == 1:
+        claim = client.claim(spec.worker_id, spec.lease_us)
+        return [] if claim is None else [claim]
+    return client.claim_many(spec.worker_id, spec.lease_us, spec.batch)
+
+
+def _succeed(client: QueueClient, spec: WorkerSpec, claims: list[Claim]) -> list[Verdict]:
+    if spec.batch == 1:
+        return [client.succeed(claim) for claim in claims]
+    return client.succeed_many(claims)
+
+
 def _work(spec: WorkerSpec) -> None:
     client = open_client(spec.system, spec.files.store)
     effects = EffectLedger(spec.files.effects, destination=Destination.IDEMPOTENT, create=False)
@@ -101,7 +116,7 @@ def _work(spec: WorkerSpec) -> None:
                 if spec.does_maintenance and time.monotonic() >= next_recovery:
                     client.recover()
                     next_recovery = time.monotonic() + OWNER_RECOVERY_EVERY_S
-                claims = client.claim_many(spec.worker_id, spec.lease_us, spec.batch)
+                claims = _claim(client, spec)
                 if not claims:
                     if client.active_count() == 0:
                         if Path(spec.release_file).exists():
@@ -126,7 +141,7 @@ def _work(spec: WorkerSpec) -> None:
                         )
                 for claim in claims:
                     log.write(f"acking {claim.key} {claim.token} {time.monotonic():.6f}\n")
-                verdicts = client.succeed_many(claims)
+                verdicts = _succeed(client, spec, claims)
                 answered = time.monotonic()
                 for claim, verdict in zip(claims, verdicts, strict=True):
                     log.write(f"{_answer(verdict)} {claim.key} {claim.token} {answered:.6f}\n")
