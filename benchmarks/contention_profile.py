@@ -8,13 +8,13 @@ Fills a fresh store (under the system temp directory) and starts ``--workers`` s
 processes that each claim a job, sleep ``--work-ms`` and succeed it until none is left.
 Each process times every turn at the write lock (from the moment its ticket is served to
 the moment it finishes the turn, which also carries the requests of the writers waiting
-behind it: group commit), counts the requests its turns carried, and its own CPU time; the parent prints jobs/s, the
-turns' mean and percentiles, the CPU spent per job, and, over the window from the first
-turn to the last (process start-up left out), the share of it the lock was held and the
-hand-over gaps between one turn's release and the next turn's start (the clock is the
-system-wide monotonic one, so the processes' times compare). ``--statements`` also times
-every SQL statement the workers run (profile_paths.py's timing connection) and prints the
-time per job of each, summed over the workers. Run under
+behind it: group commit), counts the requests its turns carried, and its own CPU time;
+the parent prints jobs/s, the turns' mean and percentiles, the CPU spent per job, and,
+over the window from the first turn to the last (process start-up left out), the share of
+it the lock was held and the hand-over gaps between one turn's end and the next turn's
+start (the clock is the system-wide monotonic one, so the processes' times compare).
+``--statements`` also times every SQL statement the workers run (profile_paths.py's timing
+connection) and prints the time per job of each, summed over the workers. Run under
 ``strace -f -c`` it also shows which system calls the waiting costs.
 """
 
@@ -29,6 +29,7 @@ import statistics
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,12 +63,17 @@ def _drain(path: Path, work_s: float, timed: bool, results: Any) -> None:
     held: list[tuple[float, float]] = []
     served_at = [0.0]
     carried = [0]
-    wait, finish = turns.TurnLock._wait, turns.TurnLock.finish
+    acquire, enter, finish = turns.TurnLock.acquire, turns.TurnLock.enter, turns.TurnLock.finish
 
-    def timed_wait(
-        lock: turns.TurnLock, ticket: int, deadline: float, *, posted: bool
+    def timed_acquire(lock: turns.TurnLock, *, timeout_s: float) -> int:
+        ticket = acquire(lock, timeout_s=timeout_s)
+        served_at[0] = time.perf_counter()
+        return ticket
+
+    def timed_enter(
+        lock: turns.TurnLock, request: Callable[[], bytes], *, timeout_s: float
     ) -> turns.Served | turns.Carried:
-        entry = wait(lock, ticket, deadline, posted=posted)
+        entry = enter(lock, request, timeout_s=timeout_s)
         if isinstance(entry, turns.Served):
             served_at[0] = time.perf_counter()
         return entry
@@ -79,9 +85,11 @@ def _drain(path: Path, work_s: float, timed: bool, results: Any) -> None:
         held.append((served_at[0], time.perf_counter()))
         carried[0] += len(behind)
 
-    # Only this spawned child's class is wrapped; the parent's is untouched. Every turn
-    # ends in ``finish``, which also carries the requests of the writers behind it.
-    setattr(turns.TurnLock, "_wait", timed_wait)  # noqa: B010
+    # Only this spawned child's class is wrapped; the parent's is untouched. A turn starts
+    # when ``acquire`` or ``enter`` returns it and ends in ``finish``, which also carries
+    # the requests of the writers waiting behind it.
+    setattr(turns.TurnLock, "acquire", timed_acquire)  # noqa: B010
+    setattr(turns.TurnLock, "enter", timed_enter)  # noqa: B010
     setattr(turns.TurnLock, "finish", timed_finish)  # noqa: B010
     worker = f"w{os.getpid()}"
     done = 0
