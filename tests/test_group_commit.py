@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -123,16 +124,24 @@ def _event_types(queue: DurableQueue, job_id: str) -> list[str]:
     return [event.event_type.value for event in queue.history(job_id)]
 
 
-def _carry_and_vanish(carrier: DurableQueue, ticket: int, *, committed: bool) -> None:
-    """The carrier runs the requests behind it and commits (or not), then is killed before
-    it can finish its turn: the kernel drops its slot lock and the line skips it."""
+#: How far a carrier got before it was killed: it had taken the request, had also run it
+#: and noted its result, or had also committed.
+STAGES = ["taken", "noted", "committed"]
+
+
+def _carry_and_vanish(carrier: DurableQueue, ticket: int, stage: str) -> None:
+    """The carrier takes the request behind it and gets as far as ``stage``, then is
+    killed before it can finish its turn: the kernel drops its slot lock and the line
+    skips it."""
     conn = carrier.connection
     begin_immediate(conn, timeout_s=WAIT_S)
     taken = carrier._turns.take(ticket, limit=4, timeout_s=WAIT_S)
     assert len(taken) == 1
-    behind = [ticket for ticket, _ in taken]
-    carrier._turns.note(list(zip(behind, carrier._carry(taken), strict=True)), timeout_s=WAIT_S)
-    conn.execute("COMMIT" if committed else "ROLLBACK")
+    if stage != "taken":
+        behind = [ticket for ticket, _ in taken]
+        results = carrier._carry(taken)
+        carrier._turns.note(list(zip(behind, results, strict=True)), timeout_s=WAIT_S)
+    conn.execute("COMMIT" if stage == "committed" else "ROLLBACK")
     carrier._turns.close()
 
 
@@ -201,18 +210,18 @@ def test_a_carrier_that_rolls_back_gives_the_request_back(
     assert _event_types(carrier, job_id) == ["SUBMITTED", "CLAIMED"]
 
 
-@pytest.mark.parametrize("committed", [True, False], ids=["after-commit", "before-commit"])
+@pytest.mark.parametrize("stage", STAGES)
 def test_a_carrier_that_vanishes_leaves_the_follower_what_its_commit_did(
-    carrier: DurableQueue, follower: Opener, phases: list[Phase], db_path: Path, committed: bool
+    carrier: DurableQueue, follower: Opener, phases: list[Phase], db_path: Path, stage: str
 ) -> None:
     job_id = _submit(carrier)
     ticket = carrier._turns.acquire(timeout_s=WAIT_S)
     waiting = Follower(follower, _claim)
-    _carry_and_vanish(carrier, ticket, committed=committed)
+    _carry_and_vanish(carrier, ticket, stage)
     claimed = waiting.join()
     assert claimed.job.job_id == job_id
     assert claimed.job.lease_worker_id == "wf"
-    before = [Phase.BEFORE_CLAIM_COMMIT] if not committed else []
+    before = [] if stage == "committed" else [Phase.BEFORE_CLAIM_COMMIT]
     assert phases == [*before, Phase.AFTER_CLAIM_COMMIT]
     assert _event_types(carrier, job_id) == ["SUBMITTED", "CLAIMED"]
     assert check_database(db_path).ok
@@ -249,18 +258,18 @@ def test_a_carrier_skipped_as_stuck_still_decides_what_it_carried(
     assert replay_database(db_path).ok
 
 
-@pytest.mark.parametrize("committed", [True, False], ids=["after-commit", "before-commit"])
+@pytest.mark.parametrize("stage", STAGES)
 def test_an_acknowledgement_whose_carrier_vanished_is_applied_once(
-    carrier: DurableQueue, follower: Opener, phases: list[Phase], db_path: Path, committed: bool
+    carrier: DurableQueue, follower: Opener, phases: list[Phase], db_path: Path, stage: str
 ) -> None:
     job_id = _submit(carrier)
     claimed = carrier.claim(worker_id="wf", lease_duration_us=LEASE_US)
     assert claimed is not None
     ticket = carrier._turns.acquire(timeout_s=WAIT_S)
     waiting = Follower(follower, _succeed(job_id, claimed.lease_token))
-    _carry_and_vanish(carrier, ticket, committed=committed)
+    _carry_and_vanish(carrier, ticket, stage)
     assert waiting.join().state is JobState.SUCCEEDED
-    before = [Phase.BEFORE_SUCCESS_COMMIT] if not committed else []
+    before = [] if stage == "committed" else [Phase.BEFORE_SUCCESS_COMMIT]
     assert phases == [*before, Phase.AFTER_SUCCESS_COMMIT]
     assert _event_types(carrier, job_id) == ["SUBMITTED", "CLAIMED", "SUCCEEDED"]
     assert replay_database(db_path).ok
@@ -298,20 +307,22 @@ def test_an_acknowledgement_with_the_next_claim_rides_the_carriers_commit(
     assert replay_database(db_path).ok
 
 
-@pytest.mark.parametrize("committed", [True, False], ids=["after-commit", "before-commit"])
+@pytest.mark.parametrize("stage", STAGES)
 def test_a_chained_call_whose_carrier_vanished_is_applied_once(
-    carrier: DurableQueue, follower: Opener, phases: list[Phase], db_path: Path, committed: bool
+    carrier: DurableQueue, follower: Opener, phases: list[Phase], db_path: Path, stage: str
 ) -> None:
     job_id, next_id = _submit(carrier), _submit(carrier, "next")
     claimed = carrier.claim(worker_id="wf", lease_duration_us=LEASE_US)
     assert claimed is not None
     ticket = carrier._turns.acquire(timeout_s=WAIT_S)
     waiting = Follower(follower, _chain(job_id, claimed.lease_token))
-    _carry_and_vanish(carrier, ticket, committed=committed)
+    _carry_and_vanish(carrier, ticket, stage)
     done, next_claim = waiting.join()
     assert done.state is JobState.SUCCEEDED
     assert next_claim.job.job_id == next_id
-    before = [] if committed else [Phase.BEFORE_SUCCESS_COMMIT, Phase.BEFORE_CLAIM_COMMIT]
+    before = [Phase.BEFORE_SUCCESS_COMMIT, Phase.BEFORE_CLAIM_COMMIT]
+    if stage == "committed":
+        before = []
     assert phases == [*before, Phase.AFTER_SUCCESS_COMMIT, Phase.AFTER_CLAIM_COMMIT]
     assert _event_types(carrier, next_id) == ["SUBMITTED", "CLAIMED"]
     assert replay_database(db_path).ok
@@ -383,6 +394,37 @@ def line(tmp_path: Path) -> Iterator[tuple[TurnLock, TurnLock, int]]:
         os.close(fd)
         holder.close()
         waiter.close()
+
+
+def test_a_request_of_a_writer_that_died_waiting_is_not_taken(
+    line: tuple[TurnLock, TurnLock, int],
+) -> None:
+    holder, waiter, fd = line
+    ticket = holder.acquire(timeout_s=WAIT_S)
+    behind, served = waiter._take_ticket(lambda: b"request", time.monotonic() + WAIT_S)
+    assert (behind, served) == (ticket + 1, False)
+    assert requestslots.read_header(fd, behind).state is SlotState.POSTED
+    waiter.close()  # killed while waiting: the kernel drops its slot lock
+    assert holder.take(ticket, limit=4, timeout_s=WAIT_S) == []
+    holder.release(ticket)
+
+
+def test_a_request_the_carrier_cannot_read_is_given_back(
+    carrier: DurableQueue, db_path: Path
+) -> None:
+    before = fingerprint(db_path)
+    ticket = carrier._turns.acquire(timeout_s=WAIT_S)
+    waiter = TurnLock(Path(f"{db_path}-turns"))
+    fd = os.open(f"{db_path}-turns", os.O_RDONLY)
+    try:
+        behind, _ = waiter._take_ticket(lambda: b'["claim", 1]', time.monotonic() + WAIT_S)
+        with carrier._transaction(Served(ticket, taken=False)):
+            pass
+        assert requestslots.read_header(fd, behind).state is SlotState.REFUSED
+    finally:
+        os.close(fd)
+        waiter.close()
+    assert fingerprint(db_path) == before
 
 
 def test_a_request_given_up_at_its_deadline_leaves_its_slot_empty(
