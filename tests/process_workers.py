@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
 from crashqueuelab import DurableQueue
+from crashqueuelab.core import requestslots
+from crashqueuelab.core.hooks import Phase
+from crashqueuelab.lab.faults import CRASH_EXIT_CODE
 
 BARRIER_TIMEOUT_S = 60
 
@@ -24,3 +28,34 @@ def claim_until_empty(database: str, worker_id: str, barrier: Barrier, record: s
                 job_id=claimed.job.job_id, worker_id=worker_id, lease_token=claimed.lease_token
             )
     Path(record).write_text(json.dumps(claims))
+
+
+def claim_one(database: str, worker_id: str, record: str) -> None:
+    """Claim one job and record it (without a hook, the claim is posted for a carrier)."""
+    with DurableQueue(database) as queue:
+        claimed = queue.claim(worker_id=worker_id, lease_duration_us=60_000_000)
+        held = (
+            None
+            if claimed is None
+            else {"job_id": claimed.job.job_id, "token": claimed.lease_token}
+        )
+        Path(record).write_text(json.dumps(held))
+
+
+def carry_and_die(database: str, worker_id: str, slots_record: str) -> None:
+    """Claim one job, and die with ``os._exit`` just before COMMIT, after recording how the
+    request slots of the line stand then (what this carrier took into its transaction)."""
+
+    def hook(phase: str) -> None:
+        if phase == Phase.BEFORE_CLAIM_COMMIT:
+            fd = os.open(f"{database}-turns", os.O_RDONLY)
+            taken = int.from_bytes(os.pread(fd, 8, 0), "little")
+            headers = [requestslots.read_header(fd, ticket) for ticket in range(taken)]
+            os.close(fd)
+            slots = [[h.ticket, h.state.name, h.result_length] for h in headers]
+            Path(slots_record).write_text(json.dumps(slots))
+            os._exit(CRASH_EXIT_CODE)
+
+    # A hooked queue posts nothing: it runs its own transaction and carries those behind it.
+    with DurableQueue(database, hook=hook) as queue:
+        queue.claim(worker_id=worker_id, lease_duration_us=60_000_000)
