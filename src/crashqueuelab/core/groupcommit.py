@@ -29,6 +29,7 @@ _CLAIM = "claim"
 _SUCCESS = "succeed"
 _CHAIN = "succeed_and_claim"
 _JOB_FIELDS = tuple(field.name for field in fields(Job))
+_STATE = _JOB_FIELDS.index("state")
 _NO_JOB = b"null"
 
 
@@ -109,7 +110,7 @@ def encode_claim(claimed: ClaimedJob | None) -> bytes | None:
         return _NO_JOB
     job = claimed.job
     row = [getattr(job, name) for name in _JOB_FIELDS]
-    row[_JOB_FIELDS.index("state")] = job.state.value
+    row[_STATE] = job.state.value
     encoded = _encode(row)
     return encoded if len(encoded) <= RESULT_MAX else None
 
