@@ -108,6 +108,18 @@ def carrier(make_queue: QueueFactory) -> DurableQueue:
     return make_queue(stream="carrier")
 
 
+def _behind_a_commit(
+    carrier: DurableQueue, open_queue: Opener, call: Callable[[DurableQueue], Any]
+) -> Follower:
+    """``call`` made by a follower waiting in line behind the carrier, whose transaction
+    then commits (carrying whatever the follower posted)."""
+    ticket = carrier._turns.acquire(timeout_s=WAIT_S)
+    waiting = Follower(open_queue, call)
+    with carrier._transaction(Served(ticket, taken=False)):
+        pass
+    return waiting
+
+
 def _submit(queue: DurableQueue, key: str = "k", payload: dict[str, Any] | None = None) -> str:
     return queue.submit(idempotency_key=key, job_type="t", payload=payload or {"k": key}).job.job_id
 
@@ -150,10 +162,7 @@ def test_a_waiting_claim_and_acknowledgement_ride_the_carriers_commit(
 ) -> None:
     job_id = _submit(carrier)
 
-    ticket = carrier._turns.acquire(timeout_s=WAIT_S)
-    waiting = Follower(follower, _claim)
-    with carrier._transaction(Served(ticket, taken=False)):
-        pass
+    waiting = _behind_a_commit(carrier, follower, _claim)
     claimed = waiting.join()
     assert claimed.job.job_id == job_id
     assert claimed.job.state is JobState.LEASED
@@ -163,10 +172,7 @@ def test_a_waiting_claim_and_acknowledgement_ride_the_carriers_commit(
     # The follower's own transaction never ran: no BEFORE_* phase fired in it.
     assert phases == [Phase.AFTER_CLAIM_COMMIT]
 
-    ticket = carrier._turns.acquire(timeout_s=WAIT_S)
-    waiting = Follower(follower, _succeed(job_id, claimed.lease_token))
-    with carrier._transaction(Served(ticket, taken=False)):
-        pass
+    waiting = _behind_a_commit(carrier, follower, _succeed(job_id, claimed.lease_token))
     done = waiting.join()
     assert done.state is JobState.SUCCEEDED
     assert done == carrier.get(job_id)
@@ -182,10 +188,7 @@ def test_nothing_to_claim_is_carried_as_none(
     follower: Opener,
     phases: list[Phase],
 ) -> None:
-    ticket = carrier._turns.acquire(timeout_s=WAIT_S)
-    waiting = Follower(follower, _claim)
-    with carrier._transaction(Served(ticket, taken=False)):
-        pass
+    waiting = _behind_a_commit(carrier, follower, _claim)
     assert waiting.join() is None
     assert phases == []
 
@@ -289,10 +292,7 @@ def test_an_acknowledgement_with_the_next_claim_rides_the_carriers_commit(
     following = [_submit(carrier, f"next-{n}") for n in range(waiting_jobs)]
     claimed = carrier.claim(worker_id="wf", lease_duration_us=LEASE_US)
     assert claimed is not None
-    ticket = carrier._turns.acquire(timeout_s=WAIT_S)
-    waiting = Follower(follower, _chain(job_id, claimed.lease_token))
-    with carrier._transaction(Served(ticket, taken=False)):
-        pass
+    waiting = _behind_a_commit(carrier, follower, _chain(job_id, claimed.lease_token))
     done, next_claim = waiting.join()
     assert done == carrier.get(job_id)
     assert done.state is JobState.SUCCEEDED
@@ -336,10 +336,9 @@ def test_a_stale_acknowledgement_is_given_back_and_raises_in_its_own_turn(
     _submit(carrier, "next")
     assert carrier.claim(worker_id="wf", lease_duration_us=LEASE_US) is not None
     before = fingerprint(db_path)
-    ticket = carrier._turns.acquire(timeout_s=WAIT_S)
-    waiting = Follower(follower, (_chain if chained else _succeed)(job_id, "forged"))
-    with carrier._transaction(Served(ticket, taken=False)):
-        pass
+    waiting = _behind_a_commit(
+        carrier, follower, (_chain if chained else _succeed)(job_id, "forged")
+    )
     with pytest.raises(StaleLease):
         waiting.join()
     assert phases == []
@@ -352,10 +351,7 @@ def test_a_claimed_row_too_large_for_its_slot_is_given_back(
     phases: list[Phase],
 ) -> None:
     job_id = _submit(carrier, payload={"blob": "x" * (requestslots.RESULT_MAX + 1)})
-    ticket = carrier._turns.acquire(timeout_s=WAIT_S)
-    waiting = Follower(follower, _claim)
-    with carrier._transaction(Served(ticket, taken=False)):
-        pass
+    waiting = _behind_a_commit(carrier, follower, _claim)
     claimed = waiting.join()
     assert claimed.job.job_id == job_id
     # The carrier's claim was rolled back to its savepoint; the follower claimed it itself.
@@ -509,10 +505,9 @@ def test_group_commit_is_on_by_default_without_a_hook(
     carrier: DurableQueue, db_path: Path, clock: ManualClock
 ) -> None:
     job_id = _submit(carrier)
-    ticket = carrier._turns.acquire(timeout_s=WAIT_S)
-    waiting = Follower(lambda: DurableQueue(db_path, clock=clock, retry=RETRY), _claim)
-    with carrier._transaction(Served(ticket, taken=False)):
-        pass
+    waiting = _behind_a_commit(
+        carrier, lambda: DurableQueue(db_path, clock=clock, retry=RETRY), _claim
+    )
     assert waiting.join().job.job_id == job_id
     assert not waiting.served.is_set()
 
