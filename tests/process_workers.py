@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-from multiprocessing.synchronize import Barrier
+from collections.abc import Callable
+from multiprocessing.synchronize import Barrier, Event
 from pathlib import Path
 
 from crashqueuelab import DurableQueue
-from crashqueuelab.core import requestslots
+from crashqueuelab.core import requestslots, turns
 from crashqueuelab.core.hooks import Phase
+from crashqueuelab.core.turns import TurnLock
 from crashqueuelab.lab.faults import CRASH_EXIT_CODE
 
 BARRIER_TIMEOUT_S = 60
@@ -30,8 +32,26 @@ def claim_until_empty(database: str, worker_id: str, barrier: Barrier, record: s
     Path(record).write_text(json.dumps(claims))
 
 
-def claim_one(database: str, worker_id: str, record: str) -> None:
+def _announce_ticket(in_line: Event) -> None:
+    """Set ``in_line`` once this process holds a ticket (and has posted its request); and
+    never skip the test's turn as stuck, however long it holds the line while the other
+    processes start."""
+    turns.STUCK_AFTER_S = 3600.0
+    take = TurnLock._take_ticket
+
+    def announcing(
+        lock: TurnLock, request: Callable[[], bytes] | None, deadline: float
+    ) -> tuple[int, bool]:
+        taken = take(lock, request, deadline)
+        in_line.set()
+        return taken
+
+    setattr(TurnLock, "_take_ticket", announcing)  # noqa: B010 (this spawned child only)
+
+
+def claim_one(database: str, worker_id: str, record: str, in_line: Event) -> None:
     """Claim one job and record it (without a hook, the claim is posted for a carrier)."""
+    _announce_ticket(in_line)
     with DurableQueue(database) as queue:
         claimed = queue.claim(worker_id=worker_id, lease_duration_us=60_000_000)
         held = (
@@ -42,7 +62,7 @@ def claim_one(database: str, worker_id: str, record: str) -> None:
         Path(record).write_text(json.dumps(held))
 
 
-def carry_and_die(database: str, worker_id: str, slots_record: str) -> None:
+def carry_and_die(database: str, worker_id: str, slots_record: str, in_line: Event) -> None:
     """Claim one job, and die with ``os._exit`` just before COMMIT, after recording how the
     request slots of the line stand then (what this carrier took into its transaction)."""
 
@@ -56,6 +76,7 @@ def carry_and_die(database: str, worker_id: str, slots_record: str) -> None:
             Path(slots_record).write_text(json.dumps(slots))
             os._exit(CRASH_EXIT_CODE)
 
+    _announce_ticket(in_line)
     # A hooked queue posts nothing: it runs its own transaction and carries those behind it.
     with DurableQueue(database, hook=hook) as queue:
         queue.claim(worker_id=worker_id, lease_duration_us=60_000_000)

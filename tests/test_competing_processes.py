@@ -7,9 +7,7 @@ import json
 import multiprocessing
 import multiprocessing.process
 import os
-import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 from crashqueuelab import DurableQueue, JobState, ManualClock
@@ -68,13 +66,6 @@ def test_spawned_workers_claim_every_job_exactly_once(tmp_path: Path) -> None:
     assert replay_database(database).ok
 
 
-def _wait_until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + BARRIER_TIMEOUT_S
-    while not condition():
-        assert time.monotonic() < deadline, f"gave up waiting until {what}"
-        time.sleep(0.005)
-
-
 def test_a_carrier_killed_before_its_commit_leaves_every_carried_claim_to_its_writer(
     tmp_path: Path,
 ) -> None:
@@ -90,28 +81,23 @@ def test_a_carrier_killed_before_its_commit_leaves_every_carried_claim_to_its_wr
 
     def start(name: str) -> None:
         target = carry_and_die if name == "carrier" else claim_one
-        process = context.Process(target=target, args=(str(database), name, str(records[name])))
+        in_line = context.Event()
+        process = context.Process(
+            target=target, args=(str(database), name, str(records[name]), in_line)
+        )
         process.start()
         processes.append(process)
-
-    def taken_tickets() -> int:
-        return int.from_bytes(os.pread(sidecar, 8, 0), "little")
+        assert in_line.wait(BARRIER_TIMEOUT_S), f"{name} never took its ticket"
 
     try:
         # This test holds the line; the carrier queues behind it, the followers behind the
         # carrier and post their claims; then the line moves and the carrier takes them.
         first = line.acquire(timeout_s=BARRIER_TIMEOUT_S)
-        start("carrier")
-        _wait_until(lambda: taken_tickets() == first + 2, "the carrier is in line")
-        for name in ("f1", "f2", "f3"):
+        for name in ("carrier", "f1", "f2", "f3"):
             start(name)
         posted = range(first + 2, first + 5)
-        _wait_until(
-            lambda: all(
-                requestslots.read_header(sidecar, ticket).state is SlotState.POSTED
-                for ticket in posted
-            ),
-            "the three followers posted their claims",
+        assert all(
+            requestslots.read_header(sidecar, ticket).state is SlotState.POSTED for ticket in posted
         )
         line.release(first)
         for process in processes:
