@@ -70,6 +70,17 @@ def fingerprint(path: Path) -> tuple[str, list[str]]:
     return digest, dump
 
 
+#: Turns a store of this schema version into the layout of versions 1 and 2, which kept the
+#: attempts in a table of their own that the judges hold against the events (filled with
+#: the rows the view gives, so the store is consistent until a test changes it).
+STORED_ATTEMPTS = (
+    "CREATE TABLE attempt_rows AS SELECT * FROM attempts",
+    "DROP VIEW attempts",
+    "ALTER TABLE attempt_rows RENAME TO attempts",
+    "PRAGMA user_version = 2",
+)
+
+
 def raw(path: Path) -> sqlite3.Connection:
     """A plain connection for tests that tamper with a database on purpose."""
     return sqlite3.connect(path, isolation_level=None)

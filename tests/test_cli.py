@@ -305,7 +305,7 @@ def test_a_file_that_is_not_sqlite_is_refused_untouched(tmp_path: Path, command:
 def test_another_schema_version_is_refused_untouched(db_path: Path) -> None:
     submit(db_path)
     conn = raw(db_path)
-    conn.execute("PRAGMA user_version = 3")
+    conn.execute("PRAGMA user_version = 4")
     conn.close()
     before = fingerprint(db_path)
     for argv in (["claim", "--worker-id", "w"], ["check"], ["replay"]):

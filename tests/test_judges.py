@@ -12,7 +12,7 @@ import crashqueuelab.judges
 from crashqueuelab import NotADatabase, SchemaMismatch, StoreNotFound
 from crashqueuelab.judges.invariants import check_database, invariant_names
 from crashqueuelab.judges.replay import replay_database
-from tests.conftest import fingerprint, raw
+from tests.conftest import STORED_ATTEMPTS, fingerprint, raw
 
 JUDGES = Path(crashqueuelab.judges.__file__).parent
 
@@ -88,8 +88,20 @@ TAMPERING: dict[str, tuple[Tamper, set[str], bool]] = {
         True,
     ),
     "second open attempt": (
-        lambda ids: [f"UPDATE attempts SET outcome = NULL WHERE job_id = '{ids['DEAD']}'"],
+        lambda ids: [
+            *STORED_ATTEMPTS,
+            f"UPDATE attempts SET outcome = NULL WHERE job_id = '{ids['DEAD']}'",
+        ],
         {"single_open_attempt"},
+        True,
+    ),
+    "an attempt left open by its ending event": (
+        lambda ids: [
+            "DROP TRIGGER events_no_update",
+            f"UPDATE events SET attempt = 9 WHERE job_id = '{ids['DEAD']}'"
+            " AND event_type IN ('FAILED', 'LEASE_EXPIRED')",
+        ],
+        {"single_open_attempt", "append_only_triggers"},
         True,
     ),
     "payload edited": (
@@ -110,6 +122,7 @@ TAMPERING: dict[str, tuple[Tamper, set[str], bool]] = {
         lambda ids: [
             f"UPDATE jobs SET state = 'DEAD', lease_worker_id = NULL, lease_token = NULL,"
             f" lease_deadline_us = NULL WHERE job_id = '{ids['LEASED']}'",
+            *STORED_ATTEMPTS,
             f"UPDATE attempts SET outcome = 'FAILED' WHERE job_id = '{ids['LEASED']}'",
         ],
         {"dead_only_when_exhausted", "state_matches_last_event"},
@@ -175,10 +188,21 @@ TAMPERING: dict[str, tuple[Tamper, set[str], bool]] = {
     ),
     "lease token reused": (
         lambda ids: [
+            *STORED_ATTEMPTS,
             f"UPDATE attempts SET lease_token = (SELECT lease_token FROM attempts"
             f" WHERE job_id = '{ids['SUCCEEDED']}') WHERE job_id = '{ids['DEAD']}'",
         ],
         {"lease_tokens_unique"},
+        True,
+    ),
+    "lease token reused in the history": (
+        lambda ids: [
+            "DROP TRIGGER events_no_update",
+            f"UPDATE events SET lease_token = (SELECT lease_token FROM events"
+            f" WHERE job_id = '{ids['SUCCEEDED']}' AND event_type = 'CLAIMED')"
+            f" WHERE job_id = '{ids['DEAD']}' AND event_type = 'CLAIMED'",
+        ],
+        {"lease_tokens_unique", "append_only_triggers"},
         True,
     ),
 }
@@ -238,21 +262,25 @@ def test_the_judges_refuse_what_is_not_a_queue_database(tmp_path: Path) -> None:
         check_database(foreign)
 
 
-def test_a_store_kept_from_schema_version_1_is_judged_but_not_written(
-    populated: dict[str, str], db_path: Path
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_store_kept_from_an_older_schema_version_is_judged_but_not_written(
+    populated: dict[str, str], db_path: Path, version: int
 ) -> None:
-    """Version 1 had version 2's tables; only its constraints were written as IN lists."""
+    """Versions 1 and 2 kept the attempts in a table (1 wrote its constraints as IN lists):
+    the judges read it and hold it against the events; the queue refuses to write there."""
     from crashqueuelab import DurableQueue
 
     conn = raw(db_path)
-    conn.execute("PRAGMA user_version = 1")
+    for statement in STORED_ATTEMPTS:
+        conn.execute(statement)
+    conn.execute(f"PRAGMA user_version = {version}")
     conn.close()
     before = fingerprint(db_path)
     assert check_database(db_path).ok
     assert replay_database(db_path).ok
     with pytest.raises(SchemaMismatch) as caught:
         DurableQueue(db_path, create=False)
-    assert (caught.value.found, caught.value.expected) == (1, 2)
+    assert (caught.value.found, caught.value.expected) == (version, 3)
     assert fingerprint(db_path) == before
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from crashqueuelab.judges.invariants import check_database
 from crashqueuelab.judges.replay import replay_database
-from tests.conftest import raw
+from tests.conftest import STORED_ATTEMPTS, raw
 
 Ids = dict[str, str]
 NOPE_DIGEST = hashlib.sha256(b"nope").hexdigest()
@@ -101,19 +101,21 @@ FORGERIES: dict[str, tuple[Callable[[Ids], list[str]], str, set[str]]] = {
     "jobs row deleted": (
         lambda ids: [
             "PRAGMA foreign_keys = OFF",
-            f"DELETE FROM attempts WHERE job_id = '{ids['QUEUED']}'",
             f"DELETE FROM jobs WHERE job_id = '{ids['QUEUED']}'",
         ],
         "row",
         {"events_reference_jobs"},
     ),
     "attempt row deleted": (
-        lambda ids: [f"DELETE FROM attempts WHERE job_id = '{ids['DEAD']}'"],
+        lambda ids: [*STORED_ATTEMPTS, f"DELETE FROM attempts WHERE job_id = '{ids['DEAD']}'"],
         "attempt rows",
         {"attempts_match_claims"},
     ),
     "attempt row altered": (
-        lambda ids: [f"UPDATE attempts SET error = 'rewritten' WHERE job_id = '{ids['DEAD']}'"],
+        lambda ids: [
+            *STORED_ATTEMPTS,
+            f"UPDATE attempts SET error = 'rewritten' WHERE job_id = '{ids['DEAD']}'",
+        ],
         "attempt 1 error",
         set(),
     ),
@@ -164,11 +166,26 @@ ROW_DAMAGE: dict[str, tuple[Callable[[Ids], list[str]], str]] = {
         "state_matches_last_event",
     ),
     "attempt rows numbered from two": (
-        lambda ids: [f"UPDATE attempts SET attempt = 2 WHERE job_id = '{ids['DEAD']}'"],
+        lambda ids: [
+            *STORED_ATTEMPTS,
+            f"UPDATE attempts SET attempt = 2 WHERE job_id = '{ids['DEAD']}'",
+        ],
         "attempts_match_claims",
     ),
     "a leased job without an open attempt": (
-        lambda ids: [f"UPDATE attempts SET outcome = 'FAILED' WHERE job_id = '{ids['LEASED']}'"],
+        lambda ids: [
+            *STORED_ATTEMPTS,
+            f"UPDATE attempts SET outcome = 'FAILED' WHERE job_id = '{ids['LEASED']}'",
+        ],
+        "single_open_attempt",
+    ),
+    "a leased job whose attempt an event ended": (
+        lambda ids: [
+            "INSERT INTO events (job_id, event_type, from_state, to_state, at_us, attempt,"
+            " worker_id, lease_token, error) SELECT job_id, 'FAILED', 'LEASED',"
+            " 'RETRY_SCHEDULED', at_us, attempt, worker_id, lease_token, 'x' FROM events"
+            f" WHERE job_id = '{ids['LEASED']}' AND event_type = 'CLAIMED'",
+        ],
         "single_open_attempt",
     ),
     "a leased job without a deadline": (
@@ -183,12 +200,24 @@ ROW_DAMAGE: dict[str, tuple[Callable[[Ids], list[str]], str]] = {
         "success_from_lease_holder",
     ),
     "a success whose attempt row failed": (
-        lambda ids: [f"UPDATE attempts SET outcome = 'FAILED' WHERE job_id = '{ids['SUCCEEDED']}'"],
+        lambda ids: [
+            *STORED_ATTEMPTS,
+            f"UPDATE attempts SET outcome = 'FAILED' WHERE job_id = '{ids['SUCCEEDED']}'",
+        ],
         "success_from_lease_holder",
     ),
     "a success after the attempt's deadline": (
         lambda ids: [
-            f"UPDATE attempts SET lease_deadline_us = 0 WHERE job_id = '{ids['SUCCEEDED']}'"
+            *STORED_ATTEMPTS,
+            f"UPDATE attempts SET lease_deadline_us = 0 WHERE job_id = '{ids['SUCCEEDED']}'",
+        ],
+        "success_from_lease_holder",
+    ),
+    "a success after the deadline its history set": (
+        lambda ids: [
+            "DROP TRIGGER events_no_update",
+            f"UPDATE events SET lease_deadline_us = 0 WHERE job_id = '{ids['SUCCEEDED']}'"
+            " AND event_type IN ('CLAIMED', 'HEARTBEAT')",
         ],
         "success_from_lease_holder",
     ),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from crashqueuelab import (
     StoreError,
 )
 from crashqueuelab.core.held import HeldLeases
-from crashqueuelab.core.models import Acknowledgement, ClaimedJob, Job
+from crashqueuelab.core.models import Acknowledgement, AttemptOutcome, ClaimedJob, Job
 from crashqueuelab.judges.invariants import check_database
 from crashqueuelab.judges.replay import replay_database
 from tests.conftest import LEASE_US, RETRY, START_US, QueueFactory, fingerprint, raw
@@ -331,20 +332,58 @@ def test_a_copy_kept_wrong_is_undone_and_the_batch_fenced_again(
     assert queue.get(claimed[1].job.job_id).state is JobState.LEASED
 
 
-def test_an_attempt_row_that_disagrees_with_its_job_fails_the_batch_and_writes_nothing(
+def test_a_guarded_write_that_misses_a_row_fails_the_batch_and_writes_nothing(
     make_queue: QueueFactory, db_path: Path
 ) -> None:
     """A guarded write that changes fewer rows than it must is a damaged store, not a stale
     lease: the batch raises and rolls back whole."""
-    queue = make_queue()
-    # The middle job's attempt closed, its job row still leased: no queue writes that.
-    claimed = _three_claimed_then(
-        queue, db_path, "UPDATE attempts SET outcome = 'FAILED', ended_at_us = 1 WHERE job_id = ?"
-    )
+    queue, other = make_queue(), make_queue(stream="other")
+    queue.submit_many(requests(3))
+    claimed = queue.claim_many(worker_id="w", lease_duration_us=LEASE_US, limit=3)
+    # A trigger that silently skips the middle job's update: no queue writes that.
+    conn = raw(db_path)
+    try:
+        conn.execute(
+            "CREATE TRIGGER skip_middle BEFORE UPDATE ON jobs"
+            f" WHEN old.job_id = '{claimed[1].job.job_id}' BEGIN SELECT RAISE(IGNORE); END"
+        )
+    finally:
+        conn.close()
     before = fingerprint(db_path)
-    with pytest.raises(StoreError, match="guarded attempt close changed 2 of 3 rows"):
-        queue.succeed_many([Acknowledgement(c.job.job_id, "w", c.lease_token) for c in claimed])
+    # Through a handle that kept no copies, so the batch is fenced from the rows alone.
+    with pytest.raises(StoreError, match="guarded success changed 2 of 3 rows"):
+        other.succeed_many([Acknowledgement(c.job.job_id, "w", c.lease_token) for c in claimed])
     assert fingerprint(db_path) == before
+
+
+def test_attempts_are_derived_from_the_events_and_cannot_be_written(
+    make_queue: QueueFactory, db_path: Path
+) -> None:
+    """The attempt rows are a view over the history: nothing can make them disagree with it."""
+    queue = make_queue()
+    queue.submit_many(requests(2))
+    claimed = queue.claim_many(worker_id="w", lease_duration_us=LEASE_US, limit=2)
+    queue.succeed_many([Acknowledgement(claimed[0].job.job_id, "w", claimed[0].lease_token)])
+    before = fingerprint(db_path)
+    conn = raw(db_path)
+    try:
+        for statement in (
+            "UPDATE attempts SET outcome = 'FAILED'",
+            "DELETE FROM attempts",
+            "INSERT INTO attempts (job_id, attempt) VALUES ('job-x', 1)",
+        ):
+            with pytest.raises(sqlite3.OperationalError, match="attempts because it is a view"):
+                conn.execute(statement)
+    finally:
+        conn.close()
+    assert fingerprint(db_path) == before
+    done, live = (queue.attempts(claim.job.job_id) for claim in claimed)
+    assert [(a.attempt, a.lease_token, a.outcome) for a in done] == [
+        (1, claimed[0].lease_token, AttemptOutcome.SUCCEEDED)
+    ]
+    assert [(a.lease_deadline_us, a.ended_at_us, a.outcome) for a in live] == [
+        (claimed[1].lease_deadline_us, None, None)
+    ]
 
 
 def test_a_heartbeat_through_another_handle_keeps_the_batch_lease_live(

@@ -26,7 +26,7 @@ def test_a_new_store_runs_in_wal_with_synchronous_full(db_path: Path) -> None:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2
         assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
     finally:
         conn.close()
 
@@ -74,7 +74,7 @@ def test_another_schema_version_is_refused(db_path: Path) -> None:
     before = fingerprint(db_path)
     with pytest.raises(SchemaMismatch) as caught:
         DurableQueue(db_path)
-    assert (caught.value.found, caught.value.expected) == (99, 2)
+    assert (caught.value.found, caught.value.expected) == (99, 3)
     assert fingerprint(db_path) == before
 
 

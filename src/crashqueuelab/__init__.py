@@ -14,6 +14,7 @@ from crashqueuelab.core.errors import (
     StaleReason,
     StoreError,
     StoreNotFound,
+    UpgradeRefused,
 )
 from crashqueuelab.core.hooks import Hook, Phase
 from crashqueuelab.core.ids import IdGenerator, RandomIds, SeededIds
@@ -29,6 +30,7 @@ from crashqueuelab.core.models import (
 )
 from crashqueuelab.core.queue import DurableQueue
 from crashqueuelab.core.retry import RetryPolicy
+from crashqueuelab.core.upgrade import UpgradeResult, upgrade_store
 from crashqueuelab.judges.invariants import InvariantReport, check_database
 from crashqueuelab.judges.replay import ReplayReport, replay_database
 
@@ -67,6 +69,9 @@ __all__ = [
     "StoreNotFound",
     "SubmitResult",
     "SystemClock",
+    "UpgradeRefused",
+    "UpgradeResult",
     "check_database",
     "replay_database",
+    "upgrade_store",
 ]

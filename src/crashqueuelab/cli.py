@@ -31,6 +31,7 @@ from crashqueuelab.core.models import to_json
 from crashqueuelab.core.payloads import parse_payload
 from crashqueuelab.core.queue import DurableQueue
 from crashqueuelab.core.retry import RetryPolicy
+from crashqueuelab.core.upgrade import upgrade_store
 from crashqueuelab.judges.invariants import check_database
 from crashqueuelab.judges.replay import replay_database
 from crashqueuelab.lab.bench.peers import BENCH_PEERS
@@ -201,6 +202,17 @@ def _replay(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         # As `history` says: replaying a job that does not exist is no proof of anything.
         raise JobNotFound(args.job_id)
     return (EXIT_OK if report.ok else EXIT_REJECTED), {"ok": report.ok, "replay": report.to_json()}
+
+
+def _upgrade(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    result = upgrade_store(args.database)
+    return EXIT_OK, {
+        "ok": True,
+        "upgraded": result.upgraded,
+        "from_version": result.from_version,
+        "to_version": result.to_version,
+        "attempts": result.attempts,
+    }
 
 
 def _check(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
@@ -656,6 +668,12 @@ def _database_commands(command: _Command) -> None:
     sub.add_argument("--job-id", default=None)
 
     command("check", _check, "evaluate every database-wide invariant")
+    command(
+        "upgrade",
+        _upgrade,
+        "bring a queue database of schema version 2 to the current version, in place"
+        " (stop its workers first)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -721,6 +739,7 @@ def _error_data(error: CrashQueueLabError) -> dict[str, Any]:
         "spec",
         "mode",
         "reason",
+        "mismatched_rows",
     ):
         if hasattr(error, name):
             value = getattr(error, name)

@@ -1,9 +1,10 @@
 """Set-oriented transitions for the batched paths.
 
 A batch is one transaction, but every job in it still gets its own guard, its own lease
-token, its own attempt row and its own event; the judges see no difference. What a batch
-saves is the commit (one fsync for all) and the per-row round trips from Python: rows are
-read with one query and written a chunk of rows per statement (multirow.py).
+token and its own event (which opens or ends its attempt); the judges see no difference.
+What a batch saves is the commit (one fsync for all) and the per-row round trips from
+Python: rows are read with one query and written a chunk of rows per statement
+(multirow.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from crashqueuelab.core.ids import IdGenerator
 from crashqueuelab.core.models import (
     Acknowledgement,
     AckResult,
-    AttemptOutcome,
     ClaimedJob,
     EventType,
     Job,
@@ -29,7 +29,6 @@ from crashqueuelab.core.multirow import RowsStatement, run_rows
 from crashqueuelab.core.records import filler
 from crashqueuelab.core.rows import JOB_COLUMNS, decode_job, decode_leased, finished_copy
 from crashqueuelab.core.schema import ACTIVE_JOBS
-from crashqueuelab.core.statements import OPEN_ATTEMPT_INTO
 
 _SELECT_READY = (
     f"SELECT {JOB_COLUMNS} FROM jobs WHERE {ACTIVE_JOBS} AND state = 'QUEUED'"
@@ -44,7 +43,6 @@ _LEASE = RowsStatement(
     " FROM v WHERE jobs.submit_seq = v.seq AND jobs.state = 'QUEUED'",
     width=2,
 )
-_OPEN_ATTEMPTS = RowsStatement(OPEN_ATTEMPT_INTO + "{rows}", width=6)
 # The whole live-lease rule, not only the token: a kept copy (held.py) may be wrong.
 _SUCCEED = RowsStatement(
     "WITH v(seq, worker, token) AS (VALUES {rows})"
@@ -52,13 +50,6 @@ _SUCCEED = RowsStatement(
     " lease_deadline_us = NULL, updated_at_us = ?"
     f" FROM v WHERE jobs.submit_seq = v.seq AND {live_lease_guard('v.worker', 'v.token')}",
     width=3,
-)
-_CLOSE_ATTEMPTS = RowsStatement(
-    "WITH v(id, number) AS (VALUES {rows})"
-    " UPDATE attempts SET ended_at_us = ?, outcome = ?, error = NULL"
-    " FROM v WHERE attempts.job_id = v.id AND attempts.attempt = v.number"
-    " AND attempts.outcome IS NULL",
-    width=2,
 )
 # The records a batch returns, one or two a job, made without their frozen __init__.
 _claimed = filler(ClaimedJob)
@@ -101,11 +92,6 @@ def lease_ready(
         ),
         len(pairs),
         "claim",
-    )
-    run_rows(
-        conn,
-        _OPEN_ATTEMPTS,
-        [(job.job_id, job.attempts, worker_id, token, now, deadline) for job, token in pairs],
     )
     append_events(
         conn,
@@ -227,16 +213,6 @@ def _succeed(
     if changed != len(accepted) and kept:
         raise _KeptCopyWrong
     _require_rows(changed, len(accepted), "success")
-    _require_rows(
-        run_rows(
-            conn,
-            _CLOSE_ATTEMPTS,
-            [(job.job_id, job.attempts) for job, _ in accepted],
-            (now, AttemptOutcome.SUCCEEDED.value),
-        ),
-        len(accepted),
-        "attempt close",
-    )
     append_events(
         conn,
         [

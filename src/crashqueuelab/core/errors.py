@@ -150,6 +150,21 @@ class HistoryUnprotected(StoreError):
         self.missing = missing
 
 
+class UpgradeRefused(StoreError):
+    """Raised when a store's stored attempt rows are not what its events say: upgrading it
+    would drop rows that nothing else records, so it is left as it was."""
+
+    kind = "UpgradeRefused"
+
+    def __init__(self, path: str, mismatched_rows: int) -> None:
+        super().__init__(
+            path,
+            f"{mismatched_rows} attempt rows differ from what the events say;"
+            " `crashqueuelab replay` names them",
+        )
+        self.mismatched_rows = mismatched_rows
+
+
 class SystemUnavailable(CrashQueueLabError):
     """Raised when a system under test cannot be found or its factory gives no system."""
 

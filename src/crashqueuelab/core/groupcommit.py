@@ -5,7 +5,7 @@ single claim or acknowledgement spends most of its turn in that fsync. So a writ
 in line posts its request (turns.py, requestslots.py), and the writer being served runs
 the requests posted right behind it inside its own transaction (``DurableQueue._carry``).
 A carried transition runs the same code as its writer would have and writes the same job
-row, attempt row and single event, under the same guards; only the COMMIT is shared.
+row and single event, under the same guards; only the COMMIT is shared.
 
 A claim's result is the claimed job's row (its writer needs the job as the claim left it,
 and the row may change as soon as the lease ends); an acknowledgement's is empty (a

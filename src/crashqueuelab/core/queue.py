@@ -1,7 +1,7 @@
 """DurableQueue: every transition is one short BEGIN IMMEDIATE transaction.
 
-Each transaction writes the job row, its attempt row where one is involved, and exactly
-one history event per job it changes, or nothing at all. No transaction ever contains a
+Each transaction writes the job row and exactly one history event per job it changes
+(the events also make the ``attempts`` view), or nothing at all. No transaction ever contains a
 handler or an external effect; that is the worker boundary's job.
 """
 
@@ -27,7 +27,6 @@ from crashqueuelab.core.models import (
     Acknowledgement,
     AckResult,
     Attempt,
-    AttemptOutcome,
     ClaimedJob,
     Event,
     EventType,
@@ -47,13 +46,10 @@ from crashqueuelab.core.rows import (
 from crashqueuelab.core.schema import ACTIVE_JOBS, QUEUE_SCHEMA
 from crashqueuelab.core.statements import (
     CLAIM_NEXT,
-    CLOSE_ATTEMPT,
     END_EXPIRED_LEASE,
     END_LIVE_LEASE,
-    EXTEND_ATTEMPT,
     EXTEND_LEASE,
     LEASE_EXPIRED_ERROR,
-    OPEN_ATTEMPT,
     PROMOTE,
     SELECT_DUE_RETRIES,
     SELECT_EXPIRED,
@@ -68,12 +64,6 @@ from crashqueuelab.core.validation import (
     require_int,
     require_name,
 )
-
-_OUTCOMES = {
-    EventType.SUCCEEDED: AttemptOutcome.SUCCEEDED,
-    EventType.FAILED: AttemptOutcome.FAILED,
-    EventType.LEASE_EXPIRED: AttemptOutcome.EXPIRED,
-}
 
 
 def _require_lease_arguments(job_id: str, worker_id: str, lease_token: str) -> None:
@@ -213,7 +203,7 @@ class DurableQueue(DatabaseHandle):
     def claim_many(self, *, worker_id: str, lease_duration_us: int, limit: int) -> list[ClaimedJob]:
         """Lease up to ``limit`` ready jobs to ``worker_id`` in one transaction.
 
-        Each job gets its own lease token, attempt row and CLAIMED event, exactly as if it
+        Each job gets its own lease token and CLAIMED event (its attempt), exactly as if it
         had been claimed alone; only the commit (and its fsync) is shared.
         """
         worker, lease, count = _require_batch_claim(worker_id, lease_duration_us, limit)
@@ -321,7 +311,6 @@ class DurableQueue(DatabaseHandle):
             if row is None:
                 self._explain_stale(job_id, worker_id, lease_token, now)
             job = decode_job(row)
-            conn.execute(EXTEND_ATTEMPT, (deadline, job.job_id, job.attempts))
             append_event(
                 conn,
                 job_id=job.job_id,
@@ -517,8 +506,8 @@ class DurableQueue(DatabaseHandle):
         if claimed is None:
             return None
         row = self.connection.execute(
-            "SELECT 1 FROM attempts WHERE job_id = ? AND lease_token = ?",
-            (claimed.job.job_id, token),
+            "SELECT 1 FROM events WHERE job_id = ? AND lease_token = ? AND event_type = ?",
+            (claimed.job.job_id, token, EventType.CLAIMED.value),
         ).fetchone()
         return claimed if row is not None else None
 
@@ -526,8 +515,8 @@ class DurableQueue(DatabaseHandle):
         """Whether the attempt holding ``lease_token`` already ended in success (as a
         vanished carrier of this acknowledgement may have committed)."""
         row = self.connection.execute(
-            "SELECT 1 FROM attempts WHERE job_id = ? AND lease_token = ? AND outcome = ?",
-            (job_id, lease_token, AttemptOutcome.SUCCEEDED.value),
+            "SELECT 1 FROM events WHERE job_id = ? AND lease_token = ? AND event_type = ?",
+            (job_id, lease_token, EventType.SUCCEEDED.value),
         ).fetchone()
         return row is not None
 
@@ -585,7 +574,6 @@ class DurableQueue(DatabaseHandle):
         if row is None:
             return None
         job = decode_job(row)
-        conn.execute(OPEN_ATTEMPT, (job.job_id, job.attempts, worker, token, now, deadline))
         append_event(
             conn,
             job_id=job.job_id,
@@ -677,15 +665,9 @@ class DurableQueue(DatabaseHandle):
         error: str | None,
         now: int,
     ) -> Job:
-        """Close the attempt and append the event for a lease that ``job`` (as updated) left."""
-        conn = self.connection
-        outcome = _OUTCOMES[event_type]
-        _require_applied(
-            conn.execute(CLOSE_ATTEMPT, (now, outcome.value, error, job.job_id, job.attempts)),
-            "attempt close",
-        )
+        """Append the event for a lease that ``job`` (as updated) left; it ends the attempt."""
         append_event(
-            conn,
+            self.connection,
             job_id=job.job_id,
             event_type=event_type,
             from_state=JobState.LEASED,

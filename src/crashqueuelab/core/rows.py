@@ -8,16 +8,14 @@ from typing import Any, TypeVar
 from crashqueuelab.core.errors import StoreError
 from crashqueuelab.core.models import Attempt, AttemptOutcome, Event, EventType, Job, JobState
 from crashqueuelab.core.records import filler
+from crashqueuelab.core.schema import ATTEMPT_FIELDS
 
 JOB_COLUMNS = (
     "job_id, submit_seq, idempotency_key, job_type, payload_json, payload_sha256, state,"
     " attempts, max_attempts, available_at_us, lease_worker_id, lease_token,"
     " lease_deadline_us, last_error, created_at_us, updated_at_us"
 )
-ATTEMPT_COLUMNS = (
-    "job_id, attempt, worker_id, lease_token, claimed_at_us, lease_deadline_us,"
-    " ended_at_us, outcome, error"
-)
+ATTEMPT_COLUMNS = ATTEMPT_FIELDS
 _E = TypeVar("_E", JobState, EventType, AttemptOutcome)
 
 EVENT_COLUMNS = (

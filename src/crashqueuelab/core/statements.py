@@ -33,17 +33,10 @@ SELECT_DUE_RETRIES = (
     " AND available_at_us <= ?"
     " ORDER BY available_at_us, submit_seq"
 )
-#: Opening attempts, up to the values: one row's (below) or a batch's list (batches.py).
-OPEN_ATTEMPT_INTO = (
-    "INSERT INTO attempts (job_id, attempt, worker_id, lease_token, claimed_at_us,"
-    " lease_deadline_us) VALUES "
-)
-OPEN_ATTEMPT = OPEN_ATTEMPT_INTO + "(?, ?, ?, ?, ?, ?)"
 EXTEND_LEASE = (
     "UPDATE jobs SET lease_deadline_us = ?, updated_at_us = ?"
     f" WHERE job_id = ? AND {LIVE_LEASE_GUARD} RETURNING {JOB_COLUMNS}"
 )
-EXTEND_ATTEMPT = "UPDATE attempts SET lease_deadline_us = ? WHERE job_id = ? AND attempt = ?"
 # Ending a lease clears its fields in the same statement that leaves LEASED. The holder's
 # own operations are guarded by the live-lease rule; recovery by the expired deadline.
 END_LEASE_SET = (
@@ -56,10 +49,6 @@ END_EXPIRED_LEASE = (
     f"{END_LEASE_SET} WHERE submit_seq = ? AND state = 'LEASED' AND lease_token = ?"
     " AND lease_deadline_us <= ?"
     f" RETURNING {JOB_COLUMNS}"
-)
-CLOSE_ATTEMPT = (
-    "UPDATE attempts SET ended_at_us = ?, outcome = ?, error = ?"
-    " WHERE job_id = ? AND attempt = ? AND outcome IS NULL"
 )
 PROMOTE = (
     "UPDATE jobs SET state = 'QUEUED', updated_at_us = ?"

@@ -84,7 +84,47 @@ def _check_identity(
             f"not a {spec.name} database",
             application_ids=(application_id, spec.application_id),
         )
-    raise SchemaMismatch(path, user_version, spec.version)
+    detail = ""
+    if spec.upgrade_from == user_version:
+        detail = f"`crashqueuelab upgrade --database {path}` brings it to version {spec.version}"
+    raise SchemaMismatch(path, user_version, spec.version, detail)
+
+
+def _make_durable(conn: sqlite3.Connection, name: str, busy_timeout_ms: int) -> None:
+    conn.execute("PRAGMA journal_mode = WAL")
+    _require_pragma(conn, name, "journal_mode", "wal")
+    conn.execute("PRAGMA synchronous = FULL")
+    _require_pragma(conn, name, "synchronous", _SYNCHRONOUS_FULL)
+    conn.execute("PRAGMA foreign_keys = ON")
+    _require_pragma(conn, name, "foreign_keys", 1)
+    conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+
+
+def open_for_upgrade(
+    path: str, spec: SchemaSpec, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS
+) -> tuple[sqlite3.Connection, int]:
+    """A durable connection to an existing database of kind ``spec`` at any version, and
+    that version (upgrade.py decides what to do with it). A file of another kind is refused
+    before anything in it is changed."""
+    try:
+        conn = sqlite3.connect(path, isolation_level=None, timeout=busy_timeout_ms / 1000)
+    except sqlite3.Error as error:
+        raise StoreError(path, f"cannot open: {error}") from None
+    try:
+        application_id, version, _ = _inspect(conn, path)
+        if application_id != spec.application_id:
+            raise SchemaMismatch(
+                path,
+                version,
+                spec.version,
+                f"not a {spec.name} database",
+                application_ids=(application_id, spec.application_id),
+            )
+        _make_durable(conn, path, busy_timeout_ms)
+    except BaseException:
+        conn.close()
+        raise
+    return conn, version
 
 
 def open_store(
@@ -110,13 +150,7 @@ def open_store(
             raise SchemaMismatch(
                 name, 0, spec.version, f"an empty file, not a {spec.name} database"
             )
-        conn.execute("PRAGMA journal_mode = WAL")
-        _require_pragma(conn, name, "journal_mode", "wal")
-        conn.execute("PRAGMA synchronous = FULL")
-        _require_pragma(conn, name, "synchronous", _SYNCHRONOUS_FULL)
-        conn.execute("PRAGMA foreign_keys = ON")
-        _require_pragma(conn, name, "foreign_keys", 1)
-        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        _make_durable(conn, name, busy_timeout_ms)
         # A larger page cache keeps the live part of big queues in memory (64 MiB at most).
         conn.execute("PRAGMA cache_size = -65536")
         if needs_schema:

@@ -1,8 +1,14 @@
 """Database-wide invariants, each with a stable name documented in docs/correctness.md.
 
-The checker loads one consistent read-only snapshot of the three tables and evaluates
-every invariant on it, reporting each with pass/fail and its violations (the first
+The checker loads one consistent read-only snapshot of the tables and evaluates every
+invariant on it, reporting each with pass/fail and its violations (the first
 ``MAX_LISTED`` of them, with the total count).
+
+A store of schema version 1 or 2 keeps an ``attempts`` table beside the events, and the
+invariants hold the two against each other. From version 3 the store only derives its
+attempts from the events (a view); the checker then derives them itself, from the events
+alone, and never reads the store's view: what it holds against the jobs is its own reading
+of the history.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ _LEGAL: dict[tuple[str, str | None], frozenset[str]] = {
     ("PROMOTED", "RETRY_SCHEDULED"): frozenset({"QUEUED"}),
 }
 _TRIGGERS = {"events_no_update": "UPDATE", "events_no_delete": "DELETE"}
+# How an event that ends an attempt names the attempt's outcome.
+_OUTCOME = {"SUCCEEDED": "SUCCEEDED", "FAILED": "FAILED", "LEASE_EXPIRED": "EXPIRED"}
 
 
 @dataclass(frozen=True)
@@ -204,7 +212,14 @@ def _lease_fields(snapshot: _Snapshot) -> Iterator[str]:
 
 
 def _tokens_unique(snapshot: _Snapshot) -> Iterator[str]:
-    tokens = Counter(row["lease_token"] for rows in snapshot.attempts.values() for row in rows)
+    tokens: Counter[str] = Counter()
+    for rows in snapshot.attempts.values():
+        for row in rows:
+            if row["lease_token"] is None:
+                # Only a claim forged into the history (a derived attempt) can lack one.
+                yield f"job {row['job_id']} attempt {row['attempt']} was claimed without a token"
+            else:
+                tokens[row["lease_token"]] += 1
     for token, count in sorted(tokens.items()):
         if count > 1:
             yield f"lease token {token} was issued {count} times"
@@ -314,8 +329,15 @@ def _load(conn: sqlite3.Connection) -> _Snapshot:
     conn.execute("BEGIN")
     try:
         jobs = rows("SELECT * FROM jobs ORDER BY submit_seq")
-        attempt_rows = rows("SELECT * FROM attempts ORDER BY job_id, attempt")
         events = rows("SELECT * FROM events ORDER BY seq")
+        stored = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'attempts'"
+        ).fetchone()
+        attempt_rows = (
+            rows("SELECT * FROM attempts ORDER BY job_id, attempt")
+            if stored
+            else derive_attempts(events)
+        )
         triggers = {
             name: sql or ""
             for name, sql in conn.execute(
@@ -338,6 +360,42 @@ def _load(conn: sqlite3.Connection) -> _Snapshot:
     for event in events:
         by_job.setdefault(event["job_id"], []).append(event)
     return _Snapshot(jobs, attempts, events, by_job, triggers, integrity, unique_indexes)
+
+
+def derive_attempts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The attempt rows that ``events`` (in ``seq`` order) describe, by job and attempt.
+
+    Each CLAIMED event opens one; a HEARTBEAT of the same attempt moves its deadline; a
+    SUCCEEDED, FAILED or LEASE_EXPIRED event of the same attempt ends it. An event naming
+    an attempt that no claim opened changes nothing here (other invariants report it).
+    """
+    opened: dict[tuple[str, int], dict[str, Any]] = {}
+    derived: list[dict[str, Any]] = []
+    for event in events:
+        key = (event["job_id"], event["attempt"])
+        kind = event["event_type"]
+        if kind == "CLAIMED":
+            opened[key] = {
+                "job_id": event["job_id"],
+                "attempt": event["attempt"],
+                "worker_id": event["worker_id"],
+                "lease_token": event["lease_token"],
+                "claimed_at_us": event["at_us"],
+                "lease_deadline_us": event["lease_deadline_us"],
+                "ended_at_us": None,
+                "outcome": None,
+                "error": None,
+            }
+            derived.append(opened[key])
+            continue
+        row = opened.get(key)
+        if row is None or row["outcome"] is not None:
+            continue
+        if kind == "HEARTBEAT":
+            row["lease_deadline_us"] = event["lease_deadline_us"]
+        elif kind in _OUTCOME:
+            row.update(ended_at_us=event["at_us"], outcome=_OUTCOME[kind], error=event["error"])
+    return sorted(derived, key=lambda row: (row["job_id"], row["attempt"]))
 
 
 def check_database(path: str | Path) -> InvariantReport:

@@ -11,8 +11,9 @@ from crashqueuelab.core.errors import NotADatabase, SchemaMismatch, StoreNotFoun
 # schema module cannot silently change what the judges accept.
 EXPECTED_APPLICATION_ID = 0x43514C31
 #: Versions 1 and 2 hold the same tables and columns (2 only writes its constraints
-#: differently), so a store kept from a run of either can be judged.
-READABLE_SCHEMA_VERSIONS = (1, 2)
+#: differently); version 3 derives its attempts from the events instead of storing them.
+#: A store kept from a run of any of them can be judged.
+READABLE_SCHEMA_VERSIONS = (1, 2, 3)
 
 
 def _read_only_uri(resolved: Path) -> str:

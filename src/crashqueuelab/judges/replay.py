@@ -4,6 +4,9 @@ This is a second, separately written state machine. It knows the five states, th
 event types and the legal transitions from the documentation (docs/state-machine.md), not
 from the queue's code, and it reports every place where the history and the materialised
 ``jobs``/``attempts`` rows disagree, or where the history itself makes an illegal move.
+From schema version 3 the store's ``attempts`` are a view over its events; replay holds
+its own reading of the events against what that view answers, as it held it against the
+stored rows of versions 1 and 2.
 """
 
 from __future__ import annotations
