@@ -1,12 +1,16 @@
 """Single-process throughput at synchronous=FULL: crashqueuelab against a textbook queue.
 
-    python benchmarks/core_throughput.py [--jobs 2000] [--runs 3] [--json out.json]
+    python benchmarks/core_throughput.py [--jobs 2000] [--runs 3] [--json out.json] [--sync-off]
 
 Both queues run on the same disk in the same run, alternating, so their ratio is
 meaningful on a shared, noisy machine. The textbook queue writes one row per job:
 claim = BEGIN IMMEDIATE; SELECT oldest queued; UPDATE leased; COMMIT, and
-complete = BEGIN IMMEDIATE; UPDATE succeeded; COMMIT. crashqueuelab also writes an
-attempt row and one history event per transition, fenced by worker id and lease token.
+complete = BEGIN IMMEDIATE; UPDATE succeeded; COMMIT. crashqueuelab also writes one
+history event per transition, fenced by worker id and lease token.
+
+``--sync-off`` runs both at synchronous=OFF (set on crashqueuelab's open connection, which
+the queue itself never allows): not durable, it shows what a transition costs besides its
+fsync.
 """
 
 from __future__ import annotations
@@ -26,12 +30,12 @@ from crashqueuelab import DurableQueue, ManualClock, SeededIds
 LEASE_US = 60_000_000
 
 
-def textbook(path: Path, jobs: int) -> tuple[float, float]:
+def textbook(path: Path, jobs: int, synchronous: str) -> tuple[float, float]:
     """(submits/s, claim+complete cycles/s) of the textbook queue."""
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute(f"PRAGMA synchronous = {synchronous}")
         conn.execute(
             "CREATE TABLE jobs (id INTEGER PRIMARY KEY, state TEXT NOT NULL,"
             " payload TEXT NOT NULL, lease_until INTEGER)"
@@ -78,9 +82,15 @@ def _submit_all(queue: DurableQueue, jobs: int) -> float:
     return jobs / (time.perf_counter() - started)
 
 
-def crashqueuelab(path: Path, jobs: int) -> tuple[float, float]:
+def _open(path: Path, synchronous: str) -> DurableQueue:
+    queue = DurableQueue(path, clock=ManualClock(1_000_000), ids=SeededIds(1, "bench"))
+    queue.connection.execute(f"PRAGMA synchronous = {synchronous}")
+    return queue
+
+
+def crashqueuelab(path: Path, jobs: int, synchronous: str) -> tuple[float, float]:
     """(submits/s, claim+succeed cycles/s) of DurableQueue's single-job path."""
-    with DurableQueue(path, clock=ManualClock(1_000_000), ids=SeededIds(1, "bench")) as queue:
+    with _open(path, synchronous) as queue:
         submit_rate = _submit_all(queue, jobs)
         started = time.perf_counter()
         done = 0
@@ -91,9 +101,9 @@ def crashqueuelab(path: Path, jobs: int) -> tuple[float, float]:
     return submit_rate, cycle_rate
 
 
-def crashqueuelab_chained(path: Path, jobs: int) -> tuple[float, float]:
+def crashqueuelab_chained(path: Path, jobs: int, synchronous: str) -> tuple[float, float]:
     """(submits/s, cycles/s) when each acknowledgement also leases the next job (one commit)."""
-    with DurableQueue(path, clock=ManualClock(1_000_000), ids=SeededIds(1, "bench")) as queue:
+    with _open(path, synchronous) as queue:
         submit_rate = _submit_all(queue, jobs)
         started = time.perf_counter()
         done = 0
@@ -122,12 +132,14 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument("--sync-off", action="store_true", help="synchronous=OFF, not durable")
     args = parser.parse_args()
+    synchronous = "OFF" if args.sync_off else "FULL"
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name in SYSTEMS}
     with tempfile.TemporaryDirectory(prefix="cql-bench-") as scratch:
         for run in range(args.runs):
             for name, measure in SYSTEMS.items():
-                rates = measure(Path(scratch) / f"{name}-{run}.sqlite", args.jobs)
+                rates = measure(Path(scratch) / f"{name}-{run}.sqlite", args.jobs, synchronous)
                 samples[name].append(rates)
                 print(
                     f"run {run + 1} {name:>21}: submit {rates[0]:8.0f}/s"
@@ -145,6 +157,7 @@ def main() -> int:
     result = {
         "jobs": args.jobs,
         "runs": args.runs,
+        "synchronous": synchronous,
         "sqlite": sqlite3.sqlite_version,
         "python": sys.version.split()[0],
         "medians": medians,
