@@ -12,6 +12,7 @@ import pytest
 from crashqueuelab.lab.chaos.accounting import judge_run
 from crashqueuelab.lab.chaos.schedule import FaultKind, plan
 from crashqueuelab.lab.chaos.supervisor import run_chaos
+from crashqueuelab.lab.chaos.worklog import SHARED_COMMIT_COUNTS, WorkerLog
 from crashqueuelab.systems import resolve_system
 
 
@@ -53,6 +54,8 @@ def test_a_small_chaos_run_loses_and_duplicates_nothing(
     assert accounting["acknowledged_twice"] == 0
     assert accounting["anomalies"] == []
     assert all(accounting["integrity_check_ok"].values())
+    # Batches are not carried: the system shares commits, but none was shared.
+    assert accounting["shared_commits"] == dict.fromkeys(SHARED_COMMIT_COUNTS, 0)
     assert report["system"]["name"] == "sqlite"
     assert json.loads((directory / "chaos.json").read_text())["accounting"] == accounting
     kills = [f for f in report["faults"] if f["kind"] == "SIGKILL"]
@@ -95,6 +98,9 @@ def test_killed_workers_on_the_single_calls_lose_and_duplicate_nothing(tmp_path:
     assert (accounting["lost"], accounting["dead"], accounting["duplicated_effects"]) == (0, 0, 0)
     assert accounting["acknowledged_twice"] == 0
     assert accounting["judge_ok"] is True
+    shared = accounting["shared_commits"]
+    assert shared["carried_by_others"] > 0
+    assert shared["carried_for_others"] > 0
 
 
 def test_the_accounting_notices_lost_duplicated_and_unexpected_work(
@@ -172,6 +178,7 @@ def test_a_single_owner_system_is_killed_paused_and_restarted_as_the_owner(
     assert accounting["judge"].startswith("crashqueuelab.judges.walfiles")
     # The owner was stopped past its leases; its late acknowledgements were refused.
     assert accounting["stale_operations_rejected"] >= 1
+    assert accounting["shared_commits"] is None
 
 
 @pytest.mark.parametrize(
@@ -207,3 +214,15 @@ def test_a_short_run_says_which_faults_it_could_not_deliver(tmp_path: Path) -> N
         assert f"{missing} of 6 planned SIGSTOPs not delivered" in report["reasons"][0]
     else:
         assert report["reasons"] == []
+
+
+def test_the_group_commit_counts_of_a_log_add_up_and_a_torn_line_is_ignored() -> None:
+    log = WorkerLog()
+    log.add("commits 0 0 0 0 1.0\ncommits 2 1 0 1 2.0\ncommits x 1 0 0 3.0\ncommits 1 0 1 0 4.0\n")
+    assert log.shared_commits == {
+        "carried_for_others": 3,
+        "carried_by_others": 1,
+        "carrier_vanished_applied": 1,
+        "carrier_vanished_rerun": 1,
+    }
+    assert WorkerLog().shared_commits is None

@@ -21,6 +21,7 @@ import pytest
 from crashqueuelab import DurableQueue, JobState, ManualClock, SeededIds, StaleLease
 from crashqueuelab.core import groupcommit, requestslots
 from crashqueuelab.core import turns as turns_module
+from crashqueuelab.core.groupcommit import SharedCommits
 from crashqueuelab.core.hooks import Phase
 from crashqueuelab.core.locking import begin_immediate
 from crashqueuelab.core.requestslots import SlotState
@@ -58,6 +59,8 @@ class Follower:
         #: Set once the line reached the follower's own ticket.
         self.served = threading.Event()
         self.result: Any = None
+        #: The follower queue's group-commit counts once its call returned.
+        self.shared = SharedCommits()
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(open_queue, call), daemon=True)
         self._thread.start()
@@ -70,6 +73,7 @@ class Follower:
             with open_queue() as queue:
                 _announce_waits(queue._turns, self.posted, self.served)
                 self.result = call(queue)
+                self.shared = queue.shared_commits
         except BaseException as error:  # handed to the test, which re-raises it
             self.error = error
             self.posted.set()
@@ -157,6 +161,14 @@ def _carry_and_vanish(carrier: DurableQueue, ticket: int, stage: str) -> None:
     carrier._turns.close()
 
 
+def _vanished(stage: str) -> SharedCommits:
+    """What a follower counts when its carrier vanished at ``stage``."""
+    committed = stage == "committed"
+    return SharedCommits(
+        carrier_vanished_applied=int(committed), carrier_vanished_rerun=int(not committed)
+    )
+
+
 def test_a_waiting_claim_and_acknowledgement_ride_the_carriers_commit(
     carrier: DurableQueue, follower: Opener, phases: list[Phase], db_path: Path
 ) -> None:
@@ -171,9 +183,12 @@ def test_a_waiting_claim_and_acknowledgement_ride_the_carriers_commit(
     assert claimed.lease_deadline_us == claimed.job.lease_deadline_us
     # The follower's own transaction never ran: no BEFORE_* phase fired in it.
     assert phases == [Phase.AFTER_CLAIM_COMMIT]
+    assert waiting.shared == SharedCommits(carried_by_others=1)
 
     waiting = _behind_a_commit(carrier, follower, _succeed(job_id, claimed.lease_token))
     done = waiting.join()
+    assert waiting.shared == SharedCommits(carried_by_others=1)
+    assert carrier.shared_commits == SharedCommits(carried_for_others=2)
     assert done.state is JobState.SUCCEEDED
     assert done == carrier.get(job_id)
     assert phases == [Phase.AFTER_CLAIM_COMMIT, Phase.AFTER_SUCCESS_COMMIT]
@@ -209,6 +224,7 @@ def test_a_carrier_that_rolls_back_gives_the_request_back(
     # Given back, the follower kept its place and ran the claim in its own turn.
     claimed = waiting.join()
     assert claimed.job.job_id == job_id
+    assert waiting.shared == carrier.shared_commits == SharedCommits()
     assert phases == [Phase.BEFORE_CLAIM_COMMIT, Phase.AFTER_CLAIM_COMMIT]
     assert _event_types(carrier, job_id) == ["SUBMITTED", "CLAIMED"]
 
@@ -224,6 +240,7 @@ def test_a_carrier_that_vanishes_leaves_the_follower_what_its_commit_did(
     claimed = waiting.join()
     assert claimed.job.job_id == job_id
     assert claimed.job.lease_worker_id == "wf"
+    assert waiting.shared == _vanished(stage)
     before = [] if stage == "committed" else [Phase.BEFORE_CLAIM_COMMIT]
     assert phases == [*before, Phase.AFTER_CLAIM_COMMIT]
     assert _event_types(carrier, job_id) == ["SUBMITTED", "CLAIMED"]
@@ -272,6 +289,7 @@ def test_an_acknowledgement_whose_carrier_vanished_is_applied_once(
     waiting = Follower(follower, _succeed(job_id, claimed.lease_token))
     _carry_and_vanish(carrier, ticket, stage)
     assert waiting.join().state is JobState.SUCCEEDED
+    assert waiting.shared == _vanished(stage)
     before = [] if stage == "committed" else [Phase.BEFORE_SUCCESS_COMMIT]
     assert phases == [*before, Phase.AFTER_SUCCESS_COMMIT]
     assert _event_types(carrier, job_id) == ["SUBMITTED", "CLAIMED", "SUCCEEDED"]
@@ -320,6 +338,7 @@ def test_a_chained_call_whose_carrier_vanished_is_applied_once(
     done, next_claim = waiting.join()
     assert done.state is JobState.SUCCEEDED
     assert next_claim.job.job_id == next_id
+    assert waiting.shared == _vanished(stage)
     before = [Phase.BEFORE_SUCCESS_COMMIT, Phase.BEFORE_CLAIM_COMMIT]
     if stage == "committed":
         before = []

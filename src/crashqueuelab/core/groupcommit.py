@@ -33,6 +33,22 @@ _STATE = _JOB_FIELDS.index("state")
 _NO_JOB = b"null"
 
 
+@dataclass
+class SharedCommits:
+    """What group commit did for one queue handle since it opened, for reports (the chaos
+    workers log it): the evidence that the commits were shared, and that the window where
+    a carrier vanishes with a request taken was crossed, and how each such request ended."""
+
+    #: Other writers' transitions that this handle's commits carried.
+    carried_for_others: int = 0
+    #: This handle's transitions that another writer's commit carried.
+    carried_by_others: int = 0
+    #: This handle's requests taken by a carrier that then vanished (died, or was skipped
+    #: as stuck) before finishing them: found committed by the carrier, or run again here.
+    carrier_vanished_applied: int = 0
+    carrier_vanished_rerun: int = 0
+
+
 @dataclass(frozen=True)
 class ClaimRequest:
     worker_id: str

@@ -7,6 +7,7 @@ handler or an external effect; that is the worker boundary's job.
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -128,6 +129,7 @@ class DurableQueue(DatabaseHandle):
         self._hook: Hook = hook if hook is not None else no_hook
         self._held = HeldLeases()
         self._group_commit = hook is None if group_commit is None else group_commit
+        self._shared = groupcommit.SharedCommits()
 
     # -- producer --------------------------------------------------------------------------
 
@@ -192,6 +194,7 @@ class DurableQueue(DatabaseHandle):
         with self._transaction(served):
             noted = self._reclaim(served)
             claimed = None if noted is None else self._claim_committed(noted, token)
+            self._count_vanished(noted, applied=claimed is not None)
             if claimed is None:
                 claimed = self._lease_next(worker, lease, now, token)
                 if claimed is None:
@@ -279,7 +282,9 @@ class DurableQueue(DatabaseHandle):
             served = entry
         with self._transaction(served):
             noted = self._reclaim(served)
-            if noted is not None and self._succeeded_by(job_id, lease_token):
+            applied = noted is not None and self._succeeded_by(job_id, lease_token)
+            self._count_vanished(noted, applied=applied)
+            if noted is not None and applied:
                 done, claimed = self.get(job_id), self._claim_committed(noted, token)
             else:
                 done = self._succeed_live_lease(job_id, worker_id, lease_token, now)
@@ -346,7 +351,10 @@ class DurableQueue(DatabaseHandle):
                 return done
             served = entry
         with self._transaction(served):
-            if self._reclaim(served) is not None and self._succeeded_by(job_id, lease_token):
+            noted = self._reclaim(served)
+            applied = noted is not None and self._succeeded_by(job_id, lease_token)
+            self._count_vanished(noted, applied=applied)
+            if applied:
                 done = self.get(job_id)
             else:
                 done = self._succeed_live_lease(job_id, worker_id, lease_token, now)
@@ -441,11 +449,28 @@ class DurableQueue(DatabaseHandle):
             turns=self._turns,
             served=served,
             carrier=self._carry,
+            shared=self._shared,
         )
 
     def _enter(self, request: Callable[[], bytes]) -> Served | Carried:
         _ = self.connection  # a closed queue, or one opened in another process, is refused first
-        return self._turns.enter(request, timeout_s=self._timeout_ms / 1000)
+        entry = self._turns.enter(request, timeout_s=self._timeout_ms / 1000)
+        if isinstance(entry, Carried):
+            self._shared.carried_by_others += 1
+        return entry
+
+    def _count_vanished(self, noted: bytes | None, *, applied: bool) -> None:
+        if noted is None:
+            return
+        if applied:
+            self._shared.carrier_vanished_applied += 1
+        else:
+            self._shared.carrier_vanished_rerun += 1
+
+    @property
+    def shared_commits(self) -> groupcommit.SharedCommits:
+        """A copy of the group-commit counts of this handle since it opened."""
+        return dataclasses.replace(self._shared)
 
     def _carry(self, taken: list[tuple[int, bytes]]) -> list[bytes | None]:
         """Run the requests of the writers behind this one, in this transaction.

@@ -20,6 +20,7 @@ from crashqueuelab.core.errors import (
     StoreError,
     StoreNotFound,
 )
+from crashqueuelab.core.groupcommit import SharedCommits
 from crashqueuelab.core.locking import begin_immediate
 from crashqueuelab.core.schema import QUEUE_SCHEMA, SchemaSpec
 from crashqueuelab.core.turns import Served, TurnLock
@@ -181,6 +182,7 @@ def write_transaction(
     turns: TurnLock | None = None,
     served: Served | None = None,
     carrier: Carrier | None = None,
+    shared: SharedCommits | None = None,
 ) -> Iterator[sqlite3.Connection]:
     """BEGIN IMMEDIATE ... COMMIT, rolled back on any exception (simulated crashes included).
 
@@ -191,12 +193,14 @@ def write_transaction(
     wait is bounded by ``timeout_ms``. With a ``carrier``, the transaction first runs the
     requests that the writers right behind it in line posted, so its one commit (and
     fsync) serves them too (group commit); a rollback gives them back to their writers.
+    ``shared`` counts the requests carried once the commit returned.
     """
     timeout_s = timeout_ms / 1000
     ticket = None
     if turns is not None:
         ticket = served.ticket if served is not None else turns.acquire(timeout_s=timeout_s)
     carried: list[int] = []
+    applied = 0
     try:
         begin_immediate(conn, timeout_s=timeout_s)
         try:
@@ -204,9 +208,13 @@ def write_transaction(
                 taken = turns.take(ticket, limit=CARRY_LIMIT, timeout_s=timeout_s)
                 carried = [behind for behind, _ in taken]
                 if taken:
-                    turns.note(list(zip(carried, carrier(taken), strict=True)), timeout_s=timeout_s)
+                    results = carrier(taken)
+                    applied = sum(result is not None for result in results)
+                    turns.note(list(zip(carried, results, strict=True)), timeout_s=timeout_s)
             yield conn
             conn.execute("COMMIT")
+            if shared is not None:
+                shared.carried_for_others += applied
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")

@@ -140,6 +140,20 @@ class QueueClient(Protocol):
 
 
 @runtime_checkable
+class CommitSharingClient(Protocol):
+    """A client whose store lets one process's commit carry other processes' transitions
+    (group commit), and counts it."""
+
+    def shared_commits(self) -> dict[str, int]:
+        """Counts since the client opened: ``carried_for_others`` (other writers'
+        transitions this client's commits carried), ``carried_by_others`` (this client's
+        transitions another writer's commit carried), ``carrier_vanished_applied`` and
+        ``carrier_vanished_rerun`` (requests taken by a carrier that died before finishing
+        them: found committed by it, or run again by this client)."""
+        ...
+
+
+@runtime_checkable
 class ChainingClient(Protocol):
     """A client whose acknowledgement can also lease the worker's next job, in one commit
     (``Capabilities.chained``): two transitions, two events, one fsync."""

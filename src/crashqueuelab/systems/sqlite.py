@@ -4,6 +4,7 @@ its crash points: the one place where that knowledge lives (docs/fault-model.md 
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
@@ -100,6 +101,9 @@ class SqliteClient:
             ]
         )
         return [result.job.job_id for result in results]
+
+    def shared_commits(self) -> dict[str, int]:
+        return dataclasses.asdict(self.queue.shared_commits)
 
     def claim(self, worker_id: str, lease_us: int) -> Claim | None:
         claimed = self.queue.claim(worker_id=worker_id, lease_duration_us=lease_us)

@@ -16,7 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from crashqueuelab.judges.readonly import open_read_only
-from crashqueuelab.lab.chaos.worklog import WorkerLog, accepted_per_key, read_logs
+from crashqueuelab.lab.chaos.worklog import (
+    WorkerLog,
+    accepted_per_key,
+    read_logs,
+    shared_commit_totals,
+)
 from crashqueuelab.lab.effects import LEDGER_SCHEMA
 from crashqueuelab.lab.readings import read_store
 from crashqueuelab.systems.contract import JobStatus, System
@@ -127,6 +132,7 @@ def judge_run(
         "redelivered_executions": executions_total - len(execution_counts),
         "absorbed_duplicates": absorbed,
         "stale_operations_rejected": stale_rejections(logs),
+        "shared_commits": shared_commit_totals(logs),
         "acknowledged_twice": len(double_acks),
         "judge": reading.judge,
         "judge_ok": reading.ok,

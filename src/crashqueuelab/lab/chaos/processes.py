@@ -13,13 +13,21 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from crashqueuelab.core.clock import SystemClock
 from crashqueuelab.core.ids import RandomIds
 from crashqueuelab.core.retry import RetryPolicy
+from crashqueuelab.lab.chaos.worklog import SHARED_COMMIT_COUNTS
 from crashqueuelab.lab.effects import Destination, EffectLedger
 from crashqueuelab.lab.inheritance import Inherited
-from crashqueuelab.systems.contract import Claim, OpenRequest, QueueClient, Verdict
+from crashqueuelab.systems.contract import (
+    Claim,
+    CommitSharingClient,
+    OpenRequest,
+    QueueClient,
+    Verdict,
+)
 from crashqueuelab.systems.registry import resolve_system
 
 #: How long an idle worker or the maintenance loop waits before looking again.
@@ -102,6 +110,32 @@ def _succeed(client: QueueClient, spec: WorkerSpec, claims: list[Claim]) -> list
     return client.succeed_many(claims)
 
 
+class _SharedCommitsLog:
+    """Writes a ``commits`` line (worklog.py) whenever the client's group-commit counts
+    moved, with how much; a client that does not share commits writes none."""
+
+    def __init__(self, client: QueueClient, log: TextIO) -> None:
+        self._client = client if isinstance(client, CommitSharingClient) else None
+        self._log = log
+        self._last = dict.fromkeys(SHARED_COMMIT_COUNTS, 0)
+        if self._client is not None:
+            # Zeros first: the report then knows the system shares commits, even if none was.
+            self._write(self._last)
+
+    def note(self) -> None:
+        if self._client is None:
+            return
+        counts = self._client.shared_commits()
+        moved = {name: counts[name] - self._last[name] for name in SHARED_COMMIT_COUNTS}
+        if any(moved.values()):
+            self._last = {name: counts[name] for name in SHARED_COMMIT_COUNTS}
+            self._write(moved)
+
+    def _write(self, counts: dict[str, int]) -> None:
+        values = " ".join(str(counts[name]) for name in SHARED_COMMIT_COUNTS)
+        self._log.write(f"commits {values} {time.monotonic():.6f}\n")
+
+
 def _work(spec: WorkerSpec) -> None:
     client = open_client(spec.system, spec.files.store)
     effects = EffectLedger(spec.files.effects, destination=Destination.IDEMPOTENT, create=False)
@@ -112,11 +146,13 @@ def _work(spec: WorkerSpec) -> None:
     idle = False
     try:
         with effects, executions, Path(spec.log).open("a", buffering=1) as log:
+            shared = _SharedCommitsLog(client, log)
             while True:
                 if spec.does_maintenance and time.monotonic() >= next_recovery:
                     client.recover()
                     next_recovery = time.monotonic() + OWNER_RECOVERY_EVERY_S
                 claims = _claim(client, spec)
+                shared.note()
                 if not claims:
                     if client.active_count() == 0:
                         if Path(spec.release_file).exists():
@@ -143,6 +179,7 @@ def _work(spec: WorkerSpec) -> None:
                     log.write(f"acking {claim.key} {claim.token} {time.monotonic():.6f}\n")
                 verdicts = _succeed(client, spec, claims)
                 answered = time.monotonic()
+                shared.note()
                 for claim, verdict in zip(claims, verdicts, strict=True):
                     log.write(f"{_answer(verdict)} {claim.key} {claim.token} {answered:.6f}\n")
     finally:

@@ -11,8 +11,11 @@ Line format: ``claim KEY TOKEN T`` once the claim returned; ``acking KEY TOKEN T
 before the acknowledgement is sent (from then on the lease may be gone at any moment, so a
 worker stopped there is not counted as holding it); ``ack KEY TOKEN T`` or ``stale KEY TOKEN
 T`` with the system's answer; ``idle T`` once, when the worker first found no unfinished job
-left while faults were still planned. ``T`` is ``time.monotonic()``, one clock for every process of
-the machine, so the report can place every line on the run's timeline.
+left while faults were still planned; ``commits FOR BY APPLIED RERUN T`` where the system
+shares commits between processes (group commit): once with zeros when the worker starts,
+then whenever a call changed the counts, by how much (``SHARED_COMMIT_COUNTS``, in order).
+``T`` is ``time.monotonic()``, one clock for every process of the machine, so the report can
+place every line on the run's timeline.
 """
 
 from __future__ import annotations
@@ -23,6 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 LOG_SUFFIX = ".log"
+#: The counts a ``commits`` line carries, in order (``CommitSharingClient``).
+SHARED_COMMIT_COUNTS = (
+    "carried_for_others",
+    "carried_by_others",
+    "carrier_vanished_applied",
+    "carrier_vanished_rerun",
+)
 
 
 @dataclass
@@ -42,6 +52,8 @@ class WorkerLog:
     #: When the first and the last line were written.
     first_at: float | None = None
     last_at: float | None = None
+    #: The group-commit counts of every ``commits`` line added up (None: no such line).
+    shared_commits: Counter[str] | None = None
 
     def held(self) -> set[tuple[str, str]]:
         """Claims whose acknowledgement has not started: leases this worker surely holds."""
@@ -57,6 +69,8 @@ class WorkerLog:
         }
         for line in text.splitlines():
             parts = line.split(" ")
+            if len(parts) == 2 + len(SHARED_COMMIT_COUNTS) and parts[0] == "commits":
+                self._add_commits(parts[1:-1])
             if len(parts) == 2 and parts[0] == "idle" and self.idle_at is None:
                 try:
                     self.idle_at = float(parts[1])
@@ -73,6 +87,24 @@ class WorkerLog:
                 self.events.append((at, parts[0], parts[1], parts[2]))
                 if parts[0] == "ack":
                     self.ack_times.append(at)
+
+    def _add_commits(self, counts: list[str]) -> None:
+        try:
+            values = [int(count) for count in counts]
+        except ValueError:
+            return
+        if self.shared_commits is None:
+            self.shared_commits = Counter(dict.fromkeys(SHARED_COMMIT_COUNTS, 0))
+        self.shared_commits.update(dict(zip(SHARED_COMMIT_COUNTS, values, strict=True)))
+
+
+def shared_commit_totals(logs: dict[str, WorkerLog]) -> dict[str, int] | None:
+    """Every worker's group-commit counts added up; None when no worker logged any (a
+    system that does not share commits)."""
+    counted = [log.shared_commits for log in logs.values() if log.shared_commits is not None]
+    if not counted:
+        return None
+    return {name: sum(counts[name] for counts in counted) for name in SHARED_COMMIT_COUNTS}
 
 
 def _complete(data: bytes) -> bytes:

@@ -389,6 +389,7 @@ def chaos_view(run_dir: Path) -> View:
         ),
         ("repeats absorbed by the idempotent ledger", f"{accounting['absorbed_duplicates']:,}", ""),
         ("acknowledgements refused (fencing)", f"{accounting['stale_operations_rejected']:,}", ""),
+        *_shared_commit_rows(accounting.get("shared_commits")),
         ("jobs acknowledged twice", str(accounting["acknowledged_twice"]), "must be 0"),
         (
             "kills / pauses / power cuts delivered",
@@ -434,6 +435,27 @@ def chaos_view(run_dir: Path) -> View:
             "power_cuts": cuts,
         },
     )
+
+
+def _shared_commit_rows(shared: dict[str, int] | None) -> list[tuple[str, str, str]]:
+    """The group-commit figures, for a system that shares commits between processes."""
+    if shared is None:
+        return []
+    vanished = shared["carrier_vanished_applied"] + shared["carrier_vanished_rerun"]
+    return [
+        (
+            "transitions carried by another worker's commit",
+            f"{shared['carried_by_others']:,}",
+            f"the carriers logged {shared['carried_for_others']:,}"
+            " (one killed between its commit and its log line could not)",
+        ),
+        (
+            "requests whose carrier died holding them",
+            f"{vanished:,}",
+            f"{shared['carrier_vanished_applied']:,} found committed by it,"
+            f" {shared['carrier_vanished_rerun']:,} run again by their worker",
+        ),
+    ]
 
 
 def _chaos_lanes(
