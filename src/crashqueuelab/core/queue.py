@@ -1,8 +1,8 @@
 """DurableQueue: every transition is one short BEGIN IMMEDIATE transaction.
 
 Each transaction writes the job row and exactly one history event per job it changes
-(the events also make the ``attempts`` view), or nothing at all. No transaction ever contains a
-handler or an external effect; that is the worker boundary's job.
+(the events also make the ``attempts`` view), or nothing at all. No transaction ever
+contains a handler or an external effect; that is the worker boundary's job.
 """
 
 from __future__ import annotations
