@@ -13,6 +13,8 @@ import pytest
 
 from crashqueuelab import cli
 from crashqueuelab.lab.campaign import campaign_order, run_campaign
+from crashqueuelab.lab.casework import death_record, death_summary
+from crashqueuelab.lab.children import CHILD_STDERR, ChildRun
 from crashqueuelab.lab.demo import run_demo
 from crashqueuelab.lab.faults import InjectedCrash, raise_at
 from crashqueuelab.lab.mutants.catalog import MUTANTS
@@ -224,3 +226,23 @@ def test_the_uninterrupted_workload_finishes_both_jobs(tmp_path: Path, system: S
     assert reading.ok is True
     assert {job.status.value for job in reading.jobs.values()} == {"succeeded"}
     assert len(reading.jobs) == 2
+
+
+def test_a_child_that_died_of_an_error_says_which(tmp_path: Path) -> None:
+    """A child that did not reach its crash point is reported with the last line it wrote
+    to stderr: a traceback's last line names the exception."""
+    point = resolve_system("sqlite").crash_points[0]
+    failed = ChildRun(exit_code=1, timed_out=False, elapsed_ms=3.0)
+    (tmp_path / CHILD_STDERR).write_text(
+        "Traceback (most recent call last):\n  File ...\nOSError: [Errno 5] Input/output error\n\n"
+    )
+    death = death_record("c", point, failed, None, tmp_path)
+    assert death["died_at_fault_point"] is False
+    assert death["child_error"] == "OSError: [Errno 5] Input/output error"
+    assert death_summary(death) == (
+        "exit 1, last words None, it said 'OSError: [Errno 5] Input/output error'"
+    )
+    (tmp_path / CHILD_STDERR).unlink()
+    silent = death_record("c", point, failed, None, tmp_path)
+    assert silent["child_error"] is None
+    assert death_summary(silent) == "exit 1, last words None"

@@ -35,6 +35,7 @@ from crashqueuelab.lab.casework import (
     continuity,
     crash_signature,
     death_record,
+    death_summary,
     kill_children,
     new_case,
     recover_or_report,
@@ -265,7 +266,7 @@ def anomalies_of(report: dict[str, Any]) -> list[str]:
             continue
         reasons = []
         if not case["died_at_fault_point"]:
-            reasons.append(f"exit {case['exit_code']}, last words {case['last_words']}")
+            reasons.append(death_summary(case))
         if not case["crash_state_matches_point"]:
             reasons.append(
                 f"crash state {case['crash_state']['signature']} "

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from crashqueuelab.lab.children import (
+    CHILD_STDERR,
     CHILD_TIMEOUT_S,
     CRASH_EXIT_CODE,
     ChildRun,
@@ -63,7 +64,26 @@ def death_record(
         "timed_out": child.timed_out or bool(prelude and prelude["timed_out"]),
         "last_words": last_words,
         "died_at_fault_point": died,
+        "child_error": None if died else child_error(case_dir),
     }
+
+
+def child_error(case_dir: Path) -> str | None:
+    """The last line a child wrote to its stderr (a traceback's last line names the
+    exception), so that a child that died of anything but its crash point says why."""
+    try:
+        text = (case_dir / CHILD_STDERR).read_text(errors="replace")
+    except OSError:
+        return None
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else None
+
+
+def death_summary(death: dict[str, Any]) -> str:
+    """One line for a child that did not die where it was sent: its exit, last words and
+    last error line."""
+    said = f", it said {death['child_error']!r}" if death.get("child_error") else ""
+    return f"exit {death['exit_code']}, last words {death['last_words']}{said}"
 
 
 def _kill_at(case_dir: Path, spec: str, point: str, seed: int, case_id: str) -> ChildRun:

@@ -22,6 +22,7 @@ from crashqueuelab.lab.casework import (
     continuity,
     crash_signature,
     death_record,
+    death_summary,
     kill_children,
     new_case,
     recover_or_report,
@@ -189,7 +190,7 @@ def run_power_loss_case(
     death = death_record(case_id, point, child, prelude, case_dir)
     anomalies = []
     if not death["died_at_fault_point"]:
-        anomalies.append(f"exit {child.exit_code}, last words {death['last_words']}")
+        anomalies.append(death_summary(death))
     anomalies += [f"{s['choice']}: {line}" for s in states for line in s["anomalies"]]
     relative = case_dir.relative_to(output_dir)
     report = {
