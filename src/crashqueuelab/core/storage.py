@@ -78,17 +78,28 @@ def _check_identity(
     if application_id == 0 and user_version == 0 and objects == 0:
         return True
     if application_id != spec.application_id:
-        raise SchemaMismatch(
-            path,
-            user_version,
-            spec.version,
-            f"not a {spec.name} database",
-            application_ids=(application_id, spec.application_id),
-        )
+        raise _foreign(path, spec, application_id, user_version)
     detail = ""
     if spec.upgrade_from == user_version:
         detail = f"`crashqueuelab upgrade --database {path}` brings it to version {spec.version}"
     raise SchemaMismatch(path, user_version, spec.version, detail)
+
+
+def _foreign(path: str, spec: SchemaSpec, application_id: int, version: int) -> SchemaMismatch:
+    return SchemaMismatch(
+        path,
+        version,
+        spec.version,
+        f"not a {spec.name} database",
+        application_ids=(application_id, spec.application_id),
+    )
+
+
+def _connect(path: str, busy_timeout_ms: int) -> sqlite3.Connection:
+    try:
+        return sqlite3.connect(path, isolation_level=None, timeout=busy_timeout_ms / 1000)
+    except sqlite3.Error as error:
+        raise StoreError(path, f"cannot open: {error}") from None
 
 
 def _make_durable(conn: sqlite3.Connection, name: str, busy_timeout_ms: int) -> None:
@@ -107,20 +118,11 @@ def open_for_upgrade(
     """A durable connection to an existing database of kind ``spec`` at any version, and
     that version (upgrade.py decides what to do with it). A file of another kind is refused
     before anything in it is changed."""
-    try:
-        conn = sqlite3.connect(path, isolation_level=None, timeout=busy_timeout_ms / 1000)
-    except sqlite3.Error as error:
-        raise StoreError(path, f"cannot open: {error}") from None
+    conn = _connect(path, busy_timeout_ms)
     try:
         application_id, version, _ = _inspect(conn, path)
         if application_id != spec.application_id:
-            raise SchemaMismatch(
-                path,
-                version,
-                spec.version,
-                f"not a {spec.name} database",
-                application_ids=(application_id, spec.application_id),
-            )
+            raise _foreign(path, spec, application_id, version)
         _make_durable(conn, path, busy_timeout_ms)
     except BaseException:
         conn.close()
@@ -141,10 +143,7 @@ def open_store(
         if not create:
             raise StoreNotFound(name)
         Path(name).parent.mkdir(parents=True, exist_ok=True)
-    try:
-        conn = sqlite3.connect(name, isolation_level=None, timeout=busy_timeout_ms / 1000)
-    except sqlite3.Error as error:
-        raise StoreError(name, f"cannot open: {error}") from None
+    conn = _connect(name, busy_timeout_ms)
     try:
         needs_schema = _check_identity(name, spec, *_inspect(conn, name))
         if needs_schema and not create:
