@@ -1,5 +1,6 @@
-"""walqueue on this disk, in one run: per-transaction rate against raw sync loops, batched
-puts, reopening a long WAL, and what compaction leaves behind.
+"""walqueue on this disk, in one run: per-transaction rate of both segment formats (the
+seed's appended frames, the default, and ``preallocate=True``) against raw sync loops,
+batched puts, reopening a long WAL, and what compaction leaves behind.
 
     python benchmarks/walqueue_throughput.py [--seconds 3] [--reopen-transactions 100000]
 """
@@ -21,12 +22,13 @@ from walqueue.codec import encode_frame
 
 def interleaved_rates(directory: Path, seconds: float, slices: int = 6) -> dict[str, float]:
     """Per second: raw append+fsync, raw overwrite+fdatasync of a preallocated file, and
-    walqueue's single puts, measured in alternating slices.
+    walqueue's single puts in each format, measured in alternating slices.
 
-    The first raw loop appends a frame-sized record and fsyncs: the target's reference. The
-    second writes the same record over zeros synced beforehand and fdatasyncs, which is
-    what walqueue's segments do: the physical limit of its own technique. Alternating short
-    slices exposes all three to the same disk weather, so their ratios are fair.
+    The first raw loop appends a frame-sized record and fsyncs: what the seed's format does,
+    and the target's reference. The second writes the same record over zeros synced
+    beforehand and fdatasyncs, which is what ``preallocate=True`` does: the physical limit of
+    that technique. Alternating short slices exposes all four to the same disk weather, so
+    their ratios are fair.
     """
     record = encode_frame({"seq": 1, "type": "put", "tasks": [{"task_id": "t" * 8}]})
     append_fd = os.open(directory / "raw.bin", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -34,7 +36,7 @@ def interleaved_rates(directory: Path, seconds: float, slices: int = 6) -> dict[
     room = 64 * 1024 * 1024
     os.pwrite(overwrite_fd, bytes(room), 0)
     os.fsync(overwrite_fd)
-    counts = {"append": 0, "overwrite": 0, "put": 0}
+    counts = {"append": 0, "overwrite": 0, "put": 0, "put_preallocated": 0}
     times = dict.fromkeys(counts, 0.0)
     offset = 0
 
@@ -49,15 +51,28 @@ def interleaved_rates(directory: Path, seconds: float, slices: int = 6) -> dict[
         offset = (offset + len(record)) % (room - len(record))
 
     try:
-        with Queue(directory / "single") as queue:
+        with (
+            Queue(directory / "single") as queue,
+            Queue(directory / "single-preallocated", preallocate=True) as preallocated,
+        ):
 
             def put() -> None:
                 queue.put(f"task-{counts['put']}", {"n": counts["put"]})
 
+            def put_preallocated() -> None:
+                count = counts["put_preallocated"]
+                preallocated.put(f"task-{count}", {"n": count})
+
+            steps = (
+                ("append", append),
+                ("overwrite", overwrite),
+                ("put", put),
+                ("put_preallocated", put_preallocated),
+            )
             for _ in range(slices):
-                for name, step in (("append", append), ("overwrite", overwrite), ("put", put)):
+                for name, step in steps:
                     started = time.perf_counter()
-                    deadline = started + seconds / slices / 3
+                    deadline = started + seconds / slices / len(steps)
                     while time.perf_counter() < deadline:
                         step()
                         counts[name] += 1
@@ -121,7 +136,7 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="walqueue-bench-") as scratch:
         root = Path(scratch)
-        rates = interleaved_rates(root, args.seconds * 3)
+        rates = interleaved_rates(root, args.seconds * 4)
         batched = batched_put_rate(root / "batched", args.batched_frames)
         reopen, stats = reopen_seconds(root / "reopen", args.reopen_transactions)
         leftovers = compaction_leftovers(root / "compacted")
@@ -129,8 +144,10 @@ def main() -> int:
         "raw_append_fsync_per_s": rates["append"],
         "raw_preallocated_fdatasync_per_s": rates["overwrite"],
         "single_put_transactions_per_s": rates["put"],
+        "single_put_preallocated_transactions_per_s": rates["put_preallocated"],
         "single_vs_raw": rates["put"] / rates["append"],
-        "single_vs_raw_preallocated": rates["put"] / rates["overwrite"],
+        "single_preallocated_vs_raw_preallocated": rates["put_preallocated"] / rates["overwrite"],
+        "single_preallocated_vs_single": rates["put_preallocated"] / rates["put"],
         "put_many_100_tasks_per_s": batched,
         "reopen_transactions": args.reopen_transactions,
         "reopen_seconds": reopen,

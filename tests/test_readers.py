@@ -50,11 +50,18 @@ def test_a_torn_tail_is_a_fact_and_a_torn_middle_is_damage(tmp_path: Path) -> No
     a_walqueue(directory)
     live = segment(directory)
     frames = frames_of(live)
-    for shape in (preallocated, bytes):  # zeros after the frames, or nothing
-        live.write_bytes(shape(frames + b"\x00\x00\x01\x00{"))
+    for tail in (b"\x00\x00\x01\x00{", bytes(40), bytes(3)):  # a torn frame, or its size only
+        live.write_bytes(frames + tail)
         reading = read_walqueue_directory(directory)
         assert (reading.problems, reading.facts["torn_tail"]) == ([], True)
+    for shape in (preallocated, bytes):  # zeros after the frames, or nothing
+        live.write_bytes(shape(frames + b"\x00\x00\x01\x00{"))
+        reading = read_walqueue_directory(directory, preallocated=True)
+        assert (reading.problems, reading.facts["torn_tail"]) == ([], True)
     live.write_bytes(preallocated(frames))
+    reading = read_walqueue_directory(directory, preallocated=True)
+    assert (reading.problems, reading.facts["torn_tail"]) == ([], False)
+    live.write_bytes(frames)
     reading = read_walqueue_directory(directory)
     assert (reading.problems, reading.facts["torn_tail"]) == ([], False)
     # The same bytes in a segment that is not the newest are corruption.
@@ -74,11 +81,23 @@ def test_a_stray_byte_in_a_sealed_segments_zeros_is_damage(tmp_path: Path) -> No
     data = bytearray(preallocated(frames))
     data[len(frames) + 100] = 1
     live.write_bytes(bytes(data))
-    assert read_walqueue_directory(directory).facts["torn_tail"] is True
+    assert read_walqueue_directory(directory, preallocated=True).facts["torn_tail"] is True
     live.rename(directory / "wal-00000000000000000001.log")
     (directory / "wal-00000000000000000006.log").write_bytes(preallocated(b""))
+    [problem] = read_walqueue_directory(directory, preallocated=True).problems
+    assert "zeros at byte" in problem
+
+
+def test_in_the_seed_format_zeros_in_a_sealed_segment_are_damage(tmp_path: Path) -> None:
+    """A reader written to the seed's format: a segment holds frames and nothing else."""
+    directory = tmp_path / "q"
+    a_walqueue(directory)
+    live = segment(directory)
+    live.write_bytes(preallocated(frames_of(live)))
+    live.rename(directory / "wal-00000000000000000001.log")
+    (directory / "wal-00000000000000000006.log").write_bytes(b"")
     [problem] = read_walqueue_directory(directory).problems
-    assert "checksum mismatch" in problem
+    assert "zeros at byte" in problem
 
 
 def test_a_flipped_byte_is_named(tmp_path: Path) -> None:
@@ -93,7 +112,7 @@ def test_a_flipped_byte_is_named(tmp_path: Path) -> None:
 
 def forged(directory: Path, txn: dict[str, Any]) -> list[str]:
     live = segment(directory)
-    live.write_bytes(preallocated(frames_of(live) + encode_frame(txn)))
+    live.write_bytes(frames_of(live) + encode_frame(txn))
     return read_walqueue_directory(directory).problems
 
 

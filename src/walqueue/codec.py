@@ -76,17 +76,21 @@ def encode_frame(value: Any) -> bytes:
     return len(body).to_bytes(LENGTH_BYTES, "big") + body + hashlib.sha256(body).digest()
 
 
-def decode_frames(data: bytes, *, where: str, tail_may_tear: bool) -> tuple[list[Any], int]:
+def decode_frames(
+    data: bytes, *, where: str, tail_may_tear: bool, zero_tail: bool = False
+) -> tuple[list[Any], int]:
     """Every complete frame of ``data`` and the length they cover.
 
-    Segments are preallocated with zeros, so the frames may be followed by a zero tail: a
-    length field of zero (no frame is empty) with nothing but zeros after it ends the
-    frames, in any segment. When ``tail_may_tear``, a damaged tail is torn (its bytes are
-    not counted): an incomplete last frame, or bytes from a bad frame to the end with no
-    valid frame after them. Each frame is synced before the next is written, so only the
-    last one can be unsynced, and a power cut may persist its sectors in any order (zeros
-    before data). Anywhere else an incomplete frame, a bad digest, an oversized length or a
-    frame that is not a JSON object is CorruptStore.
+    In the seed's format (the default) a segment is nothing but frames, appended. Only the
+    newest segment's last frame may be incomplete (``tail_may_tear``): its bytes are torn
+    and not counted, whether they are a prefix of the frame, bytes from a bad frame to the
+    end with no valid frame after them, or zeros (a power cut can keep a file's new size
+    without its data, and persist a frame's sectors in any order). Anywhere else an
+    incomplete frame, zeros, a bad digest, an oversized length or a frame that is not a
+    JSON object is CorruptStore.
+
+    With ``zero_tail`` (segments preallocated with zeros, ``Queue(preallocate=True)``) a
+    length field of zero followed by nothing but zeros ends the frames, in any segment.
     """
     bodies: list[tuple[int, bytes]] = []
     offset = 0
@@ -94,17 +98,19 @@ def decode_frames(data: bytes, *, where: str, tail_may_tear: bool) -> tuple[list
     sha256 = hashlib.sha256
     while offset < len(data):
         if len(data) - offset < LENGTH_BYTES:
-            if zero_from(data, offset):
+            if zero_tail and zero_from(data, offset):
                 break
             return _parse(bodies, where), _torn_at(offset, where, tail_may_tear)
         size = int.from_bytes(view[offset : offset + LENGTH_BYTES], "big")
         if size == 0:
-            if zero_from(data, offset):
+            if zero_tail and zero_from(data, offset):
                 break
             # Zeros where a frame begins, but data after them: a frame whose first sectors
             # a power cut lost, torn like any other damaged tail.
             if tail_may_tear and not _valid_frame_after(data, offset):
                 return _parse(bodies, where), offset
+            if zero_from(data, offset):
+                raise CorruptStore(f"{where}: zeros from byte {offset} on, not a frame")
             raise CorruptStore(f"{where}: a zero length field at byte {offset} before data")
         end = offset + LENGTH_BYTES + size + DIGEST_BYTES
         if size > MAX_FRAME_PAYLOAD:
@@ -146,7 +152,7 @@ def _parse(bodies: list[tuple[int, bytes]], where: str) -> list[Any]:
 
 
 def zero_from(data: bytes, offset: int) -> bool:
-    """Whether every byte of ``data`` from ``offset`` on is zero (the preallocated tail)."""
+    """Whether every byte of ``data`` from ``offset`` on is zero."""
     return data.count(0, offset) == len(data) - offset
 
 

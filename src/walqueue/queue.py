@@ -93,13 +93,21 @@ def _request_identity(item: dict[str, Any]) -> tuple[Any, ...]:
 class Queue:
     """A single-writer durable queue owning one directory."""
 
-    def __init__(self, directory: str | Path, hook: Hook | None = None) -> None:
+    def __init__(
+        self, directory: str | Path, hook: Hook | None = None, *, preallocate: bool = False
+    ) -> None:
+        """Open (or create) the queue in ``directory``; recover what is on disk.
+
+        ``preallocate`` writes segments created full of zeros instead of the seed's appended
+        frames (docs/walqueue.md: its own format, which a directory keeps: open it with the
+        same setting it was written with).
+        """
         self.directory = Path(directory)
         if not self.directory.exists():
             self.directory.mkdir(parents=True)
             fsync_directory(self.directory.resolve().parent)
         self._owner: Ownership | None = Ownership(self.directory)
-        self._store = Store(self.directory, hook)
+        self._store = Store(self.directory, hook, preallocate=preallocate)
         try:
             self._state: State = self._store.recover()
         except BaseException:

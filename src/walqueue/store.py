@@ -4,10 +4,17 @@ Layout (pinned so other tools can read it): ``wal-{first_seq:020d}.log`` segment
 ``snapshot-{seq:020d}.json`` snapshots (one frame each), ``CURRENT`` (one frame naming the
 published snapshot and its sequence), ``LOCK``; ``*.tmp`` files are never authoritative.
 
-A segment is created full of zeros (``SEGMENT_BYTES``, synced) and frames overwrite them in
-place: a sync after an overwrite only flushes data, while a sync after an append must also
-commit the file's new size to the file system's journal. Measured here, the overwrite is
-the faster of the two by about a third (docs/performance.md).
+By default a segment is the seed's format: frames appended to a file created empty, each
+synced before the call returns, a new segment once the live one would pass
+``SEGMENT_BYTES``; a torn final frame of the newest segment is cut off (truncated) before
+anything is appended.
+
+``preallocate=True`` is a documented option with its own format: a segment is created full
+of zeros (``SEGMENT_BYTES``, synced) and frames overwrite them in place, so a sync after a
+write only flushes data instead of also committing the file's new size; the frames end at a
+zero length field followed by zeros, and a torn tail is overwritten with zeros. A reader
+written to the seed's format rejects such segments, and a directory written that way must
+be opened with ``preallocate=True`` again (docs/walqueue.md).
 
 Every step that puts bytes on disk calls the hook with a phase name first or after (the
 phase list is in docs/walqueue.md), so a test can stop the process at any of them.
@@ -29,8 +36,9 @@ from walqueue.state import State, apply, validate
 Hook = Callable[[str], None]
 
 CURRENT = "CURRENT"
-#: Each segment is created holding this many zeros; a transaction that no longer fits
-#: starts the next segment (a larger one goes past the end, appended).
+#: A transaction that would take the live segment past this size starts the next segment
+#: (one larger than a segment goes in alone, past it). With ``preallocate``, each segment is
+#: created holding this many zeros.
 SEGMENT_BYTES = 1024 * 1024
 _SEGMENT = re.compile(r"^wal-(\d{20})\.log$")
 _SNAPSHOT = re.compile(r"^snapshot-(\d{20})\.json$")
@@ -58,8 +66,9 @@ def _no_hook(phase: str) -> None:
 class Store:
     """Appends transactions durably and rebuilds the state from what is on disk."""
 
-    def __init__(self, directory: Path, hook: Hook | None) -> None:
+    def __init__(self, directory: Path, hook: Hook | None, *, preallocate: bool = False) -> None:
         self.directory = directory
+        self.preallocate = preallocate
         self.hook: Hook = hook if hook is not None else _no_hook
         # Without a hook nobody can stop between the two halves of a frame, so one write
         # (one system call) does; with one, the midpoint is a crash point of its own.
@@ -108,8 +117,10 @@ class Store:
         for index, (first_seq, path) in enumerate(segments):
             newest = index == len(segments) - 1
             data = path.read_bytes()
-            frames, covered = decode_frames(data, where=path.name, tail_may_tear=newest)
-            if not zero_from(data, covered):
+            frames, covered = decode_frames(
+                data, where=path.name, tail_may_tear=newest, zero_tail=self.preallocate
+            )
+            if covered < len(data) and not (self.preallocate and zero_from(data, covered)):
                 self._truncate(path, covered, written_end(data))
             frames_end = covered
             if expected is not None and first_seq != expected:
@@ -140,13 +151,16 @@ class Store:
     def _truncate(self, path: Path, length: int, end: int) -> None:
         """Cut a torn final frame off the newest segment, durably, before any append.
 
-        The torn bytes are overwritten with zeros rather than cut off the file, so the
-        segment keeps the space preallocated for the frames still to come.
+        With ``preallocate`` the torn bytes (up to ``end``, the last non-zero byte) are
+        overwritten with zeros instead, so the segment keeps its space for the frames to come.
         """
         self.hook("truncate:before")
         fd = os.open(path, os.O_WRONLY)
         try:
-            _write_all_at(fd, bytes(end - length), length)
+            if self.preallocate:
+                _write_all_at(fd, bytes(end - length), length)
+            else:
+                os.ftruncate(fd, length)
             self.hook("truncate:after_truncate")
             os.fsync(fd)
         finally:
@@ -156,7 +170,8 @@ class Store:
     # -- appending -----------------------------------------------------------------------
 
     def _open_live(self, path: Path, frames_end: int) -> None:
-        """Append to ``path`` from ``frames_end``, where its frames end (zeros follow)."""
+        """Append to ``path`` from ``frames_end``, where its frames end (the file's end, or
+        where its zeros begin with ``preallocate``)."""
         self.close()
         self._live = path
         self._live_fd = os.open(path, os.O_WRONLY)
@@ -166,7 +181,7 @@ class Store:
         """Create the segment that transaction ``first_seq`` onwards go to."""
         path = self.directory / segment_name(first_seq)
         self.hook("rotate:before_create")
-        write_file(path, bytes(SEGMENT_BYTES))
+        write_file(path, bytes(SEGMENT_BYTES) if self.preallocate else b"")
         self.hook("rotate:after_create")
         fsync_directory(self.directory)
         self.hook("rotate:after_dir_sync")
@@ -190,8 +205,9 @@ class Store:
         _write_all_at(fd, frame[half:], at + half)
         self._live_size += len(frame)
         self.hook("append:after_write")
-        # Data only: the segment's size was synced when it was created (a frame too large
-        # for it grows the file, and fdatasync then syncs the new size as well).
+        # fdatasync: it syncs the file's new size with the data an append added (the size is
+        # needed to read it back), and nothing else (with ``preallocate``, the size was
+        # synced when the segment was created, unless a frame larger than it grew it).
         sync_data(fd)
         self.hook("append:after_sync")
 

@@ -14,17 +14,43 @@ from walqueue.store import SEGMENT_BYTES
 Observable = dict[str, Any]
 
 
-def frames_of(segment: Path) -> bytes:
-    """The bytes of a segment's frames, without the zeros preallocated after them."""
+def frames_of(segment: Path, *, zero_tail: bool = False) -> bytes:
+    """The bytes of a segment's frames: all of it in the seed's format; with ``zero_tail``,
+    without the zeros preallocated after them."""
     data = segment.read_bytes()
-    _, end = decode_frames(data, where=segment.name, tail_may_tear=False)
+    _, end = decode_frames(data, where=segment.name, tail_may_tear=False, zero_tail=zero_tail)
     assert not any(data[end:]), "a segment's frames are followed by zeros only"
     return data[:end]
 
 
 def preallocated(frames: bytes) -> bytes:
-    """A segment as walqueue makes it: ``frames``, then zeros up to the segment size."""
+    """A segment as ``Queue(preallocate=True)`` makes it: ``frames``, then zeros up to the
+    segment size."""
     return frames + bytes(max(0, SEGMENT_BYTES - len(frames)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """One of walqueue's two segment formats, as the tests write and read it."""
+
+    preallocate: bool
+
+    def __str__(self) -> str:
+        return "preallocated" if self.preallocate else "seed"
+
+    def open(self, directory: Path) -> Queue:
+        return Queue(directory, preallocate=self.preallocate)
+
+    def segment(self, frames: bytes) -> bytes:
+        """A segment holding ``frames`` as this layout's writer leaves it."""
+        return preallocated(frames) if self.preallocate else frames
+
+    def frames_of(self, segment: Path) -> bytes:
+        return frames_of(segment, zero_tail=self.preallocate)
+
+
+#: The seed's format (the default) and the preallocated option.
+LAYOUTS = (Layout(preallocate=False), Layout(preallocate=True))
 
 
 def observe(queue: Queue) -> Observable:

@@ -1,4 +1,5 @@
-"""Torn tails are repaired; every other damage is CorruptStore, never silent."""
+"""Torn tails are repaired; every other damage is CorruptStore, never silent. In both
+segment formats: the seed's (frames appended, the default) and the preallocated option."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.walqueue.helpers import frames_of, preallocated
+from tests.walqueue.helpers import LAYOUTS, Layout, preallocated
 from walqueue import CorruptStore, Queue
 from walqueue.codec import decode_frames, encode_frame
 from walqueue.store import SEGMENT_BYTES
@@ -32,8 +33,13 @@ LAST_FRAME = len(
 )
 
 
-def build(directory: Path, *, compact: bool) -> None:
-    with Queue(directory) as queue:
+SEED = LAYOUTS[0]
+PREALLOCATED = LAYOUTS[1]
+each_layout = pytest.mark.parametrize("layout", LAYOUTS, ids=str)
+
+
+def build(directory: Path, *, compact: bool, layout: Layout = SEED) -> None:
+    with layout.open(directory) as queue:
         queue.put("a", {"n": 1})
         queue.put("b", {"n": 2})
         if compact:
@@ -46,16 +52,20 @@ def segments(directory: Path) -> list[Path]:
     return sorted(directory.glob("wal-*.log"))
 
 
-@pytest.mark.parametrize("shape", ["preallocated", "appended"])
+@pytest.mark.parametrize(
+    ("layout", "shape"),
+    [(SEED, "appended"), (PREALLOCATED, "preallocated"), (PREALLOCATED, "appended")],
+    ids=["seed", "preallocated", "preallocated-reading-appended"],
+)
 def test_every_prefix_of_the_final_frame_is_a_recoverable_torn_tail(
-    tmp_path: Path, shape: str
+    tmp_path: Path, layout: Layout, shape: str
 ) -> None:
-    """Torn inside its preallocated segment (zeros after), or at the end of a segment an
-    appending writer made (nothing after): either way the torn bytes become zeros."""
+    """The seed's format cuts the torn bytes off the file; the preallocated one overwrites
+    them with zeros inside its segment (and reads an appending writer's segment too)."""
     pristine = tmp_path / "pristine"
-    build(pristine, compact=False)
+    build(pristine, compact=False, layout=layout)
     [segment] = segments(pristine)
-    data = frames_of(segment)
+    data = layout.frames_of(segment)
     start = len(data) - LAST_FRAME
     for cut in range(start, len(data)):
         directory = tmp_path / f"cut-{cut}"
@@ -63,49 +73,96 @@ def test_every_prefix_of_the_final_frame_is_a_recoverable_torn_tail(
         torn = directory / segment.name
         torn.write_bytes(preallocated(data[:cut]) if shape == "preallocated" else data[:cut])
         size = torn.stat().st_size
-        with Queue(directory) as queue:
+        with layout.open(directory) as queue:
             assert queue.task_ids() == ["a", "b", "c"], cut
-            assert frames_of(torn) == data[:start]
-            assert torn.stat().st_size == size
+            assert layout.frames_of(torn) == data[:start]
+            assert torn.stat().st_size == (size if layout.preallocate else start)
             queue.put("e", {"n": 5})
-        with Queue(directory) as queue:
+        with layout.open(directory) as queue:
             assert queue.task_ids() == ["a", "b", "c", "e"]
             assert queue.stats()["last_seq"] == 4
 
 
-def sequences(segment: Path) -> list[int]:
-    frames, _ = decode_frames(segment.read_bytes(), where=segment.name, tail_may_tear=False)
+def sequences(segment: Path, *, zero_tail: bool = False) -> list[int]:
+    frames, _ = decode_frames(
+        segment.read_bytes(), where=segment.name, tail_may_tear=False, zero_tail=zero_tail
+    )
     return [frame["seq"] for frame in frames]
 
 
-def test_a_segment_is_created_full_of_zeros_and_frames_overwrite_them(tmp_path: Path) -> None:
+def test_by_default_a_segment_is_created_empty_and_holds_nothing_but_frames(
+    tmp_path: Path,
+) -> None:
+    """The seed's format: a reader that knows only frames reads every byte of it."""
     directory = tmp_path / "q"
     with Queue(directory):
         [segment] = segments(directory)
-        assert segment.read_bytes() == bytes(SEGMENT_BYTES)
+        assert segment.read_bytes() == b""
     build(directory, compact=False)
+    data = segment.read_bytes()
+    frames, covered = decode_frames(data, where=segment.name, tail_may_tear=False)
+    assert covered == len(data)
+    assert [frame["seq"] for frame in frames] == [1, 2, 3, 4]
+
+
+def test_a_preallocated_segment_is_created_full_of_zeros_and_frames_overwrite_them(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "q"
+    with PREALLOCATED.open(directory):
+        [segment] = segments(directory)
+        assert segment.read_bytes() == bytes(SEGMENT_BYTES)
+    build(directory, compact=False, layout=PREALLOCATED)
     assert segment.stat().st_size == SEGMENT_BYTES
-    assert sequences(segment) == [1, 2, 3, 4]
-    assert len(frames_of(segment)) < SEGMENT_BYTES
+    assert sequences(segment, zero_tail=True) == [1, 2, 3, 4]
+    assert len(PREALLOCATED.frames_of(segment)) < SEGMENT_BYTES
+    # The seed's reader rejects it: zeros are no frame.
+    with pytest.raises(CorruptStore, match="zeros from byte"):
+        sequences(segment)
 
 
-def test_a_transaction_that_does_not_fit_starts_the_next_segment(tmp_path: Path) -> None:
+def test_a_preallocated_directory_opened_in_the_seed_format_is_refused_unchanged(
+    tmp_path: Path,
+) -> None:
     directory = tmp_path / "q"
     big = {"blob": "x" * (SEGMENT_BYTES // 3)}
-    with Queue(directory) as queue:
+    with PREALLOCATED.open(directory) as queue:
+        for n in range(4):
+            queue.put(f"t{n}", big)
+    before = {path.name: path.read_bytes() for path in sorted(directory.iterdir())}
+    with pytest.raises(CorruptStore, match="zeros from byte"):
+        Queue(directory)
+    after = {path.name: path.read_bytes() for path in sorted(directory.iterdir())}
+    assert after == before
+    with PREALLOCATED.open(directory) as queue:
+        assert queue.task_ids() == ["t0", "t1", "t2", "t3"]
+
+
+@each_layout
+def test_a_transaction_that_does_not_fit_starts_the_next_segment(
+    tmp_path: Path, layout: Layout
+) -> None:
+    directory = tmp_path / "q"
+    big = {"blob": "x" * (SEGMENT_BYTES // 3)}
+    with layout.open(directory) as queue:
         for n in range(4):
             queue.put(f"t{n}", big)
     files = segments(directory)
-    assert [sequences(path) for path in files] == [[1, 2], [3, 4]]
-    assert all(path.stat().st_size == SEGMENT_BYTES for path in files)
-    # One transaction larger than a segment grows its segment past the preallocated size.
-    with Queue(directory) as queue:
+    zero_tail = layout.preallocate
+    assert [sequences(path, zero_tail=zero_tail) for path in files] == [[1, 2], [3, 4]]
+    sizes = [path.stat().st_size for path in files]
+    if layout.preallocate:
+        assert sizes == [SEGMENT_BYTES, SEGMENT_BYTES]
+    else:
+        assert all(size < SEGMENT_BYTES for size in sizes)
+    # One transaction larger than a segment goes in alone, past the segment size.
+    with layout.open(directory) as queue:
         queue.put("huge", {"blob": "y" * SEGMENT_BYTES})
     files = segments(directory)
     assert len(files) == 3
     assert files[-1].stat().st_size > SEGMENT_BYTES
-    assert sequences(files[-1]) == [5]
-    with Queue(directory) as queue:
+    assert sequences(files[-1], zero_tail=zero_tail) == [5]
+    with layout.open(directory) as queue:
         assert queue.task_ids() == ["huge", "t0", "t1", "t2", "t3"]
 
 
@@ -114,20 +171,40 @@ def test_bytes_in_the_zero_tail_are_a_torn_tail_only_in_the_newest_segment(
     tmp_path: Path, newest: bool
 ) -> None:
     directory = tmp_path / "q"
-    build(directory, compact=False)
+    build(directory, compact=False, layout=PREALLOCATED)
     [segment] = segments(directory)
-    frames = frames_of(segment)
+    frames = PREALLOCATED.frames_of(segment)
     data = bytearray(preallocated(frames))
     data[len(frames) + 1000] = 0x7F  # a sector of an unsynced frame, kept without its start
     segment.write_bytes(bytes(data))
     if not newest:
         (directory / "wal-00000000000000000005.log").write_bytes(preallocated(b""))
         with pytest.raises(CorruptStore):
+            PREALLOCATED.open(directory)
+        return
+    with PREALLOCATED.open(directory) as queue:
+        assert queue.task_ids() == ["a", "b", "c", "d"]
+    assert segment.read_bytes() == preallocated(frames)
+
+
+@pytest.mark.parametrize("newest", [True, False])
+def test_zeros_after_the_frames_are_a_torn_tail_only_in_the_newest_segment(
+    tmp_path: Path, newest: bool
+) -> None:
+    """The seed's format: a power cut may keep an append's new size without its bytes."""
+    directory = tmp_path / "q"
+    build(directory, compact=False)
+    [segment] = segments(directory)
+    frames = segment.read_bytes()
+    segment.write_bytes(frames + bytes(LAST_FRAME))
+    if not newest:
+        (directory / "wal-00000000000000000005.log").write_bytes(b"")
+        with pytest.raises(CorruptStore, match="zeros from byte"):
             Queue(directory)
         return
     with Queue(directory) as queue:
         assert queue.task_ids() == ["a", "b", "c", "d"]
-    assert segment.read_bytes() == preallocated(frames)
+    assert segment.read_bytes() == frames
 
 
 @pytest.mark.parametrize("target", ["sealed", "non-final", "snapshot", "current"])
@@ -143,12 +220,12 @@ def test_flipping_any_byte_is_detected(tmp_path: Path, target: str) -> None:
         # Keep a sealed segment next to the snapshot: rebuild one from the live segment.
         live = segments(pristine)[-1]
         victim_name, data = live.name, live.read_bytes()
-        end = len(frames_of(live)) - LAST_FRAME
+        end = len(data) - LAST_FRAME
         span = range(end)
     elif target == "non-final":
         victim_name = segments(pristine)[-1].name
         data = (pristine / victim_name).read_bytes()
-        end = len(frames_of(pristine / victim_name)) - LAST_FRAME
+        end = len(data) - LAST_FRAME
         span = range(end)
     elif target == "snapshot":
         victim_name = next(pristine.glob("snapshot-*.json")).name
@@ -170,16 +247,22 @@ def test_flipping_any_byte_is_detected(tmp_path: Path, target: str) -> None:
             Queue(directory)
 
 
-@pytest.mark.parametrize("shape", ["preallocated", "appended"])
-def test_an_incomplete_sealed_segment_is_corrupt(tmp_path: Path, shape: str) -> None:
+@pytest.mark.parametrize(
+    ("layout", "shape"),
+    [(SEED, "appended"), (PREALLOCATED, "preallocated"), (PREALLOCATED, "appended")],
+    ids=["seed", "preallocated", "preallocated-reading-appended"],
+)
+def test_an_incomplete_sealed_segment_is_corrupt(
+    tmp_path: Path, layout: Layout, shape: str
+) -> None:
     directory = tmp_path / "q"
-    build(directory, compact=False)
+    build(directory, compact=False, layout=layout)
     [segment] = segments(directory)
-    cut = frames_of(segment)[:-5]
+    cut = layout.frames_of(segment)[:-5]
     segment.write_bytes(preallocated(cut) if shape == "preallocated" else cut)
     (directory / "wal-00000000000000000005.log").write_bytes(b"")
     with pytest.raises(CorruptStore):
-        Queue(directory)
+        layout.open(directory)
 
 
 def test_a_sequence_gap_is_corrupt(tmp_path: Path) -> None:
@@ -194,14 +277,15 @@ def test_a_sequence_gap_is_corrupt(tmp_path: Path) -> None:
         Queue(directory)
 
 
-def test_an_invalid_transaction_is_corrupt(tmp_path: Path) -> None:
+@each_layout
+def test_an_invalid_transaction_is_corrupt(tmp_path: Path, layout: Layout) -> None:
     directory = tmp_path / "q"
-    build(directory, compact=False)
+    build(directory, compact=False, layout=layout)
     [segment] = segments(directory)
     ack = {"seq": 5, "type": "ack", "task_id": "a", "worker": "w", "generation": 1, "now": 0}
-    segment.write_bytes(preallocated(frames_of(segment) + encode_frame(ack)))
+    segment.write_bytes(layout.segment(layout.frames_of(segment) + encode_frame(ack)))
     with pytest.raises(CorruptStore, match="invalid transaction"):
-        Queue(directory)
+        layout.open(directory)
 
 
 def test_an_orphan_snapshot_newer_than_current_is_ignored(tmp_path: Path) -> None:
@@ -223,21 +307,22 @@ def test_a_missing_referenced_snapshot_is_corrupt_not_a_fallback(tmp_path: Path)
         Queue(directory)
 
 
-def test_a_length_field_beyond_the_bound_is_never_allocated(tmp_path: Path) -> None:
+@each_layout
+def test_a_length_field_beyond_the_bound_is_never_allocated(tmp_path: Path, layout: Layout) -> None:
     """At the tail it is what a power cut leaves (torn); before a valid frame, corruption."""
     directory = tmp_path / "q"
-    build(directory, compact=False)
+    build(directory, compact=False, layout=layout)
     [segment] = segments(directory)
-    intact = frames_of(segment)
+    intact = layout.frames_of(segment)
     bogus = (2**31).to_bytes(4, "big") + b"x" * 10
-    segment.write_bytes(preallocated(intact + bogus))
-    with Queue(directory) as queue:
+    segment.write_bytes(layout.segment(intact + bogus))
+    with layout.open(directory) as queue:
         assert queue.task_ids() == ["a", "b", "c", "d"]
-    assert segment.read_bytes() == preallocated(intact)
+    assert segment.read_bytes() == layout.segment(intact)
     last = intact[-LAST_FRAME:]
-    segment.write_bytes(preallocated(intact[:-LAST_FRAME] + bogus + last))
+    segment.write_bytes(layout.segment(intact[:-LAST_FRAME] + bogus + last))
     with pytest.raises(CorruptStore, match="claims 2147483648 bytes"):
-        Queue(directory)
+        layout.open(directory)
 
 
 def test_old_sealed_segments_left_by_a_compaction_do_not_double_apply(tmp_path: Path) -> None:
@@ -256,14 +341,17 @@ def test_old_sealed_segments_left_by_a_compaction_do_not_double_apply(tmp_path: 
         assert queue.stats()["last_seq"] == 3
 
 
+@each_layout
 @pytest.mark.parametrize("kept", ["second-half", "zeros", "garbage"])
-def test_a_final_frame_garbled_by_a_power_cut_is_a_torn_tail(tmp_path: Path, kept: str) -> None:
+def test_a_final_frame_garbled_by_a_power_cut_is_a_torn_tail(
+    tmp_path: Path, kept: str, layout: Layout
+) -> None:
     """A power cut may persist an unsynced frame's later sectors without its first ones."""
     directory = tmp_path / "q"
-    build(directory, compact=False)
+    build(directory, compact=False, layout=layout)
     [segment] = segments(directory)
-    frames = frames_of(segment)
-    data = bytearray(preallocated(frames))
+    frames = layout.frames_of(segment)
+    data = bytearray(layout.segment(frames))
     start = len(frames) - LAST_FRAME
     half = start + LAST_FRAME // 2
     if kept == "second-half":
@@ -273,28 +361,42 @@ def test_a_final_frame_garbled_by_a_power_cut_is_a_torn_tail(tmp_path: Path, kep
     else:
         data[start : start + 4] = b"\xff\xff\xff\xff"  # a length beyond every bound
     segment.write_bytes(bytes(data))
-    with Queue(directory) as queue:
+    with layout.open(directory) as queue:
         assert queue.task_ids() == ["a", "b", "c"]
-    assert segment.read_bytes() == preallocated(frames[:start])
+    assert segment.read_bytes() == layout.segment(frames[:start])
 
 
-def test_a_garbled_frame_followed_by_a_valid_one_is_still_corruption(tmp_path: Path) -> None:
+@each_layout
+def test_a_garbled_frame_followed_by_a_valid_one_is_still_corruption(
+    tmp_path: Path, layout: Layout
+) -> None:
     directory = tmp_path / "q"
-    build(directory, compact=False)
+    build(directory, compact=False, layout=layout)
     [segment] = segments(directory)
-    frames = frames_of(segment)
-    data = bytearray(preallocated(frames))
+    frames = layout.frames_of(segment)
+    data = bytearray(layout.segment(frames))
     start = len(frames) - 2 * LAST_FRAME + 1  # inside the frame before the last
     data[start : start + 8] = bytes(8)
     segment.write_bytes(bytes(data))
     with pytest.raises(CorruptStore):
-        Queue(directory)
+        layout.open(directory)
 
 
 @pytest.mark.parametrize("zeros", [0, 1, 3, 4, 5, 4096])
-def test_frames_end_where_only_zeros_remain(zeros: int) -> None:
+def test_preallocated_frames_end_where_only_zeros_remain(zeros: int) -> None:
     frame = encode_frame({"seq": 1, "type": "put", "tasks": []})
-    frames, covered = decode_frames(frame + bytes(zeros), where="w", tail_may_tear=False)
-    assert (frames, covered) == ([{"seq": 1, "type": "put", "tasks": []}], len(frame))
+    decoded = decode_frames(frame + bytes(zeros), where="w", tail_may_tear=False, zero_tail=True)
+    assert decoded == ([{"seq": 1, "type": "put", "tasks": []}], len(frame))
     with pytest.raises(CorruptStore, match=r"zero length field|incomplete frame"):
-        decode_frames(frame + bytes(zeros) + b"\x01", where="w", tail_may_tear=False)
+        decode_frames(
+            frame + bytes(zeros) + b"\x01", where="w", tail_may_tear=False, zero_tail=True
+        )
+
+
+@pytest.mark.parametrize("zeros", [1, 3, 4, 5, 4096])
+def test_in_the_seed_format_zeros_after_the_frames_are_torn_or_corrupt(zeros: int) -> None:
+    frame = encode_frame({"seq": 1, "type": "put", "tasks": []})
+    decoded = decode_frames(frame + bytes(zeros), where="w", tail_may_tear=True)
+    assert decoded == ([{"seq": 1, "type": "put", "tasks": []}], len(frame))
+    with pytest.raises(CorruptStore, match=r"zeros from byte|incomplete frame"):
+        decode_frames(frame + bytes(zeros), where="w", tail_may_tear=False)

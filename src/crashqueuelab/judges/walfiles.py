@@ -1,9 +1,12 @@
 """An independent reader of walqueue's directory: its segments, snapshot and CURRENT.
 
 It knows the disk format (docs/walqueue.md: a 4-byte big-endian length, canonical JSON, its
-SHA-256) and nothing of walqueue's code. It rebuilds every task by replaying the history
-with its own rules, names every frame that breaks them, and reports what a crash left
-(a torn tail, temporary files, an unpublished snapshot) as facts, not as faults.
+SHA-256) and nothing of walqueue's code. By default it holds a directory to the seed's
+format, where a segment is nothing but frames and only the newest may end in a torn frame;
+``preallocated=True`` reads the optional format whose segments are created full of zeros.
+It rebuilds every task by replaying the history with its own rules, names every frame that
+breaks them, and reports what a crash left (a torn tail, temporary files, an unpublished
+snapshot) as facts, not as faults.
 """
 
 from __future__ import annotations
@@ -61,12 +64,15 @@ def _whole_at(data: bytes, at: int) -> bool:
     return hashlib.sha256(data[at + _LENGTH : end - _DIGEST]).digest() == data[end - _DIGEST : end]
 
 
-def _frames(data: bytes, *, tail_may_tear: bool) -> tuple[list[dict[str, Any]], bool]:
+def _frames(
+    data: bytes, *, tail_may_tear: bool, zero_tail: bool = False
+) -> tuple[list[dict[str, Any]], bool]:
     frames: list[dict[str, Any]] = []
     offset = 0
-    # Segments are created full of zeros: no frame is empty and a body is never zero, so
-    # frames end where only zeros remain, and none can start at or after the last non-zero.
-    written = len(data.rstrip(b"\0"))
+    # Preallocated segments are created full of zeros: no frame is empty and a body is never
+    # zero, so frames end where only zeros remain. In the seed's format zeros are no frame:
+    # a torn tail in the newest segment, corruption anywhere else.
+    written = len(data.rstrip(b"\0")) if zero_tail else len(data)
     while offset < written:
         size = int.from_bytes(data[offset : offset + _LENGTH], "big")
         end = offset + _LENGTH + size + _DIGEST
@@ -80,6 +86,8 @@ def _frames(data: bytes, *, tail_may_tear: bool) -> tuple[list[dict[str, Any]], 
             # that a power cut half kept; a whole frame after it proves it was synced.
             if tail_may_tear and not any(_whole_at(data, at) for at in range(offset + 1, written)):
                 return frames, True
+            if size == 0:
+                raise _Damaged(f"zeros at byte {offset}, where a frame should begin")
             raise _Damaged(f"checksum mismatch in the frame at byte {offset}")
         value = json.loads(body)
         if not isinstance(value, dict):
@@ -192,7 +200,14 @@ def _invariants(tasks: dict[str, _Task]) -> list[str]:
     return problems
 
 
-def _replay(directory: Path, reading: WalReading, tasks: dict[str, _Task], start: int) -> None:
+def _replay(
+    directory: Path,
+    reading: WalReading,
+    tasks: dict[str, _Task],
+    start: int,
+    *,
+    zero_tail: bool,
+) -> None:
     segments = sorted(
         (int(match.group(1)), path)
         for path in directory.iterdir()
@@ -201,7 +216,8 @@ def _replay(directory: Path, reading: WalReading, tasks: dict[str, _Task], start
     last_seq, last_type, torn = start, None, False
     expected: int | None = None
     for index, (first_seq, path) in enumerate(segments):
-        frames, torn = _frames(path.read_bytes(), tail_may_tear=index == len(segments) - 1)
+        newest = index == len(segments) - 1
+        frames, torn = _frames(path.read_bytes(), tail_may_tear=newest, zero_tail=zero_tail)
         if expected is not None and first_seq != expected:
             reading.problems.append(f"{path.name} starts at {first_seq}, expected {expected}")
         expected = first_seq
@@ -230,8 +246,9 @@ def _replay(directory: Path, reading: WalReading, tasks: dict[str, _Task], start
     )
 
 
-def read_walqueue_directory(directory: Path) -> WalReading:
-    """Read and judge a walqueue directory without walqueue's code."""
+def read_walqueue_directory(directory: Path, *, preallocated: bool = False) -> WalReading:
+    """Read and judge a walqueue directory without walqueue's code, in the seed's format
+    or, with ``preallocated``, in the format of segments created full of zeros."""
     if not directory.is_dir():
         return WalReading(exists=False, facts={"segments": 0})
     reading = WalReading(exists=True)
@@ -244,7 +261,7 @@ def read_walqueue_directory(directory: Path) -> WalReading:
             snapshots=sum(1 for name in names if _SNAPSHOT.match(name)),
             temporary_files=sum(1 for name in names if name.endswith(".tmp")),
         )
-        _replay(directory, reading, tasks, published)
+        _replay(directory, reading, tasks, published, zero_tail=preallocated)
     except (_Damaged, KeyError, TypeError, ValueError, AttributeError) as error:
         reading.problems.append(f"unreadable: {error!r}")
         return reading

@@ -310,13 +310,13 @@ CRASH_POINTS = (
     ),
     CrashPoint(
         "truncate:after_truncate",
-        "recovering: the torn tail zeroed, not synced",
+        "recovering: the torn tail cut off, not synced",
         _EMPTY,
         after="append:mid_write",
     ),
     CrashPoint(
         "truncate:after_sync",
-        "recovering: the torn tail zeroed and synced",
+        "recovering: the torn tail cut off and synced",
         _EMPTY,
         after="append:mid_write",
     ),
@@ -340,8 +340,8 @@ def walqueue_system() -> System:
         name="walqueue",
         version=f"walqueue (crashqueuelab {__version__})",
         durability=(
-            "own WAL in segments created full of zeros, fdatasync per transaction,"
-            " directory fsync on create and rename"
+            "own WAL (the seed's format: frames appended to segments), fdatasync per"
+            " transaction, directory fsync on create and rename"
         ),
         capabilities=CAPABILITIES,
         crash_points=CRASH_POINTS,
