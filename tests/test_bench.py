@@ -371,3 +371,19 @@ def test_a_peer_acknowledgement_the_library_refuses_is_not_counted(tmp_path: Pat
         assert queue.finished(1) == 1
     finally:
         queue.close()
+
+
+def test_the_textbook_queue_waits_for_the_write_lock_as_long_as_ours(tmp_path: Path) -> None:
+    """On a loaded machine a baseline that gave up sooner would fail with "database is
+    locked" where DurableQueue merely waits: the comparison would measure the load."""
+    from crashqueuelab.core.storage import DEFAULT_BUSY_TIMEOUT_MS
+    from crashqueuelab.lab.bench import textbook
+
+    path = tmp_path / "textbook.sqlite"
+    textbook.create(path, jobs=2)
+    conn = textbook.connect(path)
+    try:
+        assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == DEFAULT_BUSY_TIMEOUT_MS
+        assert textbook.claim(conn, lease_until=1) == 1
+    finally:
+        conn.close()
