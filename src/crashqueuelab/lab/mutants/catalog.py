@@ -262,8 +262,10 @@ def _walqueue_mutant(
 
 
 def _torn_tail_is_corruption() -> contextlib.AbstractContextManager[None]:
-    def strict(data: bytes, *, where: str, tail_may_tear: bool) -> tuple[list[Any], int]:
-        return decode_frames(data, where=where, tail_may_tear=False)
+    def strict(
+        data: bytes, *, where: str, tail_may_tear: bool, zero_tail: bool = False
+    ) -> tuple[list[Any], int]:
+        return decode_frames(data, where=where, tail_may_tear=False, zero_tail=zero_tail)
 
     return _patched(walqueue.store, "decode_frames", strict)
 
