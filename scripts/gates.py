@@ -7,49 +7,248 @@ It makes (or reuses) a virtual environment, installs the project with its dev ex
 runs: pytest with branch coverage >= 95% and ResourceWarning as an error, ruff check,
 ruff format --check, mypy --strict, python -m build, and the built wheel installed into a
 clean virtual environment running a real submit/claim/succeed/check round trip.
-Stdlib only, so it runs before anything is installed.
+
+Whatever happens (a failed gate, a gate that overruns its limit, Ctrl-C or SIGTERM), it ends
+with the gate summary: each gate PASS or FAIL with its time and why, and the tests that
+failed by name. Every gate runs in a process group of its own under one scratch directory
+(its TMPDIR: pytest's temporary files, coverage's data files, the servers and mounts the
+tests start); at the end anything still running or mounted there is stopped and named, and
+the directory is removed, so a run leaves nothing behind. Stdlib only, so it runs before
+anything is installed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 
 ROOT = Path(__file__).resolve().parent.parent
-# No pip step may wait forever on a registry; no gate may run away.
-STEP_TIMEOUT_S = 1800
+#: A pip step may not wait on a registry for ever.
+INSTALL_LIMIT_S = 900
+#: What each gate may take before it is stopped and named as overrun: a backstop well above
+#: what it takes on an idle 2-core machine (README), never a target.
+PYTEST_LIMIT_S = 1500
+TOOL_LIMIT_S = 600
+#: How long a stopped process group gets between SIGTERM and SIGKILL.
+GRACE_S = 10.0
+#: The file the test suite names each failed test in as it happens (tests/conftest.py), so a
+#: run that is stopped part-way still names them.
+FAILURES_VARIABLE = "CRASHQUEUELAB_FAILED_TESTS"
+EXIT_INTERRUPTED = 130
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM reached the gates."""
 
 
 def _log(message: str) -> None:
     print(f"[gates] {message}", file=sys.stderr, flush=True)
 
 
-def _run(command: Sequence[str | Path], *, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+@dataclass
+class Result:
+    name: str
+    ok: bool
+    seconds: float
+    why: str = ""
+    failed_tests: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Scratch:
+    """One run's scratch directory: every gate's TMPDIR, removed at the end."""
+
+    root: Path
+
+    @classmethod
+    def make(cls) -> Scratch:
+        # Short, under the system's temp directory: Unix socket paths of the servers the
+        # tests start must stay under 108 bytes. Traversable by the PostgreSQL account.
+        root = Path(tempfile.mkdtemp(prefix="cql-gates-"))
+        root.chmod(0o755)
+        (root / "tmp").mkdir(mode=0o755)
+        (root / "tmp").chmod(0o755)
+        return cls(root)
+
+    @property
+    def tmp(self) -> Path:
+        return self.root / "tmp"
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["TMPDIR"] = str(self.tmp)
+        # Coverage's data files (one per measured subprocess) go here, never into the tree.
+        env["COVERAGE_FILE"] = str(self.root / ".coverage")
+        env[FAILURES_VARIABLE] = str(self.root / "failed-tests.txt")
+        return env
+
+    def failed_tests(self) -> list[str]:
+        path = self.root / "failed-tests.txt"
+        if not path.is_file():
+            return []
+        return list(dict.fromkeys(line for line in path.read_text().splitlines() if line))
+
+    def sweep(self) -> list[str]:
+        """Stop every process and unmount every file system still using the scratch
+        directory; what was found, one line each (empty when the tests cleaned up)."""
+        found: list[str] = []
+        prefix = str(self.root)
+        for mount in _mounts_under(prefix):
+            found.append(f"mount {mount}")
+            for command in (["fusermount3", "-u", "-z", mount], ["umount", "-l", mount]):
+                if shutil.which(command[0]) and _quiet(command) == 0:
+                    break
+        for pid, command_line in _processes_using(prefix):
+            found.append(f"process {pid}: {command_line[:160]}")
+            # SIGQUIT first: a PostgreSQL postmaster then stops its children at once.
+            for signum in (signal.SIGQUIT, signal.SIGKILL):
+                try:
+                    os.kill(pid, signum)
+                except ProcessLookupError:
+                    break
+                if _gone(pid, GRACE_S / 2):
+                    break
+        return found
+
+    def remove(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _quiet(command: Sequence[str]) -> int:
+    try:
+        return subprocess.run(command, capture_output=True, check=False, timeout=GRACE_S).returncode
+    except (OSError, subprocess.TimeoutExpired):
+        return -1
+
+
+def _mounts_under(prefix: str) -> list[str]:
+    try:
+        lines = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return []
+    points = [line.split()[1].replace("\\040", " ") for line in lines if len(line.split()) > 1]
+    # Deepest first, so a mount inside another one goes before it.
+    return sorted((point for point in points if point.startswith(prefix)), reverse=True)
+
+
+def _processes_using(prefix: str) -> list[tuple[int, str]]:
+    """Processes whose command line or working directory is under ``prefix``."""
+    found = []
+    me = os.getpid()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            command_line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            continue
+        if prefix in command_line or cwd.startswith(prefix):
+            found.append((int(entry.name), command_line.strip()))
+    return found
+
+
+def _gone(pid: int, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _group_members(pgid: int) -> list[tuple[int, str]]:
+    """The processes still in process group ``pgid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            command_line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        # The fields after the command name, which is in parentheses and may hold spaces.
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 2 and int(fields[2]) == pgid:
+            found.append((int(entry.name), command_line.strip()))
+    return found
+
+
+def _stop_group(process: subprocess.Popen[bytes]) -> None:
+    """Stop a gate's whole process group: SIGTERM, then SIGKILL after a grace period."""
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, signum)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=GRACE_S)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _run(
+    command: Sequence[str | Path],
+    *,
+    limit_s: float,
+    env: dict[str, str] | None = None,
+    leftovers: list[str] | None = None,
+) -> tuple[int | None, float]:
+    """Run ``command`` in a process group of its own; its exit code (None when it overran
+    ``limit_s`` and was stopped) and its time. Interrupted propagates after the group
+    has been stopped. Processes of the group that outlive a gate that ended by itself are
+    named in ``leftovers``, then killed."""
     _log("$ " + " ".join(str(part) for part in command))
-    return subprocess.run(
-        [str(part) for part in command],
-        cwd=cwd,
-        check=False,
-        text=True,
-        timeout=STEP_TIMEOUT_S,
+    started = time.monotonic()
+    code: int | None = None
+    process = subprocess.Popen(
+        [str(part) for part in command], cwd=ROOT, env=env, start_new_session=True
     )
+    try:
+        code = process.wait(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        _stop_group(process)
+        code = None
+    except Interrupted:
+        _stop_group(process)
+        raise
+    finally:
+        stray = _group_members(process.pid)
+        if stray and leftovers is not None and code is not None:
+            leftovers.extend(f"process {pid}: {line[:160]}" for pid, line in stray)
+        if stray:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+    return code, time.monotonic() - started
 
 
-def _capture(command: Sequence[str | Path], *, cwd: Path) -> subprocess.CompletedProcess[str]:
+def _capture(
+    command: Sequence[str | Path], *, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(part) for part in command],
         cwd=cwd,
         check=False,
         text=True,
         capture_output=True,
-        timeout=STEP_TIMEOUT_S,
+        timeout=TOOL_LIMIT_S,
+        env=env,
     )
 
 
@@ -57,65 +256,145 @@ def _venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
-def _prepare_venv(python: str, venv: Path) -> Path:
-    if not _venv_python(venv).exists() and _run([python, "-m", "venv", venv]).returncode != 0:
-        raise SystemExit(f"could not create a virtual environment at {venv}")
+def _prepare_venv(python: str, venv: Path) -> Path | str:
+    """The environment's interpreter, or why it could not be made."""
+    if not _venv_python(venv).exists():
+        code, _ = _run([python, "-m", "venv", venv], limit_s=INSTALL_LIMIT_S)
+        if code != 0:
+            return f"could not create a virtual environment at {venv}"
     interpreter = _venv_python(venv)
     pip: list[str | Path] = [interpreter, "-m", "pip", "--disable-pip-version-check", "-q"]
-    if _run([*pip, "install", "-e", ".[dev,peers,reports,powerloss,postgres]"]).returncode != 0:
-        raise SystemExit("could not install the project with its dev extra")
+    extras = ".[dev,peers,reports,powerloss,postgres]"
+    code, _ = _run([*pip, "install", "-e", extras], limit_s=INSTALL_LIMIT_S)
+    if code != 0:
+        overran = " (overran its limit)" if code is None else ""
+        return f"could not install the project with its dev extra{overran}"
     return interpreter
 
 
-def _wheel_round_trip(python: str, dist: Path) -> bool:
-    """Install the built wheel alone into a clean venv and drive a real round trip."""
+def _wheel_round_trip(python: str, dist: Path, env: dict[str, str]) -> str | None:
+    """Install the built wheel alone into a clean venv and drive a real round trip; None
+    when it worked, otherwise why not."""
     wheels = sorted(dist.glob("crashqueuelab-*.whl"))
     if len(wheels) != 1:
-        _log(f"expected one wheel in {dist}, found {[w.name for w in wheels]}")
-        return False
-    with tempfile.TemporaryDirectory(prefix="crashqueuelab-wheel-") as scratch:
-        home = Path(scratch)
-        venv = home / "venv"
-        if _run([python, "-m", "venv", venv]).returncode != 0:
-            return False
-        pip: list[str | Path] = [
-            _venv_python(venv),
-            "-m",
-            "pip",
-            "--disable-pip-version-check",
-            "-q",
-        ]
-        if _run([*pip, "install", "--no-deps", wheels[0]]).returncode != 0:
-            return False
-        cli = venv / "bin" / "crashqueuelab"
-        if _capture([cli, "--help"], cwd=home).returncode != 0:
-            _log("crashqueuelab --help failed from the installed wheel")
-            return False
-        database = str(home / "queue.sqlite")
-        steps = [
-            ["submit", "--idempotency-key", "wheel-1", "--job-type", "synthetic.effect",
-             "--payload", '{"effect_key":"effect-1","value":7}'],
-            ["claim", "--worker-id", "wheel-worker"],
-        ]  # fmt: skip
-        outputs = []
-        for step in steps:
-            result = _capture([cli, step[0], "--database", database, *step[1:]], cwd=home)
-            outputs.append(json.loads(result.stdout))
-            if result.returncode != 0:
-                _log(f"{step[0]} failed: {result.stdout}")
-                return False
-        claimed = outputs[1]["claimed"]
-        finish = _capture(
-            [cli, "succeed", "--database", database, "--job-id", claimed["job"]["job_id"],
-             "--worker-id", "wheel-worker", "--lease-token", claimed["lease_token"]],
-            cwd=home,
-        )  # fmt: skip
-        check = _capture([cli, "check", "--database", database], cwd=home)
-        verdict = json.loads(check.stdout)
-        state = json.loads(finish.stdout).get("job", {}).get("state")
-        ok = finish.returncode == 0 and check.returncode == 0 and verdict["ok"]
-        _log(f"wheel round trip: final state {state}, check ok={verdict['ok']}")
-        return bool(ok and state == "SUCCEEDED")
+        return f"expected one wheel in {dist}, found {[w.name for w in wheels]}"
+    home = Path(tempfile.mkdtemp(prefix="wheel-", dir=env["TMPDIR"]))
+    venv = home / "venv"
+    if _run([python, "-m", "venv", venv], limit_s=INSTALL_LIMIT_S, env=env)[0] != 0:
+        return "could not create the clean virtual environment"
+    pip: list[str | Path] = [_venv_python(venv), "-m", "pip", "--disable-pip-version-check", "-q"]
+    if _run([*pip, "install", "--no-deps", wheels[0]], limit_s=INSTALL_LIMIT_S, env=env)[0] != 0:
+        return "could not install the wheel"
+    cli = venv / "bin" / "crashqueuelab"
+    if _capture([cli, "--help"], cwd=home, env=env).returncode != 0:
+        return "crashqueuelab --help failed from the installed wheel"
+    database = str(home / "queue.sqlite")
+    steps = [
+        ["submit", "--idempotency-key", "wheel-1", "--job-type", "synthetic.effect",
+         "--payload", '{"effect_key":"effect-1","value":7}'],
+        ["claim", "--worker-id", "wheel-worker"],
+    ]  # fmt: skip
+    outputs = []
+    for step in steps:
+        result = _capture([cli, step[0], "--database", database, *step[1:]], cwd=home, env=env)
+        if result.returncode != 0:
+            return f"{step[0]} failed: {result.stdout}{result.stderr}"
+        outputs.append(json.loads(result.stdout))
+    claimed = outputs[1]["claimed"]
+    finish = _capture(
+        [cli, "succeed", "--database", database, "--job-id", claimed["job"]["job_id"],
+         "--worker-id", "wheel-worker", "--lease-token", claimed["lease_token"]],
+        cwd=home, env=env,
+    )  # fmt: skip
+    check = _capture([cli, "check", "--database", database], cwd=home, env=env)
+    verdict = json.loads(check.stdout)
+    state = json.loads(finish.stdout).get("job", {}).get("state")
+    _log(f"wheel round trip: final state {state}, check ok={verdict['ok']}")
+    if finish.returncode != 0 or check.returncode != 0 or not verdict["ok"]:
+        return f"succeed or check failed: {finish.stdout} {check.stdout}"
+    return None if state == "SUCCEEDED" else f"the job ended {state}, not SUCCEEDED"
+
+
+class _Gates:
+    """Runs gates one after another and keeps their results for the summary."""
+
+    def __init__(self, scratch: Scratch) -> None:
+        self.scratch = scratch
+        self.env = scratch.environment()
+        self.results: list[Result] = []
+        self.leftovers: list[str] = []
+
+    def run(self, name: str, command: Sequence[str | Path], *, limit_s: float) -> bool:
+        try:
+            code, seconds = _run(command, limit_s=limit_s, env=self.env, leftovers=self.leftovers)
+        except Interrupted:
+            self.results.append(Result(name, False, 0.0, "interrupted"))
+            raise
+        why = ""
+        if code is None:
+            why = f"overran its limit of {limit_s:.0f} s and was stopped"
+        elif code != 0:
+            why = f"exit status {code}"
+        self.results.append(Result(name, code == 0, seconds, why))
+        return code == 0
+
+    def note(self, name: str, why: str | None, seconds: float) -> None:
+        self.results.append(Result(name, why is None, seconds, why or ""))
+
+
+def _summary(gates: _Gates, *, version: str, leftovers: list[str]) -> int:
+    failed_tests = gates.scratch.failed_tests()
+    _log("summary" + (" (CI)" if os.environ.get("CI") else "") + f", python {version}")
+    for result in gates.results:
+        why = f"  {result.why}" if result.why else ""
+        _log(f"  {'PASS' if result.ok else 'FAIL'}  {result.name}  ({result.seconds:.1f} s){why}")
+    if failed_tests:
+        _log(f"  failed tests ({len(failed_tests)}):")
+        for test in failed_tests:
+            _log(f"    {test}")
+    if leftovers:
+        _log(f"  left behind by the tests, stopped now ({len(leftovers)}):")
+        for line in leftovers:
+            _log(f"    {line}")
+    failed = [result.name for result in gates.results if not result.ok]
+    if leftovers:
+        failed.append("nothing left behind")
+    if failed:
+        _log(f"{len(failed)} gate(s) failed: {', '.join(failed)}")
+        return 1
+    _log(f"all {len(gates.results)} gates passed")
+    return 0
+
+
+def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
+    # Once is enough: the stop and the summary that follow must not be cut short.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Interrupted(signal.Signals(signum).name)
+
+
+def _all_gates(gates: _Gates, python: Path, *, pytest_only: bool, version: str) -> None:
+    if pytest_only:
+        gates.run(f"pytest (python {version})", [python, "-m", "pytest", "-q"],
+                  limit_s=PYTEST_LIMIT_S)  # fmt: skip
+        return
+    gates.run(
+        "pytest + branch coverage >= 95%",
+        [python, "-m", "pytest", "-q", "--cov", "--cov-branch", "--cov-report=term-missing"],
+        limit_s=PYTEST_LIMIT_S,
+    )
+    gates.run("ruff check", [python, "-m", "ruff", "check", "."], limit_s=TOOL_LIMIT_S)
+    gates.run("ruff format --check", [python, "-m", "ruff", "format", "--check", "."],
+              limit_s=TOOL_LIMIT_S)  # fmt: skip
+    gates.run("mypy --strict", [python, "-m", "mypy"], limit_s=TOOL_LIMIT_S)
+    dist = gates.scratch.root / "dist"
+    if gates.run("python -m build", [python, "-m", "build", "--outdir", dist, "."],
+                 limit_s=TOOL_LIMIT_S):  # fmt: skip
+        started = time.monotonic()
+        why = _wheel_round_trip(str(python), dist, gates.env)
+        gates.note("wheel in a clean venv: round trip", why, time.monotonic() - started)
+    else:
+        gates.note("wheel in a clean venv: round trip", "no wheel was built", 0.0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -124,53 +403,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--venv", default=None, help="virtual environment directory")
     parser.add_argument("--pytest-only", action="store_true", help="run only the test suite")
     args = parser.parse_args(argv)
-    version = _capture(
-        [args.python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], cwd=ROOT
-    ).stdout.strip()
+    version = subprocess.run(
+        [args.python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+        capture_output=True, text=True, check=False, timeout=60,
+    ).stdout.strip()  # fmt: skip
     venv = (
         Path(args.venv)
         if args.venv
         else ROOT / (".venv" if not args.pytest_only else f".venv-{version}")
     )
-    python = _prepare_venv(args.python, venv)
-    _log(f"python {version} in {venv}")
-    env_note = os.environ.get("CI", "")
-    results: list[tuple[str, bool, float]] = []
-
-    def gate(name: str, command: Sequence[str | Path]) -> bool:
+    signal.signal(signal.SIGINT, _raise_interrupted)
+    signal.signal(signal.SIGTERM, _raise_interrupted)
+    scratch = Scratch.make()
+    gates = _Gates(scratch)
+    interrupted = False
+    try:
         started = time.monotonic()
-        ok = _run(command).returncode == 0
-        results.append((name, ok, time.monotonic() - started))
-        return ok
-
-    if args.pytest_only:
-        gate(f"pytest (python {version})", [python, "-m", "pytest", "-q"])
-    else:
-        gate(
-            "pytest + branch coverage >= 95%",
-            [python, "-m", "pytest", "-q", "--cov", "--cov-branch", "--cov-report=term-missing"],
-        )
-        gate("ruff check", [python, "-m", "ruff", "check", "."])
-        gate("ruff format --check", [python, "-m", "ruff", "format", "--check", "."])
-        gate("mypy --strict", [python, "-m", "mypy"])
-        with tempfile.TemporaryDirectory(prefix="crashqueuelab-dist-") as dist:
-            if gate("python -m build", [python, "-m", "build", "--outdir", dist, "."]):
-                started = time.monotonic()
-                ok = _wheel_round_trip(str(python), Path(dist))
-                results.append(
-                    ("wheel in a clean venv: round trip", ok, time.monotonic() - started)
-                )
-            else:
-                results.append(("wheel in a clean venv: round trip", False, 0.0))
-    _log("summary" + (" (CI)" if env_note else ""))
-    for name, ok, seconds in results:
-        _log(f"  {'PASS' if ok else 'FAIL'}  {name}  ({seconds:.1f} s)")
-    failed = [name for name, ok, _ in results if not ok]
-    if failed:
-        _log(f"{len(failed)} gate(s) failed: {', '.join(failed)}")
-        return 1
-    _log(f"all {len(results)} gates passed")
-    return 0
+        python = _prepare_venv(args.python, venv)
+        if isinstance(python, str):
+            gates.note("install into the virtual environment", python, time.monotonic() - started)
+        else:
+            _log(f"python {version} in {venv}; scratch directory {scratch.root}")
+            _all_gates(gates, python, pytest_only=args.pytest_only, version=version)
+    except Interrupted as signal_name:
+        interrupted = True
+        _log(f"interrupted by {signal_name}: the running gate was stopped")
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        leftovers = gates.leftovers + scratch.sweep()
+        code = _summary(gates, version=version, leftovers=leftovers)
+        scratch.remove()
+    return EXIT_INTERRUPTED if interrupted else code
 
 
 if __name__ == "__main__":

@@ -20,6 +20,17 @@ RETRY = RetryPolicy(base_delay_us=1_000, max_delay_us=8_000)
 
 QueueFactory = Callable[..., DurableQueue]
 
+#: Set by scripts/gates.py: the file each failed test is named in as it fails, so a run the
+#: gates had to stop part-way still names its failures.
+FAILED_TESTS_VARIABLE = "CRASHQUEUELAB_FAILED_TESTS"
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    path = os.environ.get(FAILED_TESTS_VARIABLE)
+    if path and report.failed:
+        with open(path, "a", encoding="utf-8") as named:
+            named.write(f"{report.nodeid} (in {report.when})\n")
+
 
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import io
 import json
+import re
 import sqlite3
 import subprocess
 import sys
@@ -12,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from crashqueuelab.cli import EXIT_OK, EXIT_REJECTED, EXIT_STORE, EXIT_USAGE, main
+from crashqueuelab.cli import EXIT_OK, EXIT_REJECTED, EXIT_STORE, EXIT_USAGE, build_parser, main
 from tests.conftest import fingerprint, raw
 
 NOW = 5_000_000
@@ -419,14 +422,14 @@ def test_sqlite_and_os_errors_become_structured_errors(
     def locked(*args: object, **kwargs: object) -> None:
         raise sqlite3.OperationalError("database is locked")
 
-    monkeypatch.setattr("crashqueuelab.cli.check_database", locked)
+    monkeypatch.setattr("crashqueuelab.cli.database.check_database", locked)
     code, result, _ = run("check", "--database", str(db_path))
     assert (code, result["error"]["type"]) == (EXIT_STORE, "SQLiteError")
 
     def denied(*args: object, **kwargs: object) -> None:
         raise PermissionError("permission denied")
 
-    monkeypatch.setattr("crashqueuelab.cli.run_demo", denied)
+    monkeypatch.setattr("crashqueuelab.cli.experiments.run_demo", denied)
     code, result, _ = run("demo", "--output-directory", str(db_path.parent / "d"))
     assert (code, result["error"]["type"]) == (EXIT_STORE, "OSError")
 
@@ -481,8 +484,61 @@ def test_progress_on_a_terminal_has_a_bar_and_an_estimate(tmp_path: Path) -> Non
     assert lines[0].startswith("[#")
     assert "case 1/13" in lines[0]
     assert "s left" in lines[0]
-    assert lines[-1].startswith("[####################] case 13/13")
+    # Each progress line names the experiment, the system and the crash mode; the verdict
+    # comes last.
+    assert all("campaign sqlite (process): case " in line for line in lines[:-1])
+    assert lines[-2].startswith("[####################] campaign sqlite (process): case 13/13")
+    assert lines[-1].startswith("crashqueuelab: passed; report: ")
     quiet = _Terminal()
     main(["campaign", "--quiet", "--output-directory", str(tmp_path / "q")],
          stdout=io.StringIO(), stderr=quiet)  # fmt: skip
-    assert quiet.getvalue() == ""
+    assert quiet.getvalue().splitlines() == [
+        f"crashqueuelab: passed; report: {tmp_path / 'q' / 'report.html'}"
+    ]
+
+
+def test_the_verdict_is_the_last_thing_a_terminal_shows(tmp_path: Path) -> None:
+    """stdout and stderr on one terminal: the JSON first, then the one-line verdict."""
+    both = _Terminal()
+    code = main(["demo", "--output-directory", str(tmp_path / "d")], stdout=both, stderr=both)
+    assert code == EXIT_OK
+    text = both.getvalue()
+    assert text.rstrip().splitlines()[-1].startswith("crashqueuelab: passed; report: ")
+    assert json.loads(text[text.index("{") : text.rindex("}") + 1])["ok"] is True
+    both = _Terminal()
+    main(["demo", "--output-directory", str(tmp_path / "d")], stdout=both, stderr=both)
+    last = both.getvalue().rstrip().splitlines()[-1]
+    assert last.startswith("crashqueuelab: not ok: ")
+    assert "is not empty" in last
+
+
+def test_version_names_the_package_python_and_sqlite() -> None:
+    out = io.StringIO()
+    with pytest.raises(SystemExit) as exited, contextlib.redirect_stdout(out):
+        main(["--version"])
+    assert exited.value.code == 0
+    assert re.fullmatch(r"crashqueuelab \S+ \(Python \S+, SQLite \S+\)\n", out.getvalue())
+
+
+def _options(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.Action]]:
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found += [(f"{name} {option}", each) for option, each in _options(sub)]
+        elif action.option_strings and action.dest not in ("help", "version"):
+            found.append((action.option_strings[-1], action))
+    return found
+
+
+def test_every_option_has_a_description_and_shows_its_default() -> None:
+    parser = build_parser()
+    options = _options(parser)
+    assert len(options) > 60
+    for name, action in options:
+        assert action.help, f"{name} has no description"
+    formatter = parser._get_formatter()
+    for name, action in options:
+        shown = formatter._get_help_string(action) or ""
+        if action.default not in (None, False) and not action.required:
+            assert "default" in shown, f"{name} does not show its default: {shown!r}"

@@ -24,7 +24,7 @@ import functools
 import random
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
@@ -44,11 +44,13 @@ from crashqueuelab.lab.children import (
     CHILD_STDERR,
 )
 from crashqueuelab.lab.crashmodes import POWER_LOSS, PROCESS, check_crash_mode
+from crashqueuelab.lab.interrupts import Interrupted
 from crashqueuelab.lab.model import run_model_workload
 from crashqueuelab.lab.observe import observe_ledger
 from crashqueuelab.lab.powerloss.cases import run_power_loss_case
 from crashqueuelab.lab.powerloss.serverdisk import ClusterTemplate
 from crashqueuelab.lab.probes import run_probes
+from crashqueuelab.lab.progress import Progress, labelled
 from crashqueuelab.lab.readings import read_store
 from crashqueuelab.lab.reports import prepare_output_directory, write_json
 from crashqueuelab.lab.scenario import (
@@ -68,8 +70,6 @@ CAMPAIGN_FILE = "campaign.json"
 CRASH_TIME_DIR = "crash-time"
 #: Cases run side by side, each with its own child.
 CASES_AT_ONCE = 2
-
-Progress = Callable[[str], None]
 
 
 def campaign_order(
@@ -310,14 +310,23 @@ def _run_cases(
     progress: Progress | None,
     at_once: int,
 ) -> list[dict[str, Any]]:
-    cases = []
+    cases: list[dict[str, Any]] = []
     with ThreadPoolExecutor(max_workers=at_once) as pool:
         running = [
             pool.submit(runner, output_dir, index, point, seed, system=chosen, spec=spec)
             for index, point in enumerate(order)
         ]
         for index, (point, future) in enumerate(zip(order, running, strict=True)):
-            case = future.result()
+            try:
+                case = future.result()
+            except Interrupted as interruption:
+                # The cases not started never start; those running end at their crash point
+                # (their children took the same Ctrl-C) or at their bounded wait.
+                pool.shutdown(wait=True, cancel_futures=True)
+                interruption.partial["cases_done"] = len(cases)
+                interruption.partial["cases_planned"] = len(order)
+                interruption.partial["cases"] = cases
+                raise
             cases.append(case)
             if progress is not None:
                 verdict = "passed" if case["passed"] else "FAILED"
@@ -357,7 +366,8 @@ def run_campaign(
             at_once = 1
         elif crash_mode == POWER_LOSS:
             runner = run_power_loss_case
-        cases = _run_cases(output_dir, order, seed, chosen, system, runner, progress, at_once)
+        named = labelled(progress, f"campaign {system} ({crash_mode})")
+        cases = _run_cases(output_dir, order, seed, chosen, system, runner, named, at_once)
     probes = run_probes(chosen, output_dir / "probes")
 
     model = run_model_workload(chosen, output_dir / "model", seed=seed)

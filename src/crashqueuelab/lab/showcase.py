@@ -17,14 +17,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from crashqueuelab.lab.campaign import CAMPAIGN_FILE, Progress, run_campaign
+from crashqueuelab.lab.campaign import CAMPAIGN_FILE, run_campaign
 from crashqueuelab.lab.crashmodes import POWER_LOSS, power_loss_refusal
 from crashqueuelab.lab.demo import COMPARISON_FILE, IDEMPOTENCY_KEY, run_demo
 from crashqueuelab.lab.effects import Destination
+from crashqueuelab.lab.interrupts import Interrupted
 from crashqueuelab.lab.mutants.catalog import MUTANTS
-from crashqueuelab.lab.mutants.runner import MUTANTS_FILE, run_mutants
+from crashqueuelab.lab.mutants.runner import MUTANTS_FILE, run_mutants, score
 from crashqueuelab.lab.observe import observe_ledger
 from crashqueuelab.lab.powerloss.disk import unavailable_reason
+from crashqueuelab.lab.progress import Progress, labelled
 from crashqueuelab.lab.readings import read_store
 from crashqueuelab.lab.reports import prepare_output_directory, read_json, write_json
 from crashqueuelab.lab.scenario import LEDGER_FILE, STORE_DIRECTORY, scenario_jobs
@@ -103,21 +105,22 @@ def _power_loss_summary(campaign_dir: Path, unavailable: str | None) -> dict[str
     return {"ran": True, "ok": report["ok"], **report["summary"]}
 
 
-def _mutant_summary(mutants_dir: Path, unavailable: str | None) -> dict[str, Any]:
+def _mutant_summary(mutants_dir: Path) -> dict[str, Any]:
     report = read_json(mutants_dir / MUTANTS_FILE)
-    skipped = [m.name for m in MUTANTS if m.name not in {r["mutant"] for r in report["mutants"]}]
+    not_run = report.get("not_run", [])
     line = (
-        f"mutants: {report['caught']} of {report['total']} caught by the evidence each is"
-        f" named for (seed {report['seed']}, {report['timings']['total_s']:.0f} s); the full"
-        " run, every kind of evidence under two seeds: crashqueuelab mutants"
+        f"mutants: {score(report)} by the evidence each is named for (seed {report['seed']},"
+        f" {report['timings']['total_s']:.0f} s)"
     )
-    if skipped:
-        line += f"; {len(skipped)} skipped, they need a power cut: {unavailable}"
+    if not_run:
+        line += f"; not run: {', '.join(m['mutant'] for m in not_run)}: {not_run[0]['reason']}"
+    line += "; the full run, every kind of evidence under two seeds: crashqueuelab mutants"
     return {
         "ok": report["ok"],
+        "complete": not not_run,
         "caught": report["caught"],
         "total": report["total"],
-        "skipped": skipped,
+        "not_run": not_run,
         "missed": report["missed"],
         "seeds": report["seeds"],
         "evidence": report["evidence"],
@@ -175,11 +178,24 @@ def summarize(output_dir: Path, *, seed: int) -> dict[str, Any]:
         )
         for spec in specs
     }
-    mutants = _mutant_summary(output_dir / MUTANTS_DIR, unavailable)
+    mutants = _mutant_summary(output_dir / MUTANTS_DIR)
     first = systems[specs[0]]
+    not_run = [
+        f"{spec}: the power-loss campaign ({section['power_loss_campaign']['unavailable']})"
+        for spec, section in systems.items()
+        if not section["power_loss_campaign"]["ran"]
+    ]
+    if mutants["not_run"]:
+        not_run.append(
+            f"{len(mutants['not_run'])} of {mutants['total']} mutants"
+            f" ({mutants['not_run'][0]['reason']})"
+        )
     return {
         "seed": seed,
         "ok": all(section["ok"] for section in systems.values()) and mutants["ok"],
+        # Skipped evidence is part of the verdict: what ran passed, and this did not run.
+        "complete": not not_run,
+        "not_run": not_run,
         "mutants": mutants,
         "power_loss": "ran" if unavailable is None else f"unavailable: {unavailable}",
         "queue_delivery_semantics": read_json(
@@ -213,29 +229,43 @@ def run_showcase(
     write_json(
         output_dir / SYSTEMS_FILE, {"systems": chosen, "power_loss_unavailable": unavailable}
     )
-    for spec in chosen:
-        section = output_dir / _directory_name(spec)
-        run_demo(section / EFFECT_DIR, seed=seed, system=spec)
-        if progress is not None:
-            progress(f"{spec}: effect experiment done")
-        run_campaign(section / CAMPAIGN_DIR, seed=seed, system=spec, progress=progress)
-        if unavailable is None and power_loss_refusal(resolve_system(spec)) is None:
-            run_campaign(
-                section / POWER_LOSS_DIR,
-                seed=seed,
-                system=spec,
-                crash_mode=POWER_LOSS,
-                progress=progress,
-            )
-    runnable = [m.name for m in MUTANTS if unavailable is None or not m.needs_power_loss]
-    run_mutants(
-        output_dir / MUTANTS_DIR,
-        seed=seed,
-        seeds=1,
-        names=runnable,
-        named_evidence=True,
-        progress=progress,
-    )
+    done: list[str] = []
+    try:
+        for spec in chosen:
+            section = output_dir / _directory_name(spec)
+            run_demo(section / EFFECT_DIR, seed=seed, system=spec)
+            done.append(f"{spec}: effect experiment")
+            said = labelled(progress, f"effect experiment {spec}")
+            if said is not None:
+                said("done")
+            run_campaign(section / CAMPAIGN_DIR, seed=seed, system=spec, progress=progress)
+            done.append(f"{spec}: crash campaign")
+            if unavailable is None and power_loss_refusal(resolve_system(spec)) is None:
+                run_campaign(
+                    section / POWER_LOSS_DIR,
+                    seed=seed,
+                    system=spec,
+                    crash_mode=POWER_LOSS,
+                    progress=progress,
+                )
+                done.append(f"{spec}: power-loss campaign")
+        not_run = {
+            m.name: f"it needs a power cut, and {unavailable}"
+            for m in MUTANTS
+            if unavailable is not None and m.needs_power_loss
+        }
+        run_mutants(
+            output_dir / MUTANTS_DIR,
+            seed=seed,
+            seeds=1,
+            named_evidence=True,
+            not_run=not_run,
+            progress=progress,
+        )
+    except Interrupted as interruption:
+        # Each part finished so far has its own record and page below the directory.
+        interruption.partial["parts_done"] = done
+        raise
     summary = summarize(output_dir, seed=seed)
     write_json(output_dir / SHOWCASE_FILE, summary)
     return summary

@@ -28,7 +28,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,8 @@ from crashqueuelab.lab.bench.workers import (
     run_worker,
 )
 from crashqueuelab.lab.inheritance import Inherited
+from crashqueuelab.lab.interrupts import Interrupted
+from crashqueuelab.lab.progress import Progress, labelled
 from crashqueuelab.lab.readings import read_store
 from crashqueuelab.lab.reports import prepare_output_directory, write_json
 from crashqueuelab.systems.contract import JobSpec, JobStatus
@@ -71,8 +73,6 @@ BATCHED = f"{DEFAULT_SYSTEM}-batched"
 BATCHED_CHAINED = f"{DEFAULT_SYSTEM}-batched-chained"
 #: The default system's lanes, in the order the targets list them.
 PATHS = (SINGLE, CHAINED, BATCHED, BATCHED_CHAINED)
-
-Progress = Callable[[str], None]
 
 
 def percentile(values: Sequence[int], fraction: float) -> float:
@@ -217,6 +217,15 @@ def _remove_store(store: Path) -> None:
         Path(f"{store}{suffix}").unlink(missing_ok=True)
 
 
+def _stop_workers(processes: list[Any], store: Path) -> None:
+    """Kill a cell's workers (those that were started) and remove its store."""
+    for process in processes:
+        if process.pid is not None:
+            process.kill()
+            process.join(timeout=WAIT_TIMEOUT_S)
+    _remove_store(store)
+
+
 def run_config(
     context: Any,
     scratch: Path,
@@ -249,9 +258,9 @@ def run_config(
         )
         for index in range(workers)
     ]
-    for process in processes:
-        process.start()
     try:
+        for process in processes:
+            process.start()
         barrier.wait(timeout=WAIT_TIMEOUT_S)
         released = time.monotonic()
         reports: list[WorkerReport] = [results.get(timeout=WAIT_TIMEOUT_S * 5) for _ in processes]
@@ -262,14 +271,14 @@ def run_config(
             for _ in processes:
                 report = results.get(timeout=REPORT_GRACE_S)
                 errors += [report.error] if report.error is not None else []
-        for process in processes:
-            process.kill()
-            process.join(timeout=WAIT_TIMEOUT_S)
-        _remove_store(store)
+        _stop_workers(processes, store)
         codes = [process.exitcode for process in processes]
         if errors:
             return cell | {"failed": f"a worker's system raised: {errors[0]}"}
         return cell | {"failed": f"workers did not start or finish (exit codes {codes})"}
+    except Interrupted:
+        _stop_workers(processes, store)
+        raise
     for process in processes:
         process.join(timeout=WAIT_TIMEOUT_S)
     exit_codes = [process.exitcode for process in processes]
@@ -495,6 +504,7 @@ def run_bench(
     for name in peers:
         resolve_peer(name)
     prepare_output_directory(output_dir)
+    progress = labelled(progress, "bench")
     scratch = output_dir / "databases"
     scratch.mkdir()
     lanes = lanes_for(systems, peers, scratch)
@@ -509,33 +519,38 @@ def run_bench(
         ["__main__", "crashqueuelab.lab.bench.workers", *sorted(adapters)]
     )
     disk = fsync_rate(output_dir)
-    cells = []
-    for cost in work_ms:
-        for count in workers:
-            runs: dict[str, list[dict[str, Any]]] = {lane.name: [] for lane in lanes}
-            # Systems alternate inside each (cost, workers) pair, and so do the rounds, so
-            # drift hits them alike.
-            for round_number in range(1, repeat + 1):
-                for lane in lanes:
-                    run = run_config(
-                        context,
-                        scratch,
-                        lane=lane,
-                        workers=count,
-                        work_ms=cost,
-                        jobs=jobs,
-                        batch=batch,
-                    )
-                    runs[lane.name].append(run)
-                    if progress is not None:
-                        rate = (
-                            f"{run['jobs_per_s']:,.0f} jobs/s"
-                            if "jobs_per_s" in run
-                            else run.get("skipped") or run.get("failed")
+    cells: list[dict[str, Any]] = []
+    try:
+        for cost in work_ms:
+            for count in workers:
+                runs: dict[str, list[dict[str, Any]]] = {lane.name: [] for lane in lanes}
+                # Systems alternate inside each (cost, workers) pair, and so do the rounds, so
+                # drift hits them alike.
+                for round_number in range(1, repeat + 1):
+                    for lane in lanes:
+                        run = run_config(
+                            context,
+                            scratch,
+                            lane=lane,
+                            workers=count,
+                            work_ms=cost,
+                            jobs=jobs,
+                            batch=batch,
                         )
-                        which = f" (run {round_number} of {repeat})" if repeat > 1 else ""
-                        progress(f"{lane.name} workers={count} work={cost:g}ms{which}: {rate}")
-            cells += [median_run(runs[lane.name]) for lane in lanes]
+                        runs[lane.name].append(run)
+                        if progress is not None:
+                            rate = (
+                                f"{run['jobs_per_s']:,.0f} jobs/s"
+                                if "jobs_per_s" in run
+                                else run.get("skipped") or run.get("failed")
+                            )
+                            which = f" (run {round_number} of {repeat})" if repeat > 1 else ""
+                            progress(f"{lane.name} workers={count} work={cost:g}ms{which}: {rate}")
+                cells += [median_run(runs[lane.name]) for lane in lanes]
+    except Interrupted as interruption:
+        interruption.partial["cells_done"] = len(cells)
+        interruption.partial["cells"] = cells
+        raise
     scratch.rmdir()
     report = {
         "machine": {

@@ -22,6 +22,7 @@ from crashqueuelab.lab.batching import batch_sizer
 from crashqueuelab.lab.bench import textbook
 from crashqueuelab.lab.bench.peers import resolve_peer
 from crashqueuelab.lab.inheritance import Inherited
+from crashqueuelab.lab.interrupts import ignore_interrupts
 from crashqueuelab.systems.contract import ChainingClient, OpenRequest, QueueClient
 from crashqueuelab.systems.registry import resolve_system
 
@@ -227,6 +228,7 @@ RUNNERS = {
 
 def run_worker(spec: WorkerSpec, barrier: Barrier, results: Queue[WorkerReport]) -> None:
     """Process entry point: drain the queue, then report."""
+    ignore_interrupts()
     spec.inherited.adopt()
     try:
         latencies, started, sizes = RUNNERS[spec.path_kind](spec, barrier)

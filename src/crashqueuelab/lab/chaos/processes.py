@@ -21,6 +21,7 @@ from crashqueuelab.core.retry import RetryPolicy
 from crashqueuelab.lab.chaos.worklog import SHARED_COMMIT_COUNTS
 from crashqueuelab.lab.effects import Destination, EffectLedger
 from crashqueuelab.lab.inheritance import Inherited
+from crashqueuelab.lab.interrupts import ignore_interrupts
 from crashqueuelab.systems.contract import (
     Claim,
     CommitSharingClient,
@@ -69,6 +70,7 @@ class WorkerSpec:
 
 def _guarded(error_file: str, inherited: Inherited, body: Callable[[], None]) -> None:
     """Run ``body``; if the system raises, keep the traceback and exit with WORKER_FAILED."""
+    ignore_interrupts()
     inherited.adopt()
     try:
         body()

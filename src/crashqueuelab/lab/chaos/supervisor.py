@@ -37,11 +37,13 @@ from crashqueuelab.lab.chaos.processes import (
     worker_main,
 )
 from crashqueuelab.lab.chaos.schedule import SPAN, FaultKind, PlannedFault, plan
-from crashqueuelab.lab.chaos.worklog import LOG_SUFFIX, LogFollower, read_logs
+from crashqueuelab.lab.chaos.worklog import LOG_SUFFIX, LogFollower, acknowledged_keys, read_logs
 from crashqueuelab.lab.children import CLI_MODULE
 from crashqueuelab.lab.crashmodes import POWER_LOSS, PROCESS, check_crash_mode
 from crashqueuelab.lab.effects import Destination, EffectLedger
 from crashqueuelab.lab.inheritance import Inherited
+from crashqueuelab.lab.interrupts import Interrupted
+from crashqueuelab.lab.progress import Progress, labelled
 from crashqueuelab.lab.reports import prepare_output_directory, write_json
 from crashqueuelab.lab.scenario import STORE_DIRECTORY
 from crashqueuelab.systems.contract import JobSpec, System
@@ -66,8 +68,6 @@ DRAIN_S = 10.0
 MAX_WORKER_FAILURES = 5
 #: More worker processes than this would only measure the machine's process table.
 MAX_WORKERS = 64
-
-Progress = Callable[[str], None]
 
 
 @dataclass
@@ -331,18 +331,30 @@ class _ChaosRun:
             self.release_file.touch()
             self.released = True
 
-    def shut_down(self) -> None:
-        """Let workers drain and exit on their own; stop whatever is still running."""
+    def so_far(self, jobs: int) -> dict[str, Any]:
+        """What an interrupted run had done: the faults that landed, the workers started,
+        the jobs the workers' logs say were acknowledged."""
+        return {
+            "jobs": jobs,
+            "jobs_acknowledged": len(acknowledged_keys(read_logs(self.logs))),
+            "faults": self.state.delivered,
+            "workers_started": self.state.workers,
+        }
+
+    def shut_down(self, *, drain: bool = True) -> None:
+        """Let workers drain and exit on their own (unless the run was interrupted); stop
+        whatever is still running."""
         self.release()
         self.stop_file.touch()
-        drained = time.monotonic() + DRAIN_S
-        for slot in self.slots:
-            slot.process.join(timeout=max(0.0, drained - time.monotonic()))
-        for slot in self.slots:
-            if _signal(slot.process, signal.SIGCONT):
-                slot.process.terminate()
-                slot.process.join(timeout=10)
-        if self.maintenance is not None:
+        drained = time.monotonic() + (DRAIN_S if drain else 0.0)
+        started = [slot.process for slot in self.slots if _started(slot.process)]
+        for process in started:
+            process.join(timeout=max(0.0, drained - time.monotonic()))
+        for process in started:
+            if _signal(process, signal.SIGCONT):
+                process.terminate()
+                process.join(timeout=10)
+        if _started(self.maintenance):
             self.maintenance.join(timeout=10)
             if self.maintenance.exitcode is None:
                 self.maintenance.kill()
@@ -432,13 +444,14 @@ def run_chaos(
         )
         run.power = power
         run.restart_server = restart_server
-        run.launch()
-        try:
-            finished_in_time = _drive(
-                run, pending, jobs=jobs, deadline_s=deadline_s, progress=progress
-            )
-        finally:
-            run.shut_down()
+        finished_in_time = _run_workers(
+            run,
+            pending,
+            jobs=jobs,
+            deadline_s=deadline_s,
+            progress=labelled(progress, f"chaos {system} ({crash_mode})"),
+            described={"system": chosen.describe(), "crash_mode": crash_mode},
+        )
         store = Path(files.store) if power is None else power.finish()
     finally:
         if power is not None:
@@ -563,6 +576,28 @@ def _check_parameters(
             + f" need at least {math.ceil(faults / SPAN)} jobs; {jobs} jobs leave room for"
             f" {room} faults",
         )
+
+
+def _run_workers(
+    run: _ChaosRun,
+    pending: list[PlannedFault],
+    *,
+    jobs: int,
+    deadline_s: float,
+    progress: Progress | None,
+    described: dict[str, Any],
+) -> bool:
+    """Start the workers, deliver the faults, shut the workers down; True once the work was
+    done. An interrupted run stops its workers at once and says what it had done."""
+    try:
+        run.launch()
+        return _drive(run, pending, jobs=jobs, deadline_s=deadline_s, progress=progress)
+    except Interrupted as interruption:
+        run.shut_down(drain=False)
+        interruption.partial.update(described | run.so_far(jobs))
+        raise
+    finally:
+        run.shut_down()
 
 
 def _drive(
@@ -695,6 +730,12 @@ def _judge_pauses(delivered: list[dict[str, Any]], log_dir: Path) -> list[str]:
     return anomalies
 
 
+def _started(process: Any) -> bool:
+    """Whether ``process`` was started (a run interrupted while launching may hold one that
+    never was, which can be neither joined nor signalled)."""
+    return process is not None and process.pid is not None
+
+
 def _signal(process: Any, signum: int) -> bool:
     """Signal a worker that is still running; False when it has already exited.
 
@@ -702,7 +743,7 @@ def _signal(process: Any, signum: int) -> bool:
     finished its work may already be gone; checking ``exitcode`` first also keeps a
     signal from reaching a recycled process id.
     """
-    if process.exitcode is not None:
+    if not _started(process) or process.exitcode is not None:
         return False
     try:
         os.kill(process.pid, signum)

@@ -6,7 +6,7 @@ catch that depends on the seed is luck, not evidence."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.campaign import run_campaign
 from crashqueuelab.lab.chaos.supervisor import run_chaos
 from crashqueuelab.lab.crashmodes import POWER_LOSS
+from crashqueuelab.lab.interrupts import Interrupted
 from crashqueuelab.lab.mutants.catalog import (
     CHAOS,
     CRASH_CAMPAIGN,
@@ -25,13 +26,20 @@ from crashqueuelab.lab.mutants.catalog import (
 )
 from crashqueuelab.lab.powerloss.disk import require_power_loss
 from crashqueuelab.lab.probes import run_probes
+from crashqueuelab.lab.progress import Progress, labelled
 from crashqueuelab.lab.reports import prepare_output_directory, write_json
 from crashqueuelab.systems.registry import resolve_system
 
 MUTANTS_FILE = "mutants.json"
 #: Every kind of evidence, in the order reports list them.
 EVIDENCE = (CRASH_CAMPAIGN, POWER_LOSS_CAMPAIGN, PROBES, MODEL, CHAOS)
-Progress = Callable[[str], None]
+
+
+def score(report: Mapping[str, Any]) -> str:
+    """ "13 of 17 caught, 4 not run": a mutant that did not run is never counted as caught."""
+    text = f"{report['caught']} of {report['total']} caught"
+    not_run = report.get("not_run", [])
+    return text + (f", {len(not_run)} not run" if not_run else "")
 
 
 def _failures(lines: list[str], prefix: str, by: str) -> list[dict[str, str]]:
@@ -142,47 +150,66 @@ def run_mutants(
     pauses: int = 2,
     power_cuts: int = 2,
     named_evidence: bool = False,
+    not_run: Mapping[str, str] | None = None,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Every mutant (or the named ones); writes ``mutants.json``.
 
     With ``named_evidence`` each mutant runs only through the evidence the catalog names for
-    it (the showcase's quick pass); otherwise through all of it.
+    it (the showcase's quick pass); otherwise through all of it. ``not_run`` names mutants
+    left out and why (the showcase's power-loss mutants where the machine cannot cut the
+    power): they count in the total and are listed as not run, never as caught.
     """
     known = {mutant.name: mutant for mutant in MUTANTS}
-    unknown = sorted(set(names or ()) - set(known))
+    left_out = dict(not_run or {})
+    unknown = sorted((set(names or ()) | set(left_out)) - set(known))
     if unknown:
         raise InvalidInput("mutant", f"unknown {unknown}; known: {sorted(known)}")
     chosen = [known[name] for name in names] if names else list(MUTANTS)
+    chosen = [mutant for mutant in chosen if mutant.name not in left_out]
     if not named_evidence or any(mutant.needs_power_loss for mutant in chosen):
         require_power_loss()
     prepare_output_directory(output_dir)
     used = [seed + offset for offset in range(seeds)]
     started = time.perf_counter()
     results = []
-    for index, mutant in enumerate(chosen):
-        result = run_mutant(
-            output_dir / mutant.name,
-            mutant,
-            seeds=used,
-            jobs=jobs,
-            kills=kills,
-            pauses=pauses,
-            cuts=power_cuts,
-            kinds=(mutant.evidence,) if named_evidence else EVIDENCE,
-        )
-        results.append(result)
-        if progress is not None:
-            verdict = "caught" if result["caught"] else "NOT caught"
-            progress(f"{index + 1}/{len(chosen)} {mutant.name}: {verdict}")
+    progress = labelled(progress, "mutants")
+    try:
+        for index, mutant in enumerate(chosen):
+            result = run_mutant(
+                output_dir / mutant.name,
+                mutant,
+                seeds=used,
+                jobs=jobs,
+                kills=kills,
+                pauses=pauses,
+                cuts=power_cuts,
+                kinds=(mutant.evidence,) if named_evidence else EVIDENCE,
+            )
+            results.append(result)
+            if progress is not None:
+                verdict = "caught" if result["caught"] else "NOT caught"
+                progress(f"{index + 1}/{len(chosen)} {mutant.name}: {verdict}")
+    except Interrupted as interruption:
+        interruption.partial["mutants"] = results
+        interruption.partial["mutants_done"] = len(results)
+        interruption.partial["mutants_planned"] = len(chosen)
+        raise
     missed = [result["mutant"] for result in results if not result["caught"]]
+    skipped = [
+        {"mutant": name, "changes": known[name].changes, "reason": reason}
+        for name, reason in left_out.items()
+    ]
     report = {
         "ok": not missed,
+        "complete": not skipped,
         "seed": seed,
         "seeds": used,
         "evidence": "named" if named_evidence else "all",
         "caught": len(results) - len(missed),
-        "total": len(results),
+        "total": len(results) + len(skipped),
+        "ran": len(results),
+        "not_run": skipped,
         "missed": missed,
         "reasons": [
             f"mutant {result['mutant']} not caught: {result['not_caught_because']}"

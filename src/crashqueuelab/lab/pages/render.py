@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 
 from crashqueuelab.core.errors import InvalidInput
+from crashqueuelab.lab.pages.interrupted import interrupted_view
 from crashqueuelab.lab.pages.views import (
     View,
     bench_view,
@@ -48,7 +50,12 @@ def write_report(run_dir: Path) -> Path:
     for marker, view_of in KINDS:
         if (run_dir / marker).is_file():
             try:
-                view = view_of(run_dir)
+                record = json.loads((run_dir / marker).read_text(encoding="utf-8"))
+                view = (
+                    interrupted_view(run_dir, record)
+                    if isinstance(record, dict) and record.get("interrupted")
+                    else view_of(run_dir)
+                )
             except (KeyError, TypeError, ValueError) as error:
                 # Another version's report, or a hand-edited one: say so, never a traceback.
                 raise InvalidInput(

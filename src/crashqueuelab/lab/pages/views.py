@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from crashqueuelab.lab.chaos.worklog import read_logs
+from crashqueuelab.lab.mutants.runner import score
 from crashqueuelab.lab.pages.charts import Chart, Mark, Rule, Series, rate_over_time
 
 #: Twelve colors, so a bench with ten lanes (ours, the textbook queue, six peers) repeats none.
@@ -65,6 +66,17 @@ class Verdict:
     duration: float | None
     command: str
     reasons: list[str] = field(default_factory=list)
+    #: Evidence that did not run, and why: shown beside the verdict, never as passed.
+    not_run: list[str] = field(default_factory=list)
+    interrupted: bool = False
+
+    @property
+    def word(self) -> str:
+        if self.interrupted:
+            return "INTERRUPTED"
+        if not self.ok:
+            return "FAILED"
+        return "Passed what ran" if self.not_run else "Passed"
 
 
 @dataclass
@@ -136,11 +148,18 @@ def _states(states: dict[str, str] | None) -> str:
 def _closing_figures(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     """A campaign's last rows, in either crash mode: the probes, the model workload, the system."""
     summary, system, model = report["summary"], report["system"], report.get("model")
+    skipped = [
+        f"{probe['name']} ({probe['detail']})"
+        for probe in report.get("probes", [])
+        if not probe["ran"]
+    ]
     probes = (
         "fencing probes",
         f"{summary['probes_passed']} passed, {summary['probes_failed']} failed,"
-        f" {summary['probes_skipped']} skipped",
-        "skipped: the system lacks the capability",
+        f" {summary['probes_skipped']} not run",
+        f"not run, the system lacks what they need: {'; '.join(skipped)}"
+        if skipped
+        else "every probe ran",
     )
     workload = (
         ("model-driven workload", "not run", "a report from before it existed")
@@ -235,9 +254,10 @@ def mutants_view(run_dir: Path) -> View:
         f" ({parameters['chaos_jobs']} jobs, {parameters['chaos_kills']} kills,"
         f" {parameters['chaos_pauses']} pauses, {parameters.get('chaos_power_cuts', 0)} power cuts)"
     )
+    not_run = [f"mutant {m['mutant']}: {m['reason']}" for m in report.get("not_run", [])]
     verdict = Verdict(
         ok=report["ok"],
-        title=f"mutants: {report['caught']} of {report['total']} caught",
+        title=f"mutants: {score(report)}",
         system=", ".join(sorted({m["system"] for m in report["mutants"]})),
         durability="",
         seed=report["seed"],
@@ -245,12 +265,18 @@ def mutants_view(run_dir: Path) -> View:
         command=f"crashqueuelab mutants --seed {report['seed']} --seeds {len(report['seeds'])}"
         f" --output-directory {run_dir}",
         reasons=report["reasons"],
+        not_run=not_run,
     )
     figures = [
-        ("mutants caught", f"{report['caught']} of {report['total']}", "under every seed"),
+        ("mutants caught", score(report), "under every seed; a mutant not run is not caught"),
         ("seeds", ", ".join(map(str, report["seeds"])), "a catch must hold for each"),
     ]
-    data = {"mutants": report["mutants"], "seeds": report["seeds"], "evidence": evidence}
+    data = {
+        "mutants": report["mutants"],
+        "not_run": report.get("not_run", []),
+        "seeds": report["seeds"],
+        "evidence": evidence,
+    }
     return View("mutants.html.j2", verdict, figures, data)
 
 
@@ -700,7 +726,7 @@ def showcase_view(run_dir: Path) -> View:
     verdict = Verdict(
         ok=summary["ok"],
         title=f"showcase: the effect experiment and the crash campaigns on {len(sections)}"
-        f" systems; {mutants['caught']} of {mutants['total']} mutants caught",
+        f" systems; mutants {score(mutants)}",
         system=", ".join(summary["systems"]),
         durability="",
         seed=summary["seed"],
@@ -709,6 +735,7 @@ def showcase_view(run_dir: Path) -> View:
         + " ".join(f"--system {spec}" for spec in summary["systems"])
         + f" --output-directory {run_dir}",
         reasons=reasons,
+        not_run=summary.get("not_run", []),
     )
     campaign = summary["process_fault_campaign"]
     figures = [
@@ -721,7 +748,7 @@ def showcase_view(run_dir: Path) -> View:
         for s in sections
         for spec in [s["spec"]]
     ] + [
-        ("mutants", f"{mutants['caught']} of {mutants['total']} caught", mutants["line"]),
+        ("mutants", score(mutants), mutants["line"]),
         ("power loss", summary["power_loss"], "campaigns that lose what nobody synced"),
         ("delivery semantics", summary["queue_delivery_semantics"], ""),
         ("exit codes", ", ".join(map(str, campaign["exit_codes"])), "86: killed by the crash hook"),

@@ -1,0 +1,405 @@
+"""The experiments: each writes a new output directory (its JSON, its retained evidence and
+its page) instead of using a database; and ``report``, which rebuilds a page."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+from crashqueuelab.cli.common import (
+    EXIT_OK,
+    EXIT_REJECTED,
+    SYSTEM_HELP,
+    Command,
+    add_crash_mode,
+    add_dsn,
+    add_system,
+    non_negative,
+    positive,
+)
+from crashqueuelab.cli.progress import progress_for
+from crashqueuelab.core.errors import InvalidInput
+from crashqueuelab.lab.bench.peers import BENCH_PEERS
+from crashqueuelab.lab.bench.runner import BENCH_FILE, run_bench, table
+from crashqueuelab.lab.campaign import CAMPAIGN_FILE, run_campaign
+from crashqueuelab.lab.chaos.supervisor import CHAOS_FILE, run_chaos
+from crashqueuelab.lab.demo import COMPARISON_FILE, DEFAULT_SEED, run_demo
+from crashqueuelab.lab.mutants.runner import MUTANTS_FILE, run_mutants
+from crashqueuelab.lab.showcase import (
+    CAMPAIGN_DIR,
+    EFFECT_DIR,
+    MUTANTS_DIR,
+    POWER_LOSS_DIR,
+    SHOWCASE_FILE,
+    run_showcase,
+)
+from crashqueuelab.systems.registry import DEFAULT_SYSTEM, SHIPPED
+
+#: The file each experiment writes into its output directory: the record of its run.
+RUN_FILES = {
+    "showcase": SHOWCASE_FILE,
+    "demo": COMPARISON_FILE,
+    "campaign": CAMPAIGN_FILE,
+    "chaos": CHAOS_FILE,
+    "mutants": MUTANTS_FILE,
+    "bench": BENCH_FILE,
+}
+
+
+def html_report(directory: Path, stderr: TextIO | None = None) -> str | None:
+    """Write the run's report.html when Jinja2 is installed (the reports extra); its path.
+
+    The run's evidence is already on disk: a page that cannot be built is said on stderr
+    and costs the run nothing (``crashqueuelab report DIR`` can build it again).
+    """
+    if importlib.util.find_spec("jinja2") is None:
+        return None
+    from crashqueuelab.lab.pages.render import write_report
+
+    try:
+        return str(write_report(directory))
+    except Exception as error:
+        print(f"crashqueuelab: report.html not written: {error!r}", file=stderr or sys.stderr)
+        return None
+
+
+def _report(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    from crashqueuelab.lab.pages.render import write_report
+
+    directory: Path = args.directory
+    if not directory.is_dir():
+        raise InvalidInput("directory", f"{directory} is not a directory")
+    path = write_report(directory)
+    return EXIT_OK, {"ok": True, "report": str(path)}
+
+
+def _demo(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    comparison = run_demo(args.output_directory, seed=args.seed, system=args.system)
+    ok = all(comparison[name]["invariants_ok"] for name in ("idempotent", "non_idempotent"))
+    return (EXIT_OK if ok else EXIT_REJECTED), {
+        "ok": ok,
+        "report": html_report(args.output_directory),
+        "comparison": comparison,
+        "output_directory": str(args.output_directory),
+    }
+
+
+def _campaign(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    report = run_campaign(
+        args.output_directory,
+        seed=args.seed,
+        system=args.system,
+        crash_mode=args.crash_mode,
+        progress=progress_for(args),
+        crash_points=args.crash_point,
+    )
+    return (EXIT_OK if report["ok"] else EXIT_REJECTED), {
+        "ok": report["ok"],
+        "report": html_report(args.output_directory),
+        "system": report["system"],
+        "crash_mode": report["crash_mode"],
+        "seed": report["seed"],
+        "summary": report["summary"],
+        "anomalies": report["anomalies"],
+        "reasons": report["anomalies"],
+        "campaign_report": str(args.output_directory / CAMPAIGN_FILE),
+    }
+
+
+def _showcase(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    summary = run_showcase(
+        args.output_directory,
+        seed=args.seed,
+        systems=args.system or list(SHIPPED),
+        progress=progress_for(args),
+    )
+    sections = [Path(section["artifacts"]["campaign_report"]).parent.parent
+                for section in summary["systems"].values()]  # fmt: skip
+    if importlib.util.find_spec("jinja2") is not None:
+        for section in sections:
+            for part in (EFFECT_DIR, CAMPAIGN_DIR, POWER_LOSS_DIR):
+                if (section / part).is_dir():
+                    html_report(section / part)
+        html_report(args.output_directory / MUTANTS_DIR)
+    report = html_report(args.output_directory)
+    if not args.quiet:
+        print(f"crashqueuelab: {summary['mutants']['line']}", file=args.stderr)
+    return (EXIT_OK if summary["ok"] else EXIT_REJECTED), {"report": report, **summary}
+
+
+def _chaos(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    report = run_chaos(
+        args.output_directory,
+        seed=args.seed,
+        jobs=args.jobs,
+        workers=args.workers,
+        kills=args.kills,
+        pauses=args.pauses,
+        lease_ms=args.lease_ms,
+        batch=args.batch,
+        system=args.system,
+        crash_mode=args.crash_mode,
+        power_cuts=args.power_cuts,
+        server_restarts=args.server_restarts,
+        session_kills=args.session_kills,
+        restart_server=None if args.server is None else args.server.restart_after_crash,
+        progress=progress_for(args),
+    )
+    return (EXIT_OK if report["ok"] else EXIT_REJECTED), {
+        key: report[key]
+        for key in (
+            "ok", "reasons", "system", "crash_mode", "notes", "seed", "parameters",
+            "kills_delivered", "pauses_delivered", "power_cuts_delivered",
+            "server_restarts_delivered", "session_kills_delivered",
+            "pauses_with_takeover", "pauses_fenced", "respawns", "accounting", "anomalies",
+            "timings",
+        )
+    } | {
+        "chaos_report": str(args.output_directory / CHAOS_FILE),
+        "report": html_report(args.output_directory),
+    }  # fmt: skip
+
+
+def _mutants(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    report = run_mutants(
+        args.output_directory,
+        seed=args.seed,
+        names=args.mutant,
+        seeds=args.seeds,
+        jobs=args.jobs,
+        kills=args.kills,
+        pauses=args.pauses,
+        power_cuts=args.power_cuts,
+        named_evidence=args.named_evidence,
+        progress=progress_for(args),
+    )
+    return (EXIT_OK if report["ok"] else EXIT_REJECTED), {
+        key: report[key]
+        for key in (
+            "ok", "reasons", "caught", "total", "not_run", "missed", "seeds", "evidence",
+            "mutants",
+        )
+    } | {
+        "mutants_report": str(args.output_directory / MUTANTS_FILE),
+        "report": html_report(args.output_directory),
+    }  # fmt: skip
+
+
+def _bench(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    report = run_bench(
+        args.output_directory,
+        jobs=args.jobs,
+        workers=args.workers,
+        work_ms=args.work_ms,
+        systems=args.system or [DEFAULT_SYSTEM],
+        batch=args.batch,
+        progress=progress_for(args),
+        peers=args.peer or [],
+        repeat=args.repeat,
+    )
+    args.stderr.write(table(report["cells"]) + "\n")
+    return (EXIT_OK if report["ok"] else EXIT_REJECTED), {
+        "ok": report["ok"],
+        "report": html_report(args.output_directory),
+        "reasons": report["reasons"],
+        "systems": report["systems"],
+        "disk": report["disk"],
+        "targets": report["targets"],
+        "bench_report": str(args.output_directory / BENCH_FILE),
+    }
+
+
+def _batch_size(text: str) -> int | None:
+    if text == "adaptive":
+        return None
+    try:
+        return positive(text)
+    except argparse.ArgumentTypeError as error:
+        raise argparse.ArgumentTypeError(
+            f"{error}; give a positive integer or 'adaptive'"
+        ) from None
+
+
+def _numbers(text: str, convert: Callable[[str], float], minimum: float) -> list[float]:
+    try:
+        values = [convert(part) for part in text.split(",") if part]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list") from None
+    if not values or min(values) < minimum:
+        raise argparse.ArgumentTypeError(f"every value must be at least {minimum:g}")
+    return values
+
+
+def _int_list(text: str) -> list[int]:
+    return [int(value) for value in _numbers(text, int, 1)]
+
+
+def _float_list(text: str) -> list[float]:
+    return _numbers(text, float, 0)
+
+
+def add_experiment_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--output-directory", type=Path, required=True, help="a new or empty directory"
+    )
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="fixes order and ids")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def add_experiment_commands(command: Command) -> None:
+    """The experiments: they write an output directory instead of using a database."""
+    sub = command(
+        "showcase",
+        _showcase,
+        "run the effect experiment and the fault campaign; print the evidence summary",
+        database=False,
+    )
+    sub.add_argument(
+        "--system",
+        action="append",
+        help=f"repeat for several (default: every shipped one): {SYSTEM_HELP}",
+    )
+    add_dsn(sub)
+    sub = command(
+        "demo",
+        _demo,
+        "crash after an effect commit, before acknowledgement: idempotent vs not",
+        database=False,
+    )
+    add_system(sub)
+    sub = command(
+        "campaign",
+        _campaign,
+        "kill a child process with os._exit at each crash point of a system; run the probes",
+        database=False,
+    )
+    add_system(sub)
+    add_crash_mode(sub)
+    sub.add_argument(
+        "--crash-point",
+        action="append",
+        help="run only this crash point (repeat for several; default: every one)",
+    )
+    sub = command(
+        "chaos",
+        _chaos,
+        "SIGKILL and SIGSTOP real worker processes at random; count lost and duplicated work",
+        database=False,
+    )
+    sub.add_argument("--jobs", type=positive, default=3000, help="jobs submitted before the run")
+    sub.add_argument(
+        "--workers", type=positive, default=4, help="worker processes (respawned when killed)"
+    )
+    sub.add_argument(
+        "--kills", type=non_negative, default=300, help="SIGKILLs, spread over the work"
+    )
+    sub.add_argument(
+        "--pauses",
+        type=non_negative,
+        default=5,
+        help="SIGSTOPs, each held until the worker's leases were taken over or expired",
+    )
+    sub.add_argument("--lease-ms", type=positive, default=500, help="each claim's lease")
+    sub.add_argument(
+        "--batch",
+        type=positive,
+        default=4,
+        help="jobs a worker claims and acknowledges at once (1: the single calls)",
+    )
+    add_system(sub)
+    add_crash_mode(sub)
+    sub.add_argument(
+        "--power-cuts",
+        type=non_negative,
+        default=0,
+        help="with --crash-mode power-loss: cut the power this often (every process dies)",
+    )
+    sub.add_argument(
+        "--server-restarts",
+        type=non_negative,
+        default=0,
+        help="stop the system's server with pg_ctl stop -m immediate and start it again this"
+        " often (postgres, on the server the run started)",
+    )
+    sub.add_argument(
+        "--session-kills",
+        type=non_negative,
+        default=0,
+        help="end a worker's database session with pg_terminate_backend this often (postgres)",
+    )
+    sub = command(
+        "mutants",
+        _mutants,
+        "run planted bugs of the shipped systems through the campaign and chaos; what caught each",
+        database=False,
+    )
+    sub.add_argument("--mutant", action="append", help="only this one (repeatable)")
+    sub.add_argument(
+        "--seeds", type=positive, default=2, help="seeds from --seed on; each one must catch"
+    )
+    sub.add_argument("--jobs", type=positive, default=300, help="jobs of each chaos run")
+    sub.add_argument("--kills", type=non_negative, default=15, help="SIGKILLs of each chaos run")
+    sub.add_argument("--pauses", type=non_negative, default=2, help="SIGSTOPs of each chaos run")
+    sub.add_argument("--power-cuts", type=non_negative, default=2, help="of each chaos run")
+    sub.add_argument(
+        "--named-evidence",
+        action="store_true",
+        help="each mutant only through the evidence the catalog names for it (quick)",
+    )
+    sub = command(
+        "bench",
+        _bench,
+        "throughput, latency and fairness against a textbook queue, side by side",
+        database=False,
+    )
+    sub.add_argument("--jobs", type=positive, default=2000, help="jobs of each cell's run")
+    sub.add_argument(
+        "--repeat",
+        type=positive,
+        default=1,
+        help="run every cell N times, interleaved; a cell shows its median run and the spread",
+    )
+    sub.add_argument(
+        "--workers",
+        type=_int_list,
+        default=[1, 2, 4, 8, 16],
+        help="comma-separated worker counts, one column of cells each",
+    )
+    sub.add_argument(
+        "--work-ms",
+        type=_float_list,
+        default=[0.0, 1.0],
+        help="comma-separated milliseconds of work per job, one row of cells each",
+    )
+    sub.add_argument(
+        "--batch",
+        type=_batch_size,
+        default=None,
+        help="jobs per batch of the batched path, or 'adaptive' (the default): each worker"
+        " sizes its batches from the commit and work times it measures",
+    )
+    sub.add_argument(
+        "--system",
+        action="append",
+        help=f"repeat to put systems side by side with the textbook queue: {SYSTEM_HELP}",
+    )
+    sub.add_argument(
+        "--peer",
+        action="append",
+        help="repeat to add a peer library, driven through its own calls (the peers extra):"
+        f" {', '.join(BENCH_PEERS)}",
+    )
+    add_dsn(sub)
+
+
+def add_report_command(commands: Any) -> None:
+    help_text = "(re)build DIR/report.html from a run's retained files (needs the reports extra)"
+    sub = commands.add_parser("report", help=help_text, description=help_text)
+    sub.set_defaults(handler=_report)
+    sub.add_argument(
+        "directory", type=Path, help="a showcase, demo, campaign, chaos or bench directory"
+    )

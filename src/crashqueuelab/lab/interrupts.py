@@ -1,0 +1,67 @@
+"""Interrupting a run (Ctrl-C, SIGTERM): the run stops its children, servers and mounts on
+the way out and leaves a readable record of what it had done, never a traceback.
+
+The command line runs each experiment inside ``interruptible()``: the first SIGINT or
+SIGTERM raises ``Interrupted`` in the main thread. ``Interrupted`` is a ``BaseException``,
+so no ``except Exception`` in the lab swallows it, while every ``finally`` on its way up
+runs (that is where processes are stopped and disks unmounted). A run that knows what it
+had finished adds it to ``partial`` before passing the exception on.
+
+The lab's worker processes ignore SIGINT (``ignore_interrupts``): a Ctrl-C at a terminal
+reaches the whole process group, and the supervisor, not each worker, decides how they stop.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
+
+#: The exit status of an interrupted command (128 + SIGINT, as shells report it).
+EXIT_INTERRUPTED = 130
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(BaseException):
+    """A run was stopped by a signal; ``partial`` holds what it had done by then."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(f"interrupted by {signal_name}")
+        self.signal_name = signal_name
+        self.at = time.monotonic()
+        self.partial: dict[str, Any] = {}
+
+
+def _raise(signum: int, frame: FrameType | None) -> None:
+    # Only the first signal interrupts: the stops and the record that follow it must not be
+    # cut short by a second Ctrl-C (every wait on the way out is bounded).
+    for each in _SIGNALS:
+        signal.signal(each, signal.SIG_IGN)
+    raise Interrupted(signal.Signals(signum).name)
+
+
+@contextmanager
+def interruptible() -> Iterator[None]:
+    """SIGINT and SIGTERM raise ``Interrupted`` inside; the previous handlers come back on
+    the way out. Outside the main thread (where Python cannot handle signals) it does
+    nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {each: signal.getsignal(each) for each in _SIGNALS}
+    for each in _SIGNALS:
+        signal.signal(each, _raise)
+    try:
+        yield
+    finally:
+        for each, handler in previous.items():
+            signal.signal(each, handler)
+
+
+def ignore_interrupts() -> None:
+    """In a worker process: leave SIGINT to the supervisor, which stops the worker itself."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
