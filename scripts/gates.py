@@ -47,6 +47,8 @@ GRACE_S = 10.0
 #: run that is stopped part-way still names them.
 FAILURES_VARIABLE = "CRASHQUEUELAB_FAILED_TESTS"
 EXIT_INTERRUPTED = 130
+#: pytest's options in every gate: no cache directory in the working tree.
+PYTEST = ("-q", "-p", "no:cacheprovider")
 
 
 class Interrupted(Exception):
@@ -92,6 +94,11 @@ class Scratch:
         # Coverage's data files (one per measured subprocess) go here, never into the tree.
         env["COVERAGE_FILE"] = str(self.root / ".coverage")
         env[FAILURES_VARIABLE] = str(self.root / "failed-tests.txt")
+        # The tools' own caches too: nothing is written into the working tree.
+        env["HYPOTHESIS_STORAGE_DIRECTORY"] = str(self.root / "hypothesis")
+        env["MYPY_CACHE_DIR"] = str(self.root / "mypy-cache")
+        env["RUFF_CACHE_DIR"] = str(self.root / "ruff-cache")
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
         return env
 
     def failed_tests(self) -> list[str]:
@@ -375,12 +382,12 @@ def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
 
 def _all_gates(gates: _Gates, python: Path, *, pytest_only: bool, version: str) -> None:
     if pytest_only:
-        gates.run(f"pytest (python {version})", [python, "-m", "pytest", "-q"],
+        gates.run(f"pytest (python {version})", [python, "-m", "pytest", *PYTEST],
                   limit_s=PYTEST_LIMIT_S)  # fmt: skip
         return
     gates.run(
         "pytest + branch coverage >= 95%",
-        [python, "-m", "pytest", "-q", "--cov", "--cov-branch", "--cov-report=term-missing"],
+        [python, "-m", "pytest", *PYTEST, "--cov", "--cov-branch", "--cov-report=term-missing"],
         limit_s=PYTEST_LIMIT_S,
     )
     gates.run("ruff check", [python, "-m", "ruff", "check", "."], limit_s=TOOL_LIMIT_S)

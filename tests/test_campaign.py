@@ -132,8 +132,10 @@ def test_the_showcase_prints_a_summary_computed_from_its_artifacts(
             assert power_loss["crash_states_passed"] == power_loss["crash_states"] > 0
     mutants = summary["mutants"]
     assert mutants["ok"] is True
-    assert mutants["caught"] == mutants["total"] == len(MUTANTS) - len(mutants["skipped"])
-    assert mutants["line"].startswith(f"mutants: {mutants['caught']} of {mutants['total']} caught")
+    assert mutants["total"] == len(MUTANTS)
+    assert mutants["caught"] == len(MUTANTS) - len(mutants["not_run"])
+    assert summary["complete"] is (not mutants["not_run"] and summary["power_loss"] == "ran")
+    assert mutants["line"].startswith(f"mutants: {mutants['caught']} of {len(MUTANTS)} caught")
     assert summary.pop("report") == str(shared / "report.html")
     assert json.loads((target / "showcase.json").read_text()) == summary
     # Damage one retained effect database: the summary, recomputed, must notice.
@@ -163,11 +165,28 @@ def test_a_showcase_without_power_loss_says_why_and_runs_the_rest(
     section = summary["systems"]["sqlite"]["power_loss_campaign"]
     assert section == {"ran": False, "ok": True, "unavailable": "no /dev/fuse here"}
     assert not (tmp_path / "s" / "sqlite" / "power-loss-campaign").exists()
+    # Skipped evidence is part of the verdict: counted in the total, named, never caught.
     mutants = summary["mutants"]
-    needing = sum(1 for mutant in MUTANTS if mutant.needs_power_loss)
-    assert mutants["total"] == mutants["caught"] == len(MUTANTS) - needing
-    assert len(mutants["skipped"]) == needing == 4
-    assert mutants["line"].endswith("4 skipped, they need a power cut: no /dev/fuse here")
+    needing = [mutant.name for mutant in MUTANTS if mutant.needs_power_loss]
+    assert (mutants["total"], mutants["caught"]) == (len(MUTANTS), len(MUTANTS) - len(needing))
+    assert [m["mutant"] for m in mutants["not_run"]] == needing
+    assert len(needing) == 4
+    assert mutants["line"].startswith("mutants: 13 of 17 caught, 4 not run by the evidence")
+    assert "it needs a power cut, and no /dev/fuse here" in mutants["line"]
+    assert (summary["ok"], summary["complete"]) == (True, False)
+    assert summary["not_run"] == [
+        "sqlite: the power-loss campaign (no /dev/fuse here)",
+        "4 of 17 mutants (it needs a power cut, and no /dev/fuse here)",
+    ]
+    kept = json.loads((tmp_path / "s" / "mutants" / "mutants.json").read_text())
+    assert (kept["caught"], kept["total"], kept["ran"], kept["complete"]) == (13, 17, 13, False)
+    page = (tmp_path / "s" / "report.html").read_text()
+    assert "Passed what ran" in page
+    assert "mutants 13 of 17 caught, 4 not run" in page
+    assert "Not run (2): not counted as passed" in page
+    mutants_page = (tmp_path / "s" / "mutants" / "report.html").read_text()
+    assert "mutants: 13 of 17 caught, 4 not run" in mutants_page
+    assert mutants_page.count("not run, so not caught") == 4
 
 
 @pytest.mark.parametrize("command", ["showcase", "demo", "campaign"])

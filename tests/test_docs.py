@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 from crashqueuelab import cli
@@ -28,7 +29,10 @@ def test_every_command_is_documented_and_has_help() -> None:
 
 def test_every_exit_code_is_documented() -> None:
     text = (DOCS / "cli.md").read_text()
-    for name in ("EXIT_OK", "EXIT_REJECTED", "EXIT_USAGE", "EXIT_STORE", "EXIT_UNAVAILABLE"):
+    for name in (
+        "EXIT_OK", "EXIT_REJECTED", "EXIT_USAGE", "EXIT_STORE", "EXIT_UNAVAILABLE",
+        "EXIT_INTERRUPTED",
+    ):  # fmt: skip
         assert f"| {getattr(cli, name)} | `{name}` |" in text
 
 
@@ -89,3 +93,25 @@ def test_every_error_type_a_user_can_see_is_listed() -> None:
     kinds -= {"OperationUnsupported"}
     for kind in sorted(kinds | {"UsageError", "SQLiteError", "OSError"}):
         assert f"| `{kind}` |" in text, f"docs/cli.md does not list {kind}"
+
+
+def test_the_docs_call_the_command_one_way() -> None:
+    """README and docs (the history in the performance journal aside) run the command as
+    .venv/bin/crashqueuelab, Python as .venv/bin/python, pip as .venv/bin/pip."""
+    root = DOCS.parent
+    pages = [root / "README.md", *(p for p in DOCS.glob("*.md") if "journal" not in p.name)]
+    other_ways = re.compile(
+        r"(?m)(^\s*(\$ )?crashqueuelab [a-z]|(?<![\w./-])`crashqueuelab [a-z]"
+        r"|python3? -m crashqueuelab [a-z]|(?<![\w./-])pip install -e"
+        r"|(?<![\w./-])python3? benchmarks/)"
+    )
+    for page in pages:
+        found = other_ways.findall(page.read_text())
+        assert not found, f"{page.name} calls a command another way: {found[:3]}"
+
+
+def test_the_docs_index_links_every_doc() -> None:
+    index = (DOCS / "README.md").read_text()
+    for page in DOCS.glob("*.md"):
+        if page.name != "README.md":
+            assert f"]({page.name}" in index, f"docs/README.md does not link {page.name}"

@@ -123,7 +123,16 @@ class _Watcher(LogFollower):
     """What the workers' logs say: how much is done, and who holds what."""
 
     def finished(self) -> int:
+        """Jobs whose acknowledgement a worker heard accepted."""
         return len(self.acknowledged)
+
+    def progressed(self) -> int:
+        """Jobs whose acknowledgement was accepted or sent: what the faults' progress marks
+        count. A job acknowledged by a worker killed before it could log the answer is done
+        in the store yet absent from ``finished``; counted here, the marks stay reachable
+        until the work ends (a refused acknowledgement's job is done later under the same
+        key, so nothing counts twice)."""
+        return len(self.acknowledged | self.sent)
 
     def found_no_work(self, worker_ids: Iterable[str]) -> bool:
         """Whether one of these workers found no unfinished job left."""
@@ -619,7 +628,7 @@ def _drive(
             run.follow(watcher)
             if run.work_done():
                 return True
-            finished = watcher.finished()
+            finished = watcher.progressed()
             run.respawn_dead()
             if run.failed():
                 return False
@@ -647,14 +656,18 @@ def _drive(
                 and pending[0].after_finished > finished
                 and watcher.found_no_work(slot.worker_id for slot in run.slots)
             ):
-                # No job is left to finish, so the remaining marks will never be reached:
-                # the work ended under the plan (they are reported as not delivered).
-                run.release()
+                # The idle line was written after every acknowledgement had been sent, so
+                # the logs read again now hold them all: only a mark still out of reach
+                # then will never be reached (a power cut lost acknowledged jobs), and the
+                # work ended under the plan (those faults are reported as not delivered).
+                run.follow(watcher)
+                if pending[0].after_finished > watcher.progressed():
+                    run.release()
             if progress is not None and time.monotonic() >= next_report:
                 next_report = time.monotonic() + PROGRESS_EVERY_S
                 kills_so_far = _kind_count(run.state.delivered, FaultKind.KILL)
                 progress(
-                    f"{finished}/{jobs} jobs acknowledged, {kills_so_far} kills,"
+                    f"{watcher.finished()}/{jobs} jobs acknowledged, {kills_so_far} kills,"
                     f" {time.monotonic() - started:.1f} s"
                 )
             time.sleep(TICK_S)

@@ -127,6 +127,10 @@ class LogFollower:
         self._offsets: dict[Path, int] = {}
         self.logs: dict[str, WorkerLog] = {}
         self.acknowledged: set[str] = set()
+        #: Keys whose acknowledgement was sent, answered or not: a worker killed between
+        #: its commit and its answer's line leaves its job done in the store and never
+        #: says so, so progress read from ``acknowledged`` alone trails the store.
+        self.sent: set[str] = set()
         #: Every claim of a key: which worker, and when (monotonic seconds).
         self.claimers: dict[str, list[tuple[str, float]]] = {}
 
@@ -143,9 +147,10 @@ class LogFollower:
             if data:
                 self._offsets[path] = offset + len(data)
                 log = self.logs.setdefault(worker_id, WorkerLog())
-                acks, events = len(log.acks), len(log.events)
+                acks, sent, events = len(log.acks), len(log.acking), len(log.events)
                 log.add(data.decode())
                 self.acknowledged.update(key for key, _ in log.acks[acks:])
+                self.sent.update(key for key, _ in log.acking[sent:])
                 for at, word, key, _ in log.events[events:]:
                     if word == "claim":
                         self.claimers.setdefault(key, []).append((worker_id, at))
