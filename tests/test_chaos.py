@@ -226,3 +226,26 @@ def test_the_group_commit_counts_of_a_log_add_up_and_a_torn_line_is_ignored() ->
         "carrier_vanished_rerun": 1,
     }
     assert WorkerLog().shared_commits is None
+
+
+def test_progress_counts_an_acknowledgement_sent_by_a_worker_killed_before_its_answer(
+    tmp_path: Path,
+) -> None:
+    """The store is ahead of the logs by every job a killed worker acknowledged without
+    logging the answer; the faults' progress marks must count those jobs too."""
+    from crashqueuelab.lab.chaos.supervisor import _Watcher
+
+    (tmp_path / "worker-0.1.log").write_text(
+        "claim k1 t1 1.0\nclaim k2 t2 1.0\nacking k1 t1 1.1\nacking k2 t2 1.1\nack k1 t1 1.2\n"
+    )
+    (tmp_path / "worker-1.1.log").write_text("claim k3 t3 1.0\nacking k3 t3 1.1\nstale k3 t3 1.2\n")
+    watcher = _Watcher(tmp_path)
+    watcher.refresh(["worker-0.1", "worker-1.1"])
+    assert watcher.finished() == 1  # only k1's answer was heard
+    assert watcher.progressed() == 3  # k2 may be done in the store; k3 will be, by its taker
+    (tmp_path / "worker-1.1.log").write_text(
+        "claim k3 t3 1.0\nacking k3 t3 1.1\nstale k3 t3 1.2\nclaim k3 t4 1.3\nacking k3 t4 1.4\n"
+        "ack k3 t4 1.5\n"
+    )
+    watcher.refresh(["worker-1.1"])
+    assert (watcher.finished(), watcher.progressed()) == (2, 3)  # a key counts once
