@@ -156,10 +156,14 @@ def test_a_real_browser_shows_the_verdict_and_draws_the_charts(
     assert "CONSOLE" not in dom.stderr
     assert "Uncaught" not in dom.stderr
     verdict = re.search(
-        r'<div class="verdict (ok|failed)" id="verdict" data-ok="(\w+)">', dom.stdout
+        r'<div class="verdict (ok|failed|incomplete)" id="verdict" data-ok="(\w+)"'
+        r' data-complete="(\w+)">',
+        dom.stdout,
     )
     assert verdict is not None
     assert verdict.group(2) == "true"
+    if POWER_LOSS:  # every kind of evidence ran here: nothing is shown as not run
+        assert (verdict.group(1), verdict.group(3)) == ("ok", "true")
     for width, height in re.findall(r'<svg [^>]*width="([\d.]+)" height="([\d.]+)"', dom.stdout):
         assert float(width) > 0
         assert float(height) > 0
