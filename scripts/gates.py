@@ -236,6 +236,11 @@ def _run(
         _stop_group(process)
         raise
     finally:
+        # Helpers a gate started (a multiprocessing fork server, its resource tracker) exit
+        # once they see their parent gone: give them a moment before naming any as left.
+        deadline = time.monotonic() + GRACE_S
+        while _group_members(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
         stray = _group_members(process.pid)
         if stray and leftovers is not None and code is not None:
             leftovers.extend(f"process {pid}: {line[:160]}" for pid, line in stray)

@@ -189,14 +189,21 @@ def test_sqlite_at_normal_loses_acknowledged_work_and_the_lab_names_it(tmp_path:
 
 
 @needs_fuse
-def test_walqueue_passes_and_its_two_sync_mutants_are_caught(tmp_path: Path) -> None:
-    passed = run_campaign(tmp_path / "wq", seed=5, system="walqueue", crash_mode=POWER_LOSS)
+def test_walqueue_passes_and_its_two_sync_mutants_are_caught(
+    showcase_run: tuple[int, dict[str, object], Path],
+) -> None:
+    """Read from the session's showcase, which ran walqueue's power-loss campaign and each
+    mutant through the evidence that catches it (for these two, the power-loss campaign)."""
+    _, _, showcase = showcase_run
+    passed = json.loads(
+        (showcase / "walqueue" / "power-loss-campaign" / "campaign.json").read_text()
+    )
     assert passed["ok"], passed["anomalies"]
-    catalog = "crashqueuelab.lab.mutants.catalog"
+    assert passed["crash_mode"] == POWER_LOSS
     for mutant in ("wal_without_fsync", "current_without_directory_sync"):
-        report = run_campaign(
-            tmp_path / mutant, seed=5, system=f"{catalog}:{mutant}", crash_mode=POWER_LOSS
-        )
+        kept = showcase / "mutants" / mutant / "seed-4" / "power-loss-campaign" / "campaign.json"
+        report = json.loads(kept.read_text())
+        assert report["system"]["name"] == f"walqueue-mutant-{mutant.replace('_', '-')}"
         assert not report["ok"]
         assert report["summary"]["states_losing_acknowledged_work"] > 0
 

@@ -258,6 +258,7 @@ def run_showcase(
             output_dir / MUTANTS_DIR,
             seed=seed,
             seeds=1,
+            names=[m.name for m in MUTANTS],
             named_evidence=True,
             not_run=not_run,
             progress=progress,
