@@ -182,7 +182,15 @@ def test_a_queue_that_raises_is_reported_and_the_run_stops(tmp_path: Path) -> No
     assert any("the system raised RuntimeError" in line for line in result["anomalies"])
 
 
-def test_the_showcase_takes_an_outside_system_too(tmp_path: Path) -> None:
+def test_the_showcase_takes_an_outside_system_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from crashqueuelab.lab import showcase
+    from crashqueuelab.lab.mutants.catalog import MUTANTS
+
+    # The mutants are the shipped systems' planted bugs, whatever system the showcase is
+    # given; one of them is enough here (test_mutants runs them all).
+    monkeypatch.setattr(showcase, "MUTANTS", [MUTANTS[0]])
     code, summary, _ = run_cli(
         "showcase", "--system", "tiny_adapter:tiny_system", "--seed", "2",
         "--output-directory", str(tmp_path / "s"),
@@ -197,6 +205,7 @@ def test_the_showcase_takes_an_outside_system_too(tmp_path: Path) -> None:
         "non_idempotent": 2,
     }
     assert (tmp_path / "s" / "tiny_adapter-tiny_system" / "process-fault-campaign").is_dir()
+    assert (summary["mutants"]["caught"], summary["mutants"]["total"]) == (1, 1)
     code, result, _ = run_cli(
         "showcase", "--system", "nowhere:nothing", "--output-directory", str(tmp_path / "t")
     )

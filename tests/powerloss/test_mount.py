@@ -20,7 +20,6 @@ import pytest
 
 from crashqueuelab import cli
 from crashqueuelab.core.errors import CrashModeUnavailable
-from crashqueuelab.lab.campaign import run_campaign
 from crashqueuelab.lab.crashmodes import POWER_LOSS
 from crashqueuelab.lab.powerloss import disk as disk_module
 from crashqueuelab.lab.powerloss.crashstate import LOSE_ALL, materialize
@@ -153,31 +152,37 @@ def test_each_missing_piece_is_named(
 
 
 @needs_fuse
-def test_sqlite_at_full_keeps_every_acknowledged_transition_at_every_point(tmp_path: Path) -> None:
-    report = run_campaign(tmp_path / "run", seed=11, crash_mode=POWER_LOSS)
+def test_sqlite_at_full_keeps_every_acknowledged_transition_at_every_point(
+    showcase_run: tuple[int, dict[str, object], Path],
+) -> None:
+    """Read from the session's showcase, whose sqlite power-loss campaign ran every point."""
+    _, _, showcase = showcase_run
+    run = showcase / "sqlite" / "power-loss-campaign"
+    report = json.loads((run / "campaign.json").read_text())
     summary = report["summary"]
     assert report["ok"], report["anomalies"]
+    assert report["crash_mode"] == POWER_LOSS
     assert summary["passed"] == summary["named_fault_points"] == 13
     assert summary["crash_states"] == summary["crash_states_passed"] >= 13 * 4
     assert summary["states_losing_acknowledged_work"] == 0
     assert summary["pending_writes_at_cuts"] > 0  # the cuts did take something away
     case = report["cases"][0]
-    journal = tmp_path / "run" / case["artifacts"]["journal"]
+    journal = run / case["artifacts"]["journal"]
     assert json.loads(journal.read_text())["data"]  # the retained evidence of what was lost
 
 
 @needs_fuse
-def test_sqlite_at_normal_loses_acknowledged_work_and_the_lab_names_it(tmp_path: Path) -> None:
-    spec = "crashqueuelab.lab.mutants.catalog:synchronous_normal"
-    out = io.StringIO()
-    argv = ["campaign", "--crash-mode", "power-loss", "--system", spec, "--seed", "11", "--quiet"]
-    code = cli.main([*argv, "--output-directory", str(tmp_path / "run")], stdout=out,
-                    stderr=io.StringIO())  # fmt: skip
-    result = json.loads(out.getvalue())
-    assert code == cli.EXIT_REJECTED
+def test_sqlite_at_normal_loses_acknowledged_work_and_the_lab_names_it(
+    showcase_run: tuple[int, dict[str, object], Path],
+) -> None:
+    """Read from the session's showcase, whose mutant pass ran the synchronous=NORMAL
+    mutant through the power-loss campaign."""
+    _, _, showcase = showcase_run
+    run = showcase / "mutants" / "synchronous_normal" / "seed-4" / "power-loss-campaign"
+    result = json.loads((run / "campaign.json").read_text())
+    assert not result["ok"]
     assert result["crash_mode"] == "power-loss"
-    case = next(c for c in json.loads((tmp_path / "run" / "campaign.json").read_text())["cases"]
-                if c["fault_point"] == "AFTER_SUCCESS_COMMIT")  # fmt: skip
+    case = next(c for c in result["cases"] if c["fault_point"] == "AFTER_SUCCESS_COMMIT")
     lose_all = case["crash_states"][0]
     assert lose_all["choice"] == "lose-all"
     assert not lose_all["durable_as_promised"]
