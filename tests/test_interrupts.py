@@ -4,6 +4,7 @@ traceback), and ``crashqueuelab report DIR`` renders what it had."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import selectors
@@ -11,10 +12,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from crashqueuelab import cli
 from crashqueuelab.lab.interrupts import EXIT_INTERRUPTED, Interrupted, interruptible
 from crashqueuelab.lab.powerloss.disk import unavailable_reason
 
@@ -135,3 +139,84 @@ def test_a_power_loss_campaign_interrupted_by_sigterm_unmounts_its_disks(tmp_pat
     assert 1 <= kept["cases_done"] < kept["cases_planned"]  # type: ignore[operator]
     mounts = Path("/proc/mounts").read_text()
     assert str(directory) not in mounts
+
+
+def test_interruptible_does_nothing_outside_the_main_thread() -> None:
+    import threading
+
+    seen: list[object] = []
+
+    def body() -> None:
+        with interruptible():
+            seen.append(signal.getsignal(signal.SIGINT))
+
+    before = signal.getsignal(signal.SIGINT)
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join(timeout=LIMIT_S)
+    assert seen == [before]
+
+
+def _interrupting(after: int) -> Callable[..., Any]:
+    """A stand-in for one step of a run that raises Interrupted on its call number ``after``
+    (counting from 1) and otherwise calls the real step."""
+    calls = [0]
+
+    def step(real: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == after:
+            raise Interrupted("SIGINT")
+        return real(*args, **kwargs)
+
+    return step
+
+
+def _run_in_process(argv: list[str]) -> tuple[int, dict[str, Any], str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.main(argv, stdout=out, stderr=err)
+    return code, json.loads(out.getvalue()), err.getvalue()
+
+
+@pytest.mark.parametrize("command", ["showcase", "mutants", "bench"])
+def test_every_experiment_keeps_what_it_had_done_when_interrupted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    """Each run passes Interrupted on with what it had finished; the command line keeps it
+    in the run's record, on stdout and on an INTERRUPTED page."""
+    from crashqueuelab.lab import showcase
+    from crashqueuelab.lab.bench import runner as bench_runner
+    from crashqueuelab.lab.mutants import runner as mutants_runner
+
+    # The bench measures five lanes for each (work, workers) pair: its sixth run is the
+    # second pair's first.
+    step = _interrupting(after=6 if command == "bench" else 2)
+    directory = tmp_path / command
+    if command == "showcase":
+        real_campaign = getattr(showcase, "run_campaign")  # noqa: B009 (not re-exported)
+        monkeypatch.setattr(showcase, "run_campaign", lambda *a, **k: step(real_campaign, *a, **k))
+        argv = ["showcase", "--system", "sqlite", "--quiet"]
+        run_file, done_key = "showcase.json", "parts_done"
+        done: object = ["sqlite: effect experiment", "sqlite: crash campaign"]
+    elif command == "mutants":
+        real_mutant = mutants_runner.run_mutant
+        monkeypatch.setattr(
+            mutants_runner, "run_mutant", lambda *a, **k: step(real_mutant, *a, **k)
+        )
+        argv = ["mutants", "--named-evidence", "--mutant", "no_fencing", "--mutant",
+                "fence_off_by_one", "--quiet"]  # fmt: skip
+        run_file, done_key, done = "mutants.json", "mutants_done", 1
+    else:
+        real_config = bench_runner.run_config
+        monkeypatch.setattr(bench_runner, "run_config", lambda *a, **k: step(real_config, *a, **k))
+        argv = ["bench", "--jobs", "20", "--workers", "1", "--work-ms", "0,1", "--quiet"]
+        run_file, done_key, done = "bench.json", "cells_done", 5
+    code, result, err = _run_in_process([*argv, "--output-directory", str(directory)])
+    assert code == EXIT_INTERRUPTED
+    assert (result["ok"], result["interrupted"], result["signal"]) == (False, True, "SIGINT")
+    assert err.rstrip().splitlines()[-1].startswith("crashqueuelab: interrupted: ")
+    kept = json.loads((directory / run_file).read_text())
+    assert kept[done_key] == done
+    assert kept["arguments"][0] == command
+    page = (directory / "report.html").read_text()
+    assert "INTERRUPTED" in page
+    assert "Run it again:" in page
