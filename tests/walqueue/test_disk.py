@@ -36,6 +36,12 @@ LAST_FRAME = len(
 SEED = LAYOUTS[0]
 PREALLOCATED = LAYOUTS[1]
 each_layout = pytest.mark.parametrize("layout", LAYOUTS, ids=str)
+#: Each format writing its own segments, and the preallocated reader reading appended ones.
+each_layout_and_shape = pytest.mark.parametrize(
+    ("layout", "shape"),
+    [(SEED, "appended"), (PREALLOCATED, "preallocated"), (PREALLOCATED, "appended")],
+    ids=["seed", "preallocated", "preallocated-reading-appended"],
+)
 
 
 def build(directory: Path, *, compact: bool, layout: Layout = SEED) -> None:
@@ -52,11 +58,7 @@ def segments(directory: Path) -> list[Path]:
     return sorted(directory.glob("wal-*.log"))
 
 
-@pytest.mark.parametrize(
-    ("layout", "shape"),
-    [(SEED, "appended"), (PREALLOCATED, "preallocated"), (PREALLOCATED, "appended")],
-    ids=["seed", "preallocated", "preallocated-reading-appended"],
-)
+@each_layout_and_shape
 def test_every_prefix_of_the_final_frame_is_a_recoverable_torn_tail(
     tmp_path: Path, layout: Layout, shape: str
 ) -> None:
@@ -247,11 +249,7 @@ def test_flipping_any_byte_is_detected(tmp_path: Path, target: str) -> None:
             Queue(directory)
 
 
-@pytest.mark.parametrize(
-    ("layout", "shape"),
-    [(SEED, "appended"), (PREALLOCATED, "preallocated"), (PREALLOCATED, "appended")],
-    ids=["seed", "preallocated", "preallocated-reading-appended"],
-)
+@each_layout_and_shape
 def test_an_incomplete_sealed_segment_is_corrupt(
     tmp_path: Path, layout: Layout, shape: str
 ) -> None:

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from crashqueuelab.cli.common import (
-    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_REJECTED,
     EXIT_STORE,
@@ -46,7 +45,7 @@ from crashqueuelab.core.errors import (
     StoreError,
     SystemUnavailable,
 )
-from crashqueuelab.lab.interrupts import Interrupted, interruptible
+from crashqueuelab.lab.interrupts import EXIT_INTERRUPTED, Interrupted, interruptible
 from crashqueuelab.lab.reports import write_json
 from crashqueuelab.lab.servers import servers_for
 

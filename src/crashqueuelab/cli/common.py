@@ -9,7 +9,6 @@ from typing import Any, NoReturn
 
 from crashqueuelab.core.clock import MAX_TIME_US
 from crashqueuelab.lab.crashmodes import CRASH_MODES, PROCESS
-from crashqueuelab.lab.interrupts import EXIT_INTERRUPTED
 from crashqueuelab.systems.registry import DEFAULT_SYSTEM, PEERS, SERVERS, SHIPPED
 
 #: The command did what was asked, or the judged database passed.
@@ -24,15 +23,6 @@ EXIT_STORE = 3
 #: This machine cannot provide the crash mode asked for (power loss needs Linux FUSE: the
 #: message says what is missing); nothing was run.
 EXIT_UNAVAILABLE = 4
-
-__all__ = [
-    "EXIT_INTERRUPTED",
-    "EXIT_OK",
-    "EXIT_REJECTED",
-    "EXIT_STORE",
-    "EXIT_UNAVAILABLE",
-    "EXIT_USAGE",
-]
 
 #: What a command's handler returns: its exit code and its JSON answer.
 Handler = Callable[[argparse.Namespace], tuple[int, dict[str, Any]]]
