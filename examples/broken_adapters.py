@@ -4,13 +4,19 @@
   whoever holds the lease now and whenever it expired (no fencing);
 - ``losing_system``: recovery deletes a job whose lease expired instead of retrying it
   (as huey's storage deletes a job when it is taken);
-- ``raising_system``: every claim raises.
+- ``raising_system``: every claim raises;
+- ``racy_claim_system``: a claim reads the oldest ready job, then marks it leased in a second
+  step without checking it is still ready, so two workers can hold live leases on one job
+  (fencing by token still refuses the first one's acknowledgement: nothing is lost and
+  nothing acknowledged twice, and only the workers' logs show the two leases).
 """
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import replace
 from functools import partial
+from typing import Any
 
 from tiny_adapter import TinyClient, tiny_system
 from tiny_queue import TinyQueue
@@ -57,3 +63,32 @@ class RaisingClient(TinyClient):
 def raising_system() -> System:
     """A queue whose every claim raises: the lab reports it and stops, never hangs."""
     return replace(tiny_system(), name="tinyqueue-raising", open=RaisingClient)
+
+
+class RacyClaimQueue(TinyQueue):
+    def claim(self, owner: str, now: int, lease: int) -> dict[str, Any] | None:
+        # The planted bug: read, then write, with nothing between them held.
+        row = self.db.execute(
+            "SELECT key FROM jobs WHERE state = 'ready' AND available_at <= ?"
+            " ORDER BY available_at, key LIMIT 1",
+            (now,),
+        ).fetchone()
+        if row is None:
+            return None
+        token = uuid.uuid4().hex
+        # It does not take a finished job back, but it takes a leased one: the read said ready.
+        changed = self._write(
+            "UPDATE jobs SET state = 'leased', attempts = attempts + 1, owner = ?, token = ?,"
+            " deadline = ? WHERE key = ? AND state IN ('ready', 'leased')",
+            (owner, token, now + lease, row[0]),
+        )
+        return {**self.get(row[0]), "token": token} if changed == 1 else None
+
+
+def racy_claim_system() -> System:
+    """A claim in two steps without exclusion: two live leases on one job."""
+    return replace(
+        tiny_system(),
+        name="tinyqueue-racy-claim",
+        open=partial(TinyClient, queue_class=RacyClaimQueue),
+    )

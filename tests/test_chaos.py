@@ -249,3 +249,52 @@ def test_progress_counts_an_acknowledgement_sent_by_a_worker_killed_before_its_a
     )
     watcher.refresh(["worker-1.1"])
     assert (watcher.finished(), watcher.progressed()) == (2, 3)  # a key counts once
+
+
+def _log(lines: list[str]) -> WorkerLog:
+    log = WorkerLog()
+    log.add("".join(f"{line}\n" for line in lines))
+    return log
+
+
+def test_two_leases_live_at_one_instant_are_proven_from_the_logs() -> None:
+    from crashqueuelab.lab.chaos.overlaps import MARGIN_S, overlapping_leases
+
+    lease = 0.5
+    # b's claim returned (10.2) while a's lease was surely live (returned 10.1, not being
+    # acknowledged before 10.3): both live from 10.2 to 10.3.
+    overlapping = {
+        "w-a": _log(["claim k1 ta 10.1 10.0", "acking k1 ta 10.3", "stale k1 ta 10.31"]),
+        "w-b": _log(["claim k1 tb 10.2 10.15", "acking k1 tb 10.4", "ack k1 tb 10.41"]),
+    }
+    [proof] = overlapping_leases(overlapping, lease_s=lease, started_s=10.0)
+    assert proof.startswith("job k1: two live leases from 0.200 s to 0.300 s at least:")
+    assert "w-a's lease ta" in proof
+    assert "w-b's lease tb" in proof
+    # Claims in flight at once, the later call returning first: both live from 10.3 to 10.4.
+    crossed = {
+        "w-a": _log(["claim k1 ta 10.3 10.1", "acking k1 ta 10.6"]),
+        "w-b": _log(["claim k1 tb 10.2 10.15", "acking k1 tb 10.4"]),
+    }
+    assert len(overlapping_leases(crossed, lease_s=lease)) == 1
+    # What a correct system does: the next lease after the first was acknowledged, or
+    # after its deadline (its claim began at 10.0: expired by 10.5 at the latest).
+    sequential = {
+        "w-a": _log(["claim k1 ta 10.1 10.0", "acking k1 ta 10.2", "ack k1 ta 10.21"]),
+        "w-b": _log(["claim k1 tb 10.25 10.15"]),
+        "w-c": _log(["claim k2 tc 10.1 10.0"]),  # killed holding it: live until 10.5
+        "w-d": _log(["claim k2 td 10.5 10.45"]),  # granted by then, maybe only now
+    }
+    assert overlapping_leases(sequential, lease_s=lease) == []
+    # The deadline's bound is taken a margin early: a lease returned just inside it is no
+    # proof, one returned clearly inside it is.
+    edge = {
+        "w-c": _log(["claim k2 tc 10.1 10.0"]),
+        "w-d": _log([f"claim k2 td {10.5 - MARGIN_S / 2} 10.45"]),
+    }
+    assert overlapping_leases(edge, lease_s=lease) == []
+    edge["w-d"] = _log([f"claim k2 td {10.5 - 2 * MARGIN_S} 10.45"])
+    assert len(overlapping_leases(edge, lease_s=lease)) == 1
+    # A log from before claim lines said when the call began proves nothing.
+    old = {"w-a": _log(["claim k1 ta 10.1"]), "w-b": _log(["claim k1 tb 10.2 10.15"])}
+    assert overlapping_leases(old, lease_s=lease) == []

@@ -182,6 +182,26 @@ def test_a_queue_that_raises_is_reported_and_the_run_stops(tmp_path: Path) -> No
     assert any("the system raised RuntimeError" in line for line in result["anomalies"])
 
 
+def test_two_live_leases_on_one_job_fail_chaos_though_nothing_is_acknowledged_twice(
+    tmp_path: Path,
+) -> None:
+    """A claim in two steps without exclusion: fencing refuses the first holder's late
+    acknowledgement, so nothing is lost or acknowledged twice; the workers' logs prove the
+    two live leases all the same."""
+    code, result, _ = run_cli(
+        "chaos", "--system", "broken_adapters:racy_claim_system", "--seed", "1", "--jobs", "600",
+        "--kills", "20", "--pauses", "1", "--lease-ms", "500", "--workers", "3",
+        "--output-directory", str(tmp_path / "c"),
+    )  # fmt: skip
+    assert code == cli.EXIT_REJECTED
+    accounting = result["accounting"]
+    assert (accounting["lost"], accounting["acknowledged_twice"]) == (0, 0)
+    assert accounting["overlapping_leases"] > 0
+    assert any(reason.startswith("second leases granted while another was live: ")
+               for reason in result["reasons"])  # fmt: skip
+    assert "two live leases from " in accounting["overlapping_lease_proofs"][0]
+
+
 def test_the_showcase_takes_an_outside_system_too(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -3,9 +3,11 @@
 Every submitted job must end succeeded (nothing lost, nothing dead-lettered), every
 succeeded job must have exactly one durable effect in the idempotent ledger (nothing
 duplicated, nothing missing), no ledger may hold an effect for a job that was never
-submitted, the store must pass its system's independent reader, and no job may have been
+submitted, the store must pass its system's independent reader, no job may have been
 acknowledged twice as far as the workers were told (a second accepted acknowledgement means
-the system accepted a stale one). Each anomaly is named: the job and what happened.
+the system accepted a stale one), and no job may have had two live leases at once, as the
+workers' logs prove it (``overlaps.py``), whatever the acknowledgements did afterwards.
+Each anomaly is named: the job and what happened.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from crashqueuelab.judges.readonly import open_read_only
+from crashqueuelab.lab.chaos.overlaps import overlapping_leases
 from crashqueuelab.lab.chaos.worklog import (
     WorkerLog,
     accepted_per_key,
@@ -78,8 +81,14 @@ def judge_run(
     executions: Path,
     keys: list[str],
     log_dir: Path,
+    lease_s: float | None = None,
+    started_s: float = 0.0,
 ) -> dict[str, Any]:
-    """The accounting of one run; ``ok`` only when nothing was lost, duplicated or inconsistent."""
+    """The accounting of one run; ``ok`` only when nothing was lost, duplicated or inconsistent.
+
+    ``lease_s`` is the lease every claim asked for: with it, the workers' logs are searched
+    for two live leases on one job (times said from ``started_s``).
+    """
     submitted = set(keys)
     reading = read_store(system, store, keys)
     stored = {key: job for key, job in reading.jobs.items() if key in submitted}
@@ -100,6 +109,9 @@ def judge_run(
     executions_total = sum(execution_counts.values())
     logs = read_logs(log_dir)
     double_acks = _double_acknowledgements(logs)
+    overlaps = (
+        [] if lease_s is None else overlapping_leases(logs, lease_s=lease_s, started_s=started_s)
+    )
     integrity = {"effects": _integrity(effects), "executions": _integrity(executions)}
     anomalies = (
         [f"job {key}: missing from the store (lost)" for key in missing[:MAX_EXAMPLES]]
@@ -115,6 +127,7 @@ def judge_run(
         + [f"job {key}: succeeded with no durable effect" for key in effects_missing[:MAX_EXAMPLES]]
         + [f"effect {key}: for a job never submitted" for key in unexpected[:MAX_EXAMPLES]]
         + double_acks[:MAX_EXAMPLES]
+        + overlaps[:MAX_EXAMPLES]
         + [f"judge: {problem}" for problem in reading.problems[:MAX_EXAMPLES]]
     )
     lost = len(missing) + len(unfinished)
@@ -134,6 +147,8 @@ def judge_run(
         "stale_operations_rejected": stale_rejections(logs),
         "shared_commits": shared_commit_totals(logs),
         "acknowledged_twice": len(double_acks),
+        "overlapping_leases": len(overlaps),
+        "overlapping_lease_proofs": overlaps,
         "judge": reading.judge,
         "judge_ok": reading.ok,
         "judge_problems": list(reading.problems),
@@ -147,6 +162,7 @@ def judge_run(
         and not effects_missing
         and not unexpected
         and not double_acks
+        and not overlaps
         and reading.ok
         and all(integrity.values())
     )

@@ -153,6 +153,7 @@ def _work(spec: WorkerSpec) -> None:
                 if spec.does_maintenance and time.monotonic() >= next_recovery:
                     client.recover()
                     next_recovery = time.monotonic() + OWNER_RECOVERY_EVERY_S
+                asked = time.monotonic()
                 claims = _claim(client, spec)
                 shared.note()
                 if not claims:
@@ -167,7 +168,8 @@ def _work(spec: WorkerSpec) -> None:
                     time.sleep(POLL_S)
                     continue
                 for claim in claims:
-                    log.write(f"claim {claim.key} {claim.token} {time.monotonic():.6f}\n")
+                    got = time.monotonic()
+                    log.write(f"claim {claim.key} {claim.token} {got:.6f} {asked:.6f}\n")
                 for claim in claims:
                     for ledger in (executions, effects):
                         ledger.apply(

@@ -480,6 +480,8 @@ def run_chaos(
         executions=Path(files.executions),
         keys=keys,
         log_dir=run.logs,
+        lease_s=lease_ms / 1000,
+        started_s=started,
     )
     delivered = run.state.delivered
     kills_delivered = _kind_count(delivered, FaultKind.KILL)
@@ -704,6 +706,11 @@ def _reasons(
             reasons.append(f"{name.replace('_', ' ')}: {accounting[name]}")
     if accounting["acknowledged_twice"]:
         reasons.append(f"jobs acknowledged twice: {accounting['acknowledged_twice']}")
+    if accounting.get("overlapping_leases"):
+        reasons.append(
+            f"second leases granted while another was live: {accounting['overlapping_leases']}"
+            f" (first: {accounting['overlapping_lease_proofs'][0]})"
+        )
     if not accounting["judge_ok"]:
         reasons.append(
             f"the reader found the store inconsistent: {accounting['judge_problems'][:3]}"

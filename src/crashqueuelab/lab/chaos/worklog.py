@@ -7,7 +7,9 @@ held what when it paused a worker; the accounting reads them to count what the w
 told, which no database records: two accepted acknowledgements of one job mean the system
 accepted a stale one.
 
-Line format: ``claim KEY TOKEN T`` once the claim returned; ``acking KEY TOKEN T`` just
+Line format: ``claim KEY TOKEN T ASKED`` once the claim returned, ``ASKED`` being when the
+claim call began (the lease cannot have been granted before it, nor after ``T``); ``acking
+KEY TOKEN T`` just
 before the acknowledgement is sent (from then on the lease may be gone at any moment, so a
 worker stopped there is not counted as holding it); ``ack KEY TOKEN T`` or ``stale KEY TOKEN
 T`` with the system's answer; ``idle T`` once, when the worker first found no unfinished job
@@ -47,6 +49,8 @@ class WorkerLog:
     ack_times: list[float] = field(default_factory=list)
     #: Every line as (monotonic seconds, word, key, token), in log order.
     events: list[tuple[float, str, str, str]] = field(default_factory=list)
+    #: When each claim call that returned a lease began, by (key, token).
+    claim_asked: dict[tuple[str, str], float] = field(default_factory=dict)
     #: When the worker first found no unfinished job left (and waited for the release).
     idle_at: float | None = None
     #: When the first and the last line were written.
@@ -76,6 +80,13 @@ class WorkerLog:
                     self.idle_at = float(parts[1])
                 except ValueError:
                     continue
+            if len(parts) == 5 and parts[0] == "claim":
+                # The claim call's start, then the line as any other.
+                try:
+                    self.claim_asked[(parts[1], parts[2])] = float(parts[4])
+                except ValueError:
+                    continue
+                parts = parts[:4]
             if len(parts) == 4 and parts[0] in lists:
                 lists[parts[0]].append((parts[1], parts[2]))
                 try:

@@ -418,6 +418,13 @@ def chaos_view(run_dir: Path) -> View:
         *_shared_commit_rows(accounting.get("shared_commits")),
         ("jobs acknowledged twice", str(accounting["acknowledged_twice"]), "must be 0"),
         (
+            "two live leases on one job",
+            str(accounting.get("overlapping_leases", "not checked")),
+            "must be 0: proven from the workers' logs (a claim returned, the lease neither"
+            " being acknowledged nor past its earliest deadline), whatever the system's reader"
+            " says",
+        ),
+        (
             "kills / pauses / power cuts delivered",
             f"{report['kills_delivered']:,} / {report['pauses_delivered']} / {cuts}",
             "a power cut kills every process and loses what nobody synced"
