@@ -5,6 +5,8 @@
 - ``losing_system``: recovery deletes a job whose lease expired instead of retrying it
   (as huey's storage deletes a job when it is taken);
 - ``raising_system``: every claim raises;
+- ``open_raising_system`` and ``recover_raising_system``: opening the store, or recovery,
+  raises (an ``OSError``, a ``RuntimeError``);
 - ``racy_claim_system``: a claim reads the oldest ready job, then marks it leased in a second
   step without checking it is still ready, so two workers can hold live leases on one job
   (fencing by token still refuses the first one's acknowledgement: nothing is lost and
@@ -21,7 +23,7 @@ from typing import Any
 from tiny_adapter import TinyClient, tiny_system
 from tiny_queue import TinyQueue
 
-from crashqueuelab.systems import Claim, System
+from crashqueuelab.systems import Claim, OpenRequest, System
 
 
 class UnfencedQueue(TinyQueue):
@@ -92,3 +94,23 @@ def racy_claim_system() -> System:
         name="tinyqueue-racy-claim",
         open=partial(TinyClient, queue_class=RacyClaimQueue),
     )
+
+
+class OpenRaisingClient(TinyClient):
+    def __init__(self, request: OpenRequest) -> None:
+        raise OSError(5, "Input/output error", "the queue's file")
+
+
+def open_raising_system() -> System:
+    """A queue whose open fails: every call the lab makes is the system's failure."""
+    return replace(tiny_system(), name="tinyqueue-open-raises", open=OpenRaisingClient)
+
+
+class RecoverRaisingClient(TinyClient):
+    def recover(self) -> int:
+        raise RuntimeError("the queue's recovery is broken")
+
+
+def recover_raising_system() -> System:
+    """A queue whose recovery raises."""
+    return replace(tiny_system(), name="tinyqueue-recover-raises", open=RecoverRaisingClient)

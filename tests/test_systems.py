@@ -246,3 +246,44 @@ def test_a_system_that_raises_fails_its_bench_cells_without_a_traceback(tmp_path
     failed = [cell for cell in report["cells"] if "failed" in cell]
     assert [cell["system"] for cell in failed] == ["tinyqueue-raising-single"]
     assert "RuntimeError: the queue's claim is broken" in failed[0]["failed"]
+
+
+@pytest.mark.parametrize("command", ["campaign", "chaos", "demo", "showcase", "bench"])
+def test_a_system_whose_open_raises_fails_the_run_naming_the_call(
+    tmp_path: Path, command: str
+) -> None:
+    """Whatever the system under test raises is its failure: ok false, exit 1, the call
+    named, the run's JSON and page written, never a traceback nor the lab's own error."""
+    directory = tmp_path / command
+    sizes = {"chaos": ["--jobs", "50", "--kills", "2", "--pauses", "0"],
+             "bench": ["--jobs", "10", "--workers", "1", "--work-ms", "0"]}  # fmt: skip
+    code, result, err = run_cli(
+        command, "--system", "broken_adapters:open_raising_system", *sizes.get(command, []),
+        "--quiet", "--output-directory", str(directory),
+    )  # fmt: skip
+    assert code == cli.EXIT_REJECTED, result
+    assert result["ok"] is False
+    assert "Traceback" not in err
+    text = json.dumps(result)
+    assert "raised from open: OSError: [Errno 5] Input/output error" in text
+    assert (directory / "report.html").is_file()
+    assert any(directory.glob("*.json"))
+
+
+def test_a_system_whose_recovery_raises_fails_chaos_and_the_campaign(tmp_path: Path) -> None:
+    code, result, err = run_cli(
+        "chaos", "--system", "broken_adapters:recover_raising_system", "--jobs", "100",
+        "--kills", "2", "--pauses", "0", "--quiet", "--output-directory", str(tmp_path / "c"),
+    )  # fmt: skip
+    assert code == cli.EXIT_REJECTED
+    assert result["reasons"][0] == (
+        "maintenance exited with status 3: RuntimeError: the queue's recovery is broken"
+    )
+    assert "Traceback" not in err
+    code, result, _ = run_cli(
+        "campaign", "--system", "broken_adapters:recover_raising_system", "--quiet",
+        "--output-directory", str(tmp_path / "k"),
+    )  # fmt: skip
+    assert code == cli.EXIT_REJECTED
+    assert any("recovery raised RuntimeError: the queue's recovery is broken" in line
+               for line in result["anomalies"])  # fmt: skip

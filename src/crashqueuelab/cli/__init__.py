@@ -48,6 +48,7 @@ from crashqueuelab.core.errors import (
 from crashqueuelab.lab.interrupts import EXIT_INTERRUPTED, Interrupted, interruptible
 from crashqueuelab.lab.reports import write_json
 from crashqueuelab.lab.servers import servers_for
+from crashqueuelab.lab.systemcalls import SystemRaised
 
 __all__ = [
     "EXIT_INTERRUPTED",
@@ -134,34 +135,40 @@ def _error_data(error: CrashQueueLabError) -> dict[str, Any]:
     return data
 
 
-def _interrupted(
+def _stopped(
     args: argparse.Namespace,
-    interruption: Interrupted,
+    stop: Interrupted | SystemRaised,
     started: float,
     err: TextIO,
     arguments: Sequence[str],
 ) -> dict[str, Any]:
-    """The record of an interrupted experiment, kept in its directory and on stdout."""
-    seconds = round(interruption.at - started, 1)
-    reasons = [f"interrupted by {interruption.signal_name} after {seconds} s"]
-    reasons += interruption.partial.pop("reasons", [])
+    """The record of an experiment a signal or its system under test stopped, kept in its
+    directory and printed: what it had done by then, and why it stopped."""
+    seconds = round(time.monotonic() - started, 1)
+    if isinstance(stop, Interrupted):
+        seconds = round(stop.at - started, 1)
+        why: dict[str, Any] = {"interrupted": True, "signal": stop.signal_name}
+        reasons = [f"interrupted by {stop.signal_name} after {seconds} s"]
+    else:
+        why = {"system_raised": stop.to_json()}
+        reasons = [stop.reason]
+    reasons += stop.partial.pop("reasons", [])
     result: dict[str, Any] = {
         "ok": False,
-        "interrupted": True,
-        "signal": interruption.signal_name,
+        **why,
         "command": args.command,
         "arguments": list(arguments),
         "seed": getattr(args, "seed", None),
         "reasons": reasons,
-        "interrupted_after_s": seconds,
-        **interruption.partial,
+        "stopped_after_s": seconds,
+        **stop.partial,
     }
     directory: Path = args.output_directory
     run_file = RUN_FILES[args.command]
     if directory.is_dir():
         result["output_directory"] = str(directory)
         # A run interrupted after it wrote its whole record (while its page was being built)
-        # keeps that record: only a run that had none gets the interrupted one.
+        # keeps that record: only a run that had none gets this one.
         if not (directory / run_file).is_file():
             write_json(directory / run_file, result)
         result["report"] = html_report(directory, err)
@@ -214,13 +221,13 @@ def main(
         code, result = EXIT_STORE, _error("SQLiteError", f"{type(error).__name__}: {error}")
     except OSError as error:
         code, result = EXIT_STORE, _error("OSError", str(error))
-    except Interrupted as interruption:
-        code = EXIT_INTERRUPTED
+    except (Interrupted, SystemRaised) as stop:
+        code = EXIT_INTERRUPTED if isinstance(stop, Interrupted) else EXIT_REJECTED
         if args is not None and args.command in RUN_FILES:
             arguments = sys.argv[1:] if argv is None else argv
-            result = _interrupted(args, interruption, started, err, arguments)
+            result = _stopped(args, stop, started, err, arguments)
         else:
-            result = _error("Interrupted", str(interruption)) | {"interrupted": True}
+            result = _error("Interrupted", str(stop)) | {"interrupted": True}
     out.write(json.dumps(_verdict_first(result), indent=2) + "\n")
     out.flush()
     line = _verdict_line(args, result)

@@ -23,6 +23,7 @@ from crashqueuelab.judges.observations import judge_observations
 from crashqueuelab.lab.readings import read_store
 from crashqueuelab.lab.reports import write_json
 from crashqueuelab.lab.scenario import LEASE_US, RETRY, START_US
+from crashqueuelab.lab.systemcalls import SystemRaised, calling
 from crashqueuelab.systems.contract import Claim, JobSpec, OpenRequest, QueueClient, System
 
 OBSERVATIONS_FILE = "observations.jsonl"
@@ -50,7 +51,8 @@ class _Run:
         self.opened += 1
         ids = SeededIds(self.rng.randrange(2**32), f"model/{self.opened}")
         request = OpenRequest(self.directory / STORE_DIRECTORY, self.clock, ids, RETRY)
-        self.client = self.system.open(request)
+        with calling(self.system.name, "open"):
+            self.client = self.system.open(request)
         return self.client
 
     def log(self, op: str, **fields: Any) -> None:
@@ -130,18 +132,20 @@ def run_model_workload(
     run = _Run(system, directory, random.Random(seed))
     directory.mkdir(parents=True)
     error = None
-    client = run.open()
     try:
+        run.open()
         for _ in range(steps):
             assert run.client is not None
             _step(run, run.client)
+    except SystemRaised as raised:
+        error = raised.reason
+        run.log("raised", error=error)
     except Exception as raised:  # the system raised on a valid operation: that is evidence
         error = f"the system raised {type(raised).__name__}: {raised}"
         run.log("raised", error=error)
     finally:
         if run.client is not None:
             run.client.close()
-        del client
     log = directory / OBSERVATIONS_FILE
     log.write_text("\n".join(run.lines) + "\n", encoding="utf-8")
     keys = sorted({spec.key for spec in run.specs})

@@ -20,6 +20,7 @@ from crashqueuelab.core.ids import SeededIds
 from crashqueuelab.core.retry import RetryPolicy
 from crashqueuelab.lab.effects import Destination, EffectLedger
 from crashqueuelab.lab.handlers import SYNTHETIC_EFFECT, SYNTHETIC_FLAKY, synthetic_handlers
+from crashqueuelab.lab.systemcalls import calling
 from crashqueuelab.lab.worker import Worker
 from crashqueuelab.systems.contract import Hook, JobSpec, OpenRequest, QueueClient, System
 
@@ -69,7 +70,8 @@ def open_case(
 ) -> tuple[QueueClient, EffectLedger]:
     """The case's queue and ledger, sharing one clock and one hook."""
     request = OpenRequest(case_dir / STORE_DIRECTORY, clock=clock, ids=ids, retry=RETRY, hook=hook)
-    client = system.open(request)
+    with calling(system.name, "open"):
+        client = system.open(request)
     try:
         ledger = EffectLedger(
             case_dir / LEDGER_FILE, destination=destination, clock=clock, hook=hook

@@ -30,6 +30,7 @@ from crashqueuelab.lab.progress import Progress, labelled
 from crashqueuelab.lab.readings import read_store
 from crashqueuelab.lab.reports import prepare_output_directory, read_json, write_json
 from crashqueuelab.lab.scenario import LEDGER_FILE, STORE_DIRECTORY, scenario_jobs
+from crashqueuelab.lab.systemcalls import SystemRaised
 from crashqueuelab.systems.contract import System
 from crashqueuelab.systems.registry import SHIPPED, resolve_system
 
@@ -263,9 +264,9 @@ def run_showcase(
             not_run=not_run,
             progress=progress,
         )
-    except Interrupted as interruption:
+    except (Interrupted, SystemRaised) as stop:
         # Each part finished so far has its own record and page below the directory.
-        interruption.partial["parts_done"] = done
+        stop.partial["parts_done"] = done
         raise
     summary = summarize(output_dir, seed=seed)
     write_json(output_dir / SHOWCASE_FILE, summary)

@@ -47,6 +47,7 @@ from crashqueuelab.lab.interrupts import Interrupted
 from crashqueuelab.lab.progress import Progress, labelled
 from crashqueuelab.lab.readings import read_store
 from crashqueuelab.lab.reports import prepare_output_directory, write_json
+from crashqueuelab.lab.systemcalls import SystemRaised, calling
 from crashqueuelab.systems.contract import JobSpec, JobStatus
 from crashqueuelab.systems.registry import DEFAULT_SYSTEM, resolve_system
 
@@ -177,14 +178,17 @@ def _prepare_store(lane: Lane, store: Path, jobs: int) -> float:
         resolve_peer(lane.system).fill(store, jobs)
         return jobs / (time.monotonic() - started)
     specs = [JobSpec(key=f"job-{n}", job_type="bench", payload={"value": n}) for n in range(jobs)]
-    client = open_client(lane.system, str(store))
+    with calling(lane.system, "open"):
+        client = open_client(lane.system, str(store))
     try:
         if lane.path_kind.startswith("batched"):
-            for start in range(0, jobs, 100):
-                client.submit_many(specs[start : start + 100])
+            with calling(lane.system, "submit_many"):
+                for start in range(0, jobs, 100):
+                    client.submit_many(specs[start : start + 100])
         else:
-            for spec in specs:
-                client.submit(spec)
+            with calling(lane.system, "submit"):
+                for spec in specs:
+                    client.submit(spec)
     finally:
         client.close()
     return jobs / (time.monotonic() - started)
@@ -241,7 +245,11 @@ def run_config(
     if lane.single_owner and workers > 1:
         return cell | {"skipped": f"{lane.description['name']} has a single owner: one worker"}
     store = scratch / f"{lane.name}-w{workers}-{work_ms:g}ms"
-    submit_rate = _prepare_store(lane, store, jobs)
+    try:
+        submit_rate = _prepare_store(lane, store, jobs)
+    except SystemRaised as raised:
+        _remove_store(store)
+        return cell | {"failed": raised.reason}
     barrier = context.Barrier(workers + 1)
     results = context.Queue()
     inherited = Inherited.capture()

@@ -46,6 +46,7 @@ from crashqueuelab.lab.interrupts import Interrupted
 from crashqueuelab.lab.progress import Progress, labelled
 from crashqueuelab.lab.reports import prepare_output_directory, write_json
 from crashqueuelab.lab.scenario import STORE_DIRECTORY
+from crashqueuelab.lab.systemcalls import calling
 from crashqueuelab.systems.contract import JobSpec, System
 from crashqueuelab.systems.registry import DEFAULT_SYSTEM, resolve_system
 
@@ -95,20 +96,22 @@ class _RunState:
 
 def _submit(system: str, files: RunFiles, jobs: int, max_attempts: int) -> list[str]:
     keys = [f"chaos-{index:06d}" for index in range(jobs)]
-    client = open_client(system, files.store)
+    with calling(system, "open"):
+        client = open_client(system, files.store)
     try:
-        for start in range(0, jobs, 500):
-            client.submit_many(
-                [
-                    JobSpec(
-                        key=key,
-                        job_type="synthetic.effect",
-                        payload={"effect_key": key, "value": start + offset},
-                        max_attempts=max_attempts,
-                    )
-                    for offset, key in enumerate(keys[start : start + 500])
-                ]
-            )
+        with calling(system, "submit_many"):
+            for start in range(0, jobs, 500):
+                client.submit_many(
+                    [
+                        JobSpec(
+                            key=key,
+                            job_type="synthetic.effect",
+                            payload={"effect_key": key, "value": start + offset},
+                            max_attempts=max_attempts,
+                        )
+                        for offset, key in enumerate(keys[start : start + 500])
+                    ]
+                )
     finally:
         client.close()
     for path, destination in (
@@ -236,20 +239,41 @@ class _ChaosRun:
     def launch(self) -> None:
         self.stop_file.unlink(missing_ok=True)
         if not self.single_owner:
-            self.maintenance = self.context.Process(
-                target=maintenance_main,
-                args=(
-                    self.spec,
-                    self.files.store,
-                    str(self.stop_file),
-                    str(self.release_file),
-                    Inherited.capture(),
-                ),
-                daemon=True,
-            )
-            self.maintenance.start()
+            self.start_maintenance()
         for slot in self.slots:
             self.start(slot)
+
+    def start_maintenance(self) -> None:
+        self.maintenance = self.context.Process(
+            target=maintenance_main,
+            args=(
+                self.spec,
+                self.files.store,
+                str(self.stop_file),
+                str(self.release_file),
+                Inherited.capture(),
+            ),
+            daemon=True,
+        )
+        self.maintenance.start()
+
+    def respawn_maintenance(self) -> None:
+        """Maintenance is never signalled: one that exited before it was told to stop died of
+        its system's error (its recovery raised). Record it, and start it again."""
+        process = self.maintenance
+        if not _started(process) or process.exitcode is None or self.stop_file.exists():
+            return
+        error_file = Path(f"{self.stop_file}{ERROR_SUFFIX}")
+        error = error_file.read_text().strip().splitlines() if error_file.is_file() else []
+        self.state.failures.append(
+            {
+                "worker_id": "maintenance",
+                "exit_code": process.exitcode,
+                "error": error[-1] if error else "no error recorded",
+            }
+        )
+        if not self.failed():
+            self.start_maintenance()
 
     def target_for(self, planned: int) -> _Slot | None:
         """The planned slot, or the next one round the table if it is paused or too fresh.
@@ -288,6 +312,7 @@ class _ChaosRun:
         )
 
     def respawn_dead(self) -> None:
+        self.respawn_maintenance()
         for slot in self.slots:
             if slot.index not in self.state.paused and slot.process.exitcode is not None:
                 self.note_exit(slot)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from crashqueuelab.core.errors import InvalidInput
-from crashqueuelab.lab.pages.interrupted import interrupted_view
+from crashqueuelab.lab.pages.stopped import stopped_view
 from crashqueuelab.lab.pages.views import (
     View,
     bench_view,
@@ -51,11 +51,10 @@ def write_report(run_dir: Path) -> Path:
         if (run_dir / marker).is_file():
             try:
                 record = json.loads((run_dir / marker).read_text(encoding="utf-8"))
-                view = (
-                    interrupted_view(run_dir, record)
-                    if isinstance(record, dict) and record.get("interrupted")
-                    else view_of(run_dir)
+                stopped = isinstance(record, dict) and (
+                    record.get("interrupted") or record.get("system_raised")
                 )
+                view = stopped_view(run_dir, record) if stopped else view_of(run_dir)
             except (KeyError, TypeError, ValueError) as error:
                 # Another version's report, or a hand-edited one: say so, never a traceback.
                 raise InvalidInput(

@@ -1,5 +1,7 @@
-"""The page of a run stopped by SIGINT or SIGTERM: what it had done by then, from the record
-the command line kept (``"interrupted": true``), whatever kind of run it was."""
+"""The page of a run that stopped before its end, whatever kind of run it was: interrupted
+by SIGINT or SIGTERM (``"interrupted": true``), or stopped because the system under test
+raised (``"system_raised"``). It shows what the run had done by then, from the record the
+command line kept."""
 
 from __future__ import annotations
 
@@ -14,12 +16,14 @@ SHOWN_ROWS = 50
 
 
 def _figures(record: dict[str, Any]) -> list[tuple[str, str, str]]:
+    if record.get("interrupted"):
+        stop = ("interrupted by", record["signal"], "")
+    else:
+        raised = record["system_raised"]
+        stop = ("the system under test raised", f"from {raised['call']}", raised["error"])
     figures = [
-        (
-            "interrupted by",
-            record["signal"],
-            f"after {record['interrupted_after_s']} s; nothing after that point ran",
-        )
+        stop,
+        ("stopped after", f"{record['stopped_after_s']} s", "nothing after that point ran"),
     ]
     if "parts_done" in record:
         done = record["parts_done"]
@@ -61,18 +65,24 @@ def _figures(record: dict[str, Any]) -> list[tuple[str, str, str]]:
     return figures
 
 
-def interrupted_view(run_dir: Path, record: dict[str, Any]) -> View:
+def stopped_view(run_dir: Path, record: dict[str, Any]) -> View:
     arguments = record.get("arguments") or [record["command"]]
+    interrupted = bool(record.get("interrupted"))
     verdict = Verdict(
         ok=False,
-        title=f"{record['command']}: interrupted before it finished",
+        title=f"{record['command']}: "
+        + (
+            "interrupted before it finished"
+            if interrupted
+            else f"the system under test raised from {record['system_raised']['call']}"
+        ),
         system=str(record.get("system", {}).get("name", "")),
         durability=str(record.get("system", {}).get("durability", "")),
         seed=record.get("seed"),
-        duration=record.get("interrupted_after_s"),
+        duration=record.get("stopped_after_s"),
         command="crashqueuelab " + shlex.join(arguments) + "  # into a new or empty directory",
         reasons=record["reasons"],
-        interrupted=True,
+        interrupted=interrupted,
     )
     cases = record.get("cases", [])
     faults = [fault for fault in record.get("faults", []) if "at_s" in fault]
@@ -84,4 +94,4 @@ def interrupted_view(run_dir: Path, record: dict[str, Any]) -> View:
         "mutants": record.get("mutants", []),
         "run_file": run_dir.name,
     }
-    return View("interrupted.html.j2", verdict, _figures(record), data)
+    return View("stopped.html.j2", verdict, _figures(record), data)
