@@ -298,3 +298,43 @@ def test_two_leases_live_at_one_instant_are_proven_from_the_logs() -> None:
     # A log from before claim lines said when the call began proves nothing.
     old = {"w-a": _log(["claim k1 ta 10.1"]), "w-b": _log(["claim k1 tb 10.2 10.15"])}
     assert overlapping_leases(old, lease_s=lease) == []
+
+
+def test_a_poison_job_must_be_dead_lettered_after_exactly_its_limit() -> None:
+    from crashqueuelab.lab.chaos.poison import judge_poison, poison_jobs
+    from crashqueuelab.systems.contract import JobStatus, StoredJob
+
+    jobs = poison_jobs(4)
+    assert [(job.behaviour, job.max_attempts) for job in jobs] == [
+        ("die", 2), ("fail", 2), ("die", 3), ("fail", 3),
+    ]  # fmt: skip
+    stored = {
+        "poison-0000": StoredJob("DEAD", JobStatus.DEAD, 2),  # as it must be
+        "poison-0001": StoredJob("DEAD", JobStatus.DEAD, 1),  # buried early
+        "poison-0002": StoredJob("QUEUED", JobStatus.PENDING, 3),  # never buried
+    }
+    assert judge_poison(jobs, stored) == [
+        "job poison-0001 (poison): dead-lettered after 1 attempts; its limit is 2 attempts",
+        "job poison-0002 (poison): still QUEUED after the run, never dead-lettered (3 attempts;"
+        " its limit is 3 attempts)",
+        "job poison-0003 (poison): missing from the store (lost)",
+    ]
+    stored["poison-0003"] = StoredJob("SUCCEEDED", JobStatus.SUCCEEDED, 1)
+    assert judge_poison(jobs, stored)[-1] == (
+        "job poison-0003 (poison): SUCCEEDED, though every attempt of it failed"
+    )
+
+
+@pytest.mark.parametrize("mutant", ["never_dead", "expiry_without_attempt"])
+def test_poison_jobs_catch_a_queue_that_never_buries_a_job(tmp_path: Path, mutant: str) -> None:
+    """Every other job succeeds; the poison jobs that die or fail on every attempt are never
+    dead-lettered, and the run stops waiting for them and says so."""
+    report = run_chaos(
+        tmp_path / "run", seed=5, jobs=120, workers=3, kills=4, pauses=0, lease_ms=300,
+        system=f"crashqueuelab.lab.mutants.catalog:{mutant}",
+    )  # fmt: skip
+    accounting = report["accounting"]
+    assert accounting["succeeded"] == 120
+    assert report["ok"] is False
+    assert accounting["poison"]["anomalies"]
+    assert any("never reach the dead letter" in reason for reason in report["reasons"])

@@ -74,6 +74,9 @@ def _interrupt(arguments: list[str], signum: int, directory: Path) -> tuple[int,
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=LIMIT_S)
+        for pipe in (process.stdout, process.stderr):
+            if pipe is not None:
+                pipe.close()
     # Workers, crash children and disks were stopped by the run itself.
     deadline = time.monotonic() + 10
     while _group_members(process.pid) and time.monotonic() < deadline:

@@ -26,6 +26,7 @@ from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.bench.peers import BENCH_PEERS
 from crashqueuelab.lab.bench.runner import BENCH_FILE, run_bench, table
 from crashqueuelab.lab.campaign import CAMPAIGN_FILE, run_campaign
+from crashqueuelab.lab.chaos.poison import DEFAULT_POISON_JOBS
 from crashqueuelab.lab.chaos.supervisor import CHAOS_FILE, run_chaos
 from crashqueuelab.lab.demo import COMPARISON_FILE, DEFAULT_SEED, run_demo
 from crashqueuelab.lab.mutants.runner import MUTANTS_FILE, run_mutants
@@ -146,6 +147,7 @@ def _chaos(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         power_cuts=args.power_cuts,
         server_restarts=args.server_restarts,
         session_kills=args.session_kills,
+        poison_count=args.poison_jobs,
         restart_server=None if args.server is None else args.server.restart_after_crash,
         progress=progress_for(args),
     )
@@ -317,6 +319,13 @@ def add_experiment_commands(command: Command) -> None:
         type=non_negative,
         default=0,
         help="with --crash-mode power-loss: cut the power this often (every process dies)",
+    )
+    sub.add_argument(
+        "--poison-jobs",
+        type=non_negative,
+        default=DEFAULT_POISON_JOBS,
+        help="jobs besides --jobs whose every attempt dies or fails, with limits of 2 and 3"
+        " attempts: each must end dead-lettered after exactly its limit",
     )
     sub.add_argument(
         "--server-restarts",

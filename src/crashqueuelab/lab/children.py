@@ -87,6 +87,9 @@ def spawn_child(case_dir: Path, arguments: list[str], *, timeout_s: float) -> Ch
             stdout=stderr,
             stderr=stderr,
             env=_child_environment(),
+            # Out of the terminal's process group: a Ctrl-C stops the campaign, which lets
+            # the case in flight end at its crash point (every wait for it is bounded).
+            start_new_session=True,
         )
         try:
             exit_code: int | None = child.wait(timeout=timeout_s)

@@ -19,6 +19,7 @@ from typing import Any
 
 from crashqueuelab.judges.readonly import open_read_only
 from crashqueuelab.lab.chaos.overlaps import overlapping_leases
+from crashqueuelab.lab.chaos.poison import PoisonJob, judge_poison
 from crashqueuelab.lab.chaos.worklog import (
     WorkerLog,
     accepted_per_key,
@@ -81,6 +82,7 @@ def judge_run(
     executions: Path,
     keys: list[str],
     log_dir: Path,
+    poison: list[PoisonJob] | None = None,
     lease_s: float | None = None,
     started_s: float = 0.0,
 ) -> dict[str, Any]:
@@ -90,7 +92,9 @@ def judge_run(
     for two live leases on one job (times said from ``started_s``).
     """
     submitted = set(keys)
-    reading = read_store(system, store, keys)
+    poisoned = list(poison or [])
+    reading = read_store(system, store, keys + [job.key for job in poisoned])
+    poison_anomalies = judge_poison(poisoned, reading.jobs)
     stored = {key: job for key, job in reading.jobs.items() if key in submitted}
     missing = sorted(submitted - set(stored))
     unfinished = sorted(key for key, job in stored.items() if not job.status.is_terminal)
@@ -128,6 +132,7 @@ def judge_run(
         + [f"effect {key}: for a job never submitted" for key in unexpected[:MAX_EXAMPLES]]
         + double_acks[:MAX_EXAMPLES]
         + overlaps[:MAX_EXAMPLES]
+        + poison_anomalies[:MAX_EXAMPLES]
         + [f"judge: {problem}" for problem in reading.problems[:MAX_EXAMPLES]]
     )
     lost = len(missing) + len(unfinished)
@@ -147,6 +152,11 @@ def judge_run(
         "stale_operations_rejected": stale_rejections(logs),
         "shared_commits": shared_commit_totals(logs),
         "acknowledged_twice": len(double_acks),
+        "poison": {
+            "submitted": len(poisoned),
+            "dead_lettered_at_their_limit": len(poisoned) - len(poison_anomalies),
+            "anomalies": poison_anomalies,
+        },
         "overlapping_leases": len(overlaps),
         "overlapping_lease_proofs": overlaps,
         "judge": reading.judge,
@@ -163,6 +173,7 @@ def judge_run(
         and not unexpected
         and not double_acks
         and not overlaps
+        and not poison_anomalies
         and reading.ok
         and all(integrity.values())
     )

@@ -7,6 +7,8 @@ writes what it was told to its log (``worklog.py``).
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import time
 import traceback
@@ -18,6 +20,7 @@ from typing import TextIO
 from crashqueuelab.core.clock import SystemClock
 from crashqueuelab.core.ids import RandomIds
 from crashqueuelab.core.retry import RetryPolicy
+from crashqueuelab.lab.chaos.poison import DIE, behaviour
 from crashqueuelab.lab.chaos.worklog import SHARED_COMMIT_COUNTS
 from crashqueuelab.lab.effects import Destination, EffectLedger
 from crashqueuelab.lab.inheritance import Inherited
@@ -112,6 +115,27 @@ def _succeed(client: QueueClient, spec: WorkerSpec, claims: list[Claim]) -> list
     return client.succeed_many(claims)
 
 
+def _handle_poison(client: QueueClient, claims: list[Claim], log: TextIO) -> list[Claim]:
+    """End each poison job's attempt as its handler would (poison.py); the other claims.
+
+    A dying handler takes its worker down at once, as a crash would; a failing one reports
+    the failure, after an ``acking`` line (the lease may end from then on)."""
+    normal = []
+    for claim in claims:
+        ending = behaviour(claim.payload)
+        if ending is None:
+            normal.append(claim)
+        elif ending == DIE:
+            log.write(f"poisoned {claim.key} {claim.token} {time.monotonic():.6f}\n")
+            log.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        else:
+            log.write(f"acking {claim.key} {claim.token} {time.monotonic():.6f}\n")
+            verdict = client.fail(claim, "poisoned: every attempt of this job fails")
+            log.write(f"failed-{verdict.value} {claim.key} {claim.token} {time.monotonic():.6f}\n")
+    return normal
+
+
 class _SharedCommitsLog:
     """Writes a ``commits`` line (worklog.py) whenever the client's group-commit counts
     moved, with how much; a client that does not share commits writes none."""
@@ -171,6 +195,8 @@ def _work(spec: WorkerSpec) -> None:
                     got = time.monotonic()
                     log.write(f"claim {claim.key} {claim.token} {got:.6f} {asked:.6f}\n")
                 for claim in claims:
+                    if behaviour(claim.payload) is not None:
+                        continue  # a poison job's handler never reaches its effect
                     for ledger in (executions, effects):
                         ledger.apply(
                             effect_key=claim.payload["effect_key"],
@@ -179,6 +205,9 @@ def _work(spec: WorkerSpec) -> None:
                             attempt=claim.attempt,
                             worker_id=spec.worker_id,
                         )
+                claims = _handle_poison(client, claims, log)
+                if not claims:
+                    continue
                 for claim in claims:
                     log.write(f"acking {claim.key} {claim.token} {time.monotonic():.6f}\n")
                 verdicts = _succeed(client, spec, claims)

@@ -27,6 +27,7 @@ from typing import Any
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.core.validation import require_int
 from crashqueuelab.lab.chaos.accounting import judge_run
+from crashqueuelab.lab.chaos.poison import DEFAULT_POISON_JOBS, PoisonJob, poison_jobs
 from crashqueuelab.lab.chaos.powercuts import PowerSupply
 from crashqueuelab.lab.chaos.processes import (
     ERROR_SUFFIX,
@@ -88,13 +89,17 @@ class _RunState:
     #: Every worker process started: its id, slot and start (seconds into the run).
     workers: list[dict[str, Any]] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
+    #: Why the run stopped waiting before its work was done (None: it did not).
+    gave_up: str | None = None
     # slot index -> (the pause's record, the leases it held, when to continue it anyway)
     paused: dict[int, tuple[dict[str, Any], set[tuple[str, str]], float]] = field(
         default_factory=dict
     )
 
 
-def _submit(system: str, files: RunFiles, jobs: int, max_attempts: int) -> list[str]:
+def _submit(
+    system: str, files: RunFiles, jobs: int, max_attempts: int, poison: list[PoisonJob]
+) -> list[str]:
     keys = [f"chaos-{index:06d}" for index in range(jobs)]
     with calling(system, "open"):
         client = open_client(system, files.store)
@@ -112,6 +117,8 @@ def _submit(system: str, files: RunFiles, jobs: int, max_attempts: int) -> list[
                         for offset, key in enumerate(keys[start : start + 500])
                     ]
                 )
+            if poison:
+                client.submit_many([job.spec() for job in poison])
     finally:
         client.close()
     for path, destination in (
@@ -193,6 +200,8 @@ class _ChaosRun:
         self.stop_file = output_dir / "stop-maintenance"
         self.release_file = output_dir / "faults-delivered"
         self.released = False
+        #: When the workers' logs first showed every normal job acknowledged.
+        self.normal_done_at: float | None = None
         self.state = _RunState()
         self.slots = [_Slot(index) for index in range(workers)]
         # Replaced workers whose logs have not been read to the end yet.
@@ -258,10 +267,11 @@ class _ChaosRun:
         self.maintenance.start()
 
     def respawn_maintenance(self) -> None:
-        """Maintenance is never signalled: one that exited before it was told to stop died of
-        its system's error (its recovery raised). Record it, and start it again."""
+        """Maintenance is never signalled, and ends by itself (status 0) once the work is
+        done: one that exited otherwise died of its system's error (its recovery raised).
+        Record it, and start it again."""
         process = self.maintenance
-        if not _started(process) or process.exitcode is None or self.stop_file.exists():
+        if not _started(process) or process.exitcode in (None, 0) or self.stop_file.exists():
             return
         error_file = Path(f"{self.stop_file}{ERROR_SUFFIX}")
         error = error_file.read_text().strip().splitlines() if error_file.is_file() else []
@@ -413,6 +423,7 @@ def run_chaos(
     session_kills: int = 0,
     restart_server: Callable[[], None] | None = None,
     progress: Progress | None = None,
+    poison_count: int = DEFAULT_POISON_JOBS,
 ) -> dict[str, Any]:
     """Run one chaos experiment into ``output_dir`` (new or empty) and return its report.
 
@@ -457,7 +468,8 @@ def run_chaos(
         power.start()
     try:
         # Enough attempts that a job killed again and again is never dead-lettered.
-        keys = _submit(system, files, jobs, max_attempts=1000)
+        poison = poison_jobs(poison_count)
+        keys = _submit(system, files, jobs, max_attempts=1000, poison=poison)
         pending = plan(
             seed=seed,
             jobs=jobs,
@@ -504,6 +516,7 @@ def run_chaos(
         effects=Path(files.effects),
         executions=Path(files.executions),
         keys=keys,
+        poison=poison,
         log_dir=run.logs,
         lease_s=lease_ms / 1000,
         started_s=started,
@@ -528,6 +541,7 @@ def run_chaos(
             "power_cuts": power_cuts,
             "server_restarts": server_restarts,
             "session_kills": session_kills,
+            "poison_jobs": poison_count,
             "lease_ms": lease_ms,
             "batch": batch,
         },
@@ -570,6 +584,7 @@ def run_chaos(
                 FaultKind.SESSION_KILL: session_kills,
             },
             finished_in_time=finished_in_time,
+            gave_up=run.state.gave_up,
         ),
         "finished_in_time": finished_in_time,
         "faults": delivered,
@@ -633,7 +648,35 @@ def _run_workers(
         interruption.partial.update(described | run.so_far(jobs))
         raise
     finally:
-        run.shut_down()
+        # Workers drain and exit on their own, unless the run gave up waiting for them.
+        run.shut_down(drain=run.state.gave_up is None)
+
+
+#: After every other job was acknowledged and every fault delivered, how long the poison jobs
+#: get to reach the dead letter, in leases (at least POISON_GRACE_MIN_S): each needs at most
+#: three expiries or failures, and a queue that never buries them must not hold the run for
+#: its whole deadline.
+POISON_GRACE_LEASES = 10
+POISON_GRACE_MIN_S = 5.0
+
+
+def _only_poison_left(run: _ChaosRun, watcher: _Watcher, jobs: int) -> bool:
+    """Whether every normal job was acknowledged long enough ago that the poison jobs still
+    holding the run up will not end; then the run stops waiting, and says why."""
+    if watcher.finished() < jobs:
+        run.normal_done_at = None
+        return False
+    now = time.monotonic()
+    if run.normal_done_at is None:
+        run.normal_done_at = now
+    grace = max(POISON_GRACE_MIN_S, POISON_GRACE_LEASES * run.lease_ms / 1000)
+    if now - run.normal_done_at < grace:
+        return False
+    run.state.gave_up = (
+        f"every other job was acknowledged, but the work did not end within {grace:.0f} s"
+        " after: jobs are left that never reach the dead letter (see the poison jobs)"
+    )
+    return True
 
 
 def _drive(
@@ -655,6 +698,8 @@ def _drive(
             run.follow(watcher)
             if run.work_done():
                 return True
+            if not pending and _only_poison_left(run, watcher, jobs):
+                return False
             finished = watcher.progressed()
             run.respawn_dead()
             if run.failed():
@@ -711,6 +756,7 @@ def _reasons(
     *,
     planned: dict[FaultKind, int],
     finished_in_time: bool,
+    gave_up: str | None = None,
 ) -> list[str]:
     """Why a run is not ok, one line each (empty when it is)."""
     reasons = [
@@ -718,7 +764,7 @@ def _reasons(
         for failure in failures
     ]
     if not finished_in_time:
-        reasons.append("the work did not finish before the deadline")
+        reasons.append(gave_up or "the work did not finish before the deadline")
     for kind, count in planned.items():
         landed = _kind_count(delivered, kind)
         if landed != count:
@@ -731,6 +777,11 @@ def _reasons(
             reasons.append(f"{name.replace('_', ' ')}: {accounting[name]}")
     if accounting["acknowledged_twice"]:
         reasons.append(f"jobs acknowledged twice: {accounting['acknowledged_twice']}")
+    poison = accounting.get("poison", {}).get("anomalies", [])
+    if poison:
+        reasons.append(
+            f"poison jobs not dead-lettered at their limit: {len(poison)} (first: {poison[0]})"
+        )
     if accounting.get("overlapping_leases"):
         reasons.append(
             f"second leases granted while another was live: {accounting['overlapping_leases']}"

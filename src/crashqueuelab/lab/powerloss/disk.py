@@ -94,6 +94,10 @@ class PowerLossDisk:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
+                # A Ctrl-C at a terminal reaches its whole process group: the file system
+                # must keep serving until the run that mounted it stops it (it dies with
+                # that run all the same: daemon.py asks for SIGTERM when its parent dies).
+                start_new_session=True,
             )
         deadline = time.monotonic() + MOUNT_TIMEOUT_S
         while not os.path.ismount(self.mountpoint):
