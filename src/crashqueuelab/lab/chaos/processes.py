@@ -194,9 +194,11 @@ def _work(spec: WorkerSpec) -> None:
                 for claim in claims:
                     got = time.monotonic()
                     log.write(f"claim {claim.key} {claim.token} {got:.6f} {asked:.6f}\n")
+                # A poison job's handler dies or fails before any effect.
+                claims = _handle_poison(client, claims, log)
+                if not claims:
+                    continue
                 for claim in claims:
-                    if behaviour(claim.payload) is not None:
-                        continue  # a poison job's handler never reaches its effect
                     for ledger in (executions, effects):
                         ledger.apply(
                             effect_key=claim.payload["effect_key"],
@@ -205,9 +207,6 @@ def _work(spec: WorkerSpec) -> None:
                             attempt=claim.attempt,
                             worker_id=spec.worker_id,
                         )
-                claims = _handle_poison(client, claims, log)
-                if not claims:
-                    continue
                 for claim in claims:
                     log.write(f"acking {claim.key} {claim.token} {time.monotonic():.6f}\n")
                 verdicts = _succeed(client, spec, claims)
