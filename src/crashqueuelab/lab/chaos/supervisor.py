@@ -202,6 +202,8 @@ class _ChaosRun:
         self.released = False
         #: When the workers' logs first showed every normal job acknowledged.
         self.normal_done_at: float | None = None
+        #: The poison jobs' keys, which the normal work's progress leaves out.
+        self.poison_keys: set[str] = set()
         self.state = _RunState()
         self.slots = [_Slot(index) for index in range(workers)]
         # Replaced workers whose logs have not been read to the end yet.
@@ -490,6 +492,7 @@ def run_chaos(
         )
         run.power = power
         run.restart_server = restart_server
+        run.poison_keys = {job.key for job in poison}
         finished_in_time = _run_workers(
             run,
             pending,
@@ -662,8 +665,11 @@ POISON_GRACE_MIN_S = 5.0
 
 def _only_poison_left(run: _ChaosRun, watcher: _Watcher, jobs: int) -> bool:
     """Whether every normal job was acknowledged long enough ago that the poison jobs still
-    holding the run up will not end; then the run stops waiting, and says why."""
-    if watcher.finished() < jobs:
+    holding the run up will not end; then the run stops waiting, and says why.
+
+    "Acknowledged" counts acknowledgements sent, answered or not, as the progress marks do: a
+    worker killed between its commit and its answer's line never logs the answer."""
+    if len((watcher.acknowledged | watcher.sent) - run.poison_keys) < jobs:
         run.normal_done_at = None
         return False
     now = time.monotonic()
