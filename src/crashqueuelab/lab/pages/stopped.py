@@ -76,7 +76,10 @@ def stopped_view(run_dir: Path, record: dict[str, Any]) -> View:
             if interrupted
             else f"the system under test raised from {record['system_raised']['call']}"
         ),
-        system=str(record.get("system", {}).get("name", "")),
+        system=str(
+            record.get("system", {}).get("name")
+            or record.get("system_raised", {}).get("system", "")
+        ),
         durability=str(record.get("system", {}).get("durability", "")),
         seed=record.get("seed"),
         duration=record.get("stopped_after_s"),
