@@ -106,7 +106,7 @@ def test_a_system_that_cannot_open_fails_every_probe_that_runs(tmp_path: Path) -
         raise OSError("disk on fire")
 
     failed = verdicts(replace(reference_system(), open=refuse), tmp_path)
-    assert len(failed) == len(PROBES) == 11
+    assert len(failed) == len(PROBES) == 12
     assert all("open raised OSError('disk on fire')" in detail for detail in failed.values())
 
 

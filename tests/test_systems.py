@@ -86,6 +86,7 @@ def test_the_walk_through_adapter_passes_its_campaign(tmp_path: Path) -> None:
         {"name": name, "ran": False, "ok": True, "detail": "skipped: no heartbeats"}
         for name in (
             "heartbeat_after_expiry",
+            "heartbeat_survives_restart",
             "batched_acknowledgement_sees_the_lease_as_it_stands",
         )
     ]

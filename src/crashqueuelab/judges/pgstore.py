@@ -69,6 +69,8 @@ _HOLDER_EVENTS = ("HEARTBEAT", "SUCCEEDED", "FAILED")
 class PgStoreReading:
     exists: bool
     jobs: dict[str, tuple[str, int]] = field(default_factory=dict)
+    #: The lease deadline of every leased job, by idempotency key.
+    deadlines: dict[str, int] = field(default_factory=dict)
     last_event: str | None = None
     problems: list[str] = field(default_factory=list)
     history: list[dict[str, Any]] = field(default_factory=list)
@@ -177,6 +179,11 @@ def judge_rows(
     return PgStoreReading(
         exists=True,
         jobs={job["idempotency_key"]: (job["state"], int(job["attempts"])) for job in jobs},
+        deadlines={
+            job["idempotency_key"]: int(job["lease_deadline_us"])
+            for job in jobs
+            if job["state"] == "LEASED" and job["lease_deadline_us"] is not None
+        },
         last_event=events[-1]["event_type"] if events else None,
         problems=problems,
         history=events,

@@ -24,6 +24,8 @@ class QueueStoreReading:
 
     exists: bool
     jobs: dict[str, tuple[str, int]] = field(default_factory=dict)
+    #: The lease deadline of every leased job, by idempotency key.
+    deadlines: dict[str, int] = field(default_factory=dict)
     events: dict[str, list[str]] = field(default_factory=dict)
     event_count: int = 0
     last_event: str | None = None
@@ -47,10 +49,14 @@ def read_queue_store(directory: Path) -> QueueStoreReading:
         conn.execute("BEGIN")
         jobs: dict[str, tuple[str, int]] = {}
         events: dict[str, list[str]] = {}
-        for key, job_id, state, attempts in conn.execute(
-            "SELECT idempotency_key, job_id, state, attempts FROM jobs ORDER BY submit_seq"
+        deadlines: dict[str, int] = {}
+        for key, job_id, state, attempts, deadline in conn.execute(
+            "SELECT idempotency_key, job_id, state, attempts, lease_deadline_us FROM jobs"
+            " ORDER BY submit_seq"
         ).fetchall():
             jobs[key] = (state, int(attempts))
+            if state == "LEASED" and deadline is not None:
+                deadlines[key] = int(deadline)
             events[key] = [
                 row[0]
                 for row in conn.execute(
@@ -72,6 +78,7 @@ def read_queue_store(directory: Path) -> QueueStoreReading:
     return QueueStoreReading(
         exists=True,
         jobs=jobs,
+        deadlines=deadlines,
         events=events,
         event_count=len(history),
         last_event=history[-1]["event_type"] if history else None,

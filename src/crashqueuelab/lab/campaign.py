@@ -120,7 +120,7 @@ def run_case(
     crash_dir = preserve_crash_time(case_dir)
     crash_reading = read_store(system, crash_dir / STORE_DIRECTORY, keys)
     crash_ledger = observe_ledger(crash_dir / LEDGER_FILE)
-    signature = crash_signature(crash_reading, crash_ledger, jobs)
+    signature = crash_signature(crash_reading, crash_ledger, jobs, point)
     expected = point.expected.signature()
     judged_ms = (time.perf_counter() - started) * 1000
     started = time.perf_counter()

@@ -20,6 +20,7 @@ from crashqueuelab.lab.scenario import (
     RECOVERY_OFFSET_US,
     START_US,
     RecoveryResult,
+    deadline_label,
     effect_key,
     recover_case,
     scenario_jobs,
@@ -29,6 +30,14 @@ from crashqueuelab.systems.contract import CrashPoint, JobSpec, StoreReading, Sy
 #: The part of a crash signature that says where the jobs stood (the rest are facts about
 #: the files, which a power cut may legitimately change).
 JOB_FIELDS = ("effect_job", "flaky_job", "effect_job_effects")
+#: The effect job's lease deadline, part of the jobs' fields where a point declares it.
+DEADLINE_FIELD = "effect_job_deadline"
+
+
+def job_fields(point: CrashPoint) -> tuple[str, ...]:
+    """The fields of a crash signature that a power cut must keep as ``point`` promises."""
+    declared = point.expected.effect_deadline is not None
+    return JOB_FIELDS + ((DEADLINE_FIELD,) if declared else ())
 
 
 def case_id_for(index: int, point: CrashPoint) -> str:
@@ -92,19 +101,27 @@ def _kill_at(case_dir: Path, spec: str, point: str, seed: int, case_id: str) -> 
 
 
 def crash_signature(
-    reading: StoreReading, ledger: dict[str, Any], jobs: tuple[JobSpec, ...]
+    reading: StoreReading, ledger: dict[str, Any], jobs: tuple[JobSpec, ...], point: CrashPoint
 ) -> dict[str, Any]:
-    """The part of a reading that identifies a crash point."""
+    """The part of a reading that identifies a crash point (with the effect job's deadline
+    where ``point`` declares it durable)."""
     effect, flaky = jobs
 
     def job(spec: JobSpec) -> list[Any] | None:
         stored = reading.jobs.get(spec.key)
         return None if stored is None else [stored.native_state, stored.attempts]
 
+    deadline = {}
+    if point.expected.effect_deadline is not None:
+        stored = reading.jobs.get(effect.key)
+        deadline[DEADLINE_FIELD] = deadline_label(
+            None if stored is None else stored.lease_deadline_us
+        )
     return {
         "effect_job": job(effect),
         "flaky_job": job(flaky),
         "effect_job_effects": ledger["effects_by_key"].get(effect_key(effect), 0),
+        **deadline,
         **reading.facts,
     }
 

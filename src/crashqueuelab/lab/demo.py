@@ -114,7 +114,7 @@ def run_scenario(
         recovered = client.recover()
         clock.advance(RETRY.delay_us(1))
         promoted = client.recover()
-        second = case_worker(client, ledger, system, "worker-b").run_once()
+        second = case_worker(client, ledger, system, "worker-b", clock).run_once()
     finally:
         ledger.close()
         client.close()

@@ -35,6 +35,13 @@ class ProbeFailed(Exception):
 class _Bench:
     client: QueueClient
     clock: ManualClock
+    #: Opens the probe's store again, as a restarted process would.
+    opener: Callable[[], QueueClient]
+
+    def restart(self) -> None:
+        """Close the system and open its store again: nothing held in memory survives."""
+        self.client.close()
+        self.client = self.opener()
 
     def job(self, key: str, *, max_attempts: int = 3) -> JobSpec:
         spec = JobSpec(key=key, job_type="probe", payload={"probe": key}, max_attempts=max_attempts)
@@ -122,6 +129,34 @@ def heartbeat_after_expiry(bench: _Bench) -> str:
     _refused(bench.client.heartbeat(first, LEASE_US), first, "a heartbeat after expiry")
     _accepted(bench.client.succeed(second), second, "the acknowledgement")
     return "the expired holder's heartbeat was refused"
+
+
+def heartbeat_survives_restart(bench: _Bench) -> str:
+    """A heartbeat that returned is durable: after a restart, at a time past the claim's
+    deadline and before the heartbeat's, the job is still its holder's."""
+    bench.job("extended")
+    claim = bench.claim("worker-a", "extended")
+    bench.clock.advance(LEASE_US // 2)
+    if not bench.client.heartbeat(claim, LEASE_US):
+        raise ProbeFailed("job extended: the live holder's heartbeat was refused")
+    bench.restart()
+    bench.clock.advance(LEASE_US // 2 + LEASE_US // 4)  # past the claim's deadline only
+    bench.client.recover()
+    view = bench.client.job("extended")
+    if view is None or view.status != "leased":
+        state = "missing" if view is None else f"{view.native_state} ({view.status})"
+        raise ProbeFailed(
+            f"job extended: {state} after a restart between the claim's deadline and the"
+            " heartbeat's; the heartbeat's deadline did not reach the store"
+        )
+    again = bench.client.claim("worker-b", LEASE_US)
+    if again is not None:
+        raise ProbeFailed(
+            f"job {again.key}: handed to worker-b after a restart, though worker-a's heartbeat"
+            " had extended its lease past that moment"
+        )
+    _accepted(bench.client.succeed(claim), claim, "the acknowledgement after the restart")
+    return "a heartbeat's deadline survived a restart; its holder's acknowledgement counted"
 
 
 def idempotent_submit(bench: _Bench) -> str:
@@ -237,6 +272,7 @@ PROBES: tuple[tuple[str, Probe, str | None], ...] = (
     ("worker_id_reused_after_restart", worker_id_reused_after_restart, "fencing_tokens"),
     ("acknowledgement_at_the_deadline", acknowledgement_at_the_deadline, None),
     ("heartbeat_after_expiry", heartbeat_after_expiry, "heartbeats"),
+    ("heartbeat_survives_restart", heartbeat_survives_restart, "heartbeats"),
     ("attempts_run_out", attempts_run_out, None),
     ("expired_attempts_run_out", expired_attempts_run_out, None),
     ("retry_delay_is_capped", retry_delay_is_capped, None),
@@ -251,20 +287,26 @@ PROBES: tuple[tuple[str, Probe, str | None], ...] = (
 
 def run_probe(system: System, directory: Path, name: str, probe: Probe) -> dict[str, Any]:
     clock = ManualClock(START_US)
-    request = OpenRequest(directory, clock, SeededIds(0, f"probe/{name}"), RETRY)
+    opened = [0]
+
+    def opener() -> QueueClient:
+        opened[0] += 1
+        ids = SeededIds(0, f"probe/{name}/{opened[0]}")
+        return system.open(OpenRequest(directory, clock, ids, RETRY))
+
     try:
-        client = system.open(request)
+        bench = _Bench(opener(), clock, opener)
     except Exception as error:
         return {"name": name, "ran": True, "ok": False, "detail": f"open raised {error!r}"}
     try:
-        detail = probe(_Bench(client, clock))
+        detail = probe(bench)
         ok = True
     except ProbeFailed as failure:
         detail, ok = str(failure), False
     except Exception as error:  # a system that raises is reported, never a traceback
         detail, ok = f"the system raised {type(error).__name__}: {error}", False
     finally:
-        client.close()
+        bench.client.close()
     return {"name": name, "ran": True, "ok": ok, "detail": detail}
 
 

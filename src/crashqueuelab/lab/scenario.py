@@ -1,8 +1,9 @@
 """The scripted workloads that crash cases run on any system, and the recovery that finishes them.
 
 ``run_campaign_workload`` passes through every crash point a system declares, in this
-order: submit the effect job, then the flaky job; claim the effect job, heartbeat (where the
-system can), commit its effect, acknowledge it; claim the flaky job, fail it; let its retry
+order: submit the effect job, then the flaky job; claim the effect job, work one second and
+heartbeat (where the system can: the deadline moves one second later), commit its effect,
+acknowledge it; claim the flaky job, fail it; let its retry
 come due; a worker claims it and vanishes; checkpoint (where the system has a step of its
 own for it); the lease expires and is recovered; the retry comes due; claim and succeed.
 
@@ -31,6 +32,14 @@ LEDGER_FILE = "effects.sqlite"
 START_US = 1_000_000_000
 LEASE_US = 5_000_000
 RETRY = RetryPolicy(base_delay_us=1_000_000, max_delay_us=8_000_000)
+#: The scripted handler works this long before each heartbeat, so a heartbeat moves the
+#: deadline and a crash state tells a durable heartbeat from a lost one.
+HANDLER_WORK_US = 1_000_000
+#: When the campaign workload claims the effect job, and the deadlines its claim and its
+#: handler's heartbeat set.
+EFFECT_CLAIMED_AT_US = START_US + 1_000
+CLAIM_DEADLINE_US = EFFECT_CLAIMED_AT_US + LEASE_US
+HEARTBEAT_DEADLINE_US = CLAIM_DEADLINE_US + HANDLER_WORK_US
 #: Recovery starts this long after START_US: beyond every lease and retry of the workload.
 RECOVERY_OFFSET_US = 3_600_000_000
 #: Rounds of recover / work before recovery gives up (every loop is bounded).
@@ -82,8 +91,15 @@ def open_case(
     return client, ledger
 
 
+def deadline_label(deadline_us: int | None) -> str:
+    """Which grant of the campaign workload set a lease deadline the store holds:
+    ``claim``, ``heartbeat``, ``none`` (not leased), or the time itself."""
+    names = {None: "none", CLAIM_DEADLINE_US: "claim", HEARTBEAT_DEADLINE_US: "heartbeat"}
+    return names.get(deadline_us, f"{deadline_us} us")
+
+
 def case_worker(
-    client: QueueClient, ledger: EffectLedger, system: System, worker_id: str
+    client: QueueClient, ledger: EffectLedger, system: System, worker_id: str, clock: ManualClock
 ) -> Worker:
     return Worker(
         client,
@@ -91,7 +107,12 @@ def case_worker(
         handlers=synthetic_handlers(ledger),
         lease_duration_us=LEASE_US,
         heartbeats=system.capabilities.heartbeats,
+        before_heartbeat=lambda: _work(clock),
     )
+
+
+def _work(clock: ManualClock) -> None:
+    clock.advance(HANDLER_WORK_US)
 
 
 def run_campaign_workload(
@@ -109,7 +130,7 @@ def run_campaign_workload(
         hook=hook,
     )
     try:
-        worker = case_worker(client, ledger, system, "worker-a")
+        worker = case_worker(client, ledger, system, "worker-a", clock)
         for job in jobs:
             client.submit(job)
         clock.advance(1_000)
@@ -153,7 +174,7 @@ def run_single_worker_workload(
         hook=hook,
     )
     try:
-        case_worker(client, ledger, system, "worker-a").run_once()
+        case_worker(client, ledger, system, "worker-a", clock).run_once()
     finally:
         ledger.close()
         client.close()
@@ -192,7 +213,7 @@ def recover_case(
         # safe because the idempotency key returns the job that already exists.
         for job in jobs:
             client.submit(job)
-        worker = case_worker(client, ledger, system, "worker-recovery")
+        worker = case_worker(client, ledger, system, "worker-recovery", clock)
         rounds, views = 0, [client.job(job.key) for job in jobs]
         while rounds < MAX_RECOVERY_ROUNDS and not all(
             view is not None and view.status.is_terminal for view in views

@@ -93,8 +93,11 @@ class Worker:
         handlers: Mapping[str, Handler],
         lease_duration_us: int,
         heartbeats: bool = True,
+        before_heartbeat: Callable[[], None] | None = None,
     ) -> None:
         self.client = client
+        #: Called before each heartbeat: a scripted workload's handler works this long.
+        self.before_heartbeat = before_heartbeat
         self.worker_id = require_name("worker_id", worker_id)
         self.lease_duration_us = require_int("lease_duration_us", lease_duration_us, minimum=1)
         self.heartbeats = heartbeats
@@ -118,6 +121,8 @@ class Worker:
         return results
 
     def _heartbeat(self, claim: Claim) -> None:
+        if self.before_heartbeat is not None:
+            self.before_heartbeat()
         if not self.client.heartbeat(claim, self.lease_duration_us):
             raise LeaseLost(f"{claim.job_id}: lease {claim.token} is no longer live")
 

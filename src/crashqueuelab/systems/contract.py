@@ -214,18 +214,27 @@ class ExpectedState:
     ``effect_job`` and ``flaky_job`` are ``(native state, attempts)`` or None when the job
     must not exist; ``facts`` are the reader's further observations (a last event, a torn
     tail) that tell this point apart.
+
+    ``effect_deadline`` declares the effect job's lease deadline durable: which grant set the
+    deadline the store must hold (``"claim"``, ``"heartbeat"``, or ``"none"`` when the job is
+    not leased). It is compared in both crash modes, as the jobs are; None declares nothing.
     """
 
     effect_job: tuple[str, int] | None
     flaky_job: tuple[str, int] | None
     effects: int
     facts: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    effect_deadline: str | None = None
 
     def signature(self) -> dict[str, Any]:
+        deadline = (
+            {} if self.effect_deadline is None else {"effect_job_deadline": self.effect_deadline}
+        )
         return {
             "effect_job": None if self.effect_job is None else list(self.effect_job),
             "flaky_job": None if self.flaky_job is None else list(self.flaky_job),
             "effect_job_effects": self.effects,
+            **deadline,
             **self.facts,
         }
 
@@ -257,11 +266,13 @@ class CrashPoint:
 
 @dataclass(frozen=True)
 class StoredJob:
-    """One job as an independent reader found it in the retained files."""
+    """One job as an independent reader found it in the retained files; a leased job's
+    deadline where the store keeps one (microseconds on the system's clock)."""
 
     native_state: str
     status: JobStatus
     attempts: int
+    lease_deadline_us: int | None = None
 
 
 @dataclass(frozen=True)
@@ -287,6 +298,11 @@ class StoreReading:
                     "state": job.native_state,
                     "status": job.status.value,
                     "attempts": job.attempts,
+                    **(
+                        {}
+                        if job.lease_deadline_us is None
+                        else {"lease_deadline_us": job.lease_deadline_us}
+                    ),
                 }
                 for key, job in self.jobs.items()
             },

@@ -212,7 +212,7 @@ def read_store(directory: Path) -> StoreReading:
     return StoreReading(
         exists=reading.exists,
         jobs={
-            key: StoredJob(state, _STATUS[state], attempts)
+            key: StoredJob(state, _STATUS[state], attempts, reading.deadlines.get(key))
             for key, (state, attempts) in reading.jobs.items()
         },
         facts={"last_event": reading.last_event},

@@ -212,7 +212,7 @@ def read_store(directory: Path) -> StoreReading:
     return StoreReading(
         exists=reading.exists,
         jobs={
-            key: StoredJob(state, _STATUS[JobState(state)], attempts)
+            key: StoredJob(state, _STATUS[JobState(state)], attempts, reading.deadlines.get(key))
             for key, (state, attempts) in reading.jobs.items()
         },
         facts={"last_event": reading.last_event},
@@ -225,9 +225,14 @@ def read_store(directory: Path) -> StoreReading:
 
 
 def _expect(
-    effect: tuple[str, int] | None, flaky: tuple[str, int] | None, effects: int, last: str | None
+    effect: tuple[str, int] | None,
+    flaky: tuple[str, int] | None,
+    effects: int,
+    last: str | None,
+    deadline: str = "none",
 ) -> ExpectedState:
-    return ExpectedState(effect, flaky, effects, {"last_event": last})
+    # Every deadline is durable once its claim or heartbeat committed: declared everywhere.
+    return ExpectedState(effect, flaky, effects, {"last_event": last}, effect_deadline=deadline)
 
 
 _QUEUED = ("QUEUED", 0)
@@ -256,27 +261,27 @@ CRASH_POINTS = (
     CrashPoint(
         "AFTER_CLAIM_COMMIT",
         "the effect job claimed, the worker not told",
-        _expect(_LEASED, _QUEUED, 0, "CLAIMED"),
+        _expect(_LEASED, _QUEUED, 0, "CLAIMED", "claim"),
     ),
     CrashPoint(
         "AFTER_HEARTBEAT_COMMIT",
         "the effect job's lease extended",
-        _expect(_LEASED, _QUEUED, 0, "HEARTBEAT"),
+        _expect(_LEASED, _QUEUED, 0, "HEARTBEAT", "heartbeat"),
     ),
     CrashPoint(
         "BEFORE_EFFECT_COMMIT",
         "inside the effect's ledger transaction",
-        _expect(_LEASED, _QUEUED, 0, "HEARTBEAT"),
+        _expect(_LEASED, _QUEUED, 0, "HEARTBEAT", "heartbeat"),
     ),
     CrashPoint(
         "AFTER_EFFECT_COMMIT",
         "the effect durable, the job not acknowledged",
-        _expect(_LEASED, _QUEUED, 1, "HEARTBEAT"),
+        _expect(_LEASED, _QUEUED, 1, "HEARTBEAT", "heartbeat"),
     ),
     CrashPoint(
         "BEFORE_SUCCESS_COMMIT",
         "inside the acknowledgement, before COMMIT",
-        _expect(_LEASED, _QUEUED, 1, "HEARTBEAT"),
+        _expect(_LEASED, _QUEUED, 1, "HEARTBEAT", "heartbeat"),
     ),
     CrashPoint(
         "AFTER_SUCCESS_COMMIT",

@@ -22,6 +22,8 @@ import walqueue.queue
 import walqueue.store
 from crashqueuelab.core import queue as queue_module
 from crashqueuelab.core.errors import StaleLease
+from crashqueuelab.core.fencing import require_live_lease
+from crashqueuelab.core.hooks import Phase
 from crashqueuelab.core.models import (
     Acknowledgement,
     AckResult,
@@ -102,6 +104,56 @@ class HeartbeatWithoutEvent(DurableQueue):
                 lease_token=lease_token,
                 lease_duration_us=lease_duration_us,
             )
+
+
+class HeartbeatInMemory(DurableQueue):
+    """A heartbeat moves the deadline only in the holder's process, which writes it to the
+    store when that lease ends there (or its own recovery runs): another process, or this
+    one after a restart, still sees the claim's deadline."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._extended: dict[tuple[str, str], int] = {}
+
+    def heartbeat(
+        self, *, job_id: str, worker_id: str, lease_token: str, lease_duration_us: int
+    ) -> ClaimedJob:
+        now = self._clock.now_us()
+        job = self.get(job_id)
+        deadline = self._extended.get((job_id, lease_token), job.lease_deadline_us)
+        seen = replace(job, lease_deadline_us=deadline)
+        require_live_lease(seen, worker_id=worker_id, lease_token=lease_token, now_us=now)
+        self._extended[(job_id, lease_token)] = now + lease_duration_us
+        extended = replace(job, lease_deadline_us=now + lease_duration_us)
+        self._held.refresh(extended)
+        self._hook(Phase.AFTER_HEARTBEAT_COMMIT)
+        return ClaimedJob(extended, lease_token, now + lease_duration_us, job.attempts)
+
+    def _write_extension(self, job_id: str, lease_token: str) -> None:
+        deadline = self._extended.pop((job_id, lease_token), None)
+        if deadline is not None:
+            self.connection.execute(
+                "UPDATE jobs SET lease_deadline_us = ? WHERE job_id = ? AND lease_token = ?",
+                (deadline, job_id, lease_token),
+            )
+
+    def _end_live_lease(self, job_id: str, worker_id: str, lease_token: str, **end: Any) -> Job:
+        self._write_extension(job_id, lease_token)
+        return super()._end_live_lease(job_id, worker_id, lease_token, **end)
+
+    def _acknowledge_batch(
+        self, acknowledgements: Sequence[Acknowledgement], now: int
+    ) -> list[AckResult]:
+        for ack in acknowledgements:
+            self._write_extension(ack.job_id, ack.lease_token)
+        return super()._acknowledge_batch(acknowledgements, now)
+
+    def recover_expired(self) -> list[str]:
+        if self._extended:
+            with self._transaction():
+                for job_id, lease_token in list(self._extended):
+                    self._write_extension(job_id, lease_token)
+        return super().recover_expired()
 
 
 class ClaimTakesLeasedJobs(DurableQueue):
@@ -346,6 +398,10 @@ def heartbeat_without_event() -> System:
     return _sqlite_mutant("heartbeat-without-event", HeartbeatWithoutEvent)
 
 
+def heartbeat_in_memory() -> System:
+    return _sqlite_mutant("heartbeat-in-memory", HeartbeatInMemory)
+
+
 def claim_takes_leased_jobs() -> System:
     return _sqlite_mutant("claim-takes-leased-jobs", ClaimTakesLeasedJobs)
 
@@ -440,6 +496,11 @@ MUTANTS = (
         "heartbeat_without_event",
         "sqlite: a heartbeat extends the lease and writes no event",
         CRASH_CAMPAIGN,
+    ),
+    Mutant(
+        "heartbeat_in_memory",
+        "sqlite: a heartbeat moves the deadline only in its holder's process memory",
+        PROBES,
     ),
     Mutant(
         "claim_takes_leased_jobs",

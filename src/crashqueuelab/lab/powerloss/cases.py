@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from crashqueuelab.lab.casework import (
-    JOB_FIELDS,
     continuity,
     crash_signature,
     death_record,
     death_summary,
+    job_fields,
     kill_children,
     new_case,
     recover_or_report,
@@ -41,15 +41,15 @@ from crashqueuelab.systems.contract import CrashPoint, JobSpec, System
 STATES_DIRECTORY = "crash-states"
 
 
-def _jobs_of(signature: dict[str, Any]) -> dict[str, Any]:
-    return {name: signature[name] for name in JOB_FIELDS}
+def _jobs_of(signature: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
+    return {name: signature[name] for name in fields}
 
 
 def lost_acknowledged(found: dict[str, Any], promised: dict[str, Any]) -> list[str]:
     """Where the jobs on the disk differ from what the crash point promised, field by field."""
     return [
         f"{name}: promised {promised[name]}, found {found[name]}"
-        for name in JOB_FIELDS
+        for name in promised
         if found[name] != promised[name]
     ]
 
@@ -110,16 +110,17 @@ def _judge_placed(
     _copy_ledger(case_dir, state_dir)
     keys = [job.key for job in jobs]
     crash_reading = read_store(system, state_dir / STORE_DIRECTORY, keys)
-    signature = crash_signature(crash_reading, observe_ledger(state_dir / LEDGER_FILE), jobs)
-    allowed = [_jobs_of(promised) for promised in point.power_loss_states()]
-    durable = _jobs_of(signature) in allowed
+    signature = crash_signature(crash_reading, observe_ledger(state_dir / LEDGER_FILE), jobs, point)
+    fields = job_fields(point)
+    allowed = [_jobs_of(promised, fields) for promised in point.power_loss_states()]
+    durable = _jobs_of(signature, fields) in allowed
     recovery, recovery_error = recover_or_report(state_dir, system, jobs, seed, case_id)
     recovered = read_store(system, state_dir / STORE_DIRECTORY, keys)
     ledger = observe_ledger(state_dir / LEDGER_FILE)
     effects_once = all(ledger["effects_by_key"].get(effect_key(job)) == 1 for job in jobs)
     anomalies = []
     if not durable:
-        differences = lost_acknowledged(_jobs_of(signature), allowed[0])
+        differences = lost_acknowledged(_jobs_of(signature, fields), allowed[0])
         after = "recovery raised" if recovery is None else f"recovered to {recovery.states}"
         anomalies.append(f"acknowledged work lost: {'; '.join(differences)} ({after})")
     anomalies += [f"at the crash: {problem}" for problem in crash_reading.problems]
