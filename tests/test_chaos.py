@@ -338,3 +338,94 @@ def test_poison_jobs_catch_a_queue_that_never_buries_a_job(tmp_path: Path, mutan
     assert report["ok"] is False
     assert accounting["poison"]["anomalies"]
     assert any("never reach the dead letter" in reason for reason in report["reasons"])
+
+
+def test_an_accepted_heartbeat_proves_the_lease_live_for_a_lease_after_it_was_asked() -> None:
+    from crashqueuelab.lab.chaos.overlaps import overlapping_leases
+
+    lease = 0.5
+    # a's claim alone proves its lease live until 10.5; its heartbeat asked at 10.4, until
+    # 10.9: b's lease granted at 10.7 overlaps it.
+    logs = {
+        "w-a": _log(["claim k1 ta 10.1 10.0", "heartbeat k1 ta 10.41 10.4", "stale k1 ta 11.0"]),
+        "w-b": _log(["claim k1 tb 10.7 10.65", "acking k1 tb 10.8"]),
+    }
+    assert logs["w-a"].extended_asked == {("k1", "ta"): 10.4}
+    [proof] = overlapping_leases(logs, lease_s=lease, started_s=10.0)
+    assert proof.startswith("job k1: two live leases from 0.700 s to 0.800 s at least:")
+    # Without the heartbeat, the same claims are what a correct system does.
+    logs["w-a"] = _log(["claim k1 ta 10.1 10.0", "heartbeat k1 ta bad 10.4"])
+    assert logs["w-a"].extended_asked == {("k1", "ta"): 10.4}
+    logs["w-a"] = _log(["claim k1 ta 10.1 10.0", "heartbeat k1 ta 10.41 bad"])
+    assert logs["w-a"].extended_asked == {}
+    assert overlapping_leases(logs, lease_s=lease) == []
+
+
+class _Heartbeats:
+    """A client that refuses the heartbeats of job ``lost`` after its first."""
+
+    def __init__(self, lost: str) -> None:
+        self.lost = lost
+        self.asked: list[tuple[str, int]] = []
+
+    def heartbeat(self, claim: Any, lease_us: int) -> bool:
+        self.asked.append((claim.key, lease_us))
+        return claim.key != self.lost or self.asked.count((claim.key, lease_us)) == 1
+
+
+def test_a_long_job_heartbeats_every_claim_held_and_drops_a_refused_one() -> None:
+    import io
+
+    from crashqueuelab.lab.chaos.longjobs import long_indexes, work_leases, work_long
+    from crashqueuelab.systems.contract import Claim
+
+    assert long_indexes(10, 3) == {0, 3, 6}
+    assert long_indexes(2, 5) == {0, 1}
+    assert long_indexes(10, 0) == set()
+    assert work_leases({"work_leases": 2.5}) == 2.5
+    assert work_leases({"work_leases": "2"}) is None
+    assert work_leases({}) is None
+
+    def claim(key: str, **payload: Any) -> Claim:
+        return Claim(f"id-{key}", key, "t", payload, 1, "w", f"tok-{key}")
+
+    ticks = iter(range(1000))
+    clock = {"now": 0.0}
+
+    def now() -> float:
+        next(ticks)  # bounded: a loop that never ends runs out of ticks
+        return clock["now"]
+
+    def sleep(seconds: float) -> None:
+        clock["now"] += seconds
+
+    short = [claim("a"), claim("b")]
+    log = io.StringIO()
+    client: Any = _Heartbeats(lost="")
+    assert work_long(client, short, 0.3, log, now=now, sleep=sleep) == short
+    assert client.asked == []
+    assert log.getvalue() == ""
+    # One long job of 1 lease: three heartbeats of each claim held; a's second is refused.
+    claims = [claim("a"), claim("b", work_leases=1)]
+    client = _Heartbeats(lost="a")
+    kept = work_long(client, claims, 0.3, log, now=now, sleep=sleep)
+    assert kept == [claims[1]]
+    assert client.asked == [("a", 300_000), ("b", 300_000), ("a", 300_000)] + [("b", 300_000)] * 2
+    words = [line.split()[:2] for line in log.getvalue().splitlines()]
+    assert (
+        words == [["heartbeat", "a"], ["heartbeat", "b"], ["stale", "a"]] + [["heartbeat", "b"]] * 2
+    )
+
+
+def test_heartbeating_long_jobs_catch_a_heartbeat_kept_in_one_process(tmp_path: Path) -> None:
+    """Recovery in the maintenance process still sees the claim's deadline, so a long job is
+    handed to a second worker while its holder heartbeats: proven from the logs."""
+    report = run_chaos(
+        tmp_path / "run", seed=5, jobs=40, workers=2, kills=0, pauses=0, lease_ms=200,
+        poison_count=0, long_count=1,
+        system="crashqueuelab.lab.mutants.catalog:heartbeat_in_memory",
+    )  # fmt: skip
+    assert report["ok"] is False
+    assert report["parameters"]["long_jobs"] == 1
+    assert report["accounting"]["overlapping_leases"]
+    assert any("the work stalled" in reason for reason in report["reasons"])

@@ -26,6 +26,7 @@ from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.bench.peers import BENCH_PEERS
 from crashqueuelab.lab.bench.runner import BENCH_FILE, run_bench, table
 from crashqueuelab.lab.campaign import CAMPAIGN_FILE, run_campaign
+from crashqueuelab.lab.chaos.longjobs import DEFAULT_LONG_JOBS
 from crashqueuelab.lab.chaos.poison import DEFAULT_POISON_JOBS
 from crashqueuelab.lab.chaos.supervisor import CHAOS_FILE, run_chaos
 from crashqueuelab.lab.demo import COMPARISON_FILE, DEFAULT_SEED, run_demo
@@ -148,6 +149,7 @@ def _chaos(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         server_restarts=args.server_restarts,
         session_kills=args.session_kills,
         poison_count=args.poison_jobs,
+        long_count=args.long_jobs,
         restart_server=None if args.server is None else args.server.restart_after_crash,
         progress=progress_for(args),
     )
@@ -326,6 +328,13 @@ def add_experiment_commands(command: Command) -> None:
         default=DEFAULT_POISON_JOBS,
         help="jobs besides --jobs whose every attempt dies or fails, with limits of 2 and 3"
         " attempts: each must end dead-lettered after exactly its limit",
+    )
+    sub.add_argument(
+        "--long-jobs",
+        type=non_negative,
+        default=DEFAULT_LONG_JOBS,
+        help="jobs among --jobs whose handler works 2.5 leases and heartbeats meanwhile"
+        " (systems with heartbeats): a heartbeat must keep the lease, in every process",
     )
     sub.add_argument(
         "--server-restarts",

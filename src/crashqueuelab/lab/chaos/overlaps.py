@@ -3,12 +3,13 @@
 The contract allows at most one live lease per job. A lease a worker was granted is surely
 live from the moment its claim returned (it was granted by then) until the earlier of two
 moments: its deadline, which is at least the claim call's start plus the lease (the system
-cannot have granted it earlier), and the moment the worker began to acknowledge it (from
-then on it may have ended at any time). A worker killed while holding it leaves it live
-until that deadline. If two leases on one job were each surely live at one same instant,
-the system granted a second lease while the first was live, whatever the acknowledgements
-did afterwards; which was granted first does not matter (two claim calls in flight at once
-leave that open).
+cannot have granted it earlier), or the start of its latest accepted heartbeat plus the
+lease (an accepted heartbeat found the lease live and moved its deadline), and the moment
+the worker began to acknowledge it (from then on it may have ended at any time). A worker
+killed while holding it leaves it live until that deadline. If two leases on one job were
+each surely live at one same instant, the system granted a second lease while the first was
+live, whatever the acknowledgements did afterwards; which was granted first does not matter
+(two claim calls in flight at once leave that open).
 
 Every time is the machine's monotonic clock, which all the workers share. A deadline is
 counted on the system's own clock, which may drift from it by a few parts per million over
@@ -52,7 +53,8 @@ def grants(logs: dict[str, WorkerLog], lease_s: float) -> list[Grant]:
             asked = log.claim_asked.get((key, token))
             if word != "claim" or asked is None:
                 continue
-            until = min(asked + lease_s - MARGIN_S, acking.get((key, token), float("inf")))
+            latest = max(asked, log.extended_asked.get((key, token), asked))
+            until = min(latest + lease_s - MARGIN_S, acking.get((key, token), float("inf")))
             found.append(Grant(worker_id, key, token, asked, at, until))
     return found
 

@@ -20,6 +20,7 @@ from typing import TextIO
 from crashqueuelab.core.clock import SystemClock
 from crashqueuelab.core.ids import RandomIds
 from crashqueuelab.core.retry import RetryPolicy
+from crashqueuelab.lab.chaos.longjobs import work_long
 from crashqueuelab.lab.chaos.poison import DIE, behaviour
 from crashqueuelab.lab.chaos.worklog import SHARED_COMMIT_COUNTS
 from crashqueuelab.lab.effects import Destination, EffectLedger
@@ -196,6 +197,7 @@ def _work(spec: WorkerSpec) -> None:
                     log.write(f"claim {claim.key} {claim.token} {got:.6f} {asked:.6f}\n")
                 # A poison job's handler dies or fails before any effect.
                 claims = _handle_poison(client, claims, log)
+                claims = work_long(client, claims, spec.lease_us / 1_000_000, log)
                 if not claims:
                     continue
                 for claim in claims:

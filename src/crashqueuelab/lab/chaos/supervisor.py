@@ -27,6 +27,12 @@ from typing import Any
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.core.validation import require_int
 from crashqueuelab.lab.chaos.accounting import judge_run
+from crashqueuelab.lab.chaos.longjobs import (
+    DEFAULT_LONG_JOBS,
+    WORK_LEASES,
+    long_indexes,
+)
+from crashqueuelab.lab.chaos.longjobs import PAYLOAD_FIELD as LONG_PAYLOAD_FIELD
 from crashqueuelab.lab.chaos.poison import DEFAULT_POISON_JOBS, PoisonJob, poison_jobs
 from crashqueuelab.lab.chaos.powercuts import PowerSupply
 from crashqueuelab.lab.chaos.processes import (
@@ -98,7 +104,12 @@ class _RunState:
 
 
 def _submit(
-    system: str, files: RunFiles, jobs: int, max_attempts: int, poison: list[PoisonJob]
+    system: str,
+    files: RunFiles,
+    jobs: int,
+    max_attempts: int,
+    poison: list[PoisonJob],
+    long_jobs: set[int],
 ) -> list[str]:
     keys = [f"chaos-{index:06d}" for index in range(jobs)]
     with calling(system, "open"):
@@ -111,7 +122,15 @@ def _submit(
                         JobSpec(
                             key=key,
                             job_type="synthetic.effect",
-                            payload={"effect_key": key, "value": start + offset},
+                            payload={
+                                "effect_key": key,
+                                "value": start + offset,
+                                **(
+                                    {LONG_PAYLOAD_FIELD: WORK_LEASES}
+                                    if start + offset in long_jobs
+                                    else {}
+                                ),
+                            },
                             max_attempts=max_attempts,
                         )
                         for offset, key in enumerate(keys[start : start + 500])
@@ -200,8 +219,8 @@ class _ChaosRun:
         self.stop_file = output_dir / "stop-maintenance"
         self.release_file = output_dir / "faults-delivered"
         self.released = False
-        #: When the workers' logs first showed every normal job acknowledged.
-        self.normal_done_at: float | None = None
+        #: How many normal jobs had been acknowledged when that count last moved, and when.
+        self.progress_seen: tuple[int, float] | None = None
         #: The poison jobs' keys, which the normal work's progress leaves out.
         self.poison_keys: set[str] = set()
         self.state = _RunState()
@@ -426,6 +445,7 @@ def run_chaos(
     restart_server: Callable[[], None] | None = None,
     progress: Progress | None = None,
     poison_count: int = DEFAULT_POISON_JOBS,
+    long_count: int = DEFAULT_LONG_JOBS,
 ) -> dict[str, Any]:
     """Run one chaos experiment into ``output_dir`` (new or empty) and return its report.
 
@@ -471,7 +491,9 @@ def run_chaos(
     try:
         # Enough attempts that a job killed again and again is never dead-lettered.
         poison = poison_jobs(poison_count)
-        keys = _submit(system, files, jobs, max_attempts=1000, poison=poison)
+        # Only a system with heartbeats can keep a lease past its length.
+        long_jobs = long_indexes(jobs, long_count if chosen.capabilities.heartbeats else 0)
+        keys = _submit(system, files, jobs, 1000, poison, long_jobs)
         pending = plan(
             seed=seed,
             jobs=jobs,
@@ -545,6 +567,7 @@ def run_chaos(
             "server_restarts": server_restarts,
             "session_kills": session_kills,
             "poison_jobs": poison_count,
+            "long_jobs": len(long_jobs),
             "lease_ms": lease_ms,
             "batch": batch,
         },
@@ -655,33 +678,38 @@ def _run_workers(
         run.shut_down(drain=run.state.gave_up is None)
 
 
-#: After every other job was acknowledged and every fault delivered, how long the poison jobs
-#: get to reach the dead letter, in leases (at least POISON_GRACE_MIN_S): each needs at most
-#: three expiries or failures, and a queue that never buries them must not hold the run for
-#: its whole deadline.
-POISON_GRACE_LEASES = 10
-POISON_GRACE_MIN_S = 5.0
+#: After every fault was delivered, how long the run waits for one more job to be
+#: acknowledged before it stops, in leases (at least STALL_GRACE_MIN_S). Poison jobs need at
+#: most three expiries or failures and long jobs a few leases each; a queue that never buries
+#: a poison job, or never lets a long job finish, must not hold the run for its deadline.
+STALL_GRACE_LEASES = 10
+STALL_GRACE_MIN_S = 5.0
 
 
-def _only_poison_left(run: _ChaosRun, watcher: _Watcher, jobs: int) -> bool:
-    """Whether every normal job was acknowledged long enough ago that the poison jobs still
-    holding the run up will not end; then the run stops waiting, and says why.
+def _stalled(run: _ChaosRun, watcher: _Watcher, jobs: int) -> bool:
+    """Whether no job was acknowledged for so long that the jobs still holding the run up
+    will not end; then the run stops waiting, and says why.
 
     "Acknowledged" counts acknowledgements sent, answered or not, as the progress marks do: a
     worker killed between its commit and its answer's line never logs the answer."""
-    if len((watcher.acknowledged | watcher.sent) - run.poison_keys) < jobs:
-        run.normal_done_at = None
-        return False
+    done = len((watcher.acknowledged | watcher.sent) - run.poison_keys)
     now = time.monotonic()
-    if run.normal_done_at is None:
-        run.normal_done_at = now
-    grace = max(POISON_GRACE_MIN_S, POISON_GRACE_LEASES * run.lease_ms / 1000)
-    if now - run.normal_done_at < grace:
+    if run.progress_seen is None or done != run.progress_seen[0]:
+        run.progress_seen = (done, now)
         return False
-    run.state.gave_up = (
-        f"every other job was acknowledged, but the work did not end within {grace:.0f} s"
-        " after: jobs are left that never reach the dead letter (see the poison jobs)"
-    )
+    grace = max(STALL_GRACE_MIN_S, STALL_GRACE_LEASES * run.lease_ms / 1000)
+    if now - run.progress_seen[1] < grace:
+        return False
+    if done >= jobs:
+        run.state.gave_up = (
+            f"every other job was acknowledged, but the work did not end within {grace:.0f} s"
+            " after: jobs are left that never reach the dead letter (see the poison jobs)"
+        )
+    else:
+        run.state.gave_up = (
+            f"the work stalled: no job was acknowledged for {grace:.0f} s after every fault"
+            f" was delivered, with {jobs - done} of {jobs} jobs never acknowledged"
+        )
     return True
 
 
@@ -704,7 +732,7 @@ def _drive(
             run.follow(watcher)
             if run.work_done():
                 return True
-            if not pending and _only_poison_left(run, watcher, jobs):
+            if not pending and _stalled(run, watcher, jobs):
                 return False
             finished = watcher.progressed()
             run.respawn_dead()

@@ -13,7 +13,9 @@ KEY TOKEN T`` just
 before the acknowledgement is sent (from then on the lease may be gone at any moment, so a
 worker stopped there is not counted as holding it); ``ack KEY TOKEN T`` or ``stale KEY TOKEN
 T`` with the system's answer; ``idle T`` once, when the worker first found no unfinished job
-left while faults were still planned; ``commits FOR BY APPLIED RERUN T`` where the system
+left while faults were still planned; ``heartbeat KEY TOKEN T ASKED`` for each accepted
+heartbeat of a long job (``longjobs.py``: a refused one is a ``stale`` line); ``commits FOR
+BY APPLIED RERUN T`` where the system
 shares commits between processes (group commit): once with zeros when the worker starts,
 then whenever a call changed the counts, by how much (``SHARED_COMMIT_COUNTS``, in order).
 ``T`` is ``time.monotonic()``, one clock for every process of the machine, so the report can
@@ -22,6 +24,7 @@ place every line on the run's timeline.
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -51,6 +54,8 @@ class WorkerLog:
     events: list[tuple[float, str, str, str]] = field(default_factory=list)
     #: When each claim call that returned a lease began, by (key, token).
     claim_asked: dict[tuple[str, str], float] = field(default_factory=dict)
+    #: When the latest accepted heartbeat of each lease was asked, by (key, token).
+    extended_asked: dict[tuple[str, str], float] = field(default_factory=dict)
     #: When the worker first found no unfinished job left (and waited for the release).
     idle_at: float | None = None
     #: When the first and the last line were written.
@@ -80,6 +85,10 @@ class WorkerLog:
                     self.idle_at = float(parts[1])
                 except ValueError:
                     continue
+            if len(parts) == 5 and parts[0] == "heartbeat":
+                with contextlib.suppress(ValueError):
+                    self.extended_asked[(parts[1], parts[2])] = float(parts[4])
+                continue
             if len(parts) == 5 and parts[0] == "claim":
                 # The claim call's start, then the line as any other.
                 try:
