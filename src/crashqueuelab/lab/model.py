@@ -2,7 +2,8 @@
 order, each written to an observation log of what the caller was told.
 
 Where the campaign follows one script per crash point and the probes one race each, this
-workload mixes single and batched claims and acknowledgements, failures, heartbeats,
+workload mixes single, batched and (where the system chains them) chained claims and
+acknowledgements, failures, heartbeats,
 resubmissions of finished keys, restarts that keep the workers' ids, and clock steps that
 land exactly on a lease's deadline, one microsecond before and one after it (the clock is
 injected, so "at the deadline" is exact). Nothing here decides what is right: the judge
@@ -24,7 +25,14 @@ from crashqueuelab.lab.readings import read_store
 from crashqueuelab.lab.reports import write_json
 from crashqueuelab.lab.scenario import LEASE_US, RETRY, START_US
 from crashqueuelab.lab.systemcalls import SystemRaised, calling
-from crashqueuelab.systems.contract import Claim, JobSpec, OpenRequest, QueueClient, System
+from crashqueuelab.systems.contract import (
+    ChainingClient,
+    Claim,
+    JobSpec,
+    OpenRequest,
+    QueueClient,
+    System,
+)
 
 OBSERVATIONS_FILE = "observations.jsonl"
 STORE_DIRECTORY = "store"
@@ -83,13 +91,29 @@ def _step(run: _Run, client: QueueClient) -> None:
         _claimed(run, worker, client.claim_many(worker, LEASE_US, rng.randint(2, 3)), batch=True)
     elif roll < 0.52 and held:
         claim = rng.choice(held[-4:])
-        run.log("ack", worker=worker, key=claim.key, token=claim.token,
-                verdict=client.succeed(claim).value, batch=False)  # fmt: skip
+        chaining = _chaining(run, client)
+        if chaining is not None and rng.random() < 0.5:
+            verdict, chained = chaining.succeed_and_claim(claim, LEASE_US)
+            run.log("ack", worker=worker, key=claim.key, token=claim.token,
+                    verdict=verdict.value, batch=False, chained=True)  # fmt: skip
+            _claimed(run, worker, [] if chained is None else [chained], batch=False)
+        else:
+            run.log("ack", worker=worker, key=claim.key, token=claim.token,
+                    verdict=client.succeed(claim).value, batch=False)  # fmt: skip
     elif roll < 0.58 and len(held) >= 2:
         batch = rng.sample(held[-4:], min(2, len(held[-4:])))
-        for claim, verdict in zip(batch, client.succeed_many(batch), strict=True):
+        chaining = _chaining(run, client)
+        following: list[Claim] = []
+        if chaining is not None and rng.random() < 0.5:
+            verdicts, following = chaining.succeed_many_and_claim(
+                batch, worker, LEASE_US, rng.randint(1, 2)
+            )
+        else:
+            verdicts = client.succeed_many(batch)
+        for claim, verdict in zip(batch, verdicts, strict=True):
             run.log("ack", worker=worker, key=claim.key, token=claim.token,
                     verdict=verdict.value, batch=True)  # fmt: skip
+        _claimed(run, worker, following, batch=True)
     elif roll < 0.64 and held:
         claim = rng.choice(held[-4:])
         run.log("fail", worker=worker, key=claim.key, token=claim.token,
@@ -107,6 +131,13 @@ def _step(run: _Run, client: QueueClient) -> None:
         client.close()
         run.log("restart")
         run.open()
+
+
+def _chaining(run: _Run, client: QueueClient) -> ChainingClient | None:
+    """The client's chained calls, where the system declares them."""
+    if run.system.capabilities.chained and isinstance(client, ChainingClient):
+        return client
+    return None
 
 
 def _advance(run: _Run) -> None:

@@ -18,6 +18,7 @@ from crashqueuelab.core.clock import ManualClock
 from crashqueuelab.core.ids import SeededIds
 from crashqueuelab.lab.scenario import LEASE_US, RETRY, START_US
 from crashqueuelab.systems.contract import (
+    ChainingClient,
     Claim,
     JobSpec,
     OpenRequest,
@@ -263,6 +264,47 @@ def batched_acknowledgement_sees_the_lease_as_it_stands(bench: _Bench) -> str:
     )
 
 
+def _chaining(bench: _Bench) -> ChainingClient:
+    client = bench.client
+    if not isinstance(client, ChainingClient):
+        raise ProbeFailed("the system declares chained calls, and its client has none")
+    return client
+
+
+def chained_acknowledgement_is_fenced(bench: _Bench) -> str:
+    """The acknowledgement that also leases the next job is fenced as a plain one: a stale
+    one changes nothing, claims nothing, and its caller is told so."""
+    chaining = _chaining(bench)
+    bench.job("chained-stale")
+    first = bench.claim("worker-a", "chained-stale")
+    bench.expire()
+    second = bench.claim("worker-b", "chained-stale")
+    bench.job("chained-next")
+    verdict, claimed = chaining.succeed_and_claim(first, LEASE_US)
+    _refused(verdict, first, "a chained acknowledgement after the lease expired")
+    if claimed is not None:
+        raise ProbeFailed(
+            f"job {claimed.key}: leased to worker-a by a chained acknowledgement that was refused"
+        )
+    verdict, claimed = chaining.succeed_and_claim(second, LEASE_US)
+    _accepted(verdict, second, "the chained acknowledgement")
+    if claimed is None or claimed.key != "chained-next":
+        offered = "nothing" if claimed is None else f"job {claimed.key}"
+        raise ProbeFailed(
+            f"job chained-next: the live holder's chained acknowledgement should lease it;"
+            f" it leased {offered}"
+        )
+    verdicts, batch = chaining.succeed_many_and_claim([claimed, first], "worker-b", LEASE_US, 2)
+    _accepted(verdicts[0], claimed, "the chained batch's live acknowledgement")
+    _refused(verdicts[1], first, "an expired acknowledgement in a chained batch")
+    if batch:
+        raise ProbeFailed(f"job {batch[0].key}: leased though no job was ready")
+    return (
+        "chained acknowledgements: the expired one refused and claimed nothing, the live"
+        " ones accepted with the next job leased"
+    )
+
+
 Probe = Callable[[_Bench], str]
 #: Each probe, and the capability it needs (None: every system).
 PROBES: tuple[tuple[str, Probe, str | None], ...] = (
@@ -282,6 +324,7 @@ PROBES: tuple[tuple[str, Probe, str | None], ...] = (
         batched_acknowledgement_sees_the_lease_as_it_stands,
         "heartbeats",
     ),
+    ("chained_acknowledgement_is_fenced", chained_acknowledgement_is_fenced, "chained"),
 )
 
 

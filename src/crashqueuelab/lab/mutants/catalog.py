@@ -156,6 +156,24 @@ class HeartbeatInMemory(DurableQueue):
         return super().recover_expired()
 
 
+class ChainedStaleAsDone(DurableQueue):
+    """The chained acknowledgement takes a refused (stale) acknowledgement for one already
+    applied and tells its caller the job succeeded; the plain one still refuses it."""
+
+    def succeed_and_claim(
+        self, *, job_id: str, worker_id: str, lease_token: str, lease_duration_us: int
+    ) -> tuple[Job, ClaimedJob | None]:
+        try:
+            return super().succeed_and_claim(
+                job_id=job_id,
+                worker_id=worker_id,
+                lease_token=lease_token,
+                lease_duration_us=lease_duration_us,
+            )
+        except StaleLease:
+            return replace(self.get(job_id), state=JobState.SUCCEEDED), None
+
+
 class ClaimTakesLeasedJobs(DurableQueue):
     """The single-job claim's guard also admits a job whose lease is still live."""
 
@@ -402,6 +420,10 @@ def heartbeat_in_memory() -> System:
     return _sqlite_mutant("heartbeat-in-memory", HeartbeatInMemory)
 
 
+def chained_stale_as_done() -> System:
+    return _sqlite_mutant("chained-stale-as-done", ChainedStaleAsDone)
+
+
 def claim_takes_leased_jobs() -> System:
     return _sqlite_mutant("claim-takes-leased-jobs", ClaimTakesLeasedJobs)
 
@@ -500,6 +522,11 @@ MUTANTS = (
     Mutant(
         "heartbeat_in_memory",
         "sqlite: a heartbeat moves the deadline only in its holder's process memory",
+        PROBES,
+    ),
+    Mutant(
+        "chained_stale_as_done",
+        "sqlite: a stale chained acknowledgement is told it succeeded, as if already applied",
         PROBES,
     ),
     Mutant(
