@@ -296,6 +296,25 @@ def test_an_acknowledgement_whose_carrier_vanished_is_applied_once(
     assert replay_database(db_path).ok
 
 
+@pytest.mark.parametrize("stage", STAGES)
+def test_a_repeated_acknowledgement_whose_carrier_vanished_is_still_refused(
+    carrier: DurableQueue, follower: Opener, db_path: Path, stage: str
+) -> None:
+    """The lease already ended in success: whatever its carrier got to, the repeat is stale
+    (a success under the same lease token is not this request's own)."""
+    job_id = _submit(carrier)
+    claimed = carrier.claim(worker_id="wf", lease_duration_us=LEASE_US)
+    assert claimed is not None
+    carrier.succeed(job_id=job_id, worker_id="wf", lease_token=claimed.lease_token)
+    ticket = carrier._turns.acquire(timeout_s=WAIT_S)
+    waiting = Follower(follower, _succeed(job_id, claimed.lease_token))
+    _carry_and_vanish(carrier, ticket, stage)
+    with pytest.raises(StaleLease):
+        waiting.join()
+    assert _event_types(carrier, job_id) == ["SUBMITTED", "CLAIMED", "SUCCEEDED"]
+    assert replay_database(db_path).ok
+
+
 def _chain(job_id: str, token: str) -> Callable[[DurableQueue], Any]:
     return lambda queue: queue.succeed_and_claim(
         job_id=job_id, worker_id="wf", lease_token=token, lease_duration_us=LEASE_US

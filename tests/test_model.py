@@ -30,6 +30,10 @@ def test_a_correct_queue_satisfies_every_observation(tmp_path: Path, spec: str, 
     assert {"submit", "claim", "ack", "fail", "clock", "recover", "restart"} <= ops
     assert any(line["op"] == "claim" and line["batch"] for line in lines)
     assert any(line["op"] == "ack" and line["verdict"] == "stale" for line in lines)
+    if spec == "sqlite":  # every path it declares: chained, and carried by a staged writer
+        assert any(line["op"] == "ack" and line.get("chained") for line in lines)
+        fates = {line["fate"] for line in lines if line["op"] == "carried"}
+        assert fates == {"commits", "dies-after-taking", "dies-before-commit", "dies-after-commit"}
 
 
 def test_the_reference_queue_passes_too(tmp_path: Path) -> None:
@@ -43,6 +47,8 @@ def test_the_reference_queue_passes_too(tmp_path: Path) -> None:
         ("claim_takes_leased_jobs", "was live until"),
         ("resubmission_creates_job", "submitted again, the key gave job"),
         ("expiry_without_attempt", "handed out as attempt 2 of 1"),
+        ("chained_stale_as_done", "of the ended lease"),
+        ("carrier_recovery_trusts_any_event", "of the ended lease"),
     ],
 )
 def test_a_broken_queue_is_convicted_by_what_its_callers_were_told(

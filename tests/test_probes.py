@@ -106,7 +106,9 @@ def test_a_system_that_cannot_open_fails_every_probe_that_runs(tmp_path: Path) -
         raise OSError("disk on fire")
 
     failed = verdicts(replace(reference_system(), open=refuse), tmp_path)
-    assert len(failed) == len(PROBES) == 12
+    # The reference system neither chains nor stages carried calls: two probes skip it.
+    assert len(PROBES) == 14
+    assert len(failed) == len(PROBES) - 2
     assert all("open raised OSError('disk on fire')" in detail for detail in failed.values())
 
 
@@ -118,3 +120,34 @@ def test_a_reader_that_raises_is_reported_as_a_problem(tmp_path: Path) -> None:
     reading = read_store(system, tmp_path, ["a"])
     assert reading.ok is False
     assert reading.problems == ["the reader raised ValueError: cannot parse"]
+
+
+def test_the_sqlite_queue_passes_every_probe_on_every_path_it_declares(tmp_path: Path) -> None:
+    from crashqueuelab.systems import resolve_system
+
+    results = run_probes(resolve_system("sqlite"), tmp_path)
+    assert [result["name"] for result in results if not result["ran"]] == []
+    assert [result for result in results if not result["ok"]] == []
+
+
+@pytest.mark.parametrize(
+    ("mutant", "probe", "words"),
+    [
+        ("heartbeat_in_memory", "heartbeat_survives_restart", "did not reach the store"),
+        ("chained_stale_as_done", "chained_acknowledgement_is_fenced", "was accepted"),
+        (
+            "carrier_recovery_trusts_any_event",
+            "carried_calls_are_judged_against_the_store",
+            "(carrier dies-after-taking); the store has it LEASED",
+        ),
+    ],
+)
+def test_a_planted_bug_on_a_path_only_one_probe_drives_fails_that_probe_alone(
+    tmp_path: Path, mutant: str, probe: str, words: str
+) -> None:
+    from crashqueuelab.systems import resolve_system
+
+    system = resolve_system(f"crashqueuelab.lab.mutants.catalog:{mutant}")
+    failed = verdicts(system, tmp_path)
+    assert list(failed) == [probe]
+    assert words in failed[probe]

@@ -31,6 +31,10 @@ _CHAIN = "succeed_and_claim"
 _JOB_FIELDS = tuple(field.name for field in fields(Job))
 _STATE = _JOB_FIELDS.index("state")
 _NO_JOB = b"null"
+#: A carried acknowledgement's result once its transitions ran: never empty, so a writer
+#: whose carrier vanished tells "ran, maybe committed" from "taken, never run" (a slot
+#: taken and not noted reads as empty), and judges its request by its own result.
+APPLIED = b"applied"
 
 
 @dataclass

@@ -282,7 +282,7 @@ class DurableQueue(DatabaseHandle):
             served = entry
         with self._transaction(served):
             noted = self._reclaim(served)
-            applied = noted is not None and self._succeeded_by(job_id, lease_token)
+            applied = self._committed_by_carrier(noted, job_id, lease_token)
             self._count_vanished(noted, applied=applied)
             if noted is not None and applied:
                 done, claimed = self.get(job_id), self._claim_committed(noted, token)
@@ -352,7 +352,7 @@ class DurableQueue(DatabaseHandle):
             served = entry
         with self._transaction(served):
             noted = self._reclaim(served)
-            applied = noted is not None and self._succeeded_by(job_id, lease_token)
+            applied = self._committed_by_carrier(noted, job_id, lease_token)
             self._count_vanished(noted, applied=applied)
             if applied:
                 done = self.get(job_id)
@@ -507,7 +507,7 @@ class DurableQueue(DatabaseHandle):
             self._succeed_live_lease(
                 request.job_id, request.worker_id, request.lease_token, request.now_us
             )
-            return b""
+            return groupcommit.APPLIED
         if isinstance(request, groupcommit.ChainRequest):
             self._succeed_live_lease(
                 request.job_id, request.worker_id, request.lease_token, request.now_us
@@ -535,6 +535,13 @@ class DurableQueue(DatabaseHandle):
             (claimed.job.job_id, token, EventType.CLAIMED.value),
         ).fetchone()
         return claimed if row is not None else None
+
+    def _committed_by_carrier(self, noted: bytes | None, job_id: str, lease_token: str) -> bool:
+        """Whether a vanished carrier committed this writer's acknowledgement: it ran it
+        (noted a result: a slot taken and never run reads as empty) and the attempt holding
+        ``lease_token`` has ended in success. It ran, so the lease was live then, and that
+        success can only be this request's own, never an earlier acknowledgement's."""
+        return bool(noted) and self._succeeded_by(job_id, lease_token)
 
     def _succeeded_by(self, job_id: str, lease_token: str) -> bool:
         """Whether the attempt holding ``lease_token`` already ended in success (as a

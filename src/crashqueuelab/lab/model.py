@@ -3,7 +3,8 @@ order, each written to an observation log of what the caller was told.
 
 Where the campaign follows one script per crash point and the probes one race each, this
 workload mixes single, batched and (where the system chains them) chained claims and
-acknowledgements, failures, heartbeats,
+acknowledgements (single calls now and then carried by a staged writer that commits or
+dies), failures, heartbeats,
 resubmissions of finished keys, restarts that keep the workers' ids, and clock steps that
 land exactly on a lease's deadline, one microsecond before and one after it (the clock is
 injected, so "at the deadline" is exact). Nothing here decides what is right: the judge
@@ -12,11 +13,13 @@ injected, so "at the deadline" is exact). Nothing here decides what is right: th
 
 from __future__ import annotations
 
+import functools
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from crashqueuelab.core.clock import ManualClock
 from crashqueuelab.core.ids import SeededIds
@@ -26,6 +29,8 @@ from crashqueuelab.lab.reports import write_json
 from crashqueuelab.lab.scenario import LEASE_US, RETRY, START_US
 from crashqueuelab.lab.systemcalls import SystemRaised, calling
 from crashqueuelab.systems.contract import (
+    CARRIER_FATES,
+    CarrierStaging,
     ChainingClient,
     Claim,
     JobSpec,
@@ -39,6 +44,9 @@ STORE_DIRECTORY = "store"
 STEPS = 400
 WORKERS = ("worker-a", "worker-b", "worker-c")
 JOBS = 16
+#: The share of single calls made behind a staged carrier, where the system can stage one.
+CARRIED_SHARE = 0.2
+T = TypeVar("T")
 
 
 @dataclass
@@ -85,7 +93,7 @@ def _step(run: _Run, client: QueueClient) -> None:
         run.specs.append(spec)
         run.log("submit", key=spec.key, job_id=client.submit(spec), max_attempts=spec.max_attempts)
     elif roll < 0.30:
-        claim = client.claim(worker, LEASE_US)
+        claim = _single(run, client, functools.partial(client.claim, worker, LEASE_US))
         _claimed(run, worker, [] if claim is None else [claim], batch=False)
     elif roll < 0.38:
         _claimed(run, worker, client.claim_many(worker, LEASE_US, rng.randint(2, 3)), batch=True)
@@ -93,13 +101,16 @@ def _step(run: _Run, client: QueueClient) -> None:
         claim = rng.choice(held[-4:])
         chaining = _chaining(run, client)
         if chaining is not None and rng.random() < 0.5:
-            verdict, chained = chaining.succeed_and_claim(claim, LEASE_US)
+            verdict, chained = _single(
+                run, client, functools.partial(chaining.succeed_and_claim, claim, LEASE_US)
+            )
             run.log("ack", worker=worker, key=claim.key, token=claim.token,
                     verdict=verdict.value, batch=False, chained=True)  # fmt: skip
             _claimed(run, worker, [] if chained is None else [chained], batch=False)
         else:
+            verdict = _single(run, client, functools.partial(client.succeed, claim))
             run.log("ack", worker=worker, key=claim.key, token=claim.token,
-                    verdict=client.succeed(claim).value, batch=False)  # fmt: skip
+                    verdict=verdict.value, batch=False)  # fmt: skip
     elif roll < 0.58 and len(held) >= 2:
         batch = rng.sample(held[-4:], min(2, len(held[-4:])))
         chaining = _chaining(run, client)
@@ -131,6 +142,18 @@ def _step(run: _Run, client: QueueClient) -> None:
         client.close()
         run.log("restart")
         run.open()
+
+
+def _single(run: _Run, client: QueueClient, call: Callable[[], T]) -> T:
+    """Make a single call; where the system lets the lab stage it, now and then while
+    another writer carries it and commits or dies (``CarrierStaging``)."""
+    staging = client if isinstance(client, CarrierStaging) else None
+    if run.system.capabilities.carried and staging and run.rng.random() < CARRIED_SHARE:
+        fate = run.rng.choice(CARRIER_FATES)
+        run.log("carried", fate=fate)
+        answer: T = staging.behind_a_carrier(call, fate)
+        return answer
+    return call()
 
 
 def _chaining(run: _Run, client: QueueClient) -> ChainingClient | None:

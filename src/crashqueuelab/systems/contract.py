@@ -171,6 +171,28 @@ class ChainingClient(Protocol):
         ...
 
 
+#: How the writer that carries a waiting call ends (``CarrierStaging``): it commits; or it
+#: dies having taken the call and run nothing, having run it and noted its result but before
+#: its commit, or right after its commit, before it could tell the caller.
+COMMITS = "commits"
+DIES_AFTER_TAKING = "dies-after-taking"
+DIES_BEFORE_COMMIT = "dies-before-commit"
+DIES_AFTER_COMMIT = "dies-after-commit"
+CARRIER_FATES = (COMMITS, DIES_AFTER_TAKING, DIES_BEFORE_COMMIT, DIES_AFTER_COMMIT)
+
+
+@runtime_checkable
+class CarrierStaging(Protocol):
+    """A client whose single calls (claim, succeed, succeed_and_claim) another writer's
+    commit can carry, and which can stage that for the lab (``Capabilities.carried``)."""
+
+    def behind_a_carrier(self, call: Callable[[], Any], fate: str) -> Any:
+        """Run ``call`` (one single call on this client) while a second writer of the same
+        store holds the line, carries the call in its transaction and meets ``fate``
+        (``CARRIER_FATES``); the call's own answer."""
+        ...
+
+
 @dataclass(frozen=True)
 class OpenRequest:
     """Everything a system is opened with: injected time, ids and hook."""
@@ -194,10 +216,12 @@ class Capabilities:
     single_owner: bool  # one process owns the store; workers live inside it
     checkpoint: bool  # checkpoint() does durable work with crash points of its own
     chained: bool = False  # the client is a ChainingClient
+    carried: bool = False  # the client is a CarrierStaging: another writer carries its calls
 
     def to_json(self) -> dict[str, bool]:
         return {
             "chained": self.chained,
+            "carried": self.carried,
             "fencing_tokens": self.fencing_tokens,
             "heartbeats": self.heartbeats,
             "several_processes": self.several_processes,

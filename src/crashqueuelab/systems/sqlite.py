@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from crashqueuelab.core.errors import JobNotFound, StaleLease
 from crashqueuelab.core.models import Acknowledgement, AckResult, ClaimedJob, JobState
@@ -28,6 +29,7 @@ from crashqueuelab.systems.contract import (
     System,
     Verdict,
 )
+from crashqueuelab.systems.sqlitecarrier import behind_a_carrier
 
 _STATUS = {
     JobState.QUEUED: JobStatus.PENDING,
@@ -102,6 +104,9 @@ class SqliteClient:
         )
         return [result.job.job_id for result in results]
 
+    def behind_a_carrier(self, call: Callable[[], Any], fate: str) -> Any:
+        return behind_a_carrier(self.queue, call, fate)
+
     def shared_commits(self) -> dict[str, int]:
         return dataclasses.asdict(self.queue.shared_commits)
 
@@ -129,16 +134,18 @@ class SqliteClient:
 
     def succeed(self, claim: Claim) -> Verdict:
         try:
-            job = self.queue.succeed(
+            self.queue.succeed(
                 job_id=claim.job_id, worker_id=claim.worker_id, lease_token=claim.token
             )
         except StaleLease:
             return Verdict.STALE
-        return _VERDICT[job.state]
+        # The queue answers an acknowledgement it refuses with StaleLease; any other answer
+        # tells the caller the job succeeded, whatever the returned row says.
+        return Verdict.SUCCEEDED
 
     def succeed_and_claim(self, claim: Claim, lease_us: int) -> tuple[Verdict, Claim | None]:
         try:
-            job, claimed = self.queue.succeed_and_claim(
+            _, claimed = self.queue.succeed_and_claim(
                 job_id=claim.job_id,
                 worker_id=claim.worker_id,
                 lease_token=claim.token,
@@ -146,7 +153,8 @@ class SqliteClient:
             )
         except StaleLease:
             return Verdict.STALE, None
-        return _VERDICT[job.state], None if claimed is None else _claim(claimed, claim.worker_id)
+        # As for succeed: not refused means the caller is told the job succeeded.
+        return Verdict.SUCCEEDED, None if claimed is None else _claim(claimed, claim.worker_id)
 
     def succeed_many(self, claims: Sequence[Claim]) -> list[Verdict]:
         return _verdicts(self.queue.succeed_many(_acknowledgements(claims)))
@@ -318,6 +326,7 @@ CAPABILITIES = Capabilities(
     single_owner=False,
     checkpoint=False,
     chained=True,
+    carried=True,
 )
 
 

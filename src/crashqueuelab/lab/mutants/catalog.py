@@ -174,6 +174,19 @@ class ChainedStaleAsDone(DurableQueue):
             return replace(self.get(job_id), state=JobState.SUCCEEDED), None
 
 
+class CarrierRecoveryTrustsAnyEvent(DurableQueue):
+    """When the writer carrying an acknowledgement died, the acknowledgement is judged
+    already committed if any event carries its lease token (its own claim does), not only
+    its own success: the caller is told the job succeeded while it stays leased, or a
+    repeated acknowledgement of an ended lease is told it succeeded."""
+
+    def _committed_by_carrier(self, noted: bytes | None, job_id: str, lease_token: str) -> bool:
+        row = self.connection.execute(
+            "SELECT 1 FROM events WHERE job_id = ? AND lease_token = ?", (job_id, lease_token)
+        ).fetchone()
+        return noted is not None and row is not None
+
+
 class ClaimTakesLeasedJobs(DurableQueue):
     """The single-job claim's guard also admits a job whose lease is still live."""
 
@@ -424,6 +437,10 @@ def chained_stale_as_done() -> System:
     return _sqlite_mutant("chained-stale-as-done", ChainedStaleAsDone)
 
 
+def carrier_recovery_trusts_any_event() -> System:
+    return _sqlite_mutant("carrier-recovery-trusts-any-event", CarrierRecoveryTrustsAnyEvent)
+
+
 def claim_takes_leased_jobs() -> System:
     return _sqlite_mutant("claim-takes-leased-jobs", ClaimTakesLeasedJobs)
 
@@ -527,6 +544,12 @@ MUTANTS = (
     Mutant(
         "chained_stale_as_done",
         "sqlite: a stale chained acknowledgement is told it succeeded, as if already applied",
+        PROBES,
+    ),
+    Mutant(
+        "carrier_recovery_trusts_any_event",
+        "sqlite: an acknowledgement whose carrier died counts as committed on any event under"
+        " its lease token",
         PROBES,
     ),
     Mutant(
