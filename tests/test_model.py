@@ -32,6 +32,7 @@ def test_a_correct_queue_satisfies_every_observation(tmp_path: Path, spec: str, 
     assert any(line["op"] == "ack" and line["verdict"] == "stale" for line in lines)
     if spec == "sqlite":  # every path it declares: chained, and carried by a staged writer
         assert any(line["op"] == "ack" and line.get("chained") for line in lines)
+        assert any(line["op"] == "read" and line["attempts"] for line in lines)
         fates = {line["fate"] for line in lines if line["op"] == "carried"}
         assert fates == {"commits", "dies-after-taking", "dies-before-commit", "dies-after-commit"}
 
@@ -94,3 +95,44 @@ def test_each_rule_of_the_judge(tmp_path: Path) -> None:
     assert "at its deadline or later (deadline t=22) was accepted" in texts
     assert "claimed by c after an accepted acknowledgement" in texts
     assert "an acknowledgement was accepted, but the store shows it pending" in texts
+
+
+def test_the_judge_compares_what_the_system_reports_with_what_its_callers_were_told(
+    tmp_path: Path,
+) -> None:
+    def attempt(token: str, number: int, deadline: int, outcome: str | None) -> dict[str, object]:
+        return {"attempt": number, "worker": "a", "token": token, "deadline": deadline,
+                "outcome": outcome}  # fmt: skip
+
+    log = write_log(
+        tmp_path / "log.jsonl",
+        {"op": "submit", "t": 0, "key": "k", "job_id": "j1", "max_attempts": 3},
+        {"op": "claim", "t": 1, "key": "k", "worker": "a", "token": "t1", "attempt": 1,
+         "deadline": 100, "batch": False},
+        {"op": "heartbeat", "t": 2, "key": "k", "worker": "a", "token": "t1", "ok": True,
+         "deadline": 12},
+        # As told: the heartbeat's nearer deadline, the attempt still open (or expired).
+        {"op": "read", "t": 3, "key": "k", "final": False, "view": None,
+         "attempts": [attempt("t1", 1, 12, "expired")]},
+        {"op": "fail", "t": 4, "key": "k", "worker": "a", "token": "t1", "verdict": "retry"},
+        {"op": "read", "t": 5, "key": "k", "final": False, "view": None,
+         "attempts": [attempt("t1", 2, 100, "succeeded"), attempt("t8", 1, 5, None)]},
+        {"op": "read", "t": 6, "key": "k", "final": False, "view": None, "attempts": []},
+        {"op": "read", "t": 7, "key": "k", "final": True,
+         "view": {"status": "leased", "attempts": 1}, "attempts": None},
+        {"op": "count", "t": 8, "final": True, "active": 0},
+        {"op": "count", "t": 9, "final": False, "active": 5},
+    )  # fmt: skip
+    texts = "\n".join(judge_observations(log, {"k": "pending"}, {"k": 1}).anomalies)
+    assert "reports attempt 2 for lease t1; its holder was told 1" in texts
+    assert "reports deadline 100 for lease t1; its holder was told 12" in texts
+    assert "reports lease t1 succeeded; its holder was told failed" in texts
+    assert "reports an attempt under lease t8, never granted" in texts
+    assert "reports no attempt for lease t1, granted" in texts
+    assert "reports it leased after 1 attempts; the store holds it pending after 1" in texts
+    assert "the system counts 0 unfinished jobs; the store holds 1 (at t=8 us)" in texts
+    assert texts.count("\n") == 6  # nothing else: the first read and the last count were right
+    # Without the store's attempts the final reads are not compared.
+    assert "the store holds it" not in "\n".join(
+        judge_observations(log, {"k": "pending"}).anomalies
+    )

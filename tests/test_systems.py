@@ -79,15 +79,22 @@ def test_the_walk_through_adapter_passes_its_campaign(tmp_path: Path) -> None:
     assert result["system"]["independent_reader"] is False
     summary = result["summary"]
     assert (summary["passed"], summary["failed"], summary["probes_failed"]) == (12, 0, 0)
-    # No heartbeat: the probe that needs one is skipped, and the report says so.
+    # No heartbeat, no chained or carried calls: the probes that need them are skipped,
+    # and the report says so.
     report = json.loads((tmp_path / "c" / "campaign.json").read_text())
     skipped = [probe for probe in report["probes"] if not probe["ran"]]
     assert skipped == [
-        {"name": name, "ran": False, "ok": True, "detail": "skipped: no heartbeats"}
-        for name in (
-            "heartbeat_after_expiry",
-            "heartbeat_survives_restart",
-            "batched_acknowledgement_sees_the_lease_as_it_stands",
+        {"name": name, "ran": False, "ok": True, "detail": f"skipped: {why}"}
+        for name, why in (
+            ("heartbeat_after_expiry", "no heartbeats"),
+            ("heartbeat_survives_restart", "no heartbeats"),
+            ("batched_acknowledgement_sees_the_lease_as_it_stands", "no heartbeats"),
+            ("self_reports_match_what_holders_were_told", "no heartbeats"),
+            ("chained_acknowledgement_is_fenced", "no chained calls"),
+            (
+                "carried_calls_are_judged_against_the_store",
+                "no calls another writer's commit can carry",
+            ),
         )
     ]
     case = report["cases"][0]

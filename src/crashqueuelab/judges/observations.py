@@ -11,7 +11,11 @@ but the rules of a fenced lease, this judge names:
   no longer the job's;
 - an acknowledgement accepted while the store does not show the job succeeded;
 - one key that returned two job ids; a claim beyond the job's attempts, or of a job already
-  acknowledged.
+  acknowledged;
+- what the system reports about itself (``read`` and ``count`` lines) that differs from
+  what its callers were told: an attempt's holder, number, deadline (the last one a claim or
+  an accepted heartbeat set, even a nearer one) or outcome; at the end of the run, a job's
+  status and attempts, or the count of unfinished jobs, that differ from the store.
 
 It imports nothing of the code it judges.
 """
@@ -29,7 +33,10 @@ class _Lease:
     worker: str
     token: str
     deadline: int
+    attempt: int = 0
     ended: bool = False
+    #: How its holder was told it ended: ``succeeded``, ``failed``, or None.
+    outcome: str | None = None
 
 
 @dataclass
@@ -47,6 +54,8 @@ class _Replay:
     tokens: dict[tuple[str, str], _Lease] = field(default_factory=dict)
     finished: dict[str, str] = field(default_factory=dict)
     acknowledged: set[str] = field(default_factory=set)
+    #: Every lease granted on each key, in the order of its claims.
+    granted: dict[str, list[_Lease]] = field(default_factory=dict)
 
     def problem(self, line: dict[str, Any], text: str) -> None:
         self.verdict.anomalies.append(f"job {line['key']}: {text} (at t={line['t']} us)")
@@ -72,9 +81,10 @@ class _Replay:
         limit = self.max_attempts.get(key)
         if limit is not None and line["attempt"] > limit:
             self.problem(line, f"handed out as attempt {line['attempt']} of {limit}")
-        lease = _Lease(line["worker"], line["token"], line["deadline"])
+        lease = _Lease(line["worker"], line["token"], line["deadline"], line["attempt"])
         self.leases[key] = lease
         self.tokens[(key, line["token"])] = lease
+        self.granted.setdefault(key, []).append(lease)
 
     def heartbeat(self, line: dict[str, Any]) -> None:
         lease = self.tokens.get((line["key"], line["token"]))
@@ -98,13 +108,75 @@ class _Replay:
                 f"{lease.deadline}) was accepted",
             )
         lease.ended = True
+        lease.outcome = "succeeded" if line["verdict"] == "succeeded" else "failed"
         if line["verdict"] == "succeeded":
             self.acknowledged.add(key)
 
+    def read(self, line: dict[str, Any], final: dict[str, tuple[str, int]]) -> None:
+        """The system's own report of one job against what its callers were told (and, at
+        the end of the run, against the store)."""
+        key = line["key"]
+        if line.get("final") and key in final and line["view"] is not None:
+            status, attempts = final[key]
+            reported = (line["view"]["status"], line["view"]["attempts"])
+            if reported != (status, attempts):
+                self.problem(
+                    line,
+                    f"the system reports it {reported[0]} after {reported[1]} attempts; the"
+                    f" store holds it {status} after {attempts}",
+                )
+        if line.get("attempts") is None:
+            return
+        reported_attempts = {entry["token"]: entry for entry in line["attempts"]}
+        granted = {lease.token: lease for lease in self.granted.get(key, [])}
+        for token in sorted(granted.keys() - reported_attempts.keys()):
+            self.problem(line, f"the system reports no attempt for lease {token}, granted")
+        for token in sorted(reported_attempts.keys() - granted.keys()):
+            self.problem(line, f"the system reports an attempt under lease {token}, never granted")
+        for token, lease in granted.items():
+            entry = reported_attempts.get(token)
+            if entry is not None:
+                self._compare_attempt(line, lease, entry)
 
-def judge_observations(log: Path, final_status: dict[str, str]) -> ObservationVerdict:
-    """Replay ``log``; ``final_status`` is each key's status in the store (lab words)."""
+    def _compare_attempt(self, line: dict[str, Any], lease: _Lease, entry: dict[str, Any]) -> None:
+        told = {"attempt": lease.attempt, "worker": lease.worker, "deadline": lease.deadline}
+        for name, value in told.items():
+            if entry[name] != value:
+                self.problem(
+                    line,
+                    f"the system reports {name} {entry[name]} for lease {lease.token}; its"
+                    f" holder was told {value}",
+                )
+        allowed = (lease.outcome,) if lease.outcome is not None else (None, "expired")
+        if entry["outcome"] not in allowed:
+            told_outcome = lease.outcome or "nothing (open, or expired)"
+            self.problem(
+                line,
+                f"the system reports lease {lease.token} {entry['outcome'] or 'open'}; its"
+                f" holder was told {told_outcome}",
+            )
+
+    def count(self, line: dict[str, Any], final: dict[str, tuple[str, int]]) -> None:
+        unfinished = sum(status in ("pending", "leased") for status, _ in final.values())
+        if line.get("final") and line["active"] != unfinished:
+            self.verdict.anomalies.append(
+                f"the system counts {line['active']} unfinished jobs; the store holds"
+                f" {unfinished} (at t={line['t']} us)"
+            )
+
+
+def judge_observations(
+    log: Path, final_status: dict[str, str], final_attempts: dict[str, int] | None = None
+) -> ObservationVerdict:
+    """Replay ``log``; ``final_status`` is each key's status in the store (lab words), and
+    ``final_attempts`` its attempts (where given, the system's final reports of each job
+    are compared with both)."""
     replay = _Replay()
+    final = (
+        {}
+        if final_attempts is None
+        else {key: (status, final_attempts.get(key, 0)) for key, status in final_status.items()}
+    )
     for raw in log.read_text(encoding="utf-8").splitlines():
         if not raw:
             continue
@@ -121,6 +193,10 @@ def judge_observations(log: Path, final_status: dict[str, str]) -> ObservationVe
             replay.holder_verdict(line, "an acknowledgement")
         elif op == "fail":
             replay.holder_verdict(line, "a failure report")
+        elif op == "read":
+            replay.read(line, final)
+        elif op == "count" and final:
+            replay.count(line, final)
     for key in sorted(replay.acknowledged):
         status = final_status.get(key, "missing")
         if status != "succeeded":

@@ -30,6 +30,7 @@ from crashqueuelab.lab.scenario import LEASE_US, RETRY, START_US
 from crashqueuelab.lab.systemcalls import SystemRaised, calling
 from crashqueuelab.systems.contract import (
     CARRIER_FATES,
+    AttemptsClient,
     CarrierStaging,
     ChainingClient,
     Claim,
@@ -131,9 +132,12 @@ def _step(run: _Run, client: QueueClient) -> None:
                 verdict=client.fail(claim, "model failure").value)  # fmt: skip
     elif roll < 0.68 and held and run.system.capabilities.heartbeats:
         claim = held[-1]
-        ok = client.heartbeat(claim, LEASE_US)
+        # Now and then a heartbeat shortens the lease: the deadline is now plus the lease.
+        lease = rng.choice((LEASE_US, LEASE_US, LEASE_US // 10))
+        ok = client.heartbeat(claim, lease)
         run.log("heartbeat", worker=worker, key=claim.key, token=claim.token, ok=ok,
-                deadline=run.clock.now_us() + LEASE_US)  # fmt: skip
+                deadline=run.clock.now_us() + lease)  # fmt: skip
+        _report_read(run, client, claim.key, final=False)  # where the deadline now stands
     elif roll < 0.84:
         _advance(run)
     elif roll < 0.95:
@@ -141,7 +145,28 @@ def _step(run: _Run, client: QueueClient) -> None:
     else:
         client.close()
         run.log("restart")
-        run.open()
+        _report_reads(run, run.open(), final=False)
+
+
+def _report_reads(run: _Run, client: QueueClient, *, final: bool) -> None:
+    """What the system reports about every job submitted so far, and how many are
+    unfinished: the judge compares it with what the callers were told (and, at the end,
+    with the store)."""
+    for key in sorted({spec.key for spec in run.specs}):
+        _report_read(run, client, key, final=final)
+    run.log("count", final=final, active=client.active_count())
+
+
+def _report_read(run: _Run, client: QueueClient, key: str, *, final: bool) -> None:
+    view = client.job(key)
+    attempts = client.attempts(key) if isinstance(client, AttemptsClient) else None
+    run.log(
+        "read",
+        key=key,
+        final=final,
+        view=None if view is None else {"status": view.status.value, "attempts": view.attempts},
+        attempts=None if attempts is None else [one.to_json() for one in attempts],
+    )
 
 
 def _single(run: _Run, client: QueueClient, call: Callable[[], T]) -> T:
@@ -191,6 +216,8 @@ def run_model_workload(
         for _ in range(steps):
             assert run.client is not None
             _step(run, run.client)
+        assert run.client is not None
+        _report_reads(run, run.client, final=True)
     except SystemRaised as raised:
         error = raised.reason
         run.log("raised", error=error)
@@ -204,7 +231,11 @@ def run_model_workload(
     log.write_text("\n".join(run.lines) + "\n", encoding="utf-8")
     keys = sorted({spec.key for spec in run.specs})
     reading = read_store(system, directory / STORE_DIRECTORY, keys)
-    verdict = judge_observations(log, {key: job.status.value for key, job in reading.jobs.items()})
+    verdict = judge_observations(
+        log,
+        {key: job.status.value for key, job in reading.jobs.items()},
+        {key: job.attempts for key, job in reading.jobs.items()},
+    )
     anomalies = ([error] if error else []) + verdict.anomalies
     anomalies += [f"judge: {problem}" for problem in reading.problems]
     report = {

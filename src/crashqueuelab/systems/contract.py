@@ -153,6 +153,38 @@ class CommitSharingClient(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class AttemptView:
+    """One attempt of a job as its system reports it: who held it under which lease, the
+    deadline the lease has (or had when it ended), and how it ended (``succeeded``,
+    ``failed``, ``expired``; None while open)."""
+
+    attempt: int
+    worker_id: str
+    token: str
+    lease_deadline_us: int
+    outcome: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "attempt": self.attempt,
+            "worker": self.worker_id,
+            "token": self.token,
+            "deadline": self.lease_deadline_us,
+            "outcome": self.outcome,
+        }
+
+
+@runtime_checkable
+class AttemptsClient(Protocol):
+    """A client that reports each job's attempts (the model workload compares the report
+    with what each holder was told)."""
+
+    def attempts(self, key: str) -> list[AttemptView] | None:
+        """Every attempt of the job submitted under ``key``, first first; None: no job."""
+        ...
+
+
 @runtime_checkable
 class ChainingClient(Protocol):
     """A client whose acknowledgement can also lease the worker's next job, in one commit

@@ -16,6 +16,7 @@ from crashqueuelab.core.queue import DurableQueue
 from crashqueuelab.core.records import filler
 from crashqueuelab.judges.sqlitestore import QUEUE_FILE, read_queue_store
 from crashqueuelab.systems.contract import (
+    AttemptView,
     Capabilities,
     Claim,
     CrashPoint,
@@ -189,6 +190,22 @@ class SqliteClient:
         except JobNotFound:
             return None
         return JobView(key, _STATUS[job.state], job.attempts, job.state.value)
+
+    def attempts(self, key: str) -> list[AttemptView] | None:
+        try:
+            attempts = self.queue.attempts(self.queue.get_by_key(key).job_id)
+        except JobNotFound:
+            return None
+        return [
+            AttemptView(
+                one.attempt,
+                one.worker_id,
+                one.lease_token,
+                one.lease_deadline_us,
+                None if one.outcome is None else one.outcome.value.lower(),
+            )
+            for one in attempts
+        ]
 
     def active_count(self) -> int:
         return self.queue.active_count()

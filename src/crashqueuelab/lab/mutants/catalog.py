@@ -27,6 +27,7 @@ from crashqueuelab.core.hooks import Phase
 from crashqueuelab.core.models import (
     Acknowledgement,
     AckResult,
+    Attempt,
     ClaimedJob,
     Job,
     JobState,
@@ -185,6 +186,25 @@ class CarrierRecoveryTrustsAnyEvent(DurableQueue):
             "SELECT 1 FROM events WHERE job_id = ? AND lease_token = ?", (job_id, lease_token)
         ).fetchone()
         return noted is not None and row is not None
+
+
+class AttemptsLatestDeadlineIsLargest(DurableQueue):
+    """The store's own view of attempts reports each lease's deadline as the largest its
+    claim and heartbeats ever set, so a heartbeat that shortened the lease is ignored (the
+    leases themselves are right: only what the queue says about them is not)."""
+
+    def attempts(self, job_id: str) -> list[Attempt]:
+        largest = dict(
+            self._read(
+                "SELECT attempt, max(lease_deadline_us) FROM events WHERE job_id = ?"
+                " AND event_type IN ('CLAIMED', 'HEARTBEAT') GROUP BY attempt",
+                (job_id,),
+            )
+        )
+        return [
+            replace(one, lease_deadline_us=largest.get(one.attempt, one.lease_deadline_us))
+            for one in super().attempts(job_id)
+        ]
 
 
 class ClaimTakesLeasedJobs(DurableQueue):
@@ -441,6 +461,10 @@ def carrier_recovery_trusts_any_event() -> System:
     return _sqlite_mutant("carrier-recovery-trusts-any-event", CarrierRecoveryTrustsAnyEvent)
 
 
+def attempts_latest_deadline_is_largest() -> System:
+    return _sqlite_mutant("attempts-latest-deadline-is-largest", AttemptsLatestDeadlineIsLargest)
+
+
 def claim_takes_leased_jobs() -> System:
     return _sqlite_mutant("claim-takes-leased-jobs", ClaimTakesLeasedJobs)
 
@@ -550,6 +574,11 @@ MUTANTS = (
         "carrier_recovery_trusts_any_event",
         "sqlite: an acknowledgement whose carrier died counts as committed on any event under"
         " its lease token",
+        PROBES,
+    ),
+    Mutant(
+        "attempts_latest_deadline_is_largest",
+        "sqlite: the attempts view reports the largest deadline a lease ever had, not its last",
         PROBES,
     ),
     Mutant(
