@@ -23,7 +23,7 @@ from typing import Any
 from tiny_adapter import TinyClient, tiny_system
 from tiny_queue import TinyQueue
 
-from crashqueuelab.systems import Claim, OpenRequest, System
+from crashqueuelab.systems import Claim, CrashPoint, ExpectedState, OpenRequest, System
 
 
 class UnfencedQueue(TinyQueue):
@@ -114,3 +114,14 @@ class RecoverRaisingClient(TinyClient):
 def recover_raising_system() -> System:
     """A queue whose recovery raises."""
     return replace(tiny_system(), name="tinyqueue-recover-raises", open=RecoverRaisingClient)
+
+
+def unreached_point_system() -> System:
+    """An adapter that declares a crash point its client never passes to the hook (TinyQueue
+    has no compaction): the campaign says so, and names the points that were reached."""
+    shipped = tiny_system()
+    phantom = CrashPoint("compact:after", "after a compaction TinyQueue never runs",
+                         ExpectedState(None, None, 0))  # fmt: skip
+    return replace(
+        shipped, name="tinyqueue-unreached-point", crash_points=(*shipped.crash_points, phantom)
+    )

@@ -295,3 +295,21 @@ def test_a_system_whose_recovery_raises_fails_chaos_and_the_campaign(tmp_path: P
     assert code == cli.EXIT_REJECTED
     assert any("recovery raised RuntimeError: the queue's recovery is broken" in line
                for line in result["anomalies"])  # fmt: skip
+
+
+def test_a_declared_crash_point_never_reached_says_so_and_names_the_points_reached(
+    tmp_path: Path,
+) -> None:
+    code, result, _ = run_cli(
+        "campaign", "--system", "broken_adapters:unreached_point_system", "--seed", "3",
+        "--output-directory", str(tmp_path / "c"),
+    )  # fmt: skip
+    assert code == cli.EXIT_REJECTED
+    [line] = [line for line in result["anomalies"] if "compact:after" in line]
+    assert "crash point compact:after was never reached: the workload ran to its end" in line
+    assert "in order: submit:before, submit:after, claim:before, claim:after" in line
+    assert "crash state" not in line  # the final state of a finished workload proves nothing
+    report = json.loads((tmp_path / "c" / "campaign.json").read_text())
+    [case] = [case for case in report["cases"] if case["fault_point"] == "compact:after"]
+    assert case["points_reached"][:2] == ["submit:before", "submit:after"]
+    assert all(c["points_reached"] is None for c in report["cases"] if c["died_at_fault_point"])

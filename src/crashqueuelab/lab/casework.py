@@ -13,6 +13,7 @@ from crashqueuelab.lab.children import (
     CRASH_EXIT_CODE,
     ChildRun,
     read_last_words,
+    read_points_reached,
     spawn_child,
 )
 from crashqueuelab.lab.effects import Destination
@@ -74,6 +75,7 @@ def death_record(
         "last_words": last_words,
         "died_at_fault_point": died,
         "child_error": None if died else child_error(case_dir),
+        "points_reached": None if died else read_points_reached(case_dir),
     }
 
 
@@ -89,8 +91,16 @@ def child_error(case_dir: Path) -> str | None:
 
 
 def death_summary(death: dict[str, Any]) -> str:
-    """One line for a child that did not die where it was sent: its exit, last words and
+    """One line for a child that did not die where it was sent: a point the workload never
+    reached says so and names the points it did reach; otherwise its exit, last words and
     last error line."""
+    reached = death.get("points_reached")
+    if death["exit_code"] == 0 and reached is not None:
+        passed = ", ".join(reached) if reached else "none: the system never called its hook"
+        return (
+            f"crash point {death['fault_point']} was never reached: the workload ran to its"
+            f" end (exit 0). The points the system's hook reached, in order: {passed}"
+        )
     said = f", it said {death['child_error']!r}" if death.get("child_error") else ""
     return f"exit {death['exit_code']}, last words {death['last_words']}{said}"
 

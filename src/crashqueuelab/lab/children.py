@@ -22,6 +22,8 @@ CRASH_EXIT_CODE = 86
 CHILD_TIMEOUT_S = 60.0
 #: The file a dying child names its crash point in, inside its case directory.
 LAST_WORDS_FILE = "crash-point.json"
+#: The crash points a child that did not die at its own passed, in order (a JSON list).
+POINTS_REACHED_FILE = "points-reached.json"
 CHILD_STDERR = "child.stderr"
 #: What the ``crashqueuelab`` console script imports. multiprocessing re-runs a main script
 #: in every child it starts (``python -m`` it skips), so fork servers preload this module.
@@ -55,6 +57,18 @@ def read_last_words(case_dir: Path) -> str | None:
     except (OSError, ValueError, AttributeError):
         return None
     return point if isinstance(point, str) else None
+
+
+def read_points_reached(case_dir: Path) -> list[str] | None:
+    """The crash points a child that did not die at its own reached, in order; None when it
+    left no list (it died, or could not write one)."""
+    try:
+        points = json.loads((case_dir / POINTS_REACHED_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(points, list):
+        return None
+    return [str(point) for point in points]
 
 
 @dataclass(frozen=True)

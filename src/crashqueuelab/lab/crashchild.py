@@ -6,16 +6,19 @@ chosen crash point, so the parent sees a real process death: no ``finally`` bloc
 
 Exit status: 86 (``CRASH_EXIT_CODE``) when it died at its crash point; 0 when the workload
 finished without reaching it (a failed case); 1 on any error (traceback on stderr, which
-the parent keeps as ``child.stderr``).
+the parent keeps as ``child.stderr``). A child that did not die leaves the points it did
+reach, in order, in ``POINTS_REACHED_FILE``, so the case can say which points the system's
+hook really passed.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from crashqueuelab.lab.children import LAST_WORDS_FILE
+from crashqueuelab.lab.children import LAST_WORDS_FILE, POINTS_REACHED_FILE
 from crashqueuelab.lab.effects import Destination
 from crashqueuelab.lab.faults import exit_at
 from crashqueuelab.lab.scenario import run_campaign_workload, run_single_worker_workload
@@ -36,21 +39,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--start-us", type=int, default=0)
     args = parser.parse_args(argv)
     system = resolve_system(args.system)
-    hook = exit_at(args.fault_point, last_words=str(args.case_dir / LAST_WORDS_FILE))
-    if args.workload == "campaign":
-        run_campaign_workload(
-            args.case_dir, system, case_id=args.case_id, seed=args.seed, hook=hook
-        )
-    else:
-        run_single_worker_workload(
-            args.case_dir,
-            system,
-            case_id=args.case_id,
-            seed=args.seed,
-            destination=Destination(args.destination),
-            start_us=args.start_us,
-            hook=hook,
-        )
+    die = exit_at(args.fault_point, last_words=str(args.case_dir / LAST_WORDS_FILE))
+    reached: list[str] = []
+
+    def hook(point: str) -> None:
+        if point not in reached:
+            reached.append(point)
+        die(point)
+
+    try:
+        if args.workload == "campaign":
+            run_campaign_workload(
+                args.case_dir, system, case_id=args.case_id, seed=args.seed, hook=hook
+            )
+        else:
+            run_single_worker_workload(
+                args.case_dir,
+                system,
+                case_id=args.case_id,
+                seed=args.seed,
+                destination=Destination(args.destination),
+                start_us=args.start_us,
+                hook=hook,
+            )
+    finally:  # not reached by a death at the crash point: os._exit runs no finally
+        (args.case_dir / POINTS_REACHED_FILE).write_text(json.dumps(reached))
     return 0
 
 
