@@ -150,7 +150,7 @@ def test_the_accounting_notices_lost_duplicated_and_unexpected_work(
     assert verdict["duplicated_effects"] == 2
     assert verdict["unexpected"] == 1
     assert verdict["lost"] == 1
-    assert verdict["lost_examples"] == ["chaos-999999"]
+    assert verdict["lost_keys"] == ["chaos-999999"]
     assert verdict["acknowledged_twice"] == 1
     anomalies = "\n".join(verdict["anomalies"])
     assert "job chaos-999999: missing from the store (lost)" in anomalies

@@ -45,7 +45,11 @@ def test_every_crash_point_passes_and_the_probes_name_what_persist_queue_lacks(
     assert {name for name, probe in verdicts.items() if not probe["ran"]} == {
         "worker_id_reused_after_restart",
         "heartbeat_after_expiry",
+        "heartbeat_survives_restart",
         "batched_acknowledgement_sees_the_lease_as_it_stands",
+        "self_reports_match_what_holders_were_told",
+        "chained_acknowledgement_is_fenced",
+        "carried_calls_are_judged_against_the_store",
     }
     assert report["ok"] is False
 

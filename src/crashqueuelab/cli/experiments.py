@@ -98,6 +98,7 @@ def _campaign(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         crash_mode=args.crash_mode,
         progress=progress_for(args),
         crash_points=args.crash_point,
+        probes=args.probe,
     )
     return (EXIT_OK if report["ok"] else EXIT_REJECTED), {
         "ok": report["ok"],
@@ -287,6 +288,12 @@ def add_experiment_commands(command: Command) -> None:
         "--crash-point",
         action="append",
         help="run only this crash point (repeat for several; default: every one)",
+    )
+    sub.add_argument(
+        "--probe",
+        action="append",
+        help="run only this fencing probe (repeat for several), with no crash point unless"
+        " --crash-point names some and no model workload: a failing probe's rerun",
     )
     sub = command(
         "chaos",

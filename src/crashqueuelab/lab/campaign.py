@@ -49,10 +49,11 @@ from crashqueuelab.lab.model import run_model_workload
 from crashqueuelab.lab.observe import observe_ledger
 from crashqueuelab.lab.powerloss.cases import run_power_loss_case
 from crashqueuelab.lab.powerloss.serverdisk import ClusterTemplate
-from crashqueuelab.lab.probes import run_probes
+from crashqueuelab.lab.probes import check_probe_names, run_probes
 from crashqueuelab.lab.progress import Progress, labelled
 from crashqueuelab.lab.readings import read_store
 from crashqueuelab.lab.reports import prepare_output_directory, write_json
+from crashqueuelab.lab.reproduce import import_path
 from crashqueuelab.lab.scenario import (
     LEDGER_FILE,
     STORE_DIRECTORY,
@@ -292,6 +293,16 @@ def anomalies_of(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+#: The model workload's place in a campaign that ran named probes alone.
+MODEL_NOT_RUN: dict[str, Any] = {
+    "ran": False,
+    "ok": True,
+    "observations": 0,
+    "anomalies": [],
+    "detail": "not run: the campaign ran the probes it was given alone",
+}
+
+
 class CaseRunner(Protocol):
     def __call__(
         self,
@@ -350,12 +361,18 @@ def run_campaign(
     crash_mode: str = PROCESS,
     progress: Progress | None = None,
     crash_points: Sequence[str] | None = None,
+    probes: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """Run every crash point of ``system`` once (or those named in ``crash_points``) and the
-    probes; write ``campaign.json``."""
+    """Run every crash point of ``system`` once (or those named in ``crash_points``), the
+    probes and the model workload; write ``campaign.json``. Naming ``probes`` runs those
+    alone (with the crash points named, if any) and no model workload: a failing probe's
+    rerun."""
     chosen = resolve_system(system)
     check_crash_mode(crash_mode, chosen)
+    if probes is not None and crash_points is None:
+        crash_points = []
     order = campaign_order(chosen, seed, crash_points)
+    check_probe_names(probes)
     prepare_output_directory(output_dir)
     started = time.perf_counter()
     # Cases share nothing (each has its own directory, clock and ids), and most of a case is
@@ -373,9 +390,12 @@ def run_campaign(
             runner = run_power_loss_case
         named = labelled(progress, f"campaign {system} ({crash_mode})")
         cases = _run_cases(output_dir, order, seed, chosen, system, runner, named, at_once)
-    probes = run_probes(chosen, output_dir / "probes")
-
-    model = run_model_workload(chosen, output_dir / "model", seed=seed)
+    probed = run_probes(chosen, output_dir / "probes", only=probes)
+    model = (
+        run_model_workload(chosen, output_dir / "model", seed=seed)
+        if probes is None
+        else MODEL_NOT_RUN
+    )
     report: dict[str, Any] = {
         "system": chosen.describe(),
         "system_spec": system,
@@ -385,8 +405,10 @@ def run_campaign(
         "execution_order": [point.name for point in order],
         # None: every crash point the system declares ran.
         "crash_points_chosen": None if crash_points is None else sorted(set(crash_points)),
+        "probes_chosen": None if probes is None else sorted(set(probes)),
+        "system_import_path": import_path(system),
         "cases": cases,
-        "probes": probes,
+        "probes": probed,
         "model": model,
     }
     report["summary"] = summarize(report)

@@ -10,12 +10,13 @@ needs a capability the system lacks is skipped, and the report says so.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from crashqueuelab.core.clock import ManualClock
+from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.core.ids import SeededIds
 from crashqueuelab.lab.scenario import LEASE_US, RETRY, START_US
 from crashqueuelab.systems.contract import (
@@ -521,11 +522,27 @@ _LACKS = {
 }
 
 
-def run_probes(system: System, directory: Path) -> list[dict[str, Any]]:
-    """Every probe on a fresh store below ``directory``; skipped ones say why."""
+def check_probe_names(names: Sequence[str] | None) -> None:
+    """Refuse, before anything runs, a probe name that does not exist."""
+    known = [name for name, _, _ in PROBES]
+    unknown = sorted(set(names or ()) - set(known))
+    if unknown:
+        raise InvalidInput(
+            "probe", f"{', '.join(unknown)}: no such probe (there are {', '.join(known)})"
+        )
+
+
+def run_probes(
+    system: System, directory: Path, only: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
+    """Every probe (or those named in ``only``) on a fresh store below ``directory``;
+    skipped ones say why."""
+    check_probe_names(only)
     results = []
     capabilities = system.capabilities.to_json()
     for name, probe, needs in PROBES:
+        if only is not None and name not in only:
+            continue
         if needs is not None and not capabilities[needs]:
             results.append(
                 {"name": name, "ran": False, "ok": True, "detail": f"skipped: {_LACKS[needs]}"}

@@ -30,9 +30,6 @@ from crashqueuelab.lab.effects import LEDGER_SCHEMA
 from crashqueuelab.lab.readings import read_store
 from crashqueuelab.systems.contract import JobStatus, System
 
-#: At most this many anomalies are spelled out per kind.
-MAX_EXAMPLES = 10
-
 
 def _ledger_rows(path: Path, sql: str) -> list[tuple[Any, ...]]:
     conn = open_read_only(
@@ -118,22 +115,22 @@ def judge_run(
     )
     integrity = {"effects": _integrity(effects), "executions": _integrity(executions)}
     anomalies = (
-        [f"job {key}: missing from the store (lost)" for key in missing[:MAX_EXAMPLES]]
+        [f"job {key}: missing from the store (lost)" for key in missing]
         + [
             f"job {key}: still {stored[key].native_state} after the run (lost)"
-            for key in unfinished[:MAX_EXAMPLES]
+            for key in unfinished
         ]
-        + [f"job {key}: dead-lettered" for key in dead[:MAX_EXAMPLES]]
+        + [f"job {key}: dead-lettered" for key in dead]
         + [
             f"job {key}: {effect_counts[key]} durable effects in the idempotent ledger"
-            for key in duplicated[:MAX_EXAMPLES]
+            for key in duplicated
         ]
-        + [f"job {key}: succeeded with no durable effect" for key in effects_missing[:MAX_EXAMPLES]]
-        + [f"effect {key}: for a job never submitted" for key in unexpected[:MAX_EXAMPLES]]
-        + double_acks[:MAX_EXAMPLES]
-        + overlaps[:MAX_EXAMPLES]
-        + poison_anomalies[:MAX_EXAMPLES]
-        + [f"judge: {problem}" for problem in reading.problems[:MAX_EXAMPLES]]
+        + [f"job {key}: succeeded with no durable effect" for key in effects_missing]
+        + [f"effect {key}: for a job never submitted" for key in unexpected]
+        + double_acks
+        + overlaps
+        + poison_anomalies
+        + [f"judge: {problem}" for problem in reading.problems]
     )
     lost = len(missing) + len(unfinished)
     result = {
@@ -141,7 +138,7 @@ def judge_run(
         "succeeded": len(succeeded),
         "dead": len(dead),
         "lost": lost,
-        "lost_examples": (missing + unfinished)[:MAX_EXAMPLES],
+        "lost_keys": missing + unfinished,
         "unexpected": len(unexpected),
         "duplicated_effects": sum(effect_counts[key] - 1 for key in duplicated),
         "effects_missing": len(effects_missing),

@@ -52,6 +52,7 @@ from crashqueuelab.lab.inheritance import Inherited
 from crashqueuelab.lab.interrupts import Interrupted
 from crashqueuelab.lab.progress import Progress, labelled
 from crashqueuelab.lab.reports import prepare_output_directory, write_json
+from crashqueuelab.lab.reproduce import import_path
 from crashqueuelab.lab.scenario import STORE_DIRECTORY
 from crashqueuelab.lab.systemcalls import calling
 from crashqueuelab.systems.contract import JobSpec, System
@@ -555,6 +556,7 @@ def run_chaos(
     report = {
         "system": chosen.describe(),
         "system_spec": system,
+        "system_import_path": import_path(system),
         "seed": seed,
         "crash_mode": crash_mode,
         "notes": notes,

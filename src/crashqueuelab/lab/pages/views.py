@@ -11,6 +11,7 @@ from typing import Any
 from crashqueuelab.lab.chaos.worklog import read_logs
 from crashqueuelab.lab.mutants.runner import score
 from crashqueuelab.lab.pages.charts import Chart, Mark, Rule, Series, rate_over_time
+from crashqueuelab.lab.reproduce import campaign_command, runnable
 
 #: Twelve colors, so a bench with ten lanes (ours, the textbook queue, six peers) repeats none.
 PALETTE = (
@@ -69,6 +70,8 @@ class Verdict:
     #: Evidence that did not run, and why: shown beside the verdict, never as passed.
     not_run: list[str] = field(default_factory=list)
     interrupted: bool = False
+    #: What the page says above ``command``.
+    command_label: str = "Reproduce this run:"
 
     @property
     def word(self) -> str:
@@ -192,6 +195,33 @@ def _state_texts(state: dict[str, Any]) -> dict[str, str]:
     }
 
 
+#: Where a page's rerun commands put their runs, inside the run directory.
+RERUNS_DIRECTORY = "reruns"
+
+
+def _case_rerun(report: dict[str, Any], run_dir: Path, case: dict[str, Any]) -> str | None:
+    """The one-line command that runs a failing case's crash point alone."""
+    if case["passed"]:
+        return None
+    target = run_dir / RERUNS_DIRECTORY / case["case_id"]
+    return campaign_command(report, str(target), crash_point=case["fault_point"])
+
+
+def _probes_with_reruns(report: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
+    """The probes, each failing one with the command that runs it alone."""
+    return [
+        probe
+        | {
+            "rerun": None
+            if probe["ok"]
+            else campaign_command(
+                report, str(run_dir / RERUNS_DIRECTORY / probe["name"]), probe=probe["name"]
+            )
+        }
+        for probe in report["probes"]
+    ]
+
+
 def power_loss_view(run_dir: Path, report: dict[str, Any]) -> View:
     """A power-loss campaign: each crash point's cut and every crash state it allowed."""
     system, summary = report["system"], report["summary"]
@@ -202,6 +232,7 @@ def power_loss_view(run_dir: Path, report: dict[str, Any]) -> View:
             case
             | {
                 "crash_states": states,
+                "rerun": _case_rerun(report, run_dir, case),
                 "lost_in": sum(1 for state in states if not state["durable_as_promised"]),
                 "promised_text": " or ".join(_signature_text(p) for p in case["promised"]),
             }
@@ -214,9 +245,7 @@ def power_loss_view(run_dir: Path, report: dict[str, Any]) -> View:
         durability=system["durability"],
         seed=report["seed"],
         duration=report["timings"]["total_ms"] / 1000,
-        command=f"crashqueuelab campaign --crash-mode power-loss"
-        f" --system {report.get('system_spec', system['name'])}"
-        f" --seed {report['seed']} --output-directory {run_dir}",
+        command=campaign_command(report, str(run_dir)),
         reasons=_first(report.get("anomalies", [])),
     )
     figures = [
@@ -243,7 +272,8 @@ def power_loss_view(run_dir: Path, report: dict[str, Any]) -> View:
         ),
         *_closing_figures(report),
     ]
-    return View("powerloss.html.j2", verdict, figures, {"cases": cases, "probes": report["probes"]})
+    probes = _probes_with_reruns(report, run_dir)
+    return View("powerloss.html.j2", verdict, figures, {"cases": cases, "probes": probes})
 
 
 def mutants_view(run_dir: Path) -> View:
@@ -295,6 +325,7 @@ def campaign_view(run_dir: Path) -> View:
             case
             | {
                 "anchor": case["case_id"],
+                "rerun": _case_rerun(report, run_dir, case),
                 "executions": ledger["effects"] + ledger["absorbed"],
                 "durable_effects": ledger["effects"],
                 "timeline": _timeline(history),
@@ -310,8 +341,7 @@ def campaign_view(run_dir: Path) -> View:
         durability=system["durability"],
         seed=report["seed"],
         duration=report["timings"]["total_ms"] / 1000,
-        command=f"crashqueuelab campaign --system {report.get('system_spec', system['name'])}"
-        f" --seed {report['seed']} --output-directory {run_dir}",
+        command=campaign_command(report, str(run_dir)),
         reasons=report.get("anomalies", []),
     )
     figures = [
@@ -335,7 +365,8 @@ def campaign_view(run_dir: Path) -> View:
         ("recovery finished every job, effects once", _yes(summary["recovery_all_succeeded"]), ""),
         *_closing_figures(report),
     ]
-    return View("campaign.html.j2", verdict, figures, {"cases": cases, "probes": report["probes"]})
+    probes = _probes_with_reruns(report, run_dir)
+    return View("campaign.html.j2", verdict, figures, {"cases": cases, "probes": probes})
 
 
 def chaos_view(run_dir: Path) -> View:
@@ -381,15 +412,19 @@ def chaos_view(run_dir: Path) -> View:
         durability=report["system"]["durability"],
         seed=report["seed"],
         duration=elapsed,
-        command="crashqueuelab chaos"
-        f" --system {report.get('system_spec', report['system']['name'])}"
+        command_label="Run the same schedule again (same seed and faults; the interleaving"
+        " of the processes may differ):",
+        command=runnable("crashqueuelab chaos", report)
+        + f" --system {report.get('system_spec', report['system']['name'])}"
         f" --seed {report['seed']} --jobs {parameters['jobs']} --workers {parameters['workers']}"
         f" --kills {parameters['kills']} --pauses {parameters['pauses']}"
         + (f" --crash-mode power-loss --power-cuts {cuts}" if cuts else "")
         + (f" --server-restarts {restarts}" if restarts else "")
         + (f" --session-kills {session_kills}" if session_kills else "")
         + f" --lease-ms {parameters['lease_ms']} --batch {parameters['batch']}"
-        f" --output-directory {run_dir}",
+        + (f" --poison-jobs {parameters['poison_jobs']}" if "poison_jobs" in parameters else "")
+        + (f" --long-jobs {parameters['long_jobs']}" if "long_jobs" in parameters else "")
+        + f" --output-directory {run_dir}",
         reasons=report.get("reasons", []),
     )
     figures = [
@@ -454,7 +489,8 @@ def chaos_view(run_dir: Path) -> View:
             "ok" if accounting["judge_ok"] else "INCONSISTENT",
         ),
     ]
-    explanations = _explain(report.get("anomalies", []), logs, start, faults)
+    anomalies = report.get("anomalies", [])
+    explanations = _explain(anomalies[:EXPLAINED_ANOMALIES], logs, start, faults)
     return View(
         "chaos.html.j2",
         verdict,
@@ -464,6 +500,7 @@ def chaos_view(run_dir: Path) -> View:
             "lanes": lanes,
             "end": max(elapsed, 0.001),
             "explanations": explanations,
+            "unexplained": len(anomalies) - len(explanations),
             "notes": report.get("notes", []),
             "power_cuts": cuts,
         },
@@ -532,6 +569,10 @@ WORDS = {
 }
 
 
+#: The chaos page spells out this many anomalies with their evidence; chaos.json lists all.
+EXPLAINED_ANOMALIES = 20
+
+
 def _explain(
     anomalies: list[str],
     logs: dict[str, Any],
@@ -543,7 +584,7 @@ def _explain(
     origin = start or 0.0
     cuts = [(origin + f["at_s"], _fault_title(f, 3)) for f in faults if f["kind"] == "power cut"]
     explained = []
-    for line in anomalies[:20]:
+    for line in anomalies:
         words = line.split()
         key = words[1].rstrip(":") if len(words) > 1 and words[0] == "job" else None
         evidence = sorted(
