@@ -429,3 +429,15 @@ def test_heartbeating_long_jobs_catch_a_heartbeat_kept_in_one_process(tmp_path: 
     assert report["parameters"]["long_jobs"] == 1
     assert report["accounting"]["overlapping_leases"]
     assert any("the work stalled" in reason for reason in report["reasons"])
+
+
+def test_the_chaos_page_runs_the_same_schedule_and_says_the_interleaving_may_differ(
+    small_run: tuple[Path, dict[str, Any]],
+) -> None:
+    from crashqueuelab.lab.pages.render import write_report
+
+    directory, _ = small_run
+    html = write_report(directory).read_text()
+    assert "Run the same schedule again (same seed and faults; the interleaving" in html
+    assert "Reproduce this run" not in html
+    assert "--poison-jobs 4 --long-jobs 3 --output-directory" in html

@@ -64,3 +64,36 @@ def test_a_failing_probes_command_pasted_into_a_shell_runs_it_alone(tmp_path: Pa
     report_file = json.loads((tmp_path / "rerun" / "campaign.json").read_text())
     assert [probe["name"] for probe in report_file["probes"]] == ["stale_holder_after_expiry"]
     assert report_file["cases"] == []
+
+
+def test_a_failing_crash_case_has_its_own_command_on_the_page(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from crashqueuelab.lab.campaign import run_campaign
+    from crashqueuelab.lab.pages.render import write_report
+
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    report = run_campaign(
+        tmp_path / "c", seed=3, system="broken_adapters:losing_system",
+        crash_points=["claim:after", "ack:after"],
+    )  # fmt: skip
+    assert report["system_import_path"] == str(EXAMPLES.resolve())
+    failed = [case for case in report["cases"] if not case["passed"]]
+    assert [case["fault_point"] for case in failed] == ["claim:after"]
+    html = write_report(tmp_path / "c").read_text()
+    assert "Run this crash point alone:" in html
+    assert (
+        f"PYTHONPATH={EXAMPLES.resolve()} crashqueuelab campaign --system"
+        f" broken_adapters:losing_system --seed 3 --crash-point claim:after --output-directory"
+        f" {tmp_path / 'c' / 'reruns' / failed[0]['case_id']}"
+    ) in html
+    assert html.count("Run this crash point alone:") == 1  # the passing case has none
+
+
+def test_a_campaign_refuses_a_probe_that_does_not_exist(tmp_path: Path) -> None:
+    from crashqueuelab.core.errors import InvalidInput
+    from crashqueuelab.lab.campaign import run_campaign
+
+    with pytest.raises(InvalidInput, match="no_such_probe: no such probe"):
+        run_campaign(tmp_path / "c", seed=3, probes=["no_such_probe"])
+    assert not (tmp_path / "c").exists()  # refused before anything was written
