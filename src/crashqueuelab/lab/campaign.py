@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import random
 import shutil
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -109,9 +110,17 @@ def preserve_crash_time(case_dir: Path) -> Path:
 
 
 def run_case(
-    output_dir: Path, index: int, point: CrashPoint, seed: int, *, system: System, spec: str
+    output_dir: Path,
+    index: int,
+    point: CrashPoint,
+    seed: int,
+    *,
+    system: System,
+    spec: str,
+    stop: threading.Event | None = None,
 ) -> dict[str, Any]:
-    """One crash point: spawn, kill, read, judge, recover, judge again; the case report."""
+    """One crash point: spawn, kill, read, judge, recover, judge again; the case report.
+    (``stop``: a process-death case is short, and runs to its end.)"""
     case_id, case_dir, jobs = new_case(output_dir, index, point)
     keys = [job.key for job in jobs]
     child, prelude = kill_children(case_dir, spec, point, seed, case_id)
@@ -313,6 +322,7 @@ class CaseRunner(Protocol):
         *,
         system: System,
         spec: str,
+        stop: threading.Event | None = None,
     ) -> dict[str, Any]: ...
 
 
@@ -327,17 +337,19 @@ def _run_cases(
     at_once: int,
 ) -> list[dict[str, Any]]:
     cases: list[dict[str, Any]] = []
+    stop = threading.Event()
     with ThreadPoolExecutor(max_workers=at_once) as pool:
         running = [
-            pool.submit(runner, output_dir, index, point, seed, system=chosen, spec=spec)
+            pool.submit(runner, output_dir, index, point, seed, system=chosen, spec=spec, stop=stop)
             for index, point in enumerate(order)
         ]
         for index, (point, future) in enumerate(zip(order, running, strict=True)):
             try:
                 case = future.result()
             except Interrupted as interruption:
-                # The cases not started never start; those running end at their crash point
-                # (their children took the same Ctrl-C) or at their bounded wait.
+                # The cases not started never start; those running stop at their next step
+                # (a power-loss case between two crash states), and unmount their disks.
+                stop.set()
                 pool.shutdown(wait=True, cancel_futures=True)
                 interruption.partial["cases_done"] = len(cases)
                 interruption.partial["cases_planned"] = len(order)

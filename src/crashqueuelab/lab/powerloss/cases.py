@@ -13,6 +13,7 @@ acknowledged operation must survive), and recovery runs on it as a restarted sys
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,11 @@ from crashqueuelab.lab.scenario import LEDGER_FILE, STORE_DIRECTORY, effect_key
 from crashqueuelab.systems.contract import CrashPoint, JobSpec, System
 
 STATES_DIRECTORY = "crash-states"
+
+
+class CaseStopped(Exception):
+    """A power-loss case ended before all its crash states were judged: its run was
+    interrupted, and its report is never read."""
 
 
 def _jobs_of(signature: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
@@ -161,11 +167,13 @@ def run_power_loss_case(
     system: System,
     spec: str,
     template: ClusterTemplate | None = None,
+    stop: threading.Event | None = None,
 ) -> dict[str, Any]:
     """One crash point: the child dies there, the power goes, every crash state is judged.
 
     ``template``: the cluster a server system's case starts from (its data directory is
-    then what the disk holds)."""
+    then what the disk holds). ``stop``, once set, ends the case before its next crash
+    state (CaseStopped), its disk unmounted: the run it belongs to was interrupted."""
     case_id, case_dir, jobs = new_case(output_dir, index, point)
     target: PowerLossTarget = (
         StoreOnDisk(case_dir) if template is None else ServerOnDisk(case_dir, template)
@@ -174,20 +182,23 @@ def run_power_loss_case(
         child, prelude = kill_children(case_dir, spec, point, seed, case_id)
         journal = target.cut()
         started = time.perf_counter()
-        states = [
-            judge_state(
-                case_dir,
-                target,
-                journal,
-                choice,
-                system=system,
-                point=point,
-                jobs=jobs,
-                seed=seed,
-                case_id=case_id,
+        states = []
+        for choice in crash_choices(journal, seed * 100 + index):
+            if stop is not None and stop.is_set():
+                raise CaseStopped(case_id)
+            states.append(
+                judge_state(
+                    case_dir,
+                    target,
+                    journal,
+                    choice,
+                    system=system,
+                    point=point,
+                    jobs=jobs,
+                    seed=seed,
+                    case_id=case_id,
+                )
             )
-            for choice in crash_choices(journal, seed * 100 + index)
-        ]
     death = death_record(case_id, point, child, prelude, case_dir)
     anomalies = []
     if not death["died_at_fault_point"]:
