@@ -234,3 +234,17 @@ def test_the_persist_queue_reader_names_damage_row_by_row(tmp_path: Path) -> Non
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "data.db").write_bytes(b"this is not a database at all" * 100)
     assert "unreadable" in read_ack_queue(tmp_path / "junk").problems[0]
+
+
+def test_the_sqlite_reader_names_a_replay_mismatch_in_words(tmp_path: Path) -> None:
+    from crashqueuelab import DurableQueue, ManualClock, SeededIds
+    from crashqueuelab.judges.sqlitestore import QUEUE_FILE, read_queue_store
+
+    with DurableQueue(tmp_path / QUEUE_FILE, clock=ManualClock(5), ids=SeededIds(1, "r")) as queue:
+        job = queue.submit(idempotency_key="k", job_type="t", payload={}).job
+    conn = sqlite3.connect(tmp_path / QUEUE_FILE)
+    with conn:
+        conn.execute("UPDATE jobs SET attempts = 4")
+    conn.close()
+    reading = read_queue_store(tmp_path)
+    assert f"replay: job {job.job_id}: attempts should be 0, the store has 4" in reading.problems

@@ -72,7 +72,9 @@ def read_queue_store(directory: Path) -> QueueStoreReading:
     replay = replay_database(path)
     invariants = check_database(path)
     problems = [
-        f"replay: {mismatch.to_json()}" for mismatch in replay.mismatches[:MAX_QUOTED_MISMATCHES]
+        f"replay: job {mismatch.job_id}: {mismatch.field} should be {mismatch.expected!s},"
+        f" the store has {mismatch.actual!s}"
+        for mismatch in replay.mismatches[:MAX_QUOTED_MISMATCHES]
     ]
     problems += [f"invariant failed: {name}" for name in invariants.failed()]
     return QueueStoreReading(

@@ -167,11 +167,14 @@ def _closing_figures(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     workload = (
         ("model-driven workload", "not run", "a report from before it existed")
         if model is None
+        else ("model-driven workload", "not run", model.get("detail", ""))
+        if model.get("ran") is False
         else (
             "model-driven workload",
             f"{model['observations']} observations, {len(model['anomalies'])} anomalies",
-            "single and batched operations, restarts, deadlines hit exactly; what each caller"
-            " was told, judged against the lease rules and the store (model/)",
+            "single, batched, chained and carried calls, heartbeats, restarts, deadlines hit"
+            " exactly; what each caller was told and what the system reports about itself,"
+            " judged against the lease rules and the store (model/)",
         )
     )
     return [probes, workload, ("system", system["version"], system["durability"])]
