@@ -34,6 +34,11 @@ def long_indexes(jobs: int, count: int) -> set[int]:
     return {index * jobs // count for index in range(count)} if count else set()
 
 
+def long_payload() -> dict[str, float]:
+    """What a long job's payload carries besides its effect."""
+    return {PAYLOAD_FIELD: WORK_LEASES}
+
+
 def work_leases(payload: dict[str, Any]) -> float | None:
     value = payload.get(PAYLOAD_FIELD)
     return float(value) if isinstance(value, int | float) and value > 0 else None

@@ -27,12 +27,7 @@ from typing import Any
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.core.validation import require_int
 from crashqueuelab.lab.chaos.accounting import judge_run
-from crashqueuelab.lab.chaos.longjobs import (
-    DEFAULT_LONG_JOBS,
-    WORK_LEASES,
-    long_indexes,
-)
-from crashqueuelab.lab.chaos.longjobs import PAYLOAD_FIELD as LONG_PAYLOAD_FIELD
+from crashqueuelab.lab.chaos.longjobs import DEFAULT_LONG_JOBS, long_indexes, long_payload
 from crashqueuelab.lab.chaos.poison import DEFAULT_POISON_JOBS, PoisonJob, poison_jobs
 from crashqueuelab.lab.chaos.powercuts import PowerSupply
 from crashqueuelab.lab.chaos.processes import (
@@ -126,11 +121,7 @@ def _submit(
                             payload={
                                 "effect_key": key,
                                 "value": start + offset,
-                                **(
-                                    {LONG_PAYLOAD_FIELD: WORK_LEASES}
-                                    if start + offset in long_jobs
-                                    else {}
-                                ),
+                                **(long_payload() if start + offset in long_jobs else {}),
                             },
                             max_attempts=max_attempts,
                         )
