@@ -122,7 +122,7 @@ def test_the_walk_through_adapter_passes_chaos(tmp_path: Path) -> None:
 def test_an_unfenced_queue_is_caught_by_the_probes(tmp_path: Path) -> None:
     code, result, _ = run_cli(
         "campaign", "--system", "broken_adapters:stale_ack_system", "--seed", "3",
-        "--output-directory", str(tmp_path / "c"),
+        "--shrink-seconds", "0", "--output-directory", str(tmp_path / "c"),
     )  # fmt: skip
     assert code == cli.EXIT_REJECTED
     assert result["ok"] is False
@@ -157,7 +157,7 @@ def test_chaos_reports_every_late_acknowledgement_an_unfenced_queue_accepts(
 def test_a_queue_that_loses_jobs_on_recovery_is_caught(tmp_path: Path) -> None:
     code, result, _ = run_cli(
         "campaign", "--system", "broken_adapters:losing_system", "--seed", "3",
-        "--output-directory", str(tmp_path / "c"),
+        "--shrink-seconds", "0", "--output-directory", str(tmp_path / "c"),
     )  # fmt: skip
     assert code == cli.EXIT_REJECTED
     assert result["summary"]["failed"] >= 1
@@ -183,7 +183,7 @@ def test_a_queue_that_raises_is_reported_and_the_run_stops(tmp_path: Path) -> No
     assert result["accounting"]["lost"] == 50
     code, result, err = run_cli(
         "campaign", "--system", "broken_adapters:raising_system", "--seed", "3",
-        "--output-directory", str(tmp_path / "c"),
+        "--shrink-seconds", "0", "--output-directory", str(tmp_path / "c"),
     )  # fmt: skip
     assert code == cli.EXIT_REJECTED
     assert "Traceback" not in err
@@ -290,7 +290,7 @@ def test_a_system_whose_recovery_raises_fails_chaos_and_the_campaign(tmp_path: P
     assert "Traceback" not in err
     code, result, _ = run_cli(
         "campaign", "--system", "broken_adapters:recover_raising_system", "--quiet",
-        "--output-directory", str(tmp_path / "k"),
+        "--shrink-seconds", "0", "--output-directory", str(tmp_path / "k"),
     )  # fmt: skip
     assert code == cli.EXIT_REJECTED
     assert any("recovery raised RuntimeError: the queue's recovery is broken" in line
@@ -302,7 +302,7 @@ def test_a_declared_crash_point_never_reached_says_so_and_names_the_points_reach
 ) -> None:
     code, result, _ = run_cli(
         "campaign", "--system", "broken_adapters:unreached_point_system", "--seed", "3",
-        "--output-directory", str(tmp_path / "c"),
+        "--shrink-seconds", "0", "--output-directory", str(tmp_path / "c"),
     )  # fmt: skip
     assert code == cli.EXIT_REJECTED
     [line] = [line for line in result["anomalies"] if "compact:after" in line]

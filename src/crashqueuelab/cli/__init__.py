@@ -36,6 +36,7 @@ from crashqueuelab.cli.experiments import (
     add_report_command,
     html_report,
 )
+from crashqueuelab.cli.shrink import add_shrink_command
 from crashqueuelab.core.errors import (
     CrashModeUnavailable,
     CrashQueueLabError,
@@ -94,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_experiment_commands(command)
     add_report_command(commands)
+    add_shrink_command(commands)
     add_database_commands(command)
     return parser
 

@@ -9,6 +9,7 @@ from typing import Any, NoReturn
 
 from crashqueuelab.core.clock import MAX_TIME_US
 from crashqueuelab.lab.crashmodes import CRASH_MODES, PROCESS
+from crashqueuelab.lab.shrinking import SHRINK_SECONDS
 from crashqueuelab.systems.registry import DEFAULT_SYSTEM, PEERS, SERVERS, SHIPPED
 
 #: The command did what was asked, or the judged database passed.
@@ -77,6 +78,28 @@ def time_us(text: str) -> int:
     if value > MAX_TIME_US:
         raise argparse.ArgumentTypeError(f"must be at most {MAX_TIME_US} microseconds")
     return value
+
+
+def seconds(text: str) -> float:
+    """A non-negative number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite, non-negative number")
+    return value
+
+
+def add_shrink_seconds(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--shrink-seconds",
+        type=seconds,
+        default=SHRINK_SECONDS,
+        help="shrink each distinct failure (each mutant's, for mutants) to its smallest rerun"
+        " and export it as a pytest file, for at most this long each time (default"
+        f" {SHRINK_SECONDS:g}; 0: do not shrink)",
+    )
 
 
 def positive(text: str) -> int:

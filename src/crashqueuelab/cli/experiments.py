@@ -17,11 +17,13 @@ from crashqueuelab.cli.common import (
     Command,
     add_crash_mode,
     add_dsn,
+    add_shrink_seconds,
     add_system,
     non_negative,
     positive,
 )
 from crashqueuelab.cli.progress import progress_for
+from crashqueuelab.cli.shrink import reproducer_lines
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.bench.peers import BENCH_PEERS
 from crashqueuelab.lab.bench.runner import BENCH_FILE, run_bench, table
@@ -99,6 +101,7 @@ def _campaign(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         progress=progress_for(args),
         crash_points=args.crash_point,
         probes=args.probe,
+        shrink_seconds=args.shrink_seconds,
     )
     return (EXIT_OK if report["ok"] else EXIT_REJECTED), {
         "ok": report["ok"],
@@ -110,6 +113,7 @@ def _campaign(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         "anomalies": report["anomalies"],
         "reasons": report["anomalies"],
         "campaign_report": str(args.output_directory / CAMPAIGN_FILE),
+        "reproducers": reproducer_lines(report.get("shrink")),
     }
 
 
@@ -119,6 +123,7 @@ def _showcase(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         seed=args.seed,
         systems=args.system or list(SHIPPED),
         progress=progress_for(args),
+        shrink_seconds=args.shrink_seconds,
     )
     sections = [Path(section["artifacts"]["campaign_report"]).parent.parent
                 for section in summary["systems"].values()]  # fmt: skip
@@ -181,6 +186,7 @@ def _mutants(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         power_cuts=args.power_cuts,
         named_evidence=args.named_evidence,
         progress=progress_for(args),
+        shrink_seconds=args.shrink_seconds,
     )
     return (EXIT_OK if report["ok"] else EXIT_REJECTED), {
         key: report[key]
@@ -269,6 +275,7 @@ def add_experiment_commands(command: Command) -> None:
         help=f"repeat for several (default: every shipped one): {SYSTEM_HELP}",
     )
     add_dsn(sub)
+    add_shrink_seconds(sub)
     sub = command(
         "demo",
         _demo,
@@ -295,6 +302,7 @@ def add_experiment_commands(command: Command) -> None:
         help="run only this fencing probe (repeat for several), with no crash point unless"
         " --crash-point names some and no model workload: a failing probe's rerun",
     )
+    add_shrink_seconds(sub)
     sub = command(
         "chaos",
         _chaos,
@@ -375,6 +383,7 @@ def add_experiment_commands(command: Command) -> None:
         action="store_true",
         help="each mutant only through the evidence the catalog names for it (quick)",
     )
+    add_shrink_seconds(sub)
     sub = command(
         "bench",
         _bench,

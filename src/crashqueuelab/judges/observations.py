@@ -1,5 +1,5 @@
 """The observation log against the lease rules and the store: what the callers were told
-must be possible.
+must be possible. Times in its anomalies count from the log's first line, in seconds.
 
 Each line of the log is one thing a caller was told (``lab/model.py`` writes it): a job
 submitted under a key, a lease claimed with its deadline, a heartbeat, an acknowledgement
@@ -57,8 +57,15 @@ class _Replay:
     #: Every lease granted on each key, in the order of its claims.
     granted: dict[str, list[_Lease]] = field(default_factory=dict)
 
+    #: The first line's time: anomalies give times from here, in seconds.
+    origin: int | None = None
+
+    def at(self, t: int) -> str:
+        """``t`` as the seconds since the run began: "5.000001 s"."""
+        return f"{(t - (self.origin or 0)) / 1_000_000:.6f}".rstrip("0").rstrip(".") + " s"
+
     def problem(self, line: dict[str, Any], text: str) -> None:
-        self.verdict.anomalies.append(f"job {line['key']}: {text} (at t={line['t']} us)")
+        self.verdict.anomalies.append(f"job {line['key']}: {text} (at {self.at(line['t'])})")
 
     def submit(self, line: dict[str, Any]) -> None:
         key, job_id = line["key"], line["job_id"]
@@ -74,7 +81,7 @@ class _Replay:
             self.problem(
                 line,
                 f"claimed by {line['worker']} (lease {line['token']}) while {live.worker}'s"
-                f" lease {live.token} was live until t={live.deadline}",
+                f" lease {live.token} was live until {self.at(live.deadline)}",
             )
         if key in self.acknowledged:
             self.problem(line, f"claimed by {line['worker']} after an accepted acknowledgement")
@@ -104,8 +111,8 @@ class _Replay:
         elif t >= lease.deadline:
             self.problem(
                 line,
-                f"{what} by {line['worker']} at its deadline or later (deadline t="
-                f"{lease.deadline}) was accepted",
+                f"{what} by {line['worker']} at its deadline or later (deadline"
+                f" {self.at(lease.deadline)}) was accepted",
             )
         lease.ended = True
         lease.outcome = "succeeded" if line["verdict"] == "succeeded" else "failed"
@@ -161,7 +168,7 @@ class _Replay:
         if line.get("final") and line["active"] != unfinished:
             self.verdict.anomalies.append(
                 f"the system counts {line['active']} unfinished jobs; the store holds"
-                f" {unfinished} (at t={line['t']} us)"
+                f" {unfinished} (at {self.at(line['t'])})"
             )
 
 
@@ -181,6 +188,8 @@ def judge_observations(
         if not raw:
             continue
         line = json.loads(raw)
+        if replay.origin is None:
+            replay.origin = line["t"]
         replay.verdict.checked += 1
         op = line["op"]
         if op == "submit":

@@ -60,6 +60,7 @@ from crashqueuelab.lab.scenario import (
     STORE_DIRECTORY,
     effect_key,
 )
+from crashqueuelab.lab.shrinking import SHRINK_SECONDS, shrink_campaign
 from crashqueuelab.systems.contract import CrashPoint, System
 from crashqueuelab.systems.registry import DEFAULT_SYSTEM, resolve_system
 
@@ -374,11 +375,14 @@ def run_campaign(
     progress: Progress | None = None,
     crash_points: Sequence[str] | None = None,
     probes: Sequence[str] | None = None,
+    shrink_seconds: float = SHRINK_SECONDS,
+    correct_system: str | None = None,
 ) -> dict[str, Any]:
     """Run every crash point of ``system`` once (or those named in ``crash_points``), the
     probes and the model workload; write ``campaign.json``. Naming ``probes`` runs those
     alone (with the crash points named, if any) and no model workload: a failing probe's
-    rerun."""
+    rerun. A run that is not ok ends by shrinking its failures for up to
+    ``shrink_seconds`` (0: not at all; ``correct_system``: see ``shrink_campaign``)."""
     chosen = resolve_system(system)
     check_crash_mode(crash_mode, chosen)
     if probes is not None and crash_points is None:
@@ -431,5 +435,26 @@ def run_campaign(
         and report["model"]["ok"]
     )
     report["timings"] = {"total_ms": round((time.perf_counter() - started) * 1000, 3)}
+    report["shrink"] = None
+    write_json(output_dir / CAMPAIGN_FILE, report)
+    if not report["ok"] and shrink_seconds > 0:
+        add_reproducers(output_dir, report, shrink_seconds, correct_system)
+    return report
+
+
+def add_reproducers(
+    output_dir: Path,
+    report: dict[str, Any],
+    seconds: float,
+    correct_system: str | None = None,
+    *,
+    only: str | None = None,
+    most: int | None = None,
+) -> dict[str, Any]:
+    """Shrink a not-ok campaign's failures (``shrinking.py``) and record the reproducers in
+    its ``campaign.json``: ``crashqueuelab shrink DIR`` does this for a retained run."""
+    report["shrink"] = shrink_campaign(
+        output_dir, report, seconds=seconds, correct_system=correct_system, only=only, most=most
+    )
     write_json(output_dir / CAMPAIGN_FILE, report)
     return report

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import json
-import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any, TypeVar
 from crashqueuelab.core.clock import ManualClock
 from crashqueuelab.core.ids import SeededIds
 from crashqueuelab.judges.observations import judge_observations
+from crashqueuelab.lab.choices import ChoiceTape
 from crashqueuelab.lab.readings import read_store
 from crashqueuelab.lab.reports import write_json
 from crashqueuelab.lab.scenario import LEASE_US, RETRY, START_US
@@ -41,6 +41,8 @@ from crashqueuelab.systems.contract import (
 )
 
 OBSERVATIONS_FILE = "observations.jsonl"
+#: The run's every choice as data (``ChoiceTape`` blocks): replaying it makes the same run.
+SCHEDULE_FILE = "schedule.json"
 STORE_DIRECTORY = "store"
 STEPS = 400
 WORKERS = ("worker-a", "worker-b", "worker-c")
@@ -54,7 +56,7 @@ T = TypeVar("T")
 class _Run:
     system: System
     directory: Path
-    rng: random.Random
+    rng: ChoiceTape
     clock: ManualClock = field(default_factory=lambda: ManualClock(START_US))
     client: QueueClient | None = None
     opened: int = 0
@@ -204,17 +206,35 @@ def _advance(run: _Run) -> None:
     run.log("clock")
 
 
+def schedule_of(seed: int, blocks: list[list[int]]) -> dict[str, Any]:
+    """A model workload's schedule: its seed and its choices, block 0 opening the store and
+    one block per operation after it."""
+    return {"seed": seed, "operations": len(blocks) - 1, "choices": blocks}
+
+
 def run_model_workload(
-    system: System, directory: Path, *, seed: int, steps: int = STEPS
+    system: System,
+    directory: Path,
+    *,
+    seed: int,
+    steps: int = STEPS,
+    schedule: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Drive ``steps`` seeded operations, then judge the observation log against the store."""
-    run = _Run(system, directory, random.Random(seed))
+    """Drive ``steps`` seeded operations (or replay a ``schedule``: its seed and choices),
+    then judge the observation log against the store."""
+    if schedule is not None:
+        seed, blocks = schedule["seed"], schedule["choices"]
+        steps, rng = len(blocks) - 1, ChoiceTape(seed, blocks)
+    else:
+        rng = ChoiceTape(seed)
+    run = _Run(system, directory, rng)
     directory.mkdir(parents=True)
     error = None
     try:
         run.open()
         for _ in range(steps):
             assert run.client is not None
+            rng.next_block()
             _step(run, run.client)
         assert run.client is not None
         _report_reads(run, run.client, final=True)
@@ -229,6 +249,7 @@ def run_model_workload(
             run.client.close()
     log = directory / OBSERVATIONS_FILE
     log.write_text("\n".join(run.lines) + "\n", encoding="utf-8")
+    write_json(directory / SCHEDULE_FILE, schedule_of(seed, rng.used))
     keys = sorted({spec.key for spec in run.specs})
     reading = read_store(system, directory / STORE_DIRECTORY, keys)
     verdict = judge_observations(
@@ -243,10 +264,17 @@ def run_model_workload(
         "steps": steps,
         "observations": len(run.lines),
         "restarts": run.opened - 1,
+        "carrier_deaths": sum('"op": "carried"' in line and "dies" in line for line in run.lines),
         "checked": verdict.checked,
         "anomalies": anomalies,
         "ok": not anomalies,
         "observation_log": OBSERVATIONS_FILE,
+        # What the system's independent reader found at the end, key by key.
+        "store": {
+            key: {"status": job.status.value, "attempts": job.attempts}
+            for key, job in sorted(reading.jobs.items())
+        },
+        "schedule": SCHEDULE_FILE,
     }
     write_json(directory / "model.json", report)
     return report

@@ -30,6 +30,7 @@ from crashqueuelab.lab.progress import Progress, labelled
 from crashqueuelab.lab.readings import read_store
 from crashqueuelab.lab.reports import prepare_output_directory, read_json, write_json
 from crashqueuelab.lab.scenario import LEDGER_FILE, STORE_DIRECTORY, scenario_jobs
+from crashqueuelab.lab.shrinking import SHRINK_SECONDS
 from crashqueuelab.lab.systemcalls import SystemRaised
 from crashqueuelab.systems.contract import System
 from crashqueuelab.systems.registry import SHIPPED, resolve_system
@@ -219,9 +220,11 @@ def run_showcase(
     seed: int,
     systems: Sequence[str] = tuple(SHIPPED),
     progress: Progress | None = None,
+    shrink_seconds: float = SHRINK_SECONDS,
 ) -> dict[str, Any]:
     """Run both experiments on each system (every shipped one unless told) into
-    ``output_dir`` (new or empty) and return the summary."""
+    ``output_dir`` (new or empty) and return the summary. Each failing campaign, and each
+    mutant, is shrunk to a reproducer for up to ``shrink_seconds``."""
     chosen = list(dict.fromkeys(systems))
     for spec in chosen:
         resolve_system(spec)  # an unusable system is refused before anything is written
@@ -239,7 +242,13 @@ def run_showcase(
             said = labelled(progress, f"effect experiment {spec}")
             if said is not None:
                 said("done")
-            run_campaign(section / CAMPAIGN_DIR, seed=seed, system=spec, progress=progress)
+            run_campaign(
+                section / CAMPAIGN_DIR,
+                seed=seed,
+                system=spec,
+                progress=progress,
+                shrink_seconds=shrink_seconds,
+            )
             done.append(f"{spec}: crash campaign")
             if unavailable is None and power_loss_refusal(resolve_system(spec)) is None:
                 run_campaign(
@@ -248,6 +257,7 @@ def run_showcase(
                     system=spec,
                     crash_mode=POWER_LOSS,
                     progress=progress,
+                    shrink_seconds=shrink_seconds,
                 )
                 done.append(f"{spec}: power-loss campaign")
         not_run = {
@@ -263,6 +273,7 @@ def run_showcase(
             named_evidence=True,
             not_run=not_run,
             progress=progress,
+            shrink_seconds=shrink_seconds,
         )
     except (Interrupted, SystemRaised) as stop:
         # Each part finished so far has its own record and page below the directory.

@@ -531,6 +531,12 @@ class Mutant:
         return f"{__name__}:{self.name}"
 
     @property
+    def original(self) -> str:
+        """The shipped system the mutant changes (its change says which): where the lab
+        shows each exported reproducer passing."""
+        return self.changes.split(":", 1)[0]
+
+    @property
     def needs_power_loss(self) -> bool:
         return self.evidence == POWER_LOSS_CAMPAIGN
 

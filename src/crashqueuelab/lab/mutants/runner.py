@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from crashqueuelab.core.errors import InvalidInput
-from crashqueuelab.lab.campaign import run_campaign
+from crashqueuelab.lab.campaign import add_reproducers, run_campaign
 from crashqueuelab.lab.chaos.supervisor import run_chaos
 from crashqueuelab.lab.crashmodes import POWER_LOSS
 from crashqueuelab.lab.interrupts import Interrupted
@@ -25,9 +25,11 @@ from crashqueuelab.lab.mutants.catalog import (
     Mutant,
 )
 from crashqueuelab.lab.powerloss.disk import require_power_loss
-from crashqueuelab.lab.probes import run_probes
+from crashqueuelab.lab.probes import PROBES as ALL_PROBES
 from crashqueuelab.lab.progress import Progress, labelled
 from crashqueuelab.lab.reports import prepare_output_directory, write_json
+from crashqueuelab.lab.shrinking import CASE, PROBE, SHRINK_SECONDS
+from crashqueuelab.lab.shrinking import MODEL as MODEL_KIND
 from crashqueuelab.systems.registry import resolve_system
 
 MUTANTS_FILE = "mutants.json"
@@ -47,6 +49,31 @@ def _failures(lines: list[str], prefix: str, by: str) -> list[dict[str, str]]:
     return [{"by": by, "anomaly": failed[0], "count": str(len(failed))}] if failed else []
 
 
+#: The failures of a campaign each kind of evidence is shrunk from.
+_SHRUNK_AS = {CRASH_CAMPAIGN: CASE, POWER_LOSS_CAMPAIGN: CASE, PROBES: PROBE, MODEL: MODEL_KIND}
+
+
+def _reproducer(
+    mutant: Mutant,
+    campaigns: Mapping[str, tuple[Path, dict[str, Any]]],
+    caught: list[dict[str, str]],
+    seconds: float,
+) -> dict[str, Any] | None:
+    """The mutant's smallest failing run: shrunk from the evidence the catalog names for it
+    (or, when another caught it instead, the first that did), with each exported test run
+    against the shipped system too, where it must pass."""
+    if seconds <= 0:
+        return None
+    by = [entry["by"] for entry in caught if entry["by"] in campaigns]
+    if not by:
+        return None
+    evidence = mutant.evidence if mutant.evidence in by else by[0]
+    run_dir, report = campaigns[evidence]
+    add_reproducers(run_dir, report, seconds, mutant.original, only=_SHRUNK_AS[evidence], most=1)
+    records = report["shrink"]["reproducers"]
+    return {"evidence": evidence, "directory": str(run_dir.name), **records[0]} if records else None
+
+
 def _one_seed(
     output_dir: Path,
     mutant: Mutant,
@@ -57,27 +84,35 @@ def _one_seed(
     kills: int,
     pauses: int,
     cuts: int,
-) -> tuple[str, list[dict[str, str]]]:
-    """Run the kinds of evidence asked for; what each one caught."""
+    shrink_seconds: float = 0,
+) -> tuple[str, list[dict[str, str]], dict[str, Any] | None]:
+    """Run the kinds of evidence asked for; what each one caught, and the reproducer shrunk
+    from it (within ``shrink_seconds``; 0: none)."""
     system = resolve_system(mutant.spec)
     caught = []
-    if CRASH_CAMPAIGN in kinds:
-        campaign = run_campaign(output_dir / "campaign", seed=seed, system=mutant.spec)
+    # Each campaign that ran, by the evidence it stands for: where a reproducer comes from.
+    campaigns: dict[str, tuple[Path, dict[str, Any]]] = {}
+    if CRASH_CAMPAIGN in kinds or PROBES in kinds:
+        probes_only = CRASH_CAMPAIGN not in kinds
+        directory = output_dir / ("probes" if probes_only else "campaign")
+        campaign = run_campaign(
+            directory,
+            seed=seed,
+            system=mutant.spec,
+            probes=[name for name, _, _ in ALL_PROBES] if probes_only else None,
+            shrink_seconds=0,
+        )
         caught += _failures(campaign["anomalies"], "case ", CRASH_CAMPAIGN)
         caught += _failures(campaign["anomalies"], "probe ", PROBES)
         caught += _failures(campaign["anomalies"], "model workload: ", MODEL)
-    elif PROBES in kinds:
-        probes = run_probes(system, output_dir / "probes")
-        lines = [f"probe {p['name']}: {p['detail']}" for p in probes if not p["ok"]]
-        caught += _failures(lines, "probe ", PROBES)
+        campaigns.update(dict.fromkeys((CRASH_CAMPAIGN, PROBES, MODEL), (directory, campaign)))
     if POWER_LOSS_CAMPAIGN in kinds:
+        directory = output_dir / "power-loss-campaign"
         power_loss = run_campaign(
-            output_dir / "power-loss-campaign",
-            seed=seed,
-            system=mutant.spec,
-            crash_mode=POWER_LOSS,
+            directory, seed=seed, system=mutant.spec, crash_mode=POWER_LOSS, shrink_seconds=0
         )
         caught += _failures(power_loss["anomalies"], "case ", POWER_LOSS_CAMPAIGN)
+        campaigns[POWER_LOSS_CAMPAIGN] = (directory, power_loss)
     if CHAOS in kinds:
         chaos = run_chaos(
             output_dir / "chaos", seed=seed, jobs=jobs, workers=3, kills=kills, pauses=pauses,
@@ -87,7 +122,8 @@ def _one_seed(
             reasons = chaos.get("reasons") or chaos.get("anomalies") or ["not ok"]
             caught.append({"by": CHAOS, "anomaly": reasons[0], "count": str(len(reasons))})
     order = {kind: index for index, kind in enumerate(EVIDENCE)}
-    return system.name, sorted(caught, key=lambda entry: order[entry["by"]])
+    caught.sort(key=lambda entry: order[entry["by"]])
+    return system.name, caught, _reproducer(mutant, campaigns, caught, shrink_seconds)
 
 
 def run_mutant(
@@ -100,13 +136,16 @@ def run_mutant(
     pauses: int,
     cuts: int = 2,
     kinds: Sequence[str] = (),
+    shrink_seconds: float = 0,
 ) -> dict[str, Any]:
-    """One mutant through the evidence (all kinds unless named), once per seed; what caught it."""
+    """One mutant through the evidence (all kinds unless named), once per seed; what caught
+    it; and, within ``shrink_seconds``, its first seed's failure shrunk to a reproducer."""
     started = time.perf_counter()
     per_seed: list[dict[str, Any]] = []
     system = mutant.name
+    reproducer = None
     for seed in seeds:
-        system, caught_by = _one_seed(
+        system, caught_by, shrunk = _one_seed(
             output_dir / f"seed-{seed}",
             mutant,
             seed=seed,
@@ -115,7 +154,9 @@ def run_mutant(
             pauses=pauses,
             cuts=cuts,
             kinds=kinds or EVIDENCE,
+            shrink_seconds=shrink_seconds if not per_seed else 0,
         )
+        reproducer = reproducer or shrunk
         per_seed.append({"seed": seed, "caught_by": caught_by})
     # Evidence that caught it under every seed, with the first seed's anomaly as the example.
     always = set.intersection(*({e["by"] for e in run["caught_by"]} for run in per_seed))
@@ -135,6 +176,7 @@ def run_mutant(
         "caught_by_some_seeds_only": sometimes,
         "per_seed": per_seed,
         "not_caught_because": because,
+        "reproducer": reproducer,
         "seconds": round(time.perf_counter() - started, 3),
     }
 
@@ -152,6 +194,7 @@ def run_mutants(
     named_evidence: bool = False,
     not_run: Mapping[str, str] | None = None,
     progress: Progress | None = None,
+    shrink_seconds: float = SHRINK_SECONDS,
 ) -> dict[str, Any]:
     """Every mutant (or the named ones); writes ``mutants.json``.
 
@@ -185,6 +228,7 @@ def run_mutants(
                 pauses=pauses,
                 cuts=power_cuts,
                 kinds=(mutant.evidence,) if named_evidence else EVIDENCE,
+                shrink_seconds=shrink_seconds,
             )
             results.append(result)
             if progress is not None:
@@ -222,6 +266,7 @@ def run_mutants(
             "chaos_kills": kills,
             "chaos_pauses": pauses,
             "chaos_power_cuts": power_cuts,
+            "shrink_seconds": shrink_seconds,
         },
         "timings": {"total_s": round(time.perf_counter() - started, 3)},
     }

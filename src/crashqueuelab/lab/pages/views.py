@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from crashqueuelab.lab.chaos.worklog import read_logs
+from crashqueuelab.lab.mutants.catalog import MUTANTS
 from crashqueuelab.lab.mutants.runner import score
+from crashqueuelab.lab.pages.chains import observation_chain
 from crashqueuelab.lab.pages.charts import Chart, Mark, Rule, Series, rate_over_time
 from crashqueuelab.lab.reproduce import campaign_command, runnable
 
@@ -225,6 +228,22 @@ def _probes_with_reruns(report: dict[str, Any], run_dir: Path) -> list[dict[str,
     ]
 
 
+def _reproducers(run_dir: Path, report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The shrunk reproducers of a not-ok campaign, each model one with its chain of events
+    read from its first rerun's retained log."""
+    shown = []
+    for record in (report.get("shrink") or {}).get("reproducers", []):
+        chain: list[dict[str, Any]] = []
+        if record.get("chain"):
+            rerun = (run_dir / record["chain"]).parent
+            model = _read(rerun / "model.json") if (rerun / "model.json").is_file() else {}
+            chain = observation_chain(run_dir / record["chain"], model.get("store"))
+            for row in chain:
+                row["involved"] = bool(row["key"]) and row["key"] in record["anomaly"]
+        shown.append(record | {"chain_rows": chain})
+    return shown
+
+
 def power_loss_view(run_dir: Path, report: dict[str, Any]) -> View:
     """A power-loss campaign: each crash point's cut and every crash state it allowed."""
     system, summary = report["system"], report["summary"]
@@ -276,7 +295,28 @@ def power_loss_view(run_dir: Path, report: dict[str, Any]) -> View:
         *_closing_figures(report),
     ]
     probes = _probes_with_reruns(report, run_dir)
-    return View("powerloss.html.j2", verdict, figures, {"cases": cases, "probes": probes})
+    data = {"cases": cases, "probes": probes, "reproducers": _reproducers(run_dir, report)}
+    return View("powerloss.html.j2", verdict, figures, data)
+
+
+def _mutants_command(report: dict[str, Any], run_dir: Path) -> str:
+    """The command that runs these mutants again: the same ones, evidence and sizes."""
+    parameters = report["parameters"]
+    ran = [m["mutant"] for m in report["mutants"]]
+    named = "".join(f" --mutant {name}" for name in ran) if len(ran) < len(MUTANTS) else ""
+    sizes = "".join(
+        f" --{option} {parameters[key]}"
+        for option, key in (
+            ("jobs", "chaos_jobs"), ("kills", "chaos_kills"), ("pauses", "chaos_pauses"),
+            ("power-cuts", "chaos_power_cuts"), ("shrink-seconds", "shrink_seconds"),
+        )
+        if key in parameters
+    )  # fmt: skip
+    evidence = " --named-evidence" if report.get("evidence") == "named" else ""
+    return (
+        f"crashqueuelab mutants --seed {report['seed']} --seeds {len(report['seeds'])}"
+        f"{evidence}{named}{sizes} --output-directory {shlex.quote(str(run_dir))}"
+    )
 
 
 def mutants_view(run_dir: Path) -> View:
@@ -295,8 +335,7 @@ def mutants_view(run_dir: Path) -> View:
         durability="",
         seed=report["seed"],
         duration=report["timings"]["total_s"],
-        command=f"crashqueuelab mutants --seed {report['seed']} --seeds {len(report['seeds'])}"
-        f" --output-directory {run_dir}",
+        command=_mutants_command(report, run_dir),
         reasons=report["reasons"],
         not_run=not_run,
     )
@@ -369,7 +408,8 @@ def campaign_view(run_dir: Path) -> View:
         *_closing_figures(report),
     ]
     probes = _probes_with_reruns(report, run_dir)
-    return View("campaign.html.j2", verdict, figures, {"cases": cases, "probes": probes})
+    data = {"cases": cases, "probes": probes, "reproducers": _reproducers(run_dir, report)}
+    return View("campaign.html.j2", verdict, figures, data)
 
 
 def chaos_view(run_dir: Path) -> View:

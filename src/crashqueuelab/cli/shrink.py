@@ -1,0 +1,82 @@
+"""``crashqueuelab shrink DIR``: a retained campaign's failures shrunk to their smallest
+reruns and exported as pytest files, as a campaign does at its end unless told not to."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from crashqueuelab.cli.common import EXIT_OK, EXIT_REJECTED, SYSTEM_HELP, seconds
+from crashqueuelab.core.errors import InvalidInput
+from crashqueuelab.lab.shrinking import REPRODUCER_DIRECTORY, SHRINK_SECONDS
+
+
+def reproducer_lines(shrink: Mapping[str, Any] | None) -> list[str]:
+    """One line per reproducer: what it shows, how much smaller it is, how often it failed
+    when rerun, and its test file."""
+    lines = []
+    for record in (shrink or {}).get("reproducers", []):
+        if not record["shrunk"]:
+            lines.append(f"{record['name']}: not shrunk ({record['reason']})")
+            continue
+        run = record["test_run"]
+        verdict = {True: "fails as exported", False: "PASSES as exported", None: run["detail"]}
+        lines.append(
+            f"{record['name']}: {record['before']['what']} -> {record['after']['what']};"
+            f" failed {record['reproduced']} of {record['confirmations']} reruns;"
+            f" {record['test_file']} ({verdict[run['failed']]})"
+        )
+    return lines
+
+
+def _shrink(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    from crashqueuelab.cli.experiments import html_report
+    from crashqueuelab.lab.campaign import CAMPAIGN_FILE, add_reproducers
+
+    directory: Path = args.directory
+    record = directory / CAMPAIGN_FILE
+    if not record.is_file():
+        raise InvalidInput(
+            "directory",
+            f"{directory} holds no {CAMPAIGN_FILE}: shrink takes a campaign's directory (a"
+            " crash or power-loss campaign; chaos runs are not shrunk yet)",
+        )
+    report = json.loads(record.read_text(encoding="utf-8"))
+    if report["ok"]:
+        return EXIT_OK, {"ok": True, "detail": "the campaign is ok: nothing to shrink"}
+    existing = directory / REPRODUCER_DIRECTORY
+    if existing.exists():
+        raise InvalidInput(
+            "directory",
+            f"{existing} exists: this run was shrunk already (move it aside to shrink again)",
+        )
+    add_reproducers(directory, report, args.shrink_seconds, args.correct_system)
+    return EXIT_REJECTED, {
+        "ok": False,
+        "reproducers": reproducer_lines(report["shrink"]),
+        "report": html_report(directory),
+        "campaign_report": str(record),
+    }
+
+
+def add_shrink_command(commands: Any) -> None:
+    help_text = (
+        "shrink a retained campaign's failures to their smallest reruns; export each as a"
+        " pytest file under DIR/reproducer"
+    )
+    sub = commands.add_parser("shrink", help=help_text, description=help_text)
+    sub.set_defaults(handler=_shrink)
+    sub.add_argument("directory", type=Path, help="a campaign's output directory")
+    sub.add_argument(
+        "--shrink-seconds",
+        type=seconds,
+        default=SHRINK_SECONDS,
+        help=f"at most this long (default {SHRINK_SECONDS:g})",
+    )
+    sub.add_argument(
+        "--correct-system",
+        help=f"also run each exported test against this system, where it must pass: {SYSTEM_HELP}",
+    )

@@ -1,0 +1,80 @@
+"""What an exported regression test calls: one failing piece of the lab's evidence, rerun
+against a system named as ``package.module:factory`` (or the name of a system the lab
+ships).
+
+When the lab says "no", it shrinks the failure and writes a pytest file that calls one of
+these with the smallest schedule that still failed (``docs/reproducers.md``). The file fails
+while the bug is there and passes once it is gone; a queue author keeps it in their own
+suite. This module is public: its names and arguments change only with the package's
+version.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from crashqueuelab.lab.crashmodes import PROCESS
+from crashqueuelab.lab.model import run_model_workload
+from crashqueuelab.lab.probes import run_probes
+from crashqueuelab.systems.registry import resolve_system
+
+__all__ = ["Outcome", "replay_model_workload", "run_crash_point", "run_probe"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the rerun found: ``ok`` is False while the system still fails."""
+
+    ok: bool
+    anomalies: list[str]
+    #: Where the rerun's store, logs and report are kept.
+    directory: Path
+
+    def explain(self) -> str:
+        """The anomalies, one per line, and where the evidence lies: an assertion message."""
+        if self.ok:
+            return f"no anomaly (evidence in {self.directory})"
+        lines = "\n".join(f"- {anomaly}" for anomaly in self.anomalies)
+        return f"{len(self.anomalies)} anomalies (evidence in {self.directory}):\n{lines}"
+
+
+def replay_model_workload(system: str, schedule: Mapping[str, Any], directory: Path) -> Outcome:
+    """The model-driven workload, making exactly the choices of ``schedule`` (its ``seed``
+    and ``choices``), judged against the store afterwards."""
+    run = Path(directory) / "model"
+    report = run_model_workload(
+        resolve_system(system), run, seed=int(schedule["seed"]), schedule=dict(schedule)
+    )
+    return Outcome(report["ok"], list(report["anomalies"]), run)
+
+
+def run_crash_point(
+    system: str, crash_point: str, *, seed: int, directory: Path, crash_mode: str = PROCESS
+) -> Outcome:
+    """One crash point of the campaign: a child dies there (or the power is cut, with
+    ``crash_mode="power-loss"``), and the crash state and the recovery are judged."""
+    from crashqueuelab.lab.campaign import run_campaign  # the campaign imports this module
+
+    run = Path(directory) / "campaign"
+    report = run_campaign(
+        run,
+        seed=seed,
+        system=system,
+        crash_mode=crash_mode,
+        crash_points=[crash_point],
+        probes=[],
+        shrink_seconds=0,
+    )
+    return Outcome(report["ok"], list(report["anomalies"]), run)
+
+
+def run_probe(system: str, probe: str, directory: Path) -> Outcome:
+    """One fencing probe, on a fresh store."""
+    run = Path(directory) / "probes"
+    results = run_probes(resolve_system(system), run, only=[probe])
+    anomalies = [f"probe {result['name']}: {result['detail']}" for result in results]
+    failed = [line for line, result in zip(anomalies, results, strict=True) if not result["ok"]]
+    return Outcome(not failed, failed, run)
