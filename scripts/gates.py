@@ -6,7 +6,8 @@
 It makes (or reuses) a virtual environment, installs the project with its dev extra, then
 runs: pytest with branch coverage >= 95% and ResourceWarning as an error, ruff check,
 ruff format --check, mypy --strict, python -m build, and the built wheel installed into a
-clean virtual environment running a real submit/claim/succeed/check round trip.
+clean virtual environment running a real submit/claim/succeed/check round trip, then its
+pytest plugin (with pytest installed beside it) on the example adapters.
 
 Whatever happens (a failed gate, a gate that overruns its limit, Ctrl-C or SIGTERM), it ends
 with the gate summary: each gate PASS or FAIL with its time and why, and the tests that
@@ -324,7 +325,32 @@ def _wheel_round_trip(python: str, dist: Path, env: dict[str, str]) -> str | Non
     _log(f"wheel round trip: final state {state}, check ok={verdict['ok']}")
     if finish.returncode != 0 or check.returncode != 0 or not verdict["ok"]:
         return f"succeed or check failed: {finish.stdout} {check.stdout}"
-    return None if state == "SUCCEEDED" else f"the job ended {state}, not SUCCEEDED"
+    if state != "SUCCEEDED":
+        return f"the job ended {state}, not SUCCEEDED"
+    return _wheel_plugin(venv, home, env)
+
+
+def _wheel_plugin(venv: Path, home: Path, env: dict[str, str]) -> str | None:
+    """The installed wheel's pytest plugin, with pytest beside it and nothing else: the
+    example adapter passes every check of the lab, the unfenced one fails its fencing."""
+    python = _venv_python(venv)
+    pip: list[str | Path] = [python, "-m", "pip", "--disable-pip-version-check", "-q"]
+    if _run([*pip, "install", "pytest>=8"], limit_s=INSTALL_LIMIT_S, env=env)[0] != 0:
+        return "could not install pytest beside the wheel"
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    with_examples = {**env, "PYTHONPATH": str(examples)}
+    expected = {"tiny_adapter:tiny_system": 0, "broken_adapters:stale_ack_system": 1}
+    for spec, code in expected.items():
+        result = _capture(
+            [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--crashqueuelab-system",
+             spec],
+            cwd=home, env=with_examples,
+        )  # fmt: skip
+        last = (result.stdout.strip().splitlines() or ["(no output)"])[-1]
+        _log(f"wheel pytest plugin on {spec}: exit {result.returncode}, {last}")
+        if result.returncode != code:
+            return f"pytest --crashqueuelab-system {spec} exited {result.returncode}: {last}"
+    return None
 
 
 class _Gates:

@@ -104,7 +104,7 @@ def test_only_power_loss_catches_an_unsynced_directory(everything: dict[str, obj
 def test_a_catch_must_hold_for_every_seed(monkeypatch: pytest.MonkeyPatch) -> None:
     from crashqueuelab.lab.mutants import runner
 
-    results = iter([("s", [{"by": "chaos", "anomaly": "a", "count": "1"}]), ("s", [])])
+    results = iter([("s", [{"by": "chaos", "anomaly": "a", "count": "1"}], None), ("s", [], None)])
     monkeypatch.setattr(runner, "_one_seed", lambda *args, **kwargs: next(results))
     result = runner.run_mutant(Path("unused"), MUTANTS[0], seeds=[1, 2], jobs=1, kills=0, pauses=0)
     assert not result["caught"]

@@ -38,7 +38,8 @@ class Outcome:
         if self.ok:
             return f"no anomaly (evidence in {self.directory})"
         lines = "\n".join(f"- {anomaly}" for anomaly in self.anomalies)
-        return f"{len(self.anomalies)} anomalies (evidence in {self.directory}):\n{lines}"
+        count = f"{len(self.anomalies)} anomal{'y' if len(self.anomalies) == 1 else 'ies'}"
+        return f"{count} (evidence in {self.directory}):\n{lines}"
 
 
 def replay_model_workload(system: str, schedule: Mapping[str, Any], directory: Path) -> Outcome:

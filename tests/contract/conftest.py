@@ -8,32 +8,29 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from crashqueuelab.core.clock import ManualClock
-from crashqueuelab.core.ids import SeededIds
-from crashqueuelab.core.retry import RetryPolicy
-from crashqueuelab.systems import Claim, JobSpec, OpenRequest, QueueClient, System, resolve_system
+from crashqueuelab.suite.harness import LEASE_US, RETRY, Harness, open_client
+from crashqueuelab.systems import System, resolve_system
+from crashqueuelab.systems.contract import Capabilities
 from tests.contract.model import reference_system
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-LEASE_US = 1_000_000
-RETRY = RetryPolicy(base_delay_us=100_000, max_delay_us=400_000)
+__all__ = ["LEASE_US", "RETRY", "Harness", "open_client"]
 
 NO_EXPIRY = "measured: persist-queue has no lease expiry; a task returns only on reopen"
 NO_FENCING = "measured: persist-queue accepts any acknowledgement of a task id"
 NO_DELAY = "measured: persist-queue's nack makes a task ready at once (no retry delay)"
 RESUMES_ALL = "measured: reopening persist-queue resumes every unacknowledged task"
-#: (system, test) -> why the lab expects it to fail.
+#: (system, contract check or test) -> why the lab expects it to fail.
 EXPECTED_DEFECTS = {
-    ("persist-queue", "test_an_expired_holder_is_refused_and_the_job_goes_to_another"): NO_EXPIRY,
-    ("persist-queue", "test_an_acknowledgement_at_the_deadline_is_refused"): NO_FENCING,
-    ("persist-queue", "test_the_live_holder_acknowledges_once"): NO_FENCING,
-    ("persist-queue", "test_a_failure_waits_its_delay_then_the_dead_letter_takes_it"): NO_DELAY,
-    ("persist-queue", "test_a_reopened_store_keeps_every_job_and_lease"): RESUMES_ALL,
+    ("persist-queue", "an_expired_holder_is_refused_and_the_job_goes_to_another"): NO_EXPIRY,
+    ("persist-queue", "an_acknowledgement_at_the_deadline_is_refused"): NO_FENCING,
+    ("persist-queue", "the_live_holder_acknowledges_once"): NO_FENCING,
+    ("persist-queue", "a_failure_waits_its_delay_then_the_dead_letter_takes_it"): NO_DELAY,
+    ("persist-queue", "a_reopened_store_keeps_every_job_and_lease"): RESUMES_ALL,
     ("persist-queue", "test_the_state_machine_agrees_with_the_reference"): NO_EXPIRY,
 }
 
@@ -54,73 +51,26 @@ FACTORIES: dict[str, Callable[[], System]] = {
 }
 
 
-@dataclass
-class Harness:
-    """One system opened in a fresh directory, on a manual clock."""
-
-    system: System
-    directory: Path
-    clock: ManualClock
-    client: QueueClient
-
-    def reopen(self) -> None:
-        self.client.close()
-        self.client = open_client(self.system, self.directory, self.clock, stream="reopened")
-
-    def submit(self, key: str, *, max_attempts: int = 3) -> str:
-        return self.client.submit(
-            JobSpec(key=key, job_type="t", payload={"k": key}, max_attempts=max_attempts)
-        )
-
-    def claim(self, worker: str = "w1") -> Claim:
-        claim = self.client.claim(worker, LEASE_US)
-        assert claim is not None, f"{worker} found nothing to claim"
-        return claim
-
-    def expire(self) -> None:
-        """Let every lease run out and every retry come due; the system notices each."""
-        self.clock.advance(LEASE_US + RETRY.max_delay_us)
-        self.client.recover()
-        self.clock.advance(RETRY.max_delay_us)
-        self.client.recover()
-
-
-def open_client(
-    system: System, directory: Path, clock: ManualClock, *, stream: str = "contract"
-) -> QueueClient:
-    """Each opening stands for a process of its own: give each its own id stream."""
-    return system.open(OpenRequest(directory, clock, SeededIds(1, stream), RETRY))
-
-
-def systems_with(capability: str | None = None) -> list[str]:
-    if capability is None:
-        return list(FACTORIES)
-    return [name for name in FACTORIES if _capabilities(name)[capability]]
-
-
-def _capabilities(name: str) -> dict[str, bool]:
+def capabilities_of(name: str) -> Capabilities:
     # Collection must not need a server: the PostgreSQL system's capabilities are static.
     if name == "postgres":
         from crashqueuelab.systems.postgres import CAPABILITIES
 
-        return CAPABILITIES.to_json()
-    return FACTORIES[name]().capabilities.to_json()
+        return CAPABILITIES
+    return FACTORIES[name]().capabilities
 
 
 @pytest.fixture
 def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
     name = request.param
-    reason = EXPECTED_DEFECTS.get((name, request.node.originalname))
+    check = getattr(request.node, "callspec", None) and request.node.callspec.params.get("check")
+    reason = EXPECTED_DEFECTS.get((name, check.name if check else request.node.originalname))
     if reason is not None:
         request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
     if name == "postgres":
         request.getfixturevalue("postgres_dsn")
-    system = FACTORIES[name]()
-    clock = ManualClock(1_000_000_000)
-    harness = Harness(
-        system, tmp_path / "store", clock, open_client(system, tmp_path / "store", clock)
-    )
+    harness = Harness.open(FACTORIES[name](), tmp_path / "store")
     try:
         yield harness
     finally:
-        harness.client.close()
+        harness.close()

@@ -1,145 +1,27 @@
-"""What every queue must do for the lab, tried on every system under test."""
+"""What every queue must do for the lab (``crashqueuelab.suite.behaviour``), tried on every
+system under test: the same checks the pytest plugin runs on a user's system."""
 
 from __future__ import annotations
 
 import pytest
 
-from crashqueuelab.core.errors import OperationUnsupported
-from crashqueuelab.systems import JobSpec, JobStatus, Verdict
-from tests.contract.conftest import LEASE_US, Harness, systems_with
+from crashqueuelab.suite.behaviour import CHECKS, Check
+from tests.contract.conftest import FACTORIES, Harness, capabilities_of
 
-EVERY = pytest.mark.parametrize("harness", systems_with(), indirect=True)
-
-
-def status(harness: Harness, key: str) -> tuple[JobStatus, int] | None:
-    view = harness.client.job(key)
-    return None if view is None else (view.status, view.attempts)
-
-
-@EVERY
-def test_a_key_names_one_job_however_often_it_is_submitted(harness: Harness) -> None:
-    first = harness.submit("a")
-    assert harness.submit("a") == first
-    assert status(harness, "a") == (JobStatus.PENDING, 0)
-    assert harness.client.job("never-submitted") is None
-    assert harness.client.active_count() == 1
+PAIRS = [
+    (name, check)
+    for check in CHECKS
+    for name in FACTORIES
+    if check.not_for(capabilities_of(name)) is None
+]
+CASES = [pytest.param(name, check, id=f"{check.name}-{name}") for name, check in PAIRS]
 
 
-@EVERY
-def test_a_claim_leases_a_ready_job_and_then_nothing_is_left(harness: Harness) -> None:
-    harness.submit("a")
-    claim = harness.claim("w1")
-    assert (claim.key, claim.attempt, claim.worker_id) == ("a", 1, "w1")
-    assert claim.payload == {"k": "a"}
-    assert status(harness, "a") == (JobStatus.LEASED, 1)
-    assert harness.client.claim("w2", LEASE_US) is None
-    assert harness.client.succeed(claim) is Verdict.SUCCEEDED
-    assert status(harness, "a") == (JobStatus.SUCCEEDED, 1)
-    assert harness.client.active_count() == 0
+@pytest.mark.parametrize(("harness", "check"), CASES, indirect=["harness"])
+def test_every_system_keeps_the_contract(harness: Harness, check: Check) -> None:
+    check.run(harness)
 
 
-@EVERY
-def test_the_live_holder_acknowledges_once(harness: Harness) -> None:
-    harness.submit("a")
-    claim = harness.claim()
-    assert harness.client.succeed(claim) is Verdict.SUCCEEDED
-    assert harness.client.succeed(claim) is Verdict.STALE
-
-
-@EVERY
-def test_an_expired_holder_is_refused_and_the_job_goes_to_another(harness: Harness) -> None:
-    harness.submit("a")
-    first = harness.claim("w1")
-    harness.expire()
-    second = harness.claim("w2")
-    assert second.key == "a"
-    assert second.attempt == 2
-    assert harness.client.succeed(first) is Verdict.STALE
-    assert harness.client.fail(first, "late") is Verdict.STALE
-    assert harness.client.succeed(second) is Verdict.SUCCEEDED
-
-
-@EVERY
-def test_an_acknowledgement_at_the_deadline_is_refused(harness: Harness) -> None:
-    harness.submit("a")
-    claim = harness.claim()
-    harness.clock.advance(LEASE_US)
-    assert harness.client.succeed(claim) is Verdict.STALE
-
-
-@EVERY
-def test_a_failure_waits_its_delay_then_the_dead_letter_takes_it(harness: Harness) -> None:
-    harness.submit("a", max_attempts=2)
-    first = harness.claim()
-    assert harness.client.fail(first, "boom") is Verdict.RETRY
-    assert status(harness, "a") == (JobStatus.PENDING, 1)
-    assert harness.client.claim("w1", LEASE_US) is None  # the retry is not due yet
-    harness.expire()
-    second = harness.claim()
-    assert second.attempt == 2
-    assert harness.client.fail(second, "boom") is Verdict.DEAD
-    assert status(harness, "a") == (JobStatus.DEAD, 2)
-    harness.expire()
-    assert harness.client.claim("w1", LEASE_US) is None
-
-
-@EVERY
-def test_a_reopened_store_keeps_every_job_and_lease(harness: Harness) -> None:
-    for key in ("a", "b", "c"):
-        harness.submit(key)
-    done, held = harness.claim(), harness.claim()
-    assert harness.client.succeed(done) is Verdict.SUCCEEDED
-    harness.reopen()
-    assert status(harness, done.key) == (JobStatus.SUCCEEDED, 1)
-    assert status(harness, held.key) == (JobStatus.LEASED, 1)
-    assert harness.client.succeed(held) is Verdict.SUCCEEDED
-    assert harness.claim().key not in (done.key, held.key)
-
-
-@pytest.mark.parametrize("harness", systems_with("heartbeats"), indirect=True)
-def test_a_heartbeat_extends_a_live_lease_only(harness: Harness) -> None:
-    harness.submit("a")
-    claim = harness.claim()
-    harness.clock.advance(LEASE_US - 1)
-    assert harness.client.heartbeat(claim, LEASE_US) is True
-    harness.clock.advance(LEASE_US - 1)  # past the first deadline, within the second
-    assert harness.client.succeed(claim) is Verdict.SUCCEEDED
-    assert harness.client.heartbeat(claim, LEASE_US) is False
-
-
-@pytest.mark.parametrize("harness", systems_with("batching"), indirect=True)
-def test_batched_claims_and_acknowledgements_are_fenced_one_by_one(harness: Harness) -> None:
-    keys = ["a", "b", "c", "d", "e"]
-    harness.client.submit_many([JobSpec(key=k, job_type="t", payload={"k": k}) for k in keys])
-    old = harness.claim("w1")
-    harness.expire()
-    first = harness.client.claim_many("w2", LEASE_US, 3)
-    rest = harness.client.claim_many("w2", LEASE_US, 3)
-    assert (len(first), len(rest)) == (3, 2)
-    assert {claim.key for claim in first + rest} == set(keys)
-    verdicts = harness.client.succeed_many([old, *first])
-    assert verdicts == [Verdict.STALE] + [Verdict.SUCCEEDED] * 3
-    assert harness.client.active_count() == 2
-
-
-@pytest.mark.parametrize("harness", systems_with("batching"), indirect=True)
-def test_a_batch_naming_one_job_under_its_old_and_its_live_lease_accepts_the_live_one(
-    harness: Harness,
-) -> None:
-    harness.submit("a")
-    old = harness.claim("w1")
-    harness.expire()
-    live = harness.claim("w1")  # the same worker id, after a restart
-    assert harness.client.succeed_many([old, live]) == [Verdict.STALE, Verdict.SUCCEEDED]
-    assert harness.client.succeed_many([live, old]) == [Verdict.STALE, Verdict.STALE]
-
-
-@pytest.mark.parametrize(
-    "harness", [n for n in systems_with() if n not in systems_with("heartbeats")], indirect=True
-)
-def test_a_system_without_heartbeats_says_so_when_asked(harness: Harness) -> None:
-    harness.submit("a")
-    claim = harness.claim()
-    with pytest.raises(OperationUnsupported, match="has no heartbeat"):
-        harness.client.heartbeat(claim, LEASE_US)
-    assert harness.client.succeed(claim) is Verdict.SUCCEEDED
+def test_every_check_applies_to_some_shipped_system() -> None:
+    applied = {check.name for _, check in PAIRS}
+    assert applied == {check.name for check in CHECKS}

@@ -9,8 +9,8 @@ project of its own, so neither the lab's nor the user's settings change what it 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
-import pprint
 import re
 import subprocess
 import sys
@@ -39,7 +39,7 @@ from pathlib import Path
 
 from crashqueuelab.regression import {function}
 
-SYSTEM = os.environ.get("{variable}", {system!r})
+SYSTEM = os.environ.get("{variable}", {system_literal})
 '''
 
 _BODY = """
@@ -58,6 +58,22 @@ def function_name(*parts: str) -> str:
             break
         name += "_" + word
     return name
+
+
+def literal(value: Any, indent: int = 0) -> str:
+    """``value`` (JSON data without booleans or nulls) as Python source in the layout a
+    formatter keeps: a dict or a list of lists one item per line with trailing commas, a
+    list of numbers on one line."""
+    pad = " " * (indent + 4)
+    if isinstance(value, dict):
+        items = "".join(
+            f"{pad}{json.dumps(k)}: {literal(v, indent + 4)},\n" for k, v in value.items()
+        )
+        return "{\n" + items + " " * indent + "}"
+    if isinstance(value, list) and any(isinstance(item, list | dict) for item in value):
+        items = "".join(f"{pad}{literal(item, indent + 4)},\n" for item in value)
+        return "[\n" + items + " " * indent + "]"
+    return json.dumps(value)
 
 
 def render(
@@ -79,9 +95,10 @@ def render(
         reproduced=f"{record['reproduced']} of {record['confirmations']}",
         variable=SYSTEM_VARIABLE,
         function=function,
+        system_literal=json.dumps(record["system"]),
     )
     for constant, value in (constants or {}).items():
-        text += f"{constant} = {pprint.pformat(value, width=96, compact=True)}\n"
+        text += f"{constant} = {literal(value)}\n"
     return text + _BODY.format(name=name, call=call)
 
 
