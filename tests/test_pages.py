@@ -172,3 +172,40 @@ def test_a_real_browser_shows_the_verdict_and_draws_the_charts(
                    check=True)  # fmt: skip
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert shot.stat().st_size > 20_000  # a rendered page, not a blank one
+
+
+def test_chart_ticks_are_round_values() -> None:
+    from crashqueuelab.lab.pages.charts import nice_ticks
+
+    assert nice_ticks(0, 45.4) == [0, 10, 20, 30, 40]
+    assert nice_ticks(0, 1384.2) == [0, 500, 1000]
+    assert nice_ticks(0, 0.73) == [0, 0.2, 0.4, 0.6]
+    assert nice_ticks(3, 3) == [3]
+
+
+def test_a_chaos_page_with_thousands_of_kills_draws_their_density_and_shades_pauses(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    copy = tmp_path / "chaos"
+    shutil.copytree(runs["chaos"], copy)
+    report = json.loads((copy / "chaos.json").read_text())
+    elapsed = report["timings"]["elapsed_s"]
+    common = {"pid": 1, "worker_age_s": 0.1, "after_finished": 0, "planned_slot": 0}
+    kills = [
+        common | {"index": 1000 + n, "kind": "SIGKILL", "worker_slot": n % 2,
+                  "at_s": elapsed * n / 200, "worker_id": f"w{n}", "leases_held_at_death": 0}
+        for n in range(200)
+    ]  # fmt: skip
+    pause = common | {
+        "index": 999, "kind": "SIGSTOP", "worker_slot": 0, "at_s": elapsed / 4,
+        "continued_at_s": elapsed / 2, "worker_id": "wp", "leases_held": 0, "held_leases": [],
+        "taken_over": False, "fenced": True, "late_acknowledgements": 0,
+    }  # fmt: skip
+    shown = [f for f in report["faults"] if f["kind"] not in ("SIGKILL", "SIGSTOP")]
+    report["faults"] = shown + kills + [pause]
+    (copy / "chaos.json").write_text(json.dumps(report))
+    html = write_report(copy).read_text()
+    assert "Kills per second (200 in all), pauses shaded" in html
+    assert 'fill-opacity="0.22"' in html  # the pause, shaded on the charts
+    assert "shaded: a paused worker, from its SIGSTOP to its SIGCONT" in html
+    assert 'r="2"' in html  # the lanes' kills drawn small

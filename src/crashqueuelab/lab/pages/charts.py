@@ -33,6 +33,16 @@ class Mark:
 
 
 @dataclass(frozen=True)
+class Window:
+    """A span of ``x`` shaded for its duration (a pause from its stop to its continue)."""
+
+    start: float
+    end: float
+    label: str
+    color: str
+
+
+@dataclass(frozen=True)
 class Rule:
     """A horizontal line at ``y`` (a physical limit), labelled."""
 
@@ -49,8 +59,15 @@ class Chart:
     marks: list[Mark] = field(default_factory=list)
     rules: list[Rule] = field(default_factory=list)
     log_x: bool = False
+    windows: list[Window] = field(default_factory=list)
+    #: The x axis runs from 0 to this (several charts of one run share their axis).
+    x_end: float | None = None
 
     def _bounds(self) -> tuple[float, float, float, float]:
+        if self.x_end is not None:
+            ys = [y for s in self.series for _, y in s.points] + [r.y for r in self.rules]
+            y1 = max(ys) if ys else 1.0
+            return 0.0, max(self.x_end, 1e-9), 0.0, (y1 * 1.08 if y1 > 0 else 1.0)
         xs = [x for s in self.series for x, _ in s.points] + [m.x for m in self.marks]
         ys = [y for s in self.series for _, y in s.points] + [r.y for r in self.rules]
         x0, x1 = (min(xs), max(xs)) if xs else (0.0, 1.0)
@@ -84,6 +101,15 @@ class Chart:
             for m in self.marks
         ]
 
+    def shaded_windows(self) -> list[dict[str, object]]:
+        shaded = []
+        for window in self.windows:
+            x = self._sx(window.start)
+            width = max(self._sx(window.end) - x, 2.0)
+            shaded.append({"x": round(x, 1), "width": round(width, 1), "label": window.label,
+                           "color": window.color})  # fmt: skip
+        return shaded
+
     def horizontal_rules(self) -> list[dict[str, object]]:
         return [{"y": round(self._sy(r.y), 1), "label": r.label} for r in self.rules]
 
@@ -92,15 +118,32 @@ class Chart:
         if self.log_x:
             xs = sorted({x for s in self.series for x, _ in s.points})
         else:
-            xs = [x0 + (x1 - x0) * i / 4 for i in range(5)]
-        ys = [y0 + (y1 - y0) * i / 4 for i in range(5)]
+            xs = nice_ticks(x0, x1)
+        ys = nice_ticks(y0, y1)
         return {
-            "x": [(round(self._sx(x), 1), _number(x)) for x in xs],
-            "y": [(round(self._sy(y), 1), _number(y)) for y in ys],
+            "x": [(round(self._sx(x), 1), number_text(x)) for x in xs],
+            "y": [(round(self._sy(y), 1), number_text(y)) for y in ys],
         }
 
 
-def _number(value: float) -> str:
+def nice_ticks(low: float, high: float, most: int = 6) -> list[float]:
+    """Round values from ``low`` to ``high``: steps of 1, 2 or 5 times a power of ten, at
+    most ``most`` of them (0, 5, 10, 15 s; never 0, 7.3, 14.6)."""
+    span = high - low
+    if span <= 0:
+        return [low]
+    step = 10 ** math.floor(math.log10(span / most))
+    for factor in (1, 2, 5, 10):
+        if span / (step * factor) <= most:
+            step *= factor
+            break
+    first = math.ceil(low / step) * step
+    count = math.floor((high - first) / step + 1e-9) + 1
+    return [round(first + index * step, 10) for index in range(count)]
+
+
+def number_text(value: float) -> str:
+    """A tick label: thousands separated, two decimals only where they say something."""
     if value >= 100 or value == int(value):
         return f"{value:,.0f}"
     return f"{value:.2f}"

@@ -13,7 +13,16 @@ from crashqueuelab.lab.chaos.worklog import read_logs
 from crashqueuelab.lab.mutants.catalog import MUTANTS
 from crashqueuelab.lab.mutants.runner import score
 from crashqueuelab.lab.pages.chains import observation_chain
-from crashqueuelab.lab.pages.charts import Chart, Mark, Rule, Series, rate_over_time
+from crashqueuelab.lab.pages.charts import (
+    Chart,
+    Mark,
+    Rule,
+    Series,
+    Window,
+    nice_ticks,
+    number_text,
+    rate_over_time,
+)
 from crashqueuelab.lab.reproduce import campaign_command, runnable
 
 #: Twelve colors, so a bench with ten lanes (ours, the textbook queue, six peers) repeats none.
@@ -420,12 +429,24 @@ def chaos_view(run_dir: Path) -> View:
     logs = read_logs(run_dir / "worker-logs")
     acks = [at - start for log in logs.values() for at in log.ack_times] if start else []
     faults = [f for f in report["faults"] if "at_s" in f]
-    # Kills first: the rarer faults (pauses, cuts, restarts) are drawn over them, visible.
+    kills = [f for f in faults if f["kind"] == "SIGKILL"]
+    dense = len(kills) > DENSE_MARKS
+    # Pauses are shaded for as long as they held; the rare faults (cuts, restarts, ended
+    # sessions) are lines drawn over everything; kills are lines too unless there are so many
+    # that they would wall the chart, and then their density has a chart of its own.
+    windows = [
+        Window(
+            f["at_s"], f.get("continued_at_s", elapsed), _fault_title(f), FAULT_COLORS[f["kind"]]
+        )
+        for f in faults
+        if f["kind"] == "SIGSTOP"
+    ]
     wide = {"power cut", "server restart"}
     marks = sorted(
         (
             Mark(f["at_s"], _fault_title(f), FAULT_COLORS[f["kind"]], f["kind"] in wide)
             for f in faults
+            if f["kind"] != "SIGSTOP" and not (dense and f["kind"] == "SIGKILL")
         ),
         key=lambda mark: mark.color != KILL,
     )
@@ -433,14 +454,30 @@ def chaos_view(run_dir: Path) -> View:
     restarts = report.get("server_restarts_delivered", 0)
     session_kills = report.get("session_kills_delivered", 0)
     throughput = Chart(
-        "Acknowledgements per second, with every kill (red) and pause (orange)"
-        + (", and power cut (violet)" if cuts else "")
-        + (", server restart (black)" if restarts else "")
-        + (", terminated session (teal)" if session_kills else ""),
+        "Acknowledgements per second"
+        + (", with every kill (red line)" if kills and not dense else "")
+        + (", pauses shaded (orange)" if windows else "")
+        + (", power cuts (violet)" if cuts else "")
+        + (", server restarts (black)" if restarts else "")
+        + (", terminated sessions (teal)" if session_kills else ""),
         "seconds into the run",
         "jobs/s",
         [Series("acknowledged jobs/s", rate_over_time(acks, end=elapsed), PALETTE[0])],
         marks=marks,
+        windows=windows,
+        x_end=elapsed,
+    )
+    density = (
+        Chart(
+            f"Kills per second ({len(kills):,} in all), pauses shaded",
+            "seconds into the run",
+            "kills/s",
+            [Series("SIGKILLs/s", rate_over_time([f["at_s"] for f in kills], end=elapsed), KILL)],
+            windows=windows,
+            x_end=elapsed,
+        )
+        if dense
+        else None
     )
     lanes = _chaos_lanes(report, logs, start, elapsed)
     verdict = Verdict(
@@ -540,7 +577,9 @@ def chaos_view(run_dir: Path) -> View:
         figures,
         {
             "throughput": throughput,
+            "density": density,
             "lanes": lanes,
+            "lane_ticks": [(at, number_text(at)) for at in nice_ticks(0.0, max(elapsed, 0.001))],
             "end": max(elapsed, 0.001),
             "explanations": explanations,
             "unexplained": len(anomalies) - len(explanations),
@@ -593,14 +632,24 @@ def _chaos_lanes(
                     "title": f"{worker['worker_id']}: {acked} acknowledgements",
                 }
             )
+        mine = [f for f in report["faults"] if "at_s" in f and f.get("worker_slot", slot) == slot]
+        radius = 2 if len(mine) > DENSE_MARKS // 2 else 4
         dots = [
-            {"at": f["at_s"], "color": FAULT_COLORS[f["kind"]], "title": _fault_title(f, 3)}
-            for f in report["faults"]
-            if "at_s" in f and f.get("worker_slot", slot) == slot
-        ]
+            {"at": f["at_s"], "color": FAULT_COLORS[f["kind"]], "title": _fault_title(f, 3),
+             "r": radius}
+            for f in mine
+            if f["kind"] != "SIGSTOP"
+        ]  # fmt: skip
+        windows = [
+            {"start": f["at_s"], "end": f.get("continued_at_s", elapsed),
+             "color": FAULT_COLORS[f["kind"]], "title": _fault_title(f, 3)}
+            for f in mine
+            if f["kind"] == "SIGSTOP"
+        ]  # fmt: skip
         lanes.append(
-            {"label": f"slot {slot} ({len(workers)} processes)", "spans": spans, "dots": dots}
-        )
+            {"label": f"slot {slot} ({len(workers)} processes)", "spans": spans, "dots": dots,
+             "windows": windows}
+        )  # fmt: skip
     return lanes
 
 
@@ -611,6 +660,9 @@ WORDS = {
     "stale": "was told its acknowledgement was refused",
 }
 
+
+#: More kills than this are drawn as their density, not one line each.
+DENSE_MARKS = 60
 
 #: The chaos page spells out this many anomalies with their evidence; chaos.json lists all.
 EXPLAINED_ANOMALIES = 20
