@@ -440,4 +440,54 @@ def test_the_chaos_page_runs_the_same_schedule_and_says_the_interleaving_may_dif
     html = write_report(directory).read_text()
     assert "Run the same schedule again (same seed and faults; the interleaving" in html
     assert "Reproduce this run" not in html
-    assert "--poison-jobs 4 --long-jobs 3 --output-directory" in html
+    assert f"crashqueuelab chaos --replay {directory} --output-directory {directory}-again" in html
+
+
+def test_a_replay_delivers_the_recorded_schedule_again(
+    small_run: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    import io
+
+    from crashqueuelab import cli
+    from crashqueuelab.lab.pages.render import write_report
+
+    directory, original = small_run
+    assert len(original["schedule"]) == 35
+    target = tmp_path / "again"
+    out = io.StringIO()
+    code = cli.main(["chaos", "--replay", str(directory), "--quiet", "--output-directory",
+                     str(target)], stdout=out, stderr=io.StringIO())  # fmt: skip
+    assert code == cli.EXIT_OK, out.getvalue()
+    replayed = json.loads((target / "chaos.json").read_text())
+    assert replayed["schedule"] == original["schedule"]
+    assert (replayed["seed"], replayed["parameters"]) == (original["seed"], original["parameters"])
+    assert replayed["replay_of"] == str(directory)
+    assert [f["index"] for f in replayed["faults"]] == [f["index"] for f in original["faults"]]
+    assert "delivered the recorded fault schedule of" in write_report(target).read_text()
+
+
+def test_a_replay_of_what_is_not_a_chaos_run_or_does_not_match_is_refused(
+    small_run: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    import io
+
+    from crashqueuelab import cli
+    from crashqueuelab.core.errors import InvalidInput
+
+    out = io.StringIO()
+    code = cli.main(["chaos", "--replay", str(tmp_path), "--output-directory",
+                     str(tmp_path / "x")], stdout=out, stderr=io.StringIO())  # fmt: skip
+    assert code == cli.EXIT_USAGE
+    assert (
+        "holds no chaos run this version can replay"
+        in json.loads(out.getvalue())["error"]["message"]
+    )
+    assert not (tmp_path / "x").exists()
+    _, original = small_run
+    with pytest.raises(InvalidInput, match="faults of kind SIGKILL, not 3"):
+        run_chaos(tmp_path / "y", seed=7, jobs=600, workers=3, kills=3, pauses=5,
+                  schedule=original["schedule"])  # fmt: skip
+    with pytest.raises(InvalidInput, match="not a recorded fault schedule"):
+        run_chaos(tmp_path / "z", seed=7, jobs=600, workers=3, kills=0, pauses=0,
+                  schedule=[{"kind": "nonsense"}])  # fmt: skip
+    assert not (tmp_path / "y").exists()

@@ -23,6 +23,7 @@ from crashqueuelab.cli.common import (
     positive,
 )
 from crashqueuelab.cli.progress import progress_for
+from crashqueuelab.cli.replay import ReplayAction
 from crashqueuelab.cli.shrink import reproducer_lines
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.bench.peers import BENCH_PEERS
@@ -158,6 +159,8 @@ def _chaos(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         long_count=args.long_jobs,
         restart_server=None if args.server is None else args.server.restart_after_crash,
         progress=progress_for(args),
+        schedule=args.schedule,
+        replay_of=args.replay_of,
     )
     return (EXIT_OK if report["ok"] else EXIT_REJECTED), {
         key: report[key]
@@ -351,6 +354,14 @@ def add_experiment_commands(command: Command) -> None:
         help="jobs among --jobs whose handler works 2.5 leases and heartbeats meanwhile"
         " (systems with heartbeats): a heartbeat must keep the lease, in every process",
     )
+    sub.add_argument(
+        "--replay",
+        action=ReplayAction,
+        metavar="DIR",
+        help="deliver DIR's recorded fault schedule again, with its seed, system and sizes"
+        " (the processes' interleaving may differ); options after it override the sizes",
+    )
+    sub.set_defaults(schedule=None, replay_of=None)
     sub.add_argument(
         "--server-restarts",
         type=non_negative,

@@ -8,8 +8,12 @@ instants the signals really land are recorded by the supervisor.
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
+
+from crashqueuelab.core.errors import InvalidInput
 
 #: The share of the jobs over which the faults are spread.
 SPAN = 0.85
@@ -35,6 +39,28 @@ class PlannedFault:
     worker_slot: int
     after_finished: int
     delay_ms: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "kind": self.kind.value, "worker_slot": self.worker_slot,
+                "after_finished": self.after_finished, "delay_ms": self.delay_ms}  # fmt: skip
+
+
+def recorded(records: Sequence[Mapping[str, Any]]) -> list[PlannedFault]:
+    """A schedule a run recorded (``chaos.json``'s ``schedule``), to deliver again."""
+    try:
+        faults = [
+            PlannedFault(
+                index=int(record["index"]),
+                kind=FaultKind(record["kind"]),
+                worker_slot=int(record["worker_slot"]),
+                after_finished=int(record["after_finished"]),
+                delay_ms=float(record["delay_ms"]),
+            )
+            for record in records
+        ]
+    except (KeyError, TypeError, ValueError) as error:
+        raise InvalidInput("schedule", f"not a recorded fault schedule ({error!r})") from None
+    return sorted(faults, key=lambda fault: (fault.after_finished, fault.index))
 
 
 def plan(

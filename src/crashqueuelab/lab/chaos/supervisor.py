@@ -19,7 +19,7 @@ import multiprocessing
 import os
 import signal
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,7 @@ from crashqueuelab.lab.chaos.processes import (
     open_client,
     worker_main,
 )
-from crashqueuelab.lab.chaos.schedule import SPAN, FaultKind, PlannedFault, plan
+from crashqueuelab.lab.chaos.schedule import SPAN, FaultKind, PlannedFault, plan, recorded
 from crashqueuelab.lab.chaos.worklog import LOG_SUFFIX, LogFollower, acknowledged_keys, read_logs
 from crashqueuelab.lab.children import CLI_MODULE
 from crashqueuelab.lab.crashmodes import POWER_LOSS, PROCESS, check_crash_mode
@@ -438,11 +438,14 @@ def run_chaos(
     progress: Progress | None = None,
     poison_count: int = DEFAULT_POISON_JOBS,
     long_count: int = DEFAULT_LONG_JOBS,
+    schedule: Sequence[Mapping[str, Any]] | None = None,
+    replay_of: str | None = None,
 ) -> dict[str, Any]:
     """Run one chaos experiment into ``output_dir`` (new or empty) and return its report.
 
     ``restart_server`` crashes and restarts the system's server (the run's own throwaway
-    server); server restarts need it.
+    server); server restarts need it. ``schedule`` (a run's recorded one) is delivered
+    instead of the seed's; its faults must be the ones the counts name.
     """
     _check_parameters(
         jobs=jobs,
@@ -462,6 +465,11 @@ def run_chaos(
     if session_kills and chosen.terminate_sessions is None:
         raise InvalidInput("session_kills", f"{chosen.name} has no server sessions to end")
     check_crash_mode(crash_mode, chosen, experiment="chaos")
+    planned = _planned(
+        schedule, seed=seed, jobs=jobs, workers=workers, kills=kills, pauses=pauses,
+        cuts=power_cuts, restarts=server_restarts, session_kills=session_kills,
+    )  # fmt: skip
+    schedule_record = [fault.to_json() for fault in planned]
     prepare_output_directory(output_dir)
     files = RunFiles(
         store=str(output_dir / STORE_DIRECTORY),
@@ -486,16 +494,7 @@ def run_chaos(
         # Only a system with heartbeats can keep a lease past its length.
         long_jobs = long_indexes(jobs, long_count if chosen.capabilities.heartbeats else 0)
         keys = _submit(system, files, jobs, 1000, poison, long_jobs)
-        pending = plan(
-            seed=seed,
-            jobs=jobs,
-            workers=workers,
-            kills=kills,
-            pauses=pauses,
-            cuts=power_cuts,
-            restarts=server_restarts,
-            session_kills=session_kills,
-        )
+        pending = planned
         run = _ChaosRun(
             output_dir,
             files,
@@ -606,6 +605,9 @@ def run_chaos(
             gave_up=run.state.gave_up,
         ),
         "finished_in_time": finished_in_time,
+        # What was planned, as data: ``chaos --replay`` delivers it again.
+        "schedule": schedule_record,
+        "replay_of": replay_of,
         "faults": delivered,
         "artifacts": {
             "store_directory": str(store.relative_to(output_dir)),
@@ -620,6 +622,41 @@ def run_chaos(
     }
     write_json(output_dir / CHAOS_FILE, report)
     return report
+
+
+def _planned(
+    schedule: Sequence[Mapping[str, Any]] | None,
+    *,
+    seed: int,
+    jobs: int,
+    workers: int,
+    kills: int,
+    pauses: int,
+    cuts: int,
+    restarts: int,
+    session_kills: int,
+) -> list[PlannedFault]:
+    """The seed's schedule, or the recorded one given, which must hold the counts asked."""
+    if schedule is None:
+        return plan(
+            seed=seed, jobs=jobs, workers=workers, kills=kills, pauses=pauses, cuts=cuts,
+            restarts=restarts, session_kills=session_kills,
+        )  # fmt: skip
+    planned = recorded(schedule)
+    counts = {
+        FaultKind.KILL: kills,
+        FaultKind.PAUSE: pauses,
+        FaultKind.POWER_CUT: cuts,
+        FaultKind.SERVER_RESTART: restarts,
+        FaultKind.SESSION_KILL: session_kills,
+    }
+    for kind, count in counts.items():
+        found = sum(fault.kind == kind for fault in planned)
+        if found != count:
+            raise InvalidInput(
+                "schedule", f"it holds {found} faults of kind {kind.value}, not {count}"
+            )
+    return planned
 
 
 def _check_parameters(

@@ -421,6 +421,34 @@ def campaign_view(run_dir: Path) -> View:
     return View("campaign.html.j2", verdict, figures, data)
 
 
+def _chaos_command(report: dict[str, Any], run_dir: Path) -> str:
+    """The command that delivers this run's schedule again: from its recorded schedule, or
+    (a run from before schedules were recorded) from the same seed and sizes."""
+    if report.get("schedule") is not None:
+        again = shlex.quote(f"{run_dir}-again")
+        return runnable(
+            f"crashqueuelab chaos --replay {shlex.quote(str(run_dir))} --output-directory {again}",
+            report,
+        )
+    parameters = report["parameters"]
+    cuts = report.get("power_cuts_delivered", 0)
+    restarts = report.get("server_restarts_delivered", 0)
+    session_kills = report.get("session_kills_delivered", 0)
+    return (
+        runnable("crashqueuelab chaos", report)
+        + f" --system {report.get('system_spec', report['system']['name'])}"
+        f" --seed {report['seed']} --jobs {parameters['jobs']} --workers {parameters['workers']}"
+        f" --kills {parameters['kills']} --pauses {parameters['pauses']}"
+        + (f" --crash-mode power-loss --power-cuts {cuts}" if cuts else "")
+        + (f" --server-restarts {restarts}" if restarts else "")
+        + (f" --session-kills {session_kills}" if session_kills else "")
+        + f" --lease-ms {parameters['lease_ms']} --batch {parameters['batch']}"
+        + (f" --poison-jobs {parameters['poison_jobs']}" if "poison_jobs" in parameters else "")
+        + (f" --long-jobs {parameters['long_jobs']}" if "long_jobs" in parameters else "")
+        + f" --output-directory {run_dir}"
+    )
+
+
 def chaos_view(run_dir: Path) -> View:
     report = _read(run_dir / "chaos.json")
     accounting, parameters = report["accounting"], report["parameters"]
@@ -494,17 +522,7 @@ def chaos_view(run_dir: Path) -> View:
         duration=elapsed,
         command_label="Run the same schedule again (same seed and faults; the interleaving"
         " of the processes may differ):",
-        command=runnable("crashqueuelab chaos", report)
-        + f" --system {report.get('system_spec', report['system']['name'])}"
-        f" --seed {report['seed']} --jobs {parameters['jobs']} --workers {parameters['workers']}"
-        f" --kills {parameters['kills']} --pauses {parameters['pauses']}"
-        + (f" --crash-mode power-loss --power-cuts {cuts}" if cuts else "")
-        + (f" --server-restarts {restarts}" if restarts else "")
-        + (f" --session-kills {session_kills}" if session_kills else "")
-        + f" --lease-ms {parameters['lease_ms']} --batch {parameters['batch']}"
-        + (f" --poison-jobs {parameters['poison_jobs']}" if "poison_jobs" in parameters else "")
-        + (f" --long-jobs {parameters['long_jobs']}" if "long_jobs" in parameters else "")
-        + f" --output-directory {run_dir}",
+        command=_chaos_command(report, run_dir),
         reasons=report.get("reasons", []),
     )
     figures = [
@@ -583,7 +601,15 @@ def chaos_view(run_dir: Path) -> View:
             "end": max(elapsed, 0.001),
             "explanations": explanations,
             "unexplained": len(anomalies) - len(explanations),
-            "notes": report.get("notes", []),
+            "notes": report.get("notes", [])
+            + (
+                [
+                    f"This run delivered the recorded fault schedule of {report['replay_of']} again"
+                    " (same seed and faults; the interleaving of the processes may differ)."
+                ]
+                if report.get("replay_of")
+                else []
+            ),
             "power_cuts": cuts,
         },
     )
