@@ -491,3 +491,33 @@ def test_a_replay_of_what_is_not_a_chaos_run_or_does_not_match_is_refused(
         run_chaos(tmp_path / "z", seed=7, jobs=600, workers=3, kills=0, pauses=0,
                   schedule=[{"kind": "nonsense"}])  # fmt: skip
     assert not (tmp_path / "y").exists()
+
+
+def test_a_failing_chaos_run_is_shrunk_to_a_schedule_rerun_k_of_n_times(tmp_path: Path) -> None:
+    import io
+
+    from crashqueuelab import cli
+    from crashqueuelab.lab.pages.render import write_report
+
+    directory = tmp_path / "run"
+    report = run_chaos(
+        directory, seed=7, jobs=120, workers=2, kills=6, pauses=0, lease_ms=200,
+        poison_count=0, long_count=0, system="crashqueuelab.lab.mutants.catalog:expiry_drops_job",
+    )  # fmt: skip
+    assert not report["ok"]
+    assert len(report["schedule"]) == 6
+    out = io.StringIO()
+    code = cli.main(["shrink", str(directory), "--shrink-seconds", "60"], stdout=out,
+                    stderr=io.StringIO())  # fmt: skip
+    assert code == cli.EXIT_REJECTED, out.getvalue()
+    record = json.loads((directory / "chaos.json").read_text())["shrink"]["reproducers"][0]
+    assert record["recorded"]["reruns"] >= 1
+    assert record["after"]["faults"] <= record["before"]["faults"] == 6
+    assert 1 <= record["reproduced"] <= record["confirmations"] <= 3
+    assert record["test_run"]["failed"] is True, record["test_run"]
+    assert (directory / record["test_file"]).is_file()
+    replayed = json.loads((directory / record["schedule"]).read_text())
+    assert len(replayed["schedule"]) == record["after"]["faults"]
+    html = write_report(directory).read_text()
+    assert f"failed {record['reproduced']} of {record['confirmations']}" in html
+    assert "Reproduce this run" not in html

@@ -218,10 +218,10 @@ def test_a_retained_campaign_is_shrunk_by_the_shrink_command_once(tmp_path: Path
 def test_shrink_refuses_what_is_not_a_campaign_and_passes_an_ok_one(tmp_path: Path) -> None:
     code, result = run_cli("shrink", str(tmp_path))
     assert code == 2
-    assert "holds no campaign.json" in result["error"]["message"]
+    assert "holds neither campaign.json nor chaos.json" in result["error"]["message"]
     (tmp_path / "campaign.json").write_text(json.dumps({"ok": True}))
     code, result = run_cli("shrink", str(tmp_path))
-    assert (code, result["detail"]) == (0, "the campaign is ok: nothing to shrink")
+    assert (code, result["detail"]) == (0, "the run is ok: nothing to shrink")
     code, result = run_cli("shrink", str(tmp_path), "--shrink-seconds", "-1")
     assert code == 2
 

@@ -11,17 +11,20 @@ version.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from crashqueuelab.lab.chaos.longjobs import DEFAULT_LONG_JOBS
+from crashqueuelab.lab.chaos.poison import DEFAULT_POISON_JOBS
 from crashqueuelab.lab.crashmodes import PROCESS
 from crashqueuelab.lab.model import run_model_workload
 from crashqueuelab.lab.probes import run_probes
 from crashqueuelab.systems.registry import resolve_system
 
-__all__ = ["Outcome", "replay_model_workload", "run_crash_point", "run_probe"]
+__all__ = ["Outcome", "replay_chaos", "replay_model_workload", "run_crash_point", "run_probe"]
 
 
 @dataclass(frozen=True)
@@ -79,3 +82,37 @@ def run_probe(system: str, probe: str, directory: Path) -> Outcome:
     anomalies = [f"probe {result['name']}: {result['detail']}" for result in results]
     failed = [line for line, result in zip(anomalies, results, strict=True) if not result["ok"]]
     return Outcome(not failed, failed, run)
+
+
+def replay_chaos(run: Mapping[str, Any], directory: Path, *, attempts: int = 3) -> Outcome:
+    """A chaos run delivering ``run``'s fault schedule (``run`` names the system as
+    ``system_spec``, its ``seed``, ``crash_mode``, ``parameters`` and ``schedule``, as
+    ``chaos.json`` does), up to ``attempts`` times: the operating system decides how the
+    processes interleave, so the first run that fails is the outcome, else the last."""
+    from crashqueuelab.lab.chaos.supervisor import run_chaos
+
+    counts = Counter(fault["kind"] for fault in run["schedule"])
+    sizes = run["parameters"]
+    outcome = Outcome(True, [], Path(directory))
+    for attempt in range(attempts):
+        target = Path(directory) / f"chaos-{attempt + 1}"
+        report = run_chaos(
+            target,
+            seed=int(run["seed"]),
+            jobs=sizes["jobs"],
+            workers=sizes["workers"],
+            kills=counts["SIGKILL"],
+            pauses=counts["SIGSTOP"],
+            lease_ms=sizes["lease_ms"],
+            batch=sizes["batch"],
+            system=run["system_spec"],
+            crash_mode=run.get("crash_mode", PROCESS),
+            power_cuts=counts["power cut"],
+            poison_count=sizes.get("poison_jobs", DEFAULT_POISON_JOBS),
+            long_count=sizes.get("long_jobs", DEFAULT_LONG_JOBS),
+            schedule=run["schedule"],
+        )
+        outcome = Outcome(report["ok"], list(report["reasons"]), target)
+        if not outcome.ok:
+            break
+    return outcome

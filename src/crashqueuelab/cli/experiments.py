@@ -31,6 +31,7 @@ from crashqueuelab.lab.bench.runner import BENCH_FILE, run_bench, table
 from crashqueuelab.lab.campaign import CAMPAIGN_FILE, run_campaign
 from crashqueuelab.lab.chaos.longjobs import DEFAULT_LONG_JOBS
 from crashqueuelab.lab.chaos.poison import DEFAULT_POISON_JOBS
+from crashqueuelab.lab.chaos.reproducer import add_chaos_reproducer
 from crashqueuelab.lab.chaos.supervisor import CHAOS_FILE, run_chaos
 from crashqueuelab.lab.demo import COMPARISON_FILE, DEFAULT_SEED, run_demo
 from crashqueuelab.lab.mutants.runner import MUTANTS_FILE, run_mutants
@@ -162,6 +163,8 @@ def _chaos(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         schedule=args.schedule,
         replay_of=args.replay_of,
     )
+    if not report["ok"] and args.shrink_seconds > 0:
+        add_chaos_reproducer(args.output_directory, report, args.shrink_seconds)
     return (EXIT_OK if report["ok"] else EXIT_REJECTED), {
         key: report[key]
         for key in (
@@ -173,6 +176,7 @@ def _chaos(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         )
     } | {
         "chaos_report": str(args.output_directory / CHAOS_FILE),
+        "reproducers": reproducer_lines(report.get("shrink")),
         "report": html_report(args.output_directory),
     }  # fmt: skip
 
@@ -362,6 +366,7 @@ def add_experiment_commands(command: Command) -> None:
         " (the processes' interleaving may differ); options after it override the sizes",
     )
     sub.set_defaults(schedule=None, replay_of=None)
+    add_shrink_seconds(sub)
     sub.add_argument(
         "--server-restarts",
         type=non_negative,

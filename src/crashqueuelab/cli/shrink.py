@@ -1,5 +1,6 @@
-"""``crashqueuelab shrink DIR``: a retained campaign's failures shrunk to their smallest
-reruns and exported as pytest files, as a campaign does at its end unless told not to."""
+"""``crashqueuelab shrink DIR``: a retained campaign's failures (or a chaos run's schedule)
+shrunk to their smallest reruns and exported as pytest files, as a campaign or a chaos run
+does at its end unless told not to."""
 
 from __future__ import annotations
 
@@ -35,30 +36,38 @@ def reproducer_lines(shrink: Mapping[str, Any] | None) -> list[str]:
 def _shrink(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     from crashqueuelab.cli.experiments import html_report
     from crashqueuelab.lab.campaign import CAMPAIGN_FILE, add_reproducers
+    from crashqueuelab.lab.chaos.reproducer import add_chaos_reproducer
+    from crashqueuelab.lab.chaos.supervisor import CHAOS_FILE
 
     directory: Path = args.directory
-    record = directory / CAMPAIGN_FILE
-    if not record.is_file():
+    record = next(
+        (directory / name for name in (CAMPAIGN_FILE, CHAOS_FILE) if (directory / name).is_file()),
+        None,
+    )
+    if record is None:
         raise InvalidInput(
             "directory",
-            f"{directory} holds no {CAMPAIGN_FILE}: shrink takes a campaign's directory (a"
-            " crash or power-loss campaign; chaos runs are not shrunk yet)",
+            f"{directory} holds neither {CAMPAIGN_FILE} nor {CHAOS_FILE}: shrink takes a"
+            " campaign's or a chaos run's directory",
         )
     report = json.loads(record.read_text(encoding="utf-8"))
     if report["ok"]:
-        return EXIT_OK, {"ok": True, "detail": "the campaign is ok: nothing to shrink"}
+        return EXIT_OK, {"ok": True, "detail": "the run is ok: nothing to shrink"}
     existing = directory / REPRODUCER_DIRECTORY
     if existing.exists():
         raise InvalidInput(
             "directory",
             f"{existing} exists: this run was shrunk already (move it aside to shrink again)",
         )
-    add_reproducers(directory, report, args.shrink_seconds, args.correct_system)
+    if record.name == CHAOS_FILE:
+        add_chaos_reproducer(directory, report, args.shrink_seconds)
+    else:
+        add_reproducers(directory, report, args.shrink_seconds, args.correct_system)
     return EXIT_REJECTED, {
         "ok": False,
         "reproducers": reproducer_lines(report["shrink"]),
         "report": html_report(directory),
-        "campaign_report": str(record),
+        "run_report": str(record),
     }
 
 

@@ -596,6 +596,7 @@ def chaos_view(run_dir: Path) -> View:
         {
             "throughput": throughput,
             "density": density,
+            "reproducers": _reproducers(run_dir, report),
             "lanes": lanes,
             "lane_ticks": [(at, number_text(at)) for at in nice_ticks(0.0, max(elapsed, 0.001))],
             "end": max(elapsed, 0.001),
