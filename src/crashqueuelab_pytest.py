@@ -5,15 +5,13 @@ system in the user's own suite (``docs/pytest-plugin.md``).
 It sits outside the ``crashqueuelab`` package and imports it only once a session asks for
 the checks: pytest loads every installed plugin before measuring coverage starts, and a
 package imported that early would leave its import-time lines unmeasured in every project
-that installs it.
+that installs it. (pytest rewrites the asserts of every module of a distribution that
+ships a plugin, so the contract checks' failures say what they compared.)
 """
 
 from __future__ import annotations
 
 import pytest
-
-#: The contract checks assert; rewritten, their failures say what was compared.
-pytest.register_assert_rewrite("crashqueuelab.suite.behaviour")
 
 OPTION = "--crashqueuelab-system"
 DEFAULT_SEED = 7

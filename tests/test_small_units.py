@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import runpy
+import json
+import subprocess
 import sys
 
 import pytest
@@ -225,8 +226,12 @@ def test_payload_text_that_is_valid_parses_to_the_object() -> None:
     }
 
 
-def test_python_dash_m_runs_the_cli(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sys, "argv", ["crashqueuelab", "bogus"])
-    with pytest.raises(SystemExit) as caught:
-        runpy.run_module("crashqueuelab", run_name="__main__")
-    assert caught.value.code == 2
+def test_python_dash_m_runs_the_cli() -> None:
+    # A process of its own: under pytest the installed package is imported through pytest's
+    # assertion-rewriting hook (its distribution ships a pytest plugin), which runpy cannot use.
+    finished = subprocess.run(
+        [sys.executable, "-m", "crashqueuelab", "bogus"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert finished.returncode == 2, finished.stderr
+    assert json.loads(finished.stdout)["error"]["type"] == "UsageError"
