@@ -521,3 +521,23 @@ def test_a_failing_chaos_run_is_shrunk_to_a_schedule_rerun_k_of_n_times(tmp_path
     html = write_report(directory).read_text()
     assert f"failed {record['reproduced']} of {record['confirmations']}" in html
     assert "Reproduce this run" not in html
+
+
+def test_an_acknowledgement_with_no_answer_is_unknown_and_the_store_settles_it(
+    small_run: tuple[Path, dict[str, Any]],
+) -> None:
+    from crashqueuelab.lab.chaos.accounting import unknown_outcomes
+
+    log = WorkerLog()
+    log.add(
+        "claim a t1 1.0 0.9\nacking a t1 2.0\nclaim b t2 1.0 0.9\nacking b t2 2.0\nack b t2 2.1\n"
+    )
+    other = WorkerLog()
+    other.add("claim c t3 1.0 0.9\nacking c t3 2.0\nstale c t3 2.1\n")
+    assert unknown_outcomes({"w1": log, "w2": other}) == [("a", "t1")]
+    _, report = small_run
+    accounting = report["accounting"]
+    # Thirty kills: some landed between a worker's acknowledgement and its answer.
+    settled = accounting["unknown_outcomes_settled"]
+    assert sum(settled.values()) == accounting["unknown_outcomes"]
+    assert set(settled) <= {"succeeded"}

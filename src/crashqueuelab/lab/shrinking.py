@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from crashqueuelab import regression
-from crashqueuelab.lab.crashmodes import PROCESS
+from crashqueuelab.lab.crashmodes import POWER_LOSS, PROCESS
 from crashqueuelab.lab.deltadebug import shrink
 from crashqueuelab.lab.model import OBSERVATIONS_FILE, SCHEDULE_FILE, run_model_workload
 from crashqueuelab.lab.reports import write_json
@@ -199,7 +199,8 @@ class _Shrinker:
     def case(self, case: Mapping[str, Any], anomaly: str) -> None:
         point, seed, mode = case["fault_point"], self.report["seed"], self.report["crash_mode"]
         faults = 1 + (case.get("after_crash_at") is not None)
-        what = f"one crash point ({faults} kill{'s' * (faults > 1)})"
+        what = f"one crash point ({faults} kill{'s' * (faults > 1)}"
+        what += ", then the power cut)" if mode == POWER_LOSS else ")"
         self.single(
             f"crash point {point}",
             anomaly,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,15 @@ def _double_acknowledgements(logs: dict[str, WorkerLog]) -> list[str]:
     return lines
 
 
+def unknown_outcomes(logs: Mapping[str, WorkerLog]) -> list[tuple[str, str]]:
+    """Each (key, token) a worker sent an acknowledgement for and never logged an answer to."""
+    unknown = []
+    for log in logs.values():
+        answered = set(log.acks) | set(log.stale)
+        unknown += sorted(set(log.acking) - answered)
+    return unknown
+
+
 def judge_run(
     *,
     system: System,
@@ -114,6 +124,10 @@ def judge_run(
         [] if lease_s is None else overlapping_leases(logs, lease_s=lease_s, started_s=started_s)
     )
     integrity = {"effects": _integrity(effects), "executions": _integrity(executions)}
+    unknown = unknown_outcomes(logs)
+    settled = Counter(
+        "missing" if key not in stored else stored[key].status.value for key, _ in unknown
+    )
     anomalies = (
         [f"job {key}: missing from the store (lost)" for key in missing]
         + [
@@ -149,6 +163,10 @@ def judge_run(
         "stale_operations_rejected": stale_rejections(logs),
         "shared_commits": shared_commit_totals(logs),
         "acknowledged_twice": len(double_acks),
+        # Acknowledgements sent whose answer never came (the worker died or was paused past
+        # the run first): unknown, never counted as done or lost; the store settles each job.
+        "unknown_outcomes": len(unknown),
+        "unknown_outcomes_settled": dict(sorted(settled.items())),
         "poison": {
             "submitted": len(poisoned),
             "dead_lettered_at_their_limit": len(poisoned) - len(poison_anomalies),

@@ -548,6 +548,7 @@ def chaos_view(run_dir: Path) -> View:
         ),
         ("repeats absorbed by the idempotent ledger", f"{accounting['absorbed_duplicates']:,}", ""),
         ("acknowledgements refused (fencing)", f"{accounting['stale_operations_rejected']:,}", ""),
+        *_unknown_rows(accounting),
         *_shared_commit_rows(accounting.get("shared_commits")),
         ("jobs acknowledged twice", str(accounting["acknowledged_twice"]), "must be 0"),
         (
@@ -614,6 +615,23 @@ def chaos_view(run_dir: Path) -> View:
             "power_cuts": cuts,
         },
     )
+
+
+def _unknown_rows(accounting: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Acknowledgements whose answer never came: unknown, and how the store settled them."""
+    if "unknown_outcomes" not in accounting:
+        return []
+    settled = ", ".join(
+        f"{count:,} {status}" for status, count in accounting["unknown_outcomes_settled"].items()
+    )
+    return [
+        (
+            "acknowledgements with no answer (unknown)",
+            f"{accounting['unknown_outcomes']:,}",
+            "sent, then the worker died before it heard back: counted neither done nor lost;"
+            + (f" the store holds those jobs {settled}" if settled else ""),
+        )
+    ]
 
 
 def _shared_commit_rows(shared: dict[str, int] | None) -> list[tuple[str, str, str]]:
