@@ -144,6 +144,50 @@ def test_a_power_loss_campaign_interrupted_by_sigterm_unmounts_its_disks(tmp_pat
     assert str(directory) not in mounts
 
 
+_FORKED_CHILD = """
+import signal
+
+from crashqueuelab.lab.interrupts import forkserver_context
+
+
+def report(answers):
+    # The first thing the child runs: nothing in it has touched SIGINT yet.
+    answers.put(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)
+
+
+if __name__ == "__main__":
+    # As at a terminal, whatever disposition this test's own runner was started with.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    context = forkserver_context(["__main__"])
+    answers = context.Queue()
+    child = context.Process(target=report, args=(answers,))
+    child.start()
+    ignored = answers.get(timeout=60)
+    child.join(60)
+    answers.close()
+    answers.join_thread()
+    kept = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    print(ignored, kept)
+"""
+
+
+def test_workers_forked_by_the_lab_are_born_ignoring_sigint_and_the_parent_keeps_its_handler(
+    tmp_path: Path,
+) -> None:
+    # A fresh interpreter: this test process may already have a fork server of its own.
+    script = tmp_path / "fork_one.py"
+    script.write_text(_FORKED_CHILD)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=LIMIT_S,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True"]
+
+
 def test_interruptible_does_nothing_outside_the_main_thread() -> None:
     import threading
 

@@ -7,16 +7,22 @@ so no ``except Exception`` in the lab swallows it, while every ``finally`` on it
 runs (that is where processes are stopped and disks unmounted). A run that knows what it
 had finished adds it to ``partial`` before passing the exception on.
 
-The lab's worker processes ignore SIGINT (``ignore_interrupts``): a Ctrl-C at a terminal
-reaches the whole process group, and the supervisor, not each worker, decides how they stop.
+The lab's worker processes ignore SIGINT: a Ctrl-C at a terminal reaches the whole process
+group, and the supervisor, not each worker, decides how they stop. They are born ignoring it
+(``forkserver_context`` starts their fork server with SIGINT ignored), so a Ctrl-C that lands
+while one is starting cannot print a traceback from inside multiprocessing's bootstrap;
+``ignore_interrupts`` says so again in each worker.
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.context
+import multiprocessing.forkserver
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any
@@ -65,3 +71,25 @@ def interruptible() -> Iterator[None]:
 def ignore_interrupts() -> None:
     """In a worker process: leave SIGINT to the supervisor, which stops the worker itself."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def forkserver_context(preload: Sequence[str]) -> multiprocessing.context.ForkServerContext:
+    """The forkserver context, its server started now (with ``preload`` imported in it) and
+    with SIGINT ignored, so every process it forks ignores SIGINT from its first instruction.
+
+    Python keeps an ignored SIGINT that a process inherits instead of installing its
+    KeyboardInterrupt handler, and the fork server hands its own disposition to each child.
+    A fork server that was already running (started earlier in this process) is left as it
+    is. A Ctrl-C that arrives in the few milliseconds the server takes to start is lost."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(preload))
+    if threading.current_thread() is not threading.main_thread():
+        multiprocessing.forkserver.ensure_running()
+        return context
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    return context

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import multiprocessing
 import os
 import platform
 import queue
@@ -43,7 +42,7 @@ from crashqueuelab.lab.bench.workers import (
     run_worker,
 )
 from crashqueuelab.lab.inheritance import Inherited
-from crashqueuelab.lab.interrupts import Interrupted
+from crashqueuelab.lab.interrupts import Interrupted, forkserver_context
 from crashqueuelab.lab.progress import Progress, labelled
 from crashqueuelab.lab.readings import read_store
 from crashqueuelab.lab.reports import prepare_output_directory, write_json
@@ -516,16 +515,13 @@ def run_bench(
     scratch = output_dir / "databases"
     scratch.mkdir()
     lanes = lanes_for(systems, peers, scratch)
-    context = multiprocessing.get_context("forkserver")
     adapters = {
         resolve_system(lane.system).open.__module__
         for lane in lanes
         if lane.system and lane.path_kind != PEER
     }
     # "__main__" first: the children then need not re-run the main script one by one.
-    context.set_forkserver_preload(
-        ["__main__", "crashqueuelab.lab.bench.workers", *sorted(adapters)]
-    )
+    context = forkserver_context(["__main__", "crashqueuelab.lab.bench.workers", *sorted(adapters)])
     disk = fsync_rate(output_dir)
     cells: list[dict[str, Any]] = []
     try:

@@ -15,7 +15,6 @@ run out. Either way its late acknowledgements must be refused by the lease fenci
 from __future__ import annotations
 
 import math
-import multiprocessing
 import os
 import signal
 import time
@@ -44,7 +43,7 @@ from crashqueuelab.lab.children import CLI_MODULE
 from crashqueuelab.lab.crashmodes import POWER_LOSS, PROCESS, check_crash_mode
 from crashqueuelab.lab.effects import Destination, EffectLedger
 from crashqueuelab.lab.inheritance import Inherited
-from crashqueuelab.lab.interrupts import Interrupted
+from crashqueuelab.lab.interrupts import Interrupted, forkserver_context
 from crashqueuelab.lab.progress import Progress, labelled
 from crashqueuelab.lab.reports import prepare_output_directory, write_json
 from crashqueuelab.lab.reproduce import import_path
@@ -201,11 +200,10 @@ class _ChaosRun:
         self.files = files
         self.lease_ms = lease_ms
         self.batch = batch
-        self.context = multiprocessing.get_context("forkserver")
         # A respawn should cost a fork, not imports: the system's adapter, and the command
         # line, which the ``crashqueuelab`` console script imports again in every child
         # (multiprocessing re-runs a main script in each; ``python -m`` it skips).
-        self.context.set_forkserver_preload(
+        self.context = forkserver_context(
             [CLI_MODULE, "crashqueuelab.lab.chaos.processes", self.system.open.__module__]
         )
         self.stop_file = output_dir / "stop-maintenance"
