@@ -89,10 +89,20 @@ def replay_chaos(run: Mapping[str, Any], directory: Path, *, attempts: int = 3) 
     ``system_spec``, its ``seed``, ``crash_mode``, ``parameters`` and ``schedule``, as
     ``chaos.json`` does), up to ``attempts`` times: the operating system decides how the
     processes interleave, so the first run that fails is the outcome, else the last."""
+    from crashqueuelab.lab.chaos.network import NetworkPlan
     from crashqueuelab.lab.chaos.supervisor import run_chaos
 
     counts = Counter(fault["kind"] for fault in run["schedule"])
     sizes = run["parameters"]
+    network = NetworkPlan.from_json(sizes)
+    network = NetworkPlan(
+        stalls=counts["stall"],
+        partitions=counts["partition"],
+        lost_replies=counts["lost replies"],
+        connection_resets=counts["connection reset"],
+        latency_ms=network.latency_ms,
+        window_ms=network.window_ms,
+    )
     outcome = Outcome(True, [], Path(directory))
     for attempt in range(attempts):
         target = Path(directory) / f"chaos-{attempt + 1}"
@@ -111,6 +121,7 @@ def replay_chaos(run: Mapping[str, Any], directory: Path, *, attempts: int = 3) 
             poison_count=sizes.get("poison_jobs", DEFAULT_POISON_JOBS),
             long_count=sizes.get("long_jobs", DEFAULT_LONG_JOBS),
             schedule=run["schedule"],
+            network=network,
         )
         outcome = Outcome(report["ok"], list(report["reasons"]), target)
         if not outcome.ok:

@@ -22,6 +22,7 @@ from crashqueuelab.cli.common import (
     non_negative,
     positive,
 )
+from crashqueuelab.cli.network import add_network_faults, network_plan
 from crashqueuelab.cli.progress import progress_for
 from crashqueuelab.cli.replay import ReplayAction
 from crashqueuelab.cli.shrink import reproducer_lines
@@ -162,6 +163,7 @@ def _chaos(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         progress=progress_for(args),
         schedule=args.schedule,
         replay_of=args.replay_of,
+        network=network_plan(args),
     )
     if not report["ok"] and args.shrink_seconds > 0:
         add_chaos_reproducer(args.output_directory, report, args.shrink_seconds)
@@ -170,7 +172,7 @@ def _chaos(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         for key in (
             "ok", "reasons", "system", "crash_mode", "notes", "seed", "parameters",
             "kills_delivered", "pauses_delivered", "power_cuts_delivered",
-            "server_restarts_delivered", "session_kills_delivered",
+            "server_restarts_delivered", "session_kills_delivered", "network_faults_delivered",
             "pauses_with_takeover", "pauses_fenced", "respawns", "accounting", "anomalies",
             "timings",
         )
@@ -380,6 +382,7 @@ def add_experiment_commands(command: Command) -> None:
         default=0,
         help="end a worker's database session with pg_terminate_backend this often (postgres)",
     )
+    add_network_faults(sub)
     sub = command(
         "mutants",
         _mutants,

@@ -24,13 +24,27 @@ _FROM_PARAMETERS = {
     "poison_jobs": "poison_jobs",
     "long_jobs": "long_jobs",
 }
+#: Options a run recorded only when it used them (network faults), and their defaults.
+_OPTIONAL_PARAMETERS = {
+    "stalls": ("stalls", 0),
+    "partitions": ("partitions", 0),
+    "lost_replies": ("lost_replies", 0),
+    "connection_resets": ("connection_resets", 0),
+    "latency_ms": ("latency_ms", 0.0),
+    "network_fault_ms": ("window_ms", None),
+}
 
 
 def replayed(directory: Path) -> dict[str, Any]:
     """The options that run ``directory``'s chaos run again, schedule included."""
     try:
         report = json.loads((directory / "chaos.json").read_text(encoding="utf-8"))
-        options = {name: report["parameters"][key] for name, key in _FROM_PARAMETERS.items()}
+        parameters = report["parameters"]
+        options = {name: parameters[key] for name, key in _FROM_PARAMETERS.items()}
+        options |= {
+            name: parameters.get(key, default)
+            for name, (key, default) in _OPTIONAL_PARAMETERS.items()
+        }
         options |= {
             "seed": report["seed"],
             "system": report.get("system_spec", report["system"]["name"]),

@@ -28,6 +28,11 @@ class FaultKind(StrEnum):
     SERVER_RESTART = "server restart"
     #: A worker's database session is ended by the server (pg_terminate_backend).
     SESSION_KILL = "session terminated"
+    #: Network faults on the connections to the server (``network.py``).
+    STALL = "stall"
+    PARTITION = "partition"
+    LOST_REPLIES = "lost replies"
+    CONNECTION_RESET = "connection reset"
 
 
 @dataclass(frozen=True)
@@ -73,12 +78,15 @@ def plan(
     cuts: int = 0,
     restarts: int = 0,
     session_kills: int = 0,
+    others: Mapping[FaultKind, int] | None = None,
 ) -> list[PlannedFault]:
-    """Spread ``kills``, ``pauses``, power ``cuts``, server ``restarts`` and ``session_kills``
-    over the run's progress, seeded."""
+    """Spread ``kills``, ``pauses``, power ``cuts``, server ``restarts``, ``session_kills``
+    and ``others`` (network faults, by kind) over the run's progress, seeded."""
     rng = random.Random(seed)
     kinds = [FaultKind.KILL] * kills + [FaultKind.PAUSE] * pauses + [FaultKind.POWER_CUT] * cuts
     kinds += [FaultKind.SERVER_RESTART] * restarts + [FaultKind.SESSION_KILL] * session_kills
+    for kind, count in (others or {}).items():
+        kinds += [kind] * count
     rng.shuffle(kinds)
     total = len(kinds)
     # Faults land within the first SPAN of the work, so the last ones still find work.

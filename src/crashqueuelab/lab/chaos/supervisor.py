@@ -14,6 +14,7 @@ run out. Either way its late acknowledgements must be refused by the lease fenci
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -27,6 +28,14 @@ from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.core.validation import require_int
 from crashqueuelab.lab.chaos.accounting import judge_run
 from crashqueuelab.lab.chaos.longjobs import DEFAULT_LONG_JOBS, long_indexes, long_payload
+from crashqueuelab.lab.chaos.network import (
+    MAINTENANCE_PATH,
+    WINDOW_OF,
+    NetworkPlan,
+    RunNetwork,
+    run_dsn,
+    worker_path,
+)
 from crashqueuelab.lab.chaos.poison import DEFAULT_POISON_JOBS, PoisonJob, poison_jobs
 from crashqueuelab.lab.chaos.powercuts import PowerSupply
 from crashqueuelab.lab.chaos.processes import (
@@ -222,6 +231,12 @@ class _ChaosRun:
         self.power: PowerSupply | None = None
         #: Crashes and restarts the system's server, where the run started one.
         self.restart_server: Callable[[], None] | None = None
+        #: The fault proxy between the processes and the server, where the run has one.
+        self.network: RunNetwork | None = None
+
+    def inherited(self, path: str) -> Inherited:
+        """What a process on ``path`` must see: through the proxy, where there is one."""
+        return Inherited.capture() if self.network is None else self.network.inherited(path)
 
     def follow(self, watcher: _Watcher) -> None:
         """Read the new lines of the live workers' logs, and the last ones of retired workers."""
@@ -243,7 +258,7 @@ class _ChaosRun:
             log,
             does_maintenance=self.single_owner,
             release_file=str(self.release_file),
-            inherited=Inherited.capture(),
+            inherited=self.inherited(worker_path(slot.index)),
         )
         slot.process = self.context.Process(target=worker_main, args=(spec,), daemon=True)
         slot.process.start()
@@ -271,7 +286,7 @@ class _ChaosRun:
                 self.files.store,
                 str(self.stop_file),
                 str(self.release_file),
-                Inherited.capture(),
+                self.inherited(MAINTENANCE_PATH),
             ),
             daemon=True,
         )
@@ -438,35 +453,28 @@ def run_chaos(
     long_count: int = DEFAULT_LONG_JOBS,
     schedule: Sequence[Mapping[str, Any]] | None = None,
     replay_of: str | None = None,
+    network: NetworkPlan | None = None,
 ) -> dict[str, Any]:
     """Run one chaos experiment into ``output_dir`` (new or empty) and return its report.
 
     ``restart_server`` crashes and restarts the system's server (the run's own throwaway
     server); server restarts need it. ``schedule`` (a run's recorded one) is delivered
-    instead of the seed's; its faults must be the ones the counts name.
+    instead of the seed's; its faults must be the ones the counts name. ``network`` puts a
+    fault proxy between the processes and the server (systems behind a server only).
     """
-    _check_parameters(
-        jobs=jobs,
-        workers=workers,
-        kills=kills,
-        pauses=pauses,
-        cuts=power_cuts,
-        server_faults=server_restarts + session_kills,
-    )
-    if power_cuts and crash_mode != POWER_LOSS:
-        raise InvalidInput("power_cuts", "a power cut needs --crash-mode power-loss")
-    if server_restarts and restart_server is None:
-        raise InvalidInput(
-            "server_restarts", "needs a server this run started (not one given with --dsn)"
-        )
-    chosen = resolve_system(system)
-    if session_kills and chosen.terminate_sessions is None:
-        raise InvalidInput("session_kills", f"{chosen.name} has no server sessions to end")
-    check_crash_mode(crash_mode, chosen, experiment="chaos")
-    planned = _planned(
-        schedule, seed=seed, jobs=jobs, workers=workers, kills=kills, pauses=pauses,
-        cuts=power_cuts, restarts=server_restarts, session_kills=session_kills,
+    network = network or NetworkPlan()
+    counts = {
+        FaultKind.KILL: kills,
+        FaultKind.PAUSE: pauses,
+        FaultKind.POWER_CUT: power_cuts,
+        FaultKind.SERVER_RESTART: server_restarts,
+        FaultKind.SESSION_KILL: session_kills,
+    } | network.counts()
+    chosen = _runnable(
+        system, crash_mode, counts, jobs=jobs, workers=workers, network=network,
+        restart_server=restart_server,
     )  # fmt: skip
+    planned = _planned(schedule, seed=seed, jobs=jobs, workers=workers, counts=counts)
     schedule_record = [fault.to_json() for fault in planned]
     prepare_output_directory(output_dir)
     files = RunFiles(
@@ -504,14 +512,19 @@ def run_chaos(
         run.power = power
         run.restart_server = restart_server
         run.poison_keys = {job.key for job in poison}
-        finished_in_time = _run_workers(
-            run,
-            pending,
-            jobs=jobs,
-            deadline_s=deadline_s,
-            progress=labelled(progress, f"chaos {system} ({crash_mode})"),
-            described={"system": chosen.describe(), "crash_mode": crash_mode},
-        )
+        with contextlib.ExitStack() as proxied:
+            if network.active:
+                run.network = proxied.enter_context(
+                    RunNetwork(network, dsn=run_dsn(), lease_ms=lease_ms, started=run.state.started)
+                )
+            finished_in_time = _run_workers(
+                run,
+                pending,
+                jobs=jobs,
+                deadline_s=deadline_s,
+                progress=labelled(progress, f"chaos {system} ({crash_mode})"),
+                described={"system": chosen.describe(), "crash_mode": crash_mode},
+            )
         store = Path(files.store) if power is None else power.finish()
     finally:
         if power is not None:
@@ -556,6 +569,11 @@ def run_chaos(
             "power_cuts": power_cuts,
             "server_restarts": server_restarts,
             "session_kills": session_kills,
+            **{
+                name: value
+                for name, value in network.to_json(lease_ms).items()
+                if network.active or name != "window_ms"
+            },
             "poison_jobs": poison_count,
             "long_jobs": len(long_jobs),
             "lease_ms": lease_ms,
@@ -566,6 +584,10 @@ def run_chaos(
         "power_cuts_delivered": cuts_delivered,
         "server_restarts_delivered": restarts_delivered,
         "session_kills_delivered": session_kills_delivered,
+        "network_faults_delivered": {
+            kind.value: _kind_count(delivered, kind) for kind in network.counts()
+        },
+        "network": run.network.report() if run.network is not None else None,
         "pauses_with_takeover": sum(1 for record in delivered if record.get("taken_over")),
         "pauses_fenced": sum(1 for record in delivered if record.get("fenced")),
         "respawns": run.state.respawns,
@@ -581,24 +603,14 @@ def run_chaos(
             accounting["ok"]
             and not run.state.failures
             and not pause_anomalies
-            and kills_delivered == kills
-            and pauses_delivered == pauses
-            and cuts_delivered == power_cuts
-            and restarts_delivered == server_restarts
-            and session_kills_delivered == session_kills
+            and all(_kind_count(delivered, kind) == count for kind, count in counts.items())
         ),
         "reasons": _reasons(
             accounting,
             run.state.failures,
             pause_anomalies,
             delivered,
-            planned={
-                FaultKind.KILL: kills,
-                FaultKind.PAUSE: pauses,
-                FaultKind.POWER_CUT: power_cuts,
-                FaultKind.SERVER_RESTART: server_restarts,
-                FaultKind.SESSION_KILL: session_kills,
-            },
+            planned=counts,
             finished_in_time=finished_in_time,
             gave_up=run.state.gave_up,
         ),
@@ -622,37 +634,74 @@ def run_chaos(
     return report
 
 
+def _runnable(
+    system: str,
+    crash_mode: str,
+    counts: Mapping[FaultKind, int],
+    *,
+    jobs: int,
+    workers: int,
+    network: NetworkPlan,
+    restart_server: Callable[[], None] | None,
+) -> System:
+    """The system, once every planned fault is known to be deliverable in this run."""
+    network.check()
+    _check_parameters(
+        jobs=jobs,
+        workers=workers,
+        kills=counts[FaultKind.KILL],
+        pauses=counts[FaultKind.PAUSE],
+        cuts=counts[FaultKind.POWER_CUT],
+        server_faults=sum(counts.values())
+        - counts[FaultKind.KILL]
+        - counts[FaultKind.PAUSE]
+        - counts[FaultKind.POWER_CUT],
+    )
+    if counts[FaultKind.POWER_CUT] and crash_mode != POWER_LOSS:
+        raise InvalidInput("power_cuts", "a power cut needs --crash-mode power-loss")
+    if counts[FaultKind.SERVER_RESTART] and restart_server is None:
+        raise InvalidInput(
+            "server_restarts", "needs a server this run started (not one given with --dsn)"
+        )
+    chosen = resolve_system(system)
+    if counts[FaultKind.SESSION_KILL] and chosen.terminate_sessions is None:
+        raise InvalidInput("session_kills", f"{chosen.name} has no server sessions to end")
+    if network.active and chosen.server != "postgres":
+        raise InvalidInput(
+            "network", f"{chosen.name} talks to no server: there is no connection to fault"
+        )
+    check_crash_mode(crash_mode, chosen, experiment="chaos")
+    return chosen
+
+
 def _planned(
     schedule: Sequence[Mapping[str, Any]] | None,
     *,
     seed: int,
     jobs: int,
     workers: int,
-    kills: int,
-    pauses: int,
-    cuts: int,
-    restarts: int,
-    session_kills: int,
+    counts: Mapping[FaultKind, int],
 ) -> list[PlannedFault]:
     """The seed's schedule, or the recorded one given, which must hold the counts asked."""
     if schedule is None:
         return plan(
-            seed=seed, jobs=jobs, workers=workers, kills=kills, pauses=pauses, cuts=cuts,
-            restarts=restarts, session_kills=session_kills,
-        )  # fmt: skip
+            seed=seed,
+            jobs=jobs,
+            workers=workers,
+            kills=counts[FaultKind.KILL],
+            pauses=counts[FaultKind.PAUSE],
+            cuts=counts[FaultKind.POWER_CUT],
+            restarts=counts[FaultKind.SERVER_RESTART],
+            session_kills=counts[FaultKind.SESSION_KILL],
+            others={kind: count for kind, count in counts.items() if kind in WINDOW_OF},
+        )
     planned = recorded(schedule)
-    counts = {
-        FaultKind.KILL: kills,
-        FaultKind.PAUSE: pauses,
-        FaultKind.POWER_CUT: cuts,
-        FaultKind.SERVER_RESTART: restarts,
-        FaultKind.SESSION_KILL: session_kills,
-    }
-    for kind, count in counts.items():
+    for kind in FaultKind:
         found = sum(fault.kind == kind for fault in planned)
-        if found != count:
+        if found != counts.get(kind, 0):
             raise InvalidInput(
-                "schedule", f"it holds {found} faults of kind {kind.value}, not {count}"
+                "schedule",
+                f"it holds {found} faults of kind {kind.value}, not {counts.get(kind, 0)}",
             )
     return planned
 
@@ -773,6 +822,11 @@ def _drive(
                     continue
                 if pending[0].kind is FaultKind.SERVER_RESTART:
                     _deliver_server_restart(pending.pop(0), run)
+                    continue
+                if pending[0].kind in WINDOW_OF:
+                    if not _deliver_network_fault(pending[0], run):
+                        break  # every worker is paused or too fresh: try again next tick
+                    pending.pop(0)
                     continue
                 if pending[0].kind is FaultKind.SESSION_KILL:
                     if not _deliver_session_kill(pending[0], run):
@@ -937,6 +991,30 @@ def _deliver_server_restart(fault: PlannedFault, run: _ChaosRun) -> None:
     run.restart_server()
     record["back_after_s"] = round(time.monotonic() - run.state.started - record["at_s"], 6)
     run.state.delivered.append(record)
+
+
+def _deliver_network_fault(fault: PlannedFault, run: _ChaosRun) -> bool:
+    """Start a network fault on the planned worker's path (or the next worker's round the
+    table, if that one is paused or too fresh); a partition cuts every path. False when no
+    worker could be struck now."""
+    assert run.network is not None
+    record: dict[str, Any] = {
+        "index": fault.index,
+        "kind": fault.kind.value,
+        "after_finished": fault.after_finished,
+    }
+    path = MAINTENANCE_PATH
+    if fault.kind is not FaultKind.PARTITION:
+        slot = run.target_for(fault.worker_slot)
+        if slot is None:
+            return False
+        record |= {"planned_slot": fault.worker_slot, "worker_slot": slot.index,
+                   "worker_id": slot.worker_id}  # fmt: skip
+        path = worker_path(slot.index)
+    time.sleep(fault.delay_ms / 1000)
+    record |= run.network.strike(fault.kind, path)
+    run.state.delivered.append(record)
+    return True
 
 
 def _deliver_session_kill(fault: PlannedFault, run: _ChaosRun) -> bool:

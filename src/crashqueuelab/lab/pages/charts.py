@@ -40,6 +40,8 @@ class Window:
     end: float
     label: str
     color: str
+    #: What a window of this colour is, in the chart's legend.
+    legend: str = "a paused worker, from its SIGSTOP to its SIGCONT"
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,14 @@ from crashqueuelab.lab.pages.charts import (
     number_text,
     rate_over_time,
 )
+from crashqueuelab.lab.pages.network import (
+    NETWORK_COLORS,
+    WINDOW_LEGENDS,
+    WINDOWED,
+    legend,
+    network_rows,
+    network_title,
+)
 from crashqueuelab.lab.reproduce import campaign_command, runnable
 
 #: Twelve colors, so a bench with ten lanes (ours, the textbook queue, six peers) repeats none.
@@ -40,6 +48,8 @@ PALETTE = (
     "#3949ab",
     "#7cb342",
 )
+#: Faults shaded for as long as they held (the others are lines at their instant).
+SHADED = ("SIGSTOP", *WINDOWED)
 KILL, PAUSE, POWER_CUT = "#d93025", "#f29900", "#5f2eea"
 SERVER_RESTART, SESSION_KILL = "#202124", "#00897b"
 FAULT_COLORS = {
@@ -48,6 +58,7 @@ FAULT_COLORS = {
     "power cut": POWER_CUT,
     "server restart": SERVER_RESTART,
     "session terminated": SESSION_KILL,
+    **NETWORK_COLORS,
 }
 
 
@@ -66,6 +77,8 @@ def _fault_title(fault: dict[str, Any], digits: int = 2) -> str:
             f"server crashed (pg_ctl stop -m immediate) at {fault['at_s']:.{digits}f} s,"
             f" accepting connections again {fault['back_after_s']:.{digits}f} s later"
         )
+    if fault["kind"] in NETWORK_COLORS:
+        return network_title(fault, digits)
     return f"{fault['kind']} {fault['worker_id']} at {fault['at_s']:.{digits}f} s"
 
 
@@ -464,17 +477,21 @@ def chaos_view(run_dir: Path) -> View:
     # that they would wall the chart, and then their density has a chart of its own.
     windows = [
         Window(
-            f["at_s"], f.get("continued_at_s", elapsed), _fault_title(f), FAULT_COLORS[f["kind"]]
+            f["at_s"],
+            f.get("continued_at_s", f.get("until_s", elapsed)),
+            _fault_title(f),
+            FAULT_COLORS[f["kind"]],
+            *([WINDOW_LEGENDS[f["kind"]]] if f["kind"] in WINDOW_LEGENDS else []),
         )
         for f in faults
-        if f["kind"] == "SIGSTOP"
+        if f["kind"] in SHADED
     ]
     wide = {"power cut", "server restart"}
     marks = sorted(
         (
             Mark(f["at_s"], _fault_title(f), FAULT_COLORS[f["kind"]], f["kind"] in wide)
             for f in faults
-            if f["kind"] != "SIGSTOP" and not (dense and f["kind"] == "SIGKILL")
+            if f["kind"] not in SHADED and not (dense and f["kind"] == "SIGKILL")
         ),
         key=lambda mark: mark.color != KILL,
     )
@@ -484,10 +501,11 @@ def chaos_view(run_dir: Path) -> View:
     throughput = Chart(
         "Acknowledgements per second"
         + (", with every kill (red line)" if kills and not dense else "")
-        + (", pauses shaded (orange)" if windows else "")
+        + (", pauses shaded (orange)" if report["pauses_delivered"] else "")
         + (", power cuts (violet)" if cuts else "")
         + (", server restarts (black)" if restarts else "")
-        + (", terminated sessions (teal)" if session_kills else ""),
+        + (", terminated sessions (teal)" if session_kills else "")
+        + legend(report),
         "seconds into the run",
         "jobs/s",
         [Series("acknowledged jobs/s", rate_over_time(acks, end=elapsed), PALETTE[0])],
@@ -515,6 +533,11 @@ def chaos_view(run_dir: Path) -> View:
         + (f" {cuts} power cuts," if cuts else "")
         + (f" {restarts} server restarts," if restarts else "")
         + (f" {session_kills} sessions terminated," if session_kills else "")
+        + "".join(
+            f" {count} {kind}{'' if kind.endswith('s') else 's'},"
+            for kind, count in (report.get("network_faults_delivered") or {}).items()
+            if count
+        )
         + f" {parameters['workers']} workers",
         system=report["system"]["name"],
         durability=report["system"]["durability"],
@@ -549,6 +572,7 @@ def chaos_view(run_dir: Path) -> View:
         ("repeats absorbed by the idempotent ledger", f"{accounting['absorbed_duplicates']:,}", ""),
         ("acknowledgements refused (fencing)", f"{accounting['stale_operations_rejected']:,}", ""),
         *_unknown_rows(accounting),
+        *network_rows(report),
         *_shared_commit_rows(accounting.get("shared_commits")),
         ("jobs acknowledged twice", str(accounting["acknowledged_twice"]), "must be 0"),
         (
@@ -613,6 +637,7 @@ def chaos_view(run_dir: Path) -> View:
                 else []
             ),
             "power_cuts": cuts,
+            "network": bool(report.get("network")),
         },
     )
 
@@ -683,13 +708,13 @@ def _chaos_lanes(
             {"at": f["at_s"], "color": FAULT_COLORS[f["kind"]], "title": _fault_title(f, 3),
              "r": radius}
             for f in mine
-            if f["kind"] != "SIGSTOP"
+            if f["kind"] not in SHADED
         ]  # fmt: skip
         windows = [
-            {"start": f["at_s"], "end": f.get("continued_at_s", elapsed),
+            {"start": f["at_s"], "end": f.get("continued_at_s", f.get("until_s", elapsed)),
              "color": FAULT_COLORS[f["kind"]], "title": _fault_title(f, 3)}
             for f in mine
-            if f["kind"] == "SIGSTOP"
+            if f["kind"] in SHADED
         ]  # fmt: skip
         lanes.append(
             {"label": f"slot {slot} ({len(workers)} processes)", "spans": spans, "dots": dots,

@@ -1,0 +1,75 @@
+"""The chaos command's network faults: how many of each, how long, and the latency
+every connection to the server has (``crashqueuelab.lab.chaos.network``)."""
+
+from __future__ import annotations
+
+import argparse
+
+from crashqueuelab.cli.common import non_negative
+from crashqueuelab.lab.chaos.network import WINDOW_LEASES, NetworkPlan
+
+
+def milliseconds(text: str) -> float:
+    """A finite, non-negative number of milliseconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite, non-negative number")
+    return value
+
+
+def add_network_faults(sub: argparse.ArgumentParser) -> None:
+    group = sub.add_argument_group(
+        "network faults (postgres: each process reaches the server through a fault proxy on"
+        " 127.0.0.1)"
+    )
+    group.add_argument(
+        "--stalls",
+        type=non_negative,
+        default=0,
+        help="hold one worker's connection this often (bytes kept, nothing closed)",
+    )
+    group.add_argument(
+        "--partitions",
+        type=non_negative,
+        default=0,
+        help="cut the server off from every process this often, both ways",
+    )
+    group.add_argument(
+        "--lost-replies",
+        type=non_negative,
+        default=0,
+        help="drop the server's answers to one worker this often, then reset its connection",
+    )
+    group.add_argument(
+        "--connection-resets",
+        type=non_negative,
+        default=0,
+        help="reset one worker's connections to the server this often",
+    )
+    group.add_argument(
+        "--latency-ms",
+        type=milliseconds,
+        default=0.0,
+        help="delay every byte to and from the server by this many milliseconds, all run long",
+    )
+    group.add_argument(
+        "--network-fault-ms",
+        type=milliseconds,
+        default=None,
+        help=f"how long each stall, partition and lost-reply window lasts (default:"
+        f" {WINDOW_LEASES} leases)",
+    )
+
+
+def network_plan(args: argparse.Namespace) -> NetworkPlan:
+    return NetworkPlan(
+        stalls=args.stalls,
+        partitions=args.partitions,
+        lost_replies=args.lost_replies,
+        connection_resets=args.connection_resets,
+        latency_ms=args.latency_ms,
+        window_ms=args.network_fault_ms,
+    )
