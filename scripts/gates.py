@@ -2,6 +2,7 @@
 
     python3 scripts/gates.py                       # all gates, in .venv
     python3 scripts/gates.py --pytest-only --python /path/to/python3.13
+    python3 scripts/gates.py --pytest-only --skip-marked showcase --python ...
 
 It makes (or reuses) a virtual environment, installs the project with its dev extra, then
 runs: pytest with branch coverage >= 95% and ResourceWarning as an error, ruff check,
@@ -411,9 +412,14 @@ def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
     raise Interrupted(signal.Signals(signum).name)
 
 
-def _all_gates(gates: _Gates, python: Path, *, pytest_only: bool, version: str) -> None:
+def _all_gates(
+    gates: _Gates, python: Path, *, pytest_only: bool, version: str, skip: Sequence[str] = ()
+) -> None:
     if pytest_only:
-        gates.run(f"pytest (python {version})", [python, "-m", "pytest", *PYTEST],
+        deselect = ["-m", " and ".join(f"not {marker}" for marker in skip)] if skip else []
+        left_out = f", without {', '.join(skip)}" if skip else ""
+        gates.run(f"pytest (python {version}{left_out})",
+                  [python, "-m", "pytest", *PYTEST, *deselect],
                   limit_s=PYTEST_LIMIT_S)  # fmt: skip
         return
     gates.run(
@@ -440,6 +446,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--python", default=sys.executable, help="interpreter to test with")
     parser.add_argument("--venv", default=None, help="virtual environment directory")
     parser.add_argument("--pytest-only", action="store_true", help="run only the test suite")
+    parser.add_argument(
+        "--skip-marked",
+        action="append",
+        default=[],
+        metavar="MARKER",
+        help="with --pytest-only: leave out the tests with this marker (repeatable)",
+    )
     args = parser.parse_args(argv)
     version = subprocess.run(
         [args.python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
@@ -462,7 +475,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             gates.note("install into the virtual environment", python, time.monotonic() - started)
         else:
             _log(f"python {version} in {venv}; scratch directory {scratch.root}")
-            _all_gates(gates, python, pytest_only=args.pytest_only, version=version)
+            _all_gates(
+                gates,
+                python,
+                pytest_only=args.pytest_only,
+                version=version,
+                skip=args.skip_marked,
+            )
     except Interrupted as signal_name:
         interrupted = True
         _log(f"interrupted by {signal_name}: the running gate was stopped")

@@ -25,6 +25,13 @@ QueueFactory = Callable[..., DurableQueue]
 FAILED_TESTS_VARIABLE = "CRASHQUEUELAB_FAILED_TESTS"
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Marked by what they need, so a run can leave the showcase-sized ones out by marker.
+    for item in items:
+        if "showcase_run" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.showcase)
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     path = os.environ.get(FAILED_TESTS_VARIABLE)
     if path and report.failed:

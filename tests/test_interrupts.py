@@ -77,12 +77,33 @@ def _interrupt(arguments: list[str], signum: int, directory: Path) -> tuple[int,
         for pipe in (process.stdout, process.stderr):
             if pipe is not None:
                 pipe.close()
-    # Workers, crash children and disks were stopped by the run itself.
+    # Workers, crash children and disks were stopped by the run itself; a disk's daemon
+    # runs in a session of its own, so it is found by the directory it serves.
     deadline = time.monotonic() + 10
-    while _group_members(process.pid) and time.monotonic() < deadline:
+    while (_group_members(process.pid) or _serving(directory)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _group_members(process.pid) == []
+    assert _serving(directory) == []
     return process.returncode, out.decode(), first + err.decode()
+
+
+def _serving(directory: Path) -> list[str]:
+    """Processes whose command line names ``directory``, and mounts under it."""
+    found = [
+        line.split()[1]
+        for line in Path("/proc/mounts").read_text().splitlines()
+        if str(directory) in line
+    ]
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if str(directory) in command:
+            found.append(command)
+    return found
 
 
 def _assert_a_readable_interrupted_run(

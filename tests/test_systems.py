@@ -141,6 +141,7 @@ def test_chaos_reports_every_late_acknowledgement_an_unfenced_queue_accepts(
     code, result, _ = run_cli(
         "chaos", "--system", "broken_adapters:stale_ack_system", "--seed", "3", "--jobs", "300",
         "--kills", "5", "--pauses", "3", "--lease-ms", "300", "--workers", "3",
+        "--shrink-seconds", "0",
         "--output-directory", str(tmp_path / "h"),
     )  # fmt: skip
     report = json.loads((tmp_path / "h" / "chaos.json").read_text())
@@ -165,6 +166,7 @@ def test_a_queue_that_loses_jobs_on_recovery_is_caught(tmp_path: Path) -> None:
     code, result, _ = run_cli(
         "chaos", "--system", "broken_adapters:losing_system", "--seed", "3", "--jobs", "300",
         "--kills", "15", "--lease-ms", "300", "--workers", "3",
+        "--shrink-seconds", "0",
         "--output-directory", str(tmp_path / "h"),
     )  # fmt: skip
     assert code == cli.EXIT_REJECTED
@@ -199,6 +201,7 @@ def test_two_live_leases_on_one_job_fail_chaos_though_nothing_is_acknowledged_tw
     code, result, _ = run_cli(
         "chaos", "--system", "broken_adapters:racy_claim_system", "--seed", "1", "--jobs", "600",
         "--kills", "20", "--pauses", "1", "--lease-ms", "500", "--workers", "3",
+        "--shrink-seconds", "0",
         "--output-directory", str(tmp_path / "c"),
     )  # fmt: skip
     assert code == cli.EXIT_REJECTED
@@ -281,7 +284,8 @@ def test_a_system_whose_open_raises_fails_the_run_naming_the_call(
 def test_a_system_whose_recovery_raises_fails_chaos_and_the_campaign(tmp_path: Path) -> None:
     code, result, err = run_cli(
         "chaos", "--system", "broken_adapters:recover_raising_system", "--jobs", "100",
-        "--kills", "2", "--pauses", "0", "--quiet", "--output-directory", str(tmp_path / "c"),
+        "--kills", "2", "--pauses", "0", "--quiet", "--shrink-seconds", "0",
+        "--output-directory", str(tmp_path / "c"),
     )  # fmt: skip
     assert code == cli.EXIT_REJECTED
     assert result["reasons"][0] == (

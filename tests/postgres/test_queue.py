@@ -23,6 +23,9 @@ from crashqueuelab.core.errors import (
 from crashqueuelab.core.hooks import Phase
 from crashqueuelab.core.ids import SeededIds
 from crashqueuelab.core.retry import RetryPolicy
+from crashqueuelab.lab.chaos.network import upstream_of
+from crashqueuelab.lab.network.proxy import FaultProxy
+from crashqueuelab.lab.network.windows import FaultKind
 from crashqueuelab.postgres.queue import PgAck, PostgresQueue, create_store
 from crashqueuelab.postgres.server import DSN_VARIABLE, ThrowawayServer
 from crashqueuelab.systems.postgres import session_name, store_schema, terminate_sessions
@@ -213,3 +216,47 @@ def _spec(key: str) -> Any:
     from crashqueuelab.systems import JobSpec
 
     return JobSpec(key=key, job_type="t", payload={"k": key})
+
+
+def test_an_acknowledgement_whose_answer_was_lost_is_settled_by_asking_the_server(
+    postgres_dsn: str, tmp_path: Path
+) -> None:
+    upstream, through = upstream_of(postgres_dsn)
+    with FaultProxy(upstream) as proxy:
+
+        def hook(phase: str) -> None:
+            # Inside the transaction, every statement answered: from here the COMMIT reaches
+            # the server and its answer does not; the connection is reset when the window
+            # ends, and only the server knows the acknowledgement happened.
+            if phase == Phase.BEFORE_SUCCESS_COMMIT:
+                proxy.apply(FaultKind.LOST_REPLIES, ["worker"], seconds=0.3)
+
+        queue = open_queue(through(proxy.add_path("worker")), tmp_path / "store", hook=hook)
+        try:
+            submit(queue, "a")
+            [job] = queue.claim_many("w1", LEASE_US, 1)
+            assert queue.succeed_many([PgAck(job.job_id, "w1", str(job.lease_token))]) == [True]
+            assert proxy.counts["worker"]["lost_replies"] == 1
+            done = queue.job_by_key("a")
+            assert done is not None
+            assert done.state == "SUCCEEDED"
+        finally:
+            queue.close()
+
+
+def test_a_transition_whose_commit_never_left_the_client_is_tried_again(
+    postgres_dsn: str, tmp_path: Path
+) -> None:
+    upstream, through = upstream_of(postgres_dsn)
+    with FaultProxy(upstream) as proxy:
+        queue = open_queue(through(proxy.add_path("worker")), tmp_path / "store")
+        try:
+            submit(queue, "a")
+            [job] = queue.claim_many("w1", LEASE_US, 1)
+            # A reset between two transitions: the next one finds its connection gone before
+            # anything was sent, reconnects and runs once.
+            proxy.apply(FaultKind.RESET, ["worker"], seconds=0)
+            assert queue.succeed_many([PgAck(job.job_id, "w1", str(job.lease_token))]) == [True]
+            assert proxy.counts["worker"]["reset"] == 1
+        finally:
+            queue.close()

@@ -85,6 +85,13 @@ class StoreError(CrashQueueLabError):
         self.path = path
 
 
+class OutcomeUnknown(StoreError):
+    """Raised when a transaction's COMMIT was sent and the server could not be asked, in
+    time, whether it happened: the caller must treat it as neither done nor not done."""
+
+    kind = "OutcomeUnknown"
+
+
 class StoreNotFound(StoreError):
     """Raised when a command that must not create a database finds none."""
 

@@ -7,9 +7,12 @@ clock, ids from the injected generator, and the hook sees the same phases as the
 queue's (``BEFORE_*`` inside the open transaction, ``AFTER_*`` once COMMIT returned).
 
 A server that restarts, or a session that is terminated, costs a reconnection, never the
-worker: the transaction is tried again on a new connection (bounded). A retried transaction
-whose first COMMIT did reach the server finds the lease already ended and answers stale;
-nothing is applied twice.
+worker: the transaction is tried again on a new connection (bounded). A transaction whose
+connection broke after its COMMIT was sent (the answer was lost on the way back) is not
+simply tried again: the queue asks the server, on a new session, whether that transaction
+id committed (``pg_xact_status``), and answers what it did; only when the server cannot be
+asked in time does it raise ``OutcomeUnknown``. Nothing is applied twice, and no caller is
+told "refused" of a transition that happened.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from crashqueuelab.core.errors import (
     DurabilityUnavailable,
     HistoryUnprotected,
     IdempotencyConflict,
+    OutcomeUnknown,
     SchemaMismatch,
     StoreError,
 )
@@ -213,9 +217,13 @@ class PostgresQueue:
         deadlocks = 0
         while True:
             conn = self._connection()
+            xid: str | None = None
             try:
                 with conn.transaction():
                     result = body(conn)
+                    if result:
+                        # Named before COMMIT, so a lost answer can be asked about later.
+                        xid = self._xid(conn)
                     if result and before is not None:
                         self._hook(before)
                 return result
@@ -224,8 +232,35 @@ class PostgresQueue:
                 if deadlocks > MAX_DEADLOCK_RETRIES:
                     raise
             except psycopg.OperationalError:
-                # The session or the server went away: roll back is the server's; try again.
+                # The session or the server went away. Before COMMIT was sent, the server
+                # rolls back and the transaction is tried again; after, it may have happened.
+                if xid is not None and self._committed(xid):
+                    return result
                 self._reconnect()
+
+    @staticmethod
+    def _xid(conn: psycopg.Connection[Any]) -> str:
+        row = conn.execute(statements.CURRENT_XID).fetchone()
+        assert row is not None
+        return str(row[0])
+
+    def _committed(self, xid: str) -> bool:
+        """Whether transaction ``xid`` committed, asked on a new session (bounded)."""
+        give_up = time.monotonic() + RECONNECT_TIMEOUT_S
+        while True:
+            try:
+                row = self._reconnect().execute(statements.XACT_STATUS, (xid,)).fetchone()
+            except (psycopg.OperationalError, StoreError) as error:
+                if time.monotonic() >= give_up:
+                    raise OutcomeUnknown(self.schema, f"transaction {xid}: {error}") from None
+                continue
+            status = row[0] if row else None
+            if status != "in progress":
+                return status == "committed"
+            # Its session has not yet noticed that the client is gone.
+            if time.monotonic() >= give_up:
+                raise OutcomeUnknown(self.schema, f"transaction {xid} still in progress")
+            time.sleep(RECONNECT_PAUSE_S)
 
     def close(self) -> None:
         self._drop()
@@ -333,7 +368,7 @@ class PostgresQueue:
         }
 
         def body(conn: psycopg.Connection[Any]) -> set[PgAck]:
-            return {PgAck(*row) for row in conn.execute(statements.SUCCEED, arguments)}
+            return self._acknowledged(conn, arguments)
 
         done = self._transact(body, before=Phase.BEFORE_SUCCESS_COMMIT)
         if done:
@@ -347,6 +382,12 @@ class PostgresQueue:
             results.append(ack in done and ack not in answered)
             answered.add(ack)
         return results
+
+    def _acknowledged(
+        self, conn: psycopg.Connection[Any], arguments: Mapping[str, Any]
+    ) -> set[PgAck]:
+        """The acknowledgements the fenced statement applied (each on its live lease)."""
+        return {PgAck(*row) for row in conn.execute(statements.SUCCEED, arguments)}
 
     def fail(self, ack: PgAck, error: str) -> str | None:
         """The job's new state (RETRY_SCHEDULED or DEAD), or None when the claim is stale."""

@@ -190,3 +190,8 @@ JOB_BY_KEY = _sql(f"SELECT {JOB_COLUMNS} FROM jobs WHERE idempotency_key = %s")
 ACTIVE_COUNT = _sql(
     "SELECT count(*) FROM jobs WHERE state IN ('QUEUED', 'LEASED', 'RETRY_SCHEDULED')"
 )
+
+#: The running transaction's id, and later whether it committed: the answer to a COMMIT
+#: whose reply was lost (PostgreSQL 13 and later).
+CURRENT_XID = _sql("SELECT pg_current_xact_id()::text")
+XACT_STATUS = _sql("SELECT pg_xact_status(%s::xid8)")

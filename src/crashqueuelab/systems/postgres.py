@@ -185,14 +185,15 @@ def open_postgres(
     *,
     session_settings: Mapping[str, str] | None = None,
     required_settings: Mapping[str, str] = DURABLE_SETTINGS,
+    queue_class: type[PostgresQueue] = PostgresQueue,
 ) -> PostgresClient:
-    """The store of ``request.directory`` on the run's server (``session_settings`` and
-    ``required_settings``: a variant, as the lab's mutants are)."""
+    """The store of ``request.directory`` on the run's server (``session_settings``,
+    ``required_settings`` and ``queue_class``: a variant, as the lab's mutants are)."""
     dsn = server_dsn()
     schema = store_schema(request.directory, dsn)
     create_store(dsn, schema)
     return PostgresClient(
-        PostgresQueue(
+        queue_class(
             dsn,
             schema,
             clock=request.clock,

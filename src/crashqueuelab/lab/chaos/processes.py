@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TextIO
 
 from crashqueuelab.core.clock import SystemClock
+from crashqueuelab.core.errors import OutcomeUnknown
 from crashqueuelab.core.ids import RandomIds
 from crashqueuelab.core.retry import RetryPolicy
 from crashqueuelab.lab.chaos.longjobs import work_long
@@ -211,7 +212,12 @@ def _work(spec: WorkerSpec) -> None:
                         )
                 for claim in claims:
                     log.write(f"acking {claim.key} {claim.token} {time.monotonic():.6f}\n")
-                verdicts = _succeed(client, spec, claims)
+                try:
+                    verdicts = _succeed(client, spec, claims)
+                except OutcomeUnknown:
+                    # The answer was lost and the server could not be asked: the ``acking``
+                    # lines stand with no answer, counted unknown and settled by the store.
+                    continue
                 answered = time.monotonic()
                 shared.note()
                 for claim, verdict in zip(claims, verdicts, strict=True):

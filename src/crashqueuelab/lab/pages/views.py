@@ -653,7 +653,8 @@ def _unknown_rows(accounting: dict[str, Any]) -> list[tuple[str, str, str]]:
         (
             "acknowledgements with no answer (unknown)",
             f"{accounting['unknown_outcomes']:,}",
-            "sent, then the worker died before it heard back: counted neither done nor lost;"
+            "sent, and no answer came (the worker died, or the answer was lost and the server"
+            " could not be asked): counted neither done nor lost;"
             + (f" the store holds those jobs {settled}" if settled else ""),
         )
     ]

@@ -28,20 +28,25 @@ MOUNT_OPTIONS = {"attr_timeout": 0, "entry_timeout": 0, "negative_timeout": 0}
 SHARED = "shared"
 
 
-def _stop_with_parent() -> None:
+def _stop_with_parent(parent: int | None) -> bool:
     """Ask Linux to send SIGTERM when the lab process dies, so a killed run never leaves a
-    mount behind (SIGTERM makes libfuse unmount and this process write its journal)."""
+    mount behind (SIGTERM makes libfuse unmount and this process write its journal).
+    False when the parent ``parent`` died before the request was made: Linux never sends
+    the signal then, and a daemon that mounted anyway would serve an orphan mount for ever
+    (seen when a run was stopped while it started a case's disk)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    return parent is None or os.getppid() == parent
 
 
-def serve(root: Path, mountpoint: str, *, shared: bool = False) -> None:
+def serve(root: Path, mountpoint: str, *, shared: bool = False, parent: int | None = None) -> None:
     # The bindings pick libfuse 2 when both are installed; the kernel protocol is the same,
     # but Debian ships fusermount only with fuse3.
     os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")
     import mfusepy
 
-    _stop_with_parent()
+    if not _stop_with_parent(parent):
+        return
     journal = Journal()
     try:
         _serve_until_stopped(mfusepy, root, journal, mountpoint, shared=shared)
@@ -75,4 +80,5 @@ def _serve_until_stopped(
 
 
 if __name__ == "__main__":  # run as a process by disk.PowerLossDisk
-    serve(Path(sys.argv[1]), sys.argv[2], shared=sys.argv[3:] == [SHARED])
+    # ROOT MOUNTPOINT PARENT_PID [shared]
+    serve(Path(sys.argv[1]), sys.argv[2], shared=sys.argv[4:] == [SHARED], parent=int(sys.argv[3]))

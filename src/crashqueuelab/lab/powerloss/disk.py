@@ -89,6 +89,7 @@ class PowerLossDisk:
                     "crashqueuelab.lab.powerloss.daemon",
                     self.root,
                     self.mountpoint,
+                    str(os.getpid()),
                     *(["shared"] if self.shared else []),
                 ],
                 stdin=subprocess.DEVNULL,

@@ -1,0 +1,113 @@
+"""Chaos with network faults on the PostgreSQL system, against a real server: each process
+reaches it through the fault proxy, every kind of fault lands, and nothing is lost."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crashqueuelab import cli
+from crashqueuelab.cli.replay import replayed
+from crashqueuelab.core.errors import InvalidInput
+from crashqueuelab.lab.chaos.network import NetworkPlan, upstream_of
+
+
+def run_cli(*argv: str) -> tuple[int, dict[str, Any]]:
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.main(list(argv), stdout=out, stderr=err)
+    return code, json.loads(out.getvalue())
+
+
+def test_chaos_with_every_network_fault_loses_nothing_and_shades_each_window(
+    postgres_dsn: str, tmp_path: Path
+) -> None:
+    directory = tmp_path / "x"
+    code, result = run_cli(
+        "chaos", "--system", "postgres", "--dsn", postgres_dsn, "--seed", "7", "--jobs", "500",
+        "--workers", "3", "--kills", "6", "--pauses", "1", "--stalls", "2", "--partitions", "1",
+        "--lost-replies", "2", "--connection-resets", "2", "--latency-ms", "1",
+        "--lease-ms", "300", "--quiet", "--output-directory", str(directory),
+    )  # fmt: skip
+    assert code == cli.EXIT_OK, result["reasons"]
+    assert result["network_faults_delivered"] == {
+        "stall": 2,
+        "partition": 1,
+        "lost replies": 2,
+        "connection reset": 2,
+    }
+    accounting = result["accounting"]
+    assert (accounting["succeeded"], accounting["lost"], accounting["duplicated_effects"]) == (
+        500,
+        0,
+        0,
+    )
+    assert accounting["acknowledged_twice"] == 0
+    assert accounting["judge_ok"]
+    report = json.loads((directory / "chaos.json").read_text())
+    network = report["network"]
+    assert network["plan"]["window_ms"] == 450
+    kinds = [window["kind"] for window in network["windows"]]
+    assert sorted(kinds) == ["lost-replies"] * 2 + ["partition"] + ["reset"] * 2 + ["stall"] * 2
+    partition = next(w for w in network["windows"] if w["kind"] == "partition")
+    assert set(partition["paths"]) == {"maintenance", "worker-0", "worker-1", "worker-2"}
+    assert partition["end_s"] - partition["start_s"] == pytest.approx(0.45)
+    # Every worker and the maintenance process went through the proxy.
+    assert all(counts["connections"] >= 1 for counts in network["paths"].values())
+    page = (directory / "report.html").read_text()
+    assert "cut the server off from every process" in page
+    assert "shaded: a stalled connection" in page
+    # The replay carries the network faults with the rest of the schedule.
+    again = replayed(directory)
+    assert (again["stalls"], again["partitions"], again["lost_replies"]) == (2, 1, 2)
+    assert (again["connection_resets"], again["latency_ms"], again["network_fault_ms"]) == (
+        2,
+        1.0,
+        450,
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        (["--system", "sqlite", "--stalls", "1"], "network"),
+        (["--system", "postgres", "--network-fault-ms", "0", "--stalls", "1"], "network_fault_ms"),
+    ],
+)
+def test_network_faults_the_run_cannot_deliver_are_refused_up_front(
+    postgres_dsn: str, tmp_path: Path, extra: list[str], field: str
+) -> None:
+    code, result = run_cli(
+        "chaos", *extra, "--dsn", postgres_dsn, "--jobs", "100", "--kills", "0",
+        "--pauses", "0", "--output-directory", str(tmp_path / "x"),
+    )  # fmt: skip
+    assert code == cli.EXIT_USAGE
+    assert result["error"]["field"] == field
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_proxy_path_is_named_as_a_dsn_the_client_can_use(postgres_dsn: str) -> None:
+    upstream, through = upstream_of(postgres_dsn)
+    assert isinstance(upstream, str)
+    assert upstream.endswith("/.s.PGSQL.5432")
+    dsn = through(("127.0.0.1", 40001))
+    assert "host=127.0.0.1" in dsn
+    assert "port=40001" in dsn
+    tcp, _ = upstream_of("host=db.example port=6543 dbname=q")
+    assert tcp == ("db.example", 6543)
+
+
+def test_a_network_plan_checks_itself_and_reads_back_what_it_wrote() -> None:
+    plan = NetworkPlan(stalls=1, partitions=2, lost_replies=3, connection_resets=4, latency_ms=5)
+    assert plan.faults == 10
+    assert plan.window_s(400) == pytest.approx(0.6)
+    assert NetworkPlan.from_json(plan.to_json(400)) == NetworkPlan(1, 2, 3, 4, 5.0, 600.0)
+    assert not NetworkPlan().active
+    assert NetworkPlan(latency_ms=1).active
+    with pytest.raises(InvalidInput, match="stall"):
+        NetworkPlan(stalls=-1).check()
+    with pytest.raises(InvalidInput, match="latency_ms"):
+        NetworkPlan(latency_ms=-1).check()
