@@ -187,10 +187,10 @@ def test_an_acknowledgement_survives_a_server_crash_only_when_its_commit_was_flu
         os.environ[DSN_VARIABLE], previous = server.dsn, os.environ.get(DSN_VARIABLE)
         try:
             request = OpenRequest(tmp_path, ManualClock(1_000_000), SeededIds(5), RETRY)
-            client = open_postgres(
-                request,
-                session_settings=settings,
-                **({"required_settings": required} if required else {}),
+            client = (
+                open_postgres(request, session_settings=settings, required_settings=required)
+                if required
+                else open_postgres(request, session_settings=settings)
             )
             try:
                 client.submit_many([_spec("a")])
