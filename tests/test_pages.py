@@ -205,7 +205,7 @@ def test_a_chaos_page_with_thousands_of_kills_draws_their_density_and_shades_pau
     report["faults"] = shown + kills + [pause]
     (copy / "chaos.json").write_text(json.dumps(report))
     html = write_report(copy).read_text()
-    assert "Kills per second (200 in all), pauses shaded" in html
+    assert "Kills per second (200 in all), the same windows shaded" in html
     assert 'fill-opacity="0.22"' in html  # the pause, shaded on the charts
     assert "shaded: a paused worker, from its SIGSTOP to its SIGCONT" in html
     assert 'r="2"' in html  # the lanes' kills drawn small

@@ -515,7 +515,8 @@ def chaos_view(run_dir: Path) -> View:
     )
     density = (
         Chart(
-            f"Kills per second ({len(kills):,} in all), pauses shaded",
+            f"Kills per second ({len(kills):,} in all)"
+            + (", the same windows shaded" if windows else ""),
             "seconds into the run",
             "kills/s",
             [Series("SIGKILLs/s", rate_over_time([f["at_s"] for f in kills], end=elapsed), KILL)],
