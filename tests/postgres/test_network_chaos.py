@@ -111,3 +111,16 @@ def test_a_network_plan_checks_itself_and_reads_back_what_it_wrote() -> None:
         NetworkPlan(stalls=-1).check()
     with pytest.raises(InvalidInput, match="latency_ms"):
         NetworkPlan(latency_ms=-1).check()
+
+
+@pytest.mark.parametrize("value", ["soon", "-1", "inf"])
+def test_a_latency_that_is_not_a_number_of_milliseconds_is_a_usage_error(
+    tmp_path: Path, value: str
+) -> None:
+    code, result = run_cli(
+        "chaos", "--system", "postgres", "--latency-ms", value,
+        "--output-directory", str(tmp_path / "x"),
+    )  # fmt: skip
+    assert code == cli.EXIT_USAGE
+    assert "milliseconds" in json.dumps(result) or "finite" in json.dumps(result)
+    assert not (tmp_path / "x").exists()

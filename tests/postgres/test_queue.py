@@ -260,3 +260,31 @@ def test_a_transition_whose_commit_never_left_the_client_is_tried_again(
             assert proxy.counts["worker"]["reset"] == 1
         finally:
             queue.close()
+
+
+@pytest.mark.parametrize(("token_only", "accepted"), [(False, False), (True, True)])
+def test_only_the_token_only_mutant_accepts_an_acknowledgement_past_its_deadline(
+    postgres_dsn: str, tmp_path: Path, token_only: bool, accepted: bool
+) -> None:
+    from crashqueuelab.judges.pgstore import read_postgres_store
+    from crashqueuelab.lab.mutants.pgfencing import TokenOnlyAck, token_only_ack_system
+
+    directory = tmp_path / "store"
+    schema = store_schema(directory, postgres_dsn)
+    create_store(postgres_dsn, schema)
+    clock = ManualClock(1_000_000_000)
+    queue = (TokenOnlyAck if token_only else PostgresQueue)(
+        postgres_dsn, schema, clock=clock, ids=SeededIds(3, "q"), retry=RETRY
+    )
+    try:
+        submit(queue, "a")
+        [job] = queue.claim_many("w1", LEASE_US, 1)
+        # Past the deadline, and nobody has recovered the lease: the token still stands.
+        clock.advance(LEASE_US)
+        assert queue.succeed_many([PgAck(job.job_id, "w1", str(job.lease_token))]) == [accepted]
+    finally:
+        queue.close()
+    problems = read_postgres_store(directory).problems
+    late = [problem for problem in problems if "SUCCEEDED" in problem and "deadline" in problem]
+    assert bool(late) is token_only
+    assert token_only_ack_system().name == "postgres-token-only-ack"
