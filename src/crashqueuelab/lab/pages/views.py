@@ -746,10 +746,16 @@ def _explain(
     start: float | None,
     faults: Sequence[dict[str, Any]] = (),
 ) -> list[dict[str, Any]]:
-    """Each anomaly with what the workers' logs say of its job, in time order, and the
-    power cuts that fell between (what a cut lost explains a second acknowledgement)."""
+    """Each anomaly with what the workers' logs say of its job, in time order, and the faults
+    that fell between: power cuts (what a cut lost explains a second acknowledgement), and
+    pauses and network windows that overlapped (a stalled holder beside the second one)."""
     origin = start or 0.0
-    cuts = [(origin + f["at_s"], _fault_title(f, 3)) for f in faults if f["kind"] == "power cut"]
+    cuts = [
+        (origin + f["at_s"], origin + f.get("until_s", f.get("continued_at_s", f["at_s"])),
+         _fault_title(f, 3))
+        for f in faults
+        if "at_s" in f and (f["kind"] == "power cut" or f["kind"] in SHADED)
+    ]  # fmt: skip
     explained = []
     for line in anomalies:
         words = line.split()
@@ -762,7 +768,7 @@ def _explain(
         )
         if evidence:
             first, last = evidence[0][0], evidence[-1][0]
-            evidence += [(at, title) for at, title in cuts if first <= at <= last]
+            evidence += [(at, title) for at, until, title in cuts if at <= last and until >= first]
         explained.append({"anomaly": line, "evidence": [text for _, text in sorted(evidence)]})
     return explained
 
