@@ -328,10 +328,15 @@ def test_a_poison_job_must_be_dead_lettered_after_exactly_its_limit() -> None:
 @pytest.mark.parametrize("mutant", ["never_dead", "expiry_without_attempt"])
 def test_poison_jobs_catch_a_queue_that_never_buries_a_job(tmp_path: Path, mutant: str) -> None:
     """Every other job succeeds; the poison jobs that die or fail on every attempt are never
-    dead-lettered, and the run stops waiting for them and says so."""
+    dead-lettered, and the run stops waiting for them and says so.
+
+    One job per claim: in batches, a poison job that kills its worker on every attempt
+    takes the jobs claimed with it down each time, and near the end the last normal jobs
+    can keep being claimed beside it (seen once in CI: 118 of 120), which is that queue's
+    fault but not what this test is about."""
     report = run_chaos(
         tmp_path / "run", seed=5, jobs=120, workers=3, kills=4, pauses=0, lease_ms=300,
-        system=f"crashqueuelab.lab.mutants.catalog:{mutant}",
+        batch=1, system=f"crashqueuelab.lab.mutants.catalog:{mutant}",
     )  # fmt: skip
     accounting = report["accounting"]
     assert accounting["succeeded"] == 120
