@@ -288,3 +288,34 @@ def test_every_experiment_keeps_what_it_had_done_when_interrupted(
     page = (directory / "report.html").read_text()
     assert "INTERRUPTED" in page
     assert "Run it again:" in page
+
+
+def test_a_campaign_stopped_while_it_prints_a_case_starts_no_more_cases() -> None:
+    """The signal may land in a progress line rather than while a case is awaited: the
+    cases still queued must not start all the same (they once did, one after another,
+    until the run overran every limit)."""
+    import threading
+    from types import SimpleNamespace
+
+    from crashqueuelab.lab.campaign import _run_cases
+
+    started: list[int] = []
+    stops: list[threading.Event | None] = []
+
+    def runner(*args: Any, stop: threading.Event | None = None, **kwargs: Any) -> dict[str, Any]:
+        started.append(args[1])
+        stops.append(stop)
+        return {"passed": True, "exit_code": 0}
+
+    def progress(line: str) -> None:
+        raise Interrupted("SIGTERM")
+
+    order = [SimpleNamespace(name=f"point-{index}") for index in range(20)]
+    with pytest.raises(Interrupted) as caught:
+        _run_cases(Path("unused"), order, 1, None, "x", runner, progress, 1)  # type: ignore[arg-type]
+    assert caught.value.partial["cases_done"] == 1
+    assert caught.value.partial["cases_planned"] == 20
+    # The first case, and at most the one the pool had begun when it was told to stop.
+    assert len(started) <= 2
+    assert stops[0] is not None
+    assert stops[0].is_set()

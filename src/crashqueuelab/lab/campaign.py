@@ -340,29 +340,34 @@ def _run_cases(
     cases: list[dict[str, Any]] = []
     stop = threading.Event()
     with ThreadPoolExecutor(max_workers=at_once) as pool:
-        running = [
-            pool.submit(runner, output_dir, index, point, seed, system=chosen, spec=spec, stop=stop)
-            for index, point in enumerate(order)
-        ]
-        for index, (point, future) in enumerate(zip(order, running, strict=True)):
-            try:
-                case = future.result()
-            except Interrupted as interruption:
-                # The cases not started never start; those running stop at their next step
-                # (a power-loss case between two crash states), and unmount their disks.
-                stop.set()
-                pool.shutdown(wait=True, cancel_futures=True)
-                interruption.partial["cases_done"] = len(cases)
-                interruption.partial["cases_planned"] = len(order)
-                interruption.partial["cases"] = cases
-                raise
-            cases.append(case)
-            if progress is not None:
-                verdict = "passed" if case["passed"] else "FAILED"
-                progress(
-                    f"case {index + 1}/{len(order)} {point.name}: "
-                    f"exit {case['exit_code']}, {verdict}"
+        # The signal may land anywhere in this block (in a progress line as often as while
+        # waiting on a case): wherever it does, the cases not started never start, and
+        # those running stop at their next step (a power-loss case between two crash
+        # states) and unmount their disks. Leaving the pool by its own exit instead would
+        # wait for every case still queued.
+        try:
+            running = [
+                pool.submit(
+                    runner, output_dir, index, point, seed, system=chosen, spec=spec, stop=stop
                 )
+                for index, point in enumerate(order)
+            ]
+            for index, (point, future) in enumerate(zip(order, running, strict=True)):
+                case = future.result()
+                cases.append(case)
+                if progress is not None:
+                    verdict = "passed" if case["passed"] else "FAILED"
+                    progress(
+                        f"case {index + 1}/{len(order)} {point.name}: "
+                        f"exit {case['exit_code']}, {verdict}"
+                    )
+        except Interrupted as interruption:
+            stop.set()
+            pool.shutdown(wait=True, cancel_futures=True)
+            interruption.partial["cases_done"] = len(cases)
+            interruption.partial["cases_planned"] = len(order)
+            interruption.partial["cases"] = cases
+            raise
     return cases
 
 
