@@ -11,8 +11,10 @@ worker: the transaction is tried again on a new connection (bounded). A transact
 connection broke after its COMMIT was sent (the answer was lost on the way back) is not
 simply tried again: the queue asks the server, on a new session, whether that transaction
 id committed (``pg_xact_status``), and answers what it did; only when the server cannot be
-asked in time does it raise ``OutcomeUnknown``. Nothing is applied twice, and no caller is
-told "refused" of a transition that happened.
+asked in time does it raise ``OutcomeUnknown``. A server that restarted meanwhile cannot
+say (it may have handed the id out again), and the transaction is tried again as before:
+an acknowledgement whose commit survived the crash then answers stale. Nothing is ever
+applied twice.
 """
 
 from __future__ import annotations
@@ -217,7 +219,7 @@ class PostgresQueue:
         deadlocks = 0
         while True:
             conn = self._connection()
-            xid: str | None = None
+            xid: tuple[str, str] | None = None
             try:
                 with conn.transaction():
                     result = body(conn)
@@ -239,17 +241,29 @@ class PostgresQueue:
                 self._reconnect()
 
     @staticmethod
-    def _xid(conn: psycopg.Connection[Any]) -> str:
+    def _xid(conn: psycopg.Connection[Any]) -> tuple[str, str]:
+        """The running transaction's id, and when the server that gave it started."""
         row = conn.execute(statements.CURRENT_XID).fetchone()
         assert row is not None
-        return str(row[0])
+        return str(row[0]), str(row[1])
 
-    def _committed(self, xid: str) -> bool:
-        """Whether transaction ``xid`` committed, asked on a new session (bounded)."""
+    def _committed(self, named: tuple[str, str]) -> bool:
+        """Whether transaction ``named`` committed, asked on a new session (bounded).
+
+        Only a server that has not restarted since can say: after a crash, an id whose
+        commit was not made durable is handed out again, and its status is then another
+        transaction's. Across a restart the answer is False, and the transaction is tried
+        again: a commit that did survive makes the retry find its work done (an
+        acknowledgement then answers stale), so nothing is applied twice."""
+        xid, started = named
         give_up = time.monotonic() + RECONNECT_TIMEOUT_S
         while True:
             try:
-                row = self._reconnect().execute(statements.XACT_STATUS, (xid,)).fetchone()
+                conn = self._reconnect()
+                now_started = conn.execute(statements.SERVER_STARTED).fetchone()
+                if now_started is None or str(now_started[0]) != started:
+                    return False
+                row = conn.execute(statements.XACT_STATUS, (xid,)).fetchone()
             except (psycopg.OperationalError, StoreError) as error:
                 if time.monotonic() >= give_up:
                     raise OutcomeUnknown(self.schema, f"transaction {xid}: {error}") from None

@@ -193,5 +193,6 @@ ACTIVE_COUNT = _sql(
 
 #: The running transaction's id, and later whether it committed: the answer to a COMMIT
 #: whose reply was lost (PostgreSQL 13 and later).
-CURRENT_XID = _sql("SELECT pg_current_xact_id()::text")
+CURRENT_XID = _sql("SELECT pg_current_xact_id()::text, pg_postmaster_start_time()::text")
+SERVER_STARTED = _sql("SELECT pg_postmaster_start_time()::text")
 XACT_STATUS = _sql("SELECT pg_xact_status(%s::xid8)")
