@@ -80,15 +80,24 @@ def time_us(text: str) -> int:
     return value
 
 
-def seconds(text: str) -> float:
-    """A non-negative number of seconds."""
+def _finite_non_negative(text: str, unit: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of {unit}") from None
     if not value >= 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"{text} is not a finite, non-negative number")
     return value
+
+
+def seconds(text: str) -> float:
+    """A non-negative number of seconds."""
+    return _finite_non_negative(text, "seconds")
+
+
+def milliseconds(text: str) -> float:
+    """A non-negative number of milliseconds."""
+    return _finite_non_negative(text, "milliseconds")
 
 
 def add_shrink_seconds(parser: argparse.ArgumentParser) -> None:

@@ -5,19 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from crashqueuelab.cli.common import non_negative
+from crashqueuelab.cli.common import milliseconds, non_negative
 from crashqueuelab.lab.chaos.network import WINDOW_LEASES, NetworkPlan
-
-
-def milliseconds(text: str) -> float:
-    """A finite, non-negative number of milliseconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text} is not a finite, non-negative number")
-    return value
 
 
 def add_network_faults(sub: argparse.ArgumentParser) -> None:
