@@ -36,6 +36,7 @@ from crashqueuelab.cli.experiments import (
     add_report_command,
     html_report,
 )
+from crashqueuelab.cli.pinned import pins_of, run_pinned
 from crashqueuelab.cli.shrink import add_shrink_command
 from crashqueuelab.core.errors import (
     CrashModeUnavailable,
@@ -211,6 +212,14 @@ def main(
         handler: Handler = args.handler
         systems = getattr(args, "system", None)
         named = [systems] if isinstance(systems, str) else list(systems or ())
+        pins = pins_of(named)
+        if pins:
+            # The pinned run prints its own verdict line; this one only passes it on.
+            code, result = run_pinned(pins[0], sys.argv[1:] if argv is None else argv, err)
+            args = None
+            out.write(json.dumps(_verdict_first(result), indent=2) + "\n")
+            out.flush()
+            return code
         with interruptible(), servers_for(named, getattr(args, "dsn", None)) as server:
             args.server = server
             code, result = handler(args)

@@ -10,7 +10,7 @@ from typing import Any, NoReturn
 from crashqueuelab.core.clock import MAX_TIME_US
 from crashqueuelab.lab.crashmodes import CRASH_MODES, PROCESS
 from crashqueuelab.lab.shrinking import SHRINK_SECONDS
-from crashqueuelab.systems.registry import DEFAULT_SYSTEM, PEERS, SERVERS, SHIPPED
+from crashqueuelab.systems.registry import DEFAULT_SYSTEM, DISTRIBUTIONS, PEERS, SERVERS, SHIPPED
 
 #: The command did what was asked, or the judged database passed.
 EXIT_OK = 0
@@ -120,7 +120,8 @@ def positive(text: str) -> int:
 
 SYSTEM_HELP = (
     f"{', '.join(sorted(SHIPPED | PEERS | SERVERS))}, or package.module:factory"
-    f" (default {DEFAULT_SYSTEM})"
+    f" (default {DEFAULT_SYSTEM}); a library at one release: NAME==VERSION"
+    f" ({', '.join(sorted(DISTRIBUTIONS))}), run in an environment of its own"
 )
 
 

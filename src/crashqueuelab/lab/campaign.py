@@ -52,6 +52,7 @@ from crashqueuelab.lab.powerloss.cases import run_power_loss_case
 from crashqueuelab.lab.powerloss.serverdisk import ClusterTemplate
 from crashqueuelab.lab.probes import check_probe_names, run_probes
 from crashqueuelab.lab.progress import Progress, labelled
+from crashqueuelab.lab.promises import classify
 from crashqueuelab.lab.readings import read_store
 from crashqueuelab.lab.reports import prepare_output_directory, write_json
 from crashqueuelab.lab.reproduce import import_path
@@ -434,6 +435,7 @@ def run_campaign(
     }
     report["summary"] = summarize(report)
     report["anomalies"] = anomalies_of(report)
+    report["promises"] = classify(chosen, crash_mode, report["anomalies"])
     report["ok"] = (
         report["summary"]["failed"] == 0
         and report["summary"]["probes_failed"] == 0

@@ -374,6 +374,33 @@ Reader = Callable[[Path], StoreReading]
 
 
 @dataclass(frozen=True)
+class Documented:
+    """A way a system is weaker than the lab's contract that its own documentation states.
+
+    ``points`` are crash points whose expected state shows it (they pass, and the report
+    names the weakness); ``crash_modes`` are crash modes in which the system promises
+    nothing, so that a case failing there is this weakness, not a broken promise;
+    ``explains`` are patterns (``fnmatch``, case-sensitive) of the anomaly lines it accounts
+    for, such as ``"probe acknowledgement_at_the_deadline: *"``.
+    """
+
+    what: str
+    source: str
+    points: tuple[str, ...] = ()
+    crash_modes: tuple[str, ...] = ()
+    explains: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "what": self.what,
+            "source": self.source,
+            "points": list(self.points),
+            "crash_modes": list(self.crash_modes),
+            "explains": list(self.explains),
+        }
+
+
+@dataclass(frozen=True)
 class System:
     """A system under test, as the lab sees it."""
 
@@ -391,6 +418,11 @@ class System:
     terminate_sessions: Callable[[int], int] | None = None
     #: The kind of server the command line must provide for a run ("postgres"), or None.
     server: str | None = None
+    #: Where the system is a library's: what its documentation says it does not promise.
+    documented: tuple[Documented, ...] = ()
+    #: The library's distribution on the package index (what ``--system name==version``
+    #: installs), or None for a system that is not a released library.
+    distribution: str | None = None
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -400,4 +432,5 @@ class System:
             "capabilities": self.capabilities.to_json(),
             "crash_points": len(self.crash_points),
             "independent_reader": self.reader is not None,
+            "documented": [weakness.to_json() for weakness in self.documented],
         }

@@ -217,4 +217,5 @@ def persistqueue_system() -> System:
         crash_points=CRASH_POINTS,
         open=PersistQueueClient,
         reader=read_store,
+        distribution="persist-queue",
     )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from functools import partial
+from importlib.metadata import PackageNotFoundError
 
 from crashqueuelab.core.errors import SystemUnavailable
 from crashqueuelab.systems.contract import System
@@ -31,6 +33,19 @@ def _persistqueue() -> System:
     return persistqueue_system()
 
 
+def _huey(fsync: bool) -> System:
+    try:
+        from crashqueuelab.systems.sqlitehuey import huey_fsync_system, huey_system
+    except ImportError as error:  # pragma: no cover - the adapter imports huey lazily
+        raise SystemUnavailable("huey", f"{error.name} is not installed") from None
+    try:
+        return huey_fsync_system() if fsync else huey_system()
+    except PackageNotFoundError:
+        raise SystemUnavailable(
+            "huey", "huey is not installed: pip install 'crashqueuelab[peers]'"
+        ) from None
+
+
 def _postgres() -> System:
     try:
         from crashqueuelab.systems.postgres import postgres_system
@@ -44,9 +59,20 @@ def _postgres() -> System:
 #: The systems shipped with the package, by the name ``--system`` takes.
 SHIPPED: dict[str, Callable[[], System]] = {"sqlite": _sqlite, "walqueue": _walqueue}
 #: Third-party queues with adapters in the package; their libraries come with the peers extra.
-PEERS: dict[str, Callable[[], System]] = {"persist-queue": _persistqueue}
+PEERS: dict[str, Callable[[], System]] = {
+    "persist-queue": _persistqueue,
+    "huey": partial(_huey, False),
+    "huey-fsync": partial(_huey, True),
+}
 #: Systems that live on a server the command line provides (a throwaway one, or --dsn).
 SERVERS: dict[str, Callable[[], System]] = {"postgres": _postgres}
+#: The systems that are released libraries, by the distribution ``--system name==version``
+#: installs (``lab.environments``).
+DISTRIBUTIONS: dict[str, str] = {
+    "persist-queue": "persist-queue",
+    "huey": "huey",
+    "huey-fsync": "huey",
+}
 DEFAULT_SYSTEM = "sqlite"
 
 

@@ -1,0 +1,97 @@
+"""Running a command again in a pinned release's environment (``lab.environments``).
+
+``--system huey==3.2.1`` makes the command run as ``python -m crashqueuelab ...`` in that
+release's environment, with ``--system huey``: its stdout (the one JSON object) gains the
+environment, and its stderr is passed on line by line as it comes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from crashqueuelab.core.errors import InvalidInput
+from crashqueuelab.lab.environments import (
+    PINNED_VARIABLE,
+    Pin,
+    ensure_environment,
+    parse_pin,
+    python_of,
+)
+from crashqueuelab.systems.registry import DISTRIBUTIONS
+
+#: How long a pinned run may go on after its parent was interrupted (it stops itself).
+STOP_GRACE_S = 60.0
+
+
+def pins_of(systems: Sequence[str]) -> list[Pin]:
+    pins = [pin for pin in (parse_pin(spec, DISTRIBUTIONS) for spec in systems) if pin]
+    if len(pins) > 1:
+        raise InvalidInput("system", "one pinned release per run (run `versions` for more)")
+    return pins
+
+
+def _unpinned(argv: Sequence[str], pin: Pin) -> list[str]:
+    arguments = list(argv)
+    for index, argument in enumerate(arguments):
+        if argument == pin.spec:
+            arguments[index] = pin.system
+        elif argument == f"--system={pin.spec}":
+            arguments[index] = f"--system={pin.system}"
+    return arguments
+
+
+def _pass_on(stream: Any, err: TextIO) -> None:
+    for line in stream:
+        err.write(line)
+        err.flush()
+
+
+def run_pinned(pin: Pin, argv: Sequence[str], err: TextIO) -> tuple[int, dict[str, Any]]:
+    """Build (or reuse) the release's environment and run the command in it: its exit code
+    and its JSON result, with the environment named."""
+    directory, marker = ensure_environment(pin)
+    environment = dict(os.environ, **{PINNED_VARIABLE: pin.spec})
+    environment.pop("PYTHONPATH", None)  # the environment's own path, nothing of this one
+    command = [str(python_of(directory)), "-m", "crashqueuelab", *_unpinned(argv, pin)]
+    with subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environment,
+    ) as child:
+        passing = threading.Thread(target=_pass_on, args=(child.stderr, err), daemon=True)
+        passing.start()
+        assert child.stdout is not None
+        try:
+            output = child.stdout.read()
+            code = child.wait()
+        except KeyboardInterrupt:
+            # The pinned run got the same Ctrl-C and keeps its record: wait for it.
+            output = child.stdout.read()
+            code = child.wait(timeout=STOP_GRACE_S)
+        passing.join(timeout=STOP_GRACE_S)
+    try:
+        result = json.loads(output)
+    except ValueError:
+        result = {
+            "ok": False,
+            "error": {
+                "type": "PinnedRunFailed",
+                "message": f"the run in {directory} printed no JSON (exit {code})",
+            },
+        }
+    if not isinstance(result, dict):
+        result = {"ok": False, "result": result}
+    result["environment"] = {
+        "pin": pin.spec,
+        "directory": str(directory),
+        "installed": {pin.distribution: marker["installed"].get(pin.distribution.lower())},
+    }
+    return code, result

@@ -1,0 +1,200 @@
+"""A library pinned to one release, in a virtual environment of its own: ``--system huey==3.2.1``.
+
+The lab installs the release from the package index into a cached virtual environment, with
+the lab's own code beside it (a link to the very package that is running, so the pinned run
+is this lab and no other copy) and the lab's optional dependencies at the versions already
+installed here. The whole command then runs again in that environment: crash children,
+workers, readers and the page all see that release and no other. The report names the
+versions that were installed, read back from the environment.
+
+Environments are kept under ``$CRASHQUEUELAB_CACHE`` (default ``$XDG_CACHE_HOME`` or
+``~/.cache``, then ``crashqueuelab/environments``), one per library release, Python and
+lab location; building one is locked, so two runs never build the same one twice.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import venv
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, requires
+from importlib.metadata import version as installed_version
+from pathlib import Path
+from typing import Any
+
+from crashqueuelab.core.errors import InvalidInput, SystemUnavailable
+
+CACHE_VARIABLE = "CRASHQUEUELAB_CACHE"
+#: Set in a pinned run's environment: the ``name==version`` it was started for.
+PINNED_VARIABLE = "CRASHQUEUELAB_PINNED"
+#: The file a finished environment holds: what was asked and what was installed.
+MARKER = "crashqueuelab-environment.json"
+#: The lab's extras whose dependencies a pinned run may need (pages, the power-loss disk).
+LAB_EXTRAS = ("reports", "powerloss")
+#: pip may download and build; bounded all the same.
+INSTALL_TIMEOUT_S = 900.0
+_VERSION = re.compile(r"^[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?$")
+_REQUIREMENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+@dataclass(frozen=True)
+class Pin:
+    """``--system name==version``: a system of the lab at one release of its library."""
+
+    system: str
+    distribution: str
+    version: str
+
+    @property
+    def spec(self) -> str:
+        return f"{self.system}=={self.version}"
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.distribution}=={self.version}"
+
+
+def parse_pin(spec: str, distributions: dict[str, str]) -> Pin | None:
+    """The pin ``spec`` asks for; None when it names no version. ``distributions`` maps
+    the systems that are released libraries to their distribution names."""
+    if "==" not in spec:
+        return None
+    system, _, wanted = spec.partition("==")
+    if system not in distributions:
+        known = ", ".join(sorted(distributions))
+        raise SystemUnavailable(spec, f"only a released library can be pinned: one of {known}")
+    if not _VERSION.match(wanted):
+        raise InvalidInput("system", f"{wanted!r} is not a release number such as 3.2.1")
+    return Pin(system, distributions[system], wanted)
+
+
+def cache_root() -> Path:
+    if os.environ.get(CACHE_VARIABLE):
+        return Path(os.environ[CACHE_VARIABLE])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "crashqueuelab" / "environments"
+
+
+#: The top-level packages of the lab's distribution, linked into every environment.
+LAB_PACKAGES = ("crashqueuelab", "walqueue")
+
+
+def lab_package(name: str = "crashqueuelab") -> Path:
+    """The directory of one of the lab's packages, as this process imports it."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:  # pragma: no cover - the lab's own packages
+        raise SystemUnavailable(name, "the lab's own package cannot be found")
+    return Path(spec.origin).resolve().parent
+
+
+def lab_requirements() -> list[str]:
+    """The lab's optional dependencies that are installed here, at the installed versions."""
+    try:
+        declared = requires("crashqueuelab") or []
+    except PackageNotFoundError:  # pragma: no cover - the lab runs from a checkout
+        return []
+    pinned = []
+    for line in declared:
+        requirement, _, marker = line.partition(";")
+        if not any(f'extra == "{extra}"' in marker for extra in LAB_EXTRAS):
+            continue
+        found = _REQUIREMENT_NAME.match(requirement.strip())
+        if found is None:  # pragma: no cover - the lab's own metadata
+            continue
+        name = found.group(0)
+        try:
+            pinned.append(f"{name}=={installed_version(name)}")
+        except PackageNotFoundError:
+            continue
+    return sorted(pinned)
+
+
+def environment_name(pin: Pin, python: str) -> str:
+    minor = f"{sys.version_info.major}{sys.version_info.minor}"
+    where = hashlib.sha256(f"{lab_package()}\n{python}".encode()).hexdigest()[:10]
+    return f"{pin.distribution}-{pin.version}-py{minor}-{where}"
+
+
+def python_of(directory: Path) -> Path:
+    return directory / "bin" / "python"
+
+
+def read_marker(directory: Path) -> dict[str, Any] | None:
+    try:
+        marker = json.loads((directory / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) and python_of(directory).exists() else None
+
+
+def _site_packages(directory: Path) -> Path:
+    minor = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    return directory / "lib" / minor / "site-packages"
+
+
+def _pip(directory: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
+    command = [str(python_of(directory)), "-m", "pip", "--disable-pip-version-check", *arguments]
+    try:
+        return subprocess.run(
+            command, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(command, 1, "", f"pip ran past {INSTALL_TIMEOUT_S} s")
+
+
+def _build(pin: Pin, directory: Path) -> dict[str, Any]:
+    venv.EnvBuilder(with_pip=True, symlinks=True, clear=True).create(directory)
+    # The lab's code, linked: a directory holding only the package, put on the path by a
+    # .pth line relative to site-packages (so the environment can be renamed when built).
+    code = directory / "lab-code"
+    code.mkdir()
+    for name in LAB_PACKAGES:
+        (code / name).symlink_to(lab_package(name))
+    site = _site_packages(directory)
+    (site / "crashqueuelab-lab.pth").write_text(os.path.relpath(code, site) + "\n")
+    installed = _pip(directory, "install", "--quiet", pin.requirement, *lab_requirements())
+    if installed.returncode != 0:
+        tail = " ".join((installed.stderr or installed.stdout).strip().splitlines()[-3:])
+        raise SystemUnavailable(pin.spec, f"pip could not install {pin.requirement}: {tail}")
+    frozen = _pip(directory, "list", "--format", "json")
+    packages = {row["name"].lower(): row["version"] for row in json.loads(frozen.stdout or "[]")}
+    return {
+        "pin": pin.spec,
+        "requirement": pin.requirement,
+        "installed": packages,
+        "python": sys.version.split()[0],
+        "lab": str(lab_package()),
+    }
+
+
+def ensure_environment(pin: Pin) -> tuple[Path, dict[str, Any]]:
+    """The pinned release's environment, built on first use; its directory and marker."""
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    directory = root / environment_name(pin, sys.executable)
+    marker = read_marker(directory)
+    if marker is not None:
+        return directory, marker
+    with (root / f".{directory.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        marker = read_marker(directory)
+        if marker is not None:  # another run built it while this one waited
+            return directory, marker
+        building = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=root))
+        try:
+            marker = _build(pin, building)
+            (building / MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True))
+            shutil.rmtree(directory, ignore_errors=True)
+            building.rename(directory)
+        finally:
+            shutil.rmtree(building, ignore_errors=True)
+    return directory, marker
