@@ -11,13 +11,16 @@ import io
 import json
 import os
 import sys
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from crashqueuelab import cli
+from crashqueuelab.core.errors import SystemUnavailable
 from crashqueuelab.lab.environments import CACHE_VARIABLE
+from crashqueuelab.systems import resolve_system
 
 needs_fuse = pytest.mark.skipif(
     not sys.platform.startswith("linux") or not os.path.exists("/dev/fuse"),
@@ -31,8 +34,20 @@ def run(argv: list[str]) -> tuple[int, dict[str, Any], str]:
     return code, json.loads(out.getvalue()), err.getvalue()
 
 
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One cache for the module: each release's environment is built once."""
+    return tmp_path_factory.mktemp("environments")
+
+
 @pytest.fixture
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def cache(shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv(CACHE_VARIABLE, str(shared_cache))
+    return shared_cache
+
+
+@pytest.fixture
+def empty_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     directory = tmp_path / "environments"
     monkeypatch.setenv(CACHE_VARIABLE, str(directory))
     return directory
@@ -86,7 +101,7 @@ def test_huey_before_3_3_loses_acknowledged_enqueues_to_a_power_cut_and_3_3_keep
 
 
 def test_only_a_released_library_at_a_release_number_can_be_pinned(
-    tmp_path: Path, cache: Path
+    tmp_path: Path, empty_cache: Path
 ) -> None:
     code, result, _ = run(
         ["campaign", "--system", "walqueue==1.0", "--output-directory", str(tmp_path / "a")]
@@ -98,12 +113,12 @@ def test_only_a_released_library_at_a_release_number_can_be_pinned(
     )
     assert code == 2
     assert result["error"]["field"] == "system"
-    assert not cache.exists()
+    assert not empty_cache.exists()
     assert not (tmp_path / "a").exists()
 
 
 def test_a_release_the_index_does_not_have_is_refused_and_leaves_no_environment(
-    tmp_path: Path, cache: Path
+    tmp_path: Path, empty_cache: Path
 ) -> None:
     code, result, _ = run(
         ["campaign", "--system", "huey==0.0.1", "--output-directory", str(tmp_path / "c")]
@@ -112,4 +127,77 @@ def test_a_release_the_index_does_not_have_is_refused_and_leaves_no_environment(
     error = result["error"]
     assert error["type"] == "SystemUnavailable"
     assert "pip could not install huey==0.0.1" in error["message"]
-    assert [path.name for path in cache.iterdir() if not path.name.endswith(".lock")] == []
+    left = [path.name for path in empty_cache.iterdir() if not path.name.endswith(".lock")]
+    assert left == []
+
+
+def test_a_pinned_release_resolves_only_where_it_is_the_one_installed() -> None:
+    installed = version("huey")
+    assert resolve_system(f"huey=={installed}").version == f"huey {installed} (SqliteHuey)"
+    with pytest.raises(SystemUnavailable, match=r"is installed here, not 0\.0\.1"):
+        resolve_system("huey==0.0.1")
+
+
+def test_the_release_matrix_runs_each_release_in_its_environment_and_links_its_page(
+    tmp_path: Path, cache: Path
+) -> None:
+    directory = tmp_path / "matrix"
+    code, result, err = run(
+        [
+            "versions",
+            "--system",
+            "huey",
+            "--releases",
+            "3.3.0,3.2.1",
+            "--output-directory",
+            str(directory),
+            "campaign",
+            "--crash-point",
+            "enqueue:after",
+            "--probe",
+            "idempotent_submit",
+            "--shrink-seconds",
+            "0",
+        ]
+    )
+    assert code == 0, err
+    assert [row["release"] for row in result["rows"]] == ["3.2.1", "3.3.0"]
+    assert all(row["passes"] and row["keeps_its_promises"] for row in result["rows"])
+    report = json.loads((directory / "versions.json").read_text())
+    assert [row["version"] for row in report["rows"]] == [
+        "huey 3.2.1 (SqliteHuey)",
+        "huey 3.3.0 (SqliteHuey)",
+    ]
+    page = (directory / "report.html").read_text()
+    assert 'href="3.2.1/report.html"' in page
+    assert (directory / "3.2.1" / "report.html").is_file()
+    code, result, _ = run(
+        [
+            "versions",
+            "--system",
+            "sqlite",
+            "--releases",
+            "1.0,2.0",
+            "--output-directory",
+            str(tmp_path / "x"),
+            "campaign",
+        ]
+    )
+    assert code == 2
+    assert result["error"]["field"] == "system"
+    code, result, _ = run(
+        [
+            "versions",
+            "--system",
+            "huey",
+            "--releases",
+            "1.0,2.0",
+            "--output-directory",
+            str(tmp_path / "y"),
+            "campaign",
+            "--system",
+            "huey",
+        ]
+    )
+    assert code == 2
+    assert "the matrix sets --system" in result["error"]["message"]

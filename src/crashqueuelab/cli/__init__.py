@@ -38,6 +38,7 @@ from crashqueuelab.cli.experiments import (
 )
 from crashqueuelab.cli.pinned import pins_of, run_pinned
 from crashqueuelab.cli.shrink import add_shrink_command
+from crashqueuelab.cli.versions import add_versions_command
 from crashqueuelab.core.errors import (
     CrashModeUnavailable,
     CrashQueueLabError,
@@ -97,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_experiment_commands(command)
     add_report_command(commands)
     add_shrink_command(commands)
+    add_versions_command(command)
     add_database_commands(command)
     return parser
 

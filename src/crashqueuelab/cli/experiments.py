@@ -44,6 +44,7 @@ from crashqueuelab.lab.showcase import (
     SHOWCASE_FILE,
     run_showcase,
 )
+from crashqueuelab.lab.versions import VERSIONS_FILE
 from crashqueuelab.systems.registry import DEFAULT_SYSTEM, SHIPPED
 
 #: The file each experiment writes into its output directory: the record of its run.
@@ -54,6 +55,7 @@ RUN_FILES = {
     "chaos": CHAOS_FILE,
     "mutants": MUTANTS_FILE,
     "bench": BENCH_FILE,
+    "versions": VERSIONS_FILE,
 }
 
 

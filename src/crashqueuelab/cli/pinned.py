@@ -1,8 +1,8 @@
 """Running a command again in a pinned release's environment (``lab.environments``).
 
-``--system huey==3.2.1`` makes the command run as ``python -m crashqueuelab ...`` in that
-release's environment, with ``--system huey``: its stdout (the one JSON object) gains the
-environment, and its stderr is passed on line by line as it comes.
+``--system huey==3.2.1`` makes the command run again, with the same arguments, as
+``python -m crashqueuelab ...`` in that release's environment: its stdout (the one JSON
+object) gains the environment, and its stderr is passed on line by line as it comes.
 """
 
 from __future__ import annotations
@@ -29,20 +29,12 @@ STOP_GRACE_S = 60.0
 
 
 def pins_of(systems: Sequence[str]) -> list[Pin]:
+    """The releases this run must move to an environment of their own: none inside one."""
     pins = [pin for pin in (parse_pin(spec, DISTRIBUTIONS) for spec in systems) if pin]
+    pins = [pin for pin in pins if os.environ.get(PINNED_VARIABLE) != pin.spec]
     if len(pins) > 1:
         raise InvalidInput("system", "one pinned release per run (run `versions` for more)")
     return pins
-
-
-def _unpinned(argv: Sequence[str], pin: Pin) -> list[str]:
-    arguments = list(argv)
-    for index, argument in enumerate(arguments):
-        if argument == pin.spec:
-            arguments[index] = pin.system
-        elif argument == f"--system={pin.spec}":
-            arguments[index] = f"--system={pin.system}"
-    return arguments
 
 
 def _pass_on(stream: Any, err: TextIO) -> None:
@@ -57,7 +49,9 @@ def run_pinned(pin: Pin, argv: Sequence[str], err: TextIO) -> tuple[int, dict[st
     directory, marker = ensure_environment(pin)
     environment = dict(os.environ, **{PINNED_VARIABLE: pin.spec})
     environment.pop("PYTHONPATH", None)  # the environment's own path, nothing of this one
-    command = [str(python_of(directory)), "-m", "crashqueuelab", *_unpinned(argv, pin)]
+    # The same arguments: the run records and reruns ``name==version``, which resolves
+    # there (where that release is the one installed) to the system itself.
+    command = [str(python_of(directory)), "-m", "crashqueuelab", *argv]
     with subprocess.Popen(
         command,
         stdin=subprocess.DEVNULL,

@@ -109,7 +109,11 @@ def read_huey_file(directory: Path) -> HueyReading:
     if not path.is_file():
         return HueyReading(exists=False)
     reading = HueyReading(exists=True)
-    conn = open_foreign_read_only(path)
+    try:
+        conn = open_foreign_read_only(path)
+    except sqlite3.DatabaseError as error:
+        reading.problems.append(f"unreadable: {error}")
+        return reading
     try:
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
         waiting: list[tuple[str, int, bytes]] = []

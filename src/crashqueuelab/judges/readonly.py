@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
+import tempfile
 from pathlib import Path
 
 from crashqueuelab.core.errors import NotADatabase, SchemaMismatch, StoreNotFound
@@ -69,9 +71,30 @@ def open_read_only(
 
 
 def open_foreign_read_only(path: str | Path) -> sqlite3.Connection:
-    """A read-only connection to another program's SQLite file (no identity to check)."""
+    """A read-only connection to another program's SQLite file (no identity to check).
+
+    A WAL file without its ``-shm`` index (a power cut may leave that) cannot be read in
+    place without creating the index: the file and its WAL are then copied to a scratch
+    directory and read from there into memory, and the judged directory is left as it was.
+    """
     name = str(path)
     resolved = Path(name).resolve()
     if not resolved.is_file():
         raise StoreNotFound(name)
-    return sqlite3.connect(_read_only_uri(resolved), uri=True, isolation_level=None)
+    wal, index = Path(f"{resolved}-wal"), Path(f"{resolved}-shm")
+    if not wal.exists() or index.exists():
+        return sqlite3.connect(_read_only_uri(resolved), uri=True, isolation_level=None)
+    with tempfile.TemporaryDirectory(prefix="crashqueuelab-judge-") as scratch:
+        copy = Path(scratch) / resolved.name
+        shutil.copyfile(resolved, copy)
+        shutil.copyfile(wal, f"{copy}-wal")
+        source = sqlite3.connect(copy, isolation_level=None)
+        memory = sqlite3.connect(":memory:", isolation_level=None)
+        try:
+            source.backup(memory)
+        except BaseException:
+            memory.close()
+            raise
+        finally:
+            source.close()
+    return memory

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from functools import partial
-from importlib.metadata import PackageNotFoundError
+from importlib.metadata import PackageNotFoundError, version
 
 from crashqueuelab.core.errors import SystemUnavailable
 from crashqueuelab.systems.contract import System
@@ -76,11 +76,31 @@ DISTRIBUTIONS: dict[str, str] = {
 DEFAULT_SYSTEM = "sqlite"
 
 
+def _installed_release(spec: str, name: str, wanted: str, factory: Callable[[], System]) -> System:
+    """``name==version`` where that release is the one installed (in the environment the
+    command line made for it); refused anywhere else."""
+    try:
+        installed = version(DISTRIBUTIONS[name])
+    except PackageNotFoundError:
+        installed = None
+    if installed != wanted:
+        here = "nothing" if installed is None else installed
+        raise SystemUnavailable(
+            spec,
+            f"{DISTRIBUTIONS[name]} {here} is installed here, not {wanted}: the command line"
+            " runs a pinned release in an environment of its own",
+        )
+    return factory()
+
+
 def resolve_system(spec: str) -> System:
     """A shipped system by name, or what ``module:factory`` returns when called."""
     known_systems = SHIPPED | PEERS | SERVERS
     if spec in known_systems:
         return known_systems[spec]()
+    name, pinned, wanted = spec.partition("==")
+    if pinned and name in DISTRIBUTIONS:
+        return _installed_release(spec, name, wanted, known_systems[name])
     module_name, colon, attribute = spec.partition(":")
     if not colon or not module_name or not attribute:
         known = ", ".join(sorted(known_systems))

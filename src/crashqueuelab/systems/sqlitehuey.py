@@ -237,11 +237,15 @@ _NO_ACKNOWLEDGEMENT = Documented(
 )
 _NO_LEASES = Documented(
     "no leases: huey has no deadline, visibility timeout or token, so a late or repeated"
-    " completion is accepted like any other",
+    " completion is accepted like any other, and a repeated failure runs huey's retry"
+    " again, which enqueues the task once more",
     _API_DOCS,
     explains=(
         "probe acknowledgement_at_the_deadline: *was accepted*",
         "model workload: *was accepted (at *",
+        # The second copy a stale holder's repeated failure enqueued, claimed in its turn.
+        "model workload: job *: claimed by * after an accepted acknowledgement (at *",
+        "model workload: job *: claimed by * while *'s lease * was live until *",
     ),
 )
 

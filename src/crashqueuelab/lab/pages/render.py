@@ -9,6 +9,7 @@ from pathlib import Path
 
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.pages.stopped import stopped_view
+from crashqueuelab.lab.pages.versions import versions_view
 from crashqueuelab.lab.pages.views import (
     View,
     bench_view,
@@ -28,6 +29,7 @@ KINDS: tuple[tuple[str, Callable[[Path], View]], ...] = (
     ("bench.json", bench_view),
     ("comparison.json", demo_view),
     ("mutants.json", mutants_view),
+    ("versions.json", versions_view),
 )
 
 

@@ -266,6 +266,29 @@ def _reproducers(run_dir: Path, report: dict[str, Any]) -> list[dict[str, Any]]:
     return shown
 
 
+def system_label(system: dict[str, Any]) -> str:
+    """The system as the page names it: a released library by its release."""
+    return str(system["version"]) if system.get("documented") else str(system["name"])
+
+
+def promises_of(report: dict[str, Any]) -> dict[str, Any] | None:
+    """The page's account of a library's own promises: every weakness it declares, with
+    the failures each explains in this run; None for a system that declares none."""
+    promises = report.get("promises")
+    if not promises or not promises["declared"]:
+        return None
+    seen = {entry["what"]: entry for entry in promises["weaker_as_documented"]}
+    rows = [
+        seen.get(declared["what"], declared | {"lines": 0, "first": None})
+        for declared in promises["declared"]
+    ]
+    text = promises["verdict"]
+    if not promises["keeps_its_promises"]:
+        text = f"{text}. Shown first below: the failures no documented weakness explains."
+    shown: dict[str, Any] = promises | {"rows": rows, "verdict_text": text}
+    return shown
+
+
 def power_loss_view(run_dir: Path, report: dict[str, Any]) -> View:
     """A power-loss campaign: each crash point's cut and every crash state it allowed."""
     system, summary = report["system"], report["summary"]
@@ -285,7 +308,7 @@ def power_loss_view(run_dir: Path, report: dict[str, Any]) -> View:
         ok=report["ok"],
         title=f"power-loss campaign, {summary['named_fault_points']} crash points,"
         f" {summary['crash_states']} crash states",
-        system=system["name"],
+        system=system_label(system),
         durability=system["durability"],
         seed=report["seed"],
         duration=report["timings"]["total_ms"] / 1000,
@@ -317,7 +340,12 @@ def power_loss_view(run_dir: Path, report: dict[str, Any]) -> View:
         *_closing_figures(report),
     ]
     probes = _probes_with_reruns(report, run_dir)
-    data = {"cases": cases, "probes": probes, "reproducers": _reproducers(run_dir, report)}
+    data = {
+        "cases": cases,
+        "probes": probes,
+        "reproducers": _reproducers(run_dir, report),
+        "promises": promises_of(report),
+    }
     return View("powerloss.html.j2", verdict, figures, data)
 
 
@@ -401,7 +429,7 @@ def campaign_view(run_dir: Path) -> View:
     verdict = Verdict(
         ok=report["ok"],
         title=f"process-fault campaign, {summary['named_fault_points']} crash points",
-        system=system["name"],
+        system=system_label(system),
         durability=system["durability"],
         seed=report["seed"],
         duration=report["timings"]["total_ms"] / 1000,
@@ -430,7 +458,12 @@ def campaign_view(run_dir: Path) -> View:
         *_closing_figures(report),
     ]
     probes = _probes_with_reruns(report, run_dir)
-    data = {"cases": cases, "probes": probes, "reproducers": _reproducers(run_dir, report)}
+    data = {
+        "cases": cases,
+        "probes": probes,
+        "reproducers": _reproducers(run_dir, report),
+        "promises": promises_of(report),
+    }
     return View("campaign.html.j2", verdict, figures, data)
 
 
@@ -540,7 +573,7 @@ def chaos_view(run_dir: Path) -> View:
             if count
         )
         + f" {parameters['workers']} workers",
-        system=report["system"]["name"],
+        system=system_label(report["system"]),
         durability=report["system"]["durability"],
         seed=report["seed"],
         duration=elapsed,

@@ -1,0 +1,128 @@
+"""``crashqueuelab versions``: the same evidence over a library's releases (``lab.versions``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from crashqueuelab.cli.common import EXIT_OK, EXIT_REJECTED
+from crashqueuelab.cli.pinned import run_pinned
+from crashqueuelab.core.errors import InvalidInput
+from crashqueuelab.lab.environments import parse_pin
+from crashqueuelab.lab.reports import prepare_output_directory, write_json
+from crashqueuelab.lab.versions import CRITERIA, VERSIONS_FILE, choose_releases, run_versions
+from crashqueuelab.systems.registry import DISTRIBUTIONS
+
+#: The commands whose evidence a matrix can hold, and the record each writes.
+EVIDENCE = {"campaign": "campaign.json", "chaos": "chaos.json"}
+#: What the printed result keeps of each row (the whole rows are in versions.json).
+_ROW_KEYS = ("release", "ok", "keeps_its_promises", "passes", "first_reason")
+#: Options the matrix sets for each release itself.
+_SET_BY_THE_MATRIX = ("--system", "--output-directory", "--dsn")
+
+
+def _evidence(arguments: list[str]) -> list[str]:
+    if arguments and arguments[0] == "--":
+        arguments = arguments[1:]
+    if not arguments or arguments[0] not in EVIDENCE:
+        raise InvalidInput(
+            "evidence", f"name the evidence after the options: one of {', '.join(EVIDENCE)}"
+        )
+    taken = [a for a in arguments if a.split("=")[0] in _SET_BY_THE_MATRIX]
+    if taken:
+        raise InvalidInput("evidence", f"the matrix sets {', '.join(taken)} for each release")
+    return arguments
+
+
+def _versions(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    from crashqueuelab.cli.experiments import html_report
+
+    if args.system not in DISTRIBUTIONS:
+        raise InvalidInput(
+            "system", f"a released library: one of {', '.join(sorted(DISTRIBUTIONS))}"
+        )
+    evidence = _evidence(list(args.evidence))
+    releases = choose_releases(args.releases, DISTRIBUTIONS[args.system])
+    output: Path = args.output_directory
+    prepare_output_directory(output)
+    err = args.stderr
+
+    def run_release(release: str, directory: Path) -> dict[str, Any]:
+        pin = parse_pin(f"{args.system}=={release}", DISTRIBUTIONS)
+        assert pin is not None  # a release number, checked by choose_releases
+        seed = [] if "--seed" in evidence else ["--seed", str(args.seed)]
+        argv = [*evidence, *seed, "--system", pin.spec, "--output-directory", str(directory)]
+        print(f"versions {args.system}: {release} ...", file=err, flush=True)
+        _, result = run_pinned(pin, argv, err)
+        record_file = directory / EVIDENCE[evidence[0]]
+        if record_file.is_file():
+            record: dict[str, Any] = json.loads(record_file.read_text())
+            return record
+        return result
+
+    report = run_versions(
+        releases, run_release, output, criterion=args.bisect_on, bisect=args.bisect
+    )
+    report |= {"system": args.system, "evidence": evidence, "seed": args.seed}
+    write_json(output / VERSIONS_FILE, report)
+    rows = report["rows"]
+    ok = (
+        all(row["passes"] for row in rows)
+        if not args.bisect
+        else report["bisection"]["found"] is not None
+    )
+    reasons = [f"{row['release']}: {row['first_reason']}" for row in rows if not row["passes"]]
+    return (EXIT_OK if ok else EXIT_REJECTED), {
+        "ok": ok,
+        "report": html_report(output, err),
+        "bisection": report["bisection"],
+        "rows": [
+            {
+                key: row[key]
+                for key in ("release", "ok", "keeps_its_promises", "passes", "first_reason")
+            }
+            for row in rows
+        ],
+        "reasons": reasons if not args.bisect else ([] if ok else [report["bisection"]["detail"]]),
+        "versions_report": str(output / VERSIONS_FILE),
+    }
+
+
+def add_versions_command(command: Any) -> None:
+    sub = command(
+        "versions",
+        _versions,
+        "run the same evidence over a library's releases, each in its own environment:"
+        " a matrix, or --bisect to the release where the evidence changes",
+        database=False,
+    )
+    sub.add_argument(
+        "--system", required=True, help=f"the library: {', '.join(sorted(DISTRIBUTIONS))}"
+    )
+    sub.add_argument(
+        "--releases",
+        required=True,
+        help="A,B,C (those releases) or A..B (every release the package index has from A"
+        " to B, both included)",
+    )
+    sub.add_argument(
+        "--bisect",
+        action="store_true",
+        help="run the first and the last, then halve the range to the release where the"
+        " evidence starts passing (or failing)",
+    )
+    sub.add_argument(
+        "--bisect-on",
+        choices=CRITERIA,
+        default="ok",
+        help="what passing means: the lab's verdict (ok), the library's own promises"
+        " (promises), or every crash case of a campaign (cases); default ok",
+    )
+    sub.add_argument(
+        "evidence",
+        nargs=argparse.REMAINDER,
+        help="after the options: the evidence command and its options, for example"
+        " campaign --crash-mode power-loss",
+    )

@@ -1,0 +1,72 @@
+"""The page of a release matrix: releases down, the evidence across, each row linked to
+that release's own page."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from crashqueuelab.lab.pages.views import Verdict, View
+
+
+def _verdict_word(row: dict[str, Any]) -> str:
+    if row["ok"]:
+        return "passed"
+    if row["keeps_its_promises"]:
+        return "weaker than the lab's contract, as documented"
+    if row["keeps_its_promises"] is False:
+        return "BREAKS ITS OWN PROMISE"
+    return "FAILED"
+
+
+def versions_view(run_dir: Path) -> View:
+    report = json.loads((run_dir / "versions.json").read_text(encoding="utf-8"))
+    rows = [row | {"word": _verdict_word(row)} for row in report["rows"]]
+    bisection = report["bisection"]
+    evidence = " ".join(report["evidence"])
+    if bisection is None:
+        ok = all(row["passes"] for row in rows)
+        title = f"{report['system']}: {evidence}, {len(rows)} releases"
+    else:
+        ok = bisection["found"] is not None
+        title = f"{report['system']}: {evidence}, bisected over {len(report['releases'])} releases"
+    releases = report["releases"]
+    shown = f"{releases[0]}..{releases[-1]}" if bisection is not None else ",".join(releases)
+    command = (
+        f"crashqueuelab versions --system {report['system']} --releases {shown}"
+        + (f" --bisect --bisect-on {report['criterion']}" if bisection is not None else "")
+        + f" --output-directory {run_dir} {evidence}"
+    )
+    reasons = (
+        []
+        if ok
+        else [
+            bisection["detail"]
+            if bisection is not None
+            else f"{row['release']}: {row['first_reason']}"
+            for row in (rows if bisection is None else rows[:1])
+            if bisection is not None or not row["passes"]
+        ]
+    )
+    verdict = Verdict(
+        ok=ok,
+        title=title,
+        system=report["system"],
+        durability="",
+        seed=report.get("seed"),
+        duration=None,
+        command=command,
+        reasons=reasons,
+    )
+    figures = [
+        ("releases run", f"{len(rows)} of {len(releases)}", "each in its own environment"),
+        (
+            "passing means",
+            report["criterion"],
+            "ok: the lab's verdict; promises: the library's own; cases: every crash case",
+        ),
+    ]
+    if bisection is not None:
+        figures.append(("bisection", bisection["detail"], ""))
+    return View("versions.html.j2", verdict, figures, {"rows": rows, "bisection": bisection})

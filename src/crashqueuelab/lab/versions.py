@@ -1,0 +1,164 @@
+"""The same evidence over a library's releases: a matrix, or a bisection to the release
+where a piece of evidence changes.
+
+Each release runs in its own environment (``lab.environments``) and its own directory,
+with its own page; the matrix holds, for each, the lab's verdict, the verdict against the
+library's own promises, and the first reason. A bisection runs the first and the last
+release of the range, then halves the range between a release that passes and one that
+fails until they are neighbours: the second is where the evidence changed.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from crashqueuelab.core.errors import InvalidInput, SystemUnavailable
+
+VERSIONS_FILE = "versions.json"
+#: What "passes" means for a bisection: the lab's verdict; the library's own promises; or
+#: every crash case of a campaign (the probes and model aside).
+CRITERIA = ("ok", "promises", "cases")
+#: Runs the evidence on one release into a directory; the run's record.
+RunRelease = Callable[[str, Path], dict[str, Any]]
+_RELEASE = re.compile(r"^[0-9]+(\.[0-9]+)*$")
+
+
+def release_key(release: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in release.split("."))
+
+
+def released(distribution: str) -> list[str]:
+    """Every final release of ``distribution`` the package index has, oldest first."""
+    command = [sys.executable, "-m", "pip", "index", "versions", distribution]
+    try:
+        found = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    except subprocess.TimeoutExpired:
+        raise SystemUnavailable(distribution, "the package index did not answer") from None
+    line = next(
+        (row for row in found.stdout.splitlines() if row.startswith("Available versions:")), None
+    )
+    if found.returncode != 0 or line is None:
+        tail = " ".join(found.stderr.strip().splitlines()[-2:])
+        raise SystemUnavailable(distribution, f"cannot list its releases: {tail}")
+    releases = [part.strip() for part in line.partition(":")[2].split(",")]
+    return sorted((r for r in releases if _RELEASE.match(r)), key=release_key)
+
+
+def choose_releases(text: str, distribution: str) -> list[str]:
+    """``A,B,C`` as given (oldest first), or ``A..B``: every release from A to B the index
+    has, both included."""
+    if ".." in text:
+        first, _, last = text.partition("..")
+        for end in (first, last):
+            if not _RELEASE.match(end):
+                raise InvalidInput("releases", f"{end!r} is not a release number such as 3.2.1")
+        inside = [
+            release
+            for release in released(distribution)
+            if release_key(first) <= release_key(release) <= release_key(last)
+        ]
+        if len(inside) < 2:
+            raise InvalidInput("releases", f"{text}: the index has {len(inside)} release(s) there")
+        return inside
+    chosen = [part.strip() for part in text.split(",") if part.strip()]
+    bad = [release for release in chosen if not _RELEASE.match(release)]
+    if bad or not chosen:
+        raise InvalidInput("releases", f"not release numbers: {bad or text!r}")
+    if len(set(chosen)) != len(chosen):
+        raise InvalidInput("releases", "a release is named twice")
+    return sorted(chosen, key=release_key)
+
+
+def passes(record: dict[str, Any], criterion: str) -> bool:
+    if criterion == "promises":
+        return bool(record.get("promises", {}).get("keeps_its_promises", record.get("ok")))
+    if criterion == "cases":
+        summary = record.get("summary") or {}
+        return "failed" in summary and summary["failed"] == 0 and not record.get("error")
+    return bool(record.get("ok"))
+
+
+def cell(release: str, record: dict[str, Any], criterion: str) -> dict[str, Any]:
+    """One release's row of the matrix."""
+    reasons = list(record.get("anomalies") or record.get("reasons") or [])
+    error = record.get("error")
+    if error:
+        reasons.insert(0, f"{error.get('type')}: {error.get('message')}")
+    promises = record.get("promises") or {}
+    return {
+        "release": release,
+        "ok": bool(record.get("ok")),
+        "keeps_its_promises": promises.get("keeps_its_promises"),
+        "promise_verdict": promises.get("verdict"),
+        "weaker_as_documented": [
+            entry["what"] for entry in promises.get("weaker_as_documented", [])
+        ],
+        "broken_promises": len(promises.get("broken_promises", [])),
+        "passes": passes(record, criterion),
+        "anomalies": len(reasons),
+        "first_reason": reasons[0] if reasons else None,
+        "summary": record.get("summary"),
+        "version": (record.get("system") or {}).get("version"),
+        "report": f"{release}/report.html",
+    }
+
+
+def run_versions(
+    releases: Sequence[str],
+    run_release: RunRelease,
+    output_dir: Path,
+    *,
+    criterion: str = "ok",
+    bisect: bool = False,
+) -> dict[str, Any]:
+    """The matrix over ``releases`` (every one, or those a bisection needs)."""
+    rows: dict[str, dict[str, Any]] = {}
+
+    def run(release: str) -> bool:
+        if release not in rows:
+            rows[release] = cell(release, run_release(release, output_dir / release), criterion)
+        return bool(rows[release]["passes"])
+
+    bisection: dict[str, Any] | None = None
+    if not bisect:
+        for release in releases:
+            run(release)
+    else:
+        low, high = 0, len(releases) - 1
+        low_passes, high_passes = run(releases[low]), run(releases[high])
+        if low_passes == high_passes:
+            word = "passes" if low_passes else "fails"
+            bisection = {
+                "found": None,
+                "detail": f"the evidence {word} at both ends ({releases[low]} and"
+                f" {releases[high]}): no change to find between them",
+            }
+        else:
+            while high - low > 1:
+                middle = (low + high) // 2
+                if run(releases[middle]) == low_passes:
+                    low = middle
+                else:
+                    high = middle
+            change = "starts passing" if high_passes else "starts failing"
+            bisection = {
+                "found": releases[high],
+                "last_before": releases[low],
+                "change": change,
+                "detail": f"the evidence {change} at {releases[high]} (after {releases[low]});"
+                f" {len(rows)} of {len(releases)} releases run",
+            }
+    ordered = [rows[release] for release in releases if release in rows]
+    return {
+        "releases": list(releases),
+        "criterion": criterion,
+        "bisect": bisect,
+        "bisection": bisection,
+        "rows": ordered,
+        "not_run": [release for release in releases if release not in rows],
+    }
