@@ -38,8 +38,9 @@ CACHE_VARIABLE = "CRASHQUEUELAB_CACHE"
 PINNED_VARIABLE = "CRASHQUEUELAB_PINNED"
 #: The file a finished environment holds: what was asked and what was installed.
 MARKER = "crashqueuelab-environment.json"
-#: The lab's extras whose dependencies a pinned run may need (pages, the power-loss disk).
-LAB_EXTRAS = ("reports", "powerloss")
+#: The lab's extras whose dependencies a pinned run may need (pages, the power-loss disk,
+#: the PostgreSQL client for the libraries on a server and their judges).
+LAB_EXTRAS = ("reports", "powerloss", "postgres")
 #: pip may download and build; bounded all the same.
 INSTALL_TIMEOUT_S = 900.0
 _VERSION = re.compile(r"^[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?$")

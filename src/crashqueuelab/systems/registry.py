@@ -56,6 +56,18 @@ def _postgres() -> System:
     return postgres_system()
 
 
+def _pgqueuer() -> System:
+    try:
+        from crashqueuelab.systems.pgqueueradapter import pgqueuer_system
+
+        return pgqueuer_system()
+    except (ImportError, PackageNotFoundError) as error:
+        missing = getattr(error, "name", None) or "pgqueuer"
+        raise SystemUnavailable(
+            "pgqueuer", f"{missing} is not installed: pip install 'crashqueuelab[pgqueuer]'"
+        ) from None
+
+
 #: The systems shipped with the package, by the name ``--system`` takes.
 SHIPPED: dict[str, Callable[[], System]] = {"sqlite": _sqlite, "walqueue": _walqueue}
 #: Third-party queues with adapters in the package; their libraries come with the peers extra.
@@ -65,13 +77,14 @@ PEERS: dict[str, Callable[[], System]] = {
     "huey-fsync": partial(_huey, True),
 }
 #: Systems that live on a server the command line provides (a throwaway one, or --dsn).
-SERVERS: dict[str, Callable[[], System]] = {"postgres": _postgres}
+SERVERS: dict[str, Callable[[], System]] = {"postgres": _postgres, "pgqueuer": _pgqueuer}
 #: The systems that are released libraries, by the distribution ``--system name==version``
 #: installs (``lab.environments``).
 DISTRIBUTIONS: dict[str, str] = {
     "persist-queue": "persist-queue",
     "huey": "huey",
     "huey-fsync": "huey",
+    "pgqueuer": "pgqueuer",
 }
 DEFAULT_SYSTEM = "sqlite"
 

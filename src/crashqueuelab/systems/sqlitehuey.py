@@ -288,6 +288,9 @@ def _release(text: str) -> tuple[int, ...]:
 
 
 def _system(name: str, fsync: bool | None) -> System:
+    # Imported here, once: the lab opens systems from several threads at a time.
+    import huey  # noqa: F401
+
     installed = version(DISTRIBUTION)
     documented = [_NO_ACKNOWLEDGEMENT, _NO_LEASES]
     if fsync is True:
