@@ -9,12 +9,12 @@ restarted worker is a new queue manager, as in pgqueuer), ``update_heartbeat`` a
 ``log_jobs``. Each store is a schema of its own (``search_path``), where ``install`` puts
 pgqueuer's tables.
 
-What pgqueuer does not have, the adapter does not pretend (``DOCUMENTED``): no token, so a
-stale holder's completion is accepted; retries happen inside the worker process
-(``RetryWithBackoffEntrypointExecutor``), so a failed attempt with attempts left stays
-``picked`` and the same worker's next claim runs it again (the retry timer hands it to
-another worker if this one dies first), and the last one is logged as ``exception``; pgqueuer's time is the server's, so ``recover`` waits ``RETRY_TIMER``
-out.
+What pgqueuer does not have, the adapter does not pretend (the system's ``documented``
+weaknesses): no token, so a stale holder's completion is accepted; retries happen inside
+the worker process (``RetryWithBackoffEntrypointExecutor``), so a failed attempt with
+attempts left stays ``picked`` and the same worker's next claim runs it again (the retry
+timer hands it to another worker if this one dies first), and the last one is logged as
+``exception``; pgqueuer's time is the server's, so ``recover`` waits ``RETRY_TIMER`` out.
 
 The job ids the adapter was given are kept in ``keys.jsonl`` beside the store descriptor
 (synced), as a producer keeps the ids it enqueued: pgqueuer's log holds no key.
