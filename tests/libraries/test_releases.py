@@ -54,6 +54,7 @@ def empty_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @needs_fuse
+@pytest.mark.releases
 def test_huey_before_3_3_loses_acknowledged_enqueues_to_a_power_cut_and_3_3_keeps_them(
     tmp_path: Path, cache: Path
 ) -> None:
@@ -117,6 +118,7 @@ def test_only_a_released_library_at_a_release_number_can_be_pinned(
     assert not (tmp_path / "a").exists()
 
 
+@pytest.mark.releases
 def test_a_release_the_index_does_not_have_is_refused_and_leaves_no_environment(
     tmp_path: Path, empty_cache: Path
 ) -> None:
@@ -138,6 +140,7 @@ def test_a_pinned_release_resolves_only_where_it_is_the_one_installed() -> None:
         resolve_system("huey==0.0.1")
 
 
+@pytest.mark.releases
 def test_the_release_matrix_runs_each_release_in_its_environment_and_links_its_page(
     tmp_path: Path, cache: Path
 ) -> None:

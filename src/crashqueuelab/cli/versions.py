@@ -20,7 +20,7 @@ EVIDENCE = {"campaign": "campaign.json", "chaos": "chaos.json"}
 #: What the printed result keeps of each row (the whole rows are in versions.json).
 _ROW_KEYS = ("release", "ok", "keeps_its_promises", "passes", "first_reason")
 #: Options the matrix sets for each release itself.
-_SET_BY_THE_MATRIX = ("--system", "--output-directory", "--dsn")
+_SET_BY_THE_MATRIX = ("--system", "--output-directory")
 
 
 def _evidence(arguments: list[str]) -> list[str]:

@@ -30,7 +30,11 @@ def versions_view(run_dir: Path) -> View:
         title = f"{report['system']}: {evidence}, {len(rows)} releases"
     else:
         ok = bisection["found"] is not None
-        title = f"{report['system']}: {evidence}, bisected over {len(report['releases'])} releases"
+        found = f"{bisection['change']} at {bisection['found']}" if ok else "no change found"
+        title = (
+            f"{report['system']}: {evidence}: {found}"
+            f" (bisected over {len(report['releases'])} releases)"
+        )
     releases = report["releases"]
     shown = f"{releases[0]}..{releases[-1]}" if bisection is not None else ",".join(releases)
     command = (
@@ -69,4 +73,6 @@ def versions_view(run_dir: Path) -> View:
     ]
     if bisection is not None:
         figures.append(("bisection", bisection["detail"], ""))
+    if report["not_run"]:
+        figures.append(("not run", ", ".join(report["not_run"]), "the bisection did not need them"))
     return View("versions.html.j2", verdict, figures, {"rows": rows, "bisection": bisection})
