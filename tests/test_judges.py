@@ -30,8 +30,10 @@ def test_the_judges_import_nothing_of_the_queue_they_judge() -> None:
             for name in names:
                 if name.startswith("crashqueuelab"):
                     assert name.startswith(allowed), f"{source.name} imports {name}"
-                # Nor the other systems they read: walqueue's and persist-queue's code.
-                assert not name.startswith(("walqueue", "persistqueue")), source.name
+                # Nor the other systems they read: walqueue's, persist-queue's, huey's and
+                # pgqueuer's code.
+                judged = ("walqueue", "persistqueue", "huey", "pgqueuer")
+                assert not name.startswith(judged), source.name
 
 
 def test_a_healthy_database_passes_every_invariant_and_replays(
