@@ -54,6 +54,7 @@ from crashqueuelab.lab.effects import Destination, EffectLedger
 from crashqueuelab.lab.inheritance import Inherited
 from crashqueuelab.lab.interrupts import Interrupted, forkserver_context
 from crashqueuelab.lab.progress import Progress, labelled
+from crashqueuelab.lab.promises import classify
 from crashqueuelab.lab.reports import prepare_output_directory, write_json
 from crashqueuelab.lab.reproduce import import_path
 from crashqueuelab.lab.scenario import STORE_DIRECTORY
@@ -630,6 +631,7 @@ def run_chaos(
         "started_monotonic_s": started,
         "timings": {"elapsed_s": round(elapsed, 3)},
     }
+    report["promises"] = classify(chosen, crash_mode, report["reasons"])
     write_json(output_dir / CHAOS_FILE, report)
     return report
 

@@ -661,6 +661,7 @@ def chaos_view(run_dir: Path) -> View:
             "end": max(elapsed, 0.001),
             "explanations": explanations,
             "unexplained": len(anomalies) - len(explanations),
+            "promises": promises_of(report),
             "notes": report.get("notes", [])
             + (
                 [
