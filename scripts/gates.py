@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 INSTALL_LIMIT_S = 900
 #: What each gate may take before it is stopped and named as overrun: a backstop well above
 #: what it takes on an idle 2-core machine (README), never a target.
-PYTEST_LIMIT_S = 1500
+PYTEST_LIMIT_S = 2700
 TOOL_LIMIT_S = 600
 #: How long a stopped process group gets between SIGTERM and SIGKILL.
 GRACE_S = 10.0
