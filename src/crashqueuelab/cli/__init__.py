@@ -218,7 +218,6 @@ def main(
         if pins:
             # The pinned run prints its own verdict line; this one only passes it on.
             code, result = run_pinned(pins[0], sys.argv[1:] if argv is None else argv, err)
-            args = None
             out.write(json.dumps(_verdict_first(result), indent=2) + "\n")
             out.flush()
             return code
