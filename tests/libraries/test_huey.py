@@ -112,3 +112,19 @@ def test_the_reader_builds_no_foreign_object_from_what_it_reads(
     assert value.qualified_name == "builtins.print"
     assert value.args == ("unpickled code ran",)
     assert capsys.readouterr().out == ""
+
+
+def test_without_huey_installed_the_system_is_unavailable_and_says_how_to_get_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from importlib.metadata import PackageNotFoundError
+
+    from crashqueuelab.core.errors import SystemUnavailable
+    from crashqueuelab.systems import sqlitehuey
+
+    def missing(name: str) -> str:
+        raise PackageNotFoundError(name)
+
+    monkeypatch.setattr(sqlitehuey, "version", missing)
+    with pytest.raises(SystemUnavailable, match=r"pip install 'crashqueuelab\[peers\]'"):
+        resolve_system("huey-fsync")

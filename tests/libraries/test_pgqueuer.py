@@ -126,3 +126,19 @@ def test_a_worker_killed_mid_job_leaves_it_stuck_on_0_25_0_and_not_on_0_25_1(
     )
     assert fixed["summary"]["failed"] == 0
     assert fixed["promises"]["keeps_its_promises"] is True
+
+
+def test_without_pgqueuer_installed_the_system_is_unavailable_and_says_how_to_get_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from importlib.metadata import PackageNotFoundError
+
+    from crashqueuelab.core.errors import SystemUnavailable
+    from crashqueuelab.systems import pgqueueradapter
+
+    def missing(name: str) -> str:
+        raise PackageNotFoundError(name)
+
+    monkeypatch.setattr(pgqueueradapter, "version", missing)
+    with pytest.raises(SystemUnavailable, match=r"pip install 'crashqueuelab\[pgqueuer\]'"):
+        resolve_system("pgqueuer")

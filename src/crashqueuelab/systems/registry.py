@@ -34,13 +34,12 @@ def _persistqueue() -> System:
 
 
 def _huey(fsync: bool) -> System:
-    try:
-        from crashqueuelab.systems.sqlitehuey import huey_fsync_system, huey_system
-    except ImportError as error:  # pragma: no cover - the adapter imports huey lazily
-        raise SystemUnavailable("huey", f"{error.name} is not installed") from None
+    # The adapter imports huey only when its system is built.
+    from crashqueuelab.systems.sqlitehuey import huey_fsync_system, huey_system
+
     try:
         return huey_fsync_system() if fsync else huey_system()
-    except PackageNotFoundError:
+    except (ImportError, PackageNotFoundError):
         raise SystemUnavailable(
             "huey", "huey is not installed: pip install 'crashqueuelab[peers]'"
         ) from None
