@@ -180,3 +180,30 @@ def postgres_dsn() -> Iterator[str]:
                 os.environ.pop(DSN_VARIABLE, None)
             else:
                 os.environ[DSN_VARIABLE] = previous
+
+
+@pytest.fixture(scope="session")
+def redis_socket() -> Iterator[str]:
+    """A throwaway Redis server for the session (Redis's default persistence), named to
+    children by the environment.
+
+    Skips only where no server can exist here (no redis-server); CI installs it.
+    """
+    from crashqueuelab.core.errors import ServerUnavailable
+    from crashqueuelab.lab.redisserver import SOCKET_VARIABLE, ThrowawayRedis
+
+    try:
+        server = ThrowawayRedis()
+    except ServerUnavailable as error:
+        pytest.skip(f"no Redis server can run here: {error.reason}")
+    previous = os.environ.get(SOCKET_VARIABLE)
+    with server:
+        server.start()
+        os.environ[SOCKET_VARIABLE] = str(server.socket)
+        try:
+            yield str(server.socket)
+        finally:
+            if previous is None:
+                os.environ.pop(SOCKET_VARIABLE, None)
+            else:
+                os.environ[SOCKET_VARIABLE] = previous

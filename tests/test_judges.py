@@ -30,9 +30,9 @@ def test_the_judges_import_nothing_of_the_queue_they_judge() -> None:
             for name in names:
                 if name.startswith("crashqueuelab"):
                     assert name.startswith(allowed), f"{source.name} imports {name}"
-                # Nor the other systems they read: walqueue's, persist-queue's, huey's and
-                # pgqueuer's code.
-                judged = ("walqueue", "persistqueue", "huey", "pgqueuer")
+                # Nor the other systems they read: walqueue's, persist-queue's, huey's,
+                # pgqueuer's and RQ's code, nor the Redis client RQ brings.
+                judged = ("walqueue", "persistqueue", "huey", "pgqueuer", "rq", "redis")
                 assert not name.startswith(judged), source.name
 
 

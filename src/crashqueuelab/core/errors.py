@@ -210,6 +210,6 @@ class ServerUnavailable(CrashQueueLabError):
 
     kind = "ServerUnavailable"
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(f"postgres server: {reason}")
+    def __init__(self, reason: str, server: str = "postgres") -> None:
+        super().__init__(f"{server} server: {reason}")
         self.reason = reason

@@ -404,7 +404,10 @@ def run_campaign(
     at_once = CASES_AT_ONCE
     with ExitStack() as resources:
         runner: CaseRunner = run_case
-        if crash_mode == POWER_LOSS and chosen.server is not None:
+        if crash_mode == POWER_LOSS and chosen.server == "redis":
+            # Each case starts its own server; they take turns naming it to this process.
+            runner, at_once = run_power_loss_case, 1
+        elif crash_mode == POWER_LOSS and chosen.server is not None:
             template = resources.enter_context(ClusterTemplate())
             runner = functools.partial(run_power_loss_case, template=template)
             at_once = 1

@@ -416,8 +416,12 @@ class System:
     #: Ends the database sessions of the process with this pid, as an administrator would
     #: (how many ended); None for a system without server sessions.
     terminate_sessions: Callable[[int], int] | None = None
-    #: The kind of server the command line must provide for a run ("postgres"), or None.
+    #: The kind of server the command line must provide for a run ("postgres", "redis"),
+    #: or None.
     server: str | None = None
+    #: The persistence the run's server is started with, where the server has a choice
+    #: (Redis: a name in ``lab.redisserver.PERSISTENCE``).
+    persistence: str | None = None
     #: Where the system is a library's: what its documentation says it does not promise.
     documented: tuple[Documented, ...] = ()
     #: The library's distribution on the package index (what ``--system name==version``

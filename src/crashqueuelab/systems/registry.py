@@ -67,6 +67,18 @@ def _pgqueuer() -> System:
         ) from None
 
 
+def _rq(name: str) -> System:
+    try:
+        from crashqueuelab.systems.rqadapter import rq_system
+
+        return rq_system(name)
+    except (ImportError, PackageNotFoundError) as error:
+        missing = getattr(error, "name", None) or "rq"
+        raise SystemUnavailable(
+            name, f"{missing} is not installed: pip install 'crashqueuelab[rq]'"
+        ) from None
+
+
 #: The systems shipped with the package, by the name ``--system`` takes.
 SHIPPED: dict[str, Callable[[], System]] = {"sqlite": _sqlite, "walqueue": _walqueue}
 #: Third-party queues with adapters in the package; their libraries come with the peers extra.
@@ -76,7 +88,14 @@ PEERS: dict[str, Callable[[], System]] = {
     "huey-fsync": partial(_huey, True),
 }
 #: Systems that live on a server the command line provides (a throwaway one, or --dsn).
-SERVERS: dict[str, Callable[[], System]] = {"postgres": _postgres, "pgqueuer": _pgqueuer}
+SERVERS: dict[str, Callable[[], System]] = {
+    "postgres": _postgres,
+    "pgqueuer": _pgqueuer,
+    **{
+        name: partial(_rq, name)
+        for name in ("rq", "rq-no-persistence", "rq-aof-everysec", "rq-aof-always")
+    },
+}
 #: The systems that are released libraries, by the distribution ``--system name==version``
 #: installs (``lab.environments``).
 DISTRIBUTIONS: dict[str, str] = {
@@ -84,6 +103,10 @@ DISTRIBUTIONS: dict[str, str] = {
     "huey": "huey",
     "huey-fsync": "huey",
     "pgqueuer": "pgqueuer",
+    "rq": "rq",
+    "rq-no-persistence": "rq",
+    "rq-aof-everysec": "rq",
+    "rq-aof-always": "rq",
 }
 DEFAULT_SYSTEM = "sqlite"
 

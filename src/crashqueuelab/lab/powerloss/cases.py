@@ -32,6 +32,7 @@ from crashqueuelab.lab.children import CHILD_STDERR
 from crashqueuelab.lab.observe import observe_ledger
 from crashqueuelab.lab.powerloss.crashstate import Choice, CrashState, crash_choices
 from crashqueuelab.lab.powerloss.journal import Journal
+from crashqueuelab.lab.powerloss.redisdisk import RedisOnDisk
 from crashqueuelab.lab.powerloss.serverdisk import ClusterTemplate, ServerOnDisk
 from crashqueuelab.lab.powerloss.targets import PowerLossTarget, StoreOnDisk
 from crashqueuelab.lab.readings import read_store
@@ -171,13 +172,18 @@ def run_power_loss_case(
 ) -> dict[str, Any]:
     """One crash point: the child dies there, the power goes, every crash state is judged.
 
-    ``template``: the cluster a server system's case starts from (its data directory is
-    then what the disk holds). ``stop``, once set, ends the case before its next crash
-    state (CaseStopped), its disk unmounted: the run it belongs to was interrupted."""
+    ``template``: the cluster a PostgreSQL system's case starts from (its data directory is
+    then what the disk holds); a Redis system's case starts a server of its own
+    (``redisdisk``). ``stop``, once set, ends the case before its next crash state
+    (CaseStopped), its disk unmounted: the run it belongs to was interrupted."""
     case_id, case_dir, jobs = new_case(output_dir, index, point)
-    target: PowerLossTarget = (
-        StoreOnDisk(case_dir) if template is None else ServerOnDisk(case_dir, template)
-    )
+    target: PowerLossTarget
+    if system.server == "redis":
+        target = RedisOnDisk(case_dir, system.persistence or "rdb")
+    elif template is not None:
+        target = ServerOnDisk(case_dir, template)
+    else:
+        target = StoreOnDisk(case_dir)
     with target:
         child, prelude = kill_children(case_dir, spec, point, seed, case_id)
         journal = target.cut()
