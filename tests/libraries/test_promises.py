@@ -27,3 +27,20 @@ def test_a_line_no_declared_weakness_explains_is_a_broken_promise() -> None:
     assert [entry["lines"] for entry in power["weaker_as_documented"]] == [1, 1]
     clean = classify(system, "process", [])
     assert clean["verdict"].endswith("keeps its promises and the lab's contract")
+
+
+def test_a_weakness_against_a_fault_explains_the_lines_of_runs_that_delivered_it() -> None:
+    system = replace(
+        resolve_system("sqlite"),
+        documented=(
+            Documented("late acks", "https://example.org/a", explains=("job *: late*",)),
+            Documented("no snapshot", "https://example.org/b", faults=("server restart",)),
+        ),
+    )
+    lines = ["job a: late acknowledgement accepted", "job b: missing from the store (lost)"]
+    without = classify(system, "process", lines, ["SIGKILL"])
+    assert without["broken_promises"] == ["job b: missing from the store (lost)"]
+    restarted = classify(system, "process", lines, ["SIGKILL", "server restart"])
+    assert restarted["broken_promises"] == []
+    # The first weakness that explains a line takes it.
+    assert [entry["lines"] for entry in restarted["weaker_as_documented"]] == [1, 1]

@@ -249,3 +249,26 @@ def test_a_server_that_cannot_start_is_a_clear_error(tmp_path: Path) -> None:
     with server, pytest.raises(ServerUnavailable, match="redis server: redis-server did not"):
         server.start()
     assert not server.running
+
+
+def test_chaos_with_kills_pauses_and_a_server_restart_loses_nothing_aof_always_kept(
+    tmp_path: Path,
+) -> None:
+    code, result = run(
+        [
+            "chaos",
+            "--system", "rq-aof-always",
+            "--jobs", "80", "--workers", "2", "--kills", "3", "--pauses", "1",
+            "--server-restarts", "1", "--poison-jobs", "0", "--seed", "3",
+            "--output-directory", str(tmp_path / "chaos"),
+            "--shrink-seconds", "0",
+        ]
+    )  # fmt: skip
+    report = json.loads((tmp_path / "chaos" / "chaos.json").read_text())
+    assert report["server_restarts_delivered"] == 1
+    # Killed workers' jobs are still held when the run ends (RQ's TTL is minutes), and a
+    # paused worker's late acknowledgement is accepted: what RQ documents; nothing is lost.
+    assert not [line for line in report["anomalies"] if "missing from the store" in line]
+    assert report["promises"]["keeps_its_promises"] is True, report["promises"]
+    # The lab's contract is broken all the same: the run is rejected.
+    assert (code, result["ok"]) == (1, False)

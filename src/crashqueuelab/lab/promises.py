@@ -20,16 +20,22 @@ from crashqueuelab.systems.contract import Documented, System
 CASE_LINE = "case "
 
 
-def explains(weakness: Documented, line: str, crash_mode: str) -> bool:
-    """Whether ``weakness`` accounts for one anomaly line of a run in ``crash_mode``."""
+def explains(weakness: Documented, line: str, crash_mode: str, faults: Sequence[str] = ()) -> bool:
+    """Whether ``weakness`` accounts for one anomaly line of a run in ``crash_mode`` in which
+    ``faults`` (chaos's fault kinds) were delivered."""
     if crash_mode in weakness.crash_modes and line.startswith(CASE_LINE):
+        return True
+    if any(fault in faults for fault in weakness.faults):
         return True
     return any(fnmatchcase(line, pattern) for pattern in weakness.explains)
 
 
-def classify(system: System, crash_mode: str, anomalies: Sequence[str]) -> dict[str, Any]:
+def classify(
+    system: System, crash_mode: str, anomalies: Sequence[str], faults: Sequence[str] = ()
+) -> dict[str, Any]:
     """The run's verdict against the system's own promises: every anomaly line either under
-    the first declared weakness that explains it, or among the broken promises."""
+    the first declared weakness that explains it, or among the broken promises. ``faults``:
+    the kinds of chaos's faults the run delivered."""
     documented: list[dict[str, Any]] = [
         {**weakness.to_json(), "lines": 0, "first": None} for weakness in system.documented
     ]
@@ -39,7 +45,7 @@ def classify(system: System, crash_mode: str, anomalies: Sequence[str]) -> dict[
             (
                 position
                 for position, weakness in enumerate(system.documented)
-                if explains(weakness, line, crash_mode)
+                if explains(weakness, line, crash_mode, faults)
             ),
             None,
         )

@@ -381,7 +381,9 @@ class Documented:
     names the weakness); ``crash_modes`` are crash modes in which the system promises
     nothing, so that a case failing there is this weakness, not a broken promise;
     ``explains`` are patterns (``fnmatch``, case-sensitive) of the anomaly lines it accounts
-    for, such as ``"probe acknowledgement_at_the_deadline: *"``.
+    for, such as ``"probe acknowledgement_at_the_deadline: *"``. ``faults`` are chaos's
+    faults (``"server restart"``) the system promises nothing against: in a chaos run where
+    one was delivered, a line no earlier weakness explains is this one.
     """
 
     what: str
@@ -389,6 +391,7 @@ class Documented:
     points: tuple[str, ...] = ()
     crash_modes: tuple[str, ...] = ()
     explains: tuple[str, ...] = ()
+    faults: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -397,6 +400,7 @@ class Documented:
             "points": list(self.points),
             "crash_modes": list(self.crash_modes),
             "explains": list(self.explains),
+            "faults": list(self.faults),
         }
 
 

@@ -423,6 +423,7 @@ _NO_TOKEN = Documented(
         "model workload: *was accepted (at *",
         # A stale holder's failure report, accepted after another holder's acknowledgement.
         "model workload: job *: an acknowledgement was accepted, but the store shows it dead",
+        "job *: *, stopped past its lease, had its late acknowledgement accepted",
     ),
 )
 _ABANDONED_AFTER_TTL = Documented(
@@ -441,6 +442,11 @@ _ABANDONED_AFTER_TTL = Documented(
         "case *final states {'effect': 'dequeued'*",
         "case *-dequeue-after: *effects after recovery: {'*/flaky-1': 1}",
         "case *-start-before: *effects after recovery: {'*/flaky-1': 1}",
+        # Chaos runs on the wall clock, shorter than the TTL: a killed worker's job is still
+        # held when the run ends, and the work stalls waiting for it.
+        "job *: still started after the run*",
+        "job *: still dequeued after the run*",
+        "the work stalled: no job was acknowledged for * after every fault was delivered*",
     ),
 )
 
@@ -449,10 +455,16 @@ _PERSISTENCE_DOCS = "https://redis.io/docs/latest/operate/oss_and_stack/manageme
 #: What Redis's documentation says each persistence setting may lose in a power cut (the
 #: append-only file synced on every write promises to lose nothing).
 _PERSISTENCE_LOSSES = {
-    "none": "Redis without persistence keeps nothing across a restart",
-    "rdb": "RDB snapshots keep only the last snapshot: a power cut takes back every write since it",
-    "aof-everysec": "AOF with appendfsync everysec may lose up to a second of writes to a"
-    " power cut",
+    "none": ("Redis without persistence keeps nothing across a restart", True),
+    "rdb": (
+        "RDB snapshots keep only the last snapshot: a crash of the server or a power cut"
+        " takes back every write since it",
+        True,
+    ),
+    "aof-everysec": (
+        "AOF with appendfsync everysec may lose up to a second of writes to a power cut",
+        False,
+    ),
 }
 
 
@@ -465,9 +477,13 @@ def _system(name: str, persistence: str) -> System:
     installed = version(DISTRIBUTION)
     documented = [_NO_TOKEN, _ABANDONED_AFTER_TTL]
     if persistence in _PERSISTENCE_LOSSES:
+        what, on_restart = _PERSISTENCE_LOSSES[persistence]
         documented.append(
             Documented(
-                _PERSISTENCE_LOSSES[persistence], _PERSISTENCE_DOCS, crash_modes=("power-loss",)
+                what,
+                _PERSISTENCE_DOCS,
+                crash_modes=("power-loss",),
+                faults=("server restart",) if on_restart else (),
             )
         )
     return System(

@@ -631,7 +631,13 @@ def run_chaos(
         "started_monotonic_s": started,
         "timings": {"elapsed_s": round(elapsed, 3)},
     }
-    report["promises"] = classify(chosen, crash_mode, report["reasons"])
+    # Judged job by job (the reasons' counts say "lost" of a job still held, too), with the
+    # run's stall; a fault the schedule could not deliver says nothing of the system.
+    judged = list(report["anomalies"])
+    if not finished_in_time:
+        judged.append(run.state.gave_up or "the work did not finish before the deadline")
+    kinds = sorted({str(record["kind"]) for record in delivered if "at_s" in record})
+    report["promises"] = classify(chosen, crash_mode, judged, kinds)
     write_json(output_dir / CHAOS_FILE, report)
     return report
 
