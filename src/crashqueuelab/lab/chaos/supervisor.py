@@ -631,15 +631,22 @@ def run_chaos(
         "started_monotonic_s": started,
         "timings": {"elapsed_s": round(elapsed, 3)},
     }
-    # Judged job by job (the reasons' counts say "lost" of a job still held, too), with the
-    # run's stall; a fault the schedule could not deliver says nothing of the system.
-    judged = list(report["anomalies"])
-    if not finished_in_time:
-        judged.append(run.state.gave_up or "the work did not finish before the deadline")
-    kinds = sorted({str(record["kind"]) for record in delivered if "at_s" in record})
-    report["promises"] = classify(chosen, crash_mode, judged, kinds)
+    report["promises"] = _promises(chosen, crash_mode, report, run.state.gave_up)
     write_json(output_dir / CHAOS_FILE, report)
     return report
+
+
+def _promises(
+    chosen: System, crash_mode: str, report: dict[str, Any], gave_up: str | None
+) -> dict[str, Any]:
+    """The run against the system's own promises, judged job by job (the reasons' counts
+    say "lost" of a job still held, too) with the run's stall; a fault the schedule could
+    not deliver says nothing of the system."""
+    judged = list(report["anomalies"])
+    if not report["finished_in_time"]:
+        judged.append(gave_up or "the work did not finish before the deadline")
+    kinds = sorted({str(record["kind"]) for record in report["faults"] if "at_s" in record})
+    return classify(chosen, crash_mode, judged, kinds)
 
 
 def _runnable(
