@@ -55,9 +55,12 @@ def _settle(tree: Path, persistence: str) -> None:
 class RedisOnDisk:
     """One case's Redis server, its data directory mounted from the power-loss disk."""
 
-    def __init__(self, case_dir: Path, persistence: str) -> None:
+    def __init__(self, case_dir: Path, persistence: str, *, settled: bool = True) -> None:
+        """``settled``: False starts the case's server on an empty disk, so that what Redis
+        makes at its first start is judged by the cut as well."""
         self.case_dir = case_dir
         self.persistence = persistence
+        self.settled = settled
         self.server = ThrowawayRedis(persistence)
         self.disk = PowerLossDisk(self.server.root / DISK_DIRECTORY, self.server.data)
         self._naming = ExitStack()
@@ -65,7 +68,8 @@ class RedisOnDisk:
     def __enter__(self) -> RedisOnDisk:
         try:
             self.disk.tree.mkdir(parents=True)
-            _settle(self.disk.tree, self.persistence)
+            if self.settled:
+                _settle(self.disk.tree, self.persistence)
             self.server.data.mkdir()
             self.disk.start()
             self.server.start()
