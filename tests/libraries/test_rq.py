@@ -272,3 +272,17 @@ def test_chaos_with_kills_pauses_and_a_server_restart_loses_nothing_aof_always_k
     assert report["promises"]["keeps_its_promises"] is True, report["promises"]
     # The lab's contract is broken all the same: the run is rejected.
     assert (code, result["ok"]) == (1, False)
+
+
+def test_a_refusal_quotes_what_the_server_said_last() -> None:
+    with ThrowawayRedis() as server:
+        assert server.last_words() == "no log"
+        server.log.write_text(
+            "1:C 03 Dec 2026 09:55:51.916 # Redis is starting\n"
+            "1:M 03 Dec 2026 09:55:51.917 * Reading RDB base file on AOF loading...\n"
+            "1:M 03 Dec 2026 09:55:51.918 # Bad file format reading the append only file\n"
+        )
+        assert server.last_words() == (
+            "* Reading RDB base file on AOF loading... / # Bad file format reading the append"
+            " only file"
+        )

@@ -37,6 +37,9 @@ SOCKET_VARIABLE = "CRASHQUEUELAB_REDIS_SOCKET"
 BINARY_VARIABLE = "CRASHQUEUELAB_REDIS_SERVER"
 #: Every wait for the server is bounded.
 START_TIMEOUT_S = 60.0
+#: How much of the server's log a refusal to start quotes.
+LOG_LINES = 2
+LOG_CHARACTERS = 600
 #: Each persistence setting as ``redis-server`` arguments.
 PERSISTENCE: Mapping[str, Sequence[str]] = {
     "none": ("--save", "", "--appendonly", "no"),
@@ -136,8 +139,16 @@ class ThrowawayRedis:
                 return self
             time.sleep(0.02)
         self.kill()
-        tail = self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
-        raise ServerUnavailable(f"redis-server did not start: {tail.strip() or 'no log'}", "redis")
+        raise ServerUnavailable(f"redis-server did not start: {self.last_words()}", "redis")
+
+    def last_words(self) -> str:
+        """The server log's last lines (where Redis says why it stopped), or "no log"."""
+        if not self.log.exists():
+            return "no log"
+        lines = self.log.read_text(errors="replace").strip().splitlines()
+        # Each line is "pid:role date time level message": the message is what matters.
+        said = [line.split(" ", 5)[-1] for line in lines[-LOG_LINES:]]
+        return " / ".join(said)[-LOG_CHARACTERS:] or "no log"
 
     def kill(self) -> None:
         """The server dies at once (SIGKILL), as a crash leaves it; bounded wait."""
