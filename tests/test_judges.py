@@ -31,8 +31,16 @@ def test_the_judges_import_nothing_of_the_queue_they_judge() -> None:
                 if name.startswith("crashqueuelab"):
                     assert name.startswith(allowed), f"{source.name} imports {name}"
                 # Nor the other systems they read: walqueue's, persist-queue's, huey's,
-                # pgqueuer's and RQ's code, nor the Redis client RQ brings.
-                judged = ("walqueue", "persistqueue", "huey", "pgqueuer", "rq", "redis")
+                # pgqueuer's, procrastinate's and RQ's code, nor the Redis client RQ brings.
+                judged = (
+                    "walqueue",
+                    "persistqueue",
+                    "huey",
+                    "pgqueuer",
+                    "procrastinate",
+                    "rq",
+                    "redis",
+                )
                 assert not name.startswith(judged), source.name
 
 

@@ -67,6 +67,19 @@ def _pgqueuer() -> System:
         ) from None
 
 
+def _procrastinate() -> System:
+    try:
+        from crashqueuelab.systems.procrastinateadapter import procrastinate_system
+
+        return procrastinate_system()
+    except (ImportError, PackageNotFoundError) as error:
+        missing = getattr(error, "name", None) or "procrastinate"
+        raise SystemUnavailable(
+            "procrastinate",
+            f"{missing} is not installed: pip install 'crashqueuelab[procrastinate]'",
+        ) from None
+
+
 def _rq(name: str) -> System:
     try:
         from crashqueuelab.systems.rqadapter import rq_system
@@ -91,6 +104,7 @@ PEERS: dict[str, Callable[[], System]] = {
 SERVERS: dict[str, Callable[[], System]] = {
     "postgres": _postgres,
     "pgqueuer": _pgqueuer,
+    "procrastinate": _procrastinate,
     **{
         name: partial(_rq, name)
         for name in ("rq", "rq-no-persistence", "rq-aof-everysec", "rq-aof-always")
@@ -103,6 +117,7 @@ DISTRIBUTIONS: dict[str, str] = {
     "huey": "huey",
     "huey-fsync": "huey",
     "pgqueuer": "pgqueuer",
+    "procrastinate": "procrastinate",
     "rq": "rq",
     "rq-no-persistence": "rq",
     "rq-aof-everysec": "rq",
