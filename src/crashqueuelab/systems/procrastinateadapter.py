@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import math
 import threading
 import time
