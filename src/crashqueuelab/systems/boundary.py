@@ -1,15 +1,27 @@
-"""Crash points at an adapter's boundary, for queues that call no hook of their own.
+"""What the adapters of third-party queues share: crash points at the library's boundary,
+one job at a time, and a reader's findings in the lab's words.
 
-``X:before`` is reached before the queue is called, ``X:after`` once the call returned (its
-transaction committed). No change to a third-party queue is needed to kill a process there.
+``X:before`` is reached before the library is called, ``X:after`` once the call returned
+(its transaction committed). No change to a third-party queue is needed to kill a process
+there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
-from crashqueuelab.systems.contract import Hook
+from crashqueuelab.systems.contract import (
+    Capabilities,
+    Claim,
+    CrashPoint,
+    ExpectedState,
+    Hook,
+    JobStatus,
+    StoredJob,
+    StoreReading,
+    Verdict,
+)
 
 T = TypeVar("T")
 
@@ -22,3 +34,68 @@ def around(hook: Hook | None, name: str, call: Callable[[], T]) -> T:
     if hook is not None:
         hook(f"{name}:after")
     return result
+
+
+def boundary_point(
+    library: str,
+    name: str,
+    effect: tuple[str, int] | None,
+    flaky: tuple[str, int] | None,
+    effects: int,
+) -> CrashPoint:
+    """A crash point around one of ``library``'s calls (or inside the work), with the state
+    of the workload's two jobs and the effects it must leave."""
+    return CrashPoint(name, f"around {library}'s {name}", ExpectedState(effect, flaky, effects))
+
+
+def library_capabilities(*, heartbeats: bool) -> Capabilities:
+    """A library driven one job at a time, by worker processes sharing its store, with no
+    token of its own."""
+    return Capabilities(
+        fencing_tokens=False,
+        heartbeats=heartbeats,
+        several_processes=True,
+        batching=False,
+        single_owner=False,
+        checkpoint=False,
+    )
+
+
+def library_reading(
+    *,
+    exists: bool,
+    jobs: Mapping[str, tuple[str, int]],
+    problems: Sequence[str],
+    statuses: Mapping[str, JobStatus],
+    judge: str,
+) -> StoreReading:
+    """A reader's findings (each job's native state and attempts) in the lab's words; a
+    state the reader knows and the lab does not count is pending."""
+    return StoreReading(
+        exists=exists,
+        jobs={
+            key: StoredJob(state, statuses.get(state, JobStatus.PENDING), attempts)
+            for key, (state, attempts) in jobs.items()
+        },
+        facts={},
+        ok=not problems,
+        problems=tuple(problems),
+        judge=judge,
+    )
+
+
+class OneAtATime:
+    """``claim_many`` and ``succeed_many`` for a library without batches: one call each."""
+
+    def claim(self, worker_id: str, lease_us: int) -> Claim | None:
+        raise NotImplementedError
+
+    def succeed(self, claim: Claim) -> Verdict:
+        raise NotImplementedError
+
+    def claim_many(self, worker_id: str, lease_us: int, limit: int) -> list[Claim]:
+        claim = self.claim(worker_id, lease_us)
+        return [] if claim is None else [claim]
+
+    def succeed_many(self, claims: Sequence[Claim]) -> list[Verdict]:
+        return [self.succeed(claim) for claim in claims]

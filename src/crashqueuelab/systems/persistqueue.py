@@ -22,17 +22,19 @@ from persistqueue.serializers import json as json_serializer
 
 from crashqueuelab.core.errors import OperationUnsupported
 from crashqueuelab.judges.persistqueuefile import DATABASE_FILE, read_ack_queue
-from crashqueuelab.systems.boundary import around
+from crashqueuelab.systems.boundary import (
+    OneAtATime,
+    around,
+    boundary_point,
+    library_capabilities,
+    library_reading,
+)
 from crashqueuelab.systems.contract import (
-    Capabilities,
     Claim,
-    CrashPoint,
-    ExpectedState,
     JobSpec,
     JobStatus,
     JobView,
     OpenRequest,
-    StoredJob,
     StoreReading,
     System,
     Verdict,
@@ -48,7 +50,7 @@ _STATUS = {
 _NAMES = {0: "inited", 1: "ready", 2: "unack", 5: "acked", 9: "ack_failed"}
 
 
-class PersistQueueClient:
+class PersistQueueClient(OneAtATime):
     """``QueueClient`` over one ``SQLiteAckQueue`` directory."""
 
     def __init__(self, request: OpenRequest) -> None:
@@ -111,19 +113,12 @@ class PersistQueueClient:
             token=f"{pqid}.{item['attempts']}",
         )
 
-    def claim_many(self, worker_id: str, lease_us: int, limit: int) -> list[Claim]:
-        claim = self.claim(worker_id, lease_us)
-        return [] if claim is None else [claim]
-
     def heartbeat(self, claim: Claim, lease_us: int) -> bool:
         raise OperationUnsupported("persist-queue", "heartbeat")
 
     def succeed(self, claim: Claim) -> Verdict:
         acked = around(self.hook, "ack", lambda: self.queue.ack(id=int(claim.job_id)))
         return Verdict.STALE if acked is None else Verdict.SUCCEEDED
-
-    def succeed_many(self, claims: Sequence[Claim]) -> list[Verdict]:
-        return [self.succeed(claim) for claim in claims]
 
     def fail(self, claim: Claim, error: str) -> Verdict:
         row = self._row(claim.key)
@@ -162,23 +157,16 @@ class PersistQueueClient:
 def read_store(directory: Path) -> StoreReading:
     """The judges' reading of the queue file, without persist-queue's code."""
     reading = read_ack_queue(directory)
-    return StoreReading(
+    return library_reading(
         exists=reading.exists,
-        jobs={
-            key: StoredJob(name, _STATUS[name], attempts)
-            for key, (name, attempts) in reading.items.items()
-        },
-        facts={},
-        ok=not reading.problems,
+        jobs=reading.items,
         problems=reading.problems,
+        statuses=_STATUS,
         judge=f"crashqueuelab.judges.persistqueuefile (reads {DATABASE_FILE} directly)",
     )
 
 
-def _point(
-    name: str, effect: tuple[str, int] | None, flaky: tuple[str, int] | None, effects: int
-) -> CrashPoint:
-    return CrashPoint(name, f"at the adapter's {name}", ExpectedState(effect, flaky, effects))
+_point = partial(boundary_point, "persist-queue")
 
 
 _NEW, _TAKEN, _DONE = ("inited", 0), ("unack", 1), ("acked", 1)
@@ -197,14 +185,7 @@ CRASH_POINTS = (
     _point("fail:after", _DONE, ("ready", 1), 1),
 )
 
-CAPABILITIES = Capabilities(
-    fencing_tokens=False,
-    heartbeats=False,
-    several_processes=True,
-    batching=False,
-    single_owner=False,
-    checkpoint=False,
-)
+CAPABILITIES = library_capabilities(heartbeats=False)
 
 
 def persistqueue_system() -> System:

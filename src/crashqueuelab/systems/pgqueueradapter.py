@@ -37,18 +37,20 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from crashqueuelab.judges.pgqueuerstore import FINAL, KEYS_FILE, read_pgqueuer_store
-from crashqueuelab.systems.boundary import around
+from crashqueuelab.systems.boundary import (
+    OneAtATime,
+    around,
+    boundary_point,
+    library_capabilities,
+    library_reading,
+)
 from crashqueuelab.systems.contract import (
-    Capabilities,
     Claim,
-    CrashPoint,
     Documented,
-    ExpectedState,
     JobSpec,
     JobStatus,
     JobView,
     OpenRequest,
-    StoredJob,
     StoreReading,
     System,
     Verdict,
@@ -93,7 +95,7 @@ def _append_synced(path: Path, line: dict[str, Any]) -> None:
         os.fsync(handle.fileno())
 
 
-class PgQueuerClient:
+class PgQueuerClient(OneAtATime):
     """``QueueClient`` over one pgqueuer schema."""
 
     def __init__(self, request: OpenRequest) -> None:
@@ -246,10 +248,6 @@ class PgQueuerClient:
             handle=(job, int(item["max_attempts"])),
         )
 
-    def claim_many(self, worker_id: str, lease_us: int, limit: int) -> list[Claim]:
-        claim = self.claim(worker_id, lease_us)
-        return [] if claim is None else [claim]
-
     def heartbeat(self, claim: Claim, lease_us: int) -> bool:
         job, _ = _held(claim)
         around(self.hook, "heartbeat", lambda: self._run(self.queries.update_heartbeat([job.id])))
@@ -263,9 +261,6 @@ class PgQueuerClient:
     def succeed(self, claim: Claim) -> Verdict:
         self._log_job(claim, "successful")
         return Verdict.SUCCEEDED
-
-    def succeed_many(self, claims: Sequence[Claim]) -> list[Verdict]:
-        return [self.succeed(claim) for claim in claims]
 
     def fail(self, claim: Claim, error: str) -> Verdict:
         _, max_attempts = _held(claim)
@@ -313,15 +308,11 @@ class PgQueuerClient:
 def read_store(directory: Path) -> StoreReading:
     """The judges' reading of the schema, without pgqueuer's code."""
     reading = read_pgqueuer_store(directory)
-    return StoreReading(
+    return library_reading(
         exists=reading.exists,
-        jobs={
-            key: StoredJob(state, _STATUS[state], attempts)
-            for key, (state, attempts) in reading.jobs.items()
-        },
-        facts={},
-        ok=not reading.problems,
+        jobs=reading.jobs,
         problems=reading.problems,
+        statuses=_STATUS,
         judge="crashqueuelab.judges.pgqueuerstore (reads pgqueuer's tables with its own SQL)",
     )
 
@@ -364,10 +355,7 @@ _WORKER_RETRIES = Documented(
 )
 
 
-def _point(
-    name: str, effect: tuple[str, int] | None, flaky: tuple[str, int] | None, effects: int
-) -> CrashPoint:
-    return CrashPoint(name, f"around pgqueuer's {name}", ExpectedState(effect, flaky, effects))
+_point = partial(boundary_point, "pgqueuer")
 
 
 _NEW, _PICKED = ("queued", 0), ("picked", 1)
@@ -387,14 +375,7 @@ CRASH_POINTS = (
     _point("log_jobs-successful:after", ("successful", 1), _NEW, 1),
 )
 
-CAPABILITIES = Capabilities(
-    fencing_tokens=False,
-    heartbeats=True,
-    several_processes=True,
-    batching=False,
-    single_owner=False,
-    checkpoint=False,
-)
+CAPABILITIES = library_capabilities(heartbeats=True)
 
 
 def pgqueuer_system() -> System:

@@ -37,18 +37,20 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from crashqueuelab.judges.procrastinatestore import attempts_made, read_procrastinate_store
-from crashqueuelab.systems.boundary import around
+from crashqueuelab.systems.boundary import (
+    OneAtATime,
+    around,
+    boundary_point,
+    library_capabilities,
+    library_reading,
+)
 from crashqueuelab.systems.contract import (
-    Capabilities,
     Claim,
-    CrashPoint,
     Documented,
-    ExpectedState,
     JobSpec,
     JobStatus,
     JobView,
     OpenRequest,
-    StoredJob,
     StoreReading,
     System,
     Verdict,
@@ -82,7 +84,7 @@ class JobFailed(Exception):
     """The exception the task's retry strategy is asked about when the lab's work failed."""
 
 
-class ProcrastinateClient:
+class ProcrastinateClient(OneAtATime):
     """``QueueClient`` over one procrastinate schema."""
 
     def __init__(self, request: OpenRequest) -> None:
@@ -189,10 +191,6 @@ class ProcrastinateClient:
             handle=job,
         )
 
-    def claim_many(self, worker_id: str, lease_us: int, limit: int) -> list[Claim]:
-        claim = self.claim(worker_id, lease_us)
-        return [] if claim is None else [claim]
-
     def heartbeat(self, claim: Claim, lease_us: int) -> bool:
         pk = self._worker(claim.worker_id)
         if pk is None:
@@ -218,9 +216,6 @@ class ProcrastinateClient:
 
     def succeed(self, claim: Claim) -> Verdict:
         return self._finish(claim, "succeeded", "finish_job") or Verdict.SUCCEEDED
-
-    def succeed_many(self, claims: Sequence[Claim]) -> list[Verdict]:
-        return [self.succeed(claim) for claim in claims]
 
     def fail(self, claim: Claim, error: str) -> Verdict:
         from procrastinate import RetryStrategy, exceptions
@@ -364,15 +359,11 @@ def _retry_decision(strategy: Any, error: BaseException, job: Any) -> dict[str, 
 def read_store(directory: Path) -> StoreReading:
     """The judges' reading of the schema, without procrastinate's code."""
     reading = read_procrastinate_store(directory)
-    return StoreReading(
+    return library_reading(
         exists=reading.exists,
-        jobs={
-            key: StoredJob(state, _STATUS.get(state, JobStatus.PENDING), attempts)
-            for key, (state, attempts) in reading.jobs.items()
-        },
-        facts={},
-        ok=not reading.problems,
+        jobs=reading.jobs,
         problems=reading.problems,
+        statuses=_STATUS,
         judge="crashqueuelab.judges.procrastinatestore (reads procrastinate's tables with its"
         " own SQL)",
     )
@@ -427,10 +418,7 @@ _STALLED_RETRY_UNCOUNTED = Documented(
 )
 
 
-def _point(
-    name: str, effect: tuple[str, int] | None, flaky: tuple[str, int] | None, effects: int
-) -> CrashPoint:
-    return CrashPoint(name, f"around procrastinate's {name}", ExpectedState(effect, flaky, effects))
+_point = partial(boundary_point, "procrastinate")
 
 
 _NEW, _DOING = ("todo", 0), ("doing", 1)
@@ -452,14 +440,7 @@ CRASH_POINTS = (
     _point("retry_job:after", ("succeeded", 1), ("todo", 1), 1),
 )
 
-CAPABILITIES = Capabilities(
-    fencing_tokens=False,
-    heartbeats=True,
-    several_processes=True,
-    batching=False,
-    single_owner=False,
-    checkpoint=False,
-)
+CAPABILITIES = library_capabilities(heartbeats=True)
 
 
 def procrastinate_system() -> System:

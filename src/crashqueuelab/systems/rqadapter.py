@@ -54,18 +54,20 @@ from crashqueuelab.judges.rqstore import (
     queue_name,
     read_rq_store,
 )
-from crashqueuelab.systems.boundary import around
+from crashqueuelab.systems.boundary import (
+    OneAtATime,
+    around,
+    boundary_point,
+    library_capabilities,
+    library_reading,
+)
 from crashqueuelab.systems.contract import (
-    Capabilities,
     Claim,
-    CrashPoint,
     Documented,
-    ExpectedState,
     JobSpec,
     JobStatus,
     JobView,
     OpenRequest,
-    StoredJob,
     StoreReading,
     System,
     Verdict,
@@ -174,7 +176,7 @@ def _store(directory: Path, now_us: int) -> dict[str, Any]:
     return stored
 
 
-class RqClient:
+class RqClient(OneAtATime):
     """``QueueClient`` over one RQ queue."""
 
     def __init__(self, request: OpenRequest) -> None:
@@ -298,10 +300,6 @@ class RqClient:
             handle=execution,
         )
 
-    def claim_many(self, worker_id: str, lease_us: int, limit: int) -> list[Claim]:
-        claim = self.claim(worker_id, lease_us)
-        return [] if claim is None else [claim]
-
     def heartbeat(self, claim: Claim, lease_us: int) -> bool:
         raise OperationUnsupported("rq", "heartbeat")
 
@@ -314,9 +312,6 @@ class RqClient:
     def succeed(self, claim: Claim) -> Verdict:
         self._finish(claim, None, "finish")
         return Verdict.SUCCEEDED
-
-    def succeed_many(self, claims: Sequence[Claim]) -> list[Verdict]:
-        return [self.succeed(claim) for claim in claims]
 
     def fail(self, claim: Claim, error: str) -> Verdict:
         execution: _Execution = claim.handle  # type: ignore[assignment]
@@ -367,23 +362,16 @@ class RqClient:
 def read_store(directory: Path) -> StoreReading:
     """The judges' reading of the store's RQ keys, without RQ's code."""
     reading = read_rq_store(directory)
-    return StoreReading(
+    return library_reading(
         exists=reading.exists,
-        jobs={
-            key: StoredJob(state, _STATUS.get(state, JobStatus.PENDING), attempts)
-            for key, (state, attempts) in reading.jobs.items()
-        },
-        facts={},
-        ok=not reading.problems,
+        jobs=reading.jobs,
         problems=reading.problems,
+        statuses=_STATUS,
         judge=f"crashqueuelab.judges.rqstore (reads queue {queue_name(directory)} with RESP)",
     )
 
 
-def _point(
-    name: str, effect: tuple[str, int] | None, flaky: tuple[str, int] | None, effects: int
-) -> CrashPoint:
-    return CrashPoint(name, f"around RQ's {name}", ExpectedState(effect, flaky, effects))
+_point = partial(boundary_point, "RQ")
 
 
 _NEW, _TAKEN, _RUNNING, _DONE = (QUEUED, 0), (DEQUEUED, 0), (STARTED, 1), (FINISHED, 1)
@@ -405,14 +393,7 @@ CRASH_POINTS = (
     _point("fail:after", _DONE, (QUEUED, 1), 1),
 )
 
-CAPABILITIES = Capabilities(
-    fencing_tokens=False,
-    heartbeats=False,
-    several_processes=True,
-    batching=False,
-    single_owner=False,
-    checkpoint=False,
-)
+CAPABILITIES = library_capabilities(heartbeats=False)
 
 _NO_TOKEN = Documented(
     "no token: RQ records whatever outcome the worker running a job reports, so a late or"

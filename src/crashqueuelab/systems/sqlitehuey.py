@@ -38,18 +38,20 @@ from crashqueuelab.judges.hueyfile import (
     failed_attempt,
     read_huey_file,
 )
-from crashqueuelab.systems.boundary import around
+from crashqueuelab.systems.boundary import (
+    OneAtATime,
+    around,
+    boundary_point,
+    library_capabilities,
+    library_reading,
+)
 from crashqueuelab.systems.contract import (
-    Capabilities,
     Claim,
-    CrashPoint,
     Documented,
-    ExpectedState,
     JobSpec,
     JobStatus,
     JobView,
     OpenRequest,
-    StoredJob,
     StoreReading,
     System,
     Verdict,
@@ -77,7 +79,7 @@ class JobFailed(Exception):
     """What the lab's task raises inside ``huey.execute`` when the lab's work failed."""
 
 
-class HueyClient:
+class HueyClient(OneAtATime):
     """``QueueClient`` over one ``SqliteHuey`` file."""
 
     def __init__(self, request: OpenRequest, *, fsync: bool | None) -> None:
@@ -142,10 +144,6 @@ class HueyClient:
             handle=task,
         )
 
-    def claim_many(self, worker_id: str, lease_us: int, limit: int) -> list[Claim]:
-        claim = self.claim(worker_id, lease_us)
-        return [] if claim is None else [claim]
-
     def heartbeat(self, claim: Claim, lease_us: int) -> bool:
         raise OperationUnsupported("huey", "heartbeat")
 
@@ -161,9 +159,6 @@ class HueyClient:
     def succeed(self, claim: Claim) -> Verdict:
         self._execute(claim, None, "execute")
         return Verdict.SUCCEEDED
-
-    def succeed_many(self, claims: Sequence[Claim]) -> list[Verdict]:
-        return [self.succeed(claim) for claim in claims]
 
     def fail(self, claim: Claim, error: str) -> Verdict:
         task: Any = claim.handle
@@ -204,15 +199,11 @@ class HueyClient:
 def read_store(directory: Path) -> StoreReading:
     """The judges' reading of huey's file, without huey's code."""
     reading = read_huey_file(directory)
-    return StoreReading(
+    return library_reading(
         exists=reading.exists,
-        jobs={
-            key: StoredJob(state, _STATUS[state], attempts)
-            for key, (state, attempts) in reading.jobs.items()
-        },
-        facts={},
-        ok=not reading.problems,
+        jobs=reading.jobs,
         problems=reading.problems,
+        statuses=_STATUS,
         judge=f"crashqueuelab.judges.hueyfile (reads {DATABASE_FILE} directly)",
     )
 
@@ -250,10 +241,7 @@ _NO_LEASES = Documented(
 )
 
 
-def _point(
-    name: str, effect: tuple[str, int] | None, flaky: tuple[str, int] | None, effects: int
-) -> CrashPoint:
-    return CrashPoint(name, f"around huey's {name}", ExpectedState(effect, flaky, effects))
+_point = partial(boundary_point, "huey")
 
 
 _NEW, _DONE = (QUEUED, 0), (DONE, 1)
@@ -273,14 +261,7 @@ CRASH_POINTS = (
     _point("execute-error:after", _DONE, (QUEUED, 1), 1),
 )
 
-CAPABILITIES = Capabilities(
-    fencing_tokens=False,
-    heartbeats=False,
-    several_processes=True,
-    batching=False,
-    single_owner=False,
-    checkpoint=False,
-)
+CAPABILITIES = library_capabilities(heartbeats=False)
 
 
 def _release(text: str) -> tuple[int, ...]:
