@@ -552,3 +552,24 @@ def test_an_acknowledgement_with_no_answer_is_unknown_and_the_store_settles_it(
     settled = accounting["unknown_outcomes_settled"]
     assert sum(settled.values()) == accounting["unknown_outcomes"]
     assert set(settled) <= {"succeeded"}
+
+
+def test_a_missing_job_names_the_worker_whose_log_ends_holding_it() -> None:
+    from crashqueuelab.lab.chaos.accounting import _last_holders
+    from crashqueuelab.lab.chaos.worklog import WorkerLog
+
+    held, sent, polling = WorkerLog(), WorkerLog(), WorkerLog()
+    held.add("claiming 0.9\nclaim job-a t1 1.0 0.9\n")
+    sent.add("claiming 1.9\nclaim job-b t2 2.0 1.9\nacking job-b t2 2.1\n")
+    polling.add("claim job-c t3 3.0\nacking job-c t3 3.1\nack job-c t3 3.2\nclaiming 3.3\n")
+    assert (held.claim_open, sent.claim_open, polling.claim_open) == (False, False, True)
+    logs = {"worker-0.1": held, "worker-1.1": sent, "worker-2.1": polling}
+    words = _last_holders(logs, ["job-a", "job-b", "job-x"])
+    assert words["job-a"] == "; claimed by worker-0.1, which never answered for it"
+    assert words["job-b"] == "; claimed by worker-1.1, which never answered for it"
+    # One log ends inside a claim call: one job no log names may have gone with it.
+    assert words["job-x"] == (
+        "; in no worker's log, and 1 workers' logs end inside a claim call, for 1 such job"
+    )
+    # Two such jobs and one open claim call: the logs explain neither.
+    assert "job-y" not in _last_holders(logs, ["job-x", "job-y"])

@@ -224,6 +224,11 @@ _NO_ACKNOWLEDGEMENT = Documented(
         "probe stale_holder_after_expiry: *the queue offered nothing",
         "probe batched_acknowledgement_fences_each_item: *the queue offered nothing",
         "probe expired_attempts_run_out: *yet it is dequeued (leased)*",
+        # Chaos: a consumer killed holding a task took it with it.
+        "job *: missing from the store (lost; claimed by *, which never answered for it)",
+        "job *: missing from the store (lost; in no worker's log, and * workers' logs end"
+        " inside a claim call, for * such job*)",
+        "job * (poison): missing from the store (lost)",
     ),
 )
 _NO_LEASES = Documented(
@@ -237,6 +242,7 @@ _NO_LEASES = Documented(
         # The second copy a stale holder's repeated failure enqueued, claimed in its turn.
         "model workload: job *: claimed by * after an accepted acknowledgement (at *",
         "model workload: job *: claimed by * while *'s lease * was live until *",
+        "job *: *, stopped past its lease, had its late acknowledgement accepted",
     ),
 )
 

@@ -72,6 +72,31 @@ def _double_acknowledgements(logs: dict[str, WorkerLog]) -> list[str]:
     return lines
 
 
+def _last_holders(logs: Mapping[str, WorkerLog], missing: list[str]) -> dict[str, str]:
+    """Why each missing job may be gone, as the workers' logs tell it: the worker whose
+    log ends holding it (claimed, never answered for), or, for a job no log names, how
+    many workers' logs end inside a claim call (one stopped there may have taken a job it
+    never logged)."""
+    holders: dict[str, list[str]] = {}
+    for worker, log in sorted(logs.items()):
+        unanswered = set(log.acking) - set(log.acks) - set(log.stale)
+        for key, _ in sorted(log.held() | unanswered):
+            holders.setdefault(key, []).append(worker)
+    words = {
+        key: f"; claimed by {', '.join(workers)}, which never answered for it"
+        for key, workers in holders.items()
+    }
+    unnamed = [key for key in missing if key not in words]
+    inside = sum(1 for log in logs.values() if log.claim_open)
+    if unnamed and inside >= len(unnamed):
+        for key in unnamed:
+            words[key] = (
+                f"; in no worker's log, and {inside} workers' logs end inside a claim call,"
+                f" for {len(unnamed)} such job{'' if len(unnamed) == 1 else 's'}"
+            )
+    return words
+
+
 def unknown_outcomes(logs: Mapping[str, WorkerLog]) -> list[tuple[str, str]]:
     """Each (key, token) a worker sent an acknowledgement for and never logged an answer to."""
     unknown = []
@@ -128,8 +153,9 @@ def judge_run(
     settled = Counter(
         "missing" if key not in stored else stored[key].status.value for key, _ in unknown
     )
+    holders = _last_holders(logs, missing)
     anomalies = (
-        [f"job {key}: missing from the store (lost)" for key in missing]
+        [f"job {key}: missing from the store (lost{holders.get(key, '')})" for key in missing]
         + [
             f"job {key}: still {stored[key].native_state} after the run (lost)"
             for key in unfinished

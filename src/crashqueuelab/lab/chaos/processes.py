@@ -175,12 +175,18 @@ def _work(spec: WorkerSpec) -> None:
     try:
         with effects, executions, Path(spec.log).open("a", buffering=1) as log:
             shared = _SharedCommitsLog(client, log)
+            polling = False
             while True:
                 if spec.does_maintenance and time.monotonic() >= next_recovery:
                     client.recover()
                     next_recovery = time.monotonic() + OWNER_RECOVERY_EVERY_S
                 asked = time.monotonic()
+                if not polling:
+                    # A claim call's start, said once per run of empty polls: a worker
+                    # stopped inside one may take a job with it that it never logged.
+                    log.write(f"claiming {asked:.6f}\n")
                 claims = _claim(client, spec)
+                polling = not claims
                 shared.note()
                 if not claims:
                     if client.active_count() == 0:

@@ -63,6 +63,9 @@ class WorkerLog:
     last_at: float | None = None
     #: The group-commit counts of every ``commits`` line added up (None: no such line).
     shared_commits: Counter[str] | None = None
+    #: Whether the log ends inside a claim call: a ``claiming`` line with no claim or
+    #: ``idle`` line after it (the worker stopped there, or was polling an empty queue).
+    claim_open: bool = False
 
     def held(self) -> set[tuple[str, str]]:
         """Claims whose acknowledgement has not started: leases this worker surely holds."""
@@ -78,6 +81,10 @@ class WorkerLog:
         }
         for line in text.splitlines():
             parts = line.split(" ")
+            if len(parts) == 2 and parts[0] in ("claiming", "idle"):
+                self.claim_open = parts[0] == "claiming"
+            elif parts[0] == "claim":
+                self.claim_open = False
             if len(parts) == 2 + len(SHARED_COMMIT_COUNTS) and parts[0] == "commits":
                 self._add_commits(parts[1:-1])
             if len(parts) == 2 and parts[0] == "idle" and self.idle_at is None:
