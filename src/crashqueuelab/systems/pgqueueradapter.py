@@ -328,6 +328,9 @@ _NO_TOKEN = Documented(
         "probe batched_acknowledgement_fences_each_item: *was accepted*",
         "model workload: *was accepted (at *",
         "model workload: job *: an acknowledgement was accepted, but the store shows it *",
+        # Chaos: a paused holder's late completion is taken, beside its successor's.
+        "job *: *, stopped past its lease, had its late acknowledgement accepted",
+        "job *: acknowledged * times, by *",
     ),
 )
 _SERVER_CLOCK = Documented(
@@ -342,6 +345,7 @@ _SERVER_CLOCK = Documented(
         "probe heartbeat_survives_restart: *",
         "probe batched_acknowledgement_fences_each_item: *the queue offered nothing",
         "probe batched_acknowledgement_sees_the_lease_as_it_stands: *the queue offered *",
+        "job *: two live leases from * at least: *",
     ),
 )
 _WORKER_RETRIES = Documented(
@@ -351,6 +355,10 @@ _WORKER_RETRIES = Documented(
     explains=(
         "model workload: job *: handed out as attempt * of *",
         "probe expired_attempts_run_out: *",
+        # Chaos: a job that kills its worker each time is handed out for ever.
+        "job * (poison): still * after the run, never dead-lettered*",
+        "every other job was acknowledged, but the work did not end within * after: jobs are"
+        " left that never reach the dead letter*",
     ),
 )
 
