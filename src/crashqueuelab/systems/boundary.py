@@ -8,6 +8,7 @@ there.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
@@ -84,14 +85,14 @@ def library_reading(
     )
 
 
-class OneAtATime:
+class OneAtATime(ABC):
     """``claim_many`` and ``succeed_many`` for a library without batches: one call each."""
 
-    def claim(self, worker_id: str, lease_us: int) -> Claim | None:
-        raise NotImplementedError
+    @abstractmethod
+    def claim(self, worker_id: str, lease_us: int) -> Claim | None: ...
 
-    def succeed(self, claim: Claim) -> Verdict:
-        raise NotImplementedError
+    @abstractmethod
+    def succeed(self, claim: Claim) -> Verdict: ...
 
     def claim_many(self, worker_id: str, lease_us: int, limit: int) -> list[Claim]:
         claim = self.claim(worker_id, lease_us)
