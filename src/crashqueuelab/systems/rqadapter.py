@@ -428,6 +428,8 @@ _ABANDONED_AFTER_TTL = Documented(
         "job *: still started after the run*",
         "job *: still dequeued after the run*",
         "the work stalled: no job was acknowledged for * after every fault was delivered*",
+        # The same, when the held jobs' acknowledgements had been sent before the kill.
+        "every other job was acknowledged, but the work did not end within * after: *",
     ),
 )
 
