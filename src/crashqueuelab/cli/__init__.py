@@ -36,6 +36,7 @@ from crashqueuelab.cli.experiments import (
     add_report_command,
     html_report,
 )
+from crashqueuelab.cli.heartbeats import add_heartbeats_command
 from crashqueuelab.cli.pinned import pins_of, run_pinned
 from crashqueuelab.cli.shrink import add_shrink_command
 from crashqueuelab.cli.versions import add_versions_command
@@ -99,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_report_command(commands)
     add_shrink_command(commands)
     add_versions_command(command)
+    add_heartbeats_command(command)
     add_database_commands(command)
     return parser
 

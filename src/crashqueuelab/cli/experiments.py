@@ -35,6 +35,7 @@ from crashqueuelab.lab.chaos.poison import DEFAULT_POISON_JOBS
 from crashqueuelab.lab.chaos.reproducer import add_chaos_reproducer
 from crashqueuelab.lab.chaos.supervisor import CHAOS_FILE, run_chaos
 from crashqueuelab.lab.demo import COMPARISON_FILE, DEFAULT_SEED, run_demo
+from crashqueuelab.lab.heartbeats import HEARTBEATS_FILE
 from crashqueuelab.lab.mutants.runner import MUTANTS_FILE, run_mutants
 from crashqueuelab.lab.showcase import (
     CAMPAIGN_DIR,
@@ -56,6 +57,7 @@ RUN_FILES = {
     "mutants": MUTANTS_FILE,
     "bench": BENCH_FILE,
     "versions": VERSIONS_FILE,
+    "heartbeats": HEARTBEATS_FILE,
 }
 
 

@@ -16,7 +16,7 @@ from crashqueuelab.lab.versions import CRITERIA, VERSIONS_FILE, choose_releases,
 from crashqueuelab.systems.registry import DISTRIBUTIONS
 
 #: The commands whose evidence a matrix can hold, and the record each writes.
-EVIDENCE = {"campaign": "campaign.json", "chaos": "chaos.json"}
+EVIDENCE = {"campaign": "campaign.json", "chaos": "chaos.json", "heartbeats": "heartbeats.json"}
 #: What the printed result keeps of each row (the whole rows are in versions.json).
 _ROW_KEYS = ("release", "ok", "keeps_its_promises", "passes", "first_reason")
 #: Options the matrix sets for each release itself.

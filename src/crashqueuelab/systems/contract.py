@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from threading import Event
 from typing import Any, Protocol, runtime_checkable
 
 from crashqueuelab.core.clock import Clock
@@ -374,6 +375,23 @@ Reader = Callable[[Path], StoreReading]
 
 
 @dataclass(frozen=True)
+class LibraryWorker:
+    """The library's own worker loop, as its users run it: its fetch, its heartbeat, its
+    completion, none of them the lab's. The heartbeat experiment (``lab.heartbeats``) runs
+    one per worker process to see whether a live worker keeps the job it is running."""
+
+    #: How long the library lets a job go without a heartbeat before it hands the job out
+    #: again, as the worker is configured here.
+    retry_after_s: float
+    #: ``run(directory, worker_id, work, stop)``: run the loop on the store in
+    #: ``directory``, calling ``work(key)`` (blocking, in a thread of the loop's choosing)
+    #: for each job the library hands this worker, until ``stop`` is set; then return.
+    run: Callable[[Path, str, Callable[[str], None], Event], None]
+    #: What the loop is, in a line for the report ("QueueManager.run, batch_size 10").
+    describe: str
+
+
+@dataclass(frozen=True)
 class Documented:
     """A way a system is weaker than the lab's contract that its own documentation states.
 
@@ -431,6 +449,8 @@ class System:
     #: The library's distribution on the package index (what ``--system name==version``
     #: installs), or None for a system that is not a released library.
     distribution: str | None = None
+    #: The library's own worker loop, where the lab can run it (the heartbeat experiment).
+    library_worker: LibraryWorker | None = None
 
     def describe(self) -> dict[str, Any]:
         return {

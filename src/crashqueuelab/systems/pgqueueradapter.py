@@ -27,9 +27,10 @@ import dataclasses
 import inspect
 import json
 import os
+import threading
 import time
 import uuid
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import timedelta
 from functools import partial
 from importlib.metadata import version
@@ -50,6 +51,7 @@ from crashqueuelab.systems.contract import (
     JobSpec,
     JobStatus,
     JobView,
+    LibraryWorker,
     OpenRequest,
     StoreReading,
     System,
@@ -317,6 +319,65 @@ def read_store(directory: Path) -> StoreReading:
     )
 
 
+#: The heartbeat experiment's retry timer (heartbeat timeout in 1.x), and how often an idle
+#: worker looks for work without a notification.
+LOOP_RETRY_TIMER = timedelta(seconds=1)
+LOOP_DEQUEUE_TIMEOUT = timedelta(milliseconds=50)
+
+
+def run_queue_manager(
+    directory: Path, worker_id: str, work: Callable[[str], None], stop: threading.Event
+) -> None:
+    """pgqueuer's own worker loop on the store in ``directory``: ``QueueManager.run`` as its
+    users start it (default batch size, no concurrency limit), with its own heartbeat task
+    and buffers, until ``stop`` is set. The retry timer goes where the release takes it (the
+    entrypoint's ``retry_timer`` before 1.0, ``run``'s ``heartbeat_timeout`` from 1.0)."""
+    import psycopg
+    from pgqueuer.applications import PgQueuer
+    from pgqueuer.db import PsycopgDriver
+
+    dsn = server_dsn()
+    schema = store_schema(directory, dsn)
+
+    async def main() -> None:
+        connection = await psycopg.AsyncConnection.connect(
+            dsn, autocommit=True, options=f"-c search_path={schema}"
+        )
+        async with connection:
+            manager = PgQueuer(PsycopgDriver(connection)).qm
+            run_settings: dict[str, Any] = {"dequeue_timeout": LOOP_DEQUEUE_TIMEOUT}
+            entrypoint_settings: dict[str, Any] = {}
+            if "heartbeat_timeout" in inspect.signature(manager.run).parameters:
+                run_settings["heartbeat_timeout"] = LOOP_RETRY_TIMER
+            else:
+                entrypoint_settings["retry_timer"] = LOOP_RETRY_TIMER
+
+            @manager.entrypoint(ENTRYPOINT, **entrypoint_settings)
+            async def handle(job: Any) -> None:
+                await asyncio.to_thread(work, json.loads(bytes(job.payload))["key"])
+
+            async def watch() -> None:
+                while not stop.is_set():
+                    await asyncio.sleep(0.05)
+                manager.shutdown.set()
+
+            watcher = asyncio.ensure_future(watch())
+            try:
+                await manager.run(**run_settings)
+            finally:
+                watcher.cancel()
+
+    asyncio.run(main())
+
+
+LIBRARY_WORKER = LibraryWorker(
+    retry_after_s=LOOP_RETRY_TIMER.total_seconds(),
+    run=run_queue_manager,
+    describe="pgqueuer's QueueManager.run (its dequeue, heartbeat task and buffers), default"
+    f" batch size, no concurrency limit, retry timer {LOOP_RETRY_TIMER.total_seconds():g} s",
+)
+
+
 _NO_TOKEN = Documented(
     "no token: pgqueuer logs or heartbeats a job by its id, whoever holds it, and log_jobs"
     " answers nothing, so a stale holder's completion or heartbeat is taken as any other",
@@ -406,4 +467,5 @@ def pgqueuer_system() -> System:
         server="postgres",
         documented=(_NO_TOKEN, _SERVER_CLOCK, _WORKER_RETRIES),
         distribution=DISTRIBUTION,
+        library_worker=LIBRARY_WORKER,
     )

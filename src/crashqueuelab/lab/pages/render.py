@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from crashqueuelab.core.errors import InvalidInput
+from crashqueuelab.lab.pages.heartbeats import heartbeats_view
 from crashqueuelab.lab.pages.stopped import stopped_view
 from crashqueuelab.lab.pages.versions import versions_view
 from crashqueuelab.lab.pages.views import (
@@ -30,6 +31,7 @@ KINDS: tuple[tuple[str, Callable[[Path], View]], ...] = (
     ("comparison.json", demo_view),
     ("mutants.json", mutants_view),
     ("versions.json", versions_view),
+    ("heartbeats.json", heartbeats_view),
 )
 
 

@@ -1,0 +1,85 @@
+"""``crashqueuelab heartbeats``: does a live worker keep the job it is running, under the
+library's own worker loop (``lab.heartbeats``)?"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from crashqueuelab.cli.common import EXIT_OK, EXIT_REJECTED, Command, add_system, positive
+from crashqueuelab.cli.progress import progress_for
+from crashqueuelab.lab.heartbeats import (
+    DEFAULT_JOBS,
+    DEFAULT_WORK_TIMERS,
+    DEFAULT_WORKERS,
+    HEARTBEATS_FILE,
+    run_heartbeats,
+)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} is not above zero")
+    return value
+
+
+def _heartbeats(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    from crashqueuelab.cli.experiments import html_report
+
+    record = run_heartbeats(
+        args.output_directory,
+        system=args.system,
+        jobs=args.jobs,
+        workers=args.workers,
+        work_timers=args.work_timers,
+        progress=progress_for(args),
+    )
+    reasons = list(record["anomalies"])
+    if record["error"]:
+        reasons.insert(0, f"{record['error']['type']}: {record['error']['message']}")
+    return (EXIT_OK if record["ok"] else EXIT_REJECTED), {
+        "ok": record["ok"],
+        "reasons": reasons,
+        "system": record["system"]["version"],
+        "library_worker": record["library_worker"],
+        "parameters": record["parameters"],
+        "jobs": record["jobs"],
+        "promises": None
+        if record["promises"] is None
+        else {
+            key: record["promises"][key]
+            for key in ("keeps_its_promises", "verdict", "broken_promises")
+        },
+        "timings": record["timings"],
+        "heartbeats_report": str(args.output_directory / HEARTBEATS_FILE),
+        "report": html_report(args.output_directory, args.stderr),
+    }
+
+
+def add_heartbeats_command(command: Command) -> None:
+    sub = command(
+        "heartbeats",
+        _heartbeats,
+        "run long jobs on the library's own worker loop, no worker harmed: is any job handed"
+        " out again while its live holder runs it? (pgqueuer)",
+        database=False,
+    )
+    add_system(sub)
+    sub.add_argument("--jobs", type=positive, default=DEFAULT_JOBS, help=f"default {DEFAULT_JOBS}")
+    sub.add_argument(
+        "--workers",
+        type=positive,
+        default=DEFAULT_WORKERS,
+        help=f"worker processes, each running the library's loop; default {DEFAULT_WORKERS}",
+    )
+    sub.add_argument(
+        "--work-timers",
+        type=_positive_float,
+        default=DEFAULT_WORK_TIMERS,
+        help="how long each job works, in the library's retry timers;"
+        f" default {DEFAULT_WORK_TIMERS:g}",
+    )

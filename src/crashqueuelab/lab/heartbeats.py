@@ -1,0 +1,336 @@
+"""The heartbeat experiment: does a live worker keep the job it is running?
+
+A library that hands a job out again when its holder has not sent a heartbeat for a while
+(pgqueuer's retry timer) promises, in the same breath, that a holder which is alive and
+heartbeating keeps its job. Users have reported the opposite (pgqueuer #430: heartbeats
+sent too rarely for the retry timer, a live worker's job run a second time). The lab's own
+worker cannot show it: it heartbeats on its own schedule through the adapter. Here the
+library's own worker loop (``System.library_worker``) runs in each worker process, with its
+own heartbeat task and buffers, on jobs whose work lasts several retry timers; no process
+is killed, stopped, or cut off from the server.
+
+Each execution's start and end are logged by the handler, one line each, in its worker's
+ledger. Every job must run exactly once: a second execution, beside the first or after it,
+happened while every worker was alive, so the library handed out a job its live holder was
+running. The store's reading (the system's independent reader) must hold each job done.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from crashqueuelab.core.clock import SystemClock
+from crashqueuelab.core.errors import SystemUnavailable
+from crashqueuelab.core.ids import RandomIds
+from crashqueuelab.core.retry import RetryPolicy
+from crashqueuelab.lab.inheritance import Inherited
+from crashqueuelab.lab.interrupts import forkserver_context, ignore_interrupts
+from crashqueuelab.lab.promises import classify
+from crashqueuelab.lab.reports import prepare_output_directory, write_json
+from crashqueuelab.systems.contract import JobSpec, JobStatus, OpenRequest, System
+from crashqueuelab.systems.registry import resolve_system
+
+HEARTBEATS_FILE = "heartbeats.json"
+DEFAULT_JOBS = 4
+DEFAULT_WORKERS = 2
+#: How long each job's work lasts, in the library's retry timers.
+DEFAULT_WORK_TIMERS = 4.0
+#: After the last job ended, the workers keep polling this many retry timers, so that a
+#: job handed out again at the very end is seen.
+GRACE_TIMERS = 3.0
+#: How long a worker process may take to start its loop (imports, connection).
+STARTUP_S = 60.0
+#: How long a worker process may take to stop once asked (its loop waits for running work).
+STOP_S = 30.0
+WORKER_FAILED = 3
+_RETRY = RetryPolicy(base_delay_us=10_000, max_delay_us=200_000)
+_POLL_S = 0.1
+
+
+@dataclass(frozen=True)
+class Execution:
+    """One run of one job's work by one worker, on the machine's monotonic clock."""
+
+    key: str
+    worker: str
+    start_s: float
+    end_s: float | None
+
+    def overlaps(self, other: Execution) -> bool:
+        ends = self.end_s if self.end_s is not None else float("inf")
+        other_ends = other.end_s if other.end_s is not None else float("inf")
+        return self.start_s < other_ends and other.start_s < ends
+
+    def to_json(self, origin: float) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "worker": self.worker,
+            "start_s": round(self.start_s - origin, 3),
+            "end_s": None if self.end_s is None else round(self.end_s - origin, 3),
+        }
+
+
+def read_ledger(text: str, worker: str) -> list[Execution]:
+    """The executions a worker's ledger holds: ``start KEY T`` and ``end KEY T`` lines,
+    each end closing the earliest open start of its key. A torn last line is ignored."""
+    runs: list[Execution] = []
+    for line in text.splitlines():
+        parts = line.split(" ")
+        if len(parts) != 3 or parts[0] not in ("start", "end"):
+            continue
+        what, key, moment = parts
+        try:
+            at = float(moment)
+        except ValueError:
+            continue
+        if what == "start":
+            runs.append(Execution(key, worker, at, None))
+            continue
+        open_runs = [i for i, run in enumerate(runs) if run.key == key and run.end_s is None]
+        if open_runs:
+            index = open_runs[0]
+            runs[index] = Execution(key, worker, runs[index].start_s, at)
+    return runs
+
+
+def _when(run: Execution, origin: float) -> str:
+    end = "still running" if run.end_s is None else f"to {run.end_s - origin:.2f} s"
+    return f"by {run.worker} from {run.start_s - origin:.2f} s {end}"
+
+
+def judge(
+    keys: Sequence[str],
+    executions: Sequence[Execution],
+    stored: Mapping[str, JobStatus] | None,
+    origin: float,
+) -> list[str]:
+    """The anomalies of a run in which no worker was harmed: a job run more than once
+    (beside its first execution, or after it), a job never run, a job the store does not
+    hold done."""
+    anomalies = []
+    for key in keys:
+        runs = sorted((run for run in executions if run.key == key), key=lambda run: run.start_s)
+        if not runs:
+            anomalies.append(f"job {key}: never run, while every worker was alive and polling")
+        for index, again in enumerate(runs[1:], 1):
+            beside = [run for run in runs[:index] if run.overlaps(again)]
+            first = beside[0] if beside else runs[index - 1]
+            how = "beside" if beside else "after"
+            anomalies.append(
+                f"job {key}: run again {how} a live worker's execution: {_when(first, origin)},"
+                f" then {_when(again, origin)}; no worker was killed, stopped or cut off"
+            )
+        if stored is not None and stored.get(key) is not JobStatus.SUCCEEDED:
+            found = stored.get(key)
+            anomalies.append(
+                f"job {key}: the store holds it {'nowhere' if found is None else found.value}"
+                " after every execution ended"
+            )
+    return anomalies
+
+
+@dataclass(frozen=True)
+class _WorkerSpec:
+    system: str
+    store: str
+    worker_id: str
+    ledger: str
+    work_s: float
+    inherited: Inherited
+
+
+def _append(path: str, line: str) -> None:
+    # One write per line on an O_APPEND file: lines from several work threads never mix.
+    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(descriptor, line.encode())
+    finally:
+        os.close(descriptor)
+
+
+def _worker_main(spec: _WorkerSpec) -> None:
+    """Run the library's own loop until SIGTERM; each job's work is a wait of ``work_s``."""
+    ignore_interrupts()
+    spec.inherited.adopt()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    def work(key: str) -> None:
+        _append(spec.ledger, f"start {key} {time.monotonic():.6f}\n")
+        stop.wait(spec.work_s)
+        _append(spec.ledger, f"end {key} {time.monotonic():.6f}\n")
+
+    try:
+        loop = resolve_system(spec.system).library_worker
+        assert loop is not None  # the parent checked
+        loop.run(Path(spec.store), spec.worker_id, work, stop)
+    except Exception:
+        Path(spec.ledger + ".error").write_text(traceback.format_exc())
+        os._exit(WORKER_FAILED)
+
+
+def _submit(system: System, store: Path, keys: Sequence[str]) -> None:
+    client = system.open(OpenRequest(store, SystemClock(), RandomIds(), _RETRY))
+    try:
+        client.submit_many([JobSpec(key, "work", {}) for key in keys])
+    finally:
+        client.close()
+
+
+def _stored(system: System, store: Path) -> dict[str, JobStatus] | None:
+    if system.reader is None:
+        return None
+    return {key: job.status for key, job in system.reader(store).jobs.items()}
+
+
+def _executions(ledgers: Mapping[str, Path]) -> list[Execution]:
+    return [
+        run
+        for worker, ledger in ledgers.items()
+        if ledger.is_file()
+        for run in read_ledger(ledger.read_text(), worker)
+    ]
+
+
+def _every_job_ended(keys: Sequence[str], executions: Sequence[Execution]) -> bool:
+    ended = {run.key for run in executions if run.end_s is not None}
+    running = any(run.end_s is None for run in executions)
+    return not running and all(key in ended for key in keys)
+
+
+def run_heartbeats(
+    output_dir: Path,
+    *,
+    system: str,
+    jobs: int = DEFAULT_JOBS,
+    workers: int = DEFAULT_WORKERS,
+    work_timers: float = DEFAULT_WORK_TIMERS,
+    progress: Callable[[str], None] | None = None,
+    now: Callable[[], float] = time.monotonic,
+) -> dict[str, Any]:
+    """Run ``jobs`` jobs of ``work_timers`` retry timers each on ``workers`` processes of
+    the library's own worker loop; the record, also written to ``heartbeats.json``."""
+    prepare_output_directory(output_dir)
+    resolved = resolve_system(system)
+    loop = resolved.library_worker
+    if loop is None:
+        raise SystemUnavailable(
+            system,
+            "the heartbeat experiment runs the library's own worker loop, which the lab"
+            " has for pgqueuer only",
+        )
+    say = progress or (lambda _line: None)
+    store = output_dir / "store"
+    store.mkdir()
+    keys = [f"job-{index:02d}" for index in range(jobs)]
+    _submit(resolved, store, keys)
+    work_s = work_timers * loop.retry_after_s
+    ledgers = {f"worker-{slot}": output_dir / f"worker-{slot}.ledger" for slot in range(workers)}
+    context = forkserver_context(())
+    inherited = Inherited.capture()
+    processes = {
+        worker: context.Process(
+            target=_worker_main,
+            args=(_WorkerSpec(system, str(store), worker, str(ledger), work_s, inherited),),
+            daemon=True,
+        )
+        for worker, ledger in ledgers.items()
+    }
+    origin = now()
+    for process in processes.values():
+        process.start()
+    say(f"heartbeats {resolved.name}: {jobs} jobs of {work_s:g} s on {workers} workers")
+    deadline = origin + STARTUP_S + jobs * work_s
+    failed: dict[str, str] = {}
+    all_ended_at: float | None = None
+    try:
+        while now() < deadline:
+            failed = {
+                worker: Path(f"{ledgers[worker]}.error").read_text().strip().splitlines()[-1]
+                if Path(f"{ledgers[worker]}.error").is_file()
+                else f"exited with code {process.exitcode}"
+                for worker, process in processes.items()
+                if process.exitcode is not None
+            }
+            if failed:
+                break
+            if _every_job_ended(keys, _executions(ledgers)):
+                all_ended_at = all_ended_at or now()
+                if now() - all_ended_at >= GRACE_TIMERS * loop.retry_after_s:
+                    break
+            else:
+                all_ended_at = None
+            time.sleep(_POLL_S)
+    finally:
+        stopped = _stop(processes)
+    finished = now()
+    executions = _executions(ledgers)
+    stored = _stored(resolved, store)
+    anomalies = judge(keys, executions, stored, origin)
+    error = None
+    if failed:
+        told = "; ".join(f"{worker}: {message}" for worker, message in failed.items())
+        error = {"type": "WorkerFailed", "message": told}
+    elif all_ended_at is None:
+        error = {
+            "type": "Unfinished",
+            "message": f"the work did not end within {deadline - origin:.0f} s",
+        }
+    promises = None if error else classify(resolved, "live workers", anomalies)
+    record = {
+        "ok": not anomalies and error is None,
+        "anomalies": anomalies,
+        "error": error,
+        "system": resolved.describe(),
+        "spec": system,
+        "library_worker": loop.describe,
+        "parameters": {
+            "jobs": jobs,
+            "workers": workers,
+            "work_timers": work_timers,
+            "retry_after_s": loop.retry_after_s,
+            "work_s": work_s,
+            "grace_s": GRACE_TIMERS * loop.retry_after_s,
+        },
+        "executions": [run.to_json(origin) for run in sorted(executions, key=lambda r: r.start_s)],
+        "jobs": {
+            key: {
+                "runs": sum(1 for run in executions if run.key == key),
+                "stored": None if stored is None or key not in stored else stored[key].value,
+            }
+            for key in keys
+        },
+        "workers": {
+            worker: {"exit": code, "failed": failed.get(worker)} for worker, code in stopped.items()
+        },
+        "promises": promises,
+        "timings": {"run_s": round(finished - origin, 3)},
+    }
+    write_json(output_dir / HEARTBEATS_FILE, record)
+    return record
+
+
+def _stop(processes: Mapping[str, Any]) -> dict[str, int | None]:
+    """Ask every worker to stop (SIGTERM: its loop ends after its running work), then kill
+    what is still there; each worker's exit code."""
+    for process in processes.values():
+        if process.exitcode is None and process.pid is not None:
+            process.terminate()
+    ends = time.monotonic() + STOP_S
+    for process in processes.values():
+        process.join(max(0.0, ends - time.monotonic()))
+        if process.exitcode is None:
+            process.kill()
+            process.join(5.0)
+    codes = {worker: process.exitcode for worker, process in processes.items()}
+    for process in processes.values():
+        process.close()
+    return codes

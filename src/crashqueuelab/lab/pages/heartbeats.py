@@ -1,0 +1,100 @@
+"""The page of a heartbeat experiment: each job's executions on one time axis, a job run
+twice at once shown as two bars side by side, with what the store holds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from crashqueuelab.lab.pages.views import Verdict, View, promises_of, system_label
+
+#: One colour per worker (the lanes are jobs; a bar's colour says who ran it).
+_WORKER_COLOURS = ("#1a73e8", "#e37400", "#188038", "#9334e6", "#c5221f", "#007b83")
+_RUN_AGAIN = "#d93025"
+
+
+def _lanes(report: dict[str, Any]) -> tuple[list[dict[str, Any]], float]:
+    workers = sorted({run["worker"] for run in report["executions"]})
+    colour = {w: _WORKER_COLOURS[i % len(_WORKER_COLOURS)] for i, w in enumerate(workers)}
+    end = max(
+        [report["timings"]["run_s"]]
+        + [run["end_s"] or run["start_s"] for run in report["executions"]]
+    )
+    rows = []
+    for key in report["jobs"]:
+        runs = [run for run in report["executions"] if run["key"] == key]
+        # One lane per execution: two executions at once are two bars one above the other.
+        for index, run in enumerate(runs):
+            finish = end if run["end_s"] is None else run["end_s"]
+            label = key if index == 0 else f"{key} again"
+            span = {
+                "start": run["start_s"],
+                "end": finish,
+                "color": colour[run["worker"]],
+                "title": f"{label}, by {run['worker']}: {run['start_s']:.2f} s to {finish:.2f} s",
+            }
+            dots = (
+                []
+                if index == 0
+                else [
+                    {"at": run["start_s"], "color": _RUN_AGAIN, "title": f"{key} handed out again"}
+                ]
+            )
+            rows.append({"label": label, "spans": [span], "dots": dots})
+    return rows, max(end, 0.001)
+
+
+def heartbeats_view(run_dir: Path) -> View:
+    report = json.loads((run_dir / "heartbeats.json").read_text(encoding="utf-8"))
+    parameters = report["parameters"]
+    reasons = list(report["anomalies"])
+    if report["error"]:
+        reasons.insert(0, f"{report['error']['type']}: {report['error']['message']}")
+    runs_again = sum(max(0, job["runs"] - 1) for job in report["jobs"].values())
+    verdict = Verdict(
+        ok=report["ok"],
+        title=f"heartbeats: {parameters['jobs']} jobs of {parameters['work_s']:g} s on"
+        f" {parameters['workers']} live workers",
+        system=system_label(report["system"]),
+        durability=report["library_worker"],
+        seed=None,
+        duration=report["timings"]["run_s"],
+        command=f"crashqueuelab heartbeats --system {report['spec']} --jobs {parameters['jobs']}"
+        f" --workers {parameters['workers']} --work-timers {parameters['work_timers']:g}"
+        f" --output-directory {run_dir}",
+        reasons=reasons,
+    )
+    figures = [
+        (
+            "executions",
+            f"{len(report['executions'])} for {parameters['jobs']} jobs",
+            "each job must run once: no worker was killed, stopped or cut off",
+        ),
+        ("handed out again", str(runs_again), "while every worker was alive"),
+        (
+            "retry timer",
+            f"{parameters['retry_after_s']:g} s",
+            "a job whose heartbeat is older is handed out again",
+        ),
+        ("each job works", f"{parameters['work_s']:g} s", f"{parameters['work_timers']:g} timers"),
+        ("grace", f"{parameters['grace_s']:g} s", "polling on after the last job ended"),
+    ]
+    lanes, end = _lanes(report)
+    ticks = [(at, f"{at:g} s") for at in range(0, int(end) + 1, max(1, int(end) // 8 or 1))]
+    legend = [
+        {"worker": worker, "color": _WORKER_COLOURS[i % len(_WORKER_COLOURS)]}
+        for i, worker in enumerate(sorted({run["worker"] for run in report["executions"]}))
+    ]
+    data = {
+        "promises": promises_of(report),
+        "lanes": lanes,
+        "end": end,
+        "ticks": ticks,
+        "legend": legend,
+        "again": _RUN_AGAIN,
+        "executions": report["executions"],
+        "jobs": report["jobs"],
+        "workers": report["workers"],
+    }
+    return View("heartbeats.html.j2", verdict, figures, data)
