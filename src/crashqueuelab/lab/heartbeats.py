@@ -218,7 +218,6 @@ def run_heartbeats(
 ) -> dict[str, Any]:
     """Run ``jobs`` jobs of ``work_timers`` retry timers each on ``workers`` processes of
     the library's own worker loop; the record, also written to ``heartbeats.json``."""
-    prepare_output_directory(output_dir)
     resolved = resolve_system(system)
     loop = resolved.library_worker
     if loop is None:
@@ -227,6 +226,7 @@ def run_heartbeats(
             "the heartbeat experiment runs the library's own worker loop, which the lab"
             " has for pgqueuer only",
         )
+    prepare_output_directory(output_dir)
     say = progress or (lambda _line: None)
     store = output_dir / "store"
     store.mkdir()
@@ -249,19 +249,11 @@ def run_heartbeats(
         process.start()
     say(f"heartbeats {resolved.name}: {jobs} jobs of {work_s:g} s on {workers} workers")
     deadline = origin + STARTUP_S + jobs * work_s
-    failed: dict[str, str] = {}
     all_ended_at: float | None = None
     try:
         while now() < deadline:
-            failed = {
-                worker: Path(f"{ledgers[worker]}.error").read_text().strip().splitlines()[-1]
-                if Path(f"{ledgers[worker]}.error").is_file()
-                else f"exited with code {process.exitcode}"
-                for worker, process in processes.items()
-                if process.exitcode is not None
-            }
-            if failed:
-                break
+            if any(process.exitcode is not None for process in processes.values()):
+                break  # a worker's loop ended by itself: the run cannot go on as planned
             if _every_job_ended(keys, _executions(ledgers)):
                 all_ended_at = all_ended_at or now()
                 if now() - all_ended_at >= GRACE_TIMERS * loop.retry_after_s:
@@ -271,6 +263,7 @@ def run_heartbeats(
             time.sleep(_POLL_S)
     finally:
         stopped = _stop(processes)
+    failed = _failures(ledgers, stopped)
     finished = now()
     executions = _executions(ledgers)
     stored = _stored(resolved, store)
@@ -316,6 +309,19 @@ def run_heartbeats(
     }
     write_json(output_dir / HEARTBEATS_FILE, record)
     return record
+
+
+def _failures(ledgers: Mapping[str, Path], codes: Mapping[str, int | None]) -> dict[str, str]:
+    """Each worker whose loop raised (the last line of its traceback) or that did not exit
+    cleanly when asked to stop."""
+    failed = {}
+    for worker, ledger in ledgers.items():
+        error = Path(f"{ledger}.error")
+        if error.is_file():
+            failed[worker] = error.read_text().strip().splitlines()[-1]
+        elif codes[worker] != 0:
+            failed[worker] = f"exited with code {codes[worker]}"
+    return failed
 
 
 def _stop(processes: Mapping[str, Any]) -> dict[str, int | None]:
