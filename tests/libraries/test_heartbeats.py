@@ -17,8 +17,12 @@ from typing import Any
 import pytest
 
 from crashqueuelab import cli
+from crashqueuelab.core.errors import InvalidInput
+from crashqueuelab.lab.chaos.network import NetworkPlan
 from crashqueuelab.lab.environments import CACHE_VARIABLE
+from crashqueuelab.lab.heartbeatfaults import HeartbeatFaults, Held, Running
 from crashqueuelab.lab.heartbeats import Execution, judge, read_ledger
+from crashqueuelab.lab.servers import SERVER_VARIABLES
 from crashqueuelab.systems import resolve_system
 from crashqueuelab.systems.contract import JobStatus, LibraryWorker, System
 
@@ -154,31 +158,42 @@ def test_heartbeats_too_slow_for_the_retry_timer_rerun_live_jobs_on_0_21_0_not_o
     tmp_path: Path, postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """pgqueuer #430: 0.21.0 flushes heartbeats once per retry timer, so a live worker's
-    job looks dead and runs again beside it; 0.24.0 flushes four times as often."""
+    job looks dead and runs again beside it; 0.24.0 flushes four times as often. Then the
+    same pair with a stall: what the stall causes is documented, what 0.21.0 does is not."""
     monkeypatch.setenv(CACHE_VARIABLE, str(tmp_path / "environments"))
-    code, result, err = run(
-        [
-            "versions",
-            "--system",
-            "pgqueuer",
-            "--releases",
-            "0.21.0,0.24.0",
-            "--bisect",
-            "--output-directory",
-            str(tmp_path / "m"),
-            "heartbeats",
-            "--dsn",
-            postgres_dsn,
-            "--jobs",
-            "3",
-        ]
-    )
+
+    def matrix(name: str, *faults: str) -> tuple[int, dict[str, Any], str]:
+        return run(
+            [
+                "versions",
+                "--system",
+                "pgqueuer",
+                "--releases",
+                "0.21.0,0.24.0",
+                "--bisect",
+                "--bisect-on",
+                "promises",
+                "--output-directory",
+                str(tmp_path / name),
+                "heartbeats",
+                "--dsn",
+                postgres_dsn,
+                "--jobs",
+                "3",
+                *faults,
+            ]
+        )
+
+    def runs(name: str, release: str) -> dict[str, Any]:
+        record: dict[str, Any] = json.loads(
+            (tmp_path / name / release / "heartbeats.json").read_text()
+        )
+        return record
+
+    code, result, err = matrix("quiet")
     assert code == 0, err
     assert result["bisection"]["found"] == "0.24.0"
-    old, fixed = (
-        json.loads((tmp_path / "m" / release / "heartbeats.json").read_text())
-        for release in ("0.21.0", "0.24.0")
-    )
+    old, fixed = runs("quiet", "0.21.0"), runs("quiet", "0.24.0")
     assert old["system"]["version"] == "pgqueuer 0.21.0"
     assert any(job["runs"] > 1 for job in old["jobs"].values())
     # Against pgqueuer's own promise (its retry timer takes only jobs gone silent): a bug.
@@ -186,4 +201,71 @@ def test_heartbeats_too_slow_for_the_retry_timer_rerun_live_jobs_on_0_21_0_not_o
     assert "run again beside a live worker's execution" in old["promises"]["broken_promises"][0]
     assert fixed["system"]["version"] == "pgqueuer 0.24.0"
     assert {job["runs"] for job in fixed["jobs"].values()} == {1}
+    assert fixed["ok"] is True
+
+    # Longer jobs, so that 0.21.0 hands jobs out again outside the stall too.
+    code, result, err = matrix("stalled", "--stalls", "1", "--work-timers", "6")
+    assert code == 0, err
+    assert result["bisection"]["found"] == "0.24.0"
+    old, fixed = runs("stalled", "0.21.0"), runs("stalled", "0.24.0")
+    assert old["promises"]["keeps_its_promises"] is False
+    (stall,) = fixed["network"]["delivered"]
+    assert stall["kind"] == "stall"
+    # The stalled worker's jobs ran again elsewhere: weaker than the lab, as pgqueuer says.
+    assert fixed["ok"] is False
+    assert fixed["anomalies"]
+    assert all(f"while a stall held {stall['target']}'s" in line for line in fixed["anomalies"])
     assert fixed["promises"]["keeps_its_promises"] is True
+
+
+def test_a_job_taken_from_a_holder_whose_connection_was_held_says_which_fault_held_it() -> None:
+    runs = [
+        Execution("a", "w0", 1.0, 5.0),
+        Execution("a", "w1", 2.5, 6.5),  # taken from w0, held from 1.5 s
+        Execution("a", "w0", 3.0, 7.0),  # taken from w1, whose connection nobody held
+    ]
+    held = {"w0": [Held("stall", 1.5, 3.5)]}
+    done = {"a": JobStatus.SUCCEEDED}
+    first, second = judge(["a"], runs, done, origin=0.0, held=held)
+    assert first == (
+        "job a: run again beside w0's execution while a stall held w0's connection"
+        " (1.50 s to 3.50 s): by w0 from 1.00 s to 5.00 s, then by w1 from 2.50 s to 6.50 s"
+    )
+    assert second.startswith("job a: run again beside a live worker's execution: by w1 from")
+    # A window that ended before the holder started explains nothing.
+    assert judge(["a"], runs[:2], done, 0.0, {"w0": [Held("stall", 0.0, 0.5)]})[0].startswith(
+        "job a: run again beside a live worker's execution"
+    )
+
+
+def test_faults_strike_one_at_a_time_on_the_oldest_jobs_worker_once_it_worked_long_enough(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The proxy listens on the loopback interface; no worker connects, so no server is needed.
+    monkeypatch.setenv(SERVER_VARIABLES[0], "host=/nonexistent port=5432 dbname=x")
+    moment = [100.0]
+    plan = NetworkPlan(stalls=1, partitions=1, window_ms=2000)
+    with HeartbeatFaults(plan, retry_after_s=1.0, started=100.0, clock=lambda: moment[0]) as faults:
+        inherited = dict(faults.inherited("w0").environment)
+        assert "127.0.0.1" in inherited[SERVER_VARIABLES[0]]
+        faults.inherited("w1")
+        faults.strike_due([Running("w1", 100.2)])  # not yet half a timer
+        assert faults.delivered == []
+        moment[0] = 100.8
+        faults.strike_due([Running("w1", 100.2), Running("w0", 100.4)])
+        assert [(d["kind"], d["target"]) for d in faults.delivered] == [("stall", "w1")]
+        moment[0] = 102.0
+        faults.strike_due([Running("w0", 100.4)])  # the stall still holds
+        assert len(faults.delivered) == 1
+        moment[0] = 103.0
+        faults.strike_due([Running("w0", 100.4)])
+        assert [d["kind"] for d in faults.delivered] == ["stall", "partition"]
+        held = faults.held()
+        assert held["w1"] == [Held("stall", 100.8, 102.8), Held("partition", 103.0, 105.0)]
+        assert held["w0"] == [Held("partition", 103.0, 105.0)]
+        assert faults.report()["not_delivered"] == []
+
+
+def test_a_heartbeat_run_holds_connections_it_never_loses_replies_or_resets_them() -> None:
+    with pytest.raises(InvalidInput, match="no lost replies or resets"):
+        HeartbeatFaults(NetworkPlan(lost_replies=1), retry_after_s=1.0, started=0.0)

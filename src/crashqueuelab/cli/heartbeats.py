@@ -6,8 +6,18 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from crashqueuelab.cli.common import EXIT_OK, EXIT_REJECTED, Command, add_system, positive
+from crashqueuelab.cli.common import (
+    EXIT_OK,
+    EXIT_REJECTED,
+    Command,
+    add_system,
+    milliseconds,
+    non_negative,
+    positive,
+)
 from crashqueuelab.cli.progress import progress_for
+from crashqueuelab.lab.chaos.network import NetworkPlan
+from crashqueuelab.lab.heartbeatfaults import WINDOW_TIMERS
 from crashqueuelab.lab.heartbeats import (
     DEFAULT_JOBS,
     DEFAULT_WORK_TIMERS,
@@ -36,6 +46,12 @@ def _heartbeats(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         jobs=args.jobs,
         workers=args.workers,
         work_timers=args.work_timers,
+        network=NetworkPlan(
+            stalls=args.stalls,
+            partitions=args.partitions,
+            latency_ms=args.latency_ms,
+            window_ms=args.network_fault_ms,
+        ),
         progress=progress_for(args),
     )
     reasons = list(record["anomalies"])
@@ -54,6 +70,9 @@ def _heartbeats(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
             key: record["promises"][key]
             for key in ("keeps_its_promises", "verdict", "broken_promises")
         },
+        "network_faults_delivered": [
+            entry["kind"] for entry in (record["network"] or {}).get("delivered", [])
+        ],
         "timings": record["timings"],
         "heartbeats_report": str(args.output_directory / HEARTBEATS_FILE),
         "report": html_report(args.output_directory, args.stderr),
@@ -82,4 +101,33 @@ def add_heartbeats_command(command: Command) -> None:
         default=DEFAULT_WORK_TIMERS,
         help="how long each job works, in the library's retry timers;"
         f" default {DEFAULT_WORK_TIMERS:g}",
+    )
+    group = sub.add_argument_group(
+        "network faults (postgres: each worker reaches the server through a fault proxy on"
+        " 127.0.0.1; one fault at a time, once a job has worked half a retry timer)"
+    )
+    group.add_argument(
+        "--stalls",
+        type=non_negative,
+        default=0,
+        help="hold the connection of the worker running the oldest job this often (bytes"
+        " kept, nothing closed); default 0",
+    )
+    group.add_argument(
+        "--partitions",
+        type=non_negative,
+        default=0,
+        help="hold every worker's connection, new ones hanging, this often; default 0",
+    )
+    group.add_argument(
+        "--latency-ms",
+        type=milliseconds,
+        default=0.0,
+        help="delay every byte to and from the server by this many milliseconds; default 0",
+    )
+    group.add_argument(
+        "--network-fault-ms",
+        type=milliseconds,
+        default=None,
+        help=f"how long each stall or partition lasts (default: {WINDOW_TIMERS:g} retry timers)",
     )

@@ -23,14 +23,18 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from crashqueuelab.core.clock import SystemClock
-from crashqueuelab.core.errors import SystemUnavailable
+from crashqueuelab.core.errors import InvalidInput, SystemUnavailable
 from crashqueuelab.core.ids import RandomIds
 from crashqueuelab.core.retry import RetryPolicy
+from crashqueuelab.lab.chaos.network import NetworkPlan
+from crashqueuelab.lab.chaos.schedule import FaultKind
+from crashqueuelab.lab.heartbeatfaults import HeartbeatFaults, Held, Running
 from crashqueuelab.lab.inheritance import Inherited
 from crashqueuelab.lab.interrupts import forkserver_context, ignore_interrupts
 from crashqueuelab.lab.promises import classify
@@ -106,28 +110,55 @@ def _when(run: Execution, origin: float) -> str:
     return f"by {run.worker} from {run.start_s - origin:.2f} s {end}"
 
 
+def _holding(first: Execution, again: Execution, held: Mapping[str, Sequence[Held]]) -> Held | None:
+    """The window that held the first holder's connection between its start and the job's
+    next hand-out, if one did."""
+    return next(
+        (
+            window
+            for window in held.get(first.worker, ())
+            if window.start < again.start_s and first.start_s < window.end
+        ),
+        None,
+    )
+
+
 def judge(
     keys: Sequence[str],
     executions: Sequence[Execution],
     stored: Mapping[str, JobStatus] | None,
     origin: float,
+    held: Mapping[str, Sequence[Held]] | None = None,
 ) -> list[str]:
-    """The anomalies of a run in which no worker was harmed: a job run more than once
-    (beside its first execution, or after it), a job never run, a job the store does not
-    hold done."""
+    """The anomalies of a run in which no worker was killed or stopped: a job run more than
+    once (beside its first execution, or after it), a job never run, a job the store does
+    not hold done. A job handed out again while a network fault held its holder's
+    connection says so (the library saw no heartbeat); any other was handed out again with
+    every worker alive and reachable."""
     anomalies = []
     for key in keys:
         runs = sorted((run for run in executions if run.key == key), key=lambda run: run.start_s)
         if not runs:
             anomalies.append(f"job {key}: never run, while every worker was alive and polling")
         for index, again in enumerate(runs[1:], 1):
+            # The job was taken from its latest holder: the last one to start before it.
             beside = [run for run in runs[:index] if run.overlaps(again)]
-            first = beside[0] if beside else runs[index - 1]
+            first = beside[-1] if beside else runs[index - 1]
             how = "beside" if beside else "after"
-            anomalies.append(
-                f"job {key}: run again {how} a live worker's execution: {_when(first, origin)},"
-                f" then {_when(again, origin)}; no worker was killed, stopped or cut off"
-            )
+            window = _holding(first, again, held or {})
+            if window is None:
+                anomalies.append(
+                    f"job {key}: run again {how} a live worker's execution:"
+                    f" {_when(first, origin)}, then {_when(again, origin)}; no worker was"
+                    " killed, stopped or cut off"
+                )
+            else:
+                anomalies.append(
+                    f"job {key}: run again {how} {first.worker}'s execution while a"
+                    f" {window.kind} held {first.worker}'s connection"
+                    f" ({window.start - origin:.2f} s to {window.end - origin:.2f} s):"
+                    f" {_when(first, origin)}, then {_when(again, origin)}"
+                )
         if stored is not None and stored.get(key) is not JobStatus.SUCCEEDED:
             found = stored.get(key)
             anomalies.append(
@@ -206,6 +237,28 @@ def _every_job_ended(keys: Sequence[str], executions: Sequence[Execution]) -> bo
     return not running and all(key in ended for key in keys)
 
 
+@dataclass(frozen=True)
+class _Worked:
+    """How the workers' part of a run ended."""
+
+    exits: dict[str, int | None]
+    #: When every job had ended (None: the work did not end).
+    all_ended_at: float | None
+    held: dict[str, list[Held]]
+    network: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class _Plan:
+    system: str
+    store: Path
+    keys: list[str]
+    ledgers: dict[str, Path]
+    work_s: float
+    grace_s: float
+    deadline: float
+
+
 def run_heartbeats(
     output_dir: Path,
     *,
@@ -213,11 +266,13 @@ def run_heartbeats(
     jobs: int = DEFAULT_JOBS,
     workers: int = DEFAULT_WORKERS,
     work_timers: float = DEFAULT_WORK_TIMERS,
+    network: NetworkPlan | None = None,
     progress: Callable[[str], None] | None = None,
     now: Callable[[], float] = time.monotonic,
 ) -> dict[str, Any]:
     """Run ``jobs`` jobs of ``work_timers`` retry timers each on ``workers`` processes of
-    the library's own worker loop; the record, also written to ``heartbeats.json``."""
+    the library's own worker loop, with the ``network`` faults (``heartbeatfaults.py``);
+    the record, also written to ``heartbeats.json``."""
     resolved = resolve_system(system)
     loop = resolved.library_worker
     if loop is None:
@@ -226,58 +281,46 @@ def run_heartbeats(
             "the heartbeat experiment runs the library's own worker loop, which the lab"
             " has for pgqueuer only",
         )
+    network = network or NetworkPlan()
+    network.check()
+    if network.active and resolved.server != "postgres":
+        raise InvalidInput("network", f"{resolved.name} talks to no server: nothing to fault")
     prepare_output_directory(output_dir)
-    say = progress or (lambda _line: None)
     store = output_dir / "store"
     store.mkdir()
     keys = [f"job-{index:02d}" for index in range(jobs)]
     _submit(resolved, store, keys)
     work_s = work_timers * loop.retry_after_s
-    ledgers = {f"worker-{slot}": output_dir / f"worker-{slot}.ledger" for slot in range(workers)}
-    context = forkserver_context(())
-    inherited = Inherited.capture()
-    processes = {
-        worker: context.Process(
-            target=_worker_main,
-            args=(_WorkerSpec(system, str(store), worker, str(ledger), work_s, inherited),),
-            daemon=True,
-        )
-        for worker, ledger in ledgers.items()
-    }
     origin = now()
-    for process in processes.values():
-        process.start()
-    say(f"heartbeats {resolved.name}: {jobs} jobs of {work_s:g} s on {workers} workers")
-    deadline = origin + STARTUP_S + jobs * work_s
-    all_ended_at: float | None = None
-    try:
-        while now() < deadline:
-            if any(process.exitcode is not None for process in processes.values()):
-                break  # a worker's loop ended by itself: the run cannot go on as planned
-            if _every_job_ended(keys, _executions(ledgers)):
-                all_ended_at = all_ended_at or now()
-                if now() - all_ended_at >= GRACE_TIMERS * loop.retry_after_s:
-                    break
-            else:
-                all_ended_at = None
-            time.sleep(_POLL_S)
-    finally:
-        stopped = _stop(processes)
-    failed = _failures(ledgers, stopped)
+    plan = _Plan(
+        system=system,
+        store=store,
+        keys=keys,
+        ledgers={f"worker-{slot}": output_dir / f"worker-{slot}.ledger" for slot in range(workers)},
+        work_s=work_s,
+        grace_s=GRACE_TIMERS * loop.retry_after_s,
+        deadline=origin + STARTUP_S + jobs * work_s,
+    )
+    if progress is not None:
+        progress(f"heartbeats {resolved.name}: {jobs} jobs of {work_s:g} s on {workers} workers")
+    worked = _work(plan, network, loop.retry_after_s, origin, now)
+    failed = _failures(plan.ledgers, worked.exits)
     finished = now()
-    executions = _executions(ledgers)
+    executions = _executions(plan.ledgers)
     stored = _stored(resolved, store)
-    anomalies = judge(keys, executions, stored, origin)
+    anomalies = judge(keys, executions, stored, origin, worked.held)
     error = None
     if failed:
         told = "; ".join(f"{worker}: {message}" for worker, message in failed.items())
         error = {"type": "WorkerFailed", "message": told}
-    elif all_ended_at is None:
+    elif worked.all_ended_at is None:
         error = {
             "type": "Unfinished",
-            "message": f"the work did not end within {deadline - origin:.0f} s",
+            "message": f"the work did not end within {plan.deadline - origin:.0f} s",
         }
-    promises = None if error else classify(resolved, "live workers", anomalies)
+    delivered = [] if worked.network is None else worked.network["delivered"]
+    faults_seen = sorted({FaultKind(entry["kind"]).value for entry in delivered})
+    promises = None if error else classify(resolved, "live workers", anomalies, faults_seen)
     record = {
         "ok": not anomalies and error is None,
         "anomalies": anomalies,
@@ -291,8 +334,9 @@ def run_heartbeats(
             "work_timers": work_timers,
             "retry_after_s": loop.retry_after_s,
             "work_s": work_s,
-            "grace_s": GRACE_TIMERS * loop.retry_after_s,
+            "grace_s": plan.grace_s,
         },
+        "network": worked.network,
         "executions": [run.to_json(origin) for run in sorted(executions, key=lambda r: r.start_s)],
         "jobs": {
             key: {
@@ -302,13 +346,82 @@ def run_heartbeats(
             for key in keys
         },
         "workers": {
-            worker: {"exit": code, "failed": failed.get(worker)} for worker, code in stopped.items()
+            worker: {"exit": code, "failed": failed.get(worker)}
+            for worker, code in worked.exits.items()
         },
         "promises": promises,
         "timings": {"run_s": round(finished - origin, 3)},
     }
     write_json(output_dir / HEARTBEATS_FILE, record)
     return record
+
+
+def _work(
+    plan: _Plan,
+    network: NetworkPlan,
+    retry_after_s: float,
+    origin: float,
+    now: Callable[[], float],
+) -> _Worked:
+    """Start the workers (behind the fault proxy when there are network faults), strike
+    the faults as jobs work, wait for every job to end and the grace after it, stop them."""
+    context = forkserver_context(())
+    all_ended_at: float | None = None
+    with ExitStack() as stack:
+        faults = (
+            stack.enter_context(
+                HeartbeatFaults(network, retry_after_s=retry_after_s, started=origin)
+            )
+            if network.active
+            else None
+        )
+        processes = {
+            worker: context.Process(
+                target=_worker_main,
+                args=(
+                    _WorkerSpec(
+                        plan.system,
+                        str(plan.store),
+                        worker,
+                        str(ledger),
+                        plan.work_s,
+                        Inherited.capture() if faults is None else faults.inherited(worker),
+                    ),
+                ),
+                daemon=True,
+            )
+            for worker, ledger in plan.ledgers.items()
+        }
+        for process in processes.values():
+            process.start()
+        try:
+            while now() < plan.deadline:
+                if any(process.exitcode is not None for process in processes.values()):
+                    break  # a worker's loop ended by itself: the run cannot go on as planned
+                executions = _executions(plan.ledgers)
+                if faults is not None:
+                    faults.strike_due(
+                        [
+                            Running(run.worker, run.start_s)
+                            for run in executions
+                            if run.end_s is None
+                        ]
+                    )
+                if _every_job_ended(plan.keys, executions):
+                    all_ended_at = all_ended_at or now()
+                    if now() - all_ended_at >= plan.grace_s:
+                        break
+                else:
+                    all_ended_at = None
+                time.sleep(_POLL_S)
+        finally:
+            exits = _stop(processes)
+        return _Worked(
+            exits=exits,
+            all_ended_at=all_ended_at,
+            held={} if faults is None else faults.held(),
+            network=None if faults is None else faults.report(),
+        )
 
 
 def _failures(ledgers: Mapping[str, Path], codes: Mapping[str, int | None]) -> dict[str, str]:

@@ -407,6 +407,8 @@ _SERVER_CLOCK = Documented(
         "probe batched_acknowledgement_fences_each_item: *the queue offered nothing",
         "probe batched_acknowledgement_sees_the_lease_as_it_stands: *the queue offered *",
         "job *: two live leases from * at least: *",
+        # The heartbeat experiment: a network fault held the holder's heartbeats.
+        "job *: run again * while a * held *'s connection *",
     ),
 )
 _WORKER_RETRIES = Documented(

@@ -12,6 +12,31 @@ from crashqueuelab.lab.pages.views import Verdict, View, promises_of, system_lab
 #: One colour per worker (the lanes are jobs; a bar's colour says who ran it).
 _WORKER_COLOURS = ("#1a73e8", "#e37400", "#188038", "#9334e6", "#c5221f", "#007b83")
 _RUN_AGAIN = "#d93025"
+#: The colours of the chaos page's network windows, for the same faults.
+_HOLDING = {"stall": "#9acd32", "partition": "#8d6e63"}
+
+
+def _held_lanes(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """One lane per worker whose connection a network fault held, its windows as bars."""
+    network = report.get("network") or {}
+    lanes: dict[str, list[dict[str, Any]]] = {}
+    for window in network.get("windows", []):
+        if window["kind"] not in _HOLDING:
+            continue
+        for path in window["paths"]:
+            lanes.setdefault(path, []).append(
+                {
+                    "start": window["start_s"],
+                    "end": window["end_s"],
+                    "color": _HOLDING[window["kind"]],
+                    "title": f"{window['kind']}: {path}'s connection held from"
+                    f" {window['start_s']:.2f} s to {window['end_s']:.2f} s",
+                }
+            )
+    return [
+        {"label": f"{path} held", "spans": spans, "dots": []}
+        for path, spans in sorted(lanes.items())
+    ]
 
 
 def _lanes(report: dict[str, Any]) -> tuple[list[dict[str, Any]], float]:
@@ -45,6 +70,16 @@ def _lanes(report: dict[str, Any]) -> tuple[list[dict[str, Any]], float]:
     return rows, max(end, 0.001)
 
 
+def _network_options(network: dict[str, Any] | None) -> str:
+    if not network:
+        return ""
+    plan = network["plan"]
+    options = [f" --{key} {plan[key]}" for key in ("stalls", "partitions") if plan[key]]
+    if plan["latency_ms"]:
+        options.append(f" --latency-ms {plan['latency_ms']:g}")
+    return "".join(options) + f" --network-fault-ms {plan['window_ms']:g}"
+
+
 def heartbeats_view(run_dir: Path) -> View:
     report = json.loads((run_dir / "heartbeats.json").read_text(encoding="utf-8"))
     parameters = report["parameters"]
@@ -62,14 +97,15 @@ def heartbeats_view(run_dir: Path) -> View:
         duration=report["timings"]["run_s"],
         command=f"crashqueuelab heartbeats --system {report['spec']} --jobs {parameters['jobs']}"
         f" --workers {parameters['workers']} --work-timers {parameters['work_timers']:g}"
-        f" --output-directory {run_dir}",
+        f"{_network_options(report.get('network'))} --output-directory {run_dir}",
         reasons=reasons,
     )
     figures = [
         (
             "executions",
             f"{len(report['executions'])} for {parameters['jobs']} jobs",
-            "each job must run once: no worker was killed, stopped or cut off",
+            "each job must run once: no worker was killed or stopped"
+            + ("" if not report.get("network") else "; one held by a network fault may run again"),
         ),
         ("handed out again", str(runs_again), "while every worker was alive"),
         (
@@ -80,7 +116,20 @@ def heartbeats_view(run_dir: Path) -> View:
         ("each job works", f"{parameters['work_s']:g} s", f"{parameters['work_timers']:g} timers"),
         ("grace", f"{parameters['grace_s']:g} s", "polling on after the last job ended"),
     ]
+    network = report.get("network")
+    if network:
+        plan = network["plan"]
+        kinds = [entry["kind"] for entry in network["delivered"]]
+        figures.append(
+            (
+                "network faults",
+                ", ".join(kinds) or "none delivered",
+                f"each {plan['window_ms'] / 1000:g} s; latency {plan['latency_ms']:g} ms;"
+                f" not delivered (the work ended first): {len(network['not_delivered'])}",
+            )
+        )
     lanes, end = _lanes(report)
+    lanes = _held_lanes(report) + lanes
     ticks = [(at, f"{at:g} s") for at in range(0, int(end) + 1, max(1, int(end) // 8 or 1))]
     legend = [
         {"worker": worker, "color": _WORKER_COLOURS[i % len(_WORKER_COLOURS)]}
@@ -93,6 +142,7 @@ def heartbeats_view(run_dir: Path) -> View:
         "ticks": ticks,
         "legend": legend,
         "again": _RUN_AGAIN,
+        "holding": _HOLDING if report.get("network") else {},
         "executions": report["executions"],
         "jobs": report["jobs"],
         "workers": report["workers"],
