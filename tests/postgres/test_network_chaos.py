@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,36 @@ def test_chaos_with_every_network_fault_loses_nothing_and_shades_each_window(
     )
 
 
+def test_a_partition_of_one_worker_spares_the_others_and_a_bandwidth_limit_holds_all_run(
+    postgres_dsn: str, tmp_path: Path
+) -> None:
+    directory = tmp_path / "x"
+    code, result = run_cli(
+        "chaos", "--system", "postgres", "--dsn", postgres_dsn, "--seed", "5", "--jobs", "300",
+        "--workers", "3", "--kills", "2", "--pauses", "0", "--partitions", "2",
+        "--partition-workers", "1", "--bandwidth-bytes-s", "200000", "--lease-ms", "300",
+        "--quiet", "--output-directory", str(directory),
+    )  # fmt: skip
+    assert code == cli.EXIT_OK, result["reasons"]
+    assert result["network_faults_delivered"]["partition"] == 2
+    accounting = result["accounting"]
+    assert (accounting["lost"], accounting["duplicated_effects"]) == (0, 0)
+    assert accounting["acknowledged_twice"] == 0
+    report = json.loads((directory / "chaos.json").read_text())
+    partitions = [w for w in report["network"]["windows"] if w["kind"] == "partition"]
+    assert [len(window["paths"]) for window in partitions] == [1, 1]
+    assert all(window["paths"][0].startswith("worker-") for window in partitions)
+    limits = [w for w in report["network"]["windows"] if w["kind"] == "bandwidth"]
+    assert limits == []  # run-long limits are the plan's, not windows on the timeline
+    assert report["network"]["plan"]["bandwidth_bytes_s"] == 200000
+    assert report["network"]["plan"]["partition_workers"] == 1
+    page = (directory / "report.html").read_text()
+    assert f"cut {partitions[0]['paths'][0]} off from the server" in page
+    assert "at most 200,000 bytes/s each way" in page
+    again = replayed(directory)
+    assert (again["partition_workers"], again["bandwidth_bytes_s"]) == (1, 200000)
+
+
 @pytest.mark.parametrize(
     ("extra", "field"),
     [
@@ -111,6 +142,16 @@ def test_a_network_plan_checks_itself_and_reads_back_what_it_wrote() -> None:
         NetworkPlan(stalls=-1).check()
     with pytest.raises(InvalidInput, match="latency_ms"):
         NetworkPlan(latency_ms=-1).check()
+    with pytest.raises(InvalidInput, match="partition_workers"):
+        NetworkPlan(partitions=1, partition_workers=0).check()
+    with pytest.raises(InvalidInput, match="bandwidth_bytes_s"):
+        NetworkPlan(bandwidth_bytes_s=-1).check()
+    assert NetworkPlan(bandwidth_bytes_s=1).active
+    partial = NetworkPlan(partitions=1, partition_workers=2, bandwidth_bytes_s=5.0)
+    assert NetworkPlan.from_json(partial.to_json(400)) == replace(partial, window_ms=600.0)
+    assert partial.partition_paths(2, 3) == ["worker-2", "worker-0"]
+    assert partial.partition_paths(0, 1) == ["worker-0"]
+    assert NetworkPlan(partitions=1).partition_paths(0, 3) is None
 
 
 @pytest.mark.parametrize("value", ["soon", "-1", "inf"])

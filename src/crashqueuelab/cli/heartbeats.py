@@ -46,6 +46,7 @@ def _heartbeats(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         jobs=args.jobs,
         workers=args.workers,
         work_timers=args.work_timers,
+        retry_after_s=args.retry_timer_s,
         network=NetworkPlan(
             stalls=args.stalls,
             partitions=args.partitions,
@@ -101,6 +102,14 @@ def add_heartbeats_command(command: Command) -> None:
         default=DEFAULT_WORK_TIMERS,
         help="how long each job works, in the library's retry timers;"
         f" default {DEFAULT_WORK_TIMERS:g}",
+    )
+    sub.add_argument(
+        "--retry-timer-s",
+        type=_positive_float,
+        default=None,
+        help="the library's retry timer (pgqueuer: the entrypoint's retry_timer before 1.0,"
+        " run's heartbeat_timeout from 1.0), in seconds; default: the lab's setting for the"
+        " library (pgqueuer: 1)",
     )
     group = sub.add_argument_group(
         "network faults (postgres: each worker reaches the server through a fault proxy on"

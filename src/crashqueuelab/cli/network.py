@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from crashqueuelab.cli.common import milliseconds, non_negative
+from crashqueuelab.cli.common import milliseconds, non_negative, positive
 from crashqueuelab.lab.chaos.network import WINDOW_LEASES, NetworkPlan
 
 
@@ -24,7 +24,8 @@ def add_network_faults(sub: argparse.ArgumentParser) -> None:
         "--partitions",
         type=non_negative,
         default=0,
-        help="cut the server off from every process this often, both ways",
+        help="cut the server off from every process (or --partition-workers of them) this"
+        " often, both ways",
     )
     group.add_argument(
         "--lost-replies",
@@ -45,6 +46,20 @@ def add_network_faults(sub: argparse.ArgumentParser) -> None:
         help="delay every byte to and from the server by this many milliseconds, all run long",
     )
     group.add_argument(
+        "--partition-workers",
+        type=positive,
+        default=None,
+        help="a partition cuts off this many workers (the scheduled one and the next round the"
+        " table) and spares the maintenance process; default: every process",
+    )
+    group.add_argument(
+        "--bandwidth-bytes-s",
+        type=non_negative,
+        default=0,
+        help="limit each direction of every connection to the server to this many bytes a"
+        " second, all run long; default 0 (no limit)",
+    )
+    group.add_argument(
         "--network-fault-ms",
         type=milliseconds,
         default=None,
@@ -61,4 +76,6 @@ def network_plan(args: argparse.Namespace) -> NetworkPlan:
         connection_resets=args.connection_resets,
         latency_ms=args.latency_ms,
         window_ms=args.network_fault_ms,
+        partition_workers=args.partition_workers,
+        bandwidth_bytes_s=float(args.bandwidth_bytes_s),
     )

@@ -32,6 +32,8 @@ _OPTIONAL_PARAMETERS = {
     "connection_resets": ("connection_resets", 0),
     "latency_ms": ("latency_ms", 0.0),
     "network_fault_ms": ("window_ms", None),
+    "partition_workers": ("partition_workers", None),
+    "bandwidth_bytes_s": ("bandwidth_bytes_s", 0),
 }
 
 

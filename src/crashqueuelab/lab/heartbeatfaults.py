@@ -103,7 +103,7 @@ class HeartbeatFaults:
             return
         kind = self.pending.pop(0)
         target = min(ready, key=lambda job: job.since).worker
-        record = self.network.strike(kind, target)
+        record = self.network.strike(kind, None if kind is FaultKind.PARTITION else [target])
         self.delivered.append({"kind": kind.value, "target": target} | record)
 
     @property

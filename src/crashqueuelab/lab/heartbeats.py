@@ -49,7 +49,7 @@ DEFAULT_WORKERS = 2
 DEFAULT_WORK_TIMERS = 4.0
 #: After the last job ended, the workers keep polling this many retry timers, so that a
 #: job handed out again at the very end is seen.
-GRACE_TIMERS = 3.0
+GRACE_TIMERS = 2.0
 #: How long a worker process may take to start its loop (imports, connection).
 STARTUP_S = 60.0
 #: How long a worker process may take to stop once asked (its loop waits for running work).
@@ -175,6 +175,7 @@ class _WorkerSpec:
     worker_id: str
     ledger: str
     work_s: float
+    retry_after_s: float
     inherited: Inherited
 
 
@@ -202,7 +203,7 @@ def _worker_main(spec: _WorkerSpec) -> None:
     try:
         loop = resolve_system(spec.system).library_worker
         assert loop is not None  # the parent checked
-        loop.run(Path(spec.store), spec.worker_id, work, stop)
+        loop.run(Path(spec.store), spec.worker_id, work, stop, spec.retry_after_s)
     except Exception:
         Path(spec.ledger + ".error").write_text(traceback.format_exc())
         os._exit(WORKER_FAILED)
@@ -255,6 +256,7 @@ class _Plan:
     keys: list[str]
     ledgers: dict[str, Path]
     work_s: float
+    retry_after_s: float
     grace_s: float
     deadline: float
 
@@ -266,13 +268,15 @@ def run_heartbeats(
     jobs: int = DEFAULT_JOBS,
     workers: int = DEFAULT_WORKERS,
     work_timers: float = DEFAULT_WORK_TIMERS,
+    retry_after_s: float | None = None,
     network: NetworkPlan | None = None,
     progress: Callable[[str], None] | None = None,
     now: Callable[[], float] = time.monotonic,
 ) -> dict[str, Any]:
     """Run ``jobs`` jobs of ``work_timers`` retry timers each on ``workers`` processes of
-    the library's own worker loop, with the ``network`` faults (``heartbeatfaults.py``);
-    the record, also written to ``heartbeats.json``."""
+    the library's own worker loop (its retry timer ``retry_after_s``, by default the
+    library worker's), with the ``network`` faults (``heartbeatfaults.py``); the record,
+    also written to ``heartbeats.json``."""
     resolved = resolve_system(system)
     loop = resolved.library_worker
     if loop is None:
@@ -281,6 +285,9 @@ def run_heartbeats(
             "the heartbeat experiment runs the library's own worker loop, which the lab"
             " has for pgqueuer only",
         )
+    timer = loop.retry_after_s if retry_after_s is None else retry_after_s
+    if not timer > 0:
+        raise InvalidInput("retry_timer_s", "must be a positive number of seconds")
     network = network or NetworkPlan()
     network.check()
     if network.active and resolved.server != "postgres":
@@ -290,7 +297,7 @@ def run_heartbeats(
     store.mkdir()
     keys = [f"job-{index:02d}" for index in range(jobs)]
     _submit(resolved, store, keys)
-    work_s = work_timers * loop.retry_after_s
+    work_s = work_timers * timer
     origin = now()
     plan = _Plan(
         system=system,
@@ -298,12 +305,13 @@ def run_heartbeats(
         keys=keys,
         ledgers={f"worker-{slot}": output_dir / f"worker-{slot}.ledger" for slot in range(workers)},
         work_s=work_s,
-        grace_s=GRACE_TIMERS * loop.retry_after_s,
+        retry_after_s=timer,
+        grace_s=GRACE_TIMERS * timer,
         deadline=origin + STARTUP_S + jobs * work_s,
     )
     if progress is not None:
         progress(f"heartbeats {resolved.name}: {jobs} jobs of {work_s:g} s on {workers} workers")
-    worked = _work(plan, network, loop.retry_after_s, origin, now)
+    worked = _work(plan, network, origin, now)
     failed = _failures(plan.ledgers, worked.exits)
     finished = now()
     executions = _executions(plan.ledgers)
@@ -332,7 +340,7 @@ def run_heartbeats(
             "jobs": jobs,
             "workers": workers,
             "work_timers": work_timers,
-            "retry_after_s": loop.retry_after_s,
+            "retry_after_s": timer,
             "work_s": work_s,
             "grace_s": plan.grace_s,
         },
@@ -359,7 +367,6 @@ def run_heartbeats(
 def _work(
     plan: _Plan,
     network: NetworkPlan,
-    retry_after_s: float,
     origin: float,
     now: Callable[[], float],
 ) -> _Worked:
@@ -370,7 +377,7 @@ def _work(
     with ExitStack() as stack:
         faults = (
             stack.enter_context(
-                HeartbeatFaults(network, retry_after_s=retry_after_s, started=origin)
+                HeartbeatFaults(network, retry_after_s=plan.retry_after_s, started=origin)
             )
             if network.active
             else None
@@ -385,6 +392,7 @@ def _work(
                         worker,
                         str(ledger),
                         plan.work_s,
+                        plan.retry_after_s,
                         Inherited.capture() if faults is None else faults.inherited(worker),
                     ),
                 ),

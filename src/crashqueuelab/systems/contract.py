@@ -381,12 +381,13 @@ class LibraryWorker:
     one per worker process to see whether a live worker keeps the job it is running."""
 
     #: How long the library lets a job go without a heartbeat before it hands the job out
-    #: again, as the worker is configured here.
+    #: again, unless the run says otherwise.
     retry_after_s: float
-    #: ``run(directory, worker_id, work, stop)``: run the loop on the store in
-    #: ``directory``, calling ``work(key)`` (blocking, in a thread of the loop's choosing)
-    #: for each job the library hands this worker, until ``stop`` is set; then return.
-    run: Callable[[Path, str, Callable[[str], None], Event], None]
+    #: ``run(directory, worker_id, work, stop, retry_after_s)``: run the loop on the store
+    #: in ``directory`` with that retry timer, calling ``work(key)`` (blocking, in a thread
+    #: of the loop's choosing) for each job the library hands this worker, until ``stop``
+    #: is set; then return.
+    run: Callable[[Path, str, Callable[[str], None], Event, float], None]
     #: What the loop is, in a line for the report ("QueueManager.run, batch_size 10").
     describe: str
 

@@ -326,7 +326,11 @@ LOOP_DEQUEUE_TIMEOUT = timedelta(milliseconds=50)
 
 
 def run_queue_manager(
-    directory: Path, worker_id: str, work: Callable[[str], None], stop: threading.Event
+    directory: Path,
+    worker_id: str,
+    work: Callable[[str], None],
+    stop: threading.Event,
+    retry_after_s: float,
 ) -> None:
     """pgqueuer's own worker loop on the store in ``directory``: ``QueueManager.run`` as its
     users start it (default batch size, no concurrency limit), with its own heartbeat task
@@ -338,6 +342,7 @@ def run_queue_manager(
 
     dsn = server_dsn()
     schema = store_schema(directory, dsn)
+    timer = timedelta(seconds=retry_after_s)
 
     async def main() -> None:
         connection = await psycopg.AsyncConnection.connect(
@@ -348,9 +353,9 @@ def run_queue_manager(
             run_settings: dict[str, Any] = {"dequeue_timeout": LOOP_DEQUEUE_TIMEOUT}
             entrypoint_settings: dict[str, Any] = {}
             if "heartbeat_timeout" in inspect.signature(manager.run).parameters:
-                run_settings["heartbeat_timeout"] = LOOP_RETRY_TIMER
+                run_settings["heartbeat_timeout"] = timer
             else:
-                entrypoint_settings["retry_timer"] = LOOP_RETRY_TIMER
+                entrypoint_settings["retry_timer"] = timer
 
             @manager.entrypoint(ENTRYPOINT, **entrypoint_settings)
             async def handle(job: Any) -> None:
@@ -373,8 +378,8 @@ def run_queue_manager(
 LIBRARY_WORKER = LibraryWorker(
     retry_after_s=LOOP_RETRY_TIMER.total_seconds(),
     run=run_queue_manager,
-    describe="pgqueuer's QueueManager.run (its dequeue, heartbeat task and buffers), default"
-    f" batch size, no concurrency limit, retry timer {LOOP_RETRY_TIMER.total_seconds():g} s",
+    describe="pgqueuer's QueueManager.run (its dequeue, heartbeat task and buffers) on its"
+    " psycopg driver, default batch size, no concurrency limit",
 )
 
 

@@ -4,14 +4,17 @@ system's server through a fault proxy of its own on the loopback interface
 
 - a **stall** holds one worker's connection (nothing closed) for the fault window;
 - a **partition** cuts the server off from every process of the run, both ways, for the
-  window: requests and answers already in flight are held, new connections hang;
+  window: requests and answers already in flight are held, new connections hang; with
+  ``partition_workers`` K, only K workers (the scheduled one and the next round the table)
+  are cut off, and the maintenance process keeps its connection;
 - **lost replies**: one worker's requests reach the server and its answers are dropped for
   the window, then its connection is reset: it never learns what the server did;
 - a **connection reset** ends one worker's connections at once.
 
 The window lasts ``window_ms`` (by default one and a half leases, so a stalled worker's
 lease runs out while its requests are held). ``latency_ms`` delays every path, both ways,
-for the whole run. Only systems behind a server have a connection to fault.
+and ``bandwidth_bytes_s`` limits each direction of every path, for the whole run. Only
+systems behind a server have a connection to fault.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ WINDOW_OF = {
 #: A fault window's default length, in leases.
 WINDOW_LEASES = 1.5
 MAINTENANCE_PATH = "maintenance"
+#: A run-long window lasts this long: the proxy closes with the run.
+_RUN_LONG_S = 7 * 24 * 3600
 
 
 def worker_path(slot: int) -> str:
@@ -57,6 +62,10 @@ class NetworkPlan:
     latency_ms: float = 0.0
     #: None: WINDOW_LEASES leases.
     window_ms: float | None = None
+    #: None: a partition cuts off every process; K: K workers, the maintenance spared.
+    partition_workers: int | None = None
+    #: Each direction of every path carries at most this many bytes a second (0: no limit).
+    bandwidth_bytes_s: float = 0.0
 
     def counts(self) -> dict[FaultKind, int]:
         return {
@@ -72,7 +81,7 @@ class NetworkPlan:
 
     @property
     def active(self) -> bool:
-        return bool(self.faults or self.latency_ms)
+        return bool(self.faults or self.latency_ms or self.bandwidth_bytes_s)
 
     def window_s(self, lease_ms: int) -> float:
         chosen = self.window_ms if self.window_ms is not None else WINDOW_LEASES * lease_ms
@@ -86,16 +95,36 @@ class NetworkPlan:
             raise InvalidInput("latency_ms", "cannot be negative")
         if self.window_ms is not None and self.window_ms <= 0:
             raise InvalidInput("network_fault_ms", "must be positive")
+        if self.partition_workers is not None and self.partition_workers < 1:
+            raise InvalidInput("partition_workers", "a partition cuts off one worker at least")
+        if self.bandwidth_bytes_s < 0:
+            raise InvalidInput("bandwidth_bytes_s", "cannot be negative")
+
+    def partition_paths(self, slot: int, workers: int) -> list[str] | None:
+        """The paths a partition planned on ``slot`` cuts off among ``workers`` worker
+        slots; None when it cuts off every path."""
+        if self.partition_workers is None:
+            return None
+        cut = min(self.partition_workers, workers)
+        return [worker_path((slot + step) % workers) for step in range(cut)]
 
     def to_json(self, lease_ms: int) -> dict[str, Any]:
-        return {
-            "stalls": self.stalls,
-            "partitions": self.partitions,
-            "lost_replies": self.lost_replies,
-            "connection_resets": self.connection_resets,
-            "latency_ms": self.latency_ms,
-            "window_ms": round(self.window_s(lease_ms) * 1000, 3),
-        }
+        return (
+            {
+                "stalls": self.stalls,
+                "partitions": self.partitions,
+                "lost_replies": self.lost_replies,
+                "connection_resets": self.connection_resets,
+                "latency_ms": self.latency_ms,
+                "window_ms": round(self.window_s(lease_ms) * 1000, 3),
+            }
+            | (
+                {}
+                if self.partition_workers is None
+                else {"partition_workers": self.partition_workers}
+            )
+            | ({"bandwidth_bytes_s": self.bandwidth_bytes_s} if self.bandwidth_bytes_s else {})
+        )
 
     @classmethod
     def from_json(cls, record: dict[str, Any]) -> NetworkPlan:
@@ -106,6 +135,10 @@ class NetworkPlan:
             connection_resets=int(record.get("connection_resets", 0)),
             latency_ms=float(record.get("latency_ms", 0.0)),
             window_ms=float(record["window_ms"]) if "window_ms" in record else None,
+            partition_workers=(
+                int(record["partition_workers"]) if "partition_workers" in record else None
+            ),
+            bandwidth_bytes_s=float(record.get("bandwidth_bytes_s", 0.0)),
         )
 
 
@@ -166,10 +199,17 @@ class RunNetwork:
         by the path's address on the proxy (made on first use, with the run's latency)."""
         if path not in self.proxy.paths:
             self.proxy.add_path(path)
+            # For as long as any run may last: the proxy closes with the run.
             if self.plan.latency_ms:
-                # For as long as any run may last: the proxy closes with the run.
                 self.proxy.apply(
-                    WindowKind.LATENCY, [path], seconds=7 * 24 * 3600, amount=self.plan.latency_ms
+                    WindowKind.LATENCY, [path], seconds=_RUN_LONG_S, amount=self.plan.latency_ms
+                )
+            if self.plan.bandwidth_bytes_s:
+                self.proxy.apply(
+                    WindowKind.BANDWIDTH,
+                    [path],
+                    seconds=_RUN_LONG_S,
+                    amount=self.plan.bandwidth_bytes_s,
                 )
         base = Inherited.capture()
         variable = SERVER_VARIABLES[0]
@@ -177,9 +217,10 @@ class RunNetwork:
         dsn = self._through(self.proxy.address(path))
         return replace(base, environment=(*environment, (variable, dsn)))
 
-    def strike(self, kind: FaultKind, worker_path_name: str) -> dict[str, Any]:
-        """Start a scheduled network fault; what the run records of it."""
-        paths = self.proxy.paths if kind is FaultKind.PARTITION else [worker_path_name]
+    def strike(self, kind: FaultKind, paths: list[str] | None) -> dict[str, Any]:
+        """Start a scheduled network fault on ``paths`` (None: every path); what the run
+        records of it."""
+        paths = self.proxy.paths if paths is None else paths
         window = self.proxy.apply(WINDOW_OF[kind], paths, seconds=self.window_s)
         record: dict[str, Any] = {
             "at_s": round(window.start - self.started, 6),
@@ -196,7 +237,8 @@ class RunNetwork:
             "windows": [
                 window.to_json(self.started)
                 for window in self.proxy.windows
-                if window.kind is not WindowKind.LATENCY
+                # Latency and bandwidth hold all run long: the plan says so.
+                if window.kind not in (WindowKind.LATENCY, WindowKind.BANDWIDTH)
             ],
             "paths": {
                 path: dict(sorted(counts.items())) for path, counts in self.proxy.counts.items()

@@ -1018,16 +1018,19 @@ def _deliver_network_fault(fault: PlannedFault, run: _ChaosRun) -> bool:
         "kind": fault.kind.value,
         "after_finished": fault.after_finished,
     }
-    path = MAINTENANCE_PATH
-    if fault.kind is not FaultKind.PARTITION:
+    paths: list[str] | None = None
+    partial = run.network.plan.partition_workers is not None
+    if fault.kind is not FaultKind.PARTITION or partial:
         slot = run.target_for(fault.worker_slot)
         if slot is None:
             return False
         record |= {"planned_slot": fault.worker_slot, "worker_slot": slot.index,
                    "worker_id": slot.worker_id}  # fmt: skip
-        path = worker_path(slot.index)
+        paths = [worker_path(slot.index)]
+        if fault.kind is FaultKind.PARTITION:
+            paths = run.network.plan.partition_paths(slot.index, len(run.slots))
     time.sleep(fault.delay_ms / 1000)
-    record |= run.network.strike(fault.kind, path)
+    record |= run.network.strike(fault.kind, paths)
     run.state.delivered.append(record)
     return True
 

@@ -97,6 +97,7 @@ def heartbeats_view(run_dir: Path) -> View:
         duration=report["timings"]["run_s"],
         command=f"crashqueuelab heartbeats --system {report['spec']} --jobs {parameters['jobs']}"
         f" --workers {parameters['workers']} --work-timers {parameters['work_timers']:g}"
+        f" --retry-timer-s {parameters['retry_after_s']:g}"
         f"{_network_options(report.get('network'))} --output-directory {run_dir}",
         reasons=reasons,
     )

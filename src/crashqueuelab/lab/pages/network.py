@@ -31,6 +31,8 @@ _WHAT = {
 def network_title(fault: dict[str, Any], digits: int = 2) -> str:
     """One network fault in words, with its window."""
     what = _WHAT[fault["kind"]].format(who=fault.get("worker_id", "a worker"))
+    if fault["kind"] == "partition" and "worker_id" in fault:
+        what = f"cut {', '.join(fault['paths'])} off from the server, both ways"
     if "until_s" in fault:
         return f"{what} from {fault['at_s']:.{digits}f} s to {fault['until_s']:.{digits}f} s"
     return f"{what} at {fault['at_s']:.{digits}f} s"
@@ -68,7 +70,18 @@ def network_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
             ),
             f"each window {plan['window_ms']:g} ms; every process reached the server through"
             " a proxy on 127.0.0.1"
-            + (f" with {plan['latency_ms']:g} ms added each way" if plan["latency_ms"] else ""),
+            + (f" with {plan['latency_ms']:g} ms added each way" if plan["latency_ms"] else "")
+            + (
+                f", at most {plan['bandwidth_bytes_s']:,.0f} bytes/s each way"
+                if plan.get("bandwidth_bytes_s")
+                else ""
+            )
+            + (
+                f"; a partition cut off {plan['partition_workers']} worker(s), the maintenance"
+                " process spared"
+                if plan.get("partition_workers")
+                else ""
+            ),
         ),
         (
             "connections through the proxy",

@@ -738,7 +738,13 @@ def _chaos_lanes(
                     "title": f"{worker['worker_id']}: {acked} acknowledgements",
                 }
             )
-        mine = [f for f in report["faults"] if "at_s" in f and f.get("worker_slot", slot) == slot]
+        mine = [
+            f
+            for f in report["faults"]
+            if "at_s" in f
+            # A partition of some workers names each path it cut off.
+            and (f.get("worker_slot", slot) == slot or f"worker-{slot}" in f.get("paths", ()))
+        ]
         radius = 2 if len(mine) > DENSE_MARKS // 2 else 4
         dots = [
             {"at": f["at_s"], "color": FAULT_COLORS[f["kind"]], "title": _fault_title(f, 3),
