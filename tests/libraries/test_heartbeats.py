@@ -277,3 +277,23 @@ def test_faults_strike_one_at_a_time_on_the_oldest_jobs_worker_once_it_worked_lo
 def test_a_heartbeat_run_holds_connections_it_never_loses_replies_or_resets_them() -> None:
     with pytest.raises(InvalidInput, match="no lost replies or resets"):
         HeartbeatFaults(NetworkPlan(lost_replies=1), retry_after_s=1.0, started=0.0)
+
+
+def test_pgqueuer_documents_a_held_holders_job_handed_out_and_a_lost_connection() -> None:
+    from crashqueuelab.lab.promises import classify
+
+    system = resolve_system("pgqueuer")
+    held = (
+        "job job-00: run again beside worker-1's execution while a stall held worker-1's"
+        " connection (1.05 s to 3.05 s): by worker-1 from 0.49 s to 6.49 s, then by worker-0"
+        " from 1.50 s to 7.50 s"
+    )
+    dropped = "worker-2.1 exited with status 3: \tbefore or while processing the request."
+    live = (
+        "job job-00: run again beside a live worker's execution: by worker-0 from 0.45 s to"
+        " 4.45 s, then by worker-0 from 1.66 s to 5.66 s; no worker was killed, stopped or cut off"
+    )
+    verdict = classify(system, "live workers", [held, dropped, live], ("stall", "lost replies"))
+    assert verdict["broken_promises"] == [live]
+    explained = {entry["first"] for entry in verdict["weaker_as_documented"]}
+    assert explained == {held, dropped}

@@ -431,6 +431,21 @@ _WORKER_RETRIES = Documented(
 )
 
 
+_CONNECTION = Documented(
+    "a queue manager whose connection to the server breaks (a server restart, a reset, an"
+    " answer lost on the way) raises and stops; pgqueuer starts it again only when asked"
+    " (pgq run --restart-on-failure, off by default), as the lab's chaos respawns workers",
+    _DOCS,
+    explains=(
+        "* exited with status 3: *before or while processing the request.*",
+        "* exited with status 3: *server closed the connection*",
+        "* exited with status 3: *the connection is lost*",
+        "* exited with status 3: *the connection is closed*",
+        "* exited with status 3: *terminating connection due to administrator command*",
+    ),
+)
+
+
 _point = partial(boundary_point, "pgqueuer")
 
 
@@ -472,7 +487,7 @@ def pgqueuer_system() -> System:
         open=PgQueuerClient,
         reader=read_store,
         server="postgres",
-        documented=(_NO_TOKEN, _SERVER_CLOCK, _WORKER_RETRIES),
+        documented=(_NO_TOKEN, _SERVER_CLOCK, _WORKER_RETRIES, _CONNECTION),
         distribution=DISTRIBUTION,
         library_worker=LIBRARY_WORKER,
     )
