@@ -18,6 +18,7 @@ import pytest
 
 from crashqueuelab import cli
 from crashqueuelab.core.errors import InvalidInput
+from crashqueuelab.lab import heartbeats
 from crashqueuelab.lab.chaos.network import NetworkPlan
 from crashqueuelab.lab.environments import CACHE_VARIABLE
 from crashqueuelab.lab.heartbeatfaults import HeartbeatFaults, Held, Running
@@ -297,3 +298,139 @@ def test_pgqueuer_documents_a_held_holders_job_handed_out_and_a_lost_connection(
     assert verdict["broken_promises"] == [live]
     explained = {entry["first"] for entry in verdict["weaker_as_documented"]}
     assert explained == {held, dropped}
+
+
+def _idle_loop(
+    directory: Path,
+    worker_id: str,
+    work: Callable[[str], None],
+    stop: threading.Event,
+    retry_after_s: float,
+) -> None:
+    stop.wait(60)  # hands out nothing until it is asked to stop
+
+
+def _deaf_loop(
+    directory: Path,
+    worker_id: str,
+    work: Callable[[str], None],
+    stop: threading.Event,
+    retry_after_s: float,
+) -> None:
+    threading.Event().wait(60)  # never looks at stop
+
+
+def idle_loop_system() -> System:
+    return dataclasses.replace(
+        resolve_system("sqlite"), library_worker=LibraryWorker(0.1, _idle_loop, "idle")
+    )
+
+
+def deaf_loop_system() -> System:
+    return dataclasses.replace(
+        resolve_system("sqlite"), library_worker=LibraryWorker(0.1, _deaf_loop, "deaf")
+    )
+
+
+def test_work_that_never_ends_is_an_unfinished_run_and_each_job_never_run_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(heartbeats, "STARTUP_S", 0.5)
+    record = heartbeats.run_heartbeats(
+        tmp_path / "h",
+        system="tests.libraries.test_heartbeats:idle_loop_system",
+        jobs=1,
+        workers=1,
+        work_timers=1,
+    )
+    assert record["error"]["type"] == "Unfinished"
+    assert record["promises"] is None
+    assert (
+        record["anomalies"][0] == "job job-00: never run, while every worker was alive and polling"
+    )
+    assert record["workers"] == {"worker-0": {"exit": 0, "failed": None}}
+
+
+def test_a_loop_that_does_not_stop_when_asked_is_killed_and_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(heartbeats, "STARTUP_S", 0.3)
+    monkeypatch.setattr(heartbeats, "STOP_S", 0.5)
+    record = heartbeats.run_heartbeats(
+        tmp_path / "h",
+        system="tests.libraries.test_heartbeats:deaf_loop_system",
+        jobs=1,
+        workers=1,
+    )
+    assert record["error"] == {"type": "WorkerFailed", "message": "worker-0: exited with code -9"}
+
+
+def test_a_run_that_cannot_be_what_was_asked_is_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    system = "tests.libraries.test_heartbeats:idle_loop_system"
+    with pytest.raises(InvalidInput, match="retry_timer_s"):
+        heartbeats.run_heartbeats(tmp_path / "a", system=system, retry_after_s=0)
+    with pytest.raises(InvalidInput, match="talks to no server"):
+        heartbeats.run_heartbeats(tmp_path / "b", system=system, network=NetworkPlan(stalls=1))
+    for option, value in (("--work-timers", "soon"), ("--retry-timer-s", "0")):
+        code, result, _ = run(
+            [
+                "heartbeats",
+                "--system",
+                system,
+                option,
+                value,
+                "--output-directory",
+                str(tmp_path / "c"),
+            ]
+        )
+        assert code == 2
+        assert result["error"]["type"] == "UsageError"
+    assert not any((tmp_path / name).exists() for name in "abc")
+
+
+def test_the_page_shows_each_held_connection_beside_the_executions_it_held(
+    tmp_path: Path,
+) -> None:
+    from crashqueuelab.lab.pages.render import write_report
+
+    windows = [
+        {"kind": "stall", "paths": ["worker-1"], "start_s": 1.0, "end_s": 3.0},
+        {"kind": "partition", "paths": ["worker-0", "worker-1"], "start_s": 4.0, "end_s": 6.0},
+    ]
+    record = {
+        "ok": False,
+        "anomalies": ["job job-00: run again beside worker-1's execution while a stall held"],
+        "error": None,
+        "system": resolve_system("pgqueuer").describe(),
+        "spec": "pgqueuer==0.24.0",
+        "library_worker": "pgqueuer's QueueManager.run",
+        "parameters": {
+            "jobs": 1, "workers": 2, "work_timers": 6.0, "retry_after_s": 1.0,
+            "work_s": 6.0, "grace_s": 2.0,
+        },
+        "network": {
+            "plan": {"stalls": 1, "partitions": 1, "latency_ms": 5.0, "window_ms": 2000.0},
+            "windows": windows,
+            "delivered": [{"kind": "stall"}, {"kind": "partition"}],
+            "not_delivered": [],
+            "paths": {},
+        },
+        "executions": [
+            {"key": "job-00", "worker": "worker-1", "start_s": 0.5, "end_s": 6.5},
+            {"key": "job-00", "worker": "worker-0", "start_s": 2.2, "end_s": None},
+        ],
+        "jobs": {"job-00": {"runs": 2, "stored": "succeeded"}},
+        "workers": {"worker-0": {"exit": 0, "failed": None}},
+        "promises": None,
+        "timings": {"run_s": 9.0},
+    }  # fmt: skip
+    (tmp_path / "heartbeats.json").write_text(json.dumps(record))
+    page = write_report(tmp_path).read_text()
+    assert "worker-1 held" in page
+    assert "worker-0 held" in page
+    assert "--stalls 1 --partitions 1 --latency-ms 5 --network-fault-ms 2000" in page
+    assert "stall, partition" in page
+    assert "job-00 again" in page
+    assert "still running" in page
