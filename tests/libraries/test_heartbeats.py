@@ -373,7 +373,11 @@ def test_a_run_that_cannot_be_what_was_asked_is_refused_before_anything_is_writt
         heartbeats.run_heartbeats(tmp_path / "a", system=system, retry_after_s=0)
     with pytest.raises(InvalidInput, match="talks to no server"):
         heartbeats.run_heartbeats(tmp_path / "b", system=system, network=NetworkPlan(stalls=1))
-    for option, value in (("--work-timers", "soon"), ("--retry-timer-s", "0")):
+    for option, value in (
+        ("--work-timers", "soon"),
+        ("--work-timers", "inf"),
+        ("--retry-timer-s", "0"),
+    ):
         code, result, _ = run(
             [
                 "heartbeats",

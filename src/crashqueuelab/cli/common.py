@@ -100,6 +100,17 @@ def milliseconds(text: str) -> float:
     return _finite_non_negative(text, "milliseconds")
 
 
+def positive_number(text: str) -> float:
+    """A finite number above zero (a multiple, a number of seconds)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number above zero")
+    return value
+
+
 def add_shrink_seconds(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--shrink-seconds",

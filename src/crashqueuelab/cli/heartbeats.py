@@ -14,6 +14,7 @@ from crashqueuelab.cli.common import (
     milliseconds,
     non_negative,
     positive,
+    positive_number,
 )
 from crashqueuelab.cli.progress import progress_for
 from crashqueuelab.lab.chaos.network import NetworkPlan
@@ -25,16 +26,6 @@ from crashqueuelab.lab.heartbeats import (
     HEARTBEATS_FILE,
     run_heartbeats,
 )
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text} is not above zero")
-    return value
 
 
 def _heartbeats(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
@@ -98,14 +89,14 @@ def add_heartbeats_command(command: Command) -> None:
     )
     sub.add_argument(
         "--work-timers",
-        type=_positive_float,
+        type=positive_number,
         default=DEFAULT_WORK_TIMERS,
         help="how long each job works, in the library's retry timers;"
         f" default {DEFAULT_WORK_TIMERS:g}",
     )
     sub.add_argument(
         "--retry-timer-s",
-        type=_positive_float,
+        type=positive_number,
         default=None,
         help="the library's retry timer (pgqueuer: the entrypoint's retry_timer before 1.0,"
         " run's heartbeat_timeout from 1.0), in seconds; default: the lab's setting for the"
