@@ -56,6 +56,36 @@ def test_the_matrix_runs_every_release_and_keeps_the_first_reason(tmp_path: Path
     assert rows["1.2"]["report"] == "1.2/report.html"
 
 
+def test_a_release_that_never_opened_here_or_whose_server_is_missing_is_not_judged(
+    tmp_path: Path,
+) -> None:
+    records = {
+        "3.0.0": {
+            "ok": False,
+            "anomalies": [
+                "case 01-defer-after: ...; recovery raised SystemRaised: the system under test"
+                ' (procrastinate) raised from open: SyntaxError: syntax error at or near ":"',
+                "probe idempotent_submit: open raised SyntaxError('syntax error')",
+            ],
+            "promises": {"keeps_its_promises": False},
+        },
+        "3.1.0": {"ok": False, "error": {"type": "ServerUnavailable", "message": "no initdb"}},
+        "3.2.0": {
+            "ok": False,
+            "anomalies": ["probe idempotent_submit: open raised X", "lost a job"],
+            "promises": {"keeps_its_promises": False},
+        },
+    }
+    report = run_versions(list(records), lambda release, _: records[release], tmp_path)
+    rows = {row["release"]: row for row in report["rows"]}
+    assert rows["3.0.0"]["not_judged"].startswith("the release never opened here: case 01")
+    assert rows["3.0.0"]["keeps_its_promises"] is None
+    assert rows["3.1.0"]["not_judged"] == "ServerUnavailable: no initdb"
+    assert rows["3.2.0"]["not_judged"] is None  # it opened somewhere, and lost a job
+    assert rows["3.2.0"]["keeps_its_promises"] is False
+    assert not any(row["passes"] for row in rows.values())
+
+
 @pytest.mark.parametrize(
     ("text", "field_reason"),
     [("1.0,latest", "not release numbers"), ("1.0,1.0", "named twice"), ("x..2.0", "'x'")],

@@ -73,7 +73,12 @@ def _versions(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         if not args.bisect
         else report["bisection"]["found"] is not None
     )
-    reasons = [f"{row['release']}: {row['first_reason']}" for row in rows if not row["passes"]]
+    reasons = [
+        f"{row['release']}: "
+        + (f"not judged here: {row['not_judged']}" if row["not_judged"] else row["first_reason"])
+        for row in rows
+        if not row["passes"]
+    ]
     return (EXIT_OK if ok else EXIT_REJECTED), {
         "ok": ok,
         "report": html_report(output, err),

@@ -26,6 +26,10 @@ CRITERIA = ("ok", "promises", "cases")
 #: Runs the evidence on one release into a directory; the run's record.
 RunRelease = Callable[[str, Path], dict[str, Any]]
 _RELEASE = re.compile(r"^[0-9]+(\.[0-9]+)*$")
+#: A run that stopped because what it needs is not here judged nothing of the release.
+_UNAVAILABLE = ("SystemUnavailable", "ServerUnavailable", "CrashModeUnavailable")
+#: How a run's reasons say the system raised while it was being opened.
+_NOT_OPENED = ("raised from open", "open raised")
 
 
 def release_key(release: str) -> tuple[int, ...]:
@@ -83,6 +87,18 @@ def passes(record: dict[str, Any], criterion: str) -> bool:
     return bool(record.get("ok"))
 
 
+def not_judged(record: dict[str, Any], reasons: list[str]) -> str | None:
+    """Why a release's run judged nothing of it, or None: what the run needs is not here,
+    or the release never opened here (every failure is the system raising from open, as
+    a release whose schema this server's PostgreSQL cannot run)."""
+    error = record.get("error") or {}
+    if error.get("type") in _UNAVAILABLE:
+        return f"{error['type']}: {error.get('message')}"
+    if reasons and all(any(mark in reason for mark in _NOT_OPENED) for reason in reasons):
+        return f"the release never opened here: {reasons[0]}"
+    return None
+
+
 def cell(release: str, record: dict[str, Any], criterion: str) -> dict[str, Any]:
     """One release's row of the matrix."""
     reasons = list(record.get("anomalies") or record.get("reasons") or [])
@@ -90,16 +106,19 @@ def cell(release: str, record: dict[str, Any], criterion: str) -> dict[str, Any]
     if error:
         reasons.insert(0, f"{error.get('type')}: {error.get('message')}")
     promises = record.get("promises") or {}
+    unjudged = not_judged(record, reasons)
     return {
         "release": release,
         "ok": bool(record.get("ok")),
-        "keeps_its_promises": promises.get("keeps_its_promises"),
+        "not_judged": unjudged,
+        # Nothing of its promises was seen: neither kept nor broken.
+        "keeps_its_promises": None if unjudged else promises.get("keeps_its_promises"),
         "promise_verdict": promises.get("verdict"),
         "weaker_as_documented": [
             entry["what"] for entry in promises.get("weaker_as_documented", [])
         ],
         "broken_promises": len(promises.get("broken_promises", [])),
-        "passes": passes(record, criterion),
+        "passes": unjudged is None and passes(record, criterion),
         "anomalies": len(reasons),
         "first_reason": reasons[0] if reasons else None,
         "summary": record.get("summary"),

@@ -11,6 +11,8 @@ from crashqueuelab.lab.pages.views import Verdict, View
 
 
 def _verdict_word(row: dict[str, Any]) -> str:
+    if row.get("not_judged"):
+        return "not judged here"
     if row["ok"]:
         return "passed"
     if row["keeps_its_promises"]:
@@ -22,7 +24,10 @@ def _verdict_word(row: dict[str, Any]) -> str:
 
 def versions_view(run_dir: Path) -> View:
     report = json.loads((run_dir / "versions.json").read_text(encoding="utf-8"))
-    rows = [row | {"word": _verdict_word(row)} for row in report["rows"]]
+    rows = [
+        row | {"word": _verdict_word(row), "not_judged": row.get("not_judged")}
+        for row in report["rows"]
+    ]
     bisection = report["bisection"]
     evidence = " ".join(report["evidence"])
     if bisection is None:
