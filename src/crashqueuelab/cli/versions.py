@@ -75,7 +75,7 @@ def _versions(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     )
     reasons = [
         f"{row['release']}: "
-        + (f"not judged here: {row['not_judged']}" if row["not_judged"] else row["first_reason"])
+        + (f"not judged: {row['not_judged']}" if row["not_judged"] else row["first_reason"])
         for row in rows
         if not row["passes"]
     ]

@@ -95,7 +95,7 @@ def not_judged(record: dict[str, Any], reasons: list[str]) -> str | None:
     if error.get("type") in _UNAVAILABLE:
         return f"{error['type']}: {error.get('message')}"
     if reasons and all(any(mark in reason for mark in _NOT_OPENED) for reason in reasons):
-        return f"the release never opened here: {reasons[0]}"
+        return "it never opened here: every failure is the system raising from open"
     return None
 
 

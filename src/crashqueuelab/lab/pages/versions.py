@@ -53,7 +53,9 @@ def versions_view(run_dir: Path) -> View:
         else [
             bisection["detail"]
             if bisection is not None
-            else f"{row['release']}: {row['first_reason']}"
+            else f"{row['release']}: "
+            + (f"not judged: {row['not_judged']}; " if row["not_judged"] else "")
+            + str(row["first_reason"])
             for row in (rows if bisection is None else rows[:1])
             if bisection is not None or not row["passes"]
         ]
