@@ -2,7 +2,8 @@
 
 It runs one scripted workload on the named system with a hook that calls ``os._exit`` at the
 chosen crash point, so the parent sees a real process death: no ``finally`` block, no
-``atexit`` handler and no connection close runs after the crash point.
+``atexit`` handler and no connection close runs after the crash point. At a reply-lost
+point the answer to the transition's COMMIT is lost first (``lostreplies.py``).
 
 Exit status: 86 (``CRASH_EXIT_CODE``) when it died at its crash point; 0 when the workload
 finished without reaching it (a failed case); 1 on any error (traceback on stderr, which
@@ -15,13 +16,16 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 
 from crashqueuelab.lab.children import LAST_WORDS_FILE, POINTS_REACHED_FILE
 from crashqueuelab.lab.effects import Destination
 from crashqueuelab.lab.faults import exit_at
+from crashqueuelab.lab.lostreplies import replies_lost_at
 from crashqueuelab.lab.scenario import run_campaign_workload, run_single_worker_workload
+from crashqueuelab.systems.contract import System, reply_lost_phases
 from crashqueuelab.systems.registry import DEFAULT_SYSTEM, resolve_system
 
 
@@ -39,7 +43,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--start-us", type=int, default=0)
     args = parser.parse_args(argv)
     system = resolve_system(args.system)
-    die = exit_at(args.fault_point, last_words=str(args.case_dir / LAST_WORDS_FILE))
+    last_words = str(args.case_dir / LAST_WORDS_FILE)
+    with ExitStack() as stack:
+        die = (
+            stack.enter_context(replies_lost_at(args.fault_point, last_words))
+            if reply_lost_phases(args.fault_point) is not None
+            else exit_at(args.fault_point, last_words=last_words)
+        )
+        return _run(args, system, die)
+
+
+def _run(args: argparse.Namespace, system: System, die: Callable[[str], None]) -> int:
     reached: list[str] = []
 
     def hook(point: str) -> None:

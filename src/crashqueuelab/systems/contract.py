@@ -321,6 +321,26 @@ class CrashPoint:
         return [state.signature() for state in states]
 
 
+#: A crash point named ``<T>_COMMIT_REPLY_LOST`` is the death at ``AFTER_<T>_COMMIT`` of a
+#: child whose connection lost the server's answer to that transition's COMMIT: the
+#: system must have found out what happened before it told its caller.
+REPLY_LOST_SUFFIX = "_COMMIT_REPLY_LOST"
+
+
+def reply_lost_point(after: str) -> str:
+    """The reply-lost crash point of the phase ``AFTER_<T>_COMMIT``."""
+    return after.removeprefix("AFTER_").removesuffix("_COMMIT") + REPLY_LOST_SUFFIX
+
+
+def reply_lost_phases(point: str) -> tuple[str, str] | None:
+    """For a reply-lost crash point, the phase before its COMMIT (where the answers start
+    being dropped) and the one after it (where the child dies); None for any other point."""
+    if not point.endswith(REPLY_LOST_SUFFIX):
+        return None
+    transition = point.removesuffix(REPLY_LOST_SUFFIX)
+    return f"BEFORE_{transition}_COMMIT", f"AFTER_{transition}_COMMIT"
+
+
 @dataclass(frozen=True)
 class StoredJob:
     """One job as an independent reader found it in the retained files; a leased job's

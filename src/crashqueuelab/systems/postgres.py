@@ -28,6 +28,7 @@ from crashqueuelab.postgres.server import DSN_VARIABLE
 from crashqueuelab.systems.contract import (
     Capabilities,
     Claim,
+    CrashPoint,
     JobSpec,
     JobStatus,
     JobView,
@@ -36,6 +37,7 @@ from crashqueuelab.systems.contract import (
     StoreReading,
     System,
     Verdict,
+    reply_lost_point,
 )
 from crashqueuelab.systems.sqlite import CRASH_POINTS as SQLITE_CRASH_POINTS
 
@@ -246,8 +248,22 @@ def terminate_sessions(pid: int) -> int:
 
 #: The PostgreSQL queue keeps the SQLite queue's phases, states and events (one statement
 #: per transition instead of one BEGIN IMMEDIATE transaction), so a death at each point must
-#: leave exactly what it leaves there: the same table holds for both.
-CRASH_POINTS = SQLITE_CRASH_POINTS
+#: leave exactly what it leaves there: the same table holds for both. Each queue transition
+#: also has a point where its COMMIT reached the server and the answer was lost on the way
+#: back (the child's connection goes through a fault proxy): the queue must ask the server
+#: what happened, and the death after it must leave what the transition's AFTER point does.
+REPLY_LOST_POINTS = tuple(
+    CrashPoint(
+        reply_lost_point(point.name),
+        f"{point.where}, the answer to its COMMIT lost on the way back",
+        point.expected,
+        unacknowledged=point.unacknowledged,
+    )
+    for point in SQLITE_CRASH_POINTS
+    # The effect's COMMIT is the ledger's, which no connection to the server carries.
+    if point.name.startswith("AFTER_") and point.name != "AFTER_EFFECT_COMMIT"
+)
+CRASH_POINTS = SQLITE_CRASH_POINTS + REPLY_LOST_POINTS
 
 CAPABILITIES = Capabilities(
     fencing_tokens=True,
