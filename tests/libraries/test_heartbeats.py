@@ -189,6 +189,9 @@ def test_heartbeats_too_slow_for_the_retry_timer_rerun_live_jobs_on_0_21_0_not_o
                 postgres_dsn,
                 "--jobs",
                 "3",
+                # Twice the default timer: margin for a machine busy with other tests.
+                "--retry-timer-s",
+                "2",
                 *faults,
             ]
         )
