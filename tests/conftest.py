@@ -20,6 +20,11 @@ RETRY = RetryPolicy(base_delay_us=1_000, max_delay_us=8_000)
 
 QueueFactory = Callable[..., DurableQueue]
 
+#: The checkout the tests run from, and the folders of it that tests read.
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+EXAMPLES = ROOT / "examples"
+
 #: Set by scripts/gates.py: the file each failed test is named in as it fails, so a run the
 #: gates had to stop part-way still names its failures.
 FAILED_TESTS_VARIABLE = "CRASHQUEUELAB_FAILED_TESTS"
@@ -163,7 +168,7 @@ def postgres_dsn() -> Iterator[str]:
     Skips only where no server can exist here (no binaries); CI installs and runs it.
     """
     from crashqueuelab.core.errors import ServerUnavailable
-    from crashqueuelab.postgres.server import DSN_VARIABLE, ThrowawayServer
+    from crashqueuelab.servers.postgres import DSN_VARIABLE, ThrowawayServer
 
     try:
         server = ThrowawayServer()
@@ -190,7 +195,7 @@ def redis_socket() -> Iterator[str]:
     Skips only where no server can exist here (no redis-server); CI installs it.
     """
     from crashqueuelab.core.errors import ServerUnavailable
-    from crashqueuelab.lab.redisserver import SOCKET_VARIABLE, ThrowawayRedis
+    from crashqueuelab.servers.redis import SOCKET_VARIABLE, ThrowawayRedis
 
     try:
         server = ThrowawayRedis()

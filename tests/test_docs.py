@@ -8,8 +8,7 @@ from pathlib import Path
 
 from crashqueuelab import cli
 from crashqueuelab.judges.invariants import invariant_names
-
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+from tests.conftest import DOCS
 
 
 def _subcommands() -> dict[str, argparse.ArgumentParser]:

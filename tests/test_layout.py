@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import ROOT
+
 KNOWN = {
     ".ci", ".github", ".gitignore", "LICENSE", "README.md", "pyproject.toml",
     "src", "tests", "docs", "reports", "scripts", "benchmarks", "examples",

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from crashqueuelab.lab.campaign.probes import run_probes
 from crashqueuelab.lab.chaos.longjobs import DEFAULT_LONG_JOBS
 from crashqueuelab.lab.chaos.poison import DEFAULT_POISON_JOBS
-from crashqueuelab.lab.crashmodes import PROCESS
-from crashqueuelab.lab.model import run_model_workload
-from crashqueuelab.lab.probes import run_probes
+from crashqueuelab.lab.faults.crashmodes import PROCESS
+from crashqueuelab.lab.workloads.model import run_model_workload
 from crashqueuelab.systems.registry import resolve_system
 
 __all__ = ["Outcome", "replay_chaos", "replay_model_workload", "run_crash_point", "run_probe"]
@@ -60,7 +60,7 @@ def run_crash_point(
 ) -> Outcome:
     """One crash point of the campaign: a child dies there (or the power is cut, with
     ``crash_mode="power-loss"``), and the crash state and the recovery are judged."""
-    from crashqueuelab.lab.campaign import run_campaign  # the campaign imports this module
+    from crashqueuelab.lab.campaign.run import run_campaign  # the campaign imports this module
 
     run = Path(directory) / "campaign"
     report = run_campaign(
@@ -89,8 +89,8 @@ def replay_chaos(run: Mapping[str, Any], directory: Path, *, attempts: int = 3) 
     ``system_spec``, its ``seed``, ``crash_mode``, ``parameters`` and ``schedule``, as
     ``chaos.json`` does), up to ``attempts`` times: the operating system decides how the
     processes interleave, so the first run that fails is the outcome, else the last."""
-    from crashqueuelab.lab.chaos.network import NetworkPlan
     from crashqueuelab.lab.chaos.supervisor import run_chaos
+    from crashqueuelab.lab.faults.network.plan import NetworkPlan
 
     counts = Counter(fault["kind"] for fault in run["schedule"])
     sizes = run["parameters"]

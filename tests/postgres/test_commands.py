@@ -13,8 +13,8 @@ import psycopg
 import pytest
 
 from crashqueuelab import cli
-from crashqueuelab.postgres import server as server_module
-from crashqueuelab.postgres.server import DSN_VARIABLE
+from crashqueuelab.servers import postgres as server_module
+from crashqueuelab.servers.postgres import DSN_VARIABLE
 
 
 def run_cli(*argv: str) -> tuple[int, dict[str, Any]]:

@@ -11,9 +11,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from crashqueuelab.judges.pgstore import JUDGED_ROWS_FILE, judge_rows, read_postgres_store
+from crashqueuelab.judges.readers.postgres import JUDGED_ROWS_FILE, judge_rows, read_postgres_store
 from crashqueuelab.postgres.queue import PgAck
-from crashqueuelab.postgres.server import DSN_VARIABLE
+from crashqueuelab.servers.postgres import DSN_VARIABLE
 from crashqueuelab.systems.postgres import store_schema
 from tests.postgres.test_queue import LEASE_US, open_queue, submit
 

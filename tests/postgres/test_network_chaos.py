@@ -14,7 +14,7 @@ import pytest
 from crashqueuelab import cli
 from crashqueuelab.cli.replay import replayed
 from crashqueuelab.core.errors import InvalidInput
-from crashqueuelab.lab.chaos.network import NetworkPlan, upstream_of
+from crashqueuelab.lab.faults.network.plan import NetworkPlan, upstream_of
 
 
 def run_cli(*argv: str) -> tuple[int, dict[str, Any]]:

@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 
 from crashqueuelab import cli
+from crashqueuelab.lab.campaign import power_cases as cases_module
+from crashqueuelab.lab.campaign.power_cases import run_power_loss_case
+from crashqueuelab.lab.faults.powerloss import serverdisk
+from crashqueuelab.lab.faults.powerloss.crashstate import LOSE_ALL, Choice, CrashState, materialize
+from crashqueuelab.lab.faults.powerloss.journal import Journal
+from crashqueuelab.lab.faults.powerloss.serverdisk import ClusterTemplate
 from crashqueuelab.lab.mutants.asynccommit import async_commit_system
-from crashqueuelab.lab.powerloss import cases as cases_module
-from crashqueuelab.lab.powerloss import serverdisk
-from crashqueuelab.lab.powerloss.cases import run_power_loss_case
-from crashqueuelab.lab.powerloss.crashstate import LOSE_ALL, Choice, CrashState, materialize
-from crashqueuelab.lab.powerloss.journal import Journal
-from crashqueuelab.lab.powerloss.serverdisk import ClusterTemplate
-from crashqueuelab.postgres.server import DSN_VARIABLE
+from crashqueuelab.servers.postgres import DSN_VARIABLE
 from crashqueuelab.systems.postgres import postgres_system
 
 pytestmark = pytest.mark.skipif(
@@ -132,7 +132,7 @@ def test_a_case_server_that_cannot_mount_leaves_nothing_behind(
     template: ClusterTemplate, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from crashqueuelab.core.errors import CrashModeUnavailable
-    from crashqueuelab.lab.powerloss.disk import PowerLossDisk
+    from crashqueuelab.lab.faults.powerloss.disk import PowerLossDisk
 
     def refuse(disk: PowerLossDisk) -> None:
         raise CrashModeUnavailable("power-loss", "no mount today")

@@ -23,11 +23,11 @@ from crashqueuelab.core.errors import (
 from crashqueuelab.core.hooks import Phase
 from crashqueuelab.core.ids import SeededIds
 from crashqueuelab.core.retry import RetryPolicy
-from crashqueuelab.lab.chaos.network import upstream_of
-from crashqueuelab.lab.network.proxy import FaultProxy
-from crashqueuelab.lab.network.windows import FaultKind
+from crashqueuelab.lab.faults.network.plan import upstream_of
+from crashqueuelab.lab.faults.network.proxy import FaultProxy
+from crashqueuelab.lab.faults.network.windows import FaultKind
 from crashqueuelab.postgres.queue import PgAck, PostgresQueue, create_store
-from crashqueuelab.postgres.server import DSN_VARIABLE, ThrowawayServer
+from crashqueuelab.servers.postgres import DSN_VARIABLE, ThrowawayServer
 from crashqueuelab.systems.postgres import session_name, store_schema, terminate_sessions
 
 RETRY = RetryPolicy(base_delay_us=1_000, max_delay_us=4_000)
@@ -177,7 +177,7 @@ def test_an_acknowledgement_survives_a_server_crash_only_when_its_commit_was_flu
     # still in the server's WAL buffers when it crashes (only whole WAL pages are written
     # before that, and the acknowledgement's commit record ends past the last whole page):
     # what the asynchronous-commit mutant risks, made certain (chaos shows it under load).
-    from crashqueuelab.postgres.server import SETTINGS
+    from crashqueuelab.servers.postgres import SETTINGS
     from crashqueuelab.systems import OpenRequest
     from crashqueuelab.systems.postgres import open_postgres
 
@@ -266,7 +266,7 @@ def test_a_transition_whose_commit_never_left_the_client_is_tried_again(
 def test_only_the_token_only_mutant_accepts_an_acknowledgement_past_its_deadline(
     postgres_dsn: str, tmp_path: Path, token_only: bool, accepted: bool
 ) -> None:
-    from crashqueuelab.judges.pgstore import read_postgres_store
+    from crashqueuelab.judges.readers.postgres import read_postgres_store
     from crashqueuelab.lab.mutants.pgfencing import TokenOnlyAck, token_only_ack_system
 
     directory = tmp_path / "store"

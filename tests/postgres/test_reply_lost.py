@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from crashqueuelab import cli
-from crashqueuelab.lab import lostreplies
-from crashqueuelab.lab.servers import SERVER_VARIABLES
+from crashqueuelab.lab.faults import lostreplies
+from crashqueuelab.lab.runs.servers import SERVER_VARIABLES
 from crashqueuelab.systems import resolve_system
 from crashqueuelab.systems.contract import REPLY_LOST_SUFFIX, reply_lost_phases, reply_lost_point
 

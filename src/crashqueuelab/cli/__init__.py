@@ -49,10 +49,10 @@ from crashqueuelab.core.errors import (
     StoreError,
     SystemUnavailable,
 )
-from crashqueuelab.lab.interrupts import EXIT_INTERRUPTED, Interrupted, interruptible
-from crashqueuelab.lab.reports import write_json
-from crashqueuelab.lab.servers import servers_for
-from crashqueuelab.lab.systemcalls import SystemRaised
+from crashqueuelab.lab.runs.interrupts import EXIT_INTERRUPTED, Interrupted, interruptible
+from crashqueuelab.lab.runs.records import write_json
+from crashqueuelab.lab.runs.servers import servers_for
+from crashqueuelab.lab.runs.systemcalls import SystemRaised
 
 __all__ = [
     "EXIT_INTERRUPTED",

@@ -29,14 +29,14 @@ from crashqueuelab.cli.shrink import reproducer_lines
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.bench.peers import BENCH_PEERS
 from crashqueuelab.lab.bench.runner import BENCH_FILE, run_bench, table
-from crashqueuelab.lab.campaign import CAMPAIGN_FILE, run_campaign
+from crashqueuelab.lab.campaign.run import CAMPAIGN_FILE, run_campaign
 from crashqueuelab.lab.chaos.longjobs import DEFAULT_LONG_JOBS
 from crashqueuelab.lab.chaos.poison import DEFAULT_POISON_JOBS
-from crashqueuelab.lab.chaos.reproducer import add_chaos_reproducer
 from crashqueuelab.lab.chaos.supervisor import CHAOS_FILE, run_chaos
 from crashqueuelab.lab.demo import COMPARISON_FILE, DEFAULT_SEED, run_demo
-from crashqueuelab.lab.heartbeats import HEARTBEATS_FILE
+from crashqueuelab.lab.heartbeats.run import HEARTBEATS_FILE
 from crashqueuelab.lab.mutants.runner import MUTANTS_FILE, run_mutants
+from crashqueuelab.lab.reproducers.chaos import add_chaos_reproducer
 from crashqueuelab.lab.showcase import (
     CAMPAIGN_DIR,
     EFFECT_DIR,
@@ -45,7 +45,7 @@ from crashqueuelab.lab.showcase import (
     SHOWCASE_FILE,
     run_showcase,
 )
-from crashqueuelab.lab.versions import VERSIONS_FILE
+from crashqueuelab.lab.versions.matrix import VERSIONS_FILE
 from crashqueuelab.systems.registry import DEFAULT_SYSTEM, SHIPPED
 
 #: The file each experiment writes into its output directory: the record of its run.

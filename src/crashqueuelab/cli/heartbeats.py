@@ -17,9 +17,9 @@ from crashqueuelab.cli.common import (
     positive_number,
 )
 from crashqueuelab.cli.progress import progress_for
-from crashqueuelab.lab.chaos.network import NetworkPlan
-from crashqueuelab.lab.heartbeatfaults import WINDOW_TIMERS
-from crashqueuelab.lab.heartbeats import (
+from crashqueuelab.lab.faults.network.plan import NetworkPlan
+from crashqueuelab.lab.heartbeats.faults import WINDOW_TIMERS
+from crashqueuelab.lab.heartbeats.run import (
     DEFAULT_JOBS,
     DEFAULT_WORK_TIMERS,
     DEFAULT_WORKERS,

@@ -1,12 +1,12 @@
 """The chaos command's network faults: how many of each, how long, and the latency
-every connection to the server has (``crashqueuelab.lab.chaos.network``)."""
+every connection to the server has (``crashqueuelab.lab.faults.network.plan``)."""
 
 from __future__ import annotations
 
 import argparse
 
 from crashqueuelab.cli.common import milliseconds, non_negative, positive
-from crashqueuelab.lab.chaos.network import WINDOW_LEASES, NetworkPlan
+from crashqueuelab.lab.faults.network.plan import WINDOW_LEASES, NetworkPlan
 
 
 def add_network_faults(sub: argparse.ArgumentParser) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from crashqueuelab.core.errors import InvalidInput
-from crashqueuelab.lab.environments import (
+from crashqueuelab.lab.versions.environments import (
     PINNED_VARIABLE,
     Pin,
     ensure_environment,

@@ -8,7 +8,7 @@ import re
 import time
 from typing import TextIO
 
-from crashqueuelab.lab.progress import Progress
+from crashqueuelab.lab.runs.progress import Progress
 
 #: Off a terminal, at most one progress line this often (seconds).
 PROGRESS_EVERY_S = 5.0

@@ -10,9 +10,9 @@ from typing import Any
 from crashqueuelab.cli.common import EXIT_OK, EXIT_REJECTED
 from crashqueuelab.cli.pinned import run_pinned
 from crashqueuelab.core.errors import InvalidInput
-from crashqueuelab.lab.environments import parse_pin
-from crashqueuelab.lab.reports import prepare_output_directory, write_json
-from crashqueuelab.lab.versions import CRITERIA, VERSIONS_FILE, choose_releases, run_versions
+from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
+from crashqueuelab.lab.versions.environments import parse_pin
+from crashqueuelab.lab.versions.matrix import CRITERIA, VERSIONS_FILE, choose_releases, run_versions
 from crashqueuelab.systems.registry import DISTRIBUTIONS
 
 #: The commands whose evidence a matrix can hold, and the record each writes.

@@ -6,7 +6,7 @@ a batched job. Filling a new instance's dictionary in one step makes the same re
 same hash, same repr, still frozen) in under half that, provided the class runs no code of
 its own at construction (no ``__post_init__``) and keeps its fields in ``__dict__`` (no
 slots); ``filler`` refuses any other class. The caller passes every field, defaults
-included; ``tests/test_small_units.py`` compares the records with those ``__init__`` makes.
+included; ``tests/core/test_small_units.py`` compares the records with those ``__init__`` makes.
 """
 
 from __future__ import annotations

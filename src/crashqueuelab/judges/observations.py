@@ -1,7 +1,7 @@
 """The observation log against the lease rules and the store: what the callers were told
 must be possible. Times in its anomalies count from the log's first line, in seconds.
 
-Each line of the log is one thing a caller was told (``lab/model.py`` writes it): a job
+Each line of the log is one thing a caller was told (``lab/workloads/model.py`` writes it): a job
 submitted under a key, a lease claimed with its deadline, a heartbeat, an acknowledgement
 or a failure with the system's verdict, a clock step, a restart. Replaying it with nothing
 but the rules of a fenced lease, this judge names:

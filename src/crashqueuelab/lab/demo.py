@@ -15,18 +15,18 @@ from typing import Any
 
 from crashqueuelab.core.clock import ManualClock
 from crashqueuelab.core.ids import SeededIds
-from crashqueuelab.lab.children import (
+from crashqueuelab.lab.faults.children import (
     CHILD_TIMEOUT_S,
     CRASH_EXIT_CODE,
     read_last_words,
     spawn_child,
 )
-from crashqueuelab.lab.effects import Destination
-from crashqueuelab.lab.handlers import SYNTHETIC_EFFECT
-from crashqueuelab.lab.observe import observe_ledger
-from crashqueuelab.lab.readings import read_store
-from crashqueuelab.lab.reports import prepare_output_directory, write_json
-from crashqueuelab.lab.scenario import (
+from crashqueuelab.lab.runs.readings import read_store
+from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
+from crashqueuelab.lab.workloads.effects import Destination
+from crashqueuelab.lab.workloads.handlers import SYNTHETIC_EFFECT
+from crashqueuelab.lab.workloads.observe import observe_ledger
+from crashqueuelab.lab.workloads.scenario import (
     LEASE_US,
     LEDGER_FILE,
     RETRY,

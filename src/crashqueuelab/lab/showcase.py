@@ -17,21 +17,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from crashqueuelab.lab.campaign import CAMPAIGN_FILE, run_campaign
-from crashqueuelab.lab.crashmodes import POWER_LOSS, power_loss_refusal
+from crashqueuelab.lab.campaign.run import CAMPAIGN_FILE, run_campaign
 from crashqueuelab.lab.demo import COMPARISON_FILE, IDEMPOTENCY_KEY, run_demo
-from crashqueuelab.lab.effects import Destination
-from crashqueuelab.lab.interrupts import Interrupted
+from crashqueuelab.lab.faults.crashmodes import POWER_LOSS, power_loss_refusal
+from crashqueuelab.lab.faults.powerloss.disk import unavailable_reason
 from crashqueuelab.lab.mutants.catalog import MUTANTS
 from crashqueuelab.lab.mutants.runner import MUTANTS_FILE, run_mutants, score
-from crashqueuelab.lab.observe import observe_ledger
-from crashqueuelab.lab.powerloss.disk import unavailable_reason
-from crashqueuelab.lab.progress import Progress, labelled
-from crashqueuelab.lab.readings import read_store
-from crashqueuelab.lab.reports import prepare_output_directory, read_json, write_json
-from crashqueuelab.lab.scenario import LEDGER_FILE, STORE_DIRECTORY, scenario_jobs
-from crashqueuelab.lab.shrinking import SHRINK_SECONDS
-from crashqueuelab.lab.systemcalls import SystemRaised
+from crashqueuelab.lab.reproducers.campaign import SHRINK_SECONDS
+from crashqueuelab.lab.runs.interrupts import Interrupted
+from crashqueuelab.lab.runs.progress import Progress, labelled
+from crashqueuelab.lab.runs.readings import read_store
+from crashqueuelab.lab.runs.records import prepare_output_directory, read_json, write_json
+from crashqueuelab.lab.runs.systemcalls import SystemRaised
+from crashqueuelab.lab.workloads.effects import Destination
+from crashqueuelab.lab.workloads.observe import observe_ledger
+from crashqueuelab.lab.workloads.scenario import LEDGER_FILE, STORE_DIRECTORY, scenario_jobs
 from crashqueuelab.systems.contract import System
 from crashqueuelab.systems.registry import SHIPPED, resolve_system
 

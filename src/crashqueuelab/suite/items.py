@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from crashqueuelab.lab.probes import PROBES
+from crashqueuelab.lab.campaign.probes import PROBES
 from crashqueuelab.regression import Outcome, run_crash_point, run_probe
 from crashqueuelab.suite.behaviour import CHECKS, Check
 from crashqueuelab.suite.harness import Harness
@@ -102,7 +102,7 @@ class LabChecks(pytest.Collector):
         )
 
     def _model(self, directory: Path) -> None:
-        from crashqueuelab.lab.model import run_model_workload
+        from crashqueuelab.lab.workloads.model import run_model_workload
 
         report = run_model_workload(resolve_system(self.spec), directory / "model", seed=self.seed)
         _outcome(Outcome(report["ok"], list(report["anomalies"]), directory / "model"))

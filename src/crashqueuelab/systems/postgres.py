@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from crashqueuelab.core.errors import SystemUnavailable
-from crashqueuelab.judges.pgstore import DESCRIPTOR_FILE, read_postgres_store
+from crashqueuelab.judges.readers.postgres import DESCRIPTOR_FILE, read_postgres_store
 from crashqueuelab.postgres.queue import (
     DURABLE_SETTINGS,
     PgAck,
@@ -24,7 +24,7 @@ from crashqueuelab.postgres.queue import (
     PostgresQueue,
     create_store,
 )
-from crashqueuelab.postgres.server import DSN_VARIABLE
+from crashqueuelab.servers.postgres import DSN_VARIABLE
 from crashqueuelab.systems.contract import (
     Capabilities,
     Claim,
@@ -221,7 +221,10 @@ def read_store(directory: Path) -> StoreReading:
         facts={"last_event": reading.last_event},
         ok=reading.ok,
         problems=reading.problems,
-        judge=f"crashqueuelab.judges.pgstore (replay + invariants, own SQL; {reading.source})",
+        judge=(
+            "crashqueuelab.judges.readers.postgres"
+            f" (replay + invariants, own SQL; {reading.source})"
+        ),
         history=reading.history,
         checks={"replay": reading.replay_ok, "invariants": reading.invariants_ok},
     )

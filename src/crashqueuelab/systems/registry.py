@@ -25,7 +25,7 @@ def _walqueue() -> System:
 
 def _persistqueue() -> System:
     try:
-        from crashqueuelab.systems.persistqueue import persistqueue_system
+        from crashqueuelab.systems.libraries.persistqueue.system import persistqueue_system
     except ImportError as error:
         raise SystemUnavailable(
             "persist-queue", f"{error.name} is not installed: pip install 'crashqueuelab[peers]'"
@@ -35,7 +35,7 @@ def _persistqueue() -> System:
 
 def _huey(fsync: bool) -> System:
     # The adapter imports huey only when its system is built.
-    from crashqueuelab.systems.sqlitehuey import huey_fsync_system, huey_system
+    from crashqueuelab.systems.libraries.huey.system import huey_fsync_system, huey_system
 
     try:
         return huey_fsync_system() if fsync else huey_system()
@@ -57,7 +57,7 @@ def _postgres() -> System:
 
 def _pgqueuer() -> System:
     try:
-        from crashqueuelab.systems.pgqueueradapter import pgqueuer_system
+        from crashqueuelab.systems.libraries.pgqueuer.system import pgqueuer_system
 
         return pgqueuer_system()
     except (ImportError, PackageNotFoundError) as error:
@@ -69,7 +69,7 @@ def _pgqueuer() -> System:
 
 def _procrastinate() -> System:
     try:
-        from crashqueuelab.systems.procrastinateadapter import procrastinate_system
+        from crashqueuelab.systems.libraries.procrastinate.system import procrastinate_system
 
         return procrastinate_system()
     except (ImportError, PackageNotFoundError) as error:
@@ -82,7 +82,7 @@ def _procrastinate() -> System:
 
 def _rq(name: str) -> System:
     try:
-        from crashqueuelab.systems.rqadapter import rq_system
+        from crashqueuelab.systems.libraries.rq.system import rq_system
 
         return rq_system(name)
     except (ImportError, PackageNotFoundError) as error:

@@ -14,7 +14,7 @@ from crashqueuelab.core.errors import JobNotFound, StaleLease
 from crashqueuelab.core.models import Acknowledgement, AckResult, ClaimedJob, JobState
 from crashqueuelab.core.queue import DurableQueue
 from crashqueuelab.core.records import filler
-from crashqueuelab.judges.sqlitestore import QUEUE_FILE, read_queue_store
+from crashqueuelab.judges.readers.sqlite import QUEUE_FILE, read_queue_store
 from crashqueuelab.systems.contract import (
     AttemptView,
     Capabilities,
@@ -30,7 +30,7 @@ from crashqueuelab.systems.contract import (
     System,
     Verdict,
 )
-from crashqueuelab.systems.sqlitecarrier import behind_a_carrier
+from crashqueuelab.systems.sqlite_carrier import behind_a_carrier
 
 _STATUS = {
     JobState.QUEUED: JobStatus.PENDING,

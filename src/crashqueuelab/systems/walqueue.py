@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from crashqueuelab.core.errors import OperationUnsupported
-from crashqueuelab.judges.walfiles import read_walqueue_directory
+from crashqueuelab.judges.readers.walqueue import read_walqueue_directory
 from crashqueuelab.systems.contract import (
     Capabilities,
     Claim,
@@ -147,7 +147,7 @@ def read_store(directory: Path) -> StoreReading:
         facts=reading.facts,
         ok=reading.ok,
         problems=reading.problems,
-        judge="crashqueuelab.judges.walfiles (its own parser and replay of the directory)",
+        judge="crashqueuelab.judges.readers.walqueue (its own parser and replay of the directory)",
         history=reading.history,
     )
 

@@ -41,12 +41,12 @@ from crashqueuelab.lab.bench.workers import (
     open_client,
     run_worker,
 )
-from crashqueuelab.lab.inheritance import Inherited
-from crashqueuelab.lab.interrupts import Interrupted, forkserver_context
-from crashqueuelab.lab.progress import Progress, labelled
-from crashqueuelab.lab.readings import read_store
-from crashqueuelab.lab.reports import prepare_output_directory, write_json
-from crashqueuelab.lab.systemcalls import SystemRaised, calling
+from crashqueuelab.lab.runs.inheritance import Inherited
+from crashqueuelab.lab.runs.interrupts import Interrupted, forkserver_context
+from crashqueuelab.lab.runs.progress import Progress, labelled
+from crashqueuelab.lab.runs.readings import read_store
+from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
+from crashqueuelab.lab.runs.systemcalls import SystemRaised, calling
 from crashqueuelab.systems.contract import JobSpec, JobStatus
 from crashqueuelab.systems.registry import DEFAULT_SYSTEM, resolve_system
 
@@ -59,7 +59,7 @@ TEXTBOOK_DESCRIPTION = {
 }
 DEFAULT_WORKERS = (1, 2, 4, 8, 16)
 DEFAULT_WORK_MS = (0.0, 1.0)
-#: None: each worker of the batched path sizes its own batches (lab/batching.py).
+#: None: each worker of the batched path sizes its own batches (lab/workloads/batching.py).
 DEFAULT_BATCH: int | None = None
 BENCH_FILE = "bench.json"
 #: Runs of each cell: one by default.

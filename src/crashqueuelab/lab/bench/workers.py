@@ -18,11 +18,11 @@ from typing import Protocol, cast
 from crashqueuelab.core.clock import SystemClock
 from crashqueuelab.core.ids import RandomIds
 from crashqueuelab.core.retry import RetryPolicy
-from crashqueuelab.lab.batching import batch_sizer
 from crashqueuelab.lab.bench import textbook
 from crashqueuelab.lab.bench.peers import resolve_peer
-from crashqueuelab.lab.inheritance import Inherited
-from crashqueuelab.lab.interrupts import ignore_interrupts
+from crashqueuelab.lab.runs.inheritance import Inherited
+from crashqueuelab.lab.runs.interrupts import ignore_interrupts
+from crashqueuelab.lab.workloads.batching import batch_sizer
 from crashqueuelab.systems.contract import ChainingClient, OpenRequest, QueueClient
 from crashqueuelab.systems.registry import resolve_system
 

@@ -27,8 +27,8 @@ from crashqueuelab.lab.chaos.worklog import (
     read_logs,
     shared_commit_totals,
 )
-from crashqueuelab.lab.effects import LEDGER_SCHEMA
-from crashqueuelab.lab.readings import read_store
+from crashqueuelab.lab.runs.readings import read_store
+from crashqueuelab.lab.workloads.effects import LEDGER_SCHEMA
 from crashqueuelab.systems.contract import JobStatus, System
 
 

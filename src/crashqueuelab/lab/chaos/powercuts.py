@@ -15,9 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from crashqueuelab.lab.powerloss.crashstate import LOSE_ALL, Choice, materialize
-from crashqueuelab.lab.powerloss.disk import PowerLossDisk
-from crashqueuelab.lab.powerloss.journal import GRAVEYARD, JOURNAL_FILE, TREE
+from crashqueuelab.lab.faults.powerloss.crashstate import LOSE_ALL, Choice, materialize
+from crashqueuelab.lab.faults.powerloss.disk import PowerLossDisk
+from crashqueuelab.lab.faults.powerloss.journal import GRAVEYARD, JOURNAL_FILE, TREE
 
 DISKS_DIRECTORY = "disks"
 

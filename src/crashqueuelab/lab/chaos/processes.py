@@ -24,9 +24,9 @@ from crashqueuelab.core.retry import RetryPolicy
 from crashqueuelab.lab.chaos.longjobs import work_long
 from crashqueuelab.lab.chaos.poison import DIE, behaviour
 from crashqueuelab.lab.chaos.worklog import SHARED_COMMIT_COUNTS
-from crashqueuelab.lab.effects import Destination, EffectLedger
-from crashqueuelab.lab.inheritance import Inherited
-from crashqueuelab.lab.interrupts import ignore_interrupts
+from crashqueuelab.lab.runs.inheritance import Inherited
+from crashqueuelab.lab.runs.interrupts import ignore_interrupts
+from crashqueuelab.lab.workloads.effects import Destination, EffectLedger
 from crashqueuelab.systems.contract import (
     Claim,
     CommitSharingClient,

@@ -28,14 +28,6 @@ from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.core.validation import require_int
 from crashqueuelab.lab.chaos.accounting import judge_run
 from crashqueuelab.lab.chaos.longjobs import DEFAULT_LONG_JOBS, long_indexes, long_payload
-from crashqueuelab.lab.chaos.network import (
-    MAINTENANCE_PATH,
-    WINDOW_OF,
-    NetworkPlan,
-    RunNetwork,
-    run_dsn,
-    worker_path,
-)
 from crashqueuelab.lab.chaos.poison import DEFAULT_POISON_JOBS, PoisonJob, poison_jobs
 from crashqueuelab.lab.chaos.powercuts import PowerSupply
 from crashqueuelab.lab.chaos.processes import (
@@ -48,17 +40,25 @@ from crashqueuelab.lab.chaos.processes import (
 )
 from crashqueuelab.lab.chaos.schedule import SPAN, FaultKind, PlannedFault, plan, recorded
 from crashqueuelab.lab.chaos.worklog import LOG_SUFFIX, LogFollower, acknowledged_keys, read_logs
-from crashqueuelab.lab.children import CLI_MODULE
-from crashqueuelab.lab.crashmodes import POWER_LOSS, PROCESS, check_crash_mode
-from crashqueuelab.lab.effects import Destination, EffectLedger
-from crashqueuelab.lab.inheritance import Inherited
-from crashqueuelab.lab.interrupts import Interrupted, forkserver_context
-from crashqueuelab.lab.progress import Progress, labelled
-from crashqueuelab.lab.promises import classify
-from crashqueuelab.lab.reports import prepare_output_directory, write_json
-from crashqueuelab.lab.reproduce import import_path
-from crashqueuelab.lab.scenario import STORE_DIRECTORY
-from crashqueuelab.lab.systemcalls import calling
+from crashqueuelab.lab.faults.children import CLI_MODULE
+from crashqueuelab.lab.faults.crashmodes import POWER_LOSS, PROCESS, check_crash_mode
+from crashqueuelab.lab.faults.network.plan import (
+    MAINTENANCE_PATH,
+    WINDOW_OF,
+    NetworkPlan,
+    RunNetwork,
+    run_dsn,
+    worker_path,
+)
+from crashqueuelab.lab.runs.commands import import_path
+from crashqueuelab.lab.runs.inheritance import Inherited
+from crashqueuelab.lab.runs.interrupts import Interrupted, forkserver_context
+from crashqueuelab.lab.runs.progress import Progress, labelled
+from crashqueuelab.lab.runs.promises import classify
+from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
+from crashqueuelab.lab.runs.systemcalls import calling
+from crashqueuelab.lab.workloads.effects import Destination, EffectLedger
+from crashqueuelab.lab.workloads.scenario import STORE_DIRECTORY
 from crashqueuelab.systems.contract import JobSpec, System
 from crashqueuelab.systems.registry import DEFAULT_SYSTEM, resolve_system
 

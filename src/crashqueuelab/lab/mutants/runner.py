@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from crashqueuelab.core.errors import InvalidInput
-from crashqueuelab.lab.campaign import add_reproducers, run_campaign
+from crashqueuelab.lab.campaign.probes import PROBES as ALL_PROBES
+from crashqueuelab.lab.campaign.run import add_reproducers, run_campaign
 from crashqueuelab.lab.chaos.supervisor import run_chaos
-from crashqueuelab.lab.crashmodes import POWER_LOSS
-from crashqueuelab.lab.interrupts import Interrupted
+from crashqueuelab.lab.faults.crashmodes import POWER_LOSS
+from crashqueuelab.lab.faults.powerloss.disk import require_power_loss
 from crashqueuelab.lab.mutants.catalog import (
     CHAOS,
     CRASH_CAMPAIGN,
@@ -24,12 +25,11 @@ from crashqueuelab.lab.mutants.catalog import (
     PROBES,
     Mutant,
 )
-from crashqueuelab.lab.powerloss.disk import require_power_loss
-from crashqueuelab.lab.probes import PROBES as ALL_PROBES
-from crashqueuelab.lab.progress import Progress, labelled
-from crashqueuelab.lab.reports import prepare_output_directory, write_json
-from crashqueuelab.lab.shrinking import CASE, PROBE, SHRINK_SECONDS
-from crashqueuelab.lab.shrinking import MODEL as MODEL_KIND
+from crashqueuelab.lab.reproducers.campaign import CASE, PROBE, SHRINK_SECONDS
+from crashqueuelab.lab.reproducers.campaign import MODEL as MODEL_KIND
+from crashqueuelab.lab.runs.interrupts import Interrupted
+from crashqueuelab.lab.runs.progress import Progress, labelled
+from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
 from crashqueuelab.systems.registry import resolve_system
 
 MUTANTS_FILE = "mutants.json"

@@ -31,7 +31,7 @@ from crashqueuelab.lab.pages.network import (
     network_rows,
     network_title,
 )
-from crashqueuelab.lab.reproduce import campaign_command, runnable
+from crashqueuelab.lab.runs.commands import campaign_command, runnable
 
 #: Twelve colors, so a bench with ten lanes (ours, the textbook queue, six peers) repeats none.
 PALETTE = (

@@ -1,0 +1,189 @@
+"""What every crash case does, whatever the crash mode: kill children at a crash point, read
+the signature a crash left, drive recovery, and check that recovery kept what the crash
+left."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from crashqueuelab.lab.faults.children import (
+    CHILD_STDERR,
+    CHILD_TIMEOUT_S,
+    CRASH_EXIT_CODE,
+    ChildRun,
+    read_last_words,
+    read_points_reached,
+    spawn_child,
+)
+from crashqueuelab.lab.workloads.effects import Destination
+from crashqueuelab.lab.workloads.scenario import (
+    RECOVERY_OFFSET_US,
+    START_US,
+    RecoveryResult,
+    deadline_label,
+    effect_key,
+    recover_case,
+    scenario_jobs,
+)
+from crashqueuelab.systems.contract import CrashPoint, JobSpec, StoreReading, System
+
+#: The part of a crash signature that says where the jobs stood (the rest are facts about
+#: the files, which a power cut may legitimately change).
+JOB_FIELDS = ("effect_job", "flaky_job", "effect_job_effects")
+#: The effect job's lease deadline, part of the jobs' fields where a point declares it.
+DEADLINE_FIELD = "effect_job_deadline"
+
+
+def job_fields(point: CrashPoint) -> tuple[str, ...]:
+    """The fields of a crash signature that a power cut must keep as ``point`` promises."""
+    declared = point.expected.effect_deadline is not None
+    return JOB_FIELDS + ((DEADLINE_FIELD,) if declared else ())
+
+
+def case_id_for(index: int, point: CrashPoint) -> str:
+    name = point.name.lower().replace("_", "-").replace(":", "-")
+    return f"{index + 1:02d}-{name}"
+
+
+def new_case(
+    output_dir: Path, index: int, point: CrashPoint
+) -> tuple[str, Path, tuple[JobSpec, JobSpec]]:
+    """A case's id, its fresh directory under ``output_dir/cases`` and its workload's jobs."""
+    case_id = case_id_for(index, point)
+    case_dir = output_dir / "cases" / case_id
+    case_dir.mkdir(parents=True)
+    return case_id, case_dir, scenario_jobs(case_id)
+
+
+def death_record(
+    case_id: str, point: CrashPoint, child: ChildRun, prelude: dict[str, Any] | None, case_dir: Path
+) -> dict[str, Any]:
+    """How the case's children died, read from their exit codes and last words: whether each
+    died at the point it was sent to."""
+    last_words = read_last_words(case_dir)
+    died = child.exit_code == CRASH_EXIT_CODE and last_words == point.name
+    if prelude is not None:
+        died = died and prelude["exit_code"] == CRASH_EXIT_CODE
+    return {
+        "case_id": case_id,
+        "fault_point": point.name,
+        "where": point.where,
+        "after_crash_at": prelude,
+        "exit_code": child.exit_code,
+        "timed_out": child.timed_out or bool(prelude and prelude["timed_out"]),
+        "last_words": last_words,
+        "died_at_fault_point": died,
+        "child_error": None if died else child_error(case_dir),
+        "points_reached": None if died else read_points_reached(case_dir),
+    }
+
+
+def child_error(case_dir: Path) -> str | None:
+    """The last line a child wrote to its stderr (a traceback's last line names the
+    exception), so that a child that died of anything but its crash point says why."""
+    try:
+        text = (case_dir / CHILD_STDERR).read_text(errors="replace")
+    except OSError:
+        return None
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else None
+
+
+def death_summary(death: dict[str, Any]) -> str:
+    """One line for a child that did not die where it was sent: a point the workload never
+    reached says so and names the points it did reach; otherwise its exit, last words and
+    last error line."""
+    reached = death.get("points_reached")
+    if death["exit_code"] == 0 and reached is not None:
+        passed = ", ".join(reached) if reached else "none: the system never called its hook"
+        return (
+            f"crash point {death['fault_point']} was never reached: the workload ran to its"
+            f" end (exit 0). The points the system's hook reached, in order: {passed}"
+        )
+    said = f", it said {death['child_error']!r}" if death.get("child_error") else ""
+    return f"exit {death['exit_code']}, last words {death['last_words']}{said}"
+
+
+def _kill_at(case_dir: Path, spec: str, point: str, seed: int, case_id: str) -> ChildRun:
+    arguments = ["--system", spec, "--fault-point", point, "--seed", str(seed)]
+    return spawn_child(case_dir, [*arguments, "--case-id", case_id], timeout_s=CHILD_TIMEOUT_S)
+
+
+def crash_signature(
+    reading: StoreReading, ledger: dict[str, Any], jobs: tuple[JobSpec, ...], point: CrashPoint
+) -> dict[str, Any]:
+    """The part of a reading that identifies a crash point (with the effect job's deadline
+    where ``point`` declares it durable)."""
+    effect, flaky = jobs
+
+    def job(spec: JobSpec) -> list[Any] | None:
+        stored = reading.jobs.get(spec.key)
+        return None if stored is None else [stored.native_state, stored.attempts]
+
+    deadline = {}
+    if point.expected.effect_deadline is not None:
+        stored = reading.jobs.get(effect.key)
+        deadline[DEADLINE_FIELD] = deadline_label(
+            None if stored is None else stored.lease_deadline_us
+        )
+    return {
+        "effect_job": job(effect),
+        "flaky_job": job(flaky),
+        "effect_job_effects": ledger["effects_by_key"].get(effect_key(effect), 0),
+        **deadline,
+        **reading.facts,
+    }
+
+
+def continuity(before: StoreReading, after: StoreReading) -> list[str]:
+    """What recovery lost or undid of the state the crash left, job by job."""
+    anomalies = []
+    for key, was in before.jobs.items():
+        now = after.jobs.get(key)
+        if now is None:
+            anomalies.append(
+                f"job {key}: {was.native_state}/{was.attempts} at the crash, missing after recovery"
+            )
+        elif now.attempts < was.attempts:
+            anomalies.append(f"job {key}: attempts went back from {was.attempts} to {now.attempts}")
+        elif was.status.is_terminal and now.status != was.status:
+            anomalies.append(
+                f"job {key}: {was.native_state} at the crash, {now.native_state} after recovery"
+            )
+    return anomalies
+
+
+def recover_or_report(
+    case_dir: Path, system: System, jobs: tuple[JobSpec, ...], seed: int, case_id: str
+) -> tuple[RecoveryResult | None, str | None]:
+    """Recovery's result, or why the system could not recover (never an exception)."""
+    try:
+        result = recover_case(
+            case_dir,
+            system,
+            jobs=jobs,
+            seed=seed,
+            stream=f"{case_id}/recovery",
+            destination=Destination.IDEMPOTENT,
+            start_us=START_US + RECOVERY_OFFSET_US,
+        )
+    except Exception as error:  # a system that cannot recover is reported, not raised
+        return None, f"recovery raised {type(error).__name__}: {error}"
+    return result, None
+
+
+def kill_children(
+    case_dir: Path, spec: str, point: CrashPoint, seed: int, case_id: str
+) -> tuple[ChildRun, dict[str, Any] | None]:
+    """The child killed at ``point``, after the one killed at ``point.after`` where set."""
+    prelude = None
+    if point.after is not None:
+        first = _kill_at(case_dir, spec, point.after, seed, case_id)
+        prelude = {
+            "fault_point": point.after,
+            "exit_code": first.exit_code,
+            "last_words": read_last_words(case_dir),
+            "timed_out": first.timed_out,
+        }
+    return _kill_at(case_dir, spec, point.name, seed, case_id), prelude

@@ -1,0 +1,85 @@
+"""The child process of a crash case: ``python -m crashqueuelab.lab.campaign.child ...``.
+
+It runs one scripted workload on the named system with a hook that calls ``os._exit`` at the
+chosen crash point, so the parent sees a real process death: no ``finally`` block, no
+``atexit`` handler and no connection close runs after the crash point. At a reply-lost
+point the answer to the transition's COMMIT is lost first (``lostreplies.py``).
+
+Exit status: 86 (``CRASH_EXIT_CODE``) when it died at its crash point; 0 when the workload
+finished without reaching it (a failed case); 1 on any error (traceback on stderr, which
+the parent keeps as ``child.stderr``). A child that did not die leaves the points it did
+reach, in order, in ``POINTS_REACHED_FILE``, so the case can say which points the system's
+hook really passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from pathlib import Path
+
+from crashqueuelab.lab.faults.children import LAST_WORDS_FILE, POINTS_REACHED_FILE
+from crashqueuelab.lab.faults.hooks import exit_at
+from crashqueuelab.lab.faults.lostreplies import replies_lost_at
+from crashqueuelab.lab.workloads.effects import Destination
+from crashqueuelab.lab.workloads.scenario import run_campaign_workload, run_single_worker_workload
+from crashqueuelab.systems.contract import System, reply_lost_phases
+from crashqueuelab.systems.registry import DEFAULT_SYSTEM, resolve_system
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m crashqueuelab.lab.campaign.child")
+    parser.add_argument("--case-dir", type=Path, required=True)
+    parser.add_argument("--system", default=DEFAULT_SYSTEM)
+    parser.add_argument("--fault-point", required=True)
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--case-id", required=True)
+    parser.add_argument("--workload", choices=["campaign", "single-worker"], default="campaign")
+    parser.add_argument(
+        "--destination", choices=[d.value for d in Destination], default="idempotent"
+    )
+    parser.add_argument("--start-us", type=int, default=0)
+    args = parser.parse_args(argv)
+    system = resolve_system(args.system)
+    last_words = str(args.case_dir / LAST_WORDS_FILE)
+    with ExitStack() as stack:
+        die = (
+            stack.enter_context(replies_lost_at(args.fault_point, last_words))
+            if reply_lost_phases(args.fault_point) is not None
+            else exit_at(args.fault_point, last_words=last_words)
+        )
+        return _run(args, system, die)
+
+
+def _run(args: argparse.Namespace, system: System, die: Callable[[str], None]) -> int:
+    reached: list[str] = []
+
+    def hook(point: str) -> None:
+        if point not in reached:
+            reached.append(point)
+        die(point)
+
+    try:
+        if args.workload == "campaign":
+            run_campaign_workload(
+                args.case_dir, system, case_id=args.case_id, seed=args.seed, hook=hook
+            )
+        else:
+            run_single_worker_workload(
+                args.case_dir,
+                system,
+                case_id=args.case_id,
+                seed=args.seed,
+                destination=Destination(args.destination),
+                start_us=args.start_us,
+                hook=hook,
+            )
+    finally:  # not reached by a death at the crash point: os._exit runs no finally
+        (args.case_dir / POINTS_REACHED_FILE).write_text(json.dumps(reached))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,242 @@
+"""A crash case in power-loss mode: the child dies at its crash point and the disk loses
+everything nobody synced; then every crash state the cut allows is judged and recovered.
+
+The case's store directory is the mount point of a ``PowerLossDisk`` (its backing tree is
+``disk/tree``); the effect ledger stays on the real disk, because it stands for another
+machine's database. After the child's death the power is cut, and for each ``Choice`` of
+``crash_choices`` a copy of the disk is made with the lost operations taken back
+(``crash-states/<choice>/store``) beside a copy of the ledger. Each state is read by the
+system's independent reader, its jobs are compared with what the crash point promises (an
+acknowledged operation must survive), and recovery runs on it as a restarted system would.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from crashqueuelab.lab.campaign.cases import (
+    continuity,
+    crash_signature,
+    death_record,
+    death_summary,
+    job_fields,
+    kill_children,
+    new_case,
+    recover_or_report,
+)
+from crashqueuelab.lab.faults.children import CHILD_STDERR
+from crashqueuelab.lab.faults.powerloss.crashstate import Choice, CrashState, crash_choices
+from crashqueuelab.lab.faults.powerloss.journal import Journal
+from crashqueuelab.lab.faults.powerloss.redisdisk import RedisOnDisk
+from crashqueuelab.lab.faults.powerloss.serverdisk import ClusterTemplate, ServerOnDisk
+from crashqueuelab.lab.faults.powerloss.targets import PowerLossTarget, StoreOnDisk
+from crashqueuelab.lab.runs.readings import read_store
+from crashqueuelab.lab.runs.records import write_json
+from crashqueuelab.lab.workloads.observe import observe_ledger
+from crashqueuelab.lab.workloads.scenario import LEDGER_FILE, STORE_DIRECTORY, effect_key
+from crashqueuelab.systems.contract import CrashPoint, JobSpec, System
+
+STATES_DIRECTORY = "crash-states"
+
+
+class CaseStopped(Exception):
+    """A power-loss case ended before all its crash states were judged: its run was
+    interrupted, and its report is never read."""
+
+
+def _jobs_of(signature: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
+    return {name: signature[name] for name in fields}
+
+
+def lost_acknowledged(found: dict[str, Any], promised: dict[str, Any]) -> list[str]:
+    """Where the jobs on the disk differ from what the crash point promised, field by field."""
+    return [
+        f"{name}: promised {promised[name]}, found {found[name]}"
+        for name in promised
+        if found[name] != promised[name]
+    ]
+
+
+def _copy_ledger(case_dir: Path, target: Path) -> None:
+    for suffix in ("", "-wal"):
+        source = case_dir / f"{LEDGER_FILE}{suffix}"
+        if source.exists():
+            shutil.copyfile(source, target / source.name)
+
+
+def judge_state(
+    case_dir: Path,
+    target: PowerLossTarget,
+    journal: Journal,
+    choice: Choice,
+    *,
+    system: System,
+    point: CrashPoint,
+    jobs: tuple[JobSpec, ...],
+    seed: int,
+    case_id: str,
+) -> dict[str, Any]:
+    """Make one crash state, read and judge it, recover it, and read and judge it again."""
+    state_dir = case_dir / STATES_DIRECTORY / choice.name
+    state_dir.mkdir(parents=True)
+    with target.place(journal, choice, state_dir) as placed:
+        if placed.problem is not None:
+            # Nothing can read this state, so nothing may recover it elsewhere either.
+            return {
+                "choice": choice.name,
+                "operations": placed.state.summary(),
+                "fate": placed.state.fate,
+                "crash_state": None,
+                "durable_as_promised": False,
+                "recovery": None,
+                "anomalies": [placed.problem],
+                "passed": False,
+                "directory": str(state_dir.relative_to(case_dir)),
+            }
+        return _judge_placed(
+            case_dir, state_dir, placed.state,
+            system=system, point=point, jobs=jobs, seed=seed, case_id=case_id,
+        )  # fmt: skip
+
+
+def _judge_placed(
+    case_dir: Path,
+    state_dir: Path,
+    state: CrashState,
+    *,
+    system: System,
+    point: CrashPoint,
+    jobs: tuple[JobSpec, ...],
+    seed: int,
+    case_id: str,
+) -> dict[str, Any]:
+    _copy_ledger(case_dir, state_dir)
+    keys = [job.key for job in jobs]
+    crash_reading = read_store(system, state_dir / STORE_DIRECTORY, keys)
+    signature = crash_signature(crash_reading, observe_ledger(state_dir / LEDGER_FILE), jobs, point)
+    fields = job_fields(point)
+    allowed = [_jobs_of(promised, fields) for promised in point.power_loss_states()]
+    durable = _jobs_of(signature, fields) in allowed
+    recovery, recovery_error = recover_or_report(state_dir, system, jobs, seed, case_id)
+    recovered = read_store(system, state_dir / STORE_DIRECTORY, keys)
+    ledger = observe_ledger(state_dir / LEDGER_FILE)
+    effects_once = all(ledger["effects_by_key"].get(effect_key(job)) == 1 for job in jobs)
+    anomalies = []
+    if not durable:
+        differences = lost_acknowledged(_jobs_of(signature, fields), allowed[0])
+        after = "recovery raised" if recovery is None else f"recovered to {recovery.states}"
+        anomalies.append(f"acknowledged work lost: {'; '.join(differences)} ({after})")
+    anomalies += [f"at the crash: {problem}" for problem in crash_reading.problems]
+    anomalies += continuity(crash_reading, recovered)
+    if recovery_error is not None:
+        anomalies.append(recovery_error)
+    anomalies += [f"after recovery: {problem}" for problem in recovered.problems]
+    if not effects_once:
+        anomalies.append(f"effects after recovery: {ledger['effects_by_key']}")
+    if recovery is not None and not (recovery.terminal and recovery.succeeded):
+        anomalies.append(f"final states {recovery.states}")
+    write_json(state_dir / "history.json", list(recovered.history))
+    return {
+        "choice": state.choice.name,
+        "operations": state.summary(),
+        "fate": state.fate,
+        "crash_state": {"store": crash_reading.to_json(), "signature": signature},
+        "durable_as_promised": durable,
+        "recovery": {
+            "rounds": None if recovery is None else recovery.rounds,
+            "final_states": None if recovery is None else recovery.states,
+            "store": recovered.to_json(),
+            "ledger": ledger,
+            "each_effect_durable_once": effects_once,
+        },
+        "anomalies": anomalies,
+        "passed": not anomalies,
+        "directory": str(state_dir.relative_to(case_dir)),
+    }
+
+
+def run_power_loss_case(
+    output_dir: Path,
+    index: int,
+    point: CrashPoint,
+    seed: int,
+    *,
+    system: System,
+    spec: str,
+    template: ClusterTemplate | None = None,
+    stop: threading.Event | None = None,
+) -> dict[str, Any]:
+    """One crash point: the child dies there, the power goes, every crash state is judged.
+
+    ``template``: the cluster a PostgreSQL system's case starts from (its data directory is
+    then what the disk holds); a Redis system's case starts a server of its own
+    (``redisdisk``). ``stop``, once set, ends the case before its next crash state
+    (CaseStopped), its disk unmounted: the run it belongs to was interrupted."""
+    case_id, case_dir, jobs = new_case(output_dir, index, point)
+    target: PowerLossTarget
+    if system.server == "redis":
+        target = RedisOnDisk(case_dir, system.persistence or "rdb")
+    elif template is not None:
+        target = ServerOnDisk(case_dir, template)
+    else:
+        target = StoreOnDisk(case_dir)
+    with target:
+        child, prelude = kill_children(case_dir, spec, point, seed, case_id)
+        journal = target.cut()
+        started = time.perf_counter()
+        states = []
+        for choice in crash_choices(journal, seed * 100 + index):
+            if stop is not None and stop.is_set():
+                raise CaseStopped(case_id)
+            states.append(
+                judge_state(
+                    case_dir,
+                    target,
+                    journal,
+                    choice,
+                    system=system,
+                    point=point,
+                    jobs=jobs,
+                    seed=seed,
+                    case_id=case_id,
+                )
+            )
+    death = death_record(case_id, point, child, prelude, case_dir)
+    anomalies = []
+    if not death["died_at_fault_point"]:
+        anomalies.append(death_summary(death))
+    anomalies += [f"{s['choice']}: {line}" for s in states for line in s["anomalies"]]
+    relative = case_dir.relative_to(output_dir)
+    report = {
+        **death,
+        "power_cut": {
+            "pending_writes": len(journal.data),
+            "pending_directory_changes": len(journal.names),
+            "file_syncs": journal.synced_files,
+            "directory_syncs": journal.synced_directories,
+            "crash_states": len(states),
+        },
+        "promised": point.power_loss_states(),
+        "crash_states": states,
+        "states_passed": sum(1 for state in states if state["passed"]),
+        "anomalies": anomalies,
+        "passed": not anomalies,
+        "artifacts": {
+            "case_directory": str(relative),
+            **target.artifacts(relative),
+            "crash_states": str(relative / STATES_DIRECTORY),
+            "effect_database": str(relative / LEDGER_FILE),
+            "case_report": str(relative / "case.json"),
+            "child_stderr": str(relative / CHILD_STDERR),
+        },
+        "timings": {
+            "child_ms": round(child.elapsed_ms, 3),
+            "states_ms": round((time.perf_counter() - started) * 1000, 3),
+        },
+    }
+    write_json(case_dir / "case.json", report)
+    return report

@@ -1,0 +1,470 @@
+"""The seeded process-fault campaign: one real child-process death at each crash point of a
+system, then the fencing probes.
+
+For every crash point the system declares, in an order drawn from a PRNG seeded by the
+caller, a fresh case directory gets a fresh child process that runs the scripted workload
+and is killed with ``os._exit(86)`` at that point (a point marked ``after`` first kills one
+child at that earlier point and then a second one while it recovers). The parent then:
+
+1. records the exit code and the child's last words (which point killed it);
+2. copies the crash-time store and ledger aside and reads them with the system's
+   independent reader, which also judges them;
+3. compares what it read with the state the system declares for that point;
+4. drives recovery to a terminal result, as a restarted system would (re-run the
+   idempotent producer, recover, a fresh worker);
+5. reads and judges the recovered store, and checks that recovery lost nothing the crash
+   had left (every job still there, attempts never going back, finished jobs unchanged).
+
+Two runs with one seed produce JSON that differs only in the ``timings`` fields.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import shutil
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, Protocol
+
+from crashqueuelab.core.errors import InvalidInput
+from crashqueuelab.lab.campaign.cases import (
+    continuity,
+    crash_signature,
+    death_record,
+    death_summary,
+    kill_children,
+    new_case,
+    recover_or_report,
+)
+from crashqueuelab.lab.campaign.power_cases import run_power_loss_case
+from crashqueuelab.lab.campaign.probes import check_probe_names, run_probes
+from crashqueuelab.lab.faults.children import (
+    CHILD_STDERR,
+)
+from crashqueuelab.lab.faults.crashmodes import POWER_LOSS, PROCESS, check_crash_mode
+from crashqueuelab.lab.faults.powerloss.serverdisk import ClusterTemplate
+from crashqueuelab.lab.reproducers.campaign import SHRINK_SECONDS, shrink_campaign
+from crashqueuelab.lab.runs.commands import import_path
+from crashqueuelab.lab.runs.interrupts import Interrupted
+from crashqueuelab.lab.runs.progress import Progress, labelled
+from crashqueuelab.lab.runs.promises import classify
+from crashqueuelab.lab.runs.readings import read_store
+from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
+from crashqueuelab.lab.workloads.model import run_model_workload
+from crashqueuelab.lab.workloads.observe import observe_ledger
+from crashqueuelab.lab.workloads.scenario import (
+    LEDGER_FILE,
+    STORE_DIRECTORY,
+    effect_key,
+)
+from crashqueuelab.systems.contract import CrashPoint, System
+from crashqueuelab.systems.registry import DEFAULT_SYSTEM, resolve_system
+
+#: How each mode kills, as reports name it.
+MECHANISM = {
+    PROCESS: "spawned_process_os_exit",
+    POWER_LOSS: "spawned_process_os_exit_then_fuse_power_cut",
+}
+CAMPAIGN_FILE = "campaign.json"
+CRASH_TIME_DIR = "crash-time"
+#: Cases run side by side, each with its own child.
+CASES_AT_ONCE = 2
+
+
+def campaign_order(
+    system: System, seed: int, only: Sequence[str] | None = None
+) -> list[CrashPoint]:
+    """Every crash point exactly once (or those named in ``only``), in an order fixed by
+    ``seed`` (the same order, less the points left out)."""
+    points = list(system.crash_points)
+    random.Random(seed).shuffle(points)
+    if only is None:
+        return points
+    known = {point.name for point in points}
+    unknown = sorted(set(only) - known)
+    if unknown:
+        raise InvalidInput(
+            "crash_point",
+            f"{', '.join(unknown)}: {system.name} has no such crash point"
+            f" (it has {', '.join(sorted(known))})",
+        )
+    return [point for point in points if point.name in only]
+
+
+def preserve_crash_time(case_dir: Path) -> Path:
+    """Copy the store and the ledger exactly as the dead child left them."""
+    target = case_dir / CRASH_TIME_DIR
+    target.mkdir()
+    store = case_dir / STORE_DIRECTORY
+    if store.is_dir():
+        # SQLite rebuilds its shared-memory index; a copy of a dead process's one is noise.
+        shutil.copytree(store, target / STORE_DIRECTORY, ignore=shutil.ignore_patterns("*-shm"))
+    for suffix in ("", "-wal"):
+        source = case_dir / f"{LEDGER_FILE}{suffix}"
+        if source.exists():
+            shutil.copyfile(source, target / source.name)
+    return target
+
+
+def run_case(
+    output_dir: Path,
+    index: int,
+    point: CrashPoint,
+    seed: int,
+    *,
+    system: System,
+    spec: str,
+    stop: threading.Event | None = None,
+) -> dict[str, Any]:
+    """One crash point: spawn, kill, read, judge, recover, judge again; the case report.
+    (``stop``: a process-death case is short, and runs to its end.)"""
+    case_id, case_dir, jobs = new_case(output_dir, index, point)
+    keys = [job.key for job in jobs]
+    child, prelude = kill_children(case_dir, spec, point, seed, case_id)
+    started = time.perf_counter()
+    death = death_record(case_id, point, child, prelude, case_dir)
+    died_at_point = death["died_at_fault_point"]
+    crash_dir = preserve_crash_time(case_dir)
+    crash_reading = read_store(system, crash_dir / STORE_DIRECTORY, keys)
+    crash_ledger = observe_ledger(crash_dir / LEDGER_FILE)
+    signature = crash_signature(crash_reading, crash_ledger, jobs, point)
+    expected = point.expected.signature()
+    judged_ms = (time.perf_counter() - started) * 1000
+    started = time.perf_counter()
+    recovery, recovery_error = recover_or_report(case_dir, system, jobs, seed, case_id)
+    recovered = read_store(system, case_dir / STORE_DIRECTORY, keys)
+    recovered_ledger = observe_ledger(case_dir / LEDGER_FILE)
+    recovery_ms = (time.perf_counter() - started) * 1000
+    write_json(case_dir / "history.json", list(recovered.history))
+    anomalies = continuity(crash_reading, recovered)
+    if recovery_error is not None:
+        anomalies.append(recovery_error)
+    effects_once = all(recovered_ledger["effects_by_key"].get(effect_key(job)) == 1 for job in jobs)
+    recovery_ok = (
+        recovery is not None
+        and recovery.terminal
+        and recovery.succeeded
+        and effects_once
+        and recovered.ok
+        and not anomalies
+    )
+    passed = died_at_point and signature == expected and crash_reading.ok and recovery_ok
+    relative = case_dir.relative_to(output_dir)
+    report = {
+        **death,
+        "crash_state": {
+            "store": crash_reading.to_json(),
+            "ledger": crash_ledger,
+            "signature": signature,
+        },
+        "expected_crash_signature": expected,
+        "crash_state_matches_point": signature == expected,
+        "crash_judgement": {
+            "ok": crash_reading.ok,
+            "problems": list(crash_reading.problems),
+            "checks": dict(crash_reading.checks),
+        },
+        "recovery": {
+            "rounds": None if recovery is None else recovery.rounds,
+            "terminal": recovery is not None and recovery.terminal,
+            "final_states": None if recovery is None else recovery.states,
+            "store": recovered.to_json(),
+            "ledger": recovered_ledger,
+            "judgement_ok": recovered.ok,
+            "each_effect_durable_once": effects_once,
+            "anomalies": anomalies,
+        },
+        "recovered_terminal_state": None if recovery is None else recovery.states,
+        "recovery_ok": recovery_ok,
+        "passed": passed,
+        "artifacts": {
+            "case_directory": str(relative),
+            "store_directory": str(relative / STORE_DIRECTORY),
+            "effect_database": str(relative / LEDGER_FILE),
+            "crash_time_directory": str(relative / CRASH_TIME_DIR),
+            "history": str(relative / "history.json"),
+            "case_report": str(relative / "case.json"),
+            "child_stderr": str(relative / CHILD_STDERR),
+        },
+        "timings": {
+            "child_ms": round(child.elapsed_ms, 3),
+            "crash_judgement_ms": round(judged_ms, 3),
+            "recovery_ms": round(recovery_ms, 3),
+        },
+    }
+    write_json(case_dir / "case.json", report)
+    return report
+
+
+def _probe_summary(report: dict[str, Any]) -> dict[str, Any]:
+    probes, model = report["probes"], report["model"]
+    return {
+        "probes_passed": sum(1 for probe in probes if probe["ran"] and probe["ok"]),
+        "probes_failed": sum(1 for probe in probes if not probe["ok"]),
+        "probes_skipped": sum(1 for probe in probes if not probe["ran"]),
+        "model_workload_ok": model["ok"],
+        "model_workload_observations": model["observations"],
+    }
+
+
+def _case_summary(cases: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "named_fault_points": len({case["fault_point"] for case in cases}),
+        "passed": sum(1 for case in cases if case["passed"]),
+        "failed": sum(1 for case in cases if not case["passed"]),
+        "timeouts": sum(1 for case in cases if case["timed_out"]),
+        "exit_codes": sorted(
+            {case["exit_code"] for case in cases if case["exit_code"] is not None}
+        ),
+    }
+
+
+def summarize_power_loss(report: dict[str, Any]) -> dict[str, Any]:
+    """A power-loss campaign's summary, computed from its case and probe reports."""
+    cases = report["cases"]
+    states = [state for case in cases for state in case["crash_states"]]
+    return {
+        "crash_mode": MECHANISM[POWER_LOSS],
+        **_case_summary(cases),
+        "crash_states": len(states),
+        "crash_states_passed": sum(1 for state in states if state["passed"]),
+        "states_losing_acknowledged_work": sum(
+            1 for state in states if not state["durable_as_promised"]
+        ),
+        "pending_writes_at_cuts": sum(case["power_cut"]["pending_writes"] for case in cases),
+        "pending_directory_changes_at_cuts": sum(
+            case["power_cut"]["pending_directory_changes"] for case in cases
+        ),
+        **_probe_summary(report),
+    }
+
+
+def summarize(report: dict[str, Any]) -> dict[str, Any]:
+    """The campaign's summary, computed from its case and probe reports."""
+    if report["crash_mode"] == POWER_LOSS:
+        return summarize_power_loss(report)
+    cases = report["cases"]
+    checks = sorted({name for case in cases for name in case["crash_judgement"]["checks"]})
+    return {
+        "crash_mode": MECHANISM[PROCESS],
+        **_case_summary(cases),
+        "crash_time_judgement_all_ok": all(case["crash_judgement"]["ok"] for case in cases),
+        # Each named check of the system's reader (for SQLite: replay, invariants).
+        **{
+            f"crash_time_{name}_all_ok": all(
+                case["crash_judgement"]["checks"].get(name, False) for case in cases
+            )
+            for name in checks
+        },
+        "crash_states_all_match": all(case["crash_state_matches_point"] for case in cases),
+        "recovery_all_succeeded": all(case["recovery_ok"] for case in cases),
+        **_probe_summary(report),
+    }
+
+
+def anomalies_of(report: dict[str, Any]) -> list[str]:
+    """Every failure of a campaign as one line naming the case or probe and what happened."""
+    lines = []
+    for case in report["cases"]:
+        if case["passed"]:
+            continue
+        if "anomalies" in case:  # a power-loss case lists its own, state by state
+            lines += [f"case {case['case_id']}: {line}" for line in case["anomalies"]]
+            continue
+        reasons = []
+        never_reached = case.get("points_reached") is not None and case["exit_code"] == 0
+        if not case["died_at_fault_point"]:
+            reasons.append(death_summary(case))
+        # A point never reached left the workload's final state: comparing it says nothing.
+        if not case["crash_state_matches_point"] and not never_reached:
+            found, expected = case["crash_state"]["signature"], case["expected_crash_signature"]
+            differences = [
+                f"{name}: expected {expected.get(name)}, found {found.get(name)}"
+                for name in sorted(expected.keys() | found.keys())
+                if expected.get(name) != found.get(name)
+            ]
+            reasons.append(f"the crash state differs from the point's: {'; '.join(differences)}")
+        reasons += case["crash_judgement"]["problems"]
+        reasons += case["recovery"]["anomalies"]
+        reasons += [f"after recovery: {p}" for p in case["recovery"]["store"]["problems"]]
+        if not case["recovery"]["each_effect_durable_once"]:
+            reasons.append(
+                f"effects after recovery: {case['recovery']['ledger']['effects_by_key']}"
+            )
+        if case["recovery"]["final_states"] is not None and not case["recovery_ok"]:
+            reasons.append(f"final states {case['recovery']['final_states']}")
+        lines.append(f"case {case['case_id']}: " + "; ".join(reasons))
+    lines += [f"probe {p['name']}: {p['detail']}" for p in report["probes"] if not p["ok"]]
+    lines += [f"model workload: {anomaly}" for anomaly in report["model"]["anomalies"]]
+    return lines
+
+
+#: The model workload's place in a campaign that ran named probes alone.
+MODEL_NOT_RUN: dict[str, Any] = {
+    "ran": False,
+    "ok": True,
+    "observations": 0,
+    "anomalies": [],
+    "detail": "not run: the campaign ran the probes it was given alone",
+}
+
+
+class CaseRunner(Protocol):
+    def __call__(
+        self,
+        output_dir: Path,
+        index: int,
+        point: CrashPoint,
+        seed: int,
+        *,
+        system: System,
+        spec: str,
+        stop: threading.Event | None = None,
+    ) -> dict[str, Any]: ...
+
+
+def _run_cases(
+    output_dir: Path,
+    order: list[CrashPoint],
+    seed: int,
+    chosen: System,
+    spec: str,
+    runner: CaseRunner,
+    progress: Progress | None,
+    at_once: int,
+) -> list[dict[str, Any]]:
+    cases: list[dict[str, Any]] = []
+    stop = threading.Event()
+    with ThreadPoolExecutor(max_workers=at_once) as pool:
+        # The signal may land anywhere in this block (in a progress line as often as while
+        # waiting on a case): wherever it does, the cases not started never start, and
+        # those running stop at their next step (a power-loss case between two crash
+        # states) and unmount their disks. Leaving the pool by its own exit instead would
+        # wait for every case still queued.
+        try:
+            running = [
+                pool.submit(
+                    runner, output_dir, index, point, seed, system=chosen, spec=spec, stop=stop
+                )
+                for index, point in enumerate(order)
+            ]
+            for index, (point, future) in enumerate(zip(order, running, strict=True)):
+                case = future.result()
+                cases.append(case)
+                if progress is not None:
+                    verdict = "passed" if case["passed"] else "FAILED"
+                    progress(
+                        f"case {index + 1}/{len(order)} {point.name}: "
+                        f"exit {case['exit_code']}, {verdict}"
+                    )
+        except Interrupted as interruption:
+            stop.set()
+            pool.shutdown(wait=True, cancel_futures=True)
+            interruption.partial["cases_done"] = len(cases)
+            interruption.partial["cases_planned"] = len(order)
+            interruption.partial["cases"] = cases
+            raise
+    return cases
+
+
+def run_campaign(
+    output_dir: Path,
+    *,
+    seed: int,
+    system: str = DEFAULT_SYSTEM,
+    crash_mode: str = PROCESS,
+    progress: Progress | None = None,
+    crash_points: Sequence[str] | None = None,
+    probes: Sequence[str] | None = None,
+    shrink_seconds: float = SHRINK_SECONDS,
+    correct_system: str | None = None,
+) -> dict[str, Any]:
+    """Run every crash point of ``system`` once (or those named in ``crash_points``), the
+    probes and the model workload; write ``campaign.json``. Naming ``probes`` runs those
+    alone (with the crash points named, if any) and no model workload: a failing probe's
+    rerun. A run that is not ok ends by shrinking its failures for up to
+    ``shrink_seconds`` (0: not at all; ``correct_system``: see ``shrink_campaign``)."""
+    chosen = resolve_system(system)
+    check_crash_mode(crash_mode, chosen)
+    if probes is not None and crash_points is None:
+        crash_points = []
+    order = campaign_order(chosen, seed, crash_points)
+    check_probe_names(probes)
+    prepare_output_directory(output_dir)
+    started = time.perf_counter()
+    # Cases share nothing (each has its own directory, clock and ids), and most of a case is
+    # waiting for its child: two at a time keep both cores busy without changing any result.
+    # A server system's power-loss cases each name their own server to this process, so
+    # they take turns.
+    at_once = CASES_AT_ONCE
+    with ExitStack() as resources:
+        runner: CaseRunner = run_case
+        if crash_mode == POWER_LOSS and chosen.server == "redis":
+            # Each case starts its own server; they take turns naming it to this process.
+            runner, at_once = run_power_loss_case, 1
+        elif crash_mode == POWER_LOSS and chosen.server is not None:
+            template = resources.enter_context(ClusterTemplate())
+            runner = functools.partial(run_power_loss_case, template=template)
+            at_once = 1
+        elif crash_mode == POWER_LOSS:
+            runner = run_power_loss_case
+        named = labelled(progress, f"campaign {system} ({crash_mode})")
+        cases = _run_cases(output_dir, order, seed, chosen, system, runner, named, at_once)
+    probed = run_probes(chosen, output_dir / "probes", only=probes)
+    model = (
+        run_model_workload(chosen, output_dir / "model", seed=seed)
+        if probes is None
+        else MODEL_NOT_RUN
+    )
+    report: dict[str, Any] = {
+        "system": chosen.describe(),
+        "system_spec": system,
+        "seed": seed,
+        "crash_mode": crash_mode,
+        "mechanism": MECHANISM[crash_mode],
+        "execution_order": [point.name for point in order],
+        # None: every crash point the system declares ran.
+        "crash_points_chosen": None if crash_points is None else sorted(set(crash_points)),
+        "probes_chosen": None if probes is None else sorted(set(probes)),
+        "system_import_path": import_path(system),
+        "cases": cases,
+        "probes": probed,
+        "model": model,
+    }
+    report["summary"] = summarize(report)
+    report["anomalies"] = anomalies_of(report)
+    report["promises"] = classify(chosen, crash_mode, report["anomalies"])
+    report["ok"] = (
+        report["summary"]["failed"] == 0
+        and report["summary"]["probes_failed"] == 0
+        and report["model"]["ok"]
+    )
+    report["timings"] = {"total_ms": round((time.perf_counter() - started) * 1000, 3)}
+    report["shrink"] = None
+    write_json(output_dir / CAMPAIGN_FILE, report)
+    if not report["ok"] and shrink_seconds > 0:
+        add_reproducers(output_dir, report, shrink_seconds, correct_system)
+    return report
+
+
+def add_reproducers(
+    output_dir: Path,
+    report: dict[str, Any],
+    seconds: float,
+    correct_system: str | None = None,
+    *,
+    only: str | None = None,
+    most: int | None = None,
+) -> dict[str, Any]:
+    """Shrink a not-ok campaign's failures (``shrinking.py``) and record the reproducers in
+    its ``campaign.json``: ``crashqueuelab shrink DIR`` does this for a retained run."""
+    report["shrink"] = shrink_campaign(
+        output_dir, report, seconds=seconds, correct_system=correct_system, only=only, most=most
+    )
+    write_json(output_dir / CAMPAIGN_FILE, report)
+    return report

@@ -1,0 +1,42 @@
+"""The two ways the lab crashes a system: a process death, which keeps the operating
+system's page cache, or a power cut, which loses every write nobody synced."""
+
+from __future__ import annotations
+
+from crashqueuelab.core.errors import CrashModeUnavailable, InvalidInput
+from crashqueuelab.lab.faults.powerloss.disk import MODE, require_power_loss
+from crashqueuelab.systems.contract import System
+
+PROCESS = "process"
+POWER_LOSS = MODE
+CRASH_MODES = (PROCESS, POWER_LOSS)
+
+
+def check_crash_mode(
+    mode: str, system: System | None = None, *, experiment: str = "campaign"
+) -> None:
+    """Refuse an unknown mode; for power loss, a machine that cannot provide it (exit 4), and
+    an experiment that cannot put the system's data on the power-loss disk."""
+    if mode not in CRASH_MODES:
+        raise InvalidInput("crash_mode", f"{mode!r} is not one of {', '.join(CRASH_MODES)}")
+    refused = None if system is None else power_loss_refusal(system, experiment)
+    if mode == POWER_LOSS and refused is not None:
+        raise CrashModeUnavailable(mode, refused)
+    if mode == POWER_LOSS:
+        require_power_loss()
+
+
+def power_loss_refusal(system: System, experiment: str = "campaign") -> str | None:
+    """Why a power cut cannot be judged on ``system`` in ``experiment`` (None when it can).
+
+    A campaign puts a server's data directory on the disk (a server per case). Chaos puts
+    only the run's store directory there, while a server keeps its data in its own data
+    directory: a cut would lose nothing and a pass would prove nothing.
+    """
+    if system.server is None or experiment == "campaign":
+        return None
+    return (
+        f"{system.name} keeps its data in its {system.server} server's data directory, which"
+        " chaos's power-loss disk does not hold (campaign --crash-mode power-loss puts it on"
+        " the disk; server crashes during chaos: --server-restarts)"
+    )

@@ -1,0 +1,238 @@
+"""From a power cut to what the disk holds: a crash state.
+
+The backing tree holds every operation the system made; the journal holds the ones the disk
+had not made durable, with the bytes each one overwrote. A crash state is a copy of the tree
+with pending operations taken back, newest first:
+
+* every pending write and truncation lost, with each subset of the pending directory changes
+  kept (POSIX orders none of them; the subsets are enumerated, so a catch never depends on
+  a seed); ``LOSE_ALL`` is the one that keeps none;
+* seeded: each pending directory change, write or truncation survives on its own with
+  probability one half, and the last surviving write may be torn: only its first whole
+  512-byte sectors reach the disk, as when a drive loses power mid-write.
+
+A kept directory change keeps the earlier ones it depends on (same file or name).
+
+Every choice is written into the state's ``fate`` so a report can say which bytes survived.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from crashqueuelab.lab.faults.powerloss.journal import GRAVEYARD, TREE, DataOp, Journal, NameOp
+
+SECTOR = 512
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Which pending operations survive a cut.
+
+    ``names_kept`` lists the pending directory changes kept (by their index in the journal;
+    None: drawn from ``seed``); ``seed`` None loses every pending write and truncation.
+    """
+
+    names_kept: frozenset[int] | None
+    seed: int | None
+
+    @property
+    def name(self) -> str:
+        if self.seed is not None:
+            return f"seed-{self.seed}"
+        kept = self.names_kept or frozenset()
+        return (
+            "lose-all" if not kept else "keep-names-" + "-".join(str(i + 1) for i in sorted(kept))
+        )
+
+
+LOSE_ALL = Choice(frozenset(), None)
+#: Up to this many pending directory changes, every subset of them is a crash state of its own.
+ENUMERATED_NAMES = 5
+SEEDED_STATES = 3
+
+
+def crash_choices(journal: Journal, seed: int, *, seeded: int = SEEDED_STATES) -> list[Choice]:
+    """The crash states a campaign judges after one cut.
+
+    POSIX orders no unsynced directory changes, so with few of them pending every subset is
+    tried with every pending write lost (deterministic: a catch does not depend on a seed);
+    then ``seeded`` states draw directory changes, writes and a torn sector from ``seed``.
+    """
+    pending = len(journal.names)
+    if pending <= ENUMERATED_NAMES:
+        subsets = [
+            frozenset(i for i in range(pending) if mask >> i & 1) for mask in range(2**pending)
+        ]
+    else:
+        rng = random.Random(seed)
+        subsets = [frozenset(), frozenset(range(pending))]
+        subsets += [
+            frozenset(i for i in range(pending) if rng.random() < 0.5)
+            for _ in range(2**ENUMERATED_NAMES - 2)
+        ]
+    choices = [Choice(subset, None) for subset in dict.fromkeys(subsets)]
+    return choices + [Choice(None, seed * 1000 + k) for k in range(seeded)]
+
+
+@dataclass
+class CrashState:
+    """Where a crash state was made and what became of each pending operation."""
+
+    choice: Choice
+    directory: Path
+    fate: list[dict[str, Any]] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        counts: dict[str, int] = {}
+        for entry in self.fate:
+            counts[entry["fate"]] = counts.get(entry["fate"], 0) + 1
+        return {
+            "choice": self.choice.name,
+            "pending": len(self.fate),
+            **dict(sorted(counts.items())),
+        }
+
+
+def _dependent_closure(names: list[NameOp], kept: set[int]) -> set[int]:
+    """Keeping a directory change keeps every earlier one on the same file or name: a rename
+    cannot survive without the create it renamed."""
+
+    def touches(op: NameOp) -> set[object]:
+        return {op.ino, op.path, *([op.target] if op.target is not None else [])}
+
+    closed = set(kept)
+    for j in sorted(kept, reverse=True):
+        for i in range(j):
+            if i not in closed and touches(names[i]) & touches(names[j]):
+                closed.add(i)
+    return closed if closed == set(kept) else _dependent_closure(names, closed)
+
+
+def _survivors(journal: Journal, choice: Choice) -> tuple[set[int], dict[int, int]]:
+    """Which directory changes survive, and for each surviving data op the bytes kept."""
+    rng = random.Random(choice.seed)
+    if choice.names_kept is not None:
+        names = set(choice.names_kept)
+    else:
+        names = {i for i in range(len(journal.names)) if rng.random() < 0.5}
+    names = _dependent_closure(journal.names, names)
+    if choice.seed is None:
+        return names, {}
+    kept = {op.seq: len(op.new) for op in journal.data if rng.random() < 0.5}
+    last = max(kept, default=None)
+    if last is not None and rng.random() < 0.5:
+        op = next(op for op in journal.data if op.seq == last)
+        # Sector boundaries strictly inside the write, in file offsets.
+        first = (op.offset // SECTOR + 1) * SECTOR
+        cuts = range(first, op.offset + len(op.new), SECTOR)
+        if op.kind == "write" and len(cuts) > 0:
+            kept[last] = rng.choice(cuts) - op.offset
+    return names, kept
+
+
+def _in_tree(path: str) -> str:
+    return f"{TREE}/{path.lstrip('/')}"
+
+
+def _move(source: Path, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(source, target)
+
+
+class _Replayer:
+    """Undo and redo journal operations inside one copied root."""
+
+    def __init__(self, root: Path, locations: dict[int, str]) -> None:
+        self.root = root
+        self.locations = dict(locations)
+        self._undone = 0
+
+    def file(self, ino: int) -> Path:
+        return self.root / self.locations[ino]
+
+    def _relocate(self, ino: int, where: str) -> None:
+        was = self.locations[ino]
+        _move(self.root / was, self.root / where)
+        # A moved directory takes its entries along.
+        for other, location in self.locations.items():
+            if location == was or location.startswith(was + "/"):
+                self.locations[other] = where + location[len(was) :]
+
+    def undo_name(self, op: NameOp) -> None:
+        if op.kind in ("create", "mkdir"):
+            self._undone += 1
+            self._relocate(op.ino, f"{GRAVEYARD}/never-created-{self._undone:08d}")
+        elif op.kind in ("unlink", "rmdir"):
+            self._relocate(op.ino, _in_tree(op.path))
+        else:  # rename
+            assert op.target is not None
+            self._relocate(op.ino, _in_tree(op.path))
+            if op.buried_ino is not None:
+                self._relocate(op.buried_ino, _in_tree(op.target))
+
+    def undo_data(self, op: DataOp) -> None:
+        with open(self.file(op.ino), "r+b") as stream:
+            if op.old:
+                stream.seek(op.offset)
+                stream.write(op.old)
+            stream.truncate(op.old_size)
+
+    def redo_data(self, op: DataOp, length: int) -> None:
+        with open(self.file(op.ino), "r+b") as stream:
+            if op.kind == "truncate":
+                stream.truncate(op.offset)
+            else:
+                stream.seek(op.offset)
+                stream.write(op.new[:length])
+
+
+def materialize(root: Path, journal: Journal, choice: Choice, store: Path) -> CrashState:
+    """Copy ``root``'s tree to ``store`` and take back what ``choice`` loses."""
+    scratch = store.with_name(store.name + ".materializing")
+    shutil.copytree(root / TREE, scratch / TREE, symlinks=True)
+    shutil.copytree(root / GRAVEYARD, scratch / GRAVEYARD, symlinks=True)
+    replayer = _Replayer(scratch, journal.locations)
+    names_kept, kept = _survivors(journal, choice)
+    state = CrashState(choice, store)
+    for index in reversed(range(len(journal.names))):
+        if index not in names_kept:
+            replayer.undo_name(journal.names[index])
+    for pending in reversed(journal.data):
+        replayer.undo_data(pending)
+    for pending in journal.data:
+        if pending.seq in kept:
+            replayer.redo_data(pending, kept[pending.seq])
+    for index, name_op in enumerate(journal.names):
+        state.fate.append(
+            {
+                "seq": name_op.seq,
+                "operation": name_op.kind,
+                "path": name_op.path,
+                **({"target": name_op.target} if name_op.target is not None else {}),
+                "fate": "kept" if index in names_kept else "lost",
+            }
+        )
+    for data_op in journal.data:
+        length = kept.get(data_op.seq)
+        fate = "lost" if length is None else "kept" if length == len(data_op.new) else "torn"
+        state.fate.append(
+            {
+                "seq": data_op.seq,
+                "operation": data_op.kind,
+                "path": data_op.path,
+                "offset": data_op.offset,
+                "bytes": len(data_op.new),
+                "fate": fate,
+                **({"bytes_kept": length} if fate == "torn" else {}),
+            }
+        )
+    state.fate.sort(key=lambda entry: entry["seq"])
+    os.rename(scratch / TREE, store)
+    shutil.rmtree(scratch)
+    return state

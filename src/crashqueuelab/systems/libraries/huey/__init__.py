@@ -1,0 +1,1 @@
+"""huey under the lab."""

@@ -1,0 +1,1 @@
+"""persistqueue under the lab."""

@@ -1,0 +1,1 @@
+"""pgqueuer under the lab."""

@@ -1,0 +1,1 @@
+"""procrastinate under the lab."""

@@ -1,0 +1,1 @@
+"""rq under the lab."""

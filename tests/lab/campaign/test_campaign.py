@@ -1,0 +1,271 @@
+"""The campaign, the effect demo and the showcase, judged from their retained artifacts."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crashqueuelab import cli
+from crashqueuelab.lab.campaign.cases import death_record, death_summary
+from crashqueuelab.lab.campaign.run import campaign_order, run_campaign
+from crashqueuelab.lab.demo import run_demo
+from crashqueuelab.lab.faults.children import CHILD_STDERR, ChildRun
+from crashqueuelab.lab.faults.hooks import InjectedCrash, raise_at
+from crashqueuelab.lab.mutants.catalog import MUTANTS
+from crashqueuelab.lab.showcase import summarize
+from crashqueuelab.lab.workloads.scenario import run_campaign_workload
+from crashqueuelab.systems import CrashPoint, System, resolve_system
+
+SQLITE = resolve_system("sqlite")
+WALQUEUE = resolve_system("walqueue")
+
+
+def without_timings(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: without_timings(v) for k, v in value.items() if k != "timings"}
+    if isinstance(value, list):
+        return [without_timings(v) for v in value]
+    return value
+
+
+def test_a_seed_fixes_the_order_and_another_seed_changes_it() -> None:
+    assert campaign_order(SQLITE, 7) == campaign_order(SQLITE, 7)
+    assert sorted(p.name for p in campaign_order(SQLITE, 7)) == sorted(
+        p.name for p in SQLITE.crash_points
+    )
+    assert campaign_order(SQLITE, 7) != campaign_order(SQLITE, 8)
+
+
+def test_two_campaigns_with_one_seed_differ_only_in_timings(tmp_path: Path) -> None:
+    first = run_campaign(tmp_path / "one", seed=5)
+    second = run_campaign(tmp_path / "two", seed=5)
+    assert first["ok"] is True
+    assert first["summary"]["passed"] == 13
+    assert first != second  # the timings really differ...
+    assert without_timings(first) == without_timings(second)  # ...and nothing else does
+    on_disk = json.loads((tmp_path / "one" / "campaign.json").read_text())
+    assert without_timings(on_disk) == without_timings(first)
+
+
+def recount(path: Path, sql: str) -> Any:
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        return conn.execute(sql).fetchone()[0]
+    finally:
+        conn.close()
+
+
+def test_the_demo_numbers_come_from_the_retained_databases(tmp_path: Path) -> None:
+    comparison = run_demo(tmp_path / "demo")
+    assert comparison == json.loads((tmp_path / "demo" / "comparison.json").read_text())
+    assert set(comparison) == {
+        "system", "fault_point", "idempotent", "non_idempotent", "queue_delivery_semantics",
+    }  # fmt: skip
+    assert comparison["system"]["name"] == "sqlite"
+    for name, effects in (("idempotent", 1), ("non_idempotent", 2)):
+        scenario = tmp_path / "demo" / name
+        assert recount(scenario / "effects.sqlite", "SELECT count(*) FROM effects") == effects
+        attempts = recount(scenario / "store/queue.sqlite", "SELECT attempts FROM jobs")
+        state = recount(scenario / "store/queue.sqlite", "SELECT state FROM jobs")
+        assert comparison[name] == {
+            "attempt_count": attempts,
+            "effect_count": effects,
+            "final_state": state,
+            "final_status": "succeeded",
+            "invariants_ok": True,
+        }
+        assert (attempts, state) == (2, "SUCCEEDED")
+        report = json.loads((scenario / "report.json").read_text())
+        assert report["first_worker"]["died_at_fault_point"] is True
+        assert report["executions"] == 2
+        history = json.loads((scenario / "history.json").read_text())
+        assert [event["event_type"] for event in history] == [
+            "SUBMITTED", "CLAIMED", "LEASE_EXPIRED", "PROMOTED", "CLAIMED", "SUCCEEDED",
+        ]  # fmt: skip
+
+
+def run_cli(*argv: str) -> tuple[int, dict[str, Any]]:
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.main(list(argv), stdout=out, stderr=err)
+    return code, json.loads(out.getvalue())
+
+
+def test_the_showcase_prints_a_summary_computed_from_its_artifacts(
+    showcase_run: tuple[int, dict[str, Any], Path], tmp_path: Path
+) -> None:
+    code, printed, shared = showcase_run
+    summary = dict(printed)
+    # A copy: the damage below must not reach the other tests that read this showcase.
+    target = tmp_path / "showcase"
+    shutil.copytree(shared, target)
+    assert code == cli.EXIT_OK
+    assert summary["ok"] is True
+    assert summary["seed"] == 4
+    effect = summary["effect_commit_before_acknowledgement"]
+    assert effect["attempts_per_scenario"] == {"idempotent": 2, "non_idempotent": 2}
+    assert effect["durable_effects"] == {"idempotent": 1, "non_idempotent": 2}
+    campaign = summary["process_fault_campaign"]
+    assert campaign["exit_codes"] == [86]
+    assert (campaign["passed"], campaign["failed"], campaign["timeouts"]) == (13, 0, 0)
+    assert campaign["crash_mode"] == "spawned_process_os_exit"
+    assert summary["queue_delivery_semantics"] == "at-least-once execution"
+    assert set(summary["systems"]) == {"sqlite", "walqueue"}
+    assert summary["systems"]["sqlite"]["process_fault_campaign"] == campaign
+    walqueue = summary["systems"]["walqueue"]
+    assert walqueue["ok"] is True
+    assert walqueue["system"]["name"] == "walqueue"
+    assert walqueue["process_fault_campaign"]["passed"] == len(WALQUEUE.crash_points)
+    assert walqueue["effect_commit_before_acknowledgement"]["durable_effects"] == {
+        "idempotent": 1,
+        "non_idempotent": 2,
+    }
+    for section in summary["systems"].values():
+        power_loss = section["power_loss_campaign"]
+        assert power_loss["ok"] is True
+        if power_loss["ran"]:
+            assert power_loss["crash_states_passed"] == power_loss["crash_states"] > 0
+    mutants = summary["mutants"]
+    assert mutants["ok"] is True
+    assert mutants["total"] == len(MUTANTS)
+    assert mutants["caught"] == len(MUTANTS) - len(mutants["not_run"])
+    assert summary["complete"] is (not mutants["not_run"] and summary["power_loss"] == "ran")
+    assert mutants["line"].startswith(f"mutants: {mutants['caught']} of {len(MUTANTS)} caught")
+    assert summary.pop("report") == str(shared / "report.html")
+    assert json.loads((target / "showcase.json").read_text()) == summary
+    # Damage one retained effect database: the summary, recomputed, must notice.
+    conn = sqlite3.connect(
+        target / "sqlite/effect-commit-before-acknowledgement/idempotent/effects.sqlite"
+    )
+    conn.execute("DROP INDEX effects_unique_key")
+    conn.execute("INSERT INTO effects SELECT NULL, effect_key, value, job_id, 9, worker_id,"
+                 " applied_at_us FROM effects")  # fmt: skip
+    conn.commit()
+    conn.close()
+    recomputed = summarize(target, seed=4)
+    assert recomputed["effect_commit_before_acknowledgement"]["durable_effects"]["idempotent"] == 2
+    assert recomputed["ok"] is False
+
+
+def test_a_showcase_without_power_loss_says_why_and_runs_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from crashqueuelab.lab import showcase
+
+    monkeypatch.setattr(showcase, "unavailable_reason", lambda: "no /dev/fuse here")
+    # Two mutants a process death or a probe catches, two only a power cut does: enough to
+    # show how the showcase counts what it could not run.
+    chosen = [m for m in MUTANTS if not m.needs_power_loss][:2]
+    chosen += [m for m in MUTANTS if m.needs_power_loss][:2]
+    monkeypatch.setattr(showcase, "MUTANTS", chosen)
+    argv = ["showcase", "--system", "sqlite", "--seed", "2", "--quiet"]
+    code, summary = run_cli(*argv, "--output-directory", str(tmp_path / "s"))
+    assert code == cli.EXIT_OK
+    assert summary["power_loss"] == "unavailable: no /dev/fuse here"
+    section = summary["systems"]["sqlite"]["power_loss_campaign"]
+    assert section == {"ran": False, "ok": True, "unavailable": "no /dev/fuse here"}
+    assert not (tmp_path / "s" / "sqlite" / "power-loss-campaign").exists()
+    # Skipped evidence is part of the verdict: counted in the total, named, never caught.
+    mutants = summary["mutants"]
+    needing = [mutant.name for mutant in chosen if mutant.needs_power_loss]
+    assert (mutants["total"], mutants["caught"]) == (4, 2)
+    assert [m["mutant"] for m in mutants["not_run"]] == needing
+    assert mutants["line"].startswith("mutants: 2 of 4 caught, 2 not run by the evidence")
+    assert "it needs a power cut, and no /dev/fuse here" in mutants["line"]
+    assert (summary["ok"], summary["complete"]) == (True, False)
+    assert summary["not_run"] == [
+        "sqlite: the power-loss campaign (no /dev/fuse here)",
+        "2 of 4 mutants (it needs a power cut, and no /dev/fuse here)",
+    ]
+    kept = json.loads((tmp_path / "s" / "mutants" / "mutants.json").read_text())
+    assert (kept["caught"], kept["total"], kept["ran"], kept["complete"]) == (2, 4, 2, False)
+    page = (tmp_path / "s" / "report.html").read_text()
+    assert "Passed what ran" in page
+    assert "mutants 2 of 4 caught, 2 not run" in page
+    assert "Not run (2): not counted as passed" in page
+    mutants_page = (tmp_path / "s" / "mutants" / "report.html").read_text()
+    assert "mutants: 2 of 4 caught, 2 not run" in mutants_page
+    assert mutants_page.count("not run, so not caught") == 2
+
+
+@pytest.mark.parametrize("command", ["showcase", "demo", "campaign"])
+def test_a_non_empty_output_directory_is_refused_untouched(tmp_path: Path, command: str) -> None:
+    (tmp_path / "earlier-result.json").write_text("{}")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    code, result = run_cli(command, "--output-directory", str(tmp_path), "--seed", "1")
+    assert code == cli.EXIT_USAGE
+    assert result["error"]["type"] == "InvalidInput"
+    assert "not empty" in result["error"]["message"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert (tmp_path / "earlier-result.json").read_text() == "{}"
+
+
+def test_an_output_path_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    target = tmp_path / "file"
+    target.write_text("x")
+    code, result = run_cli("demo", "--output-directory", str(target))
+    assert code == cli.EXIT_USAGE
+    assert "not a directory" in result["error"]["message"]
+
+
+def test_demo_and_campaign_commands_report_through_the_cli(tmp_path: Path) -> None:
+    code, demo = run_cli("demo", "--output-directory", str(tmp_path / "d"))
+    assert (code, demo["ok"]) == (cli.EXIT_OK, True)
+    assert demo["comparison"]["non_idempotent"]["effect_count"] == 2
+    code, campaign = run_cli("campaign", "--output-directory", str(tmp_path / "c"), "--seed", "2")
+    assert (code, campaign["ok"]) == (cli.EXIT_OK, True)
+    assert campaign["summary"]["named_fault_points"] == 13
+
+
+def every_point() -> list[tuple[System, CrashPoint]]:
+    return [(system, point) for system in (SQLITE, WALQUEUE) for point in system.crash_points]
+
+
+@pytest.mark.parametrize(
+    ("system", "point"), every_point(), ids=[f"{s.name}-{p.name}" for s, p in every_point()]
+)
+def test_the_workload_reaches_every_point_in_process(
+    tmp_path: Path, system: System, point: CrashPoint
+) -> None:
+    """The same workload with a raising hook: fast, and it measures the workload's coverage."""
+    if point.after is not None:
+        with pytest.raises(InjectedCrash):
+            run_campaign_workload(tmp_path, system, case_id="c", seed=1, hook=raise_at(point.after))
+    with pytest.raises(InjectedCrash) as caught:
+        run_campaign_workload(tmp_path, system, case_id="c", seed=1, hook=raise_at(point.name))
+    assert caught.value.point == point.name
+
+
+@pytest.mark.parametrize("system", [SQLITE, WALQUEUE], ids=["sqlite", "walqueue"])
+def test_the_uninterrupted_workload_finishes_both_jobs(tmp_path: Path, system: System) -> None:
+    run_campaign_workload(tmp_path, system, case_id="c", seed=1, hook=lambda phase: None)
+    reading = system.reader(tmp_path / "store") if system.reader else None
+    assert reading is not None
+    assert reading.ok is True
+    assert {job.status.value for job in reading.jobs.values()} == {"succeeded"}
+    assert len(reading.jobs) == 2
+
+
+def test_a_child_that_died_of_an_error_says_which(tmp_path: Path) -> None:
+    """A child that did not reach its crash point is reported with the last line it wrote
+    to stderr: a traceback's last line names the exception."""
+    point = resolve_system("sqlite").crash_points[0]
+    failed = ChildRun(exit_code=1, timed_out=False, elapsed_ms=3.0)
+    (tmp_path / CHILD_STDERR).write_text(
+        "Traceback (most recent call last):\n  File ...\nOSError: [Errno 5] Input/output error\n\n"
+    )
+    death = death_record("c", point, failed, None, tmp_path)
+    assert death["died_at_fault_point"] is False
+    assert death["child_error"] == "OSError: [Errno 5] Input/output error"
+    assert death_summary(death) == (
+        "exit 1, last words None, it said 'OSError: [Errno 5] Input/output error'"
+    )
+    (tmp_path / CHILD_STDERR).unlink()
+    silent = death_record("c", point, failed, None, tmp_path)
+    assert silent["child_error"] is None
+    assert death_summary(silent) == "exit 1, last words None"

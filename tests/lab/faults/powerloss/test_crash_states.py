@@ -1,0 +1,203 @@
+"""The power-loss model without a mount: the file system's operations are called directly on
+a backing tree, and each crash state is checked byte for byte."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from crashqueuelab.lab.faults.powerloss.crashstate import (
+    LOSE_ALL,
+    SECTOR,
+    Choice,
+    crash_choices,
+    materialize,
+)
+from crashqueuelab.lab.faults.powerloss.filesystem import PowerLossFilesystem
+from crashqueuelab.lab.faults.powerloss.journal import GRAVEYARD, TREE, Journal, load_journal
+
+
+@pytest.fixture
+def fs(tmp_path: Path) -> PowerLossFilesystem:
+    (tmp_path / "root" / TREE).mkdir(parents=True)
+    (tmp_path / "root" / GRAVEYARD).mkdir()
+    return PowerLossFilesystem(tmp_path / "root", Journal())
+
+
+def write_file(fs: PowerLossFilesystem, path: str, data: bytes, *, offset: int = 0) -> int:
+    fh = (
+        fs.create(path, 0o644)
+        if not (fs.tree / path.lstrip("/")).exists()
+        else fs.open(path, os.O_RDWR)
+    )
+    fs.write(path, data, offset, fh)
+    return fh
+
+
+def state(fs: PowerLossFilesystem, tmp_path: Path, choice: Choice = LOSE_ALL) -> dict[str, bytes]:
+    # Through the journal's own file, so the dump and the load are part of every check.
+    tmp_path.mkdir(exist_ok=True)
+    fs.journal.dump(tmp_path / "journal.json")
+    journal = load_journal(tmp_path / "journal.json")
+    store = tmp_path / "states" / choice.name
+    store.parent.mkdir(parents=True, exist_ok=True)
+    if store.exists():
+        shutil.rmtree(store)
+    materialize(fs.tree.parent, journal, choice, store)
+    # A directory shows as "/": the tests look into it themselves.
+    return {p.name: b"/" if p.is_dir() else p.read_bytes() for p in sorted(store.iterdir())}
+
+
+def test_an_unsynced_write_is_lost_and_a_synced_one_kept(
+    fs: PowerLossFilesystem, tmp_path: Path
+) -> None:
+    fh = write_file(fs, "/db", b"A" * 100)
+    fs.fsync("/db", 0, fh)
+    fs.fsyncdir("/", 0, 0)
+    fs.write("/db", b"B" * 10, 20, fh)  # overwrite, unsynced
+    fs.write("/db", b"C" * 50, 100, fh)  # append, unsynced
+    assert (fs.tree / "db").read_bytes() == b"A" * 20 + b"B" * 10 + b"A" * 70 + b"C" * 50
+    assert state(fs, tmp_path) == {"db": b"A" * 100}
+    fs.fsync("/db", 1, fh)
+    fs.release("/db", fh)
+    assert state(fs, tmp_path, Choice(frozenset(), None)) == {
+        "db": b"A" * 20 + b"B" * 10 + b"A" * 70 + b"C" * 50
+    }
+
+
+def test_a_create_without_a_directory_sync_vanishes_even_when_its_data_was_synced(
+    fs: PowerLossFilesystem, tmp_path: Path
+) -> None:
+    fh = write_file(fs, "/new", b"data")
+    fs.fsync("/new", 0, fh)
+    fs.release("/new", fh)
+    assert state(fs, tmp_path) == {}
+    fs.fsyncdir("/", 0, 0)
+    assert state(fs, tmp_path, Choice(frozenset(), None)) == {"new": b"data"}
+
+
+def test_unlink_and_rename_over_a_file_come_back_unless_the_directory_was_synced(
+    fs: PowerLossFilesystem, tmp_path: Path
+) -> None:
+    for name, data in (("/current", b"old"), ("/segment", b"frames"), ("/current.tmp", b"new")):
+        fh = write_file(fs, name, data)
+        fs.fsync(name, 0, fh)
+        fs.release(name, fh)
+    fs.fsyncdir("/", 0, 0)
+    fs.rename("/current.tmp", "/current")
+    fs.unlink("/segment")
+    assert sorted(os.listdir(fs.tree)) == ["current"]
+    assert state(fs, tmp_path) == {"current": b"old", "current.tmp": b"new", "segment": b"frames"}
+    # Only the unlink reaching the disk: the state a rename without a directory sync allows.
+    only_unlink = Choice(frozenset({1}), None)
+    assert state(fs, tmp_path, only_unlink) == {"current": b"old", "current.tmp": b"new"}
+    fs.fsyncdir("/", 0, 0)
+    assert state(fs, tmp_path, Choice(frozenset(), None)) == {"current": b"new"}
+
+
+def test_a_kept_rename_keeps_the_create_it_depends_on(
+    fs: PowerLossFilesystem, tmp_path: Path
+) -> None:
+    fh = write_file(fs, "/snapshot.tmp", b"state")
+    fs.fsync("/snapshot.tmp", 0, fh)
+    fs.release("/snapshot.tmp", fh)
+    fs.rename("/snapshot.tmp", "/snapshot")
+    choices = crash_choices(fs.journal, seed=1, seeded=0)
+    assert [c.name for c in choices] == [
+        "lose-all",
+        "keep-names-1",
+        "keep-names-2",
+        "keep-names-1-2",
+    ]
+    assert state(fs, tmp_path, choices[2]) == {"snapshot": b"state"}
+    assert state(fs, tmp_path, choices[1]) == {"snapshot.tmp": b"state"}
+
+
+def test_open_with_truncation_and_truncate_are_taken_back(
+    fs: PowerLossFilesystem, tmp_path: Path
+) -> None:
+    fh = write_file(fs, "/file", b"0123456789")
+    fs.fsync("/file", 0, fh)
+    fs.fsyncdir("/", 0, 0)
+    fs.release("/file", fh)
+    fs.release("/file", fs.open("/file", os.O_WRONLY | os.O_TRUNC))
+    assert (fs.tree / "file").read_bytes() == b""
+    assert state(fs, tmp_path) == {"file": b"0123456789"}
+    fh = fs.open("/file", os.O_RDWR)
+    fs.fsync("/file", 0, fh)  # the emptied file is durable now
+    fs.write("/file", b"abc", 0, fh)
+    fs.truncate("/file", 1, fh)
+    fs.truncate("/file", 0)  # by path, without a handle
+    assert state(fs, tmp_path) == {"file": b""}
+    fs.release("/file", fh)
+
+
+def test_a_seeded_state_keeps_some_writes_and_may_tear_the_last_at_a_sector(
+    fs: PowerLossFilesystem, tmp_path: Path
+) -> None:
+    fh = write_file(fs, "/wal", b"")
+    fs.fsync("/wal", 0, fh)
+    fs.fsyncdir("/", 0, 0)
+    frames = [bytes([65 + i]) * 1500 for i in range(8)]
+    for i, frame in enumerate(frames):
+        fs.write("/wal", frame, i * 1500, fh)
+    fs.release("/wal", fh)
+    seen = set()
+    for seed in range(40):
+        choice = Choice(None, seed)
+        result = state(fs, tmp_path, choice)["wal"]
+        assert result == state(fs, tmp_path / "again", choice)["wal"]  # the seed decides
+        for i, frame in enumerate(frames):
+            piece = result[i * 1500 : (i + 1) * 1500]
+            kept = len(piece) - len(piece.lstrip(frame[:1]))
+            assert kept in (0, len(piece)) or (i * 1500 + kept) % SECTOR == 0
+            seen.add("torn" if 0 < kept < 1500 else "whole" if kept else "lost")
+    assert seen == {"torn", "whole", "lost"}
+
+
+def test_enumerated_subsets_stop_at_a_bound_and_then_are_sampled(fs: PowerLossFilesystem) -> None:
+    for i in range(8):
+        fs.release(f"/f{i}", write_file(fs, f"/f{i}", b"x"))
+    choices = crash_choices(fs.journal, seed=3)
+    unseeded = [c for c in choices if c.seed is None]
+    assert unseeded[0] == LOSE_ALL
+    assert unseeded[1].names_kept == frozenset(range(8))
+    assert 2 < len(unseeded) <= 32
+    assert len(choices) - len(unseeded) == 3
+    assert crash_choices(fs.journal, seed=3) == choices
+
+
+def test_directories_are_journalled_too(fs: PowerLossFilesystem, tmp_path: Path) -> None:
+    fs.mkdir("/sub", 0o755)
+    fh = write_file(fs, "/sub/file", b"x")
+    fs.fsync("/sub/file", 0, fh)
+    fs.release("/sub/file", fh)
+    fs.fsyncdir("/sub", 0, 0)
+    assert state(fs, tmp_path) == {}  # the directory itself was never made durable
+    fs.fsyncdir("/", 0, 0)
+    fs.unlink("/sub/file")
+    fs.rmdir("/sub")
+    assert state(fs, tmp_path) == {"sub": b"/"}
+    assert (tmp_path / "states" / "lose-all" / "sub" / "file").read_bytes() == b"x"
+
+
+def test_what_is_not_modelled_is_refused(fs: PowerLossFilesystem) -> None:
+    fs.release("/f", write_file(fs, "/f", b"x"))
+    for refused in (fs.link, fs.symlink):
+        with pytest.raises(OSError, match="not modelled") as error:
+            refused("/g", "/f")
+        assert error.value.errno == 1  # EPERM
+    with pytest.raises(OSError, match="not empty"):
+        fs.rmdir("/")
+    fs.chmod("/f", 0o600)
+    fs.chown("/f", os.getuid(), os.getgid())
+    fs.utimens("/f", (1, 2))
+    fs.utimens("/f")
+    assert fs.getattr("/f")["st_size"] == 1
+    assert fs.readdir("/", 0) == [".", "..", "f"]
+    assert fs.statfs("/")["f_bsize"] > 0
+    assert fs.access("/f", os.R_OK) == 0
+    assert (fs.opendir("/"), fs.releasedir("/", 0), fs.flush("/f", 0)) == (0, 0, 0)

@@ -1,0 +1,443 @@
+"""The heartbeat experiment: the library's own worker loop runs long jobs, no worker harmed,
+and every job must run once. pgqueuer's QueueManager on the session's PostgreSQL server
+(installed release, and pgqueuer #430's releases in environments of their own); the
+ledger and the judge alone; a loop that fails, and a system that has none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crashqueuelab import cli
+from crashqueuelab.core.errors import InvalidInput
+from crashqueuelab.lab.faults.network.plan import NetworkPlan
+from crashqueuelab.lab.heartbeats import run as heartbeats
+from crashqueuelab.lab.heartbeats.faults import HeartbeatFaults, Held, Running
+from crashqueuelab.lab.heartbeats.run import Execution, judge, read_ledger
+from crashqueuelab.lab.runs.servers import SERVER_VARIABLES
+from crashqueuelab.lab.versions.environments import CACHE_VARIABLE
+from crashqueuelab.systems import resolve_system
+from crashqueuelab.systems.contract import JobStatus, LibraryWorker, System
+
+
+def run(argv: list[str]) -> tuple[int, dict[str, Any], str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.main(argv, stdout=out, stderr=err)
+    return code, json.loads(out.getvalue()), err.getvalue()
+
+
+def _refusing_loop(
+    directory: Path,
+    worker_id: str,
+    work: Callable[[str], None],
+    stop: threading.Event,
+    retry_after_s: float,
+) -> None:
+    raise RuntimeError(f"{worker_id} cannot reach its broker")
+
+
+def failing_loop_system() -> System:
+    """The shipped SQLite queue with a library loop that fails at once."""
+    return dataclasses.replace(
+        resolve_system("sqlite"),
+        library_worker=LibraryWorker(0.1, _refusing_loop, "a loop that fails at once"),
+    )
+
+
+def test_a_ledger_closes_each_start_with_the_next_end_of_its_key_and_skips_torn_lines() -> None:
+    text = (
+        "start a 1.000000\nstart b 1.500000\nend a 3.000000\nstart a 3.200000\n"
+        "end b 4.000000\nnonsense\nend a x\nstart c"
+    )
+    assert read_ledger(text, "w") == [
+        Execution("a", "w", 1.0, 3.0),
+        Execution("b", "w", 1.5, 4.0),
+        Execution("a", "w", 3.2, None),
+    ]
+
+
+def test_a_job_run_again_beside_or_after_its_first_execution_is_an_anomaly() -> None:
+    runs = [
+        Execution("a", "w0", 1.0, 5.0),
+        Execution("a", "w1", 3.0, 7.0),  # beside the first
+        Execution("b", "w0", 1.0, 2.0),
+        Execution("b", "w1", 2.5, None),  # after the first, still running at the end
+        Execution("c", "w0", 1.0, 2.0),
+    ]
+    done = dict.fromkeys("abc", JobStatus.SUCCEEDED)
+    anomalies = judge(["a", "b", "c"], runs, done, origin=1.0)
+    assert anomalies == [
+        "job a: run again beside a live worker's execution: by w0 from 0.00 s to 4.00 s,"
+        " then by w1 from 2.00 s to 6.00 s; no worker was killed, stopped or cut off",
+        "job b: run again after a live worker's execution: by w0 from 0.00 s to 1.00 s,"
+        " then by w1 from 1.50 s still running; no worker was killed, stopped or cut off",
+    ]
+
+
+def test_a_job_never_run_or_not_held_done_by_the_store_is_an_anomaly() -> None:
+    runs = [Execution("a", "w0", 0.0, 1.0)]
+    stored = {"a": JobStatus.LEASED}
+    assert judge(["a", "b"], runs, stored, origin=0.0) == [
+        "job a: the store holds it leased after every execution ended",
+        "job b: never run, while every worker was alive and polling",
+        "job b: the store holds it nowhere after every execution ended",
+    ]
+    assert judge(["a"], runs, None, origin=0.0) == []
+
+
+def test_a_system_without_its_librarys_worker_loop_is_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    target = tmp_path / "never"
+    code, result, _ = run(["heartbeats", "--system", "sqlite", "--output-directory", str(target)])
+    assert code == 2
+    assert result["error"]["type"] == "SystemUnavailable"
+    assert "own worker loop" in result["error"]["message"]
+    assert not target.exists()
+
+
+def test_a_library_loop_that_fails_is_a_failed_run_never_a_verdict_on_promises(
+    tmp_path: Path,
+) -> None:
+    code, result, _ = run(
+        [
+            "heartbeats",
+            "--system",
+            "tests.lab.heartbeats.test_heartbeats:failing_loop_system",
+            "--jobs",
+            "2",
+            "--output-directory",
+            str(tmp_path / "h"),
+        ]
+    )
+    assert code == 1
+    assert result["ok"] is False
+    assert result["promises"] is None
+    assert result["reasons"][0] == (
+        "WorkerFailed: worker-0: RuntimeError: worker-0 cannot reach its broker;"
+        " worker-1: RuntimeError: worker-1 cannot reach its broker"
+    )
+    record = json.loads((tmp_path / "h" / "heartbeats.json").read_text())
+    assert record["executions"] == []
+    assert {job["runs"] for job in record["jobs"].values()} == {0}
+    assert (tmp_path / "h" / "report.html").is_file()
+
+
+def test_pgqueuers_installed_release_keeps_every_live_workers_job(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    code, result, err = run(
+        [
+            "heartbeats",
+            "--system",
+            "pgqueuer",
+            "--dsn",
+            postgres_dsn,
+            "--jobs",
+            "3",
+            # At 1 s, 1.x's psycopg driver (which holds the connection up to 1 s while it
+            # waits for notifications) sometimes lets a live job go stale: docs/real-queues.md.
+            "--retry-timer-s",
+            "4",
+            "--work-timers",
+            "2",
+            "--output-directory",
+            str(tmp_path / "h"),
+        ]
+    )
+    assert code == 0, err
+    assert {job["runs"] for job in result["jobs"].values()} == {1}
+    assert {job["stored"] for job in result["jobs"].values()} == {"succeeded"}
+    assert result["promises"]["keeps_its_promises"] is True
+    page = (tmp_path / "h" / "report.html").read_text()
+    assert "QueueManager.run" in page
+    assert "job-02" in page
+
+
+@pytest.mark.releases
+def test_heartbeats_too_slow_for_the_retry_timer_rerun_live_jobs_on_0_21_0_not_on_0_24_0(
+    tmp_path: Path, postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pgqueuer #430: 0.21.0 flushes heartbeats once per retry timer, so a live worker's
+    job looks dead and runs again beside it; 0.24.0 flushes four times as often. Then the
+    same pair with a stall: what the stall causes is documented, what 0.21.0 does is not."""
+    monkeypatch.setenv(CACHE_VARIABLE, str(tmp_path / "environments"))
+
+    def matrix(name: str, *faults: str) -> tuple[int, dict[str, Any], str]:
+        return run(
+            [
+                "versions",
+                "--system",
+                "pgqueuer",
+                "--releases",
+                "0.21.0,0.24.0",
+                "--bisect",
+                "--bisect-on",
+                "promises",
+                "--output-directory",
+                str(tmp_path / name),
+                "heartbeats",
+                "--dsn",
+                postgres_dsn,
+                "--jobs",
+                "3",
+                # Twice the default timer: margin for a machine busy with other tests.
+                "--retry-timer-s",
+                "2",
+                *faults,
+            ]
+        )
+
+    def runs(name: str, release: str) -> dict[str, Any]:
+        record: dict[str, Any] = json.loads(
+            (tmp_path / name / release / "heartbeats.json").read_text()
+        )
+        return record
+
+    code, result, err = matrix("quiet")
+    assert code == 0, err
+    assert result["bisection"]["found"] == "0.24.0"
+    old, fixed = runs("quiet", "0.21.0"), runs("quiet", "0.24.0")
+    assert old["system"]["version"] == "pgqueuer 0.21.0"
+    assert any(job["runs"] > 1 for job in old["jobs"].values())
+    # Against pgqueuer's own promise (its retry timer takes only jobs gone silent): a bug.
+    assert old["promises"]["keeps_its_promises"] is False
+    assert "run again beside a live worker's execution" in old["promises"]["broken_promises"][0]
+    assert fixed["system"]["version"] == "pgqueuer 0.24.0"
+    assert {job["runs"] for job in fixed["jobs"].values()} == {1}
+    assert fixed["ok"] is True
+
+    # Longer jobs, so that 0.21.0 hands jobs out again outside the stall too.
+    code, result, err = matrix("stalled", "--stalls", "1", "--work-timers", "6")
+    assert code == 0, err
+    assert result["bisection"]["found"] == "0.24.0"
+    old, fixed = runs("stalled", "0.21.0"), runs("stalled", "0.24.0")
+    assert old["promises"]["keeps_its_promises"] is False
+    (stall,) = fixed["network"]["delivered"]
+    assert stall["kind"] == "stall"
+    # The stalled worker's jobs ran again elsewhere: weaker than the lab, as pgqueuer says.
+    assert fixed["ok"] is False
+    assert fixed["anomalies"]
+    assert all(f"while a stall held {stall['target']}'s" in line for line in fixed["anomalies"])
+    assert fixed["promises"]["keeps_its_promises"] is True
+
+
+def test_a_job_taken_from_a_holder_whose_connection_was_held_says_which_fault_held_it() -> None:
+    runs = [
+        Execution("a", "w0", 1.0, 5.0),
+        Execution("a", "w1", 2.5, 6.5),  # taken from w0, held from 1.5 s
+        Execution("a", "w0", 3.0, 7.0),  # taken from w1, whose connection nobody held
+    ]
+    held = {"w0": [Held("stall", 1.5, 3.5)]}
+    done = {"a": JobStatus.SUCCEEDED}
+    first, second = judge(["a"], runs, done, origin=0.0, held=held)
+    assert first == (
+        "job a: run again beside w0's execution while a stall held w0's connection"
+        " (1.50 s to 3.50 s): by w0 from 1.00 s to 5.00 s, then by w1 from 2.50 s to 6.50 s"
+    )
+    assert second.startswith("job a: run again beside a live worker's execution: by w1 from")
+    # A window that ended before the holder started explains nothing.
+    assert judge(["a"], runs[:2], done, 0.0, {"w0": [Held("stall", 0.0, 0.5)]})[0].startswith(
+        "job a: run again beside a live worker's execution"
+    )
+
+
+def test_faults_strike_one_at_a_time_on_the_oldest_jobs_worker_once_it_worked_long_enough(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The proxy listens on the loopback interface; no worker connects, so no server is needed.
+    monkeypatch.setenv(SERVER_VARIABLES[0], "host=/nonexistent port=5432 dbname=x")
+    moment = [100.0]
+    plan = NetworkPlan(stalls=1, partitions=1, window_ms=2000)
+    with HeartbeatFaults(plan, retry_after_s=1.0, started=100.0, clock=lambda: moment[0]) as faults:
+        inherited = dict(faults.inherited("w0").environment)
+        assert "127.0.0.1" in inherited[SERVER_VARIABLES[0]]
+        faults.inherited("w1")
+        faults.strike_due([Running("w1", 100.2)])  # not yet half a timer
+        assert faults.delivered == []
+        moment[0] = 100.8
+        faults.strike_due([Running("w1", 100.2), Running("w0", 100.4)])
+        assert [(d["kind"], d["target"]) for d in faults.delivered] == [("stall", "w1")]
+        moment[0] = 102.0
+        faults.strike_due([Running("w0", 100.4)])  # the stall still holds
+        assert len(faults.delivered) == 1
+        moment[0] = 103.0
+        faults.strike_due([Running("w0", 100.4)])
+        assert [d["kind"] for d in faults.delivered] == ["stall", "partition"]
+        held = faults.held()
+        assert held["w1"] == [Held("stall", 100.8, 102.8), Held("partition", 103.0, 105.0)]
+        assert held["w0"] == [Held("partition", 103.0, 105.0)]
+        assert faults.report()["not_delivered"] == []
+
+
+def test_a_heartbeat_run_holds_connections_it_never_loses_replies_or_resets_them() -> None:
+    with pytest.raises(InvalidInput, match="no lost replies or resets"):
+        HeartbeatFaults(NetworkPlan(lost_replies=1), retry_after_s=1.0, started=0.0)
+
+
+def test_pgqueuer_documents_a_held_holders_job_handed_out_and_a_lost_connection() -> None:
+    from crashqueuelab.lab.runs.promises import classify
+
+    system = resolve_system("pgqueuer")
+    held = (
+        "job job-00: run again beside worker-1's execution while a stall held worker-1's"
+        " connection (1.05 s to 3.05 s): by worker-1 from 0.49 s to 6.49 s, then by worker-0"
+        " from 1.50 s to 7.50 s"
+    )
+    dropped = "worker-2.1 exited with status 3: \tbefore or while processing the request."
+    live = (
+        "job job-00: run again beside a live worker's execution: by worker-0 from 0.45 s to"
+        " 4.45 s, then by worker-0 from 1.66 s to 5.66 s; no worker was killed, stopped or cut off"
+    )
+    verdict = classify(system, "live workers", [held, dropped, live], ("stall", "lost replies"))
+    assert verdict["broken_promises"] == [live]
+    explained = {entry["first"] for entry in verdict["weaker_as_documented"]}
+    assert explained == {held, dropped}
+
+
+def _idle_loop(
+    directory: Path,
+    worker_id: str,
+    work: Callable[[str], None],
+    stop: threading.Event,
+    retry_after_s: float,
+) -> None:
+    stop.wait(60)  # hands out nothing until it is asked to stop
+
+
+def _deaf_loop(
+    directory: Path,
+    worker_id: str,
+    work: Callable[[str], None],
+    stop: threading.Event,
+    retry_after_s: float,
+) -> None:
+    threading.Event().wait(60)  # never looks at stop
+
+
+def idle_loop_system() -> System:
+    return dataclasses.replace(
+        resolve_system("sqlite"), library_worker=LibraryWorker(0.1, _idle_loop, "idle")
+    )
+
+
+def deaf_loop_system() -> System:
+    return dataclasses.replace(
+        resolve_system("sqlite"), library_worker=LibraryWorker(0.1, _deaf_loop, "deaf")
+    )
+
+
+def test_work_that_never_ends_is_an_unfinished_run_and_each_job_never_run_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(heartbeats, "STARTUP_S", 0.5)
+    record = heartbeats.run_heartbeats(
+        tmp_path / "h",
+        system="tests.lab.heartbeats.test_heartbeats:idle_loop_system",
+        jobs=1,
+        workers=1,
+        work_timers=1,
+    )
+    assert record["error"]["type"] == "Unfinished"
+    assert record["promises"] is None
+    assert (
+        record["anomalies"][0] == "job job-00: never run, while every worker was alive and polling"
+    )
+    assert record["workers"] == {"worker-0": {"exit": 0, "failed": None}}
+
+
+def test_a_loop_that_does_not_stop_when_asked_is_killed_and_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(heartbeats, "STARTUP_S", 0.3)
+    monkeypatch.setattr(heartbeats, "STOP_S", 0.5)
+    record = heartbeats.run_heartbeats(
+        tmp_path / "h",
+        system="tests.lab.heartbeats.test_heartbeats:deaf_loop_system",
+        jobs=1,
+        workers=1,
+    )
+    assert record["error"] == {"type": "WorkerFailed", "message": "worker-0: exited with code -9"}
+
+
+def test_a_run_that_cannot_be_what_was_asked_is_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    system = "tests.lab.heartbeats.test_heartbeats:idle_loop_system"
+    with pytest.raises(InvalidInput, match="retry_timer_s"):
+        heartbeats.run_heartbeats(tmp_path / "a", system=system, retry_after_s=0)
+    with pytest.raises(InvalidInput, match="talks to no server"):
+        heartbeats.run_heartbeats(tmp_path / "b", system=system, network=NetworkPlan(stalls=1))
+    for option, value in (
+        ("--work-timers", "soon"),
+        ("--work-timers", "inf"),
+        ("--retry-timer-s", "0"),
+    ):
+        code, result, _ = run(
+            [
+                "heartbeats",
+                "--system",
+                system,
+                option,
+                value,
+                "--output-directory",
+                str(tmp_path / "c"),
+            ]
+        )
+        assert code == 2
+        assert result["error"]["type"] == "UsageError"
+    assert not any((tmp_path / name).exists() for name in "abc")
+
+
+def test_the_page_shows_each_held_connection_beside_the_executions_it_held(
+    tmp_path: Path,
+) -> None:
+    from crashqueuelab.lab.pages.render import write_report
+
+    windows = [
+        {"kind": "stall", "paths": ["worker-1"], "start_s": 1.0, "end_s": 3.0},
+        {"kind": "partition", "paths": ["worker-0", "worker-1"], "start_s": 4.0, "end_s": 6.0},
+    ]
+    record = {
+        "ok": False,
+        "anomalies": ["job job-00: run again beside worker-1's execution while a stall held"],
+        "error": None,
+        "system": resolve_system("pgqueuer").describe(),
+        "spec": "pgqueuer==0.24.0",
+        "library_worker": "pgqueuer's QueueManager.run",
+        "parameters": {
+            "jobs": 1, "workers": 2, "work_timers": 6.0, "retry_after_s": 1.0,
+            "work_s": 6.0, "grace_s": 2.0,
+        },
+        "network": {
+            "plan": {"stalls": 1, "partitions": 1, "latency_ms": 5.0, "window_ms": 2000.0},
+            "windows": windows,
+            "delivered": [{"kind": "stall"}, {"kind": "partition"}],
+            "not_delivered": [],
+            "paths": {},
+        },
+        "executions": [
+            {"key": "job-00", "worker": "worker-1", "start_s": 0.5, "end_s": 6.5},
+            {"key": "job-00", "worker": "worker-0", "start_s": 2.2, "end_s": None},
+        ],
+        "jobs": {"job-00": {"runs": 2, "stored": "succeeded"}},
+        "workers": {"worker-0": {"exit": 0, "failed": None}},
+        "promises": None,
+        "timings": {"run_s": 9.0},
+    }  # fmt: skip
+    (tmp_path / "heartbeats.json").write_text(json.dumps(record))
+    page = write_report(tmp_path).read_text()
+    assert "worker-1 held" in page
+    assert "worker-0 held" in page
+    assert "--stalls 1 --partitions 1 --latency-ms 5 --network-fault-ms 2000" in page
+    assert "stall, partition" in page
+    assert "job-00 again" in page
+    assert "still running" in page

@@ -1,0 +1,321 @@
+"""Ctrl-C and SIGTERM: a run stops its children, servers and mounts, keeps a record with
+``interrupted: true`` on stdout and in its directory, ends with one line on stderr (no
+traceback), and ``crashqueuelab report DIR`` renders what it had."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crashqueuelab import cli
+from crashqueuelab.lab.faults.powerloss.disk import unavailable_reason
+from crashqueuelab.lab.runs.interrupts import EXIT_INTERRUPTED, Interrupted, interruptible
+
+#: Every wait below is bounded by this.
+LIMIT_S = 120.0
+
+
+def test_a_signal_inside_interruptible_raises_interrupted_and_the_handlers_come_back() -> None:
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    reached = []
+    with pytest.raises(Interrupted) as caught, interruptible():  # noqa: PT012
+        os.kill(os.getpid(), signal.SIGTERM)
+        # The handler runs at the next bytecode boundary: nothing after the kill may.
+        reached.append("after the signal")
+    assert reached == []
+    assert caught.value.signal_name == "SIGTERM"
+    assert caught.value.partial == {}
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
+def _group_members(pgid: int) -> list[int]:
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[-1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def _interrupt(arguments: list[str], signum: int, directory: Path) -> tuple[int, str, str]:
+    """Start ``crashqueuelab ARGUMENTS`` in a process group of its own, wait for its first
+    progress line, signal the whole group as a terminal's Ctrl-C does, and collect it."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "crashqueuelab", *arguments, "--output-directory", str(directory)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        assert process.stderr is not None
+        with selectors.DefaultSelector() as selector:
+            selector.register(process.stderr, selectors.EVENT_READ)
+            assert selector.select(timeout=LIMIT_S), "no progress line"
+        first = process.stderr.readline().decode()
+        os.killpg(process.pid, signum)
+        out, err = process.communicate(timeout=LIMIT_S)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=LIMIT_S)
+        for pipe in (process.stdout, process.stderr):
+            if pipe is not None:
+                pipe.close()
+    # Workers, crash children and disks were stopped by the run itself; a disk's daemon
+    # runs in a session of its own, so it is found by the directory it serves.
+    deadline = time.monotonic() + 10
+    while (_group_members(process.pid) or _serving(directory)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _group_members(process.pid) == []
+    assert _serving(directory) == []
+    return process.returncode, out.decode(), first + err.decode()
+
+
+def _serving(directory: Path) -> list[str]:
+    """Processes whose command line names ``directory``, and mounts under it."""
+    found = [
+        line.split()[1]
+        for line in Path("/proc/mounts").read_text().splitlines()
+        if str(directory) in line
+    ]
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if str(directory) in command:
+            found.append(command)
+    return found
+
+
+def _assert_a_readable_interrupted_run(
+    code: int, out: str, err: str, directory: Path, run_file: str
+) -> dict[str, object]:
+    assert code == EXIT_INTERRUPTED
+    assert "Traceback" not in err, err
+    last = err.rstrip().splitlines()[-1]
+    assert last.startswith("crashqueuelab: interrupted: interrupted by SIG"), last
+    answer = json.loads(out)
+    assert (answer["ok"], answer["interrupted"]) == (False, True)
+    kept: dict[str, object] = json.loads((directory / run_file).read_text())
+    assert (kept["ok"], kept["interrupted"]) == (False, True)
+    rebuilt = subprocess.run(
+        [sys.executable, "-m", "crashqueuelab", "report", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=LIMIT_S,
+        check=False,
+    )
+    assert rebuilt.returncode == 0, rebuilt.stdout
+    page = (directory / "report.html").read_text()
+    assert "INTERRUPTED" in page
+    return kept
+
+
+@pytest.mark.slow
+def test_chaos_interrupted_by_ctrl_c_keeps_a_record_and_stops_its_workers(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "chaos"
+    code, out, err = _interrupt(
+        ["chaos", "--jobs", "20000", "--kills", "1000", "--workers", "2"],
+        signal.SIGINT,
+        directory,
+    )
+    kept = _assert_a_readable_interrupted_run(code, out, err, directory, "chaos.json")
+    assert kept["signal"] == "SIGINT"
+    assert isinstance(kept["jobs_acknowledged"], int)
+    assert 0 < kept["jobs_acknowledged"] < 20_000
+    assert kept["workers_started"]
+
+
+@pytest.mark.slow
+def test_a_power_loss_campaign_interrupted_by_sigterm_unmounts_its_disks(tmp_path: Path) -> None:
+    if unavailable_reason() is not None:
+        pytest.skip(str(unavailable_reason()))
+    directory = tmp_path / "campaign"
+    code, out, err = _interrupt(
+        ["campaign", "--system", "walqueue", "--crash-mode", "power-loss"],
+        signal.SIGTERM,
+        directory,
+    )
+    kept = _assert_a_readable_interrupted_run(code, out, err, directory, "campaign.json")
+    assert kept["signal"] == "SIGTERM"
+    assert isinstance(kept["cases_done"], int)
+    assert 1 <= kept["cases_done"] < kept["cases_planned"]  # type: ignore[operator]
+    mounts = Path("/proc/mounts").read_text()
+    assert str(directory) not in mounts
+
+
+_FORKED_CHILD = """
+import signal
+
+from crashqueuelab.lab.runs.interrupts import forkserver_context
+
+
+def report(answers):
+    # The first thing the child runs: nothing in it has touched SIGINT yet.
+    answers.put(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)
+
+
+if __name__ == "__main__":
+    # As at a terminal, whatever disposition this test's own runner was started with.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    context = forkserver_context(["__main__"])
+    answers = context.Queue()
+    child = context.Process(target=report, args=(answers,))
+    child.start()
+    ignored = answers.get(timeout=60)
+    child.join(60)
+    answers.close()
+    answers.join_thread()
+    kept = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    print(ignored, kept)
+"""
+
+
+def test_workers_forked_by_the_lab_are_born_ignoring_sigint_and_the_parent_keeps_its_handler(
+    tmp_path: Path,
+) -> None:
+    # A fresh interpreter: this test process may already have a fork server of its own.
+    script = tmp_path / "fork_one.py"
+    script.write_text(_FORKED_CHILD)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=LIMIT_S,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True"]
+
+
+def test_interruptible_does_nothing_outside_the_main_thread() -> None:
+    import threading
+
+    seen: list[object] = []
+
+    def body() -> None:
+        with interruptible():
+            seen.append(signal.getsignal(signal.SIGINT))
+
+    before = signal.getsignal(signal.SIGINT)
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join(timeout=LIMIT_S)
+    assert seen == [before]
+
+
+def _interrupting(after: int) -> Callable[..., Any]:
+    """A stand-in for one step of a run that raises Interrupted on its call number ``after``
+    (counting from 1) and otherwise calls the real step."""
+    calls = [0]
+
+    def step(real: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == after:
+            raise Interrupted("SIGINT")
+        return real(*args, **kwargs)
+
+    return step
+
+
+def _run_in_process(argv: list[str]) -> tuple[int, dict[str, Any], str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.main(argv, stdout=out, stderr=err)
+    return code, json.loads(out.getvalue()), err.getvalue()
+
+
+@pytest.mark.parametrize("command", ["showcase", "mutants", "bench"])
+def test_every_experiment_keeps_what_it_had_done_when_interrupted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    """Each run passes Interrupted on with what it had finished; the command line keeps it
+    in the run's record, on stdout and on an INTERRUPTED page."""
+    from crashqueuelab.lab import showcase
+    from crashqueuelab.lab.bench import runner as bench_runner
+    from crashqueuelab.lab.mutants import runner as mutants_runner
+
+    # The bench measures five lanes for each (work, workers) pair: its sixth run is the
+    # second pair's first.
+    step = _interrupting(after=6 if command == "bench" else 2)
+    directory = tmp_path / command
+    if command == "showcase":
+        real_campaign = getattr(showcase, "run_campaign")  # noqa: B009 (not re-exported)
+        monkeypatch.setattr(showcase, "run_campaign", lambda *a, **k: step(real_campaign, *a, **k))
+        argv = ["showcase", "--system", "sqlite", "--quiet"]
+        run_file, done_key = "showcase.json", "parts_done"
+        done: object = ["sqlite: effect experiment", "sqlite: crash campaign"]
+    elif command == "mutants":
+        real_mutant = mutants_runner.run_mutant
+        monkeypatch.setattr(
+            mutants_runner, "run_mutant", lambda *a, **k: step(real_mutant, *a, **k)
+        )
+        argv = ["mutants", "--named-evidence", "--mutant", "no_fencing", "--mutant",
+                "fence_off_by_one", "--quiet"]  # fmt: skip
+        run_file, done_key, done = "mutants.json", "mutants_done", 1
+    else:
+        real_config = bench_runner.run_config
+        monkeypatch.setattr(bench_runner, "run_config", lambda *a, **k: step(real_config, *a, **k))
+        argv = ["bench", "--jobs", "20", "--workers", "1", "--work-ms", "0,1", "--quiet"]
+        run_file, done_key, done = "bench.json", "cells_done", 5
+    code, result, err = _run_in_process([*argv, "--output-directory", str(directory)])
+    assert code == EXIT_INTERRUPTED
+    assert (result["ok"], result["interrupted"], result["signal"]) == (False, True, "SIGINT")
+    assert err.rstrip().splitlines()[-1].startswith("crashqueuelab: interrupted: ")
+    kept = json.loads((directory / run_file).read_text())
+    assert kept[done_key] == done
+    assert kept["arguments"][0] == command
+    page = (directory / "report.html").read_text()
+    assert "INTERRUPTED" in page
+    assert "Run it again:" in page
+
+
+def test_a_campaign_stopped_while_it_prints_a_case_starts_no_more_cases() -> None:
+    """The signal may land in a progress line rather than while a case is awaited: the
+    cases still queued must not start all the same (they once did, one after another,
+    until the run overran every limit)."""
+    import threading
+    from types import SimpleNamespace
+
+    from crashqueuelab.lab.campaign.run import _run_cases
+
+    started: list[int] = []
+    stops: list[threading.Event | None] = []
+
+    def runner(*args: Any, stop: threading.Event | None = None, **kwargs: Any) -> dict[str, Any]:
+        started.append(args[1])
+        stops.append(stop)
+        return {"passed": True, "exit_code": 0}
+
+    def progress(line: str) -> None:
+        raise Interrupted("SIGTERM")
+
+    order = [SimpleNamespace(name=f"point-{index}") for index in range(20)]
+    with pytest.raises(Interrupted) as caught:
+        _run_cases(Path("unused"), order, 1, None, "x", runner, progress, 1)  # type: ignore[arg-type]
+    assert caught.value.partial["cases_done"] == 1
+    assert caught.value.partial["cases_planned"] == 20
+    # The first case, and at most the one the pool had begun when it was told to stop.
+    assert len(started) <= 2
+    assert stops[0] is not None
+    assert stops[0].is_set()

@@ -1,0 +1,99 @@
+"""The release matrix and its bisection, over a stand-in for the evidence (the real runs are
+in test_releases.py and the documented commands)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crashqueuelab.core.errors import InvalidInput
+from crashqueuelab.lab.versions.matrix import choose_releases, run_versions
+
+RELEASES = ["1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "2.0"]
+
+
+def evidence(first_passing: str, ran: list[str]) -> Any:
+    def run(release: str, directory: Path) -> dict[str, Any]:
+        ran.append(release)
+        passed = RELEASES.index(release) >= RELEASES.index(first_passing)
+        return {
+            "ok": passed,
+            "anomalies": [] if passed else [f"lost a job on {release}"],
+            "summary": {"failed": 0 if passed else 1},
+            "system": {"version": f"lib {release}"},
+        }
+
+    return run
+
+
+@pytest.mark.parametrize("first_passing", ["1.1", "1.3", "1.5", "2.0"])
+def test_bisection_finds_the_first_passing_release_in_few_runs(
+    tmp_path: Path, first_passing: str
+) -> None:
+    ran: list[str] = []
+    report = run_versions(RELEASES, evidence(first_passing, ran), tmp_path, bisect=True)
+    assert report["bisection"]["found"] == first_passing
+    assert report["bisection"]["change"] == "starts passing"
+    assert len(ran) <= 2 + 3  # both ends, then log2 of what lies between
+    assert len(set(ran)) == len(ran)
+    assert [row["release"] for row in report["rows"]] == sorted(ran, key=RELEASES.index)
+    assert set(report["not_run"]) == set(RELEASES) - set(ran)
+
+
+def test_a_range_that_passes_at_both_ends_has_nothing_to_bisect(tmp_path: Path) -> None:
+    report = run_versions(RELEASES, evidence("1.0", []), tmp_path, bisect=True)
+    assert report["bisection"]["found"] is None
+    assert "passes at both ends" in report["bisection"]["detail"]
+
+
+def test_the_matrix_runs_every_release_and_keeps_the_first_reason(tmp_path: Path) -> None:
+    report = run_versions(RELEASES[:3], evidence("1.2", []), tmp_path, criterion="cases")
+    rows = {row["release"]: row for row in report["rows"]}
+    assert [rows[r]["passes"] for r in RELEASES[:3]] == [False, False, True]
+    assert rows["1.0"]["first_reason"] == "lost a job on 1.0"
+    assert rows["1.2"]["report"] == "1.2/report.html"
+
+
+def test_a_release_that_never_opened_here_or_whose_server_is_missing_is_not_judged(
+    tmp_path: Path,
+) -> None:
+    records = {
+        "3.0.0": {
+            "ok": False,
+            "anomalies": [
+                "case 01-defer-after: ...; recovery raised SystemRaised: the system under test"
+                ' (procrastinate) raised from open: SyntaxError: syntax error at or near ":"',
+                "probe idempotent_submit: open raised SyntaxError('syntax error')",
+            ],
+            "promises": {"keeps_its_promises": False},
+        },
+        "3.1.0": {"ok": False, "error": {"type": "ServerUnavailable", "message": "no initdb"}},
+        "3.2.0": {
+            "ok": False,
+            "anomalies": ["probe idempotent_submit: open raised X", "lost a job"],
+            "promises": {"keeps_its_promises": False},
+        },
+    }
+    report = run_versions(list(records), lambda release, _: records[release], tmp_path)
+    rows = {row["release"]: row for row in report["rows"]}
+    assert rows["3.0.0"]["not_judged"].startswith("it never opened here: every failure")
+    assert rows["3.0.0"]["keeps_its_promises"] is None
+    assert rows["3.1.0"]["not_judged"] == "ServerUnavailable: no initdb"
+    assert rows["3.2.0"]["not_judged"] is None  # it opened somewhere, and lost a job
+    assert rows["3.2.0"]["keeps_its_promises"] is False
+    assert not any(row["passes"] for row in rows.values())
+
+
+@pytest.mark.parametrize(
+    ("text", "field_reason"),
+    [("1.0,latest", "not release numbers"), ("1.0,1.0", "named twice"), ("x..2.0", "'x'")],
+)
+def test_a_release_list_that_names_no_releases_is_refused(text: str, field_reason: str) -> None:
+    with pytest.raises(InvalidInput, match=field_reason):
+        choose_releases(text, "huey")
+
+
+def test_a_list_of_releases_is_taken_oldest_first() -> None:
+    assert choose_releases("3.3.0,3.2.1,3.10.0", "huey") == ["3.2.1", "3.3.0", "3.10.0"]

@@ -1,0 +1,206 @@
+"""A library pinned to a release (``--system huey==3.2.1``) runs in an environment of its own,
+built from the package index: the reproduction of huey's unsynced default, and the fix.
+
+The environments are built under the test's own temporary directory, so each run of this
+test installs the two releases afresh (pip's own cache makes that a few seconds each).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crashqueuelab import cli
+from crashqueuelab.core.errors import SystemUnavailable
+from crashqueuelab.lab.versions.environments import CACHE_VARIABLE
+from crashqueuelab.systems import resolve_system
+
+needs_fuse = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or not os.path.exists("/dev/fuse"),
+    reason="power loss needs Linux with /dev/fuse; the command exits 4 and says so",
+)
+
+
+def run(argv: list[str]) -> tuple[int, dict[str, Any], str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.main(argv, stdout=out, stderr=err)
+    return code, json.loads(out.getvalue()), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One cache for the module: each release's environment is built once."""
+    return tmp_path_factory.mktemp("environments")
+
+
+@pytest.fixture
+def cache(shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv(CACHE_VARIABLE, str(shared_cache))
+    return shared_cache
+
+
+@pytest.fixture
+def empty_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    directory = tmp_path / "environments"
+    monkeypatch.setenv(CACHE_VARIABLE, str(directory))
+    return directory
+
+
+@needs_fuse
+@pytest.mark.releases
+def test_huey_before_3_3_loses_acknowledged_enqueues_to_a_power_cut_and_3_3_keeps_them(
+    tmp_path: Path, cache: Path
+) -> None:
+    verdicts = {}
+    for release in ("3.2.1", "3.3.0"):
+        directory = tmp_path / release
+        code, result, err = run(
+            [
+                "campaign",
+                "--system",
+                f"huey=={release}",
+                "--crash-mode",
+                "power-loss",
+                "--crash-point",
+                "enqueue:after",
+                "--crash-point",
+                "execute:after",
+                "--seed",
+                "3",
+                "--shrink-seconds",
+                "0",
+                "--output-directory",
+                str(directory),
+            ]
+        )
+        assert code in (0, 1), err
+        assert result["environment"]["installed"] == {"huey": release}
+        report = json.loads((directory / "campaign.json").read_text())
+        assert report["system"]["version"] == f"huey {release} (SqliteHuey)"
+        verdicts[release] = report
+        assert "crashqueuelab: not ok" in err  # the pinned run's own verdict line, passed on
+    old, fixed = verdicts["3.2.1"], verdicts["3.3.0"]
+    assert old["system"]["durability"].startswith("huey's default: fsync=False")
+    assert old["summary"]["states_losing_acknowledged_work"] > 0
+    assert any("acknowledged work lost: effect_job" in line for line in old["anomalies"])
+    # Lost, but as huey documented its default: not a broken promise.
+    assert old["promises"]["keeps_its_promises"] is True
+    assert any("fsync=False" in e["what"] for e in old["promises"]["weaker_as_documented"])
+    assert fixed["summary"]["failed"] == 0
+    assert fixed["summary"]["states_losing_acknowledged_work"] == 0
+    assert sorted(path.name.split("-")[1] for path in cache.iterdir() if path.is_dir()) == [
+        "3.2.1",
+        "3.3.0",
+    ]
+
+
+def test_only_a_released_library_at_a_release_number_can_be_pinned(
+    tmp_path: Path, empty_cache: Path
+) -> None:
+    code, result, _ = run(
+        ["campaign", "--system", "walqueue==1.0", "--output-directory", str(tmp_path / "a")]
+    )
+    assert code == 2
+    assert "only a released library can be pinned" in result["error"]["message"]
+    code, result, _ = run(
+        ["campaign", "--system", "huey==latest", "--output-directory", str(tmp_path / "b")]
+    )
+    assert code == 2
+    assert result["error"]["field"] == "system"
+    assert not empty_cache.exists()
+    assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.releases
+def test_a_release_the_index_does_not_have_is_refused_and_leaves_no_environment(
+    tmp_path: Path, empty_cache: Path
+) -> None:
+    code, result, _ = run(
+        ["campaign", "--system", "huey==0.0.1", "--output-directory", str(tmp_path / "c")]
+    )
+    assert code == 2
+    error = result["error"]
+    assert error["type"] == "SystemUnavailable"
+    assert "pip could not install huey==0.0.1" in error["message"]
+    left = [path.name for path in empty_cache.iterdir() if not path.name.endswith(".lock")]
+    assert left == []
+
+
+def test_a_pinned_release_resolves_only_where_it_is_the_one_installed() -> None:
+    installed = version("huey")
+    assert resolve_system(f"huey=={installed}").version == f"huey {installed} (SqliteHuey)"
+    with pytest.raises(SystemUnavailable, match=r"is installed here, not 0\.0\.1"):
+        resolve_system("huey==0.0.1")
+
+
+@pytest.mark.releases
+def test_the_release_matrix_runs_each_release_in_its_environment_and_links_its_page(
+    tmp_path: Path, cache: Path
+) -> None:
+    directory = tmp_path / "matrix"
+    code, result, err = run(
+        [
+            "versions",
+            "--system",
+            "huey",
+            "--releases",
+            "3.3.0,3.2.1",
+            "--output-directory",
+            str(directory),
+            "campaign",
+            "--crash-point",
+            "enqueue:after",
+            "--probe",
+            "idempotent_submit",
+            "--shrink-seconds",
+            "0",
+        ]
+    )
+    assert code == 0, err
+    assert [row["release"] for row in result["rows"]] == ["3.2.1", "3.3.0"]
+    assert all(row["passes"] and row["keeps_its_promises"] for row in result["rows"])
+    report = json.loads((directory / "versions.json").read_text())
+    assert [row["version"] for row in report["rows"]] == [
+        "huey 3.2.1 (SqliteHuey)",
+        "huey 3.3.0 (SqliteHuey)",
+    ]
+    page = (directory / "report.html").read_text()
+    assert 'href="3.2.1/report.html"' in page
+    assert (directory / "3.2.1" / "report.html").is_file()
+    code, result, _ = run(
+        [
+            "versions",
+            "--system",
+            "sqlite",
+            "--releases",
+            "1.0,2.0",
+            "--output-directory",
+            str(tmp_path / "x"),
+            "campaign",
+        ]
+    )
+    assert code == 2
+    assert result["error"]["field"] == "system"
+    code, result, _ = run(
+        [
+            "versions",
+            "--system",
+            "huey",
+            "--releases",
+            "1.0,2.0",
+            "--output-directory",
+            str(tmp_path / "y"),
+            "campaign",
+            "--system",
+            "huey",
+        ]
+    )
+    assert code == 2
+    assert "the matrix sets --system" in result["error"]["message"]
