@@ -25,7 +25,7 @@ from crashqueuelab.core.ids import SeededIds
 from crashqueuelab.core.retry import RetryPolicy
 from crashqueuelab.lab.faults.network.plan import upstream_of
 from crashqueuelab.lab.faults.network.proxy import FaultProxy
-from crashqueuelab.lab.faults.network.windows import FaultKind
+from crashqueuelab.lab.faults.network.windows import WindowKind
 from crashqueuelab.postgres.queue import PgAck, PostgresQueue, create_store
 from crashqueuelab.servers.postgres import DSN_VARIABLE, ThrowawayServer
 from crashqueuelab.systems.postgres import session_name, store_schema, terminate_sessions
@@ -229,7 +229,7 @@ def test_an_acknowledgement_whose_answer_was_lost_is_settled_by_asking_the_serve
             # the server and its answer does not; the connection is reset when the window
             # ends, and only the server knows the acknowledgement happened.
             if phase == Phase.BEFORE_SUCCESS_COMMIT:
-                proxy.apply(FaultKind.LOST_REPLIES, ["worker"], seconds=0.3)
+                proxy.apply(WindowKind.LOST_REPLIES, ["worker"], seconds=0.3)
 
         queue = open_queue(through(proxy.add_path("worker")), tmp_path / "store", hook=hook)
         try:
@@ -255,7 +255,7 @@ def test_a_transition_whose_commit_never_left_the_client_is_tried_again(
             [job] = queue.claim_many("w1", LEASE_US, 1)
             # A reset between two transitions: the next one finds its connection gone before
             # anything was sent, reconnects and runs once.
-            proxy.apply(FaultKind.RESET, ["worker"], seconds=0)
+            proxy.apply(WindowKind.RESET, ["worker"], seconds=0)
             assert queue.succeed_many([PgAck(job.job_id, "w1", str(job.lease_token))]) == [True]
             assert proxy.counts["worker"]["reset"] == 1
         finally:

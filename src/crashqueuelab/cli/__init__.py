@@ -34,9 +34,9 @@ from crashqueuelab.cli.experiments import (
     add_experiment_commands,
     add_experiment_options,
     add_report_command,
-    html_report,
 )
 from crashqueuelab.cli.heartbeats import add_heartbeats_command
+from crashqueuelab.cli.pages import html_report
 from crashqueuelab.cli.pinned import pins_of, run_pinned
 from crashqueuelab.cli.shrink import add_shrink_command
 from crashqueuelab.cli.versions import add_versions_command

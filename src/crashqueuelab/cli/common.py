@@ -8,8 +8,8 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from crashqueuelab.core.clock import MAX_TIME_US
-from crashqueuelab.lab.faults.crashmodes import CRASH_MODES, PROCESS
 from crashqueuelab.lab.reproducers.campaign import SHRINK_SECONDS
+from crashqueuelab.lab.runs.modes import CRASH_MODES, PROCESS
 from crashqueuelab.systems.registry import DEFAULT_SYSTEM, DISTRIBUTIONS, PEERS, SERVERS, SHIPPED
 
 #: The command did what was asked, or the judged database passed.

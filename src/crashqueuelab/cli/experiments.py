@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from crashqueuelab.cli.common import (
     EXIT_OK,
@@ -23,6 +22,7 @@ from crashqueuelab.cli.common import (
     positive,
 )
 from crashqueuelab.cli.network import add_network_faults, network_plan
+from crashqueuelab.cli.pages import html_report
 from crashqueuelab.cli.progress import progress_for
 from crashqueuelab.cli.replay import ReplayAction
 from crashqueuelab.cli.shrink import reproducer_lines
@@ -36,6 +36,7 @@ from crashqueuelab.lab.chaos.supervisor import CHAOS_FILE, run_chaos
 from crashqueuelab.lab.demo import COMPARISON_FILE, DEFAULT_SEED, run_demo
 from crashqueuelab.lab.heartbeats.run import HEARTBEATS_FILE
 from crashqueuelab.lab.mutants.runner import MUTANTS_FILE, run_mutants
+from crashqueuelab.lab.reproducers.campaign import shrink_if_failed
 from crashqueuelab.lab.reproducers.chaos import add_chaos_reproducer
 from crashqueuelab.lab.showcase import (
     CAMPAIGN_DIR,
@@ -59,23 +60,6 @@ RUN_FILES = {
     "versions": VERSIONS_FILE,
     "heartbeats": HEARTBEATS_FILE,
 }
-
-
-def html_report(directory: Path, stderr: TextIO | None = None) -> str | None:
-    """Write the run's report.html when Jinja2 is installed (the reports extra); its path.
-
-    The run's evidence is already on disk: a page that cannot be built is said on stderr
-    and costs the run nothing (``crashqueuelab report DIR`` can build it again).
-    """
-    if importlib.util.find_spec("jinja2") is None:
-        return None
-    from crashqueuelab.lab.pages.render import write_report
-
-    try:
-        return str(write_report(directory))
-    except Exception as error:
-        print(f"crashqueuelab: report.html not written: {error!r}", file=stderr or sys.stderr)
-        return None
 
 
 def _report(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
@@ -108,8 +92,8 @@ def _campaign(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         progress=progress_for(args),
         crash_points=args.crash_point,
         probes=args.probe,
-        shrink_seconds=args.shrink_seconds,
     )
+    shrink_if_failed(args.output_directory, report, args.shrink_seconds)
     return (EXIT_OK if report["ok"] else EXIT_REJECTED), {
         "ok": report["ok"],
         "report": html_report(args.output_directory),

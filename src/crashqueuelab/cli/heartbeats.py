@@ -16,6 +16,7 @@ from crashqueuelab.cli.common import (
     positive,
     positive_number,
 )
+from crashqueuelab.cli.pages import html_report
 from crashqueuelab.cli.progress import progress_for
 from crashqueuelab.lab.faults.network.plan import NetworkPlan
 from crashqueuelab.lab.heartbeats.faults import WINDOW_TIMERS
@@ -29,7 +30,6 @@ from crashqueuelab.lab.heartbeats.run import (
 
 
 def _heartbeats(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
-    from crashqueuelab.cli.experiments import html_report
 
     record = run_heartbeats(
         args.output_directory,

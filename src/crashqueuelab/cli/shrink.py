@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from crashqueuelab.cli.common import EXIT_OK, EXIT_REJECTED, SYSTEM_HELP, seconds
+from crashqueuelab.cli.pages import html_report
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.reproducers.campaign import REPRODUCER_DIRECTORY, SHRINK_SECONDS
 
@@ -34,9 +35,9 @@ def reproducer_lines(shrink: Mapping[str, Any] | None) -> list[str]:
 
 
 def _shrink(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
-    from crashqueuelab.cli.experiments import html_report
-    from crashqueuelab.lab.campaign.run import CAMPAIGN_FILE, add_reproducers
+    from crashqueuelab.lab.campaign.run import CAMPAIGN_FILE
     from crashqueuelab.lab.chaos.supervisor import CHAOS_FILE
+    from crashqueuelab.lab.reproducers.campaign import add_reproducers
     from crashqueuelab.lab.reproducers.chaos import add_chaos_reproducer
 
     directory: Path = args.directory

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from crashqueuelab.cli.common import EXIT_OK, EXIT_REJECTED
+from crashqueuelab.cli.pages import html_report
 from crashqueuelab.cli.pinned import run_pinned
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
@@ -37,7 +38,6 @@ def _evidence(arguments: list[str]) -> list[str]:
 
 
 def _versions(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
-    from crashqueuelab.cli.experiments import html_report
 
     if args.system not in DISTRIBUTIONS:
         raise InvalidInput(

@@ -19,12 +19,13 @@ from typing import Any
 
 from crashqueuelab.lab.campaign.run import CAMPAIGN_FILE, run_campaign
 from crashqueuelab.lab.demo import COMPARISON_FILE, IDEMPOTENCY_KEY, run_demo
-from crashqueuelab.lab.faults.crashmodes import POWER_LOSS, power_loss_refusal
+from crashqueuelab.lab.faults.crashmodes import power_loss_refusal
 from crashqueuelab.lab.faults.powerloss.disk import unavailable_reason
 from crashqueuelab.lab.mutants.catalog import MUTANTS
 from crashqueuelab.lab.mutants.runner import MUTANTS_FILE, run_mutants, score
-from crashqueuelab.lab.reproducers.campaign import SHRINK_SECONDS
+from crashqueuelab.lab.reproducers.campaign import SHRINK_SECONDS, shrink_if_failed
 from crashqueuelab.lab.runs.interrupts import Interrupted
+from crashqueuelab.lab.runs.modes import POWER_LOSS
 from crashqueuelab.lab.runs.progress import Progress, labelled
 from crashqueuelab.lab.runs.readings import read_store
 from crashqueuelab.lab.runs.records import prepare_output_directory, read_json, write_json
@@ -242,23 +243,20 @@ def run_showcase(
             said = labelled(progress, f"effect experiment {spec}")
             if said is not None:
                 said("done")
-            run_campaign(
-                section / CAMPAIGN_DIR,
-                seed=seed,
-                system=spec,
-                progress=progress,
-                shrink_seconds=shrink_seconds,
+            campaign = run_campaign(
+                section / CAMPAIGN_DIR, seed=seed, system=spec, progress=progress
             )
+            shrink_if_failed(section / CAMPAIGN_DIR, campaign, shrink_seconds)
             done.append(f"{spec}: crash campaign")
             if unavailable is None and power_loss_refusal(resolve_system(spec)) is None:
-                run_campaign(
+                power_loss = run_campaign(
                     section / POWER_LOSS_DIR,
                     seed=seed,
                     system=spec,
                     crash_mode=POWER_LOSS,
                     progress=progress,
-                    shrink_seconds=shrink_seconds,
                 )
+                shrink_if_failed(section / POWER_LOSS_DIR, power_loss, shrink_seconds)
                 done.append(f"{spec}: power-loss campaign")
         not_run = {
             m.name: f"it needs a power cut, and {unavailable}"

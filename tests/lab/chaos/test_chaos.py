@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 from crashqueuelab.lab.chaos.accounting import judge_run
-from crashqueuelab.lab.chaos.schedule import FaultKind, plan
+from crashqueuelab.lab.chaos.schedule import plan
 from crashqueuelab.lab.chaos.supervisor import run_chaos
 from crashqueuelab.lab.chaos.worklog import SHARED_COMMIT_COUNTS, WorkerLog
+from crashqueuelab.lab.faults.kinds import FaultKind
 from crashqueuelab.systems import resolve_system
 
 

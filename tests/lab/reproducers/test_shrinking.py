@@ -19,7 +19,12 @@ from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.campaign.run import run_campaign
 from crashqueuelab.lab.pages.chains import observation_chain, seconds_from
 from crashqueuelab.lab.reproducers import export as testexport
-from crashqueuelab.lab.reproducers.campaign import REPRODUCER_DIRECTORY, anomaly_kind
+from crashqueuelab.lab.reproducers.campaign import (
+    REPRODUCER_DIRECTORY,
+    SHRINK_SECONDS,
+    anomaly_kind,
+    shrink_if_failed,
+)
 from crashqueuelab.lab.reproducers.ddmin import shrink
 from crashqueuelab.lab.workloads.choices import ChoiceTape
 from crashqueuelab.lab.workloads.model import SCHEDULE_FILE, run_model_workload
@@ -127,7 +132,8 @@ def shrunk(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, An
     target = tmp_path_factory.mktemp("shrunk") / "run"
     with pytest.MonkeyPatch.context() as patch:
         patch.syspath_prepend(str(EXAMPLES))
-        report = run_campaign(target, seed=3, system=BROKEN, correct_system=CORRECT)
+        report = run_campaign(target, seed=3, system=BROKEN)
+        shrink_if_failed(target, report, SHRINK_SECONDS, correct_system=CORRECT)
     return target, report
 
 

@@ -74,7 +74,7 @@ def test_a_failing_crash_case_has_its_own_command_on_the_page(
     monkeypatch.syspath_prepend(str(EXAMPLES))
     report = run_campaign(
         tmp_path / "c", seed=3, system="broken_adapters:losing_system",
-        crash_points=["claim:after", "ack:after"], shrink_seconds=0,
+        crash_points=["claim:after", "ack:after"],
     )  # fmt: skip
     assert report["system_import_path"] == str(EXAMPLES.resolve())
     failed = [case for case in report["cases"] if not case["passed"]]

@@ -36,7 +36,7 @@ def open_huey(directory: Path, name: str = "huey") -> QueueClient:
 
 
 def test_every_crash_point_passes_and_what_fails_is_what_huey_documents(tmp_path: Path) -> None:
-    report = run_campaign(tmp_path / "c", seed=5, system="huey", shrink_seconds=0)
+    report = run_campaign(tmp_path / "c", seed=5, system="huey")
     summary = report["summary"]
     assert (summary["passed"], summary["failed"]) == (10, 0)
     assert report["system"]["version"].startswith("huey ")

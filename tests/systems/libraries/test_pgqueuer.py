@@ -38,7 +38,6 @@ def test_every_crash_point_passes_and_what_fails_is_what_pgqueuer_documents(
         probes=["stale_holder_after_expiry", "idempotent_submit", "expired_attempts_run_out"],
         # Naming probes runs no model workload: every crash point is named as well.
         crash_points=[point.name for point in resolve_system("pgqueuer").crash_points],
-        shrink_seconds=0,
     )
     summary = report["summary"]
     assert (summary["passed"], summary["failed"]) == (10, 0)
@@ -64,7 +63,6 @@ def test_the_reader_finds_each_job_where_pgqueuer_left_it(
         system="pgqueuer",
         crash_points=["dequeue:after", "log_jobs-successful:after"],
         probes=["idempotent_submit"],
-        shrink_seconds=0,
     )
     states = {case["fault_point"]: case["crash_state"]["signature"] for case in report["cases"]}
     assert states["dequeue:after"]["effect_job"] == ["picked", 1]

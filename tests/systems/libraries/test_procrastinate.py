@@ -44,7 +44,6 @@ def test_every_crash_point_passes_and_what_fails_is_what_procrastinate_documents
         system="procrastinate",
         probes=["stale_holder_after_expiry", "idempotent_submit", "attempts_run_out"],
         crash_points=[point.name for point in system.crash_points],
-        shrink_seconds=0,
     )
     summary = report["summary"]
     # A worker killed after fetch_job, before or after its effect: recovery prunes the dead

@@ -43,7 +43,7 @@ def run(argv: list[str]) -> tuple[int, dict[str, Any]]:
 def test_every_crash_point_but_the_documented_ones_passes(
     tmp_path: Path, redis_socket: str
 ) -> None:
-    report = run_campaign(tmp_path / "c", seed=5, system="rq", shrink_seconds=0)
+    report = run_campaign(tmp_path / "c", seed=5, system="rq")
     failed = {case["fault_point"] for case in report["cases"] if not case["passed"]}
     # A worker that dies between taking a job and starting it leaves the job in RQ's
     # intermediate queue, which only a minute of the wall clock brings back.
@@ -83,7 +83,6 @@ def test_a_power_cut_keeps_what_aof_always_answered_and_takes_it_without_persist
         crash_mode="power-loss",
         crash_points=["enqueue:after", "finish:after"],
         probes=["idempotent_submit"],
-        shrink_seconds=0,
     )
     assert kept["ok"] is True
     assert kept["summary"]["states_losing_acknowledged_work"] == 0
@@ -95,7 +94,6 @@ def test_a_power_cut_keeps_what_aof_always_answered_and_takes_it_without_persist
         crash_mode="power-loss",
         crash_points=["enqueue:after"],
         probes=["idempotent_submit"],
-        shrink_seconds=0,
     )
     assert lost["ok"] is False
     case = lost["cases"][0]

@@ -46,11 +46,11 @@ from crashqueuelab.lab.campaign.probes import check_probe_names, run_probes
 from crashqueuelab.lab.faults.children import (
     CHILD_STDERR,
 )
-from crashqueuelab.lab.faults.crashmodes import POWER_LOSS, PROCESS, check_crash_mode
+from crashqueuelab.lab.faults.crashmodes import check_crash_mode
 from crashqueuelab.lab.faults.powerloss.serverdisk import ClusterTemplate
-from crashqueuelab.lab.reproducers.campaign import SHRINK_SECONDS, shrink_campaign
 from crashqueuelab.lab.runs.commands import import_path
 from crashqueuelab.lab.runs.interrupts import Interrupted
+from crashqueuelab.lab.runs.modes import POWER_LOSS, PROCESS
 from crashqueuelab.lab.runs.progress import Progress, labelled
 from crashqueuelab.lab.runs.promises import classify
 from crashqueuelab.lab.runs.readings import read_store
@@ -381,14 +381,12 @@ def run_campaign(
     progress: Progress | None = None,
     crash_points: Sequence[str] | None = None,
     probes: Sequence[str] | None = None,
-    shrink_seconds: float = SHRINK_SECONDS,
-    correct_system: str | None = None,
 ) -> dict[str, Any]:
     """Run every crash point of ``system`` once (or those named in ``crash_points``), the
     probes and the model workload; write ``campaign.json``. Naming ``probes`` runs those
     alone (with the crash points named, if any) and no model workload: a failing probe's
-    rerun. A run that is not ok ends by shrinking its failures for up to
-    ``shrink_seconds`` (0: not at all; ``correct_system``: see ``shrink_campaign``)."""
+    rerun. Shrinking a run that is not ok is its caller's choice
+    (``lab.reproducers.campaign.add_reproducers``)."""
     chosen = resolve_system(system)
     check_crash_mode(crash_mode, chosen)
     if probes is not None and crash_points is None:
@@ -446,25 +444,5 @@ def run_campaign(
     )
     report["timings"] = {"total_ms": round((time.perf_counter() - started) * 1000, 3)}
     report["shrink"] = None
-    write_json(output_dir / CAMPAIGN_FILE, report)
-    if not report["ok"] and shrink_seconds > 0:
-        add_reproducers(output_dir, report, shrink_seconds, correct_system)
-    return report
-
-
-def add_reproducers(
-    output_dir: Path,
-    report: dict[str, Any],
-    seconds: float,
-    correct_system: str | None = None,
-    *,
-    only: str | None = None,
-    most: int | None = None,
-) -> dict[str, Any]:
-    """Shrink a not-ok campaign's failures (``shrinking.py``) and record the reproducers in
-    its ``campaign.json``: ``crashqueuelab shrink DIR`` does this for a retained run."""
-    report["shrink"] = shrink_campaign(
-        output_dir, report, seconds=seconds, correct_system=correct_system, only=only, most=most
-    )
     write_json(output_dir / CAMPAIGN_FILE, report)
     return report

@@ -10,29 +10,13 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 from crashqueuelab.core.errors import InvalidInput
+from crashqueuelab.lab.faults.kinds import FaultKind
 
 #: The share of the jobs over which the faults are spread.
 SPAN = 0.85
-
-
-class FaultKind(StrEnum):
-    KILL = "SIGKILL"
-    PAUSE = "SIGSTOP"
-    #: Every process dies and the disk loses what nobody synced (power-loss mode only).
-    POWER_CUT = "power cut"
-    #: The system's server dies (pg_ctl stop -m immediate) and starts again.
-    SERVER_RESTART = "server restart"
-    #: A worker's database session is ended by the server (pg_terminate_backend).
-    SESSION_KILL = "session terminated"
-    #: Network faults on the connections to the server (``network.py``).
-    STALL = "stall"
-    PARTITION = "partition"
-    LOST_REPLIES = "lost replies"
-    CONNECTION_RESET = "connection reset"
 
 
 @dataclass(frozen=True)

@@ -38,10 +38,11 @@ from crashqueuelab.lab.chaos.processes import (
     open_client,
     worker_main,
 )
-from crashqueuelab.lab.chaos.schedule import SPAN, FaultKind, PlannedFault, plan, recorded
+from crashqueuelab.lab.chaos.schedule import SPAN, PlannedFault, plan, recorded
 from crashqueuelab.lab.chaos.worklog import LOG_SUFFIX, LogFollower, acknowledged_keys, read_logs
 from crashqueuelab.lab.faults.children import CLI_MODULE
-from crashqueuelab.lab.faults.crashmodes import POWER_LOSS, PROCESS, check_crash_mode
+from crashqueuelab.lab.faults.crashmodes import check_crash_mode
+from crashqueuelab.lab.faults.kinds import FaultKind
 from crashqueuelab.lab.faults.network.plan import (
     MAINTENANCE_PATH,
     WINDOW_OF,
@@ -53,6 +54,7 @@ from crashqueuelab.lab.faults.network.plan import (
 from crashqueuelab.lab.runs.commands import import_path
 from crashqueuelab.lab.runs.inheritance import Inherited
 from crashqueuelab.lab.runs.interrupts import Interrupted, forkserver_context
+from crashqueuelab.lab.runs.modes import POWER_LOSS, PROCESS
 from crashqueuelab.lab.runs.progress import Progress, labelled
 from crashqueuelab.lab.runs.promises import classify
 from crashqueuelab.lab.runs.records import prepare_output_directory, write_json

@@ -1,15 +1,12 @@
-"""The two ways the lab crashes a system: a process death, which keeps the operating
-system's page cache, or a power cut, which loses every write nobody synced."""
+"""Whether a crash mode can be had: an unknown mode, a machine without FUSE, or an
+experiment that cannot put the system's data on the power-loss disk is refused."""
 
 from __future__ import annotations
 
 from crashqueuelab.core.errors import CrashModeUnavailable, InvalidInput
-from crashqueuelab.lab.faults.powerloss.disk import MODE, require_power_loss
+from crashqueuelab.lab.faults.powerloss.disk import require_power_loss
+from crashqueuelab.lab.runs.modes import CRASH_MODES, POWER_LOSS
 from crashqueuelab.systems.contract import System
-
-PROCESS = "process"
-POWER_LOSS = MODE
-CRASH_MODES = (PROCESS, POWER_LOSS)
 
 
 def check_crash_mode(

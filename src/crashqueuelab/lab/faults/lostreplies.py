@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from crashqueuelab.lab.faults.children import die_with_last_words
 from crashqueuelab.lab.faults.network.plan import upstream_of
 from crashqueuelab.lab.faults.network.proxy import FaultProxy
-from crashqueuelab.lab.faults.network.windows import FaultKind
+from crashqueuelab.lab.faults.network.windows import WindowKind
 from crashqueuelab.lab.runs.servers import SERVER_VARIABLES
 from crashqueuelab.systems.contract import reply_lost_phases
 
@@ -51,7 +51,7 @@ def replies_lost_at(point: str, last_words: str | None) -> Iterator[Callable[[st
         def hook(phase: str) -> None:
             if phase == before and not armed[0]:
                 armed[0] = True
-                proxy.apply(FaultKind.LOST_REPLIES, [_PATH], seconds=WINDOW_S)
+                proxy.apply(WindowKind.LOST_REPLIES, [_PATH], seconds=WINDOW_S)
             elif phase == after and armed[0]:
                 # Only a death after a lost answer is this point's: anything else proved
                 # nothing, and its last words say so (the case then fails).

@@ -21,9 +21,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Self
 
 from crashqueuelab.core.errors import InvalidInput
-from crashqueuelab.lab.chaos.schedule import FaultKind
+from crashqueuelab.lab.faults.kinds import FaultKind
 from crashqueuelab.lab.faults.network.plan import NetworkPlan, RunNetwork, run_dsn
-from crashqueuelab.lab.faults.network.windows import FaultKind as WindowKind
+from crashqueuelab.lab.faults.network.windows import WindowKind
 from crashqueuelab.lab.runs.inheritance import Inherited
 
 #: A fault window's default length, in retry timers.

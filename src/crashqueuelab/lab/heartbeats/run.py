@@ -32,7 +32,7 @@ from crashqueuelab.core.clock import SystemClock
 from crashqueuelab.core.errors import InvalidInput, SystemUnavailable
 from crashqueuelab.core.ids import RandomIds
 from crashqueuelab.core.retry import RetryPolicy
-from crashqueuelab.lab.chaos.schedule import FaultKind
+from crashqueuelab.lab.faults.kinds import FaultKind
 from crashqueuelab.lab.faults.network.plan import NetworkPlan
 from crashqueuelab.lab.heartbeats.faults import HeartbeatFaults, Held, Running
 from crashqueuelab.lab.runs.inheritance import Inherited

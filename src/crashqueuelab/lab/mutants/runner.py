@@ -12,9 +12,8 @@ from typing import Any
 
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.campaign.probes import PROBES as ALL_PROBES
-from crashqueuelab.lab.campaign.run import add_reproducers, run_campaign
+from crashqueuelab.lab.campaign.run import run_campaign
 from crashqueuelab.lab.chaos.supervisor import run_chaos
-from crashqueuelab.lab.faults.crashmodes import POWER_LOSS
 from crashqueuelab.lab.faults.powerloss.disk import require_power_loss
 from crashqueuelab.lab.mutants.catalog import (
     CHAOS,
@@ -25,9 +24,10 @@ from crashqueuelab.lab.mutants.catalog import (
     PROBES,
     Mutant,
 )
-from crashqueuelab.lab.reproducers.campaign import CASE, PROBE, SHRINK_SECONDS
+from crashqueuelab.lab.reproducers.campaign import CASE, PROBE, SHRINK_SECONDS, add_reproducers
 from crashqueuelab.lab.reproducers.campaign import MODEL as MODEL_KIND
 from crashqueuelab.lab.runs.interrupts import Interrupted
+from crashqueuelab.lab.runs.modes import POWER_LOSS
 from crashqueuelab.lab.runs.progress import Progress, labelled
 from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
 from crashqueuelab.systems.registry import resolve_system
@@ -100,7 +100,6 @@ def _one_seed(
             seed=seed,
             system=mutant.spec,
             probes=[name for name, _, _ in ALL_PROBES] if probes_only else None,
-            shrink_seconds=0,
         )
         caught += _failures(campaign["anomalies"], "case ", CRASH_CAMPAIGN)
         caught += _failures(campaign["anomalies"], "probe ", PROBES)
@@ -108,9 +107,7 @@ def _one_seed(
         campaigns.update(dict.fromkeys((CRASH_CAMPAIGN, PROBES, MODEL), (directory, campaign)))
     if POWER_LOSS_CAMPAIGN in kinds:
         directory = output_dir / "power-loss-campaign"
-        power_loss = run_campaign(
-            directory, seed=seed, system=mutant.spec, crash_mode=POWER_LOSS, shrink_seconds=0
-        )
+        power_loss = run_campaign(directory, seed=seed, system=mutant.spec, crash_mode=POWER_LOSS)
         caught += _failures(power_loss["anomalies"], "case ", POWER_LOSS_CAMPAIGN)
         campaigns[POWER_LOSS_CAMPAIGN] = (directory, power_loss)
     if CHAOS in kinds:

@@ -26,11 +26,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from crashqueuelab import regression
-from crashqueuelab.lab.faults.crashmodes import POWER_LOSS, PROCESS
+from crashqueuelab.lab.campaign.run import CAMPAIGN_FILE
+from crashqueuelab.lab.reproducers import rerun
 from crashqueuelab.lab.reproducers.ddmin import shrink
 from crashqueuelab.lab.reproducers.export import function_name, render, run_test, write_test
 from crashqueuelab.lab.runs.commands import campaign_command, runnable
+from crashqueuelab.lab.runs.modes import POWER_LOSS, PROCESS
 from crashqueuelab.lab.runs.records import write_json
 from crashqueuelab.lab.workloads.model import OBSERVATIONS_FILE, SCHEDULE_FILE, run_model_workload
 from crashqueuelab.systems.registry import resolve_system
@@ -119,8 +120,8 @@ class _Shrinker:
         return True
 
     def confirm(
-        self, name: str, rerun: Callable[[Path], regression.Outcome], kind: str
-    ) -> tuple[int, list[regression.Outcome]]:
+        self, name: str, rerun: Callable[[Path], rerun.Outcome], kind: str
+    ) -> tuple[int, list[rerun.Outcome]]:
         outcomes = []
         for index in range(CONFIRMATIONS):
             outcomes.append(rerun(self.reruns(name) / f"rerun-{index + 1}"))
@@ -173,7 +174,7 @@ class _Shrinker:
         name: str,
         anomaly: str,
         after: dict[str, Any],
-        rerun: Callable[[Path], regression.Outcome],
+        rerun: Callable[[Path], rerun.Outcome],
         call: tuple[str, str],
         command: str,
     ) -> None:
@@ -205,7 +206,7 @@ class _Shrinker:
             f"crash point {point}",
             anomaly,
             {"operations": 0, "faults": faults, "what": what, "case_id": case["case_id"]},
-            lambda directory: regression.run_crash_point(
+            lambda directory: rerun.run_crash_point(
                 self.spec, point, seed=seed, directory=directory, crash_mode=mode
             ),
             (
@@ -222,7 +223,7 @@ class _Shrinker:
             f"probe {name}",
             anomaly,
             {"operations": 0, "faults": 0, "what": "one probe"},
-            lambda directory: regression.run_probe(self.spec, name, directory),
+            lambda directory: rerun.run_probe(self.spec, name, directory),
             ("run_probe", f"run_probe(SYSTEM, {name!r}, tmp_path)"),
             campaign_command(self.report, str(self.run_dir / "reruns" / name), probe=name),
         )
@@ -260,13 +261,13 @@ class _Shrinker:
         schedule = {**original, "choices": [original["choices"][0], *found.items]}
         schedule["operations"] = len(found.items)
         first = self.reruns(MODEL) / "rerun-1"
-        regression.replay_model_workload(self.spec, schedule, first)
+        rerun.replay_model_workload(self.spec, schedule, first)
         # The canonical schedule: what the rerun drew, the unused draws left out.
         canonical = json.loads((first / "model" / SCHEDULE_FILE).read_text(encoding="utf-8"))
         shutil.rmtree(first)
         reproduced, outcomes = self.confirm(
             MODEL,
-            lambda directory: regression.replay_model_workload(self.spec, canonical, directory),
+            lambda directory: rerun.replay_model_workload(self.spec, canonical, directory),
             kind,
         )
         shrunk_report = json.loads(
@@ -382,3 +383,34 @@ def shrink_campaign(
     if shrinker.records:
         write_json(shrinker.directory / REPRODUCERS_FILE, result)
     return result
+
+
+def add_reproducers(
+    output_dir: Path,
+    report: dict[str, Any],
+    seconds: float,
+    correct_system: str | None = None,
+    *,
+    only: str | None = None,
+    most: int | None = None,
+) -> dict[str, Any]:
+    """Shrink a not-ok campaign's failures and record the reproducers in its
+    ``campaign.json``: ``crashqueuelab shrink DIR`` does this for a retained run."""
+    report["shrink"] = shrink_campaign(
+        output_dir, report, seconds=seconds, correct_system=correct_system, only=only, most=most
+    )
+    write_json(output_dir / CAMPAIGN_FILE, report)
+    return report
+
+
+def shrink_if_failed(
+    output_dir: Path,
+    report: dict[str, Any],
+    seconds: float,
+    correct_system: str | None = None,
+) -> dict[str, Any]:
+    """``report`` (a campaign's), with its failures shrunk when it is not ok and
+    ``seconds`` allows (0: not at all)."""
+    if not report["ok"] and seconds > 0:
+        add_reproducers(output_dir, report, seconds, correct_system)
+    return report

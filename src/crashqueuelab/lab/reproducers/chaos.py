@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from crashqueuelab import regression
+from crashqueuelab.lab.reproducers import rerun
 from crashqueuelab.lab.reproducers.campaign import (
     CONFIRMATIONS,
     REPRODUCER_DIRECTORY,
@@ -43,7 +43,7 @@ def chaos_kind(reason: str) -> str:
 
 
 def replay_record(report: Mapping[str, Any], schedule: list[dict[str, Any]]) -> dict[str, Any]:
-    """What ``regression.replay_chaos`` needs to run ``schedule`` as ``report``'s run ran."""
+    """What ``rerun.replay_chaos`` needs to run ``schedule`` as ``report``'s run ran."""
     record = {key: report[key] for key in REPLAYED if key in report}
     record.setdefault("system_spec", report["system"]["name"])
     return {**record, "schedule": schedule}
@@ -70,9 +70,7 @@ class _ChaosShrinker:
     def run(self, schedule: list[dict[str, Any]], directory: Path) -> bool:
         """One replay of ``schedule``: True when it failed the same way."""
         self.runs += 1
-        outcome = regression.replay_chaos(
-            replay_record(self.report, schedule), directory, attempts=1
-        )
+        outcome = rerun.replay_chaos(replay_record(self.report, schedule), directory, attempts=1)
         return any(chaos_kind(line) == self.kind for line in outcome.anomalies)
 
     def reruns(self, schedule: list[dict[str, Any]], name: str) -> tuple[int, int, list[str]]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import crashqueuelab
-from crashqueuelab.lab.faults.crashmodes import POWER_LOSS
+from crashqueuelab.lab.runs.modes import POWER_LOSS
 
 
 def _installed_roots() -> set[Path]:

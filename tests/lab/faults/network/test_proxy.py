@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from crashqueuelab.lab.faults.network.proxy import FaultProxy
-from crashqueuelab.lab.faults.network.windows import Condition, FaultKind, FaultWindow
+from crashqueuelab.lab.faults.network.windows import Condition, FaultWindow, WindowKind
 
 #: Every wait below is bounded by this.
 LIMIT_S = 10.0
@@ -119,7 +119,7 @@ def test_a_client_that_closes_its_side_closes_the_servers_side(proxy: FaultProxy
 
 
 def test_latency_delays_every_chunk_each_way(proxy: FaultProxy) -> None:
-    proxy.apply(FaultKind.LATENCY, ["a"], seconds=LIMIT_S, amount=150)
+    proxy.apply(WindowKind.LATENCY, ["a"], seconds=LIMIT_S, amount=150)
     with _connect(proxy, "a") as client:
         started = time.monotonic()
         client.sendall(b"ping")
@@ -133,7 +133,7 @@ def test_a_stall_holds_bytes_without_closing_and_they_flow_when_it_ends(
     with _connect(proxy, "a") as client:
         client.sendall(b"one")
         assert _receive(client, 3) == b"one"
-        window = proxy.apply(FaultKind.STALL, ["a"], seconds=WINDOW_S)
+        window = proxy.apply(WindowKind.STALL, ["a"], seconds=WINDOW_S)
         client.sendall(b"two")
         assert _nothing_arrives(client, WINDOW_S / 2)
         assert echo.received == b"one"
@@ -144,7 +144,7 @@ def test_a_stall_holds_bytes_without_closing_and_they_flow_when_it_ends(
 
 
 def test_a_stall_on_one_path_leaves_the_others_flowing(proxy: FaultProxy) -> None:
-    proxy.apply(FaultKind.STALL, ["a"], seconds=LIMIT_S)
+    proxy.apply(WindowKind.STALL, ["a"], seconds=LIMIT_S)
     with _connect(proxy, "b") as client:
         client.sendall(b"free")
         assert _receive(client, 4) == b"free"
@@ -153,11 +153,11 @@ def test_a_stall_on_one_path_leaves_the_others_flowing(proxy: FaultProxy) -> Non
 def test_a_stall_lets_new_connections_through_and_a_partition_does_not(
     proxy: FaultProxy, echo: _EchoServer
 ) -> None:
-    proxy.apply(FaultKind.STALL, ["a"], seconds=LIMIT_S)
+    proxy.apply(WindowKind.STALL, ["a"], seconds=LIMIT_S)
     with _connect(proxy, "a") as stalled:
         stalled.sendall(b"s")
         assert _nothing_arrives(stalled, 0.1)
-    proxy.apply(FaultKind.PARTITION, ["b"], seconds=WINDOW_S)
+    proxy.apply(WindowKind.PARTITION, ["b"], seconds=WINDOW_S)
     with _connect(proxy, "b") as cut_off:
         cut_off.sendall(b"p")
         assert _nothing_arrives(cut_off, WINDOW_S / 2)
@@ -173,7 +173,7 @@ def test_lost_replies_reach_the_server_and_the_client_is_reset_knowing_nothing(
     with _connect(proxy, "a") as client:
         client.sendall(b"before")
         assert _receive(client, 6) == b"before"
-        proxy.apply(FaultKind.LOST_REPLIES, ["a"], seconds=WINDOW_S)
+        proxy.apply(WindowKind.LOST_REPLIES, ["a"], seconds=WINDOW_S)
         client.sendall(b"commit")
         assert _nothing_arrives(client, WINDOW_S / 2)
         with pytest.raises(ConnectionResetError):
@@ -188,7 +188,7 @@ def test_a_reset_ends_every_open_connection_of_the_path_and_the_next_one_works(
     with _connect(proxy, "a") as first, _connect(proxy, "b") as other:
         first.sendall(b"x")
         assert _receive(first, 1) == b"x"
-        window = proxy.apply(FaultKind.RESET, ["a"], seconds=5)
+        window = proxy.apply(WindowKind.RESET, ["a"], seconds=5)
         assert window.end == window.start
         with pytest.raises(ConnectionResetError):
             _receive(first, 1)
@@ -201,7 +201,7 @@ def test_a_reset_ends_every_open_connection_of_the_path_and_the_next_one_works(
 
 
 def test_a_bandwidth_limit_trickles_the_bytes(proxy: FaultProxy) -> None:
-    proxy.apply(FaultKind.BANDWIDTH, ["a"], seconds=LIMIT_S, amount=20_000)
+    proxy.apply(WindowKind.BANDWIDTH, ["a"], seconds=LIMIT_S, amount=20_000)
     payload = bytes(4000)
     with _connect(proxy, "a") as client:
         started = time.monotonic()
@@ -223,7 +223,7 @@ def test_a_server_that_is_down_ends_the_clients_connection(tmp_path: Path) -> No
 
 def test_faults_name_known_paths_and_paths_are_named_once(proxy: FaultProxy) -> None:
     with pytest.raises(ValueError, match="no path named c"):
-        proxy.apply(FaultKind.STALL, ["a", "c"], seconds=1)
+        proxy.apply(WindowKind.STALL, ["a", "c"], seconds=1)
     with pytest.raises(ValueError, match="already has a path named 'a'"):
         proxy.add_path("a")
     assert proxy.paths == ["a", "b"]
@@ -232,10 +232,10 @@ def test_faults_name_known_paths_and_paths_are_named_once(proxy: FaultProxy) -> 
 
 def test_a_window_checks_itself_and_says_where_it_was_in_a_run() -> None:
     with pytest.raises(ValueError, match="cannot end before it starts"):
-        FaultWindow(FaultKind.STALL, ("a",), 2.0, 1.0)
+        FaultWindow(WindowKind.STALL, ("a",), 2.0, 1.0)
     with pytest.raises(ValueError, match="positive amount"):
-        FaultWindow(FaultKind.LATENCY, ("a",), 0.0, 1.0)
-    window = FaultWindow(FaultKind.BANDWIDTH, ("a", "b"), 12.5, 14.0, 500)
+        FaultWindow(WindowKind.LATENCY, ("a",), 0.0, 1.0)
+    window = FaultWindow(WindowKind.BANDWIDTH, ("a", "b"), 12.5, 14.0, 500)
     assert window.to_json(origin=10.0) == {
         "kind": "bandwidth",
         "paths": ["a", "b"],
@@ -244,19 +244,19 @@ def test_a_window_checks_itself_and_says_where_it_was_in_a_run() -> None:
         "amount": 500,
         "unit": "bytes/s",
     }
-    assert "amount" not in FaultWindow(FaultKind.STALL, ("a",), 0.0, 1.0).to_json()
+    assert "amount" not in FaultWindow(WindowKind.STALL, ("a",), 0.0, 1.0).to_json()
 
 
 def test_the_windows_in_force_add_up_to_one_condition() -> None:
     windows = [
-        FaultWindow(FaultKind.LATENCY, ("a",), 0.0, 10.0, 100),
-        FaultWindow(FaultKind.LATENCY, ("a",), 0.0, 10.0, 300),
-        FaultWindow(FaultKind.BANDWIDTH, ("a",), 0.0, 10.0, 900),
-        FaultWindow(FaultKind.BANDWIDTH, ("a",), 0.0, 10.0, 400),
-        FaultWindow(FaultKind.PARTITION, ("a",), 5.0, 6.0),
-        FaultWindow(FaultKind.STALL, ("b",), 0.0, 10.0),
-        FaultWindow(FaultKind.LOST_REPLIES, ("a",), 0.0, 1.0),
-        FaultWindow(FaultKind.RESET, ("a",), 0.0, 0.0),
+        FaultWindow(WindowKind.LATENCY, ("a",), 0.0, 10.0, 100),
+        FaultWindow(WindowKind.LATENCY, ("a",), 0.0, 10.0, 300),
+        FaultWindow(WindowKind.BANDWIDTH, ("a",), 0.0, 10.0, 900),
+        FaultWindow(WindowKind.BANDWIDTH, ("a",), 0.0, 10.0, 400),
+        FaultWindow(WindowKind.PARTITION, ("a",), 5.0, 6.0),
+        FaultWindow(WindowKind.STALL, ("b",), 0.0, 10.0),
+        FaultWindow(WindowKind.LOST_REPLIES, ("a",), 0.0, 1.0),
+        FaultWindow(WindowKind.RESET, ("a",), 0.0, 0.0),
     ]
     assert Condition.of(windows, "a", 0.5) == Condition(0.3, 400, False, False, True)
     assert Condition.of(windows, "a", 5.5) == Condition(0.3, 400, True, True, False)

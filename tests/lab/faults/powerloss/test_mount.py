@@ -20,10 +20,10 @@ import pytest
 
 from crashqueuelab import cli
 from crashqueuelab.core.errors import CrashModeUnavailable
-from crashqueuelab.lab.faults.crashmodes import POWER_LOSS
 from crashqueuelab.lab.faults.powerloss import disk as disk_module
 from crashqueuelab.lab.faults.powerloss.crashstate import LOSE_ALL, materialize
 from crashqueuelab.lab.faults.powerloss.disk import PowerLossDisk, unavailable_reason
+from crashqueuelab.lab.runs.modes import POWER_LOSS
 
 needs_fuse = pytest.mark.skipif(
     not sys.platform.startswith("linux") or not os.path.exists("/dev/fuse"),

@@ -25,9 +25,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Self
 
 from crashqueuelab.core.errors import InvalidInput
-from crashqueuelab.lab.chaos.schedule import FaultKind
+from crashqueuelab.lab.faults.kinds import FaultKind
 from crashqueuelab.lab.faults.network.proxy import FaultProxy, Upstream
-from crashqueuelab.lab.faults.network.windows import FaultKind as WindowKind
+from crashqueuelab.lab.faults.network.windows import WindowKind
 from crashqueuelab.lab.runs.inheritance import Inherited
 from crashqueuelab.lab.runs.servers import SERVER_VARIABLES
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Self
 
-from crashqueuelab.lab.faults.network.windows import Condition, FaultKind, FaultWindow
+from crashqueuelab.lab.faults.network.windows import Condition, FaultWindow, WindowKind
 
 #: A server's address: a Unix socket's path, or (host, port).
 Upstream = str | tuple[str, int]
@@ -131,7 +131,7 @@ class FaultProxy:
         return list(self._addresses)
 
     def apply(
-        self, kind: FaultKind, paths: Iterable[str], seconds: float, amount: float = 0.0
+        self, kind: WindowKind, paths: Iterable[str], seconds: float, amount: float = 0.0
     ) -> FaultWindow:
         """Start a fault on ``paths`` now, for ``seconds`` (a reset has no length)."""
         chosen = tuple(paths)
@@ -139,11 +139,11 @@ class FaultProxy:
         if unknown:
             raise ValueError(f"the proxy has no path named {', '.join(unknown)}")
         now = self._clock()
-        length = 0.0 if kind is FaultKind.RESET else seconds
+        length = 0.0 if kind is WindowKind.RESET else seconds
         window = FaultWindow(kind, chosen, now, now + length, amount)
         with self._lock:
             self._windows.append(window)
-            if kind is FaultKind.RESET:
+            if kind is WindowKind.RESET:
                 self._resets.append(chosen)
         self._wake()
         return window

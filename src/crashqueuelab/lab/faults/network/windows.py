@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 
-class FaultKind(enum.StrEnum):
+class WindowKind(enum.StrEnum):
     LATENCY = "latency"
     BANDWIDTH = "bandwidth"
     STALL = "stall"
@@ -32,14 +32,14 @@ class FaultKind(enum.StrEnum):
 
 
 #: Kinds whose ``amount`` means something (milliseconds, bytes per second).
-AMOUNT_UNITS = {FaultKind.LATENCY: "ms", FaultKind.BANDWIDTH: "bytes/s"}
+AMOUNT_UNITS = {WindowKind.LATENCY: "ms", WindowKind.BANDWIDTH: "bytes/s"}
 
 
 @dataclass(frozen=True)
 class FaultWindow:
     """One fault on some paths from ``start`` to ``end`` (seconds on the proxy's clock)."""
 
-    kind: FaultKind
+    kind: WindowKind
     paths: tuple[str, ...]
     start: float
     end: float
@@ -87,14 +87,14 @@ class Condition:
         for window in windows:
             if not window.covers(path, now):
                 continue
-            if window.kind is FaultKind.LATENCY:
+            if window.kind is WindowKind.LATENCY:
                 latency = max(latency, window.amount / 1000.0)
-            elif window.kind is FaultKind.BANDWIDTH:
+            elif window.kind is WindowKind.BANDWIDTH:
                 rate = window.amount if rate is None else min(rate, window.amount)
-            elif window.kind is FaultKind.STALL:
+            elif window.kind is WindowKind.STALL:
                 held = True
-            elif window.kind is FaultKind.PARTITION:
+            elif window.kind is WindowKind.PARTITION:
                 held = refuses = True
-            elif window.kind is FaultKind.LOST_REPLIES:
+            elif window.kind is WindowKind.LOST_REPLIES:
                 drops = True
         return cls(latency, rate, held, refuses, drops)

@@ -27,8 +27,8 @@ from crashqueuelab.lab.faults.powerloss.journal import (
     Journal,
     load_journal,
 )
+from crashqueuelab.lab.runs.modes import POWER_LOSS
 
-MODE = "power-loss"
 #: Bounds on every wait: the mount appearing, the file system stopping.
 MOUNT_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 30.0
@@ -53,7 +53,7 @@ def unavailable_reason() -> str | None:
 def require_power_loss() -> None:
     reason = unavailable_reason()
     if reason is not None:
-        raise CrashModeUnavailable(MODE, reason)
+        raise CrashModeUnavailable(POWER_LOSS, reason)
 
 
 def _listed_as_mounted(path: Path) -> bool:
@@ -111,7 +111,9 @@ class PowerLossDisk:
             if self._process.poll() is not None or time.monotonic() > deadline:
                 self._stop(signal.SIGKILL)
                 tail = (self.root / DAEMON_LOG).read_text(errors="replace")[-600:]
-                raise CrashModeUnavailable(MODE, f"the FUSE mount did not come up: {tail.strip()}")
+                raise CrashModeUnavailable(
+                    POWER_LOSS, f"the FUSE mount did not come up: {tail.strip()}"
+                )
             time.sleep(0.01)
 
     def cut(self) -> Journal:

@@ -1,0 +1,23 @@
+"""The faults a run can deliver, by the name its record and its page give them: the lab's
+whole vocabulary of how a system is broken (process signals, power, the server, the
+network)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class FaultKind(StrEnum):
+    KILL = "SIGKILL"
+    PAUSE = "SIGSTOP"
+    #: Every process dies and the disk loses what nobody synced (power-loss mode only).
+    POWER_CUT = "power cut"
+    #: The system's server dies (pg_ctl stop -m immediate) and starts again.
+    SERVER_RESTART = "server restart"
+    #: A worker's database session is ended by the server (pg_terminate_backend).
+    SESSION_KILL = "session terminated"
+    #: Network faults on the connections to the server (``network.py``).
+    STALL = "stall"
+    PARTITION = "partition"
+    LOST_REPLIES = "lost replies"
+    CONNECTION_RESET = "connection reset"
