@@ -33,33 +33,22 @@ from crashqueuelab.lab.campaign.run import CAMPAIGN_FILE, run_campaign
 from crashqueuelab.lab.chaos.longjobs import DEFAULT_LONG_JOBS
 from crashqueuelab.lab.chaos.poison import DEFAULT_POISON_JOBS
 from crashqueuelab.lab.chaos.supervisor import CHAOS_FILE, run_chaos
-from crashqueuelab.lab.demo import COMPARISON_FILE, DEFAULT_SEED, run_demo
-from crashqueuelab.lab.heartbeats.run import HEARTBEATS_FILE
+from crashqueuelab.lab.demo import DEFAULT_SEED, run_demo
 from crashqueuelab.lab.mutants.runner import MUTANTS_FILE, run_mutants
 from crashqueuelab.lab.reproducers.campaign import shrink_if_failed
 from crashqueuelab.lab.reproducers.chaos import add_chaos_reproducer
+from crashqueuelab.lab.runs.kinds import KINDS
 from crashqueuelab.lab.showcase import (
     CAMPAIGN_DIR,
     EFFECT_DIR,
     MUTANTS_DIR,
     POWER_LOSS_DIR,
-    SHOWCASE_FILE,
     run_showcase,
 )
-from crashqueuelab.lab.versions.matrix import VERSIONS_FILE
 from crashqueuelab.systems.registry import DEFAULT_SYSTEM, SHIPPED
 
 #: The file each experiment writes into its output directory: the record of its run.
-RUN_FILES = {
-    "showcase": SHOWCASE_FILE,
-    "demo": COMPARISON_FILE,
-    "campaign": CAMPAIGN_FILE,
-    "chaos": CHAOS_FILE,
-    "mutants": MUTANTS_FILE,
-    "bench": BENCH_FILE,
-    "versions": VERSIONS_FILE,
-    "heartbeats": HEARTBEATS_FILE,
-}
+RUN_FILES = {kind.command: kind.record for kind in KINDS}
 
 
 def _report(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:

@@ -21,6 +21,7 @@ from crashqueuelab.lab.faults.children import (
     read_last_words,
     spawn_child,
 )
+from crashqueuelab.lab.runs.kinds import DEMO
 from crashqueuelab.lab.runs.readings import read_store
 from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
 from crashqueuelab.lab.workloads.effects import Destination
@@ -41,7 +42,7 @@ from crashqueuelab.systems.registry import DEFAULT_SYSTEM, resolve_system
 #: The effect ledger's crash point, the same for every system.
 FAULT_POINT = "AFTER_EFFECT_COMMIT"
 DELIVERY_SEMANTICS = "at-least-once execution"
-COMPARISON_FILE = "comparison.json"
+COMPARISON_FILE = DEMO.record
 DEFAULT_SEED = 20260827
 IDEMPOTENCY_KEY = "request-1"
 EFFECT_KEY = "effect-1"

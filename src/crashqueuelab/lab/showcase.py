@@ -25,6 +25,7 @@ from crashqueuelab.lab.mutants.catalog import MUTANTS
 from crashqueuelab.lab.mutants.runner import MUTANTS_FILE, run_mutants, score
 from crashqueuelab.lab.reproducers.campaign import SHRINK_SECONDS, shrink_if_failed
 from crashqueuelab.lab.runs.interrupts import Interrupted
+from crashqueuelab.lab.runs.kinds import SHOWCASE
 from crashqueuelab.lab.runs.modes import POWER_LOSS
 from crashqueuelab.lab.runs.progress import Progress, labelled
 from crashqueuelab.lab.runs.readings import read_store
@@ -40,7 +41,7 @@ EFFECT_DIR = "effect-commit-before-acknowledgement"
 CAMPAIGN_DIR = "process-fault-campaign"
 POWER_LOSS_DIR = "power-loss-campaign"
 MUTANTS_DIR = "mutants"
-SHOWCASE_FILE = "showcase.json"
+SHOWCASE_FILE = SHOWCASE.record
 #: The systems a showcase ran, in order (the first one's sections are also the top level).
 SYSTEMS_FILE = "systems.json"
 

@@ -43,6 +43,7 @@ from crashqueuelab.lab.bench.workers import (
 )
 from crashqueuelab.lab.runs.inheritance import Inherited
 from crashqueuelab.lab.runs.interrupts import Interrupted, forkserver_context
+from crashqueuelab.lab.runs.kinds import BENCH
 from crashqueuelab.lab.runs.progress import Progress, labelled
 from crashqueuelab.lab.runs.readings import read_store
 from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
@@ -61,7 +62,7 @@ DEFAULT_WORKERS = (1, 2, 4, 8, 16)
 DEFAULT_WORK_MS = (0.0, 1.0)
 #: None: each worker of the batched path sizes its own batches (lab/workloads/batching.py).
 DEFAULT_BATCH: int | None = None
-BENCH_FILE = "bench.json"
+BENCH_FILE = BENCH.record
 #: Runs of each cell: one by default.
 DEFAULT_REPEAT = 1
 #: How long a failed cell waits for its workers' own account of what went wrong.

@@ -50,6 +50,7 @@ from crashqueuelab.lab.faults.crashmodes import check_crash_mode
 from crashqueuelab.lab.faults.powerloss.serverdisk import ClusterTemplate
 from crashqueuelab.lab.runs.commands import import_path
 from crashqueuelab.lab.runs.interrupts import Interrupted
+from crashqueuelab.lab.runs.kinds import CAMPAIGN
 from crashqueuelab.lab.runs.modes import POWER_LOSS, PROCESS
 from crashqueuelab.lab.runs.progress import Progress, labelled
 from crashqueuelab.lab.runs.promises import classify
@@ -70,7 +71,7 @@ MECHANISM = {
     PROCESS: "spawned_process_os_exit",
     POWER_LOSS: "spawned_process_os_exit_then_fuse_power_cut",
 }
-CAMPAIGN_FILE = "campaign.json"
+CAMPAIGN_FILE = CAMPAIGN.record
 CRASH_TIME_DIR = "crash-time"
 #: Cases run side by side, each with its own child.
 CASES_AT_ONCE = 2

@@ -54,6 +54,7 @@ from crashqueuelab.lab.faults.network.plan import (
 from crashqueuelab.lab.runs.commands import import_path
 from crashqueuelab.lab.runs.inheritance import Inherited
 from crashqueuelab.lab.runs.interrupts import Interrupted, forkserver_context
+from crashqueuelab.lab.runs.kinds import CHAOS
 from crashqueuelab.lab.runs.modes import POWER_LOSS, PROCESS
 from crashqueuelab.lab.runs.progress import Progress, labelled
 from crashqueuelab.lab.runs.promises import classify
@@ -64,7 +65,7 @@ from crashqueuelab.lab.workloads.scenario import STORE_DIRECTORY
 from crashqueuelab.systems.contract import JobSpec, System
 from crashqueuelab.systems.registry import DEFAULT_SYSTEM, resolve_system
 
-CHAOS_FILE = "chaos.json"
+CHAOS_FILE = CHAOS.record
 TICK_S = 0.002
 #: A paused worker is continued once its jobs were taken over, or after this many lease
 #: lengths: its leases were taken before the stop, so by then each is past its deadline and

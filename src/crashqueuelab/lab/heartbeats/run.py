@@ -37,12 +37,13 @@ from crashqueuelab.lab.faults.network.plan import NetworkPlan
 from crashqueuelab.lab.heartbeats.faults import HeartbeatFaults, Held, Running
 from crashqueuelab.lab.runs.inheritance import Inherited
 from crashqueuelab.lab.runs.interrupts import forkserver_context, ignore_interrupts
+from crashqueuelab.lab.runs.kinds import HEARTBEATS
 from crashqueuelab.lab.runs.promises import classify
 from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
 from crashqueuelab.systems.contract import JobSpec, JobStatus, OpenRequest, System
 from crashqueuelab.systems.registry import resolve_system
 
-HEARTBEATS_FILE = "heartbeats.json"
+HEARTBEATS_FILE = HEARTBEATS.record
 DEFAULT_JOBS = 4
 DEFAULT_WORKERS = 2
 #: How long each job's work lasts, in the library's retry timers.

@@ -26,13 +26,14 @@ from crashqueuelab.lab.mutants.catalog import (
 )
 from crashqueuelab.lab.reproducers.campaign import CASE, PROBE, SHRINK_SECONDS, add_reproducers
 from crashqueuelab.lab.reproducers.campaign import MODEL as MODEL_KIND
+from crashqueuelab.lab.runs import kinds
 from crashqueuelab.lab.runs.interrupts import Interrupted
 from crashqueuelab.lab.runs.modes import POWER_LOSS
 from crashqueuelab.lab.runs.progress import Progress, labelled
 from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
 from crashqueuelab.systems.registry import resolve_system
 
-MUTANTS_FILE = "mutants.json"
+MUTANTS_FILE = kinds.MUTANTS.record
 #: Every kind of evidence, in the order reports list them.
 EVIDENCE = (CRASH_CAMPAIGN, POWER_LOSS_CAMPAIGN, PROBES, MODEL, CHAOS)
 

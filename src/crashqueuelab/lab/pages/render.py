@@ -20,19 +20,32 @@ from crashqueuelab.lab.pages.views import (
     mutants_view,
     showcase_view,
 )
+from crashqueuelab.lab.runs.kinds import (
+    BENCH,
+    CAMPAIGN,
+    CHAOS,
+    DEMO,
+    HEARTBEATS,
+    KINDS,
+    MUTANTS,
+    SHOWCASE,
+    VERSIONS,
+    RunKind,
+    kind_of,
+)
 
 REPORT_FILE = "report.html"
-#: The file that says what kind of run a directory holds, and how to view it.
-KINDS: tuple[tuple[str, Callable[[Path], View]], ...] = (
-    ("showcase.json", showcase_view),
-    ("campaign.json", campaign_view),
-    ("chaos.json", chaos_view),
-    ("bench.json", bench_view),
-    ("comparison.json", demo_view),
-    ("mutants.json", mutants_view),
-    ("versions.json", versions_view),
-    ("heartbeats.json", heartbeats_view),
-)
+#: How each kind of run is viewed (``lab.runs.kinds`` says how a directory's kind is known).
+VIEWS: dict[RunKind, Callable[[Path], View]] = {
+    SHOWCASE: showcase_view,
+    CAMPAIGN: campaign_view,
+    CHAOS: chaos_view,
+    BENCH: bench_view,
+    DEMO: demo_view,
+    MUTANTS: mutants_view,
+    VERSIONS: versions_view,
+    HEARTBEATS: heartbeats_view,
+}
 
 
 def _environment() -> object:
@@ -51,25 +64,23 @@ def _environment() -> object:
 
 def write_report(run_dir: Path) -> Path:
     """Build ``run_dir/report.html`` from the run's retained files; its path."""
-    for marker, view_of in KINDS:
-        if (run_dir / marker).is_file():
-            try:
-                record = json.loads((run_dir / marker).read_text(encoding="utf-8"))
-                stopped = isinstance(record, dict) and (
-                    record.get("interrupted") or record.get("system_raised")
-                )
-                view = stopped_view(run_dir, record) if stopped else view_of(run_dir)
-            except (KeyError, TypeError, ValueError) as error:
-                # Another version's report, or a hand-edited one: say so, never a traceback.
-                raise InvalidInput(
-                    "directory",
-                    f"{run_dir / marker} is not a report this version can read"
-                    f" ({type(error).__name__}: {error})",
-                ) from None
-            break
-    else:
-        known = ", ".join(marker for marker, _ in KINDS)
+    kind = kind_of(run_dir)
+    if kind is None:
+        known = ", ".join(kind.record for kind in KINDS)
         raise InvalidInput("directory", f"{run_dir} holds no run (none of {known})")
+    marker = run_dir / kind.record
+    try:
+        record = json.loads(marker.read_text(encoding="utf-8"))
+        stopped = isinstance(record, dict) and (
+            record.get("interrupted") or record.get("system_raised")
+        )
+        view = stopped_view(run_dir, record) if stopped else VIEWS[kind](run_dir)
+    except (KeyError, TypeError, ValueError) as error:
+        # Another version's report, or a hand-edited one: say so, never a traceback.
+        raise InvalidInput(
+            "directory",
+            f"{marker} is not a report this version can read ({type(error).__name__}: {error})",
+        ) from None
     environment = _environment()
     template = environment.get_template(view.template)  # type: ignore[attr-defined]
     html = template.render(verdict=view.verdict, figures=view.figures, data=view.data)

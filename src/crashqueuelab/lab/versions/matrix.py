@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from crashqueuelab.core.errors import InvalidInput, SystemUnavailable
+from crashqueuelab.lab.runs.kinds import VERSIONS
 
-VERSIONS_FILE = "versions.json"
+VERSIONS_FILE = VERSIONS.record
 #: What "passes" means for a bisection: the lab's verdict; the library's own promises; or
 #: every crash case of a campaign (the probes and model aside).
 CRITERIA = ("ok", "promises", "cases")
