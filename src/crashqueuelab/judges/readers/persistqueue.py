@@ -28,6 +28,11 @@ class AckQueueReading:
     items: dict[str, tuple[str, int]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
+    @property
+    def jobs(self) -> dict[str, tuple[str, int]]:
+        """The items, by the name every other reader's jobs go by."""
+        return self.items
+
 
 def read_ack_queue(directory: Path) -> AckQueueReading:
     path = directory / DATABASE_FILE

@@ -1,0 +1,155 @@
+"""What every library package is built on: its declaration (``Library``), read by the
+registry without importing the library, and the reader and ``System`` assembled from it.
+
+A library package holds ``__init__.py`` (its ``LIBRARY``), ``client.py`` (the library's own
+calls), ``points.py`` (its crash points), ``promises.py`` (what it documents of itself)
+and ``system.py`` (``build(name)``, the factory the registry calls, and the named factories
+a ``module:factory`` spec calls).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Protocol
+
+from crashqueuelab.core.errors import SystemUnavailable
+from crashqueuelab.systems.boundary import boundary_point, library_capabilities, library_reading
+from crashqueuelab.systems.contract import (
+    Capabilities,
+    CrashPoint,
+    Documented,
+    JobStatus,
+    LibraryWorker,
+    OpenRequest,
+    QueueClient,
+    Reader,
+    StoreReading,
+    System,
+)
+
+
+class NativeReading(Protocol):
+    """What a judges' reader of a library's store finds: each job's native state and
+    attempts, by key, and what is wrong."""
+
+    @property
+    def exists(self) -> bool: ...
+
+    @property
+    def jobs(self) -> Mapping[str, tuple[str, int]]: ...
+
+    @property
+    def problems(self) -> Sequence[str]: ...
+
+
+def library_reader(
+    read: Callable[[Path], NativeReading],
+    statuses: Mapping[str, JobStatus],
+    judge: str | Callable[[Path], str],
+) -> Reader:
+    """The system's reader: the judges' ``read`` (which imports nothing of the library), its
+    states in the lab's words, and the judge named in the reading (or what names it, from
+    the store's directory)."""
+
+    def read_store(directory: Path) -> StoreReading:
+        reading = read(directory)
+        return library_reading(
+            exists=reading.exists,
+            jobs=reading.jobs,
+            problems=reading.problems,
+            statuses=statuses,
+            judge=judge if isinstance(judge, str) else judge(directory),
+        )
+
+    # A reading that raises is reported under the reader's module: the judges' one.
+    read_store.__module__ = read.__module__
+    return read_store
+
+
+@dataclass(frozen=True)
+class Library:
+    """A third-party queue under the lab, as its package declares it: data only, so that
+    listing the systems imports nothing of the library."""
+
+    #: The package, whose ``system`` module has ``build(name)``.
+    package: str
+    #: The library's name in its crash points' descriptions ("around RQ's dequeue").
+    name: str
+    #: Its distribution on the package index: the version shown, and what
+    #: ``--system name==version`` installs.
+    distribution: str
+    #: The crashqueuelab extra that installs it.
+    extra: str
+    #: The systems it is run as, by the name ``--system`` takes.
+    systems: tuple[str, ...]
+    #: Whether its client sends heartbeats (the rest of its capabilities every library
+    #: shares: ``library_capabilities``).
+    heartbeats: bool
+    #: The kind of server the command line provides for its systems, or None.
+    server: str | None = None
+    #: What of the library the systems drive, after the release in their version.
+    drives: str = ""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return library_capabilities(heartbeats=self.heartbeats)
+
+    def point(
+        self,
+        name: str,
+        effect: tuple[str, int] | None,
+        flaky: tuple[str, int] | None,
+        effects: int,
+    ) -> CrashPoint:
+        """A crash point around one of the library's calls (``boundary_point``)."""
+        return boundary_point(self.name, name, effect, flaky, effects)
+
+    def installed(self) -> str:
+        """The installed release (PackageNotFoundError without one)."""
+        return version(self.distribution)
+
+    def build(self, system: str) -> System:
+        """The system of that name; its adapter, and the library, imported only now."""
+        try:
+            module = importlib.import_module(f"{self.package}.system")
+            factory: Callable[[str], System] = module.build
+            return factory(system)
+        except (ImportError, PackageNotFoundError) as error:
+            missing = getattr(error, "name", None) or self.distribution
+            raise SystemUnavailable(
+                system,
+                f"{missing} is not installed: pip install 'crashqueuelab[{self.extra}]'",
+            ) from None
+
+    def system(
+        self,
+        name: str,
+        *,
+        durability: str,
+        open: Callable[[OpenRequest], QueueClient],
+        reader: Reader,
+        crash_points: tuple[CrashPoint, ...],
+        documented: Sequence[Documented] = (),
+        persistence: str | None = None,
+        library_worker: LibraryWorker | None = None,
+    ) -> System:
+        """One of its systems, at the installed release."""
+        drives = f" ({self.drives})" if self.drives else ""
+        return System(
+            name=name,
+            version=f"{self.distribution} {self.installed()}{drives}",
+            durability=durability,
+            capabilities=self.capabilities,
+            crash_points=crash_points,
+            open=open,
+            reader=reader,
+            server=self.server,
+            persistence=persistence,
+            documented=tuple(documented),
+            distribution=self.distribution,
+            library_worker=library_worker,
+        )
