@@ -120,7 +120,7 @@ def test_without_huey_installed_the_system_is_unavailable_and_says_how_to_get_it
     from importlib.metadata import PackageNotFoundError
 
     from crashqueuelab.core.errors import SystemUnavailable
-    from crashqueuelab.systems.libraries.huey import system as sqlitehuey
+    from crashqueuelab.systems.libraries import skeleton as sqlitehuey
 
     def missing(name: str) -> str:
         raise PackageNotFoundError(name)

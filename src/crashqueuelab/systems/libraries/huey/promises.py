@@ -1,0 +1,67 @@
+"""What huey documents of itself: where it is weaker than the lab's contract.
+
+What huey does not have, the adapter does not pretend: no leases, no tokens, no
+acknowledgement. A dequeued task exists only in the memory of the process that took it (as
+in huey's consumer), so a death there loses it; an idempotent producer that submits again
+finds nothing of it and enqueues it anew. huey documents both (``DOCUMENTED``).
+"""
+
+from __future__ import annotations
+
+from crashqueuelab.systems.contract import Documented
+
+_API_DOCS = "https://huey.readthedocs.io/en/latest/api.html"
+_SQLITE_DOCS = _API_DOCS + "#SqliteHuey"
+_CONSUMER_DOCS = "https://huey.readthedocs.io/en/latest/signals.html"
+
+_NO_ACKNOWLEDGEMENT = Documented(
+    "no acknowledgement: a task leaves huey's store when a consumer dequeues it, so a"
+    " consumer that dies while the task runs loses it (SIGNAL_INTERRUPTED is sent only on"
+    " a clean shutdown)",
+    _CONSUMER_DOCS,
+    points=(
+        "dequeue:after",
+        "BEFORE_EFFECT_COMMIT",
+        "AFTER_EFFECT_COMMIT",
+        "execute:before",
+        "execute-error:before",
+    ),
+    explains=(
+        "probe stale_holder_after_expiry: *the queue offered nothing",
+        "probe batched_acknowledgement_fences_each_item: *the queue offered nothing",
+        "probe expired_attempts_run_out: *yet it is dequeued (leased)*",
+        # Chaos: a consumer killed holding a task took it with it.
+        "job *: missing from the store (lost; claimed by *, which never answered for it)",
+        "job *: missing from the store (lost; in no worker's log, and * workers' logs end"
+        " inside a claim call, for * such job*)",
+        "job * (poison): missing from the store (lost)",
+    ),
+)
+_NO_LEASES = Documented(
+    "no leases: huey has no deadline, visibility timeout or token, so a late or repeated"
+    " completion is accepted like any other, and a repeated failure runs huey's retry"
+    " again, which enqueues the task once more",
+    _API_DOCS,
+    explains=(
+        "probe acknowledgement_at_the_deadline: *was accepted*",
+        "model workload: *was accepted (at *",
+        # The second copy a stale holder's repeated failure enqueued, claimed in its turn.
+        "model workload: job *: claimed by * after an accepted acknowledgement (at *",
+        "model workload: job *: claimed by * while *'s lease * was live until *",
+        "job *: *, stopped past its lease, had its late acknowledgement accepted",
+    ),
+)
+
+#: What every huey system documents.
+DOCUMENTED = (_NO_ACKNOWLEDGEMENT, _NO_LEASES)
+
+
+def unsynced_default(installed: str) -> Documented:
+    """What a release that syncs nothing by default documents of it."""
+    return Documented(
+        f"huey {installed}'s default is fsync=False (synchronous=OFF): nothing is"
+        " synced, so a power cut may take back what huey had answered;"
+        " 3.3.0 changed the default to SQLite's own (FULL)",
+        _SQLITE_DOCS,
+        crash_modes=("power-loss",),
+    )
