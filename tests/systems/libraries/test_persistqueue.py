@@ -14,7 +14,7 @@ from crashqueuelab.core.retry import RetryPolicy
 from crashqueuelab.lab.campaign.run import run_campaign
 from crashqueuelab.lab.chaos.supervisor import run_chaos
 from crashqueuelab.systems import JobSpec, OpenRequest, resolve_system
-from crashqueuelab.systems.libraries.persistqueue.system import PersistQueueClient
+from crashqueuelab.systems.libraries.persistqueue.client import PersistQueueClient
 
 
 def test_every_crash_point_passes_and_the_probes_name_what_persist_queue_lacks(

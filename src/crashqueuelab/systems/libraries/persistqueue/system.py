@@ -1,202 +1,34 @@
-"""persist-queue's ``SQLiteAckQueue`` as a system under test (``pip install crashqueuelab[peers]``).
-
-The adapter drives persist-queue as its documentation shows, and adds only what the
-contract needs and a user would add: items are JSON objects carrying the job's key, type,
-payload and an attempt counter; idempotent submission checks the stored keys first; a
-failure past ``max_attempts`` is ``ack_failed`` (the dead letter). What persist-queue does
-not have, the adapter does not pretend: there are no leases, no deadlines and no tokens, and
-an unacknowledged task comes back only when a process opens the queue (``auto_resume``),
-whoever still holds it. The lab measures what follows.
-"""
+"""persist-queue's system, on the shared skeleton."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from functools import partial
-from importlib.metadata import version
-from pathlib import Path
-from typing import Any
-
-import persistqueue
-from persistqueue.serializers import json as json_serializer
-
-from crashqueuelab.core.errors import OperationUnsupported
 from crashqueuelab.judges.readers.persistqueue import DATABASE_FILE, read_ack_queue
-from crashqueuelab.systems.boundary import (
-    OneAtATime,
-    around,
-    boundary_point,
-    library_capabilities,
-    library_reading,
+from crashqueuelab.systems.contract import System
+from crashqueuelab.systems.libraries.persistqueue import LIBRARY
+from crashqueuelab.systems.libraries.persistqueue.client import STATUS, PersistQueueClient
+from crashqueuelab.systems.libraries.persistqueue.points import CRASH_POINTS
+from crashqueuelab.systems.libraries.persistqueue.promises import DOCUMENTED
+from crashqueuelab.systems.libraries.skeleton import library_reader
+
+read_store = library_reader(
+    read_ack_queue,
+    STATUS,
+    f"crashqueuelab.judges.readers.persistqueue (reads {DATABASE_FILE} directly)",
 )
-from crashqueuelab.systems.contract import (
-    Claim,
-    JobSpec,
-    JobStatus,
-    JobView,
-    OpenRequest,
-    StoreReading,
-    System,
-    Verdict,
-)
-
-_STATUS = {
-    "inited": JobStatus.PENDING,
-    "ready": JobStatus.PENDING,
-    "unack": JobStatus.LEASED,
-    "acked": JobStatus.SUCCEEDED,
-    "ack_failed": JobStatus.DEAD,
-}
-_NAMES = {0: "inited", 1: "ready", 2: "unack", 5: "acked", 9: "ack_failed"}
-
-
-class PersistQueueClient(OneAtATime):
-    """``QueueClient`` over one ``SQLiteAckQueue`` directory."""
-
-    def __init__(self, request: OpenRequest) -> None:
-        request.directory.mkdir(parents=True, exist_ok=True)
-        self.hook = request.hook
-        # auto_resume: every unacknowledged task becomes ready again, as at any restart.
-        self.queue = persistqueue.SQLiteAckQueue(
-            str(request.directory), auto_resume=True, serializer=json_serializer
-        )
-
-    def _rows(self) -> list[dict[str, Any]]:
-        return list(self.queue.queue())
-
-    def _row(self, key: str) -> dict[str, Any] | None:
-        return next((row for row in self._rows() if row["data"]["key"] == key), None)
-
-    def submit(self, job: JobSpec) -> str:
-        return self.submit_many([job])[0]
-
-    def submit_many(self, jobs: Sequence[JobSpec]) -> list[str]:
-        known = {row["data"]["key"]: str(row["id"]) for row in self._rows()}
-        ids = []
-        for job in jobs:
-            if job.key not in known:
-                item = {
-                    "key": job.key,
-                    "job_type": job.job_type,
-                    "payload": job.payload,
-                    "max_attempts": job.max_attempts,
-                    "attempts": 0,
-                }
-                put = partial(self.queue.put, item)
-                known[job.key] = str(around(self.hook, "submit", put))
-            ids.append(known[job.key])
-        return ids
-
-    def claim(self, worker_id: str, lease_us: int) -> Claim | None:
-        def take() -> dict[str, Any] | None:
-            try:
-                raw: dict[str, Any] = self.queue.get(block=False, raw=True)
-            except persistqueue.Empty:
-                return None
-            # persist-queue counts no attempts: the item carries its own counter.
-            item = dict(raw["data"], attempts=raw["data"]["attempts"] + 1)
-            self.queue.update(item, id=raw["pqid"])
-            return {"pqid": raw["pqid"], "data": item}
-
-        taken = around(self.hook, "claim", take)
-        if taken is None:
-            return None
-        item, pqid = taken["data"], taken["pqid"]
-        return Claim(
-            job_id=str(pqid),
-            key=item["key"],
-            job_type=item["job_type"],
-            payload=item["payload"],
-            attempt=item["attempts"],
-            worker_id=worker_id,
-            # No token exists; the row id and attempt name the claim for the lab's logs.
-            token=f"{pqid}.{item['attempts']}",
-        )
-
-    def heartbeat(self, claim: Claim, lease_us: int) -> bool:
-        raise OperationUnsupported("persist-queue", "heartbeat")
-
-    def succeed(self, claim: Claim) -> Verdict:
-        acked = around(self.hook, "ack", lambda: self.queue.ack(id=int(claim.job_id)))
-        return Verdict.STALE if acked is None else Verdict.SUCCEEDED
-
-    def fail(self, claim: Claim, error: str) -> Verdict:
-        row = self._row(claim.key)
-        dead = row is not None and row["data"]["attempts"] >= row["data"]["max_attempts"]
-        mark = self.queue.ack_failed if dead else self.queue.nack
-        if around(self.hook, "fail", lambda: mark(id=int(claim.job_id))) is None:
-            return Verdict.STALE
-        return Verdict.DEAD if dead else Verdict.RETRY
-
-    def recover(self) -> int:
-        # No expiry exists: unacknowledged tasks return only when a process opens the queue.
-        return 0
-
-    def checkpoint(self) -> None:
-        return None
-
-    def job(self, key: str) -> JobView | None:
-        row = self._row(key)
-        if row is None:
-            return None
-        name = _NAMES[int(row["status"])]
-        return JobView(key, _STATUS[name], int(row["data"]["attempts"]), name)
-
-    def active_count(self) -> int:
-        return sum(1 for row in self._rows() if int(row["status"]) < 5)
-
-    def close(self) -> None:
-        self.queue.close()
-        # persist-queue's __del__ closes its connections again, from whichever thread the
-        # garbage collector runs in, and sqlite3 refuses a close from another thread even
-        # for a closed connection: an error at some random later moment. Closed is closed.
-        self.queue._getter = None
-        self.queue._putter = None
-
-
-def read_store(directory: Path) -> StoreReading:
-    """The judges' reading of the queue file, without persist-queue's code."""
-    reading = read_ack_queue(directory)
-    return library_reading(
-        exists=reading.exists,
-        jobs=reading.items,
-        problems=reading.problems,
-        statuses=_STATUS,
-        judge=f"crashqueuelab.judges.readers.persistqueue (reads {DATABASE_FILE} directly)",
-    )
-
-
-_point = partial(boundary_point, "persist-queue")
-
-
-_NEW, _TAKEN, _DONE = ("inited", 0), ("unack", 1), ("acked", 1)
-#: The first occurrence of each point in the lab's workload: submit both jobs, run the
-#: effect job, fail the flaky job once (nack), then the first recover call.
-CRASH_POINTS = (
-    _point("submit:before", None, None, 0),
-    _point("submit:after", _NEW, None, 0),
-    _point("claim:before", _NEW, _NEW, 0),
-    _point("claim:after", _TAKEN, _NEW, 0),
-    _point("BEFORE_EFFECT_COMMIT", _TAKEN, _NEW, 0),
-    _point("AFTER_EFFECT_COMMIT", _TAKEN, _NEW, 1),
-    _point("ack:before", _TAKEN, _NEW, 1),
-    _point("ack:after", _DONE, _NEW, 1),
-    _point("fail:before", _DONE, ("unack", 1), 1),
-    _point("fail:after", _DONE, ("ready", 1), 1),
-)
-
-CAPABILITIES = library_capabilities(heartbeats=False)
 
 
 def persistqueue_system() -> System:
     """persist-queue's SQLiteAckQueue, as installed."""
-    return System(
-        name="persist-queue",
-        version=f"persist-queue {version('persist-queue')} (SQLiteAckQueue)",
+    return LIBRARY.system(
+        "persist-queue",
         durability="WAL (set by persist-queue); synchronous left at SQLite's default",
-        capabilities=CAPABILITIES,
-        crash_points=CRASH_POINTS,
         open=PersistQueueClient,
         reader=read_store,
-        distribution="persist-queue",
+        crash_points=CRASH_POINTS,
+        documented=DOCUMENTED,
     )
+
+
+def build(name: str) -> System:
+    """The system of that name (the registry's call): persist-queue has one."""
+    return persistqueue_system()
