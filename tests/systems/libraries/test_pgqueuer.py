@@ -132,7 +132,7 @@ def test_without_pgqueuer_installed_the_system_is_unavailable_and_says_how_to_ge
     from importlib.metadata import PackageNotFoundError
 
     from crashqueuelab.core.errors import SystemUnavailable
-    from crashqueuelab.systems.libraries.pgqueuer import system as pgqueueradapter
+    from crashqueuelab.systems.libraries import skeleton as pgqueueradapter
 
     def missing(name: str) -> str:
         raise PackageNotFoundError(name)
