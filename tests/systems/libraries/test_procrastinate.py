@@ -22,7 +22,7 @@ from crashqueuelab.judges.readers.postgres import DESCRIPTOR_FILE
 from crashqueuelab.judges.readers.procrastinate import read_procrastinate_store
 from crashqueuelab.lab.campaign.run import run_campaign
 from crashqueuelab.systems import JobSpec, OpenRequest, Verdict, resolve_system
-from crashqueuelab.systems.libraries.procrastinate.system import STALLED_S, ProcrastinateClient
+from crashqueuelab.systems.libraries.procrastinate.client import STALLED_S, ProcrastinateClient
 
 
 def open_client(directory: Path) -> ProcrastinateClient:
