@@ -1,0 +1,338 @@
+"""RQ's client: the lab's calls, made through RQ's own worker code.
+
+The adapter runs RQ's own worker code with the lab's worker in charge of the work: a claim
+is ``Queue.dequeue_any`` (what RQ's worker calls to take a job) and then
+``SimpleWorker.execute_job`` in a thread of the adapter's, which marks the job started,
+puts it in RQ's started registry, and calls the lab's job function; that function waits
+there until the lab reports the outcome, and returns or raises, so that RQ itself records
+the job finished, or retries it, or moves it to its failed registry. The thread's death
+penalty is RQ's ``TimerDeathPenalty`` (the one for workers off the main thread).
+
+Each job has the lab's key and ``max_attempts`` in its description, a job id derived from
+both the store and the key, ``Retry(max=max_attempts - 1)``, and results and failures that
+never expire. RQ has no idempotency key: a producer that submits again enqueues only when
+no job has that id (RQ would overwrite it otherwise).
+
+RQ's time is the wall clock of whoever runs its maintenance, and its ``cleanup`` takes that
+time as an argument: ``recover`` runs RQ's maintenance (the started registry's cleanup, the
+intermediate queue's) at the lab's time, counted from when the store was first opened, so
+that an hour of the lab's clock is an hour to RQ.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from crashqueuelab.core.errors import OperationUnsupported, SystemUnavailable
+from crashqueuelab.judges.readers.rq import (
+    DEQUEUED,
+    DESCRIPTION_PREFIX,
+    FAILED,
+    FINISHED,
+    QUEUE_FILE,
+    QUEUED,
+    SOCKET_VARIABLE,
+    STARTED,
+    attempts_made,
+)
+from crashqueuelab.systems.boundary import OneAtATime, around
+from crashqueuelab.systems.contract import (
+    Claim,
+    JobSpec,
+    JobStatus,
+    JobView,
+    OpenRequest,
+    Verdict,
+)
+
+#: RQ's job timeout for the lab's jobs: the longest a claim may be held before RQ's death
+#: penalty ends it, and (plus 60 s) the heartbeat TTL after which a dead worker's job is
+#: handed back.
+JOB_TIMEOUT_S = 300
+#: How long a claim waits for RQ's worker code to start the job in its thread.
+START_TIMEOUT_S = 30.0
+#: Where a job stands (the reader's states), in the lab's words.
+STATUS = {
+    QUEUED: JobStatus.PENDING,
+    DEQUEUED: JobStatus.LEASED,
+    STARTED: JobStatus.LEASED,
+    FINISHED: JobStatus.SUCCEEDED,
+    FAILED: JobStatus.DEAD,
+    "scheduled": JobStatus.PENDING,
+    "deferred": JobStatus.PENDING,
+    "stopped": JobStatus.DEAD,
+    "canceled": JobStatus.DEAD,
+}
+
+
+class JobFailed(Exception):
+    """What the lab's job function raises inside RQ's worker when the lab's work failed."""
+
+
+class _Execution(threading.Thread):
+    """RQ's ``execute_job`` for one claimed job, paused inside the job function until the
+    lab says how the work ended."""
+
+    def __init__(self, worker: Any, job: Any, queue: Any) -> None:
+        super().__init__(name=f"rq-execution-{job.id}", daemon=True)
+        self.worker, self.job, self.queue = worker, job, queue
+        self.entered = threading.Event()
+        self.decided = threading.Event()
+        self.failure: str | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.worker.execute_job(self.job, self.queue)
+        except BaseException as error:  # reported to the claim or the completion
+            self.error = error
+        finally:
+            self.entered.set()
+
+    def await_decision(self) -> int:
+        self.entered.set()
+        if not self.decided.wait(JOB_TIMEOUT_S):
+            raise JobFailed("the lab never reported how the work ended")
+        if self.failure is not None:
+            raise JobFailed(self.failure)
+        return 0
+
+    def finish(self, failure: str | None) -> None:
+        self.failure = failure
+        self.decided.set()
+        self.join(START_TIMEOUT_S + JOB_TIMEOUT_S)
+
+
+def lab_job(key: str, job_type: str, payload: dict[str, Any]) -> int:
+    """The function every lab job names: it waits for the lab's outcome (run by RQ's worker
+    code in the adapter's thread)."""
+    execution = threading.current_thread()
+    if not isinstance(execution, _Execution):
+        raise JobFailed(f"job {key} runs only inside crashqueuelab's RQ adapter")
+    return execution.await_decision()
+
+
+def _synced_json(path: Path, content: dict[str, Any]) -> None:
+    draft = path.with_name(f".{path.name}.{os.getpid()}")
+    with draft.open("w") as handle:
+        json.dump(content, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    try:
+        os.link(draft, path)  # the first writer's content wins
+    except FileExistsError:
+        pass
+    finally:
+        draft.unlink()
+    descriptor = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _store(directory: Path, now_us: int) -> dict[str, Any]:
+    """The store's queue name and the time it was first opened on both clocks."""
+    path = directory / QUEUE_FILE
+    if not path.exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        digest = hashlib.sha256(f"{directory.resolve()}{time.time_ns()}".encode()).hexdigest()
+        _synced_json(
+            path,
+            {"queue": f"lab-{digest[:16]}", "lab_us": now_us, "wall_s": time.time()},
+        )
+    stored: dict[str, Any] = json.loads(path.read_text())
+    return stored
+
+
+class RqClient(OneAtATime):
+    """``QueueClient`` over one RQ queue."""
+
+    def __init__(self, request: OpenRequest) -> None:
+        import redis
+        from rq import Queue, SimpleWorker
+        from rq.timeouts import TimerDeathPenalty
+
+        socket = os.environ.get(SOCKET_VARIABLE)
+        if not socket:
+            raise SystemUnavailable(
+                "rq", f"no Redis server: the command line starts one; {SOCKET_VARIABLE} is unset"
+            )
+        self.hook = request.hook
+        self.clock = request.clock
+        # RQ's worker logs every job and the traceback of every failure (its module sets
+        # the level at import): the lab's own logs say what happened, and a crash child's
+        # stderr is for its errors.
+        for name in ("rq", "rq.worker", "rq.queue", "rq.job"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+        self.store = _store(request.directory, request.clock.now_us())
+        self.connection = redis.Redis(unix_socket_path=socket)
+        self.queue = Queue(self.store["queue"], connection=self.connection)
+
+        class LabWorker(SimpleWorker):
+            death_penalty_class = TimerDeathPenalty
+
+        self.worker_class = LabWorker
+        self.workers: dict[str, Any] = {}
+        self.executions: dict[str, _Execution] = {}
+
+    def _job_id(self, key: str) -> str:
+        digest = hashlib.sha256(f"{self.store['queue']}/{key}".encode()).hexdigest()
+        return f"{self.store['queue']}-{digest[:24]}"
+
+    def _fetch(self, key: str) -> Any:
+        from rq.exceptions import NoSuchJobError
+        from rq.job import Job
+
+        try:
+            return Job.fetch(self._job_id(key), connection=self.connection)
+        except NoSuchJobError:
+            return None
+
+    def submit(self, job: JobSpec) -> str:
+        return self.submit_many([job])[0]
+
+    def submit_many(self, jobs: Sequence[JobSpec]) -> list[str]:
+        from rq import Retry
+
+        for job in jobs:
+            if self._fetch(job.key) is not None:
+                continue
+            description = DESCRIPTION_PREFIX + json.dumps(
+                {"key": job.key, "max_attempts": job.max_attempts}
+            )
+            retry = Retry(max=job.max_attempts - 1) if job.max_attempts > 1 else None
+            around(
+                self.hook,
+                "enqueue",
+                partial(
+                    self.queue.enqueue,
+                    lab_job,
+                    job.key,
+                    job.job_type,
+                    job.payload,
+                    job_id=self._job_id(job.key),
+                    description=description,
+                    retry=retry,
+                    job_timeout=JOB_TIMEOUT_S,
+                    result_ttl=-1,
+                    failure_ttl=-1,
+                ),
+            )
+        return [self._job_id(job.key) for job in jobs]
+
+    def _worker(self, worker_id: str) -> Any:
+        if worker_id not in self.workers:
+            # RQ's worker names are global to the server: each client's are its own, as
+            # each of RQ's worker processes has a name of its own.
+            name = f"{worker_id}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            worker: Any = self.worker_class([self.queue], connection=self.connection, name=name)
+            worker.register_birth()
+            self.workers[worker_id] = worker
+        return self.workers[worker_id]
+
+    def claim(self, worker_id: str, lease_us: int) -> Claim | None:
+        from rq import Queue
+
+        worker = self._worker(worker_id)
+        taken = around(
+            self.hook,
+            "dequeue",
+            partial(Queue.dequeue_any, [self.queue], None, connection=self.connection),
+        )
+        if taken is None:
+            return None
+        job, queue = taken
+        execution = _Execution(worker, job, queue)
+        if self.hook is not None:
+            self.hook("start:before")
+        execution.start()
+        if not execution.entered.wait(START_TIMEOUT_S) or execution.error is not None:
+            raise SystemUnavailable(
+                "rq", f"RQ's worker did not start job {job.id}: {execution.error}"
+            )
+        if self.hook is not None:
+            self.hook("start:after")
+        key = str(job.args[0])
+        self.executions[key] = execution
+        spec = json.loads(str(job.description)[len(DESCRIPTION_PREFIX) :])
+        attempt = attempts_made(STARTED, int(spec["max_attempts"]), job.retries_left)
+        return Claim(
+            job_id=job.id,
+            key=key,
+            job_type=str(job.args[1]),
+            payload=dict(job.args[2]),
+            attempt=attempt,
+            worker_id=worker_id,
+            # No token exists; the job id and attempt name the claim for the lab's logs.
+            token=f"{job.id}.{attempt}",
+            handle=execution,
+        )
+
+    def heartbeat(self, claim: Claim, lease_us: int) -> bool:
+        raise OperationUnsupported("rq", "heartbeat")
+
+    def _finish(self, claim: Claim, failure: str | None, point: str) -> None:
+        execution: _Execution = claim.handle  # type: ignore[assignment]
+        around(self.hook, point, partial(execution.finish, failure))
+        if self.executions.get(claim.key) is execution:
+            del self.executions[claim.key]
+
+    def succeed(self, claim: Claim) -> Verdict:
+        self._finish(claim, None, "finish")
+        return Verdict.SUCCEEDED
+
+    def fail(self, claim: Claim, error: str) -> Verdict:
+        execution: _Execution = claim.handle  # type: ignore[assignment]
+        retries_left = execution.job.retries_left or 0
+        self._finish(claim, error, "fail")
+        return Verdict.RETRY if retries_left > 0 else Verdict.DEAD
+
+    def _rq_now(self) -> float:
+        """The lab's time as RQ's: the wall time the store was first opened, plus what the
+        lab's clock has run since."""
+        elapsed_s = (self.clock.now_us() - int(self.store["lab_us"])) / 1e6
+        return max(time.time(), float(self.store["wall_s"]) + elapsed_s)
+
+    def recover(self) -> int:
+        # RQ's maintenance, as its worker runs it (``clean_registries``), at the lab's time.
+        before = len(self.queue)
+        self.queue.started_job_registry.cleanup(timestamp=self._rq_now())
+        intermediate = getattr(self.queue, "intermediate_queue", None)
+        if intermediate is not None:
+            intermediate.cleanup(self._worker("maintenance"), self.queue)
+        return max(0, len(self.queue) - before)
+
+    def checkpoint(self) -> None:
+        return None
+
+    def job(self, key: str) -> JobView | None:
+        job = self._fetch(key)
+        if job is None:
+            return None
+        status = str(job.get_status(refresh=False))
+        status = status.rsplit(".", 1)[-1].lower()
+        spec = json.loads(job.description[len(DESCRIPTION_PREFIX) :])
+        attempts = attempts_made(status, int(spec["max_attempts"]), job.retries_left)
+        if status == QUEUED and job.id not in self.queue.job_ids:
+            status = DEQUEUED
+        return JobView(key, STATUS.get(status, JobStatus.PENDING), attempts, status)
+
+    def active_count(self) -> int:
+        return len(self.queue) + len(self.queue.started_job_registry)
+
+    def close(self) -> None:
+        for worker in self.workers.values():
+            worker.register_death()
+        self.workers.clear()
+        self.connection.close()

@@ -1,0 +1,87 @@
+"""What RQ and Redis document of themselves: where they are weaker than the lab's contract.
+
+What RQ does not have, the adapter does not pretend (``documented``): no token, so a late
+completion is accepted; a job whose worker died is handed back only once its heartbeat TTL
+(job timeout + 60 s) has passed, or, when it died between taking the job and starting it,
+once the worker's maintenance has seen it twice a minute apart on the wall clock.
+"""
+
+from __future__ import annotations
+
+from crashqueuelab.systems.contract import Documented
+from crashqueuelab.systems.libraries.rq.client import JOB_TIMEOUT_S
+
+_DOCS = "https://python-rq.org/docs/"
+_WORKERS_DOCS = "https://python-rq.org/docs/workers/"
+_RESULTS_DOCS = "https://python-rq.org/docs/results/"
+
+_NO_TOKEN = Documented(
+    "no token: RQ records whatever outcome the worker running a job reports, so a late or"
+    " repeated completion is accepted",
+    _WORKERS_DOCS,
+    explains=(
+        "probe acknowledgement_at_the_deadline: *was accepted*",
+        "model workload: *was accepted (at *",
+        # A stale holder's failure report, accepted after another holder's acknowledgement.
+        "model workload: job *: an acknowledgement was accepted, but the store shows it dead",
+        "job *: *, stopped past its lease, had its late acknowledgement accepted",
+    ),
+)
+_ABANDONED_AFTER_TTL = Documented(
+    "a job whose worker died is handed back only once its heartbeat TTL (the job timeout"
+    f" plus 60 s; {JOB_TIMEOUT_S + 60} s here) has passed on the wall clock, and one taken"
+    " by a worker that died before starting it waits in the intermediate queue until the"
+    " maintenance has seen it twice, a minute apart",
+    _WORKERS_DOCS,
+    points=("dequeue:after", "start:before"),
+    explains=(
+        "probe stale_holder_after_expiry: *the queue offered nothing",
+        "probe batched_acknowledgement_fences_each_item: *the queue offered nothing",
+        "probe expired_attempts_run_out: *yet it is started (leased)*",
+        # Killed between taking the effect job and starting it: the job stays taken, so its
+        # effect is never made.
+        "case *final states {'effect': 'dequeued'*",
+        "case *-dequeue-after: *effects after recovery: {'*/flaky-1': 1}",
+        "case *-start-before: *effects after recovery: {'*/flaky-1': 1}",
+        # Chaos runs on the wall clock, shorter than the TTL: a killed worker's job is still
+        # held when the run ends, and the work stalls waiting for it.
+        "job *: still started after the run*",
+        "job *: still dequeued after the run*",
+        "the work stalled: no job was acknowledged for * after every fault was delivered*",
+        # The same, when the held jobs' acknowledgements had been sent before the kill.
+        "every other job was acknowledged, but the work did not end within * after: *",
+    ),
+)
+
+
+_PERSISTENCE_DOCS = "https://redis.io/docs/latest/operate/oss_and_stack/management/persistence/"
+#: What Redis's documentation says each persistence setting may lose in a power cut (the
+#: append-only file synced on every write promises to lose nothing).
+_PERSISTENCE_LOSSES = {
+    "none": ("Redis without persistence keeps nothing across a restart", True),
+    "rdb": (
+        "RDB snapshots keep only the last snapshot: a crash of the server or a power cut"
+        " takes back every write since it",
+        True,
+    ),
+    "aof-everysec": (
+        "AOF with appendfsync everysec may lose up to a second of writes to a power cut",
+        False,
+    ),
+}
+
+
+def documented_for(persistence: str) -> tuple[Documented, ...]:
+    """What an RQ system documents, on a server with that persistence."""
+    documented = [_NO_TOKEN, _ABANDONED_AFTER_TTL]
+    if persistence in _PERSISTENCE_LOSSES:
+        what, on_restart = _PERSISTENCE_LOSSES[persistence]
+        documented.append(
+            Documented(
+                what,
+                _PERSISTENCE_DOCS,
+                crash_modes=("power-loss",),
+                faults=("server restart",) if on_restart else (),
+            )
+        )
+    return tuple(documented)
