@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from importlib.metadata import PackageNotFoundError, version
 
 from crashqueuelab.core.errors import SystemUnavailable
 from crashqueuelab.systems.contract import System
+from crashqueuelab.systems.libraries import huey, persistqueue, pgqueuer, procrastinate, rq
+from crashqueuelab.systems.libraries.skeleton import Library
 
 
 def _sqlite() -> System:
@@ -23,28 +25,6 @@ def _walqueue() -> System:
     return walqueue_system()
 
 
-def _persistqueue() -> System:
-    try:
-        from crashqueuelab.systems.libraries.persistqueue.system import persistqueue_system
-    except ImportError as error:
-        raise SystemUnavailable(
-            "persist-queue", f"{error.name} is not installed: pip install 'crashqueuelab[peers]'"
-        ) from None
-    return persistqueue_system()
-
-
-def _huey(fsync: bool) -> System:
-    # The adapter imports huey only when its system is built.
-    from crashqueuelab.systems.libraries.huey.system import huey_fsync_system, huey_system
-
-    try:
-        return huey_fsync_system() if fsync else huey_system()
-    except (ImportError, PackageNotFoundError):
-        raise SystemUnavailable(
-            "huey", "huey is not installed: pip install 'crashqueuelab[peers]'"
-        ) from None
-
-
 def _postgres() -> System:
     try:
         from crashqueuelab.systems.postgres import postgres_system
@@ -55,73 +35,35 @@ def _postgres() -> System:
     return postgres_system()
 
 
-def _pgqueuer() -> System:
-    try:
-        from crashqueuelab.systems.libraries.pgqueuer.system import pgqueuer_system
-
-        return pgqueuer_system()
-    except (ImportError, PackageNotFoundError) as error:
-        missing = getattr(error, "name", None) or "pgqueuer"
-        raise SystemUnavailable(
-            "pgqueuer", f"{missing} is not installed: pip install 'crashqueuelab[pgqueuer]'"
-        ) from None
-
-
-def _procrastinate() -> System:
-    try:
-        from crashqueuelab.systems.libraries.procrastinate.system import procrastinate_system
-
-        return procrastinate_system()
-    except (ImportError, PackageNotFoundError) as error:
-        missing = getattr(error, "name", None) or "procrastinate"
-        raise SystemUnavailable(
-            "procrastinate",
-            f"{missing} is not installed: pip install 'crashqueuelab[procrastinate]'",
-        ) from None
-
-
-def _rq(name: str) -> System:
-    try:
-        from crashqueuelab.systems.libraries.rq.system import rq_system
-
-        return rq_system(name)
-    except (ImportError, PackageNotFoundError) as error:
-        missing = getattr(error, "name", None) or "rq"
-        raise SystemUnavailable(
-            name, f"{missing} is not installed: pip install 'crashqueuelab[rq]'"
-        ) from None
-
-
 #: The systems shipped with the package, by the name ``--system`` takes.
 SHIPPED: dict[str, Callable[[], System]] = {"sqlite": _sqlite, "walqueue": _walqueue}
+#: The third-party queues with adapters in the package, as each one's package declares it.
+LIBRARIES: tuple[Library, ...] = (
+    persistqueue.LIBRARY,
+    huey.LIBRARY,
+    pgqueuer.LIBRARY,
+    procrastinate.LIBRARY,
+    rq.LIBRARY,
+)
+
+
+def _systems(libraries: Iterable[Library]) -> dict[str, Callable[[], System]]:
+    return {name: partial(library.build, name) for library in libraries for name in library.systems}
+
+
 #: Third-party queues with adapters in the package; their libraries come with the peers extra.
-PEERS: dict[str, Callable[[], System]] = {
-    "persist-queue": _persistqueue,
-    "huey": partial(_huey, False),
-    "huey-fsync": partial(_huey, True),
-}
+PEERS: dict[str, Callable[[], System]] = _systems(
+    library for library in LIBRARIES if library.server is None
+)
 #: Systems that live on a server the command line provides (a throwaway one, or --dsn).
 SERVERS: dict[str, Callable[[], System]] = {
     "postgres": _postgres,
-    "pgqueuer": _pgqueuer,
-    "procrastinate": _procrastinate,
-    **{
-        name: partial(_rq, name)
-        for name in ("rq", "rq-no-persistence", "rq-aof-everysec", "rq-aof-always")
-    },
+    **_systems(library for library in LIBRARIES if library.server is not None),
 }
 #: The systems that are released libraries, by the distribution ``--system name==version``
 #: installs (``lab.environments``).
 DISTRIBUTIONS: dict[str, str] = {
-    "persist-queue": "persist-queue",
-    "huey": "huey",
-    "huey-fsync": "huey",
-    "pgqueuer": "pgqueuer",
-    "procrastinate": "procrastinate",
-    "rq": "rq",
-    "rq-no-persistence": "rq",
-    "rq-aof-everysec": "rq",
-    "rq-aof-always": "rq",
+    name: library.distribution for library in LIBRARIES for name in library.systems
 }
 DEFAULT_SYSTEM = "sqlite"
 
