@@ -21,7 +21,7 @@ from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.faults.network.plan import NetworkPlan
 from crashqueuelab.lab.heartbeats import run as heartbeats
 from crashqueuelab.lab.heartbeats.faults import HeartbeatFaults, Held, Running
-from crashqueuelab.lab.heartbeats.run import Execution, judge, read_ledger
+from crashqueuelab.lab.heartbeats.judge import Execution, judge, read_ledger
 from crashqueuelab.lab.runs.servers import SERVER_VARIABLES
 from crashqueuelab.lab.versions.environments import CACHE_VARIABLE
 from crashqueuelab.systems import resolve_system

@@ -10,18 +10,15 @@ own heartbeat task and buffers, on jobs whose work lasts several retry timers; n
 is killed, stopped, or cut off from the server.
 
 Each execution's start and end are logged by the handler, one line each, in its worker's
-ledger. Every job must run exactly once: a second execution, beside the first or after it,
-happened while every worker was alive, so the library handed out a job its live holder was
-running. The store's reading (the system's independent reader) must hold each job done.
+ledger (``workers.py``). Every job must run exactly once (``judge.py``): a second execution,
+beside the first or after it, happened while every worker was alive, so the library handed
+out a job its live holder was running. The store's reading (the system's independent
+reader) must hold each job done.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
 import time
-import traceback
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -35,8 +32,10 @@ from crashqueuelab.core.retry import RetryPolicy
 from crashqueuelab.lab.faults.kinds import FaultKind
 from crashqueuelab.lab.faults.network.plan import NetworkPlan
 from crashqueuelab.lab.heartbeats.faults import HeartbeatFaults, Held, Running
+from crashqueuelab.lab.heartbeats.judge import Execution, judge, read_ledgers
+from crashqueuelab.lab.heartbeats.workers import WorkerSpec, failures, worker_main
 from crashqueuelab.lab.runs.inheritance import Inherited
-from crashqueuelab.lab.runs.interrupts import forkserver_context, ignore_interrupts
+from crashqueuelab.lab.runs.interrupts import forkserver_context
 from crashqueuelab.lab.runs.kinds import HEARTBEATS
 from crashqueuelab.lab.runs.promises import classify
 from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
@@ -55,159 +54,8 @@ GRACE_TIMERS = 2.0
 STARTUP_S = 60.0
 #: How long a worker process may take to stop once asked (its loop waits for running work).
 STOP_S = 30.0
-WORKER_FAILED = 3
 _RETRY = RetryPolicy(base_delay_us=10_000, max_delay_us=200_000)
 _POLL_S = 0.1
-
-
-@dataclass(frozen=True)
-class Execution:
-    """One run of one job's work by one worker, on the machine's monotonic clock."""
-
-    key: str
-    worker: str
-    start_s: float
-    end_s: float | None
-
-    def overlaps(self, other: Execution) -> bool:
-        ends = self.end_s if self.end_s is not None else float("inf")
-        other_ends = other.end_s if other.end_s is not None else float("inf")
-        return self.start_s < other_ends and other.start_s < ends
-
-    def to_json(self, origin: float) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "worker": self.worker,
-            "start_s": round(self.start_s - origin, 3),
-            "end_s": None if self.end_s is None else round(self.end_s - origin, 3),
-        }
-
-
-def read_ledger(text: str, worker: str) -> list[Execution]:
-    """The executions a worker's ledger holds: ``start KEY T`` and ``end KEY T`` lines,
-    each end closing the earliest open start of its key. A torn last line is ignored."""
-    runs: list[Execution] = []
-    for line in text.splitlines():
-        parts = line.split(" ")
-        if len(parts) != 3 or parts[0] not in ("start", "end"):
-            continue
-        what, key, moment = parts
-        try:
-            at = float(moment)
-        except ValueError:
-            continue
-        if what == "start":
-            runs.append(Execution(key, worker, at, None))
-            continue
-        open_runs = [i for i, run in enumerate(runs) if run.key == key and run.end_s is None]
-        if open_runs:
-            index = open_runs[0]
-            runs[index] = Execution(key, worker, runs[index].start_s, at)
-    return runs
-
-
-def _when(run: Execution, origin: float) -> str:
-    end = "still running" if run.end_s is None else f"to {run.end_s - origin:.2f} s"
-    return f"by {run.worker} from {run.start_s - origin:.2f} s {end}"
-
-
-def _holding(first: Execution, again: Execution, held: Mapping[str, Sequence[Held]]) -> Held | None:
-    """The window that held the first holder's connection between its start and the job's
-    next hand-out, if one did."""
-    return next(
-        (
-            window
-            for window in held.get(first.worker, ())
-            if window.start < again.start_s and first.start_s < window.end
-        ),
-        None,
-    )
-
-
-def judge(
-    keys: Sequence[str],
-    executions: Sequence[Execution],
-    stored: Mapping[str, JobStatus] | None,
-    origin: float,
-    held: Mapping[str, Sequence[Held]] | None = None,
-) -> list[str]:
-    """The anomalies of a run in which no worker was killed or stopped: a job run more than
-    once (beside its first execution, or after it), a job never run, a job the store does
-    not hold done. A job handed out again while a network fault held its holder's
-    connection says so (the library saw no heartbeat); any other was handed out again with
-    every worker alive and reachable."""
-    anomalies = []
-    for key in keys:
-        runs = sorted((run for run in executions if run.key == key), key=lambda run: run.start_s)
-        if not runs:
-            anomalies.append(f"job {key}: never run, while every worker was alive and polling")
-        for index, again in enumerate(runs[1:], 1):
-            # The job was taken from its latest holder: the last one to start before it.
-            beside = [run for run in runs[:index] if run.overlaps(again)]
-            first = beside[-1] if beside else runs[index - 1]
-            how = "beside" if beside else "after"
-            window = _holding(first, again, held or {})
-            if window is None:
-                anomalies.append(
-                    f"job {key}: run again {how} a live worker's execution:"
-                    f" {_when(first, origin)}, then {_when(again, origin)}; no worker was"
-                    " killed, stopped or cut off"
-                )
-            else:
-                anomalies.append(
-                    f"job {key}: run again {how} {first.worker}'s execution while a"
-                    f" {window.kind} held {first.worker}'s connection"
-                    f" ({window.start - origin:.2f} s to {window.end - origin:.2f} s):"
-                    f" {_when(first, origin)}, then {_when(again, origin)}"
-                )
-        if stored is not None and stored.get(key) is not JobStatus.SUCCEEDED:
-            found = stored.get(key)
-            anomalies.append(
-                f"job {key}: the store holds it {'nowhere' if found is None else found.value}"
-                " after every execution ended"
-            )
-    return anomalies
-
-
-@dataclass(frozen=True)
-class _WorkerSpec:
-    system: str
-    store: str
-    worker_id: str
-    ledger: str
-    work_s: float
-    retry_after_s: float
-    inherited: Inherited
-
-
-def _append(path: str, line: str) -> None:
-    # One write per line on an O_APPEND file: lines from several work threads never mix.
-    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(descriptor, line.encode())
-    finally:
-        os.close(descriptor)
-
-
-def _worker_main(spec: _WorkerSpec) -> None:
-    """Run the library's own loop until SIGTERM; each job's work is a wait of ``work_s``."""
-    ignore_interrupts()
-    spec.inherited.adopt()
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-
-    def work(key: str) -> None:
-        _append(spec.ledger, f"start {key} {time.monotonic():.6f}\n")
-        stop.wait(spec.work_s)
-        _append(spec.ledger, f"end {key} {time.monotonic():.6f}\n")
-
-    try:
-        loop = resolve_system(spec.system).library_worker
-        assert loop is not None  # the parent checked
-        loop.run(Path(spec.store), spec.worker_id, work, stop, spec.retry_after_s)
-    except Exception:
-        Path(spec.ledger + ".error").write_text(traceback.format_exc())
-        os._exit(WORKER_FAILED)
 
 
 def _submit(system: System, store: Path, keys: Sequence[str]) -> None:
@@ -222,15 +70,6 @@ def _stored(system: System, store: Path) -> dict[str, JobStatus] | None:
     if system.reader is None:
         return None
     return {key: job.status for key, job in system.reader(store).jobs.items()}
-
-
-def _executions(ledgers: Mapping[str, Path]) -> list[Execution]:
-    return [
-        run
-        for worker, ledger in ledgers.items()
-        if ledger.is_file()
-        for run in read_ledger(ledger.read_text(), worker)
-    ]
 
 
 def _every_job_ended(keys: Sequence[str], executions: Sequence[Execution]) -> bool:
@@ -276,7 +115,7 @@ def run_heartbeats(
 ) -> dict[str, Any]:
     """Run ``jobs`` jobs of ``work_timers`` retry timers each on ``workers`` processes of
     the library's own worker loop (its retry timer ``retry_after_s``, by default the
-    library worker's), with the ``network`` faults (``heartbeatfaults.py``); the record,
+    library worker's), with the ``network`` faults (``faults.py``); the record,
     also written to ``heartbeats.json``."""
     resolved = resolve_system(system)
     loop = resolved.library_worker
@@ -313,9 +152,9 @@ def run_heartbeats(
     if progress is not None:
         progress(f"heartbeats {resolved.name}: {jobs} jobs of {work_s:g} s on {workers} workers")
     worked = _work(plan, network, origin, now)
-    failed = _failures(plan.ledgers, worked.exits)
+    failed = failures(plan.ledgers, worked.exits)
     finished = now()
-    executions = _executions(plan.ledgers)
+    executions = read_ledgers(plan.ledgers)
     stored = _stored(resolved, store)
     anomalies = judge(keys, executions, stored, origin, worked.held)
     error = None
@@ -385,9 +224,9 @@ def _work(
         )
         processes = {
             worker: context.Process(
-                target=_worker_main,
+                target=worker_main,
                 args=(
-                    _WorkerSpec(
+                    WorkerSpec(
                         plan.system,
                         str(plan.store),
                         worker,
@@ -407,7 +246,7 @@ def _work(
             while now() < plan.deadline:
                 if any(process.exitcode is not None for process in processes.values()):
                     break  # a worker's loop ended by itself: the run cannot go on as planned
-                executions = _executions(plan.ledgers)
+                executions = read_ledgers(plan.ledgers)
                 if faults is not None:
                     faults.strike_due(
                         [
@@ -431,19 +270,6 @@ def _work(
             held={} if faults is None else faults.held(),
             network=None if faults is None else faults.report(),
         )
-
-
-def _failures(ledgers: Mapping[str, Path], codes: Mapping[str, int | None]) -> dict[str, str]:
-    """Each worker whose loop raised (the last line of its traceback) or that did not exit
-    cleanly when asked to stop."""
-    failed = {}
-    for worker, ledger in ledgers.items():
-        error = Path(f"{ledger}.error")
-        if error.is_file():
-            failed[worker] = error.read_text().strip().splitlines()[-1]
-        elif codes[worker] != 0:
-            failed[worker] = f"exited with code {codes[worker]}"
-    return failed
 
 
 def _stop(processes: Mapping[str, Any]) -> dict[str, int | None]:

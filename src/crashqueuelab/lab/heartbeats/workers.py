@@ -1,0 +1,76 @@
+"""A heartbeat run's worker process: the library's own worker loop (``System.library_worker``)
+run until SIGTERM, each job's work a wait whose start and end the handler appends to the
+worker's ledger, one line each. A loop that raises leaves its traceback beside the ledger
+and exits with ``WORKER_FAILED``; ``failures`` reads, in the parent, what each worker left.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from crashqueuelab.lab.runs.inheritance import Inherited
+from crashqueuelab.lab.runs.interrupts import ignore_interrupts
+from crashqueuelab.systems.registry import resolve_system
+
+WORKER_FAILED = 3
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    system: str
+    store: str
+    worker_id: str
+    ledger: str
+    work_s: float
+    retry_after_s: float
+    inherited: Inherited
+
+
+def _append(path: str, line: str) -> None:
+    # One write per line on an O_APPEND file: lines from several work threads never mix.
+    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(descriptor, line.encode())
+    finally:
+        os.close(descriptor)
+
+
+def worker_main(spec: WorkerSpec) -> None:
+    """Run the library's own loop until SIGTERM; each job's work is a wait of ``work_s``."""
+    ignore_interrupts()
+    spec.inherited.adopt()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    def work(key: str) -> None:
+        _append(spec.ledger, f"start {key} {time.monotonic():.6f}\n")
+        stop.wait(spec.work_s)
+        _append(spec.ledger, f"end {key} {time.monotonic():.6f}\n")
+
+    try:
+        loop = resolve_system(spec.system).library_worker
+        assert loop is not None  # the parent checked
+        loop.run(Path(spec.store), spec.worker_id, work, stop, spec.retry_after_s)
+    except Exception:
+        Path(spec.ledger + ".error").write_text(traceback.format_exc())
+        os._exit(WORKER_FAILED)
+
+
+def failures(ledgers: Mapping[str, Path], codes: Mapping[str, int | None]) -> dict[str, str]:
+    """Each worker whose loop raised (the last line of its traceback) or that did not exit
+    cleanly when asked to stop."""
+    failed = {}
+    for worker, ledger in ledgers.items():
+        error = Path(f"{ledger}.error")
+        if error.is_file():
+            failed[worker] = error.read_text().strip().splitlines()[-1]
+        elif codes[worker] != 0:
+            failed[worker] = f"exited with code {codes[worker]}"
+    return failed
