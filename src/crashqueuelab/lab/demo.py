@@ -15,6 +15,7 @@ from typing import Any
 
 from crashqueuelab.core.clock import ManualClock
 from crashqueuelab.core.ids import SeededIds
+from crashqueuelab.lab.campaign import child as crash_child
 from crashqueuelab.lab.faults.children import (
     CHILD_TIMEOUT_S,
     CRASH_EXIT_CODE,
@@ -89,6 +90,7 @@ def run_scenario(
     claimed_at = START_US + 1_000
     child = spawn_child(
         scenario_dir,
+        crash_child.main,
         [
             "--system", spec,
             "--workload", "single-worker",
@@ -99,6 +101,7 @@ def run_scenario(
             "--start-us", str(claimed_at),
         ],
         timeout_s=CHILD_TIMEOUT_S,
+        preload=[system.open.__module__],
     )  # fmt: skip
     last_words = read_last_words(scenario_dir)
     after_crash = scenario_figures(system, scenario_dir)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from crashqueuelab.lab.campaign import child
 from crashqueuelab.lab.faults.children import (
     CHILD_STDERR,
     CHILD_TIMEOUT_S,
@@ -27,6 +28,7 @@ from crashqueuelab.lab.workloads.scenario import (
     scenario_jobs,
 )
 from crashqueuelab.systems.contract import CrashPoint, JobSpec, StoreReading, System
+from crashqueuelab.systems.registry import resolve_system
 
 #: The part of a crash signature that says where the jobs stood (the rest are facts about
 #: the files, which a power cut may legitimately change).
@@ -107,7 +109,13 @@ def death_summary(death: dict[str, Any]) -> str:
 
 def _kill_at(case_dir: Path, spec: str, point: str, seed: int, case_id: str) -> ChildRun:
     arguments = ["--system", spec, "--fault-point", point, "--seed", str(seed)]
-    return spawn_child(case_dir, [*arguments, "--case-id", case_id], timeout_s=CHILD_TIMEOUT_S)
+    return spawn_child(
+        case_dir,
+        child.main,
+        [*arguments, "--case-id", case_id],
+        timeout_s=CHILD_TIMEOUT_S,
+        preload=[resolve_system(spec).open.__module__],
+    )
 
 
 def crash_signature(

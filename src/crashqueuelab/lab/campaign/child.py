@@ -1,4 +1,6 @@
-"""The child process of a crash case: ``python -m crashqueuelab.lab.campaign.child ...``.
+"""The child process of a crash case: forked for it from the run's fork server
+(``lab.faults.children.spawn_child`` calls ``main``), or ``python -m
+crashqueuelab.lab.campaign.child ...`` by hand.
 
 It runs one scripted workload on the named system with a hook that calls ``os._exit`` at the
 chosen crash point, so the parent sees a real process death: no ``finally`` block, no

@@ -1,20 +1,26 @@
-"""Crash children: spawning one with a bounded wait, its last words, and its death.
+"""Crash children: starting one with a bounded wait, its last words, and its death.
 
-A child is ``python -m crashqueuelab.lab.campaign.child`` in a case directory. Before it dies at
-its crash point it writes and syncs a tiny JSON file naming the point (its last words), so
-the parent can prove where it died even where two points leave the same durable state.
+A child is a real process forked for one case from the run's fork server (which has the
+child's code and the system's module imported already, and holds no connection), in a
+session of its own, with its output in the case directory's ``child.stderr``, the parent's
+environment and import path. It runs the entry point it is given with its arguments
+(``lab.campaign.child.main``). Before it dies at its crash point it writes and syncs a tiny
+JSON file naming the point (its last words), so the parent can prove where it died even
+where two points leave the same durable state.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
+
+from crashqueuelab.lab.runs.interrupts import forkserver_context
 
 #: The exit status of a child killed at its crash point.
 CRASH_EXIT_CODE = 86
@@ -80,42 +86,72 @@ class ChildRun:
     elapsed_ms: float
 
 
-def _child_environment() -> dict[str, str]:
-    # A system given as module:factory must import in the child as it did in the parent.
-    environment = dict(os.environ)
-    paths = [entry for entry in sys.path if entry]
-    if environment.get("PYTHONPATH"):
-        paths.append(environment["PYTHONPATH"])
-    environment["PYTHONPATH"] = os.pathsep.join(paths)
-    return environment
+#: A crash child's entry point: its arguments in, its exit status out.
+ChildMain = Callable[[list[str]], int]
 
 
-def spawn_child(case_dir: Path, arguments: list[str], *, timeout_s: float) -> ChildRun:
-    """Run a crash child with a bounded wait; kill it on timeout. Stderr is kept."""
-    command = [
-        sys.executable,
-        "-m",
-        "crashqueuelab.lab.campaign.child",
-        "--case-dir",
-        str(case_dir),
-    ]
+def spawn_child(
+    case_dir: Path,
+    main: ChildMain,
+    arguments: Sequence[str],
+    *,
+    timeout_s: float,
+    preload: Sequence[str] = (),
+) -> ChildRun:
+    """Run ``main(["--case-dir", case_dir, *arguments])`` in a crash child with a bounded
+    wait; kill it on timeout.
+    Its output is kept in ``CHILD_STDERR``. ``preload``: modules the fork server imports
+    once, so a child does not (the system's module)."""
+    context = forkserver_context([CLI_MODULE, main.__module__, *preload])
+    child = context.Process(
+        target=_child,
+        args=(
+            main,
+            ["--case-dir", str(case_dir), *arguments],
+            str(case_dir / CHILD_STDERR),
+            dict(os.environ),
+            sys.path,
+        ),
+        name=f"crash child {case_dir.name}",
+    )
     started = time.perf_counter()
-    with (case_dir / CHILD_STDERR).open("ab") as stderr:
-        child = subprocess.Popen(
-            [*command, *arguments],
-            stdin=subprocess.DEVNULL,
-            stdout=stderr,
-            stderr=stderr,
-            env=_child_environment(),
-            # Out of the terminal's process group: a Ctrl-C stops the campaign, which lets
-            # the case in flight end at its crash point (every wait for it is bounded).
-            start_new_session=True,
-        )
-        try:
-            exit_code: int | None = child.wait(timeout=timeout_s)
-            timed_out = False
-        except subprocess.TimeoutExpired:
+    child.start()
+    try:
+        child.join(timeout_s)
+        timed_out = child.is_alive()
+        if timed_out:
             child.kill()
-            child.wait()
-            exit_code, timed_out = None, True
+            child.join()
+    except BaseException:
+        # Interrupted: the case in flight must not outlive its run.
+        child.kill()
+        child.join()
+        raise
+    exit_code = None if timed_out else child.exitcode
+    child.close()
     return ChildRun(exit_code, timed_out, (time.perf_counter() - started) * 1000)
+
+
+def _child(
+    main: ChildMain,
+    arguments: list[str],
+    stderr: str,
+    environment: dict[str, str],
+    import_path: list[str],
+) -> None:
+    """In the forked child: a session of its own (a Ctrl-C at the terminal goes to the
+    run, which stops its cases itself), output to the case directory, the parent's
+    environment and import path as they are now (the fork server has what they were when
+    it started: a system given as module:factory must import here as it did there)."""
+    os.setsid()
+    output = os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    nothing = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(nothing, 0)
+    os.dup2(output, 1)
+    os.dup2(output, 2)
+    os.close(output)
+    os.close(nothing)
+    os.environ.clear()
+    os.environ.update(environment)
+    sys.path[:0] = [entry for entry in import_path if entry not in sys.path]
+    sys.exit(main(arguments))
