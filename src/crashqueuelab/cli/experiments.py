@@ -32,7 +32,7 @@ from crashqueuelab.lab.bench.runner import BENCH_FILE, run_bench, table
 from crashqueuelab.lab.campaign.run import CAMPAIGN_FILE, run_campaign
 from crashqueuelab.lab.chaos.longjobs import DEFAULT_LONG_JOBS
 from crashqueuelab.lab.chaos.poison import DEFAULT_POISON_JOBS
-from crashqueuelab.lab.chaos.supervisor import CHAOS_FILE, run_chaos
+from crashqueuelab.lab.chaos.run import CHAOS_FILE, run_chaos
 from crashqueuelab.lab.demo import DEFAULT_SEED, run_demo
 from crashqueuelab.lab.mutants.runner import MUTANTS_FILE, run_mutants
 from crashqueuelab.lab.reproducers.campaign import shrink_if_failed

@@ -36,7 +36,7 @@ def reproducer_lines(shrink: Mapping[str, Any] | None) -> list[str]:
 
 def _shrink(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     from crashqueuelab.lab.campaign.run import CAMPAIGN_FILE
-    from crashqueuelab.lab.chaos.supervisor import CHAOS_FILE
+    from crashqueuelab.lab.chaos.run import CHAOS_FILE
     from crashqueuelab.lab.reproducers.campaign import add_reproducers
     from crashqueuelab.lab.reproducers.chaos import add_chaos_reproducer
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from crashqueuelab.lab.chaos.accounting import judge_run
+from crashqueuelab.lab.chaos.run import run_chaos
 from crashqueuelab.lab.chaos.schedule import plan
-from crashqueuelab.lab.chaos.supervisor import run_chaos
 from crashqueuelab.lab.chaos.worklog import SHARED_COMMIT_COUNTS, WorkerLog
 from crashqueuelab.lab.faults.kinds import FaultKind
 from crashqueuelab.systems import resolve_system
@@ -234,7 +234,7 @@ def test_progress_counts_an_acknowledgement_sent_by_a_worker_killed_before_its_a
 ) -> None:
     """The store is ahead of the logs by every job a killed worker acknowledged without
     logging the answer; the faults' progress marks must count those jobs too."""
-    from crashqueuelab.lab.chaos.supervisor import _Watcher
+    from crashqueuelab.lab.chaos.watcher import Watcher as _Watcher
 
     (tmp_path / "worker-0.1.log").write_text(
         "claim k1 t1 1.0\nclaim k2 t2 1.0\nacking k1 t1 1.1\nacking k2 t2 1.1\nack k1 t1 1.2\n"

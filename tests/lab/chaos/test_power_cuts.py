@@ -10,7 +10,7 @@ import pytest
 
 from crashqueuelab import cli
 from crashqueuelab.core.errors import InvalidInput
-from crashqueuelab.lab.chaos.supervisor import run_chaos
+from crashqueuelab.lab.chaos.run import run_chaos
 from crashqueuelab.lab.runs.modes import POWER_LOSS
 from tests.lab.faults.powerloss.test_mount import needs_fuse
 

@@ -12,7 +12,7 @@ from crashqueuelab.core.clock import ManualClock
 from crashqueuelab.core.ids import SeededIds
 from crashqueuelab.core.retry import RetryPolicy
 from crashqueuelab.lab.campaign.run import run_campaign
-from crashqueuelab.lab.chaos.supervisor import run_chaos
+from crashqueuelab.lab.chaos.run import run_chaos
 from crashqueuelab.systems import JobSpec, OpenRequest, resolve_system
 from crashqueuelab.systems.libraries.persistqueue.client import PersistQueueClient
 

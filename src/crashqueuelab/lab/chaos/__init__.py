@@ -1,6 +1,7 @@
 """Chaos runs: real SIGKILL and SIGSTOP against worker processes, judged afterwards.
 
-``supervisor.run_chaos`` submits the jobs, starts the workers and a maintenance process
-from a fork server, delivers a seeded schedule of signals, and hands the retained databases
-to ``accounting.judge_run``.
+``run.run_chaos`` submits the jobs, starts the workers and a maintenance process from a
+fork server (``fleet``), delivers a seeded schedule of faults as the work progresses
+(``drive``, through ``lab/faults``' deliverers), and hands the retained databases to
+``accounting.judge_run``.
 """

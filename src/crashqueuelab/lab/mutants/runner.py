@@ -13,7 +13,7 @@ from typing import Any
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.campaign.probes import PROBES as ALL_PROBES
 from crashqueuelab.lab.campaign.run import run_campaign
-from crashqueuelab.lab.chaos.supervisor import run_chaos
+from crashqueuelab.lab.chaos.run import run_chaos
 from crashqueuelab.lab.faults.powerloss.disk import require_power_loss
 from crashqueuelab.lab.mutants.catalog import (
     CHAOS,

@@ -16,7 +16,7 @@ from crashqueuelab.lab.campaign.probes import run_probes
 from crashqueuelab.lab.campaign.run import run_campaign
 from crashqueuelab.lab.chaos.longjobs import DEFAULT_LONG_JOBS
 from crashqueuelab.lab.chaos.poison import DEFAULT_POISON_JOBS
-from crashqueuelab.lab.chaos.supervisor import run_chaos
+from crashqueuelab.lab.chaos.run import run_chaos
 from crashqueuelab.lab.faults.network.plan import NetworkPlan
 from crashqueuelab.lab.runs.modes import PROCESS
 from crashqueuelab.lab.workloads.model import run_model_workload

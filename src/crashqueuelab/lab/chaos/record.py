@@ -1,0 +1,134 @@
+"""A chaos run's record, ``chaos.json``: what was asked, what was delivered, what the
+accounting found and the verdict, with the artifacts the page and a replay read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from crashqueuelab.lab.chaos.fleet import ChaosRun
+from crashqueuelab.lab.chaos.verdict import promises, reasons
+from crashqueuelab.lab.faults.delivery import landed_count
+from crashqueuelab.lab.faults.kinds import FaultKind
+from crashqueuelab.lab.faults.network.plan import NetworkPlan
+from crashqueuelab.lab.runs.commands import import_path
+from crashqueuelab.systems.contract import System
+
+
+def chaos_record(
+    run: ChaosRun,
+    *,
+    system: str,
+    chosen: System,
+    seed: int,
+    crash_mode: str,
+    notes: list[str],
+    jobs: int,
+    workers: int,
+    kills: int,
+    pauses: int,
+    power_cuts: int,
+    server_restarts: int,
+    session_kills: int,
+    network: NetworkPlan,
+    poison_count: int,
+    long_jobs: set[int],
+    lease_ms: int,
+    batch: int,
+    counts: dict[FaultKind, int],
+    accounting: dict[str, Any],
+    pause_anomalies: list[str],
+    finished_in_time: bool,
+    schedule_record: list[dict[str, Any]],
+    replay_of: str | None,
+    store: Path,
+    output_dir: Path,
+    elapsed: float,
+) -> dict[str, Any]:
+    """What ``run_chaos`` returns and writes to ``chaos.json`` for the finished ``run``:
+    what it was asked, what landed, what the accounting found and the verdict."""
+    started = run.state.started
+    delivered = run.state.delivered
+    kills_delivered = landed_count(delivered, FaultKind.KILL)
+    pauses_delivered = landed_count(delivered, FaultKind.PAUSE)
+    cuts_delivered = landed_count(delivered, FaultKind.POWER_CUT)
+    restarts_delivered = landed_count(delivered, FaultKind.SERVER_RESTART)
+    session_kills_delivered = landed_count(delivered, FaultKind.SESSION_KILL)
+    report = {
+        "system": chosen.describe(),
+        "system_spec": system,
+        "system_import_path": import_path(system),
+        "seed": seed,
+        "crash_mode": crash_mode,
+        "notes": notes,
+        "parameters": {
+            "jobs": jobs,
+            "workers": workers,
+            "kills": kills,
+            "pauses": pauses,
+            "power_cuts": power_cuts,
+            "server_restarts": server_restarts,
+            "session_kills": session_kills,
+            **{
+                name: value
+                for name, value in network.to_json(lease_ms).items()
+                if network.active or name != "window_ms"
+            },
+            "poison_jobs": poison_count,
+            "long_jobs": len(long_jobs),
+            "lease_ms": lease_ms,
+            "batch": batch,
+        },
+        "kills_delivered": kills_delivered,
+        "pauses_delivered": pauses_delivered,
+        "power_cuts_delivered": cuts_delivered,
+        "server_restarts_delivered": restarts_delivered,
+        "session_kills_delivered": session_kills_delivered,
+        "network_faults_delivered": {
+            kind.value: landed_count(delivered, kind) for kind in network.counts()
+        },
+        "network": run.network.report() if run.network is not None else None,
+        "pauses_with_takeover": sum(1 for record in delivered if record.get("taken_over")),
+        "pauses_fenced": sum(1 for record in delivered if record.get("fenced")),
+        "respawns": run.state.respawns,
+        "accounting": accounting,
+        "worker_failures": run.state.failures,
+        "anomalies": [
+            f"{failure['worker_id']} exited with status {failure['exit_code']}: {failure['error']}"
+            for failure in run.state.failures
+        ]
+        + accounting["anomalies"]
+        + pause_anomalies,
+        "ok": (
+            accounting["ok"]
+            and not run.state.failures
+            and not pause_anomalies
+            and all(landed_count(delivered, kind) == count for kind, count in counts.items())
+        ),
+        "reasons": reasons(
+            accounting,
+            run.state.failures,
+            pause_anomalies,
+            delivered,
+            planned=counts,
+            finished_in_time=finished_in_time,
+            gave_up=run.state.gave_up,
+        ),
+        "finished_in_time": finished_in_time,
+        # What was planned, as data: ``chaos --replay`` delivers it again.
+        "schedule": schedule_record,
+        "replay_of": replay_of,
+        "faults": delivered,
+        "artifacts": {
+            "store_directory": str(store.relative_to(output_dir)),
+            "idempotent_ledger": "effects-idempotent.sqlite",
+            "non_idempotent_ledger": "executions-non-idempotent.sqlite",
+            "worker_logs": "worker-logs",
+        },
+        "workers_started": run.state.workers,
+        # The run's start on the machine's monotonic clock, which the worker logs also use.
+        "started_monotonic_s": started,
+        "timings": {"elapsed_s": round(elapsed, 3)},
+    }
+    report["promises"] = promises(chosen, crash_mode, report, run.state.gave_up)
+    return report

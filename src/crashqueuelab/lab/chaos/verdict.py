@@ -1,0 +1,104 @@
+"""A chaos run judged: why it is not ok, what each paused worker was told of its late
+acknowledgements, and the run against the system's own promises."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from crashqueuelab.lab.chaos.worklog import read_logs
+from crashqueuelab.lab.faults.delivery import landed_count
+from crashqueuelab.lab.faults.kinds import FaultKind
+from crashqueuelab.lab.runs.promises import classify
+from crashqueuelab.systems.contract import System
+
+
+def reasons(
+    accounting: dict[str, Any],
+    failures: list[dict[str, Any]],
+    pause_anomalies: list[str],
+    delivered: list[dict[str, Any]],
+    *,
+    planned: dict[FaultKind, int],
+    finished_in_time: bool,
+    gave_up: str | None = None,
+) -> list[str]:
+    """Why a run is not ok, one line each (empty when it is)."""
+    reasons = [
+        f"{failure['worker_id']} exited with status {failure['exit_code']}: {failure['error']}"
+        for failure in failures
+    ]
+    if not finished_in_time:
+        reasons.append(gave_up or "the work did not finish before the deadline")
+    for kind, count in planned.items():
+        landed = landed_count(delivered, kind)
+        if landed != count:
+            reasons.append(
+                f"{count - landed} of {count} planned {kind.value}s not delivered"
+                " (the work ended first or no worker could be hit)"
+            )
+    for name in ("lost", "dead", "unexpected", "duplicated_effects", "effects_missing"):
+        if accounting[name]:
+            reasons.append(f"{name.replace('_', ' ')}: {accounting[name]}")
+    if accounting["acknowledged_twice"]:
+        reasons.append(f"jobs acknowledged twice: {accounting['acknowledged_twice']}")
+    poison = accounting.get("poison", {}).get("anomalies", [])
+    if poison:
+        reasons.append(
+            f"poison jobs not dead-lettered at their limit: {len(poison)} (first: {poison[0]})"
+        )
+    if accounting.get("overlapping_leases"):
+        reasons.append(
+            f"second leases granted while another was live: {accounting['overlapping_leases']}"
+            f" (first: {accounting['overlapping_lease_proofs'][0]})"
+        )
+    if not accounting["judge_ok"]:
+        reasons.append(
+            f"the reader found the store inconsistent: {accounting['judge_problems'][:3]}"
+        )
+    if not all(accounting["integrity_check_ok"].values()):
+        reasons.append(f"ledger integrity: {accounting['integrity_check_ok']}")
+    return reasons + pause_anomalies
+
+
+def judge_pauses(delivered: list[dict[str, Any]], log_dir: Path) -> list[str]:
+    """What each paused worker was told about the leases it held when it was stopped.
+
+    It was continued only after its leases' deadlines had passed or other workers had
+    claimed its jobs, so every one of its late acknowledgements must have been refused.
+    """
+    logs = read_logs(log_dir)
+    anomalies = []
+    for record in delivered:
+        held = {(key, token) for key, token in record.get("held_leases", ())}
+        if record["kind"] != FaultKind.PAUSE.value or not held:
+            continue
+        log = logs.get(record["worker_id"])
+        refused = set(log.stale) & held if log else set()
+        accepted = set(log.acks) & held if log else set()
+        # A worker killed soon after it was continued may never have heard an answer.
+        record["late_acknowledgements"] = {
+            "refused": len(refused),
+            "accepted": len(accepted),
+            "unanswered": len(held - refused - accepted),
+        }
+        record["fenced"] = not accepted
+        anomalies += [
+            f"job {key}: {record['worker_id']}, stopped past its lease, had its late "
+            "acknowledgement accepted"
+            for key, _ in sorted(accepted)
+        ]
+    return anomalies
+
+
+def promises(
+    chosen: System, crash_mode: str, report: dict[str, Any], gave_up: str | None
+) -> dict[str, Any]:
+    """The run against the system's own promises, judged job by job (the reasons' counts
+    say "lost" of a job still held, too) with the run's stall; a fault the schedule could
+    not deliver says nothing of the system."""
+    judged = list(report["anomalies"])
+    if not report["finished_in_time"]:
+        judged.append(gave_up or "the work did not finish before the deadline")
+    kinds = sorted({str(record["kind"]) for record in report["faults"] if "at_s" in record})
+    return classify(chosen, crash_mode, judged, kinds)

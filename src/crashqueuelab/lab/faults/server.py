@@ -1,0 +1,93 @@
+"""Faults of the system's server: it restarts without a checkpoint, or it ends one
+worker's database sessions."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from crashqueuelab.lab.faults.delivery import Fault, Record, Worker
+from crashqueuelab.lab.faults.kinds import FaultKind
+
+
+class RestartTarget(Protocol):
+    """A run that started the system's server itself."""
+
+    #: The run's start, on the monotonic clock.
+    @property
+    def started(self) -> float: ...
+
+    #: Crashes and restarts the server (None: the run did not start one).
+    @property
+    def restart_server(self) -> Callable[[], None] | None: ...
+
+
+class SessionTarget(Protocol):
+    """A run whose workers hold sessions on the system's server."""
+
+    #: The run's start, on the monotonic clock.
+    @property
+    def started(self) -> float: ...
+
+    @property
+    def workers(self) -> Sequence[Worker]: ...
+
+    def is_paused(self, slot: int) -> bool: ...
+
+    #: Ends every session of a process id on the server; how many it ended.
+    @property
+    def terminate_sessions(self) -> Callable[[int], int] | None: ...
+
+
+class ServerRestart:
+    """The server dies without a checkpoint and starts again; the workers live on and must
+    reconnect, and every transition they were told was committed must still be there."""
+
+    kinds = frozenset({FaultKind.SERVER_RESTART})
+
+    def deliver(self, fault: Fault, target: RestartTarget) -> Record | None:
+        assert target.restart_server is not None
+        time.sleep(fault.delay_ms / 1000)
+        record: Record = {
+            "index": fault.index,
+            "kind": fault.kind.value,
+            "after_finished": fault.after_finished,
+            "at_s": round(time.monotonic() - target.started, 6),
+        }
+        target.restart_server()
+        record["back_after_s"] = round(time.monotonic() - target.started - record["at_s"], 6)
+        return record
+
+
+class SessionKill:
+    """Ends the database session of the planned worker (or the next one round the table
+    that has a session); nothing is struck while no worker has one."""
+
+    kinds = frozenset({FaultKind.SESSION_KILL})
+
+    def deliver(self, fault: Fault, target: SessionTarget) -> Record | None:
+        assert target.terminate_sessions is not None
+        slots = target.workers
+        for step in range(len(slots)):
+            slot = slots[(fault.worker_slot + step) % len(slots)]
+            if target.is_paused(slot.index) or slot.process.exitcode is not None:
+                continue
+            ended = target.terminate_sessions(slot.process.pid)
+            if ended:
+                return {
+                    "index": fault.index,
+                    "kind": fault.kind.value,
+                    "planned_slot": fault.worker_slot,
+                    "worker_slot": slot.index,
+                    "worker_id": slot.worker_id,
+                    "pid": slot.process.pid,
+                    "after_finished": fault.after_finished,
+                    "at_s": round(time.monotonic() - target.started, 6),
+                    "sessions_ended": ended,
+                }
+        return None
+
+
+SERVER_RESTART = ServerRestart()
+SESSION_KILL = SessionKill()
