@@ -212,3 +212,15 @@ def redis_socket() -> Iterator[str]:
                 os.environ.pop(SOCKET_VARIABLE, None)
             else:
                 os.environ[SOCKET_VARIABLE] = previous
+
+
+@pytest.fixture
+def release_cache(monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The cache of library release environments that every run of the suite shares: the
+    lab's own (``$CRASHQUEUELAB_CACHE``, else under ``~/.cache``), outside the working tree,
+    so each release is built once per Python and reused by the next run."""
+    from crashqueuelab.lab.versions.environments import CACHE_VARIABLE, cache_root
+
+    root = cache_root()
+    monkeypatch.setenv(CACHE_VARIABLE, str(root))
+    return root

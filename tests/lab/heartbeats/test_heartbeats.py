@@ -23,7 +23,6 @@ from crashqueuelab.lab.heartbeats import run as heartbeats
 from crashqueuelab.lab.heartbeats.faults import HeartbeatFaults, Held, Running
 from crashqueuelab.lab.heartbeats.judge import Execution, judge, read_ledger
 from crashqueuelab.lab.runs.servers import SERVER_VARIABLES
-from crashqueuelab.lab.versions.environments import CACHE_VARIABLE
 from crashqueuelab.systems import resolve_system
 from crashqueuelab.systems.contract import JobStatus, LibraryWorker, System
 
@@ -164,12 +163,11 @@ def test_pgqueuers_installed_release_keeps_every_live_workers_job(
 
 @pytest.mark.releases
 def test_heartbeats_too_slow_for_the_retry_timer_rerun_live_jobs_on_0_21_0_not_on_0_24_0(
-    tmp_path: Path, postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, postgres_dsn: str, release_cache: Path
 ) -> None:
     """pgqueuer #430: 0.21.0 flushes heartbeats once per retry timer, so a live worker's
     job looks dead and runs again beside it; 0.24.0 flushes four times as often. Then the
     same pair with a stall: what the stall causes is documented, what 0.21.0 does is not."""
-    monkeypatch.setenv(CACHE_VARIABLE, str(tmp_path / "environments"))
 
     def matrix(name: str, *faults: str) -> tuple[int, dict[str, Any], str]:
         return run(

@@ -1,8 +1,8 @@
 """A library pinned to a release (``--system huey==3.2.1``) runs in an environment of its own,
 built from the package index: the reproduction of huey's unsynced default, and the fix.
 
-The environments are built under the test's own temporary directory, so each run of this
-test installs the two releases afresh (pip's own cache makes that a few seconds each).
+The environments are built in the cache every run of the suite shares (``release_cache``),
+outside the working tree: the first run installs each release, the next ones reuse it.
 """
 
 from __future__ import annotations
@@ -34,16 +34,9 @@ def run(argv: list[str]) -> tuple[int, dict[str, Any], str]:
     return code, json.loads(out.getvalue()), err.getvalue()
 
 
-@pytest.fixture(scope="module")
-def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One cache for the module: each release's environment is built once."""
-    return tmp_path_factory.mktemp("environments")
-
-
 @pytest.fixture
-def cache(shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv(CACHE_VARIABLE, str(shared_cache))
-    return shared_cache
+def cache(release_cache: Path) -> Path:
+    return release_cache
 
 
 @pytest.fixture
@@ -59,6 +52,7 @@ def test_huey_before_3_3_loses_acknowledged_enqueues_to_a_power_cut_and_3_3_keep
     tmp_path: Path, cache: Path
 ) -> None:
     verdicts = {}
+    environments = {}
     for release in ("3.2.1", "3.3.0"):
         directory = tmp_path / release
         code, result, err = run(
@@ -82,6 +76,7 @@ def test_huey_before_3_3_loses_acknowledged_enqueues_to_a_power_cut_and_3_3_keep
         )
         assert code in (0, 1), err
         assert result["environment"]["installed"] == {"huey": release}
+        environments[release] = Path(result["environment"]["directory"])
         report = json.loads((directory / "campaign.json").read_text())
         assert report["system"]["version"] == f"huey {release} (SqliteHuey)"
         verdicts[release] = report
@@ -95,10 +90,11 @@ def test_huey_before_3_3_loses_acknowledged_enqueues_to_a_power_cut_and_3_3_keep
     assert any("fsync=False" in e["what"] for e in old["promises"]["weaker_as_documented"])
     assert fixed["summary"]["failed"] == 0
     assert fixed["summary"]["states_losing_acknowledged_work"] == 0
-    assert sorted(path.name.split("-")[1] for path in cache.iterdir() if path.is_dir()) == [
-        "3.2.1",
-        "3.3.0",
-    ]
+    # Each release in an environment of its own, in the cache, named for the release.
+    for release, environment in environments.items():
+        assert environment.parent == cache
+        assert environment.name.startswith(f"huey-{release}-py")
+    assert environments["3.2.1"] != environments["3.3.0"]
 
 
 def test_only_a_released_library_at_a_release_number_can_be_pinned(

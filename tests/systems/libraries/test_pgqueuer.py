@@ -18,7 +18,6 @@ import pytest
 from crashqueuelab import cli
 from crashqueuelab.judges.readers.pgqueuer import read_pgqueuer_store
 from crashqueuelab.lab.campaign.run import run_campaign
-from crashqueuelab.lab.versions.environments import CACHE_VARIABLE
 from crashqueuelab.systems import resolve_system
 
 
@@ -83,9 +82,8 @@ def test_the_reader_finds_each_job_where_pgqueuer_left_it(
 
 @pytest.mark.releases
 def test_a_worker_killed_mid_job_leaves_it_stuck_on_0_25_0_and_not_on_0_25_1(
-    tmp_path: Path, postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, postgres_dsn: str, release_cache: Path
 ) -> None:
-    monkeypatch.setenv(CACHE_VARIABLE, str(tmp_path / "environments"))
     code, result, err = run(
         [
             "versions",

@@ -1,15 +1,16 @@
 """A library pinned to one release, in a virtual environment of its own: ``--system huey==3.2.1``.
 
 The lab installs the release from the package index into a cached virtual environment, with
-the lab's own code beside it (a link to the very package that is running, so the pinned run
-is this lab and no other copy) and the lab's optional dependencies at the versions already
-installed here. The whole command then runs again in that environment: crash children,
-workers, readers and the page all see that release and no other. The report names the
-versions that were installed, read back from the environment.
+the lab's optional dependencies at the versions already installed here. The whole command
+then runs again in that environment, with the lab's own code on its path (a directory of
+links to the very packages that are running, so the pinned run is this lab and no other
+copy): crash children, workers, readers and the page all see that release and no other. The
+report names the versions that were installed, read back from the environment.
 
 Environments are kept under ``$CRASHQUEUELAB_CACHE`` (default ``$XDG_CACHE_HOME`` or
-``~/.cache``, then ``crashqueuelab/environments``), one per library release, Python and
-lab location; building one is locked, so two runs never build the same one twice.
+``~/.cache``, then ``crashqueuelab/environments``), one per library release and Python (the
+interpreter and the lab's dependencies it was built with), whichever checkout of the lab
+uses it; building one is locked, so two runs never build the same one twice.
 """
 
 from __future__ import annotations
@@ -119,10 +120,38 @@ def lab_requirements() -> list[str]:
     return sorted(pinned)
 
 
-def environment_name(pin: Pin, python: str) -> str:
+def environment_name(pin: Pin) -> str:
+    """The release, and the Python it runs on: the base interpreter (a virtual environment
+    built from this one is built on it), its version, and the lab's dependencies installed
+    beside the release. Not the lab's checkout: its code is put on the path at run time."""
     minor = f"{sys.version_info.major}{sys.version_info.minor}"
-    where = hashlib.sha256(f"{lab_package()}\n{python}".encode()).hexdigest()[:10]
-    return f"{pin.distribution}-{pin.version}-py{minor}-{where}"
+    python = Path(getattr(sys, "_base_executable", sys.executable)).resolve()
+    built_on = "\n".join([str(python), sys.version, *lab_requirements()])
+    digest = hashlib.sha256(built_on.encode()).hexdigest()[:10]
+    return f"{pin.distribution}-{pin.version}-py{minor}-{digest}"
+
+
+#: Beside the environments: one directory of links to the lab's packages per checkout.
+LAB_CODE = ".lab-code"
+
+
+def lab_code() -> Path:
+    """A directory holding only links to the running lab's packages (made on first use), to
+    put on a pinned run's path: nothing else of this environment comes with them."""
+    packages = [lab_package(name) for name in LAB_PACKAGES]
+    where = hashlib.sha256("\n".join(map(str, packages)).encode()).hexdigest()[:10]
+    directory = cache_root() / LAB_CODE / where
+    if all((directory / name).exists() for name in LAB_PACKAGES):
+        return directory
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    making = Path(tempfile.mkdtemp(prefix=f".{where}.", dir=directory.parent))
+    for name, package in zip(LAB_PACKAGES, packages, strict=True):
+        (making / name).symlink_to(package)
+    try:
+        making.rename(directory)
+    except OSError:  # another run made it meanwhile
+        shutil.rmtree(making, ignore_errors=True)
+    return directory
 
 
 def python_of(directory: Path) -> Path:
@@ -137,11 +166,6 @@ def read_marker(directory: Path) -> dict[str, Any] | None:
     return marker if isinstance(marker, dict) and python_of(directory).exists() else None
 
 
-def _site_packages(directory: Path) -> Path:
-    minor = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    return directory / "lib" / minor / "site-packages"
-
-
 def _pip(directory: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
     command = [str(python_of(directory)), "-m", "pip", "--disable-pip-version-check", *arguments]
     try:
@@ -154,14 +178,6 @@ def _pip(directory: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
 
 def _build(pin: Pin, directory: Path) -> dict[str, Any]:
     venv.EnvBuilder(with_pip=True, symlinks=True, clear=True).create(directory)
-    # The lab's code, linked: a directory holding only the package, put on the path by a
-    # .pth line relative to site-packages (so the environment can be renamed when built).
-    code = directory / "lab-code"
-    code.mkdir()
-    for name in LAB_PACKAGES:
-        (code / name).symlink_to(lab_package(name))
-    site = _site_packages(directory)
-    (site / "crashqueuelab-lab.pth").write_text(os.path.relpath(code, site) + "\n")
     installed = _pip(directory, "install", "--quiet", pin.requirement, *lab_requirements())
     if installed.returncode != 0:
         tail = " ".join((installed.stderr or installed.stdout).strip().splitlines()[-3:])
@@ -173,7 +189,6 @@ def _build(pin: Pin, directory: Path) -> dict[str, Any]:
         "requirement": pin.requirement,
         "installed": packages,
         "python": sys.version.split()[0],
-        "lab": str(lab_package()),
     }
 
 
@@ -181,7 +196,7 @@ def ensure_environment(pin: Pin) -> tuple[Path, dict[str, Any]]:
     """The pinned release's environment, built on first use; its directory and marker."""
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
-    directory = root / environment_name(pin, sys.executable)
+    directory = root / environment_name(pin)
     marker = read_marker(directory)
     if marker is not None:
         return directory, marker
