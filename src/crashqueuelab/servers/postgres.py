@@ -6,26 +6,35 @@ with), trusts local connections, and keeps PostgreSQL's durable defaults (``fsyn
 the server runs as the ``postgres`` account (or ``nobody``) and owns its directory.
 
 A server the lab did not start is given by DSN instead (``--dsn``); the lab then never
-stops or restarts it.
+stops or restarts it. ``ThrowawayServer`` follows the shape of every throwaway server
+(``servers.base.Throwaway``); what is PostgreSQL's own is here.
 """
 
 from __future__ import annotations
 
-import contextlib
+import itertools
 import os
 import pwd
 import shlex
 import shutil
-import signal
 import subprocess
-import tempfile
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 from crashqueuelab.core.errors import ServerUnavailable
+from crashqueuelab.servers.base import Description, Throwaway, binary_version, signal_all
+
+__all__ = [
+    "BIN_VARIABLE",
+    "DEBIAN_BINARIES",
+    "DSN_VARIABLE",
+    "SERVER_ACCOUNTS",
+    "SETTINGS",
+    "START_TIMEOUT_S",
+    "ThrowawayServer",
+    "find_binaries",
+    "signal_all",
+]
 
 #: Where the children of a run find the server (the run's parent process sets it).
 DSN_VARIABLE = "CRASHQUEUELAB_POSTGRES_DSN"
@@ -70,21 +79,6 @@ def find_binaries(environ: Mapping[str, str] = os.environ) -> Path | None:
     return None
 
 
-def signal_all(pids: Sequence[int], how: signal.Signals) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, how)
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` still runs (a zombie waiting for its parent counts as gone)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
-
-
 def _server_account() -> pwd.struct_passwd | None:
     """The account to run the server as: None when the lab is not root (it runs as us)."""
     if os.geteuid() != 0:
@@ -100,8 +94,28 @@ def _server_account() -> pwd.struct_passwd | None:
     )
 
 
-class ThrowawayServer:
+def _process_table() -> dict[int, tuple[int, list[str]]]:
+    """Every process now: its parent and its command line (empty for a zombie)."""
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                # Field 4 of stat is the parent; the name before it may hold spaces.
+                stat = (entry / "stat").read_text()
+                argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            except OSError:
+                continue
+            if argv[-1] == "":
+                argv.pop()
+            table[int(entry.name)] = (int(stat.rsplit(")", 1)[1].split()[1]), argv)
+    return table
+
+
+class ThrowawayServer(Throwaway):
     """One PostgreSQL cluster in a temporary directory, removed by ``close``."""
+
+    name = "postgres"
+    start_timeout_s = START_TIMEOUT_S
 
     def __init__(
         self,
@@ -116,13 +130,20 @@ class ThrowawayServer:
                 f" package, set {BIN_VARIABLE}, or give the DSN of a running server"
             )
         self.bindir = found
-        self.settings = dict(settings)
+        self._settings = dict(settings)
         self.initdb_options = tuple(initdb_options)
         self.account = _server_account()
-        self.root = Path(tempfile.mkdtemp(prefix="crashqueuelab-postgres-"))
-        self.data = self.root / "data"
-        self.log = self.root / "server.log"
-        self.running = False
+        super().__init__()
+        self._running = False
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    @property
+    def settings(self) -> dict[str, str]:
+        """What this server's configuration adds to PostgreSQL's defaults."""
+        return self._settings
 
     @property
     def user(self) -> str:
@@ -135,23 +156,40 @@ class ThrowawayServer:
             " connect_timeout=10"
         )
 
+    def environment(self) -> dict[str, str]:
+        return {DSN_VARIABLE: self.dsn}
+
+    def read_version(self) -> str:
+        """``pg_ctl --version``: "pg_ctl (PostgreSQL) 15.18 (Debian ...)" says 15.18."""
+        return binary_version(
+            [str(self.bindir / "pg_ctl"), "--version"], r"\(PostgreSQL\) (\S+)", self.name
+        )
+
+    def describe(self) -> Description:
+        return {**super().describe(), "initdb_options": list(self.initdb_options)}
+
     def _run(self, arguments: Sequence[str]) -> None:
         command = [str(self.bindir / arguments[0]), *arguments[1:]]
-        completed = subprocess.run(
-            command,
-            capture_output=True,
-            text=True,
-            timeout=START_TIMEOUT_S + 30,
-            check=False,
-            user=self.account.pw_uid if self.account else None,
-            group=self.account.pw_gid if self.account else None,
-            extra_groups=[] if self.account else None,
-            cwd=self.root,
-        )
+        what = f"{arguments[0]} {arguments[1] if len(arguments) > 1 else ''}"
+        timeout_s = self.start_timeout_s + 30
+        try:
+            completed = subprocess.run(
+                command,
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                check=False,
+                user=self.account.pw_uid if self.account else None,
+                group=self.account.pw_gid if self.account else None,
+                extra_groups=[] if self.account else None,
+                cwd=self.root,
+            )
+        except subprocess.TimeoutExpired as error:
+            raise ServerUnavailable(f"{what} did not finish in {timeout_s:.0f} s") from error
         if completed.returncode != 0:
             log_tail = self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
             raise ServerUnavailable(
-                f"{arguments[0]} {arguments[1] if len(arguments) > 1 else ''} failed"
+                f"{what} failed"
                 f" (exit {completed.returncode}): {completed.stderr.strip()[-1000:]}"
                 + (f"\nserver log: {log_tail}" if log_tail else "")
             )
@@ -159,6 +197,9 @@ class ThrowawayServer:
     def _own(self, path: Path) -> None:
         if self.account is not None:
             os.chown(path, self.account.pw_uid, self.account.pw_gid)
+
+    def prepare(self) -> None:
+        self.initdb()
 
     def initdb(self) -> None:
         """Create the cluster (once), with this server's settings in its configuration."""
@@ -171,12 +212,6 @@ class ThrowawayServer:
                 conf.write(f"unix_socket_directories = '{self.root}'\n")
                 for name, value in self.settings.items():
                     conf.write(f"{name} = {value}\n")
-
-    def start(self) -> Self:
-        """initdb (first time only) and start; returns once the server accepts connections."""
-        self.initdb()
-        self.start_again()
-        return self
 
     def adopt(self, cluster: Path) -> None:
         """Make the (stopped or crashed) cluster directory ``cluster`` this server's data, as
@@ -192,70 +227,58 @@ class ThrowawayServer:
                 self._own(Path(directory) / name)
         self.data.chmod(0o700)
 
+    def _on_this_data(self, argv: Sequence[str]) -> bool:
+        """Whether a command line is a postmaster's on this data directory, or one of those
+        ``pg_ctl start`` runs to become it (pg_ctl's own fork, then the shell that execs the
+        postmaster)."""
+        data = str(self.data)
+        if any(flag == "-D" and value == data for flag, value in itertools.pairwise(argv)):
+            return True
+        return len(argv) == 3 and argv[1] == "-c" and f'-D "{data}"' in argv[2]
+
     def processes(self) -> list[int]:
-        """The server's processes: the postmaster (from its pid file) and its children."""
+        """The server's processes: the postmaster and its children. The postmaster is the
+        process its pid file names, if that one runs on this data directory (after a crash
+        the number may be another's by now); else the one ``pg_ctl`` is starting on it (a
+        start that failed before the postmaster wrote its pid file)."""
+        table = _process_table()
         try:
-            postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+            named = int((self.data / "postmaster.pid").read_text().split()[0])
         except (OSError, ValueError, IndexError):
-            return []
-        children = []
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    # Field 4 of stat is the parent; the name before it may hold spaces.
-                    stat = (entry / "stat").read_text()
-                except OSError:
-                    continue
-                if int(stat.rsplit(")", 1)[1].split()[1]) == postmaster:
-                    children.append(int(entry.name))
-        return [postmaster, *children]
+            named = None
+        if named is not None and self._on_this_data(table.get(named, (0, []))[1]):
+            postmasters = [named]
+        else:
+            postmasters = [pid for pid, (_, argv) in table.items() if self._on_this_data(argv)]
+        children = [
+            pid for pid, (parent, _) in table.items() if parent in postmasters and pid != parent
+        ]
+        return [*postmasters, *children]
 
-    def kill(self, pids: Sequence[int]) -> None:
-        """Every process of the server dies at once (SIGKILL), as in a power cut; returns
-        once they are gone (bounded)."""
-        self.running = False
-        signal_all(pids, signal.SIGKILL)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
-            time.sleep(0.01)
+    def forget(self) -> None:
+        self._running = False
 
-    def start_again(self) -> None:
-        """Start the existing cluster (after a stop, crash recovery runs here).
+    def launch(self) -> None:
+        """Start the existing cluster (after a stop, crash recovery runs here); ``pg_ctl -w``
+        waits until it accepts connections.
 
         The socket goes into this server's directory even when the cluster was copied from
         another one (its configuration names the other's)."""
         socket = f"-k {shlex.quote(str(self.root))}"
         pg_ctl = ["pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", socket]
-        self._run([*pg_ctl, "-w", "-t", str(START_TIMEOUT_S), "start"])
-        self.running = True
+        self._run([*pg_ctl, "-w", "-t", str(int(self.start_timeout_s)), "start"])
+        self._running = True
 
     def stop(self, mode: str = "fast") -> None:
         """``pg_ctl stop -m MODE``; ``immediate`` is a crash: no checkpoint, recovery at start."""
-        if self.running:
-            self.running = False
+        if not (self.data / "PG_VERSION").exists():
+            # Its data directory went away under it (a power cut's mount): nothing to stop.
+            self._running = False
+        if self._running:
+            self._running = False
             self._run(["pg_ctl", "-D", str(self.data), "-m", mode, "-w", "-t", "60", "stop"])
 
-    def restart_after_crash(self) -> None:
-        """The server dies as a power cut or OOM kill would leave it, then starts again."""
+    def crash(self) -> None:
+        """``pg_ctl stop -m immediate``: every process quits at once, nothing is written;
+        the next start runs crash recovery."""
         self.stop("immediate")
-        self.start_again()
-
-    def close(self) -> None:
-        try:
-            if not (self.data / "PG_VERSION").exists():
-                # Its data directory went away under it (a power cut's mount): nothing to stop.
-                self.running = False
-            self.stop("fast")
-        finally:
-            shutil.rmtree(self.root, ignore_errors=True)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()

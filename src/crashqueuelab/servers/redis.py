@@ -12,24 +12,22 @@ Persistence settings (the names the report shows):
 - ``rdb``: Redis's default snapshots (``save 3600 1 300 100 60 10000``), no AOF.
 - ``aof-everysec``: the append-only file, synced once a second (Redis's AOF default).
 - ``aof-always``: the append-only file, synced before each write is answered.
+
+``ThrowawayRedis`` follows the shape of every throwaway server (``servers.base.Throwaway``);
+what is Redis's own is here.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 import subprocess
-import tempfile
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 from crashqueuelab.core.errors import ServerUnavailable
 from crashqueuelab.judges.resp import RespConnection, RespError
+from crashqueuelab.servers.base import Description, Throwaway, binary_version, wait_until
 
 #: Where the children of a run find the server (the run's parent process sets it).
 SOCKET_VARIABLE = "CRASHQUEUELAB_REDIS_SOCKET"
@@ -37,6 +35,8 @@ SOCKET_VARIABLE = "CRASHQUEUELAB_REDIS_SOCKET"
 BINARY_VARIABLE = "CRASHQUEUELAB_REDIS_SERVER"
 #: Every wait for the server is bounded.
 START_TIMEOUT_S = 60.0
+#: The options that name one server's own files (``describe`` leaves them out).
+PATH_OPTIONS = frozenset({"--unixsocket", "--dir", "--logfile"})
 #: How much of the server's log a refusal to start quotes.
 LOG_LINES = 2
 LOG_CHARACTERS = 600
@@ -78,8 +78,14 @@ def ping(path: Path, timeout_s: float = 2.0) -> bool:
         return False
 
 
-class ThrowawayRedis:
-    """One ``redis-server`` in a temporary directory, removed by ``close``."""
+class ThrowawayRedis(Throwaway):
+    """One ``redis-server`` in a temporary directory, removed by ``close``.
+
+    Stopping it kills it, as a crash does: nothing is saved at the stop that its persistence
+    had not written already (a ``SHUTDOWN`` would write a snapshot first)."""
+
+    name = "redis"
+    start_timeout_s = START_TIMEOUT_S
 
     def __init__(self, persistence: str = "rdb", binary: Path | None = None) -> None:
         if persistence not in PERSISTENCE:
@@ -92,10 +98,8 @@ class ThrowawayRedis:
             )
         self.binary = found
         self.persistence = persistence
-        self.root = Path(tempfile.mkdtemp(prefix="crashqueuelab-redis-"))
-        self.data = self.root / "data"
+        super().__init__()
         self.socket = self.root / "redis.sock"
-        self.log = self.root / "server.log"
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -117,12 +121,34 @@ class ThrowawayRedis:
             *PERSISTENCE[self.persistence],
         ]  # fmt: skip
 
-    def start(self) -> Self:
+    @property
+    def settings(self) -> dict[str, str]:
+        """The command line's options, those that name this server's files left out."""
+        words = self.arguments()[1:]
+        return {
+            option.removeprefix("--"): value
+            for option, value in zip(words[::2], words[1::2], strict=True)
+            if option not in PATH_OPTIONS
+        }
+
+    def environment(self) -> dict[str, str]:
+        return {SOCKET_VARIABLE: str(self.socket)}
+
+    def read_version(self) -> str:
+        """``redis-server --version``: "Redis server v=7.0.15 sha=..." says 7.0.15."""
+        return binary_version([str(self.binary), "--version"], r"\bv=(\S+)", self.name)
+
+    def describe(self) -> Description:
+        return {**super().describe(), "persistence": self.persistence}
+
+    def prepare(self) -> None:
+        self.data.mkdir(parents=True, exist_ok=True)
+
+    def launch(self) -> None:
         """Start on this server's data directory; returns once it answers PING (its data
         loaded). A server that exits or does not answer in time is ``ServerUnavailable``."""
-        self.data.mkdir(parents=True, exist_ok=True)
         self.socket.unlink(missing_ok=True)
-        self.process = subprocess.Popen(
+        process = self.process = subprocess.Popen(
             self.arguments(),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -131,13 +157,12 @@ class ThrowawayRedis:
             # the server itself.
             start_new_session=True,
         )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                break
-            if self.socket.exists() and ping(self.socket):
-                return self
-            time.sleep(0.02)
+
+        def settled() -> bool:
+            return process.poll() is not None or (self.socket.exists() and ping(self.socket))
+
+        if wait_until(settled, self.start_timeout_s, poll_s=0.02) and process.poll() is None:
+            return
         self.kill()
         raise ServerUnavailable(f"redis-server did not start: {self.last_words()}", "redis")
 
@@ -150,39 +175,19 @@ class ThrowawayRedis:
         said = [line.split(" ", 5)[-1] for line in lines[-LOG_LINES:]]
         return " / ".join(said)[-LOG_CHARACTERS:] or "no log"
 
-    def kill(self) -> None:
-        """The server dies at once (SIGKILL), as a crash leaves it; bounded wait."""
-        if self.process is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            self.process.send_signal(signal.SIGKILL)
-        try:
-            self.process.wait(timeout=START_TIMEOUT_S)
-        finally:
-            self.process = None
-
     def processes(self) -> list[int]:
-        return [] if self.process is None else [self.process.pid]
+        """The server's one process while it runs (once it has exited and been reaped, its
+        number may be another's)."""
+        if self.process is None or self.process.poll() is not None:
+            return []
+        return [self.process.pid]
 
-    def restart_after_crash(self) -> None:
-        """The server dies as a power cut or OOM kill would leave it, then starts again:
-        what it kept is what its persistence wrote."""
+    def forget(self) -> None:
+        """The killed server is reaped (bounded)."""
+        process, self.process = self.process, None
+        if process is not None:
+            process.wait(timeout=START_TIMEOUT_S)
+
+    def stop(self) -> None:
+        """Killed: see the class."""
         self.kill()
-        self.start()
-
-    def close(self) -> None:
-        try:
-            self.kill()
-        finally:
-            shutil.rmtree(self.root, ignore_errors=True)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
