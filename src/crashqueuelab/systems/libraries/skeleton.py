@@ -2,26 +2,35 @@
 registry without importing the library, and the reader and ``System`` assembled from it.
 
 A library package holds ``__init__.py`` (its ``LIBRARY``), ``client.py`` (the library's own
-calls), ``points.py`` (its crash points), ``promises.py`` (what it documents of itself)
-and ``system.py`` (``build(name)``, the factory the registry calls, and the named factories
-a ``module:factory`` spec calls).
+calls, a ``LibraryClient``), ``points.py`` (its crash points), ``promises.py`` (what it
+documents of itself), ``worker.py`` where the lab runs the library's own worker loop, and
+``system.py``: ``build(name)``, the factory the registry calls, and the named factories a
+``module:factory`` spec calls.
 """
 
 from __future__ import annotations
 
 import importlib
+from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from crashqueuelab.core.errors import SystemUnavailable
-from crashqueuelab.systems.boundary import boundary_point, library_capabilities, library_reading
+from crashqueuelab.systems.boundary import (
+    OneAtATime,
+    boundary_point,
+    library_capabilities,
+    library_reading,
+)
 from crashqueuelab.systems.contract import (
     Capabilities,
+    Claim,
     CrashPoint,
     Documented,
+    JobSpec,
     JobStatus,
     LibraryWorker,
     OpenRequest,
@@ -30,6 +39,44 @@ from crashqueuelab.systems.contract import (
     StoreReading,
     System,
 )
+
+
+class LibraryClient(OneAtATime):
+    """What every library's client shares besides taking one job at a time: a submission
+    is a batch of one, and there is no checkpoint of its own (``library_capabilities``)."""
+
+    @abstractmethod
+    def submit_many(self, jobs: Sequence[JobSpec]) -> list[str]: ...
+
+    def submit(self, job: JobSpec) -> str:
+        return self.submit_many([job])[0]
+
+    def checkpoint(self) -> None:
+        return None
+
+
+def tokenless_claim(
+    *,
+    job_id: str,
+    key: str,
+    job_type: str,
+    payload: dict[str, Any],
+    attempt: int,
+    worker_id: str,
+    handle: object = None,
+) -> Claim:
+    """A claim on a library that has no token: the job's id and attempt name it for the
+    lab's logs."""
+    return Claim(
+        job_id=job_id,
+        key=key,
+        job_type=job_type,
+        payload=payload,
+        attempt=attempt,
+        worker_id=worker_id,
+        token=f"{job_id}.{attempt}",
+        handle=handle,
+    )
 
 
 class NativeReading(Protocol):

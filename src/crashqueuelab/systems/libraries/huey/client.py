@@ -26,15 +26,9 @@ from crashqueuelab.judges.readers.huey import (
     SCHEDULED,
     failed_attempt,
 )
-from crashqueuelab.systems.boundary import OneAtATime, around
-from crashqueuelab.systems.contract import (
-    Claim,
-    JobSpec,
-    JobStatus,
-    JobView,
-    OpenRequest,
-    Verdict,
-)
+from crashqueuelab.systems.boundary import around
+from crashqueuelab.systems.contract import Claim, JobSpec, JobStatus, JobView, OpenRequest, Verdict
+from crashqueuelab.systems.libraries.skeleton import LibraryClient, tokenless_claim
 
 #: What a task in the process that dequeued it is, in this adapter's words.
 DEQUEUED = "dequeued"
@@ -53,7 +47,7 @@ class JobFailed(Exception):
     """What the lab's task raises inside ``huey.execute`` when the lab's work failed."""
 
 
-class HueyClient(OneAtATime):
+class HueyClient(LibraryClient):
     """``QueueClient`` over one ``SqliteHuey`` file."""
 
     def __init__(self, request: OpenRequest, *, fsync: bool | None) -> None:
@@ -83,9 +77,6 @@ class HueyClient(OneAtATime):
     def _attempt(self, task: Any) -> int:
         return int(task.args[2]) - int(task.retries)
 
-    def submit(self, job: JobSpec) -> str:
-        return self.submit_many([job])[0]
-
     def submit_many(self, jobs: Sequence[JobSpec]) -> list[str]:
         for job in jobs:
             # huey has no idempotency key: what it can tell of a key is a waiting task or a
@@ -106,15 +97,13 @@ class HueyClient(OneAtATime):
             return None
         self._in_flight[task.id] = task
         attempt = self._attempt(task)
-        return Claim(
+        return tokenless_claim(
             job_id=task.id,
             key=task.id,
             job_type=task.args[0],
             payload=task.args[1],
             attempt=attempt,
             worker_id=worker_id,
-            # No token exists; the task id and attempt name the claim for the lab's logs.
-            token=f"{task.id}.{attempt}",
             handle=task,
         )
 
@@ -144,9 +133,6 @@ class HueyClient(OneAtATime):
         # huey has no leases to expire. Retries wait in the schedule only with a
         # retry_delay, which the lab's tasks do not set.
         return 0
-
-    def checkpoint(self) -> None:
-        return None
 
     def job(self, key: str) -> JobView | None:
         if key in self._in_flight:

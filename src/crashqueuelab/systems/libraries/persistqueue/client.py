@@ -16,15 +16,9 @@ import persistqueue
 from persistqueue.serializers import json as json_serializer
 
 from crashqueuelab.core.errors import OperationUnsupported
-from crashqueuelab.systems.boundary import OneAtATime, around
-from crashqueuelab.systems.contract import (
-    Claim,
-    JobSpec,
-    JobStatus,
-    JobView,
-    OpenRequest,
-    Verdict,
-)
+from crashqueuelab.systems.boundary import around
+from crashqueuelab.systems.contract import Claim, JobSpec, JobStatus, JobView, OpenRequest, Verdict
+from crashqueuelab.systems.libraries.skeleton import LibraryClient, tokenless_claim
 
 #: Where an item stands (persist-queue's status names), in the lab's words.
 STATUS = {
@@ -37,7 +31,7 @@ STATUS = {
 _NAMES = {0: "inited", 1: "ready", 2: "unack", 5: "acked", 9: "ack_failed"}
 
 
-class PersistQueueClient(OneAtATime):
+class PersistQueueClient(LibraryClient):
     """``QueueClient`` over one ``SQLiteAckQueue`` directory."""
 
     def __init__(self, request: OpenRequest) -> None:
@@ -53,9 +47,6 @@ class PersistQueueClient(OneAtATime):
 
     def _row(self, key: str) -> dict[str, Any] | None:
         return next((row for row in self._rows() if row["data"]["key"] == key), None)
-
-    def submit(self, job: JobSpec) -> str:
-        return self.submit_many([job])[0]
 
     def submit_many(self, jobs: Sequence[JobSpec]) -> list[str]:
         known = {row["data"]["key"]: str(row["id"]) for row in self._rows()}
@@ -89,15 +80,13 @@ class PersistQueueClient(OneAtATime):
         if taken is None:
             return None
         item, pqid = taken["data"], taken["pqid"]
-        return Claim(
+        return tokenless_claim(
             job_id=str(pqid),
             key=item["key"],
             job_type=item["job_type"],
             payload=item["payload"],
             attempt=item["attempts"],
             worker_id=worker_id,
-            # No token exists; the row id and attempt name the claim for the lab's logs.
-            token=f"{pqid}.{item['attempts']}",
         )
 
     def heartbeat(self, claim: Claim, lease_us: int) -> bool:
@@ -118,9 +107,6 @@ class PersistQueueClient(OneAtATime):
     def recover(self) -> int:
         # No expiry exists: unacknowledged tasks return only when a process opens the queue.
         return 0
-
-    def checkpoint(self) -> None:
-        return None
 
     def job(self, key: str) -> JobView | None:
         row = self._row(key)

@@ -28,15 +28,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from crashqueuelab.judges.readers.pgqueuer import FINAL, KEYS_FILE
-from crashqueuelab.systems.boundary import OneAtATime, around
-from crashqueuelab.systems.contract import (
-    Claim,
-    JobSpec,
-    JobStatus,
-    JobView,
-    OpenRequest,
-    Verdict,
-)
+from crashqueuelab.systems.boundary import around
+from crashqueuelab.systems.contract import Claim, JobSpec, JobStatus, JobView, OpenRequest, Verdict
+from crashqueuelab.systems.libraries.skeleton import LibraryClient, tokenless_claim
 from crashqueuelab.systems.postgres import server_dsn, store_schema
 
 T = TypeVar("T")
@@ -76,7 +70,7 @@ def _append_synced(path: Path, line: dict[str, Any]) -> None:
         os.fsync(handle.fileno())
 
 
-class PgQueuerClient(OneAtATime):
+class PgQueuerClient(LibraryClient):
     """``QueueClient`` over one pgqueuer schema."""
 
     def __init__(self, request: OpenRequest) -> None:
@@ -152,9 +146,6 @@ class PgQueuerClient(OneAtATime):
         rows = self._run(self.queries.queue_log())
         return [str(row.status) for row in rows if str(row.job_id) == job_id]
 
-    def submit(self, job: JobSpec) -> str:
-        return self.submit_many([job])[0]
-
     def submit_many(self, jobs: Sequence[JobSpec]) -> list[str]:
         from pgqueuer.errors import DuplicateJobError
 
@@ -217,15 +208,13 @@ class PgQueuerClient(OneAtATime):
         job = backlog.pop(0)
         item = json.loads(bytes(job.payload))
         attempt = self._log(str(job.id)).count("picked")
-        return Claim(
+        return tokenless_claim(
             job_id=str(job.id),
             key=item["key"],
             job_type=item["job_type"],
             payload=item["payload"],
             attempt=attempt,
             worker_id=worker_id,
-            # No token exists; the job id and attempt name the claim for the lab's logs.
-            token=f"{job.id}.{attempt}",
             handle=(job, int(item["max_attempts"])),
         )
 
@@ -259,9 +248,6 @@ class PgQueuerClient(OneAtATime):
         # once that much real time has passed since its last heartbeat.
         time.sleep(RETRY_TIMER.total_seconds())
         return 0
-
-    def checkpoint(self) -> None:
-        return None
 
     def job(self, key: str) -> JobView | None:
         job_id = self._keys().get(key)

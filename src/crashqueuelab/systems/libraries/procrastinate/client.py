@@ -30,15 +30,9 @@ from functools import partial
 from typing import Any, TypeVar
 
 from crashqueuelab.judges.readers.procrastinate import attempts_made
-from crashqueuelab.systems.boundary import OneAtATime, around
-from crashqueuelab.systems.contract import (
-    Claim,
-    JobSpec,
-    JobStatus,
-    JobView,
-    OpenRequest,
-    Verdict,
-)
+from crashqueuelab.systems.boundary import around
+from crashqueuelab.systems.contract import Claim, JobSpec, JobStatus, JobView, OpenRequest, Verdict
+from crashqueuelab.systems.libraries.skeleton import LibraryClient, tokenless_claim
 from crashqueuelab.systems.postgres import server_dsn, store_schema
 
 T = TypeVar("T")
@@ -66,7 +60,7 @@ class JobFailed(Exception):
     """The exception the task's retry strategy is asked about when the lab's work failed."""
 
 
-class ProcrastinateClient(OneAtATime):
+class ProcrastinateClient(LibraryClient):
     """``QueueClient`` over one procrastinate schema."""
 
     def __init__(self, request: OpenRequest) -> None:
@@ -120,9 +114,6 @@ class ProcrastinateClient(OneAtATime):
         jobs = self._run(self.manager.list_jobs_async(task=TASK))
         return {str(job.task_kwargs.get("key")): job for job in jobs}
 
-    def submit(self, job: JobSpec) -> str:
-        return self.submit_many([job])[0]
-
     def submit_many(self, jobs: Sequence[JobSpec]) -> list[str]:
         known = self._jobs()
         ids = []
@@ -161,15 +152,13 @@ class ProcrastinateClient(OneAtATime):
             return None
         arguments: Any = job.task_kwargs
         attempt = int(job.attempts) + 1
-        return Claim(
+        return tokenless_claim(
             job_id=str(job.id),
             key=str(arguments["key"]),
             job_type=str(arguments["job_type"]),
             payload=dict(arguments["payload"]),
             attempt=attempt,
             worker_id=worker_id,
-            # No token exists; the job id and attempt name the claim for the lab's logs.
-            token=f"{job.id}.{attempt}",
             handle=job,
         )
 
@@ -238,9 +227,6 @@ class ProcrastinateClient(OneAtATime):
                 self._run(self.manager.retry_job(job))
                 moved += 1
         return moved
-
-    def checkpoint(self) -> None:
-        return None
 
     def job(self, key: str) -> JobView | None:
         job = self._jobs().get(key)

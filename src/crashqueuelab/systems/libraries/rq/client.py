@@ -45,15 +45,9 @@ from crashqueuelab.judges.readers.rq import (
     STARTED,
     attempts_made,
 )
-from crashqueuelab.systems.boundary import OneAtATime, around
-from crashqueuelab.systems.contract import (
-    Claim,
-    JobSpec,
-    JobStatus,
-    JobView,
-    OpenRequest,
-    Verdict,
-)
+from crashqueuelab.systems.boundary import around
+from crashqueuelab.systems.contract import Claim, JobSpec, JobStatus, JobView, OpenRequest, Verdict
+from crashqueuelab.systems.libraries.skeleton import LibraryClient, tokenless_claim
 
 #: RQ's job timeout for the lab's jobs: the longest a claim may be held before RQ's death
 #: penalty ends it, and (plus 60 s) the heartbeat TTL after which a dead worker's job is
@@ -155,7 +149,7 @@ def _store(directory: Path, now_us: int) -> dict[str, Any]:
     return stored
 
 
-class RqClient(OneAtATime):
+class RqClient(LibraryClient):
     """``QueueClient`` over one RQ queue."""
 
     def __init__(self, request: OpenRequest) -> None:
@@ -198,9 +192,6 @@ class RqClient(OneAtATime):
             return Job.fetch(self._job_id(key), connection=self.connection)
         except NoSuchJobError:
             return None
-
-    def submit(self, job: JobSpec) -> str:
-        return self.submit_many([job])[0]
 
     def submit_many(self, jobs: Sequence[JobSpec]) -> list[str]:
         from rq import Retry
@@ -267,15 +258,13 @@ class RqClient(OneAtATime):
         self.executions[key] = execution
         spec = json.loads(str(job.description)[len(DESCRIPTION_PREFIX) :])
         attempt = attempts_made(STARTED, int(spec["max_attempts"]), job.retries_left)
-        return Claim(
+        return tokenless_claim(
             job_id=job.id,
             key=key,
             job_type=str(job.args[1]),
             payload=dict(job.args[2]),
             attempt=attempt,
             worker_id=worker_id,
-            # No token exists; the job id and attempt name the claim for the lab's logs.
-            token=f"{job.id}.{attempt}",
             handle=execution,
         )
 
@@ -312,9 +301,6 @@ class RqClient(OneAtATime):
         if intermediate is not None:
             intermediate.cleanup(self._worker("maintenance"), self.queue)
         return max(0, len(self.queue) - before)
-
-    def checkpoint(self) -> None:
-        return None
 
     def job(self, key: str) -> JobView | None:
         job = self._fetch(key)
