@@ -16,9 +16,13 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from crashqueuelab.judges.readers.postgres import DESCRIPTOR_FILE, DSN_VARIABLE
+from crashqueuelab.judges.readers.snapshot import read_schema
+
+if TYPE_CHECKING:
+    import psycopg
 
 KEYS_FILE = "keys.jsonl"
 FINAL = ("successful", "exception", "canceled", "deleted")
@@ -48,45 +52,33 @@ def _keys(directory: Path) -> dict[str, str]:
     return known
 
 
-def _rows(dsn: str, schema: str) -> dict[str, Any] | None:
-    import psycopg
+def _rows(conn: psycopg.Connection[Any], schema: str) -> dict[str, Any] | None:
     from psycopg import sql
 
-    try:
-        conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
-    except psycopg.OperationalError:
+    found = conn.execute(
+        "SELECT 1 FROM pg_tables WHERE schemaname = %s AND tablename = 'pgqueuer'", (schema,)
+    ).fetchone()
+    if found is None:
         return None
-    with conn, conn.transaction():
-        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        found = conn.execute(
-            "SELECT 1 FROM pg_tables WHERE schemaname = %s AND tablename = 'pgqueuer'", (schema,)
-        ).fetchone()
-        if found is None:
-            return None
-        queue = conn.execute(
-            sql.SQL("SELECT id, status::text, dedupe_key FROM {}.pgqueuer ORDER BY id").format(
-                sql.Identifier(schema)
-            )
-        ).fetchall()
-        log = conn.execute(
-            sql.SQL("SELECT job_id, status::text FROM {}.pgqueuer_log ORDER BY id").format(
-                sql.Identifier(schema)
-            )
-        ).fetchall()
+    queue = conn.execute(
+        sql.SQL("SELECT id, status::text, dedupe_key FROM {}.pgqueuer ORDER BY id").format(
+            sql.Identifier(schema)
+        )
+    ).fetchall()
+    log = conn.execute(
+        sql.SQL("SELECT job_id, status::text FROM {}.pgqueuer_log ORDER BY id").format(
+            sql.Identifier(schema)
+        )
+    ).fetchall()
     return {"queue": queue, "log": log}
 
 
 def read_pgqueuer_store(
     directory: Path, environ: Mapping[str, str] = os.environ
 ) -> PgQueuerReading:
-    descriptor = directory / DESCRIPTOR_FILE
-    dsn = environ.get(DSN_VARIABLE)
-    if not descriptor.is_file():
-        return PgQueuerReading(exists=False)
-    if not dsn:
-        return PgQueuerReading(exists=True, problems=["no server named to read the store on"])
-    schema = str(json.loads(descriptor.read_text())["schema"])
-    rows = _rows(dsn, schema)
+    rows = read_schema(directory / DESCRIPTOR_FILE, environ.get(DSN_VARIABLE), _rows)
+    if isinstance(rows, str):
+        return PgQueuerReading(exists=True, problems=[rows])
     if rows is None:
         return PgQueuerReading(exists=False)
     reading = PgQueuerReading(exists=True)

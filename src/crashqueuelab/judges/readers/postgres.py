@@ -20,7 +20,12 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from crashqueuelab.judges.readers.snapshot import read_snapshot
+
+if TYPE_CHECKING:
+    import psycopg
 
 #: The descriptor a PostgreSQL store directory holds (written by the queue's adapter).
 DESCRIPTOR_FILE = "store.json"
@@ -93,7 +98,7 @@ def read_postgres_store(directory: Path, environ: Mapping[str, str] = os.environ
     rows: dict[str, Any] | None = None
     source = "server"
     if dsn:
-        rows = _read_server(dsn, schema)
+        rows = read_snapshot(dsn, lambda conn: _server_rows(conn, schema))
     if rows is None:
         kept = directory / JUDGED_ROWS_FILE
         if not kept.is_file():
@@ -111,33 +116,24 @@ def read_postgres_store(directory: Path, environ: Mapping[str, str] = os.environ
     return judge_rows(rows["jobs"], rows["events"], rows["triggers"], source=source)
 
 
-def _read_server(dsn: str, schema: str) -> dict[str, Any] | None:
-    import psycopg
-
-    try:
-        conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
-    except psycopg.OperationalError:
-        return None
-    with conn, conn.transaction():
-        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        found = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone()
-        if found is None:
-            return {"schema_exists": False}
-        jobs = conn.execute(
-            f"SELECT {', '.join(_JOB_FIELDS)} FROM {_identifier(schema)}.jobs"
-            " ORDER BY submit_seq".encode()
-        ).fetchall()
-        events = conn.execute(
-            f"SELECT {', '.join(_EVENT_FIELDS)} FROM {_identifier(schema)}.events"
-            " ORDER BY seq".encode()
-        ).fetchall()
-        triggers = [
-            row[0]
-            for row in conn.execute(
-                "SELECT tgname FROM pg_trigger WHERE tgrelid = %s::regclass AND tgenabled <> 'D'",
-                (f"{schema}.events",),
-            )
-        ]
+def _server_rows(conn: psycopg.Connection[Any], schema: str) -> dict[str, Any]:
+    found = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone()
+    if found is None:
+        return {"schema_exists": False}
+    jobs = conn.execute(
+        f"SELECT {', '.join(_JOB_FIELDS)} FROM {_identifier(schema)}.jobs"
+        " ORDER BY submit_seq".encode()
+    ).fetchall()
+    events = conn.execute(
+        f"SELECT {', '.join(_EVENT_FIELDS)} FROM {_identifier(schema)}.events ORDER BY seq".encode()
+    ).fetchall()
+    triggers = [
+        row[0]
+        for row in conn.execute(
+            "SELECT tgname FROM pg_trigger WHERE tgrelid = %s::regclass AND tgenabled <> 'D'",
+            (f"{schema}.events",),
+        )
+    ]
     return {
         "schema_exists": True,
         "jobs": [dict(zip(_JOB_FIELDS, row, strict=True)) for row in jobs],

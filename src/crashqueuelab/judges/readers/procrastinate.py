@@ -11,14 +11,17 @@ READ transaction with the judges' own SQL; nothing here imports procrastinate.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from crashqueuelab.judges.readers.postgres import DESCRIPTOR_FILE, DSN_VARIABLE
+from crashqueuelab.judges.readers.snapshot import read_schema
+
+if TYPE_CHECKING:
+    import psycopg
 
 KNOWN_STATUSES = ("todo", "doing", "succeeded", "failed", "cancelled", "aborting", "aborted")
 
@@ -41,40 +44,31 @@ def attempts_made(status: str, ended: int) -> int:
     return ended + (1 if status == "doing" else 0)
 
 
-def _rows(dsn: str, schema: str) -> dict[str, Any] | None:
-    import psycopg
+def _rows(conn: psycopg.Connection[Any], schema: str) -> dict[str, Any] | None:
     from psycopg import sql
 
-    try:
-        conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
-    except psycopg.OperationalError:
-        return None
-    with conn, conn.transaction():
-        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        tables = {
-            str(row[0])
-            for row in conn.execute(
-                "SELECT tablename FROM pg_tables WHERE schemaname = %s", (schema,)
-            ).fetchall()
-        }
-        if "procrastinate_jobs" not in tables:
-            return None
-        has_workers = "procrastinate_workers" in tables
-        worker = sql.SQL("worker_id" if has_workers else "NULL::bigint")
-        jobs = conn.execute(
-            sql.SQL(
-                "SELECT id, status::text, attempts, args, {} FROM {}.procrastinate_jobs ORDER BY id"
-            ).format(worker, sql.Identifier(schema))
+    tables = {
+        str(row[0])
+        for row in conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = %s", (schema,)
         ).fetchall()
-        workers = (
-            conn.execute(
-                sql.SQL("SELECT count(*) FROM {}.procrastinate_workers").format(
-                    sql.Identifier(schema)
-                )
-            ).fetchone()
-            if has_workers
-            else (0,)
-        )
+    }
+    if "procrastinate_jobs" not in tables:
+        return None
+    has_workers = "procrastinate_workers" in tables
+    worker = sql.SQL("worker_id" if has_workers else "NULL::bigint")
+    jobs = conn.execute(
+        sql.SQL(
+            "SELECT id, status::text, attempts, args, {} FROM {}.procrastinate_jobs ORDER BY id"
+        ).format(worker, sql.Identifier(schema))
+    ).fetchall()
+    workers = (
+        conn.execute(
+            sql.SQL("SELECT count(*) FROM {}.procrastinate_workers").format(sql.Identifier(schema))
+        ).fetchone()
+        if has_workers
+        else (0,)
+    )
     return {
         "jobs": jobs,
         "workers": int(workers[0]) if workers else 0,
@@ -85,14 +79,9 @@ def _rows(dsn: str, schema: str) -> dict[str, Any] | None:
 def read_procrastinate_store(
     directory: Path, environ: Mapping[str, str] = os.environ
 ) -> ProcrastinateReading:
-    descriptor = directory / DESCRIPTOR_FILE
-    dsn = environ.get(DSN_VARIABLE)
-    if not descriptor.is_file():
-        return ProcrastinateReading(exists=False)
-    if not dsn:
-        return ProcrastinateReading(exists=True, problems=["no server named to read the store on"])
-    schema = str(json.loads(descriptor.read_text())["schema"])
-    rows = _rows(dsn, schema)
+    rows = read_schema(directory / DESCRIPTOR_FILE, environ.get(DSN_VARIABLE), _rows)
+    if isinstance(rows, str):
+        return ProcrastinateReading(exists=True, problems=[rows])
     if rows is None:
         return ProcrastinateReading(exists=False)
     reading = ProcrastinateReading(exists=True, workers=rows["workers"])
