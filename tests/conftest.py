@@ -167,24 +167,10 @@ def postgres_dsn() -> Iterator[str]:
 
     Skips only where no server can exist here (no binaries); CI installs and runs it.
     """
-    from crashqueuelab.core.errors import ServerUnavailable
-    from crashqueuelab.servers.postgres import DSN_VARIABLE, ThrowawayServer
+    from crashqueuelab.servers.postgres import ThrowawayServer
+    from tests.servers.session import session_server
 
-    try:
-        server = ThrowawayServer()
-    except ServerUnavailable as error:
-        pytest.skip(f"no PostgreSQL server can run here: {error.reason}")
-    previous = os.environ.get(DSN_VARIABLE)
-    with server:
-        server.start()
-        os.environ[DSN_VARIABLE] = server.dsn
-        try:
-            yield server.dsn
-        finally:
-            if previous is None:
-                os.environ.pop(DSN_VARIABLE, None)
-            else:
-                os.environ[DSN_VARIABLE] = previous
+    yield from session_server(ThrowawayServer, "PostgreSQL")
 
 
 @pytest.fixture(scope="session")
@@ -194,24 +180,10 @@ def redis_socket() -> Iterator[str]:
 
     Skips only where no server can exist here (no redis-server); CI installs it.
     """
-    from crashqueuelab.core.errors import ServerUnavailable
-    from crashqueuelab.servers.redis import SOCKET_VARIABLE, ThrowawayRedis
+    from crashqueuelab.servers.redis import ThrowawayRedis
+    from tests.servers.session import session_server
 
-    try:
-        server = ThrowawayRedis()
-    except ServerUnavailable as error:
-        pytest.skip(f"no Redis server can run here: {error.reason}")
-    previous = os.environ.get(SOCKET_VARIABLE)
-    with server:
-        server.start()
-        os.environ[SOCKET_VARIABLE] = str(server.socket)
-        try:
-            yield str(server.socket)
-        finally:
-            if previous is None:
-                os.environ.pop(SOCKET_VARIABLE, None)
-            else:
-                os.environ[SOCKET_VARIABLE] = previous
+    yield from session_server(ThrowawayRedis, "Redis")
 
 
 @pytest.fixture

@@ -3,55 +3,70 @@
 A run on a PostgreSQL system gets a throwaway server (``crashqueuelab.servers.postgres``)
 unless ``--dsn`` names one; either way the DSN reaches every child process through the
 environment, where the system's adapter and the judges read it. A run on a Redis system
-gets a throwaway ``redis-server`` (``lab.redisserver``) with the persistence the system
-names; its socket reaches the children the same way.
+gets a throwaway ``redis-server`` (``crashqueuelab.servers.redis``) with the persistence the
+system names; its socket reaches the children the same way. Each server says which
+variables name it (``Throwaway.environment``).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator
-from contextlib import AbstractContextManager, contextmanager
-from typing import TYPE_CHECKING
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from typing import TYPE_CHECKING, TypeVar
+
+from crashqueuelab.servers.base import Throwaway
+from crashqueuelab.servers.postgres import DSN_VARIABLE, ThrowawayServer
+from crashqueuelab.servers.redis import SOCKET_VARIABLE, ThrowawayRedis
 
 if TYPE_CHECKING:
-    from crashqueuelab.servers.postgres import ThrowawayServer
-    from crashqueuelab.servers.redis import ThrowawayRedis
     from crashqueuelab.systems.contract import System
 
 #: The environment variables through which a run names its servers to its children.
-SERVER_VARIABLES = ("CRASHQUEUELAB_POSTGRES_DSN", "CRASHQUEUELAB_REDIS_SOCKET")
+SERVER_VARIABLES = (DSN_VARIABLE, SOCKET_VARIABLE)
+
+Server = TypeVar("Server", bound=Throwaway)
 
 
 @contextmanager
-def servers_for(
-    systems: Iterable[str], dsn: str | None
-) -> Iterator[ThrowawayServer | ThrowawayRedis | None]:
+def servers_for(systems: Iterable[str], dsn: str | None) -> Iterator[Throwaway | None]:
     """The server handle while the run lasts: a ThrowawayServer or ThrowawayRedis, or None
     (``dsn`` given, or no system needs a server)."""
     resolved = [system for system in map(_resolved, systems) if system is not None]
     redis = next((system for system in resolved if system.server == "redis"), None)
     if redis is not None:
-        from crashqueuelab.servers.redis import ThrowawayRedis
-
-        with ThrowawayRedis(redis.persistence or "rdb") as store:
-            store.start()
-            with naming(SERVER_VARIABLES[1], str(store.socket)):
-                yield store
+        with started(ThrowawayRedis(redis.persistence or "rdb")) as store:
+            yield store
         return
     if not any(system.server == "postgres" for system in resolved):
         yield None
         return
-    from crashqueuelab.servers.postgres import ThrowawayServer
-
     if dsn is not None:
         with naming_server(dsn):
             yield None
     else:
-        with ThrowawayServer() as server:
-            server.start()
-            with naming_server(server.dsn):
-                yield server
+        with started(ThrowawayServer()) as server:
+            yield server
+
+
+@contextmanager
+def started(server: Server) -> Iterator[Server]:
+    """``server`` started and named to this process and its children until the block ends,
+    then closed, also on failure (a start that fails leaves nothing running or behind)."""
+    with server:
+        server.start()
+        with named(server):
+            yield server
+
+
+@contextmanager
+def named(server: Throwaway) -> Iterator[None]:
+    """``server`` is the one this process and its children use, by the variables it gives,
+    until the block ends (what they named before is named again)."""
+    with ExitStack() as stack:
+        for variable, value in server.environment().items():
+            stack.enter_context(naming(variable, value))
+        yield
 
 
 def naming_server(dsn: str) -> AbstractContextManager[None]:
