@@ -3,11 +3,9 @@
 One cluster is made per campaign (``ClusterTemplate``: initdb once, stopped cleanly, as a
 freshly installed server is). Each case copies it to the disk's backing tree (it is
 durable: it was there before the power came on), mounts the disk as a new server's data
-directory and starts the server on it; the case's children use that server. The cut freezes
-every server process (SIGSTOP), stops the disk, then kills them: nothing they do after the
-cut reaches the disk. Each crash state is then copied out as the data directory of another
-server, which starts on it (WAL recovery runs here, as after a reboot) for the judges and
-the recovery workload to use.
+directory and starts the server on it; the case's children use that server. The cut, and
+each crash state started as the data directory of another server (WAL recovery runs here,
+as after a reboot), are what every server on the disk does (``ondisk.OnDisk``).
 
 The server's background writers are made as slow as their settings allow (the WAL writer
 every 10 s, no background page writes, checkpoints hourly): what a commit did not sync
@@ -18,24 +16,23 @@ makes a catch certain rather than a matter of timing. A commit that syncs (the d
 
 from __future__ import annotations
 
-import shutil
-import signal
-from collections.abc import Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
 
-from crashqueuelab.core.errors import ServerUnavailable
-from crashqueuelab.lab.faults.powerloss.crashstate import Choice, materialize
-from crashqueuelab.lab.faults.powerloss.disk import PowerLossDisk
-from crashqueuelab.lab.faults.powerloss.journal import JOURNAL_FILE, Journal
-from crashqueuelab.lab.faults.powerloss.targets import DISK_DIRECTORY, Placed
-from crashqueuelab.lab.runs.servers import naming_server
-from crashqueuelab.lab.workloads.scenario import STORE_DIRECTORY
+from crashqueuelab.lab.faults.powerloss.crashstate import Choice, CrashState, materialize
+from crashqueuelab.lab.faults.powerloss.journal import Journal
+from crashqueuelab.lab.faults.powerloss.ondisk import SERVER_LOG, STATE_SERVER_LOG, OnDisk
+from crashqueuelab.servers.postgres import SETTINGS, ThrowawayServer
 
-if TYPE_CHECKING:
-    from crashqueuelab.servers.postgres import ThrowawayServer
+__all__ = [
+    "SERVER_LOG",
+    "SLOW_BACKGROUND",
+    "SMALL_CLUSTER",
+    "STATE_SERVER_LOG",
+    "ClusterTemplate",
+    "ServerOnDisk",
+]
 
 #: Added to the server's settings for a power-loss campaign (see the module's docstring).
 SLOW_BACKGROUND: Mapping[str, str] = {
@@ -47,13 +44,9 @@ SLOW_BACKGROUND: Mapping[str, str] = {
 #: Every case copies the cluster once and each crash state once more: 1 MB WAL segments
 #: instead of 16 and no template0 (nothing here creates a database) halve what is copied.
 SMALL_CLUSTER = ("--wal-segsize=1",)
-SERVER_LOG = "server.log"
-STATE_SERVER_LOG = "recovery-server.log"
 
 
 def _server() -> ThrowawayServer:
-    from crashqueuelab.servers.postgres import SETTINGS, ThrowawayServer
-
     return ThrowawayServer(settings={**SETTINGS, **SLOW_BACKGROUND}, initdb_options=SMALL_CLUSTER)
 
 
@@ -94,94 +87,31 @@ def _drop_template0(dsn: str) -> None:
         conn.execute("DROP DATABASE template0")
 
 
-def _keep_log(server: ThrowawayServer, target: Path) -> None:
-    if server.log.exists():
-        shutil.copyfile(server.log, target)
+class ServerOnDisk(OnDisk[ThrowawayServer]):
+    """One case's server, its data directory mounted from the power-loss disk (a cluster is
+    20 MB: its backing tree lives beside the server, in the system temp directory)."""
 
-
-class ServerOnDisk:
-    """One case's server, its data directory mounted from the power-loss disk."""
+    #: The server runs as its own account and owns its data directory on the mount.
+    shared = True
 
     def __init__(self, case_dir: Path, template: ClusterTemplate) -> None:
-        self.case_dir = case_dir
         self.template = template
-        self.server = _server()
-        # The backing tree lives beside the server, in the system temp directory: a cluster
-        # is 20 MB, and what a reader needs (the journal, the logs) is copied to the case.
-        self.disk = PowerLossDisk(self.server.root / DISK_DIRECTORY, self.server.data, shared=True)
-        self._naming = ExitStack()
+        super().__init__(case_dir)
 
-    def __enter__(self) -> ServerOnDisk:
-        try:
-            tree = self.disk.tree
-            tree.parent.mkdir(parents=True)
-            self.server.adopt(self.template.data)
-            # The template's copy becomes the disk's backing tree, and the mount point takes
-            # its place as the data directory.
-            self.server.data.rename(tree)
-            self.server.data.mkdir()
-            self.server.adopt(self.server.data)
-            self.disk.start()
-            self.server.start_again()
-            self._naming.enter_context(naming_server(self.server.dsn))
-        except BaseException:
-            self.__exit__(None, None, None)
-            raise
-        return self
+    def new_server(self) -> ThrowawayServer:
+        return _server()
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        try:
-            self._naming.close()
-            if self.server.running:
-                self.server.kill(self.server.processes())
-            self.disk.__exit__(kind, error, traceback)
-            _keep_log(self.server, self.case_dir / SERVER_LOG)
-        finally:
-            self.server.close()
+    def lay_tree(self) -> None:
+        """The template's copy becomes the disk's backing tree, and the mount point takes
+        its place as the data directory."""
+        tree = self.disk.tree
+        tree.parent.mkdir(parents=True)
+        self.server.adopt(self.template.data)
+        self.server.data.rename(tree)
+        self.server.data.mkdir()
+        self.server.adopt(self.server.data)
 
-    def cut(self) -> Journal:
-        """Every server process stops where it is, the disk stops, then they all die."""
-        from crashqueuelab.servers.postgres import signal_all
-
-        pids = self.server.processes()
-        signal_all(pids, signal.SIGSTOP)
-        journal = self.disk.cut()
-        self.server.kill(pids)
-        kept = self.case_dir / DISK_DIRECTORY
-        kept.mkdir(exist_ok=True)
-        shutil.copyfile(self.disk.root / JOURNAL_FILE, kept / JOURNAL_FILE)
-        return journal
-
-    @contextmanager
-    def place(self, journal: Journal, choice: Choice, state_dir: Path) -> Iterator[Placed]:
-        """The crash state as the data directory of a server started on it."""
-        server = _server()
-        try:
-            state = materialize(self.disk.root, journal, choice, server.data)
-            server.adopt(server.data)
-            store = self.case_dir / STORE_DIRECTORY
-            if store.is_dir():  # a child that died before opening the store made none
-                shutil.copytree(store, state_dir / STORE_DIRECTORY)
-            try:
-                server.start_again()
-            except ServerUnavailable as refused:
-                yield Placed(state, f"the server did not start on the crash state: {refused}")
-                return
-            with naming_server(server.dsn):
-                yield Placed(state)
-        finally:
-            _keep_log(server, state_dir / STATE_SERVER_LOG)
-            # The state is thrown away: no checkpoint to wait for.
-            server.stop("immediate")
-            server.close()
-
-    def artifacts(self, relative: Path) -> dict[str, str]:
-        return {
-            "journal": str(relative / DISK_DIRECTORY / JOURNAL_FILE),
-            "server_log": str(relative / SERVER_LOG),
-        }
+    def lay_state(self, journal: Journal, choice: Choice, server: ThrowawayServer) -> CrashState:
+        state = materialize(self.disk.root, journal, choice, server.data)
+        server.adopt(server.data)
+        return state
