@@ -10,6 +10,12 @@ ruff format --check, mypy --strict, python -m build, and the built wheel install
 clean virtual environment running a real submit/claim/succeed/check round trip, then its
 pytest plugin (with pytest installed beside it) on the example adapters.
 
+pytest runs in two parts: every test not marked ``quiet`` on several workers at once
+(pytest-xdist; the tests that read the session's showcase run share one worker, so it runs
+once), then the ``quiet`` ones (timing-sensitive: wall-clock timers against heartbeats) on
+their own, on a machine nothing else of the suite is using. Coverage adds up over both
+parts. Every test's time goes to a file kept after the run (``DURATIONS``), slowest first.
+
 Whatever happens (a failed gate, a gate that overruns its limit, Ctrl-C or SIGTERM), it ends
 with the gate summary: each gate PASS or FAIL with its time and why, and the tests that
 failed by name. Every gate runs in a process group of its own under one scratch directory
@@ -35,14 +41,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from xml.etree import ElementTree
 
 ROOT = Path(__file__).resolve().parent.parent
 #: A pip step may not wait on a registry for ever.
 INSTALL_LIMIT_S = 900
 #: What each gate may take before it is stopped and named as overrun: a backstop well above
 #: what it takes on an idle 2-core machine (README), never a target.
-PYTEST_LIMIT_S = 2700
+PYTEST_LIMIT_S = 1500
 TOOL_LIMIT_S = 600
+#: How many tests run at once in the parallel part: the suite's tests mostly wait on the
+#: processes and servers they start, so one more worker than cores keeps both cores busy.
+WORKERS_VARIABLE = "CRASHQUEUELAB_TEST_WORKERS"
+#: The timing-sensitive tests: they run alone, after the others.
+QUIET = "quiet"
+#: Kept after the run (the scratch directory is not): every test's time, slowest first.
+DURATIONS = Path(tempfile.gettempdir()) / "crashqueuelab-gates"
+#: How many of the slowest tests the summary names.
+SLOWEST = 15
 #: How long a stopped process group gets between SIGTERM and SIGKILL.
 GRACE_S = 10.0
 #: The file the test suite names each failed test in as it happens (tests/conftest.py), so a
@@ -357,11 +373,15 @@ def _wheel_plugin(venv: Path, home: Path, env: dict[str, str]) -> str | None:
 class _Gates:
     """Runs gates one after another and keeps their results for the summary."""
 
-    def __init__(self, scratch: Scratch) -> None:
+    def __init__(self, scratch: Scratch, version: str) -> None:
         self.scratch = scratch
+        self.version = version
         self.env = scratch.environment()
         self.results: list[Result] = []
         self.leftovers: list[str] = []
+        self.slowest: list[str] = []
+        self.durations: Path | None = None
+        self.started = time.monotonic()
 
     def run(self, name: str, command: Sequence[str | Path], *, limit_s: float) -> bool:
         try:
@@ -391,6 +411,10 @@ def _summary(gates: _Gates, *, version: str, leftovers: list[str]) -> int:
         _log(f"  failed tests ({len(failed_tests)}):")
         for test in failed_tests:
             _log(f"    {test}")
+    if gates.slowest:
+        _log(f"  slowest tests (every test's time: {gates.durations}):")
+        for line in gates.slowest:
+            _log(f"    {line}")
     if leftovers:
         _log(f"  left behind by the tests, stopped now ({len(leftovers)}):")
         for line in leftovers:
@@ -399,9 +423,12 @@ def _summary(gates: _Gates, *, version: str, leftovers: list[str]) -> int:
     if leftovers:
         failed.append("nothing left behind")
     if failed:
-        _log(f"{len(failed)} gate(s) failed: {', '.join(failed)}")
+        _log(
+            f"{len(failed)} gate(s) failed: {', '.join(failed)}"
+            f" ({time.monotonic() - gates.started:.0f} s)"
+        )
         return 1
-    _log(f"all {len(gates.results)} gates passed")
+    _log(f"all {len(gates.results)} gates passed in {time.monotonic() - gates.started:.0f} s")
     return 0
 
 
@@ -412,21 +439,74 @@ def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
     raise Interrupted(signal.Signals(signum).name)
 
 
+def _workers() -> int:
+    configured = os.environ.get(WORKERS_VARIABLE, "")
+    if configured.isdigit() and int(configured) > 0:
+        return int(configured)
+    return (os.cpu_count() or 1) + 1
+
+
+def _pytest_parts(
+    gates: _Gates, python: Path, *, name: str, markers: str, coverage: bool, limit_s: float
+) -> bool:
+    """The parallel part, then the quiet one; with ``coverage``, measured across both and
+    checked against the threshold at the end. True when both passed."""
+    junit = gates.scratch.root / "junit"
+    selected = f"({markers}) and " if markers else ""
+    measured = ["--cov", "--cov-branch"] if coverage else []
+    parallel: list[str | Path] = [
+        python, "-m", "pytest", *PYTEST, "-m", f"{selected}not {QUIET}",
+        "-n", str(_workers()), "--dist", "loadgroup", f"--junitxml={junit / 'parallel.xml'}",
+        *measured, *(["--cov-report=", "--cov-fail-under=0"] if coverage else []),
+    ]  # fmt: skip
+    started = time.monotonic()
+    ok = gates.run(f"{name}: in parallel ({_workers()} workers)", parallel, limit_s=limit_s)
+    quiet: list[str | Path] = [
+        python, "-m", "pytest", *PYTEST, "-m", f"{selected}{QUIET}",
+        f"--junitxml={junit / 'quiet.xml'}",
+        *measured, *(["--cov-append", "--cov-report=term-missing"] if coverage else []),
+    ]  # fmt: skip
+    left = max(60.0, limit_s - (time.monotonic() - started))
+    suffix = " + branch coverage >= 95%" if coverage else ""
+    ok = gates.run(f"{name}: quiet tests alone{suffix}", quiet, limit_s=left) and ok
+    _durations(gates, junit)
+    return ok
+
+
+def _durations(gates: _Gates, junit: Path) -> None:
+    """Every test's time from the parts' JUnit files, to a kept file, and the slowest in
+    the summary."""
+    rows: list[tuple[float, str]] = []
+    for part in sorted(junit.glob("*.xml")):
+        try:
+            tree = ElementTree.parse(part)
+        except (OSError, ElementTree.ParseError):
+            continue
+        for case in tree.iter("testcase"):
+            name = f"{case.get('classname', '')}::{case.get('name', '')}"
+            rows.append((float(case.get("time") or 0.0), f"{part.stem:8} {name}"))
+    if not rows:
+        return
+    rows.sort(reverse=True)
+    DURATIONS.mkdir(parents=True, exist_ok=True)
+    kept = DURATIONS / f"durations-{gates.version}.txt"
+    total = sum(seconds for seconds, _ in rows)
+    lines = [f"# {len(rows)} tests, {total:.1f} s in all (the parts overlap their tests)"]
+    kept.write_text("\n".join([*lines, *(f"{s:8.2f} s  {n}" for s, n in rows)]) + "\n")
+    gates.slowest = [f"{seconds:7.1f} s  {name}" for seconds, name in rows[:SLOWEST]]
+    gates.durations = kept
+
+
 def _all_gates(
     gates: _Gates, python: Path, *, pytest_only: bool, version: str, skip: Sequence[str] = ()
 ) -> None:
     if pytest_only:
-        deselect = ["-m", " and ".join(f"not {marker}" for marker in skip)] if skip else []
+        markers = " and ".join(f"not {marker}" for marker in skip)
         left_out = f", without {', '.join(skip)}" if skip else ""
-        gates.run(f"pytest (python {version}{left_out})",
-                  [python, "-m", "pytest", *PYTEST, *deselect],
-                  limit_s=PYTEST_LIMIT_S)  # fmt: skip
+        _pytest_parts(gates, python, name=f"pytest (python {version}{left_out})",
+                      markers=markers, coverage=False, limit_s=PYTEST_LIMIT_S)  # fmt: skip
         return
-    gates.run(
-        "pytest + branch coverage >= 95%",
-        [python, "-m", "pytest", *PYTEST, "--cov", "--cov-branch", "--cov-report=term-missing"],
-        limit_s=PYTEST_LIMIT_S,
-    )
+    _pytest_parts(gates, python, name="pytest", markers="", coverage=True, limit_s=PYTEST_LIMIT_S)
     gates.run("ruff check", [python, "-m", "ruff", "check", "."], limit_s=TOOL_LIMIT_S)
     gates.run("ruff format --check", [python, "-m", "ruff", "format", "--check", "."],
               limit_s=TOOL_LIMIT_S)  # fmt: skip
@@ -466,7 +546,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, _raise_interrupted)
     signal.signal(signal.SIGTERM, _raise_interrupted)
     scratch = Scratch.make()
-    gates = _Gates(scratch)
+    gates = _Gates(scratch, version)
     interrupted = False
     try:
         started = time.monotonic()

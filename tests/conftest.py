@@ -31,10 +31,12 @@ FAILED_TESTS_VARIABLE = "CRASHQUEUELAB_FAILED_TESTS"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # Marked by what they need, so a run can leave the showcase-sized ones out by marker.
+    # Marked by what they need, so a run can leave the showcase-sized ones out by marker;
+    # on several workers they share one, where the showcase runs once.
     for item in items:
         if "showcase_run" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.showcase)
+            item.add_marker(pytest.mark.xdist_group("showcase"))
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

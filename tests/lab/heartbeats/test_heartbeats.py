@@ -130,6 +130,7 @@ def test_a_library_loop_that_fails_is_a_failed_run_never_a_verdict_on_promises(
     assert (tmp_path / "h" / "report.html").is_file()
 
 
+@pytest.mark.quiet
 def test_pgqueuers_installed_release_keeps_every_live_workers_job(
     tmp_path: Path, postgres_dsn: str
 ) -> None:
@@ -162,6 +163,7 @@ def test_pgqueuers_installed_release_keeps_every_live_workers_job(
 
 
 @pytest.mark.releases
+@pytest.mark.quiet
 def test_heartbeats_too_slow_for_the_retry_timer_rerun_live_jobs_on_0_21_0_not_on_0_24_0(
     tmp_path: Path, postgres_dsn: str, release_cache: Path
 ) -> None:
