@@ -244,7 +244,7 @@ def test_peer_libraries_run_through_their_own_calls_beside_ours(tmp_path: Path) 
         cells["sqlite-single"]["jobs_per_s"] / cells[row["peer"]]["jobs_per_s"]
     )
     # The page's reproduce command is the run's: its peers, workers and costs included.
-    from crashqueuelab.lab.pages.views import bench_view
+    from crashqueuelab.lab.pages.bench import bench_view
 
     view = bench_view(tmp_path / "bench")
     assert view.verdict.command == (

@@ -4,8 +4,8 @@ overlapped it, and the figures say what the proxy saw."""
 from __future__ import annotations
 
 from crashqueuelab.lab.chaos.worklog import WorkerLog
+from crashqueuelab.lab.pages.chaos import _explain
 from crashqueuelab.lab.pages.network import legend, network_rows, network_title
-from crashqueuelab.lab.pages.views import _explain
 
 
 def test_a_duplicated_effect_is_told_beside_the_stall_that_held_its_first_holder() -> None:

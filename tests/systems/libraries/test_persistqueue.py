@@ -77,8 +77,8 @@ def test_chaos_counts_the_jobs_that_two_workers_both_acknowledged(tmp_path: Path
     assert len(doubled) == accounting["acknowledged_twice"]  # every one listed, none capped
     assert report["ok"] is False
     # The page spells out the first anomalies with their evidence and counts the rest.
+    from crashqueuelab.lab.pages.chaos import EXPLAINED_ANOMALIES
     from crashqueuelab.lab.pages.render import write_report
-    from crashqueuelab.lab.pages.views import EXPLAINED_ANOMALIES
 
     html = write_report(tmp_path / "h").read_text()
     more = len(report["anomalies"]) - EXPLAINED_ANOMALIES

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from crashqueuelab.lab.pages.views import Verdict, View, promises_of, system_label
+from crashqueuelab.lab.pages.common import Verdict, View, promises_of, system_label
 
 #: One colour per worker (the lanes are jobs; a bar's colour says who ran it).
 _WORKER_COLOURS = ("#1a73e8", "#e37400", "#188038", "#9334e6", "#c5221f", "#007b83")

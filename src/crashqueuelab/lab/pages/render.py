@@ -8,18 +8,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from crashqueuelab.core.errors import InvalidInput
+from crashqueuelab.lab.pages.bench import bench_view
+from crashqueuelab.lab.pages.campaign import campaign_view
+from crashqueuelab.lab.pages.chaos import chaos_view
+from crashqueuelab.lab.pages.common import View
+from crashqueuelab.lab.pages.demo import demo_view
 from crashqueuelab.lab.pages.heartbeats import heartbeats_view
+from crashqueuelab.lab.pages.mutants import mutants_view
+from crashqueuelab.lab.pages.showcase import showcase_view
 from crashqueuelab.lab.pages.stopped import stopped_view
 from crashqueuelab.lab.pages.versions import versions_view
-from crashqueuelab.lab.pages.views import (
-    View,
-    bench_view,
-    campaign_view,
-    chaos_view,
-    demo_view,
-    mutants_view,
-    showcase_view,
-)
 from crashqueuelab.lab.runs.kinds import (
     BENCH,
     CAMPAIGN,

@@ -9,7 +9,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from crashqueuelab.lab.pages.views import Verdict, View
+from crashqueuelab.lab.pages.common import Verdict, View
 
 #: Long lists on the page show this many rows; the record keeps them all.
 SHOWN_ROWS = 50

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from crashqueuelab.lab.pages.views import Verdict, View
+from crashqueuelab.lab.pages.common import Verdict, View
 
 
 def _verdict_word(row: dict[str, Any]) -> str:

@@ -1,0 +1,242 @@
+"""The page of a crash campaign, in either crash mode: for process faults, each crash
+point's child, the state it left and its recovery; for power loss, each point's cut and
+every crash state the disk allowed. Both end with the fencing probes, the model-driven
+workload and the reproducers, and give each failing case and probe the command that
+runs it alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from crashqueuelab.lab.pages.common import (
+    Verdict,
+    View,
+    promises_of,
+    read_json,
+    reproducers,
+    system_label,
+    timeline,
+)
+from crashqueuelab.lab.runs.commands import campaign_command
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "NO"
+
+
+def _signature_text(signature: dict[str, Any]) -> str:
+    return (
+        f"effect {_job_state(signature['effect_job'])} · flaky {_job_state(signature['flaky_job'])}"
+        f" · effects {signature['effect_job_effects']}"
+    )
+
+
+def _job_state(state: list[Any] | None) -> str:
+    return "absent" if state is None else f"{state[0]}/{state[1]}"
+
+
+def _states(states: dict[str, str] | None) -> str:
+    return "none" if states is None else ", ".join(f"{role} {s}" for role, s in states.items())
+
+
+def _closing_figures(report: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """A campaign's last rows, in either crash mode: the probes, the model workload, the system."""
+    summary, system, model = report["summary"], report["system"], report.get("model")
+    skipped = [
+        f"{probe['name']} ({probe['detail']})"
+        for probe in report.get("probes", [])
+        if not probe["ran"]
+    ]
+    probes = (
+        "fencing probes",
+        f"{summary['probes_passed']} passed, {summary['probes_failed']} failed,"
+        f" {summary['probes_skipped']} not run",
+        f"not run, the system lacks what they need: {'; '.join(skipped)}"
+        if skipped
+        else "every probe ran",
+    )
+    workload = (
+        ("model-driven workload", "not run", "a report from before it existed")
+        if model is None
+        else ("model-driven workload", "not run", model.get("detail", ""))
+        if model.get("ran") is False
+        else (
+            "model-driven workload",
+            f"{model['observations']} observations, {len(model['anomalies'])} anomalies",
+            "single, batched, chained and carried calls, heartbeats, restarts, deadlines hit"
+            " exactly; what each caller was told and what the system reports about itself,"
+            " judged against the lease rules and the store (model/)",
+        )
+    )
+    return [probes, workload, ("system", system["version"], system["durability"])]
+
+
+#: A verdict lists this many reasons; the rest are one line away, in the tables below.
+SHOWN_REASONS = 12
+
+
+def _first(reasons: list[str]) -> list[str]:
+    more = len(reasons) - SHOWN_REASONS
+    return reasons[:SHOWN_REASONS] + ([f"... and {more} more below"] if more > 0 else [])
+
+
+def _state_texts(state: dict[str, Any]) -> dict[str, str]:
+    if state["crash_state"] is None:  # a state nothing could read (a server refused it)
+        return {"found_text": "unreadable", "final_text": "not recovered"}
+    return {
+        "found_text": _signature_text(state["crash_state"]["signature"]),
+        "final_text": _states(state["recovery"]["final_states"]),
+    }
+
+
+#: Where a page's rerun commands put their runs, inside the run directory.
+RERUNS_DIRECTORY = "reruns"
+
+
+def _case_rerun(report: dict[str, Any], run_dir: Path, case: dict[str, Any]) -> str | None:
+    """The one-line command that runs a failing case's crash point alone."""
+    if case["passed"]:
+        return None
+    target = run_dir / RERUNS_DIRECTORY / case["case_id"]
+    return campaign_command(report, str(target), crash_point=case["fault_point"])
+
+
+def _probes_with_reruns(report: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
+    """The probes, each failing one with the command that runs it alone."""
+    return [
+        probe
+        | {
+            "rerun": None
+            if probe["ok"]
+            else campaign_command(
+                report, str(run_dir / RERUNS_DIRECTORY / probe["name"]), probe=probe["name"]
+            )
+        }
+        for probe in report["probes"]
+    ]
+
+
+def power_loss_view(run_dir: Path, report: dict[str, Any]) -> View:
+    """A power-loss campaign: each crash point's cut and every crash state it allowed."""
+    system, summary = report["system"], report["summary"]
+    cases = []
+    for case in report["cases"]:
+        states = [state | _state_texts(state) for state in case["crash_states"]]
+        cases.append(
+            case
+            | {
+                "crash_states": states,
+                "rerun": _case_rerun(report, run_dir, case),
+                "lost_in": sum(1 for state in states if not state["durable_as_promised"]),
+                "promised_text": " or ".join(_signature_text(p) for p in case["promised"]),
+            }
+        )
+    verdict = Verdict(
+        ok=report["ok"],
+        title=f"power-loss campaign, {summary['named_fault_points']} crash points,"
+        f" {summary['crash_states']} crash states",
+        system=system_label(system),
+        durability=system["durability"],
+        seed=report["seed"],
+        duration=report["timings"]["total_ms"] / 1000,
+        command=campaign_command(report, str(run_dir)),
+        reasons=_first(report.get("anomalies", [])),
+    )
+    figures = [
+        (
+            "crash points passed",
+            f"{summary['passed']} of {summary['named_fault_points']}",
+            "a real child died there (exit 86), then the power was cut",
+        ),
+        (
+            "crash states passed",
+            f"{summary['crash_states_passed']} of {summary['crash_states']}",
+            "each read, compared with the point's promise, recovered and read again",
+        ),
+        (
+            "crash states that lost acknowledged work",
+            str(summary["states_losing_acknowledged_work"]),
+            "must be 0",
+        ),
+        (
+            "unsynced at the cuts",
+            f"{summary['pending_writes_at_cuts']:,} writes,"
+            f" {summary['pending_directory_changes_at_cuts']} directory changes",
+            "what the disk could lose (each case's disk/unsynced.json)",
+        ),
+        *_closing_figures(report),
+    ]
+    probes = _probes_with_reruns(report, run_dir)
+    data = {
+        "cases": cases,
+        "probes": probes,
+        "reproducers": reproducers(run_dir, report),
+        "promises": promises_of(report),
+    }
+    return View("powerloss.html.j2", verdict, figures, data)
+
+
+def campaign_view(run_dir: Path) -> View:
+    report = read_json(run_dir / "campaign.json")
+    if report.get("crash_mode") == "power-loss":
+        return power_loss_view(run_dir, report)
+    system, summary = report["system"], report["summary"]
+    cases = []
+    for case in report["cases"]:
+        case_dir = run_dir / case["artifacts"]["case_directory"]
+        history_file = case_dir / "history.json"
+        history = read_json(history_file) if history_file.is_file() else []
+        ledger = case["recovery"]["ledger"]
+        cases.append(
+            case
+            | {
+                "anchor": case["case_id"],
+                "rerun": _case_rerun(report, run_dir, case),
+                "executions": ledger["effects"] + ledger["absorbed"],
+                "durable_effects": ledger["effects"],
+                "timeline": timeline(history),
+                "found": _signature_text(case["crash_state"]["signature"]),
+                "expected": _signature_text(case["expected_crash_signature"]),
+                "final": _states(case["recovered_terminal_state"]),
+            }
+        )
+    verdict = Verdict(
+        ok=report["ok"],
+        title=f"process-fault campaign, {summary['named_fault_points']} crash points",
+        system=system_label(system),
+        durability=system["durability"],
+        seed=report["seed"],
+        duration=report["timings"]["total_ms"] / 1000,
+        command=campaign_command(report, str(run_dir)),
+        reasons=report.get("anomalies", []),
+    )
+    figures = [
+        (
+            "crash points passed",
+            f"{summary['passed']} of {summary['named_fault_points']}",
+            "a real child died there (exit 86, its last words), left the declared state,"
+            " and recovered",
+        ),
+        (
+            "exit codes",
+            ", ".join(map(str, summary["exit_codes"])),
+            "86 is the crash hook's os._exit",
+        ),
+        ("crash states as declared", _yes(summary["crash_states_all_match"]), ""),
+        (
+            "store consistent at the crash",
+            _yes(summary["crash_time_judgement_all_ok"]),
+            "the system's independent reader on the crash-time copy",
+        ),
+        ("recovery finished every job, effects once", _yes(summary["recovery_all_succeeded"]), ""),
+        *_closing_figures(report),
+    ]
+    probes = _probes_with_reruns(report, run_dir)
+    data = {
+        "cases": cases,
+        "probes": probes,
+        "reproducers": reproducers(run_dir, report),
+        "promises": promises_of(report),
+    }
+    return View("campaign.html.j2", verdict, figures, data)
