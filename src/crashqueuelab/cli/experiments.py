@@ -28,7 +28,8 @@ from crashqueuelab.cli.replay import ReplayAction
 from crashqueuelab.cli.shrink import reproducer_lines
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.bench.peers import BENCH_PEERS
-from crashqueuelab.lab.bench.runner import BENCH_FILE, run_bench, table
+from crashqueuelab.lab.bench.report import BENCH_FILE, table
+from crashqueuelab.lab.bench.runner import run_bench
 from crashqueuelab.lab.campaign.run import CAMPAIGN_FILE, run_campaign
 from crashqueuelab.lab.chaos.longjobs import DEFAULT_LONG_JOBS
 from crashqueuelab.lab.chaos.poison import DEFAULT_POISON_JOBS

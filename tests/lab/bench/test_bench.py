@@ -10,16 +10,9 @@ from typing import Any
 import pytest
 
 from crashqueuelab import cli
-from crashqueuelab.lab.bench.runner import (
-    jain_index,
-    median_run,
-    percentile,
-    reasons,
-    run_bench,
-    table,
-    targets,
-    versus_peers,
-)
+from crashqueuelab.lab.bench.figures import jain_index, median_run, percentile
+from crashqueuelab.lab.bench.report import reasons, table, targets, versus_peers
+from crashqueuelab.lab.bench.runner import run_bench
 
 
 def test_percentiles_use_the_nearest_rank() -> None:
@@ -340,7 +333,8 @@ def test_a_chained_lane_on_a_system_that_cannot_chain_fails_its_cell(
 ) -> None:
     import multiprocessing
 
-    from crashqueuelab.lab.bench.runner import Lane, run_config
+    from crashqueuelab.lab.bench.plan import Lane
+    from crashqueuelab.lab.bench.runner import run_config
     from crashqueuelab.systems import resolve_system
 
     system = resolve_system("walqueue")
