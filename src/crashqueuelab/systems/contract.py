@@ -463,7 +463,7 @@ class System:
     #: or None.
     server: str | None = None
     #: The persistence the run's server is started with, where the server has a choice
-    #: (Redis: a name in ``lab.redisserver.PERSISTENCE``).
+    #: (Redis: a name in ``servers.redis.PERSISTENCE``).
     persistence: str | None = None
     #: Where the system is a library's: what its documentation says it does not promise.
     documented: tuple[Documented, ...] = ()

@@ -18,7 +18,7 @@ from crashqueuelab import cli
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.campaign.run import run_campaign
 from crashqueuelab.lab.pages.chains import observation_chain, seconds_from
-from crashqueuelab.lab.reproducers import export as testexport
+from crashqueuelab.lab.reproducers import export
 from crashqueuelab.lab.reproducers.campaign import (
     REPRODUCER_DIRECTORY,
     SHRINK_SECONDS,
@@ -249,10 +249,10 @@ def test_the_public_reruns(tmp_path: Path) -> None:
 def test_an_exported_test_that_cannot_run_says_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = testexport.write_test(tmp_path, "test_x", "def test_x() -> None:\n    pass\n")
-    assert testexport.run_test(path, import_path=None)["failed"] is False
+    path = export.write_test(tmp_path, "test_x", "def test_x() -> None:\n    pass\n")
+    assert export.run_test(path, import_path=None)["failed"] is False
     (tmp_path / "test_x.py").write_text("import nowhere_to_be_found\n")
-    broken = testexport.run_test(path, import_path=str(tmp_path), system="sqlite")
+    broken = export.run_test(path, import_path=str(tmp_path), system="sqlite")
     assert broken["failed"] is None
     assert broken["detail"].startswith("pytest exited")
 
@@ -260,12 +260,10 @@ def test_an_exported_test_that_cannot_run_says_why(
         raise subprocess.TimeoutExpired("pytest", 1)
 
     monkeypatch.setattr(subprocess, "run", too_slow)
-    assert "ran past" in testexport.run_test(path, import_path=None)["detail"]
+    assert "ran past" in export.run_test(path, import_path=None)["detail"]
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    assert (
-        testexport.run_test(path, import_path=None)["detail"] == "not run: pytest is not installed"
-    )
-    assert testexport.function_name("model workload", "an acknowledgement " * 20).startswith(
+    assert export.run_test(path, import_path=None)["detail"] == "not run: pytest is not installed"
+    assert export.function_name("model workload", "an acknowledgement " * 20).startswith(
         "test_model_workload_an_acknowledgement"
     )
-    assert len(testexport.function_name("word " * 40)) <= 72
+    assert len(export.function_name("word " * 40)) <= 72

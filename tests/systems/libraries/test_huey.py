@@ -120,11 +120,11 @@ def test_without_huey_installed_the_system_is_unavailable_and_says_how_to_get_it
     from importlib.metadata import PackageNotFoundError
 
     from crashqueuelab.core.errors import SystemUnavailable
-    from crashqueuelab.systems.libraries import skeleton as sqlitehuey
+    from crashqueuelab.systems.libraries import skeleton
 
     def missing(name: str) -> str:
         raise PackageNotFoundError(name)
 
-    monkeypatch.setattr(sqlitehuey, "version", missing)
+    monkeypatch.setattr(skeleton, "version", missing)
     with pytest.raises(SystemUnavailable, match=r"pip install 'crashqueuelab\[peers\]'"):
         resolve_system("huey-fsync")

@@ -130,11 +130,11 @@ def test_without_pgqueuer_installed_the_system_is_unavailable_and_says_how_to_ge
     from importlib.metadata import PackageNotFoundError
 
     from crashqueuelab.core.errors import SystemUnavailable
-    from crashqueuelab.systems.libraries import skeleton as pgqueueradapter
+    from crashqueuelab.systems.libraries import skeleton
 
     def missing(name: str) -> str:
         raise PackageNotFoundError(name)
 
-    monkeypatch.setattr(pgqueueradapter, "version", missing)
+    monkeypatch.setattr(skeleton, "version", missing)
     with pytest.raises(SystemUnavailable, match=r"pip install 'crashqueuelab\[pgqueuer\]'"):
         resolve_system("pgqueuer")

@@ -4,7 +4,7 @@ that still fails, rerun to confirm it, and exported as a pytest file.
 - A failing crash point or probe is rerun alone: the reproducer is that one case (two kills
   at most) or that one race instead of the whole campaign.
 - A failing model workload is shrunk by delta debugging over its recorded choices
-  (``choices.py``, ``deltadebug.py``): operations are removed while the rerun still fails
+  (``workloads/choices.py``, ``ddmin.py``): operations are removed while the rerun still fails
   the same way (the first anomaly's kind: its words without names and numbers).
 
 Failures of one kind share a reproducer. Everything the lab runs here is deterministic
