@@ -1,0 +1,62 @@
+"""The harness every probe runs in: a system's client on a fresh store and a manual clock,
+and how a probe says the system accepted what it must refuse."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from crashqueuelab.core.clock import ManualClock
+from crashqueuelab.lab.workloads.scenario import LEASE_US, RETRY
+from crashqueuelab.systems.contract import Claim, JobSpec, QueueClient, Verdict
+
+
+class ProbeFailed(Exception):
+    """Raised inside a probe when the system accepted what it must refuse."""
+
+
+@dataclass
+class _Bench:
+    client: QueueClient
+    clock: ManualClock
+    #: Opens the probe's store again, as a restarted process would.
+    opener: Callable[[], QueueClient]
+
+    def restart(self) -> None:
+        """Close the system and open its store again: nothing held in memory survives."""
+        self.client.close()
+        self.client = self.opener()
+
+    def job(self, key: str, *, max_attempts: int = 3) -> JobSpec:
+        spec = JobSpec(key=key, job_type="probe", payload={"probe": key}, max_attempts=max_attempts)
+        self.client.submit(spec)
+        return spec
+
+    def claim(self, worker_id: str, key: str) -> Claim:
+        claim = self.client.claim(worker_id, LEASE_US)
+        if claim is None or claim.key != key:
+            offered = "nothing" if claim is None else f"job {claim.key}"
+            raise ProbeFailed(
+                f"job {key}: {worker_id} should claim it now; the queue offered {offered}"
+            )
+        return claim
+
+    def expire(self) -> None:
+        """Let every lease run out, and any retry come due; the system notices each."""
+        self.clock.advance(LEASE_US)
+        self.client.recover()
+        self.clock.advance(RETRY.max_delay_us)
+        self.client.recover()
+
+
+def _refused(verdict: Verdict | bool, claim: Claim, what: str) -> None:
+    if verdict not in (Verdict.STALE, False):
+        raise ProbeFailed(
+            f"job {claim.key}: {what} by {claim.worker_id} (lease {claim.token}, attempt "
+            f"{claim.attempt}) was accepted ({verdict}); it must be refused"
+        )
+
+
+def _accepted(verdict: Verdict, claim: Claim, what: str) -> None:
+    if verdict is not Verdict.SUCCEEDED:
+        raise ProbeFailed(f"job {claim.key}: {what} by the live holder answered {verdict}")

@@ -1,0 +1,132 @@
+"""The probes in their order, with the capability each needs, and the runner that gives each
+one a fresh store and reports it passed, failed or skipped."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from crashqueuelab.core.clock import ManualClock
+from crashqueuelab.core.errors import InvalidInput
+from crashqueuelab.core.ids import SeededIds
+from crashqueuelab.lab.campaign.probes.batches import (
+    batched_acknowledgement_fences_each_item,
+    batched_acknowledgement_sees_the_lease_as_it_stands,
+    chained_acknowledgement_is_fenced,
+)
+from crashqueuelab.lab.campaign.probes.carried import carried_calls_are_judged_against_the_store
+from crashqueuelab.lab.campaign.probes.harness import ProbeFailed, _Bench
+from crashqueuelab.lab.campaign.probes.leases import (
+    a_leased_job_is_not_claimed_again,
+    acknowledgement_at_the_deadline,
+    heartbeat_after_expiry,
+    heartbeat_survives_restart,
+    stale_holder_after_expiry,
+    worker_id_reused_after_restart,
+)
+from crashqueuelab.lab.campaign.probes.lifecycle import (
+    attempts_run_out,
+    expired_attempts_run_out,
+    idempotent_submit,
+    retry_delay_is_capped,
+)
+from crashqueuelab.lab.campaign.probes.reports import self_reports_match_what_holders_were_told
+from crashqueuelab.lab.workloads.scenario import RETRY, START_US
+from crashqueuelab.systems.contract import OpenRequest, QueueClient, System
+
+Probe = Callable[[_Bench], str]
+#: Each probe, and the capability it needs (None: every system).
+PROBES: tuple[tuple[str, Probe, str | None], ...] = (
+    ("idempotent_submit", idempotent_submit, None),
+    ("stale_holder_after_expiry", stale_holder_after_expiry, None),
+    ("a_leased_job_is_not_claimed_again", a_leased_job_is_not_claimed_again, None),
+    ("worker_id_reused_after_restart", worker_id_reused_after_restart, "fencing_tokens"),
+    ("acknowledgement_at_the_deadline", acknowledgement_at_the_deadline, None),
+    ("heartbeat_after_expiry", heartbeat_after_expiry, "heartbeats"),
+    ("heartbeat_survives_restart", heartbeat_survives_restart, "heartbeats"),
+    ("attempts_run_out", attempts_run_out, None),
+    ("expired_attempts_run_out", expired_attempts_run_out, None),
+    ("retry_delay_is_capped", retry_delay_is_capped, None),
+    ("batched_acknowledgement_fences_each_item", batched_acknowledgement_fences_each_item, None),
+    (
+        "batched_acknowledgement_sees_the_lease_as_it_stands",
+        batched_acknowledgement_sees_the_lease_as_it_stands,
+        "heartbeats",
+    ),
+    (
+        "self_reports_match_what_holders_were_told",
+        self_reports_match_what_holders_were_told,
+        "heartbeats",
+    ),
+    ("chained_acknowledgement_is_fenced", chained_acknowledgement_is_fenced, "chained"),
+    (
+        "carried_calls_are_judged_against_the_store",
+        carried_calls_are_judged_against_the_store,
+        "carried",
+    ),
+)
+
+
+def run_probe(system: System, directory: Path, name: str, probe: Probe) -> dict[str, Any]:
+    clock = ManualClock(START_US)
+    opened = [0]
+
+    def opener() -> QueueClient:
+        opened[0] += 1
+        ids = SeededIds(0, f"probe/{name}/{opened[0]}")
+        return system.open(OpenRequest(directory, clock, ids, RETRY))
+
+    try:
+        bench = _Bench(opener(), clock, opener)
+    except Exception as error:
+        return {"name": name, "ran": True, "ok": False, "detail": f"open raised {error!r}"}
+    try:
+        detail = probe(bench)
+        ok = True
+    except ProbeFailed as failure:
+        detail, ok = str(failure), False
+    except Exception as error:  # a system that raises is reported, never a traceback
+        detail, ok = f"the system raised {type(error).__name__}: {error}", False
+    finally:
+        bench.client.close()
+    return {"name": name, "ran": True, "ok": ok, "detail": detail}
+
+
+#: Why a probe that needs a capability skips a system without it.
+_LACKS = {
+    "fencing_tokens": "no fencing tokens",
+    "heartbeats": "no heartbeats",
+    "chained": "no chained calls",
+    "carried": "no calls another writer's commit can carry",
+}
+
+
+def check_probe_names(names: Sequence[str] | None) -> None:
+    """Refuse, before anything runs, a probe name that does not exist."""
+    known = [name for name, _, _ in PROBES]
+    unknown = sorted(set(names or ()) - set(known))
+    if unknown:
+        raise InvalidInput(
+            "probe", f"{', '.join(unknown)}: no such probe (there are {', '.join(known)})"
+        )
+
+
+def run_probes(
+    system: System, directory: Path, only: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
+    """Every probe (or those named in ``only``) on a fresh store below ``directory``;
+    skipped ones say why."""
+    check_probe_names(only)
+    results = []
+    capabilities = system.capabilities.to_json()
+    for name, probe, needs in PROBES:
+        if only is not None and name not in only:
+            continue
+        if needs is not None and not capabilities[needs]:
+            results.append(
+                {"name": name, "ran": False, "ok": True, "detail": f"skipped: {_LACKS[needs]}"}
+            )
+            continue
+        results.append(run_probe(system, directory / name, name, probe))
+    return results
