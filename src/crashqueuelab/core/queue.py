@@ -3,89 +3,64 @@
 Each transaction writes the job row and exactly one history event per job it changes
 (the events also make the ``attempts`` view), or nothing at all. No transaction ever
 contains a handler or an external effect; that is the worker boundary's job.
+
+``DurableQueue`` builds on its read-only views (reads.py), the lease transitions its calls
+share (leases.py) and its side of group commit (carrying.py). Submission, the heartbeat and
+the single claim stay here: the planted bugs (lab/mutants/sqlite.py) swap this module's
+``submit_in_transaction``, ``append_event`` and ``CLAIM_NEXT`` for one call.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import sqlite3
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from crashqueuelab.core import groupcommit
-from crashqueuelab.core.batches import acknowledge, lease_ready
+from crashqueuelab.core.carrying import GroupCommits
 from crashqueuelab.core.clock import Clock, SystemClock
-from crashqueuelab.core.errors import InvalidInput, JobNotFound, StaleLease, StoreError
+from crashqueuelab.core.errors import StoreError
 from crashqueuelab.core.fencing import require_live_lease
-from crashqueuelab.core.handle import DatabaseHandle
 from crashqueuelab.core.held import HeldLeases
 from crashqueuelab.core.history import append_event
 from crashqueuelab.core.hooks import Hook, Phase, no_hook
 from crashqueuelab.core.ids import IdGenerator, RandomIds
+from crashqueuelab.core.leases import (
+    require_acknowledgements,
+    require_batch_claim,
+    require_lease_arguments,
+)
 from crashqueuelab.core.models import (
     Acknowledgement,
     AckResult,
-    Attempt,
     ClaimedJob,
-    Event,
     EventType,
     Job,
     JobState,
     SubmitResult,
 )
 from crashqueuelab.core.retry import RetryPolicy
-from crashqueuelab.core.rows import (
-    ATTEMPT_COLUMNS,
-    EVENT_COLUMNS,
-    JOB_COLUMNS,
-    decode_attempt,
-    decode_event,
-    decode_job,
-)
-from crashqueuelab.core.schema import ACTIVE_JOBS, QUEUE_SCHEMA
+from crashqueuelab.core.rows import decode_job
+from crashqueuelab.core.schema import QUEUE_SCHEMA
 from crashqueuelab.core.statements import (
     CLAIM_NEXT,
     END_EXPIRED_LEASE,
-    END_LIVE_LEASE,
     EXTEND_LEASE,
     LEASE_EXPIRED_ERROR,
     PROMOTE,
     SELECT_DUE_RETRIES,
     SELECT_EXPIRED,
-    SELECT_JOB,
 )
-from crashqueuelab.core.storage import DEFAULT_BUSY_TIMEOUT_MS, write_transaction
-from crashqueuelab.core.submission import MAX_BATCH, prepare_batch, submit_in_transaction
-from crashqueuelab.core.turns import Carried, Served
+from crashqueuelab.core.storage import DEFAULT_BUSY_TIMEOUT_MS
+from crashqueuelab.core.submission import prepare_batch, submit_in_transaction
+from crashqueuelab.core.turns import Carried
 from crashqueuelab.core.validation import (
     MAX_LEASE_US,
     require_error_text,
     require_int,
     require_name,
 )
-
-
-def _require_lease_arguments(job_id: str, worker_id: str, lease_token: str) -> None:
-    require_name("job_id", job_id)
-    require_name("worker_id", worker_id)
-    require_name("lease_token", lease_token)
-
-
-def _require_batch_claim(
-    worker_id: str, lease_duration_us: int, limit: int
-) -> tuple[str, int, int]:
-    worker = require_name("worker_id", worker_id)
-    lease = require_int("lease_duration_us", lease_duration_us, minimum=1, maximum=MAX_LEASE_US)
-    return worker, lease, require_int("limit", limit, minimum=1, maximum=MAX_BATCH)
-
-
-def _require_acknowledgements(acknowledgements: Sequence[Acknowledgement]) -> None:
-    if not 1 <= len(acknowledgements) <= MAX_BATCH:
-        raise InvalidInput("acknowledgements", f"must hold 1 to {MAX_BATCH} items")
-    for ack in acknowledgements:
-        _require_lease_arguments(ack.job_id, ack.worker_id, ack.lease_token)
 
 
 def _require_applied(cursor: sqlite3.Cursor, what: str) -> None:
@@ -95,7 +70,7 @@ def _require_applied(cursor: sqlite3.Cursor, what: str) -> None:
         raise StoreError("<transaction>", f"guarded {what} changed {cursor.rowcount} rows")
 
 
-class DurableQueue(DatabaseHandle):
+class DurableQueue(GroupCommits):
     """A SQLite-WAL job queue with leased, fenced claims and an append-only history."""
 
     def __init__(
@@ -209,7 +184,7 @@ class DurableQueue(DatabaseHandle):
         Each job gets its own lease token and CLAIMED event (its attempt), exactly as if it
         had been claimed alone; only the commit (and its fsync) is shared.
         """
-        worker, lease, count = _require_batch_claim(worker_id, lease_duration_us, limit)
+        worker, lease, count = require_batch_claim(worker_id, lease_duration_us, limit)
         now = self._clock.now_us()
         with self._transaction():
             claimed = self._lease_batch(worker, lease, count, now)
@@ -223,7 +198,7 @@ class DurableQueue(DatabaseHandle):
 
         A stale item is reported (``stale_reason``) and writes nothing; the others commit.
         """
-        _require_acknowledgements(acknowledgements)
+        require_acknowledgements(acknowledgements)
         now = self._clock.now_us()
         with self._transaction():
             results = self._acknowledge_batch(acknowledgements, now)
@@ -245,8 +220,8 @@ class DurableQueue(DatabaseHandle):
         commit (one fsync, one turn at the write lock) instead of two. Stale items are
         reported as by ``succeed_many``; the claim does not depend on them.
         """
-        _require_acknowledgements(acknowledgements)
-        worker, lease, count = _require_batch_claim(worker_id, lease_duration_us, limit)
+        require_acknowledgements(acknowledgements)
+        worker, lease, count = require_batch_claim(worker_id, lease_duration_us, limit)
         now = self._clock.now_us()
         with self._transaction():
             results = self._acknowledge_batch(acknowledgements, now)
@@ -266,7 +241,7 @@ class DurableQueue(DatabaseHandle):
         The same two transitions as ``succeed`` then ``claim``, with their own events, but one
         commit (one fsync) instead of two. If the acknowledgement is stale nothing is claimed.
         """
-        _require_lease_arguments(job_id, worker_id, lease_token)
+        require_lease_arguments(job_id, worker_id, lease_token)
         lease = require_int("lease_duration_us", lease_duration_us, minimum=1, maximum=MAX_LEASE_US)
         now = self._clock.now_us()
         token = self._ids.lease_token()
@@ -304,7 +279,7 @@ class DurableQueue(DatabaseHandle):
         self, *, job_id: str, worker_id: str, lease_token: str, lease_duration_us: int
     ) -> ClaimedJob:
         """Extend the caller's live lease to now + ``lease_duration_us``."""
-        _require_lease_arguments(job_id, worker_id, lease_token)
+        require_lease_arguments(job_id, worker_id, lease_token)
         lease = require_int("lease_duration_us", lease_duration_us, minimum=1, maximum=MAX_LEASE_US)
         conn = self.connection
         now = self._clock.now_us()
@@ -337,7 +312,7 @@ class DurableQueue(DatabaseHandle):
 
     def succeed(self, *, job_id: str, worker_id: str, lease_token: str) -> Job:
         """Acknowledge the caller's attempt: the job becomes SUCCEEDED for good."""
-        _require_lease_arguments(job_id, worker_id, lease_token)
+        require_lease_arguments(job_id, worker_id, lease_token)
         now = self._clock.now_us()
         served = None
         if self._group_commit:
@@ -364,7 +339,7 @@ class DurableQueue(DatabaseHandle):
 
     def fail(self, *, job_id: str, worker_id: str, lease_token: str, error: str) -> Job:
         """Record the caller's attempt as failed: retry later, or DEAD once attempts run out."""
-        _require_lease_arguments(job_id, worker_id, lease_token)
+        require_lease_arguments(job_id, worker_id, lease_token)
         text = require_error_text(error)
         now = self._clock.now_us()
         with self._transaction():
@@ -438,166 +413,7 @@ class DurableQueue(DatabaseHandle):
         self._hook(Phase.AFTER_PROMOTION_COMMIT)
         return [job.job_id for job in due]
 
-    # -- group commit ------------------------------------------------------------------------
-
-    def _transaction(
-        self, served: Served | None = None
-    ) -> AbstractContextManager[sqlite3.Connection]:
-        return write_transaction(
-            self.connection,
-            timeout_ms=self._timeout_ms,
-            turns=self._turns,
-            served=served,
-            carrier=self._carry,
-            shared=self._shared,
-        )
-
-    def _enter(self, request: Callable[[], bytes]) -> Served | Carried:
-        _ = self.connection  # a closed queue, or one opened in another process, is refused first
-        entry = self._turns.enter(request, timeout_s=self._timeout_ms / 1000)
-        if isinstance(entry, Carried):
-            self._shared.carried_by_others += 1
-        return entry
-
-    def _count_vanished(self, noted: bytes | None, *, applied: bool) -> None:
-        if noted is None:
-            return
-        if applied:
-            self._shared.carrier_vanished_applied += 1
-        else:
-            self._shared.carrier_vanished_rerun += 1
-
-    @property
-    def shared_commits(self) -> groupcommit.SharedCommits:
-        """A copy of the group-commit counts of this handle since it opened."""
-        return dataclasses.replace(self._shared)
-
-    def _carry(self, taken: list[tuple[int, bytes]]) -> list[bytes | None]:
-        """Run the requests of the writers behind this one, in this transaction.
-
-        After the first one given back, the rest are given back too, unrun: the line can
-        then move past exactly the run of carried writers right behind this turn.
-        """
-        results: list[bytes | None] = []
-        for _, request in taken:
-            results.append(None if None in results else self._run_carried(request))
-        return results
-
-    def _run_carried(self, request: bytes) -> bytes | None:
-        """One waiting writer's request, inside a savepoint: its result, or None (and
-        nothing written) when it is given back to its writer."""
-        decoded = groupcommit.decode_request(request)
-        if decoded is None:
-            return None
-        conn = self.connection
-        conn.execute("SAVEPOINT carried")
-        try:
-            result = self._carried_transitions(decoded)
-        except (StaleLease, JobNotFound):
-            result = None  # the writer's own call explains it
-        if result is None:
-            conn.execute("ROLLBACK TO carried")
-        conn.execute("RELEASE carried")
-        return result
-
-    def _carried_transitions(self, request: groupcommit.Request) -> bytes | None:
-        """The transitions of ``request``, as its writer's own call would run them; a
-        claimed row too large for the result slot is given back (None)."""
-        if isinstance(request, groupcommit.SuccessRequest):
-            self._succeed_live_lease(
-                request.job_id, request.worker_id, request.lease_token, request.now_us
-            )
-            return groupcommit.APPLIED
-        if isinstance(request, groupcommit.ChainRequest):
-            self._succeed_live_lease(
-                request.job_id, request.worker_id, request.lease_token, request.now_us
-            )
-            token = request.next_token
-        else:
-            token = request.lease_token
-        claimed = self._lease_next(request.worker_id, request.lease_us, request.now_us, token)
-        return groupcommit.encode_claim(claimed)
-
-    def _reclaim(self, served: Served | None) -> bytes | None:
-        """What a vanished carrier noted for this writer's request (None: no carrier took
-        it). Called holding the write lock, so the carrier's transaction has ended."""
-        if served is None or not served.taken:
-            return None
-        return self._turns.reclaim(served.ticket, timeout_s=self._timeout_ms / 1000)
-
-    def _claim_committed(self, noted: bytes, token: str) -> ClaimedJob | None:
-        """The claim a vanished carrier noted, if its transaction committed it."""
-        claimed = groupcommit.decode_claim(noted, token) if noted else None
-        if claimed is None:
-            return None
-        row = self.connection.execute(
-            "SELECT 1 FROM events WHERE job_id = ? AND lease_token = ? AND event_type = ?",
-            (claimed.job.job_id, token, EventType.CLAIMED.value),
-        ).fetchone()
-        return claimed if row is not None else None
-
-    def _committed_by_carrier(self, noted: bytes | None, job_id: str, lease_token: str) -> bool:
-        """Whether a vanished carrier committed this writer's acknowledgement: it ran it
-        (noted a result: a slot taken and never run reads as empty) and the attempt holding
-        ``lease_token`` has ended in success. It ran, so the lease was live then, and that
-        success can only be this request's own, never an earlier acknowledgement's."""
-        return bool(noted) and self._succeeded_by(job_id, lease_token)
-
-    def _succeeded_by(self, job_id: str, lease_token: str) -> bool:
-        """Whether the attempt holding ``lease_token`` already ended in success (as a
-        vanished carrier of this acknowledgement may have committed)."""
-        row = self.connection.execute(
-            "SELECT 1 FROM events WHERE job_id = ? AND lease_token = ? AND event_type = ?",
-            (job_id, lease_token, EventType.SUCCEEDED.value),
-        ).fetchone()
-        return row is not None
-
-    # -- reads -----------------------------------------------------------------------------
-
-    def get(self, job_id: str) -> Job:
-        """The current state of one job."""
-        rows = self._read(SELECT_JOB, (job_id,))
-        if not rows:
-            raise JobNotFound(job_id)
-        return decode_job(rows[0])
-
-    def get_by_key(self, idempotency_key: str) -> Job:
-        """The job an idempotency key names (JobNotFound carries the key)."""
-        rows = self._read(
-            f"SELECT {JOB_COLUMNS} FROM jobs WHERE idempotency_key = ?", (idempotency_key,)
-        )
-        if not rows:
-            raise JobNotFound(idempotency_key)
-        return decode_job(rows[0])
-
-    def history(self, job_id: str) -> list[Event]:
-        """Every event of one job, oldest first."""
-        self.get(job_id)
-        rows = self._read(
-            f"SELECT {EVENT_COLUMNS} FROM events WHERE job_id = ? ORDER BY seq", (job_id,)
-        )
-        return [decode_event(row) for row in rows]
-
-    def attempts(self, job_id: str) -> list[Attempt]:
-        """Every attempt of one job, first attempt first."""
-        self.get(job_id)
-        rows = self._read(
-            f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE job_id = ? ORDER BY attempt", (job_id,)
-        )
-        return [decode_attempt(row) for row in rows]
-
-    def counts(self) -> dict[JobState, int]:
-        """How many jobs are in each state (every state listed, zeros included)."""
-        result = dict.fromkeys(JobState, 0)
-        for state, count in self._read("SELECT state, count(*) FROM jobs GROUP BY state"):
-            result[JobState(state)] = int(count)
-        return result
-
-    def active_count(self) -> int:
-        """Jobs not yet finished (QUEUED, LEASED or RETRY_SCHEDULED), from the live index."""
-        return int(self._read(f"SELECT count(*) FROM jobs WHERE {ACTIVE_JOBS}")[0][0])
-
-    # -- transition helpers (run inside the caller's transaction) ----------------------------
+    # -- the single claim (runs inside the caller's transaction) ---------------------------
 
     def _lease_next(self, worker: str, lease: int, now: int, token: str) -> ClaimedJob | None:
         conn = self.connection
@@ -621,94 +437,3 @@ class DurableQueue(DatabaseHandle):
         return ClaimedJob(
             job=job, lease_token=token, lease_deadline_us=deadline, attempt=job.attempts
         )
-
-    def _lease_batch(self, worker: str, lease: int, count: int, now: int) -> list[ClaimedJob]:
-        claimed = lease_ready(
-            self.connection, worker_id=worker, lease_us=lease, limit=count, now=now, ids=self._ids
-        )
-        if claimed:
-            self._hook(Phase.BEFORE_CLAIM_COMMIT)
-        return claimed
-
-    def _acknowledge_batch(
-        self, acknowledgements: Sequence[Acknowledgement], now: int
-    ) -> list[AckResult]:
-        results = acknowledge(self.connection, acknowledgements, now=now, held=self._held)
-        if any(result.accepted for result in results):
-            self._hook(Phase.BEFORE_SUCCESS_COMMIT)
-        return results
-
-    def _explain_stale(self, job_id: str, worker_id: str, lease_token: str, now: int) -> NoReturn:
-        """Raise the StaleLease (or JobNotFound) that explains why a lease guard did not match."""
-        job = self.get(job_id)
-        require_live_lease(job, worker_id=worker_id, lease_token=lease_token, now_us=now)
-        raise StoreError(self.path, f"lease guard of {job_id} failed for no known reason")
-
-    def _after_attempt(self, job: Job, now: int) -> tuple[JobState, int | None]:
-        """Where an attempt that did not succeed leads: a later retry, or the dead letter."""
-        if job.attempts >= job.max_attempts:
-            return JobState.DEAD, None
-        return JobState.RETRY_SCHEDULED, now + self._retry.delay_us(job.attempts)
-
-    def _succeed_live_lease(self, job_id: str, worker_id: str, lease_token: str, now: int) -> Job:
-        return self._end_live_lease(
-            job_id,
-            worker_id,
-            lease_token,
-            now=now,
-            to_state=JobState.SUCCEEDED,
-            available_at_us=None,
-            error=None,
-        )
-
-    def _end_live_lease(
-        self,
-        job_id: str,
-        worker_id: str,
-        lease_token: str,
-        *,
-        now: int,
-        to_state: JobState,
-        available_at_us: int | None,
-        error: str | None,
-    ) -> Job:
-        row = self.connection.execute(
-            END_LIVE_LEASE,
-            (to_state.value, available_at_us, error, now, job_id, worker_id, lease_token, now),
-        ).fetchone()
-        if row is None:
-            self._explain_stale(job_id, worker_id, lease_token, now)
-        return self._record_lease_end(
-            decode_job(row),
-            worker_id=worker_id,
-            lease_token=lease_token,
-            event_type=EventType.SUCCEEDED if to_state is JobState.SUCCEEDED else EventType.FAILED,
-            error=error,
-            now=now,
-        )
-
-    def _record_lease_end(
-        self,
-        job: Job,
-        *,
-        worker_id: str | None,
-        lease_token: str | None,
-        event_type: EventType,
-        error: str | None,
-        now: int,
-    ) -> Job:
-        """Append the event for a lease that ``job`` (as updated) left; it ends the attempt."""
-        append_event(
-            self.connection,
-            job_id=job.job_id,
-            event_type=event_type,
-            from_state=JobState.LEASED,
-            to_state=job.state,
-            at_us=now,
-            attempt=job.attempts,
-            worker_id=worker_id,
-            lease_token=lease_token,
-            available_at_us=job.available_at_us,
-            error=error,
-        )
-        return job
