@@ -235,3 +235,24 @@ def test_python_dash_m_runs_the_cli() -> None:
     )  # fmt: skip
     assert finished.returncode == 2, finished.stderr
     assert json.loads(finished.stdout)["error"]["type"] == "UsageError"
+
+
+def test_the_package_face_imports_each_public_name_when_first_used() -> None:
+    import importlib
+
+    import crashqueuelab
+
+    assert set(crashqueuelab.__all__) == set(crashqueuelab._MODULE_OF)
+    for name, module in crashqueuelab._MODULE_OF.items():
+        assert getattr(crashqueuelab, name) is getattr(importlib.import_module(module), name)
+    with pytest.raises(AttributeError, match="no attribute 'Nothing'"):
+        crashqueuelab.Nothing  # noqa: B018
+    assert "DurableQueue" in dir(crashqueuelab)
+    # A process that needs one module of the lab does not import the queue with it.
+    probe = (
+        "import sys, crashqueuelab.lab.faults.powerloss.journal;"
+        " assert 'crashqueuelab.core.queue' not in sys.modules, 'imported';"
+        " from crashqueuelab import DurableQueue;"
+        " assert 'crashqueuelab.core.queue' in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", probe], check=True, timeout=60)
