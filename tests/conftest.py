@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import hashlib
+import io
+import json
 import os
+import shlex
 import sqlite3
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 
@@ -30,13 +34,19 @@ EXAMPLES = ROOT / "examples"
 FAILED_TESTS_VARIABLE = "CRASHQUEUELAB_FAILED_TESTS"
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Marked by what they need, so a run can leave the showcase-sized ones out by marker;
-    # on several workers they share one, where the showcase runs once.
+    # on several workers they share one, where the showcase runs once (before xdist's own
+    # hook reads the groups, hence first), and they come first: the longest piece of work
+    # starts while the other workers take the rest.
+    readers = []
     for item in items:
         if "showcase_run" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.showcase)
             item.add_marker(pytest.mark.xdist_group("showcase"))
+            readers.append(item)
+    items[:] = readers + [item for item in items if item not in readers]
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -198,3 +208,52 @@ def release_cache(monkeypatch: pytest.MonkeyPatch) -> Path:
     root = cache_root()
     monkeypatch.setenv(CACHE_VARIABLE, str(root))
     return root
+
+
+@dataclass(frozen=True)
+class CliRun:
+    """One run of the command line in this process (see ``run_cli``)."""
+
+    code: int
+    result: dict[str, Any]
+    stderr: str
+
+
+class RunCli(Protocol):
+    def __call__(self, *argv: str | Path) -> CliRun: ...
+
+
+def invoke_cli(*argv: str | Path) -> CliRun:
+    # The callable the run_cli fixture returns (documented there), importable for the
+    # module-scoped fixtures and module-level helpers that cannot take the fixture.
+    from crashqueuelab import cli
+
+    words = [str(arg) for arg in argv]
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.main(words, stdout=out, stderr=err)
+    stdout, stderr = out.getvalue(), err.getvalue()
+    try:
+        result = json.loads(stdout)
+    except ValueError as error:
+        problem = str(error)
+    else:
+        if isinstance(result, dict):
+            return CliRun(code, result, stderr)
+        problem = f"it holds a {type(result).__name__}"
+    raise AssertionError(
+        f"crashqueuelab {shlex.join(words)} exited {code} and its stdout is not one JSON"
+        f" object ({problem})\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}"
+    )
+
+
+@pytest.fixture
+def run_cli() -> RunCli:
+    """Runs the command line in this process: ``run_cli(*argv)`` calls ``cli.main`` with
+    ``argv`` (paths as strings) and its stdout and stderr captured, and returns a frozen
+    ``CliRun``: ``code``, the exit code; ``result``, stdout, which must be exactly one JSON
+    object (anything else raises AssertionError showing stdout and stderr); and ``stderr``.
+
+    Module-scoped fixtures and module-level helpers, which cannot take a function-scoped
+    fixture, import the same callable instead: ``from tests.conftest import invoke_cli``.
+    """
+    return invoke_cli
