@@ -16,21 +16,15 @@ from typing import Any
 import pytest
 
 from crashqueuelab.cli import EXIT_OK, EXIT_REJECTED, EXIT_STORE, EXIT_USAGE, build_parser, main
-from tests.conftest import fingerprint, raw
+from tests.conftest import RunCli, fingerprint, invoke_cli, raw
 
 NOW = 5_000_000
-
-
-def run(*argv: str) -> tuple[int, dict[str, Any], str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = main(list(argv), stdout=out, stderr=err)
-    return code, json.loads(out.getvalue()), err.getvalue()
 
 
 def submit(
     db: Path, key: str = "request-1", payload: str = '{"effect_key":"e1","value":7}'
 ) -> dict[str, Any]:
-    code, result, _ = run(
+    outcome = invoke_cli(
         "submit",
         "--database",
         str(db),
@@ -43,12 +37,12 @@ def submit(
         "--now-us",
         str(NOW),
     )
-    assert code == EXIT_OK, result
-    return result
+    assert outcome.code == EXIT_OK, outcome.result
+    return outcome.result
 
 
 def claim(db: Path, worker: str = "worker-a", now: int = NOW + 1) -> dict[str, Any]:
-    code, result, _ = run(
+    outcome = invoke_cli(
         "claim",
         "--database",
         str(db),
@@ -59,19 +53,19 @@ def claim(db: Path, worker: str = "worker-a", now: int = NOW + 1) -> dict[str, A
         "--now-us",
         str(now),
     )
-    assert code == EXIT_OK, result
-    claimed: dict[str, Any] = result["claimed"]
+    assert outcome.code == EXIT_OK, outcome.result
+    claimed: dict[str, Any] = outcome.result["claimed"]
     return claimed
 
 
-def test_a_full_round_trip_ends_in_a_passing_check(db_path: Path) -> None:
+def test_a_full_round_trip_ends_in_a_passing_check(db_path: Path, run_cli: RunCli) -> None:
     created = submit(db_path)
     assert created["created"] is True
     job_id = created["job"]["job_id"]
     assert created["job"]["payload"] == {"effect_key": "e1", "value": 7}
     claimed = claim(db_path)
     token = claimed["lease_token"]
-    code, beat, _ = run(
+    beat = run_cli(
         "heartbeat",
         "--database",
         str(db_path),
@@ -86,9 +80,9 @@ def test_a_full_round_trip_ends_in_a_passing_check(db_path: Path) -> None:
         "--now-us",
         str(NOW + 2),
     )
-    assert code == EXIT_OK
-    assert beat["claimed"]["lease_deadline_us"] == NOW + 5002
-    code, done, _ = run(
+    assert beat.code == EXIT_OK
+    assert beat.result["claimed"]["lease_deadline_us"] == NOW + 5002
+    done = run_cli(
         "succeed",
         "--database",
         str(db_path),
@@ -101,24 +95,28 @@ def test_a_full_round_trip_ends_in_a_passing_check(db_path: Path) -> None:
         "--now-us",
         str(NOW + 3),
     )
-    assert (code, done["job"]["state"]) == (EXIT_OK, "SUCCEEDED")
-    code, history, _ = run("history", "--database", str(db_path), "--job-id", job_id)
-    assert [e["event_type"] for e in history["events"]] == [
+    assert (done.code, done.result["job"]["state"]) == (EXIT_OK, "SUCCEEDED")
+    history = run_cli("history", "--database", str(db_path), "--job-id", job_id)
+    assert [e["event_type"] for e in history.result["events"]] == [
         "SUBMITTED",
         "CLAIMED",
         "HEARTBEAT",
         "SUCCEEDED",
     ]
-    code, replay, _ = run("replay", "--database", str(db_path), "--job-id", job_id)
-    assert (code, replay["ok"], replay["replay"]["events_replayed"]) == (EXIT_OK, True, 4)
-    code, check, _ = run("check", "--database", str(db_path))
-    assert (code, check["ok"], check["check"]["failed"]) == (EXIT_OK, True, [])
+    replay = run_cli("replay", "--database", str(db_path), "--job-id", job_id)
+    assert (replay.code, replay.result["ok"], replay.result["replay"]["events_replayed"]) == (
+        EXIT_OK,
+        True,
+        4,
+    )
+    check = run_cli("check", "--database", str(db_path))
+    assert (check.code, check.result["ok"], check.result["check"]["failed"]) == (EXIT_OK, True, [])
 
 
-def test_fail_recover_and_promote_through_the_cli(db_path: Path) -> None:
+def test_fail_recover_and_promote_through_the_cli(db_path: Path, run_cli: RunCli) -> None:
     job_id = submit(db_path)["job"]["job_id"]
     token = claim(db_path)["lease_token"]
-    code, failed, _ = run(
+    failed = run_cli(
         "fail",
         "--database",
         str(db_path),
@@ -135,22 +133,24 @@ def test_fail_recover_and_promote_through_the_cli(db_path: Path) -> None:
         "--retry-base-us",
         "10",
     )
-    assert (code, failed["job"]["state"]) == (EXIT_OK, "RETRY_SCHEDULED")
-    assert failed["job"]["available_at_us"] == NOW + 12
-    code, promoted, _ = run("promote", "--database", str(db_path), "--now-us", str(NOW + 12))
-    assert promoted["promoted"] == [job_id]
+    assert (failed.code, failed.result["job"]["state"]) == (EXIT_OK, "RETRY_SCHEDULED")
+    assert failed.result["job"]["available_at_us"] == NOW + 12
+    promoted = run_cli("promote", "--database", str(db_path), "--now-us", str(NOW + 12))
+    assert promoted.result["promoted"] == [job_id]
     claim(db_path, now=NOW + 20)
-    code, recovered, _ = run("recover", "--database", str(db_path), "--now-us", str(NOW + 2000))
-    assert recovered["recovered"] == [job_id]
-    code, check, _ = run("check", "--database", str(db_path))
-    assert check["ok"]
+    recovered = run_cli("recover", "--database", str(db_path), "--now-us", str(NOW + 2000))
+    assert recovered.result["recovered"] == [job_id]
+    check = run_cli("check", "--database", str(db_path))
+    assert check.result["ok"]
 
 
-def test_stale_operations_exit_rejected_with_a_structured_error(db_path: Path) -> None:
+def test_stale_operations_exit_rejected_with_a_structured_error(
+    db_path: Path, run_cli: RunCli
+) -> None:
     job_id = submit(db_path)["job"]["job_id"]
     token = claim(db_path)["lease_token"]
     before = fingerprint(db_path)
-    code, result, err = run(
+    outcome = run_cli(
         "succeed",
         "--database",
         str(db_path),
@@ -163,18 +163,18 @@ def test_stale_operations_exit_rejected_with_a_structured_error(db_path: Path) -
         "--now-us",
         str(NOW + 2),
     )
-    assert code == EXIT_REJECTED
-    assert result["ok"] is False
-    assert result["error"]["type"] == "StaleLease"
-    assert result["error"]["reason"] == "wrong_worker"
-    assert "wrong_worker" in err
+    assert outcome.code == EXIT_REJECTED
+    assert outcome.result["ok"] is False
+    assert outcome.result["error"]["type"] == "StaleLease"
+    assert outcome.result["error"]["reason"] == "wrong_worker"
+    assert "wrong_worker" in outcome.stderr
     assert fingerprint(db_path) == before
 
 
-def test_an_idempotency_conflict_is_rejected(db_path: Path) -> None:
+def test_an_idempotency_conflict_is_rejected(db_path: Path, run_cli: RunCli) -> None:
     submit(db_path)
     before = fingerprint(db_path)
-    code, result, _ = run(
+    outcome = run_cli(
         "submit",
         "--database",
         str(db_path),
@@ -185,9 +185,9 @@ def test_an_idempotency_conflict_is_rejected(db_path: Path) -> None:
         "--payload",
         '{"value":8}',
     )
-    assert code == EXIT_REJECTED
-    assert result["error"]["type"] == "IdempotencyConflict"
-    assert result["error"]["differing"] == ["payload"]
+    assert outcome.code == EXIT_REJECTED
+    assert outcome.result["error"]["type"] == "IdempotencyConflict"
+    assert outcome.result["error"]["differing"] == ["payload"]
     assert fingerprint(db_path) == before
 
 
@@ -217,7 +217,9 @@ BAD_SUBMISSIONS = {
 
 
 @pytest.mark.parametrize("case", list(BAD_SUBMISSIONS))
-def test_bad_submissions_get_a_usage_error_and_change_nothing(db_path: Path, case: str) -> None:
+def test_bad_submissions_get_a_usage_error_and_change_nothing(
+    db_path: Path, case: str, run_cli: RunCli
+) -> None:
     submit(db_path, key="existing")
     before = fingerprint(db_path)
     argv = {
@@ -229,10 +231,10 @@ def test_bad_submissions_get_a_usage_error_and_change_nothing(db_path: Path, cas
     override = BAD_SUBMISSIONS[case]
     argv[override[0]] = override[1]
     flat = ["submit", *[part for pair in argv.items() for part in pair]]
-    code, result, _ = run(*flat)
-    assert code == EXIT_USAGE
-    assert result["ok"] is False
-    assert set(result["error"]) >= {"type", "message"}
+    outcome = run_cli(*flat)
+    assert outcome.code == EXIT_USAGE
+    assert outcome.result["ok"] is False
+    assert set(outcome.result["error"]) >= {"type", "message"}
     assert fingerprint(db_path) == before
 
 
@@ -261,86 +263,92 @@ def test_bad_submissions_get_a_usage_error_and_change_nothing(db_path: Path, cas
         [],
     ],
 )
-def test_bad_arguments_get_a_usage_error_and_change_nothing(db_path: Path, argv: list[str]) -> None:
+def test_bad_arguments_get_a_usage_error_and_change_nothing(
+    db_path: Path, argv: list[str], run_cli: RunCli
+) -> None:
     submit(db_path)
     claim(db_path)
     before = fingerprint(db_path)
     full = [*argv[:1], "--database", str(db_path), *argv[1:]] if argv[:1] != ["bogus"] else argv
-    code, result, _ = run(*full)
-    assert code == EXIT_USAGE
-    assert result["ok"] is False
+    outcome = run_cli(*full)
+    assert outcome.code == EXIT_USAGE
+    assert outcome.result["ok"] is False
     assert fingerprint(db_path) == before
 
 
 @pytest.mark.parametrize("command", ["claim", "promote", "recover", "check", "replay"])
-def test_a_missing_database_is_not_created(tmp_path: Path, command: str) -> None:
+def test_a_missing_database_is_not_created(tmp_path: Path, command: str, run_cli: RunCli) -> None:
     missing = tmp_path / "nothing.sqlite"
     argv = [command, "--database", str(missing)]
     if command == "claim":
         argv += ["--worker-id", "w"]
-    code, result, _ = run(*argv)
-    assert code == EXIT_STORE
-    assert result["error"]["type"] == "StoreNotFound"
+    outcome = run_cli(*argv)
+    assert outcome.code == EXIT_STORE
+    assert outcome.result["error"]["type"] == "StoreNotFound"
     assert not missing.exists()
 
 
-def test_history_of_a_missing_database_or_job(tmp_path: Path, db_path: Path) -> None:
-    code, result, _ = run("history", "--database", str(tmp_path / "x.sqlite"), "--job-id", "j")
-    assert (code, result["error"]["type"]) == (EXIT_STORE, "StoreNotFound")
+def test_history_of_a_missing_database_or_job(
+    tmp_path: Path, db_path: Path, run_cli: RunCli
+) -> None:
+    outcome = run_cli("history", "--database", str(tmp_path / "x.sqlite"), "--job-id", "j")
+    assert (outcome.code, outcome.result["error"]["type"]) == (EXIT_STORE, "StoreNotFound")
     submit(db_path)
-    code, result, _ = run("history", "--database", str(db_path), "--job-id", "job-none")
-    assert (code, result["error"]["type"]) == (EXIT_REJECTED, "JobNotFound")
+    outcome = run_cli("history", "--database", str(db_path), "--job-id", "job-none")
+    assert (outcome.code, outcome.result["error"]["type"]) == (EXIT_REJECTED, "JobNotFound")
 
 
 @pytest.mark.parametrize("command", ["submit", "check", "replay"])
-def test_a_file_that_is_not_sqlite_is_refused_untouched(tmp_path: Path, command: str) -> None:
+def test_a_file_that_is_not_sqlite_is_refused_untouched(
+    tmp_path: Path, command: str, run_cli: RunCli
+) -> None:
     path = tmp_path / "notes.txt"
     path.write_text("shopping list\n" * 100)
     before = path.read_bytes()
     argv = [command, "--database", str(path)]
     if command == "submit":
         argv += ["--idempotency-key", "k", "--job-type", "t", "--payload", "{}"]
-    code, result, _ = run(*argv)
-    assert (code, result["error"]["type"]) == (EXIT_STORE, "NotADatabase")
+    outcome = run_cli(*argv)
+    assert (outcome.code, outcome.result["error"]["type"]) == (EXIT_STORE, "NotADatabase")
     assert path.read_bytes() == before
 
 
-def test_another_schema_version_is_refused_untouched(db_path: Path) -> None:
+def test_another_schema_version_is_refused_untouched(db_path: Path, run_cli: RunCli) -> None:
     submit(db_path)
     conn = raw(db_path)
     conn.execute("PRAGMA user_version = 4")
     conn.close()
     before = fingerprint(db_path)
     for argv in (["claim", "--worker-id", "w"], ["check"], ["replay"]):
-        code, result, _ = run(argv[0], "--database", str(db_path), *argv[1:])
-        assert (code, result["error"]["type"]) == (EXIT_STORE, "SchemaMismatch")
+        outcome = run_cli(argv[0], "--database", str(db_path), *argv[1:])
+        assert (outcome.code, outcome.result["error"]["type"]) == (EXIT_STORE, "SchemaMismatch")
     assert fingerprint(db_path) == before
 
 
-def test_dropped_triggers_fail_the_check_and_refuse_writes(db_path: Path) -> None:
+def test_dropped_triggers_fail_the_check_and_refuse_writes(db_path: Path, run_cli: RunCli) -> None:
     submit(db_path)
     conn = raw(db_path)
     conn.execute("DROP TRIGGER events_no_update")
     conn.close()
     before = fingerprint(db_path)
-    code, result, _ = run("check", "--database", str(db_path))
-    assert (code, result["ok"]) == (EXIT_REJECTED, False)
-    assert result["check"]["failed"] == ["append_only_triggers"]
-    code, result, _ = run("claim", "--database", str(db_path), "--worker-id", "w")
-    assert (code, result["error"]["type"]) == (EXIT_STORE, "HistoryUnprotected")
-    assert result["error"]["missing"] == ["events_no_update"]
+    outcome = run_cli("check", "--database", str(db_path))
+    assert (outcome.code, outcome.result["ok"]) == (EXIT_REJECTED, False)
+    assert outcome.result["check"]["failed"] == ["append_only_triggers"]
+    outcome = run_cli("claim", "--database", str(db_path), "--worker-id", "w")
+    assert (outcome.code, outcome.result["error"]["type"]) == (EXIT_STORE, "HistoryUnprotected")
+    assert outcome.result["error"]["missing"] == ["events_no_update"]
     assert fingerprint(db_path) == before
 
 
-def test_a_failed_replay_exits_rejected(db_path: Path) -> None:
+def test_a_failed_replay_exits_rejected(db_path: Path, run_cli: RunCli) -> None:
     submit(db_path)
     conn = raw(db_path)
     conn.execute("UPDATE jobs SET attempts = 1")
     conn.close()
-    code, result, err = run("replay", "--database", str(db_path))
-    assert (code, result["ok"]) == (EXIT_REJECTED, False)
-    assert result["replay"]["mismatches"][0]["field"] == "attempts"
-    assert "not ok" in err
+    outcome = run_cli("replay", "--database", str(db_path))
+    assert (outcome.code, outcome.result["ok"]) == (EXIT_REJECTED, False)
+    assert outcome.result["replay"]["mismatches"][0]["field"] == "attempts"
+    assert "not ok" in outcome.stderr
 
 
 def test_python_dash_m_prints_one_json_object_and_exit_codes(db_path: Path) -> None:
@@ -393,29 +401,31 @@ def test_python_dash_m_prints_one_json_object_and_exit_codes(db_path: Path) -> N
     assert "Exit codes" in helped.stdout
 
 
-def test_submit_creates_the_database_and_its_missing_directories(tmp_path: Path) -> None:
+def test_submit_creates_the_database_and_its_missing_directories(
+    tmp_path: Path, run_cli: RunCli
+) -> None:
     target = tmp_path / "new" / "nested" / "queue.sqlite"
-    code, result, _ = run(
+    outcome = run_cli(
         "submit", "--database", str(target), "--idempotency-key", "k",
         "--job-type", "t", "--payload", "{}",
     )  # fmt: skip
-    assert (code, result["created"]) == (EXIT_OK, True)
+    assert (outcome.code, outcome.result["created"]) == (EXIT_OK, True)
     assert target.is_file()
 
 
-def test_a_database_that_cannot_be_opened_is_a_store_error(tmp_path: Path) -> None:
+def test_a_database_that_cannot_be_opened_is_a_store_error(tmp_path: Path, run_cli: RunCli) -> None:
     directory = tmp_path / "a-directory.sqlite"
     directory.mkdir()
-    code, result, _ = run(
+    outcome = run_cli(
         "submit", "--database", str(directory), "--idempotency-key", "k",
         "--job-type", "t", "--payload", "{}",
     )  # fmt: skip
-    assert code == EXIT_STORE
-    assert result["error"]["type"] in ("StoreError", "NotADatabase")
+    assert outcome.code == EXIT_STORE
+    assert outcome.result["error"]["type"] in ("StoreError", "NotADatabase")
 
 
 def test_sqlite_and_os_errors_become_structured_errors(
-    db_path: Path, monkeypatch: pytest.MonkeyPatch
+    db_path: Path, monkeypatch: pytest.MonkeyPatch, run_cli: RunCli
 ) -> None:
     submit(db_path)
 
@@ -423,41 +433,43 @@ def test_sqlite_and_os_errors_become_structured_errors(
         raise sqlite3.OperationalError("database is locked")
 
     monkeypatch.setattr("crashqueuelab.cli.database.check_database", locked)
-    code, result, _ = run("check", "--database", str(db_path))
-    assert (code, result["error"]["type"]) == (EXIT_STORE, "SQLiteError")
+    outcome = run_cli("check", "--database", str(db_path))
+    assert (outcome.code, outcome.result["error"]["type"]) == (EXIT_STORE, "SQLiteError")
 
     def denied(*args: object, **kwargs: object) -> None:
         raise PermissionError("permission denied")
 
     monkeypatch.setattr("crashqueuelab.cli.experiments.run_demo", denied)
-    code, result, _ = run("demo", "--output-directory", str(db_path.parent / "d"))
-    assert (code, result["error"]["type"]) == (EXIT_STORE, "OSError")
+    outcome = run_cli("demo", "--output-directory", str(db_path.parent / "d"))
+    assert (outcome.code, outcome.result["error"]["type"]) == (EXIT_STORE, "OSError")
 
 
-def test_claim_with_a_limit_leases_a_batch_in_one_transaction(db_path: Path) -> None:
+def test_claim_with_a_limit_leases_a_batch_in_one_transaction(
+    db_path: Path, run_cli: RunCli
+) -> None:
     for key in ("k1", "k2", "k3"):
         submit(db_path, key=key)
-    code, result, _ = run(
+    outcome = run_cli(
         "claim", "--database", str(db_path), "--worker-id", "w", "--limit", "2",
         "--now-us", str(NOW + 1),
     )  # fmt: skip
-    assert code == EXIT_OK
-    claimed = result["claimed"]
+    assert outcome.code == EXIT_OK
+    claimed = outcome.result["claimed"]
     assert [c["attempt"] for c in claimed] == [1, 1]
     assert len({c["lease_token"] for c in claimed}) == 2
-    code, result, _ = run(
+    outcome = run_cli(
         "claim", "--database", str(db_path), "--worker-id", "w", "--limit", "5",
         "--now-us", str(NOW + 2),
     )  # fmt: skip
-    assert len(result["claimed"]) == 1
-    code, result, _ = run("claim", "--database", str(db_path), "--worker-id", "w", "--limit", "0")
-    assert code == EXIT_USAGE
+    assert len(outcome.result["claimed"]) == 1
+    outcome = run_cli("claim", "--database", str(db_path), "--worker-id", "w", "--limit", "0")
+    assert outcome.code == EXIT_USAGE
 
 
-def test_replaying_an_unknown_job_is_job_not_found(db_path: Path) -> None:
+def test_replaying_an_unknown_job_is_job_not_found(db_path: Path, run_cli: RunCli) -> None:
     submit(db_path)
-    code, result, _ = run("replay", "--database", str(db_path), "--job-id", "job-none")
-    assert (code, result["error"]["type"]) == (EXIT_REJECTED, "JobNotFound")
+    outcome = run_cli("replay", "--database", str(db_path), "--job-id", "job-none")
+    assert (outcome.code, outcome.result["error"]["type"]) == (EXIT_REJECTED, "JobNotFound")
 
 
 def test_the_verdict_comes_first_in_every_answer(db_path: Path) -> None:

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from crashqueuelab import DurableQueue, ManualClock
-from crashqueuelab.cli import EXIT_OK, EXIT_REJECTED, EXIT_STORE, EXIT_USAGE, main
-from tests.conftest import fingerprint
+from crashqueuelab.cli import EXIT_OK, EXIT_REJECTED, EXIT_STORE, EXIT_USAGE
+from tests.conftest import RunCli, fingerprint
 from walqueue import cli as walqueue_cli
 
 # Text as an attacker (or a shell) may send it: lone surrogates included, as Python makes
@@ -55,20 +55,18 @@ def argv(draw: st.DrawFn) -> list[str]:
 @SETTINGS
 @given(arguments=argv())
 def test_every_database_command_answers_hostile_argv_with_one_json_object(
-    tmp_path: Path, arguments: list[str]
+    tmp_path: Path, run_cli: RunCli, arguments: list[str]
 ) -> None:
     database = tmp_path / "queue.sqlite"
     if not database.exists():
         with DurableQueue(database, clock=ManualClock(1_000_000)) as queue:
             queue.submit(idempotency_key="k", job_type="t", payload={"n": 1})
     before = fingerprint(database)
-    out, err = io.StringIO(), io.StringIO()
-    code = main([*arguments[:1], "--database", str(database), *arguments[1:]], stdout=out,
-                stderr=err)  # fmt: skip
-    assert code in (EXIT_OK, EXIT_REJECTED, EXIT_USAGE, EXIT_STORE)
-    assert isinstance(json.loads(out.getvalue()), dict)
-    assert "Traceback" not in err.getvalue()
-    if code != EXIT_OK:
+    outcome = run_cli(*arguments[:1], "--database", str(database), *arguments[1:])
+    assert outcome.code in (EXIT_OK, EXIT_REJECTED, EXIT_USAGE, EXIT_STORE)
+    assert isinstance(outcome.result, dict)
+    assert "Traceback" not in outcome.stderr
+    if outcome.code != EXIT_OK:
         assert fingerprint(database) == before
 
 

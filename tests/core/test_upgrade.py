@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import io
-import json
 import sqlite3
 from pathlib import Path
 
@@ -19,8 +17,8 @@ from crashqueuelab import (
     replay_database,
     upgrade_store,
 )
-from crashqueuelab.cli import EXIT_OK, EXIT_STORE, main
-from tests.conftest import STORED_ATTEMPTS, fingerprint, raw
+from crashqueuelab.cli import EXIT_OK, EXIT_STORE
+from tests.conftest import STORED_ATTEMPTS, RunCli, fingerprint, raw
 
 
 def _as_version_2(db_path: Path, *tamper: str) -> None:
@@ -38,12 +36,6 @@ def _rows(db_path: Path, sql: str) -> list[tuple[object, ...]]:
         return conn.execute(sql).fetchall()
     finally:
         conn.close()
-
-
-def _cli(*argv: str) -> tuple[int, dict[str, object]]:
-    out = io.StringIO()
-    code = main(list(argv), stdout=out, stderr=io.StringIO())
-    return code, json.loads(out.getvalue())
 
 
 def test_a_version_2_store_is_refused_with_the_way_forward_then_upgraded_losing_nothing(
@@ -82,7 +74,7 @@ def test_a_version_2_store_is_refused_with_the_way_forward_then_upgraded_losing_
     ],
 )
 def test_attempt_rows_that_differ_from_the_events_refuse_the_upgrade_untouched(
-    populated: dict[str, str], db_path: Path, tamper: str, mismatched: int
+    populated: dict[str, str], db_path: Path, tamper: str, mismatched: int, run_cli: RunCli
 ) -> None:
     """Only rows the events also say may be dropped: a changed row counts twice (a stored row
     the events do not derive, a derived row not stored), a missing or doubled one once."""
@@ -92,9 +84,9 @@ def test_attempt_rows_that_differ_from_the_events_refuse_the_upgrade_untouched(
         upgrade_store(db_path)
     assert caught.value.mismatched_rows == mismatched
     assert fingerprint(db_path) == before
-    code, result = _cli("upgrade", "--database", str(db_path))
-    assert code == EXIT_STORE
-    assert result["error"] == {
+    outcome = run_cli("upgrade", "--database", str(db_path))
+    assert outcome.code == EXIT_STORE
+    assert outcome.result["error"] == {
         "type": "UpgradeRefused",
         "message": str(caught.value),
         "path": str(db_path),
@@ -103,20 +95,24 @@ def test_attempt_rows_that_differ_from_the_events_refuse_the_upgrade_untouched(
     assert fingerprint(db_path) == before
 
 
-def test_a_current_store_is_left_as_it_is(populated: dict[str, str], db_path: Path) -> None:
+def test_a_current_store_is_left_as_it_is(
+    populated: dict[str, str], db_path: Path, run_cli: RunCli
+) -> None:
     before = fingerprint(db_path)
-    code, result = _cli("upgrade", "--database", str(db_path))
-    assert (code, result) == (
+    outcome = run_cli("upgrade", "--database", str(db_path))
+    assert (outcome.code, outcome.result) == (
         EXIT_OK,
         {"ok": True, "upgraded": False, "from_version": 3, "to_version": 3, "attempts": 5},
     )
     assert fingerprint(db_path) == before
 
 
-def test_the_cli_upgrades_a_version_2_store(populated: dict[str, str], db_path: Path) -> None:
+def test_the_cli_upgrades_a_version_2_store(
+    populated: dict[str, str], db_path: Path, run_cli: RunCli
+) -> None:
     _as_version_2(db_path)
-    code, result = _cli("upgrade", "--database", str(db_path))
-    assert (code, result) == (
+    outcome = run_cli("upgrade", "--database", str(db_path))
+    assert (outcome.code, outcome.result) == (
         EXIT_OK,
         {"ok": True, "upgraded": True, "from_version": 2, "to_version": 3, "attempts": 5},
     )

@@ -3,11 +3,9 @@ the command starts and removes, or the session's given with --dsn."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -15,22 +13,19 @@ import pytest
 from crashqueuelab import cli
 from crashqueuelab.servers import postgres as server_module
 from crashqueuelab.servers.postgres import DSN_VARIABLE
+from tests.conftest import RunCli
 
 
-def run_cli(*argv: str) -> tuple[int, dict[str, Any]]:
-    out, err = io.StringIO(), io.StringIO()
-    code = cli.main(list(argv), stdout=out, stderr=err)
-    return code, json.loads(out.getvalue())
-
-
-def test_the_campaign_passes_every_crash_point_on_a_server_it_starts(tmp_path: Path) -> None:
+def test_the_campaign_passes_every_crash_point_on_a_server_it_starts(
+    tmp_path: Path, run_cli: RunCli
+) -> None:
     before = os.environ.get(DSN_VARIABLE)
-    code, result = run_cli(
+    outcome = run_cli(
         "campaign", "--system", "postgres", "--seed", "7", "--quiet",
         "--output-directory", str(tmp_path / "c"),
     )  # fmt: skip
-    assert code == cli.EXIT_OK, result["anomalies"]
-    summary = result["summary"]
+    assert outcome.code == cli.EXIT_OK, outcome.result["anomalies"]
+    summary = outcome.result["summary"]
     # 13 crash points, and 7 where a transition's COMMIT answer is lost first.
     assert (summary["passed"], summary["failed"], summary["probes_failed"]) == (20, 0, 0)
     assert summary["model_workload_ok"]
@@ -41,12 +36,14 @@ def test_the_campaign_passes_every_crash_point_on_a_server_it_starts(tmp_path: P
     assert "own SQL" in case["crash_state"]["store"]["judge"]
 
 
-def test_a_given_server_is_used_and_left_running(postgres_dsn: str, tmp_path: Path) -> None:
-    code, result = run_cli(
+def test_a_given_server_is_used_and_left_running(
+    postgres_dsn: str, tmp_path: Path, run_cli: RunCli
+) -> None:
+    outcome = run_cli(
         "demo", "--system", "postgres", "--dsn", postgres_dsn, "--seed", "3",
         "--output-directory", str(tmp_path / "d"),
     )  # fmt: skip
-    assert code == cli.EXIT_OK, result
+    assert outcome.code == cli.EXIT_OK, outcome.result
     assert os.environ[DSN_VARIABLE] == postgres_dsn
     with psycopg.connect(postgres_dsn) as conn:
         assert conn.execute("SELECT 1").fetchone() == (1,)
@@ -54,15 +51,19 @@ def test_a_given_server_is_used_and_left_running(postgres_dsn: str, tmp_path: Pa
 
 def test_chaos_with_server_restarts_and_terminated_sessions_loses_nothing(
     tmp_path: Path,
+    run_cli: RunCli,
 ) -> None:
-    code, result = run_cli(
+    outcome = run_cli(
         "chaos", "--system", "postgres", "--seed", "7", "--jobs", "600", "--workers", "4",
         "--kills", "40", "--pauses", "2", "--server-restarts", "1", "--session-kills", "3",
         "--lease-ms", "300", "--quiet", "--output-directory", str(tmp_path / "x"),
     )  # fmt: skip
-    assert code == cli.EXIT_OK, result["reasons"]
-    assert (result["server_restarts_delivered"], result["session_kills_delivered"]) == (1, 3)
-    accounting = result["accounting"]
+    assert outcome.code == cli.EXIT_OK, outcome.result["reasons"]
+    assert (
+        outcome.result["server_restarts_delivered"],
+        outcome.result["session_kills_delivered"],
+    ) == (1, 3)
+    accounting = outcome.result["accounting"]
     assert (accounting["succeeded"], accounting["lost"], accounting["duplicated_effects"]) == (
         600,
         0,
@@ -84,56 +85,56 @@ def test_chaos_with_server_restarts_and_terminated_sessions_loses_nothing(
     ],
 )
 def test_faults_the_run_cannot_deliver_are_refused_up_front(
-    postgres_dsn: str, tmp_path: Path, extra: list[str], field: str
+    postgres_dsn: str, tmp_path: Path, extra: list[str], field: str, run_cli: RunCli
 ) -> None:
-    code, result = run_cli(
+    outcome = run_cli(
         "chaos", *extra, "--dsn", postgres_dsn, "--jobs", "100", "--kills", "0",
         "--pauses", "0", "--output-directory", str(tmp_path / "x"),
     )  # fmt: skip
-    assert code == cli.EXIT_USAGE
-    assert result["error"]["field"] == field
+    assert outcome.code == cli.EXIT_USAGE
+    assert outcome.result["error"]["field"] == field
 
 
 def test_no_server_binaries_is_said_plainly_with_exit_4(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_cli: RunCli
 ) -> None:
     monkeypatch.setattr(server_module, "DEBIAN_BINARIES", tmp_path / "none")
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv(server_module.BIN_VARIABLE, raising=False)
-    code, result = run_cli(
-        "campaign", "--system", "postgres", "--output-directory", str(tmp_path / "c")
-    )
-    assert code == cli.EXIT_UNAVAILABLE
-    assert result["error"]["type"] == "ServerUnavailable"
-    assert "no PostgreSQL server binaries" in result["error"]["reason"]
+    outcome = run_cli("campaign", "--system", "postgres", "--output-directory", str(tmp_path / "c"))
+    assert outcome.code == cli.EXIT_UNAVAILABLE
+    assert outcome.result["error"]["type"] == "ServerUnavailable"
+    assert "no PostgreSQL server binaries" in outcome.result["error"]["reason"]
     assert not (tmp_path / "c").exists()
 
 
-def test_the_bench_runs_postgres_beside_sqlite(postgres_dsn: str, tmp_path: Path) -> None:
-    code, _ = run_cli(
+def test_the_bench_runs_postgres_beside_sqlite(
+    postgres_dsn: str, tmp_path: Path, run_cli: RunCli
+) -> None:
+    outcome = run_cli(
         "bench", "--system", "sqlite", "--system", "postgres", "--dsn", postgres_dsn,
         "--jobs", "120", "--workers", "1,2", "--work-ms", "0", "--quiet",
         "--output-directory", str(tmp_path / "b"),
     )  # fmt: skip
     report = json.loads((tmp_path / "b" / "bench.json").read_text())
-    assert code == cli.EXIT_OK, report
+    assert outcome.code == cli.EXIT_OK, report
     lanes = {(cell["system"], cell["workers"]) for cell in report["cells"]}
     assert {("postgres-single", 2), ("postgres-batched", 2)} <= lanes
     assert report["systems"]["postgres-single"]["durability"].startswith("synchronous_commit=on")
 
 
 def test_a_power_cut_is_refused_where_the_data_is_not_on_the_disk(
-    postgres_dsn: str, tmp_path: Path
+    postgres_dsn: str, tmp_path: Path, run_cli: RunCli
 ) -> None:
     # Chaos's power-loss disk holds the store directory; the server's data lives elsewhere,
     # so a cut would lose nothing: a pass would prove nothing. (The campaign puts the data
     # directory on the disk: tests/postgres/test_power_loss.py.)
-    code, result = run_cli(
+    outcome = run_cli(
         "chaos", "--crash-mode", "power-loss", "--power-cuts", "1", "--kills", "0",
         "--pauses", "0", "--system", "postgres", "--dsn", postgres_dsn,
         "--output-directory", str(tmp_path / "x"),
     )  # fmt: skip
-    assert code == cli.EXIT_UNAVAILABLE
-    assert result["error"]["type"] == "CrashModeUnavailable"
-    assert "server's data directory" in result["error"]["message"]
+    assert outcome.code == cli.EXIT_UNAVAILABLE
+    assert outcome.result["error"]["type"] == "CrashModeUnavailable"
+    assert "server's data directory" in outcome.result["error"]["message"]
     assert not (tmp_path / "x").exists()

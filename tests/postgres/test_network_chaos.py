@@ -3,11 +3,9 @@ reaches it through the fault proxy, every kind of fault lands, and nothing is lo
 
 from __future__ import annotations
 
-import io
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -15,32 +13,27 @@ from crashqueuelab import cli
 from crashqueuelab.cli.replay import replayed
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.faults.network.plan import NetworkPlan, upstream_of
-
-
-def run_cli(*argv: str) -> tuple[int, dict[str, Any]]:
-    out, err = io.StringIO(), io.StringIO()
-    code = cli.main(list(argv), stdout=out, stderr=err)
-    return code, json.loads(out.getvalue())
+from tests.conftest import RunCli
 
 
 def test_chaos_with_every_network_fault_loses_nothing_and_shades_each_window(
-    postgres_dsn: str, tmp_path: Path
+    postgres_dsn: str, tmp_path: Path, run_cli: RunCli
 ) -> None:
     directory = tmp_path / "x"
-    code, result = run_cli(
+    outcome = run_cli(
         "chaos", "--system", "postgres", "--dsn", postgres_dsn, "--seed", "7", "--jobs", "500",
         "--workers", "3", "--kills", "6", "--pauses", "1", "--stalls", "2", "--partitions", "1",
         "--lost-replies", "2", "--connection-resets", "2", "--latency-ms", "1",
         "--lease-ms", "300", "--quiet", "--output-directory", str(directory),
     )  # fmt: skip
-    assert code == cli.EXIT_OK, result["reasons"]
-    assert result["network_faults_delivered"] == {
+    assert outcome.code == cli.EXIT_OK, outcome.result["reasons"]
+    assert outcome.result["network_faults_delivered"] == {
         "stall": 2,
         "partition": 1,
         "lost replies": 2,
         "connection reset": 2,
     }
-    accounting = result["accounting"]
+    accounting = outcome.result["accounting"]
     assert (accounting["succeeded"], accounting["lost"], accounting["duplicated_effects"]) == (
         500,
         0,
@@ -72,18 +65,18 @@ def test_chaos_with_every_network_fault_loses_nothing_and_shades_each_window(
 
 
 def test_a_partition_of_one_worker_spares_the_others_and_a_bandwidth_limit_holds_all_run(
-    postgres_dsn: str, tmp_path: Path
+    postgres_dsn: str, tmp_path: Path, run_cli: RunCli
 ) -> None:
     directory = tmp_path / "x"
-    code, result = run_cli(
+    outcome = run_cli(
         "chaos", "--system", "postgres", "--dsn", postgres_dsn, "--seed", "5", "--jobs", "300",
         "--workers", "3", "--kills", "2", "--pauses", "0", "--partitions", "2",
         "--partition-workers", "1", "--bandwidth-bytes-s", "200000", "--lease-ms", "300",
         "--quiet", "--output-directory", str(directory),
     )  # fmt: skip
-    assert code == cli.EXIT_OK, result["reasons"]
-    assert result["network_faults_delivered"]["partition"] == 2
-    accounting = result["accounting"]
+    assert outcome.code == cli.EXIT_OK, outcome.result["reasons"]
+    assert outcome.result["network_faults_delivered"]["partition"] == 2
+    accounting = outcome.result["accounting"]
     assert (accounting["lost"], accounting["duplicated_effects"]) == (0, 0)
     assert accounting["acknowledged_twice"] == 0
     report = json.loads((directory / "chaos.json").read_text())
@@ -109,14 +102,14 @@ def test_a_partition_of_one_worker_spares_the_others_and_a_bandwidth_limit_holds
     ],
 )
 def test_network_faults_the_run_cannot_deliver_are_refused_up_front(
-    postgres_dsn: str, tmp_path: Path, extra: list[str], field: str
+    postgres_dsn: str, tmp_path: Path, extra: list[str], field: str, run_cli: RunCli
 ) -> None:
-    code, result = run_cli(
+    outcome = run_cli(
         "chaos", *extra, "--dsn", postgres_dsn, "--jobs", "100", "--kills", "0",
         "--pauses", "0", "--output-directory", str(tmp_path / "x"),
     )  # fmt: skip
-    assert code == cli.EXIT_USAGE
-    assert result["error"]["field"] == field
+    assert outcome.code == cli.EXIT_USAGE
+    assert outcome.result["error"]["field"] == field
     assert not (tmp_path / "x").exists()
 
 
@@ -156,12 +149,12 @@ def test_a_network_plan_checks_itself_and_reads_back_what_it_wrote() -> None:
 
 @pytest.mark.parametrize("value", ["soon", "-1", "inf"])
 def test_a_latency_that_is_not_a_number_of_milliseconds_is_a_usage_error(
-    tmp_path: Path, value: str
+    tmp_path: Path, value: str, run_cli: RunCli
 ) -> None:
-    code, result = run_cli(
+    outcome = run_cli(
         "chaos", "--system", "postgres", "--latency-ms", value,
         "--output-directory", str(tmp_path / "x"),
     )  # fmt: skip
-    assert code == cli.EXIT_USAGE
-    assert "milliseconds" in json.dumps(result) or "finite" in json.dumps(result)
+    assert outcome.code == cli.EXIT_USAGE
+    assert "milliseconds" in json.dumps(outcome.result) or "finite" in json.dumps(outcome.result)
     assert not (tmp_path / "x").exists()

@@ -7,7 +7,6 @@ One crash point here; ``docs/postgres.md`` gives the full campaign's command and
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import sys
@@ -26,6 +25,7 @@ from crashqueuelab.lab.faults.powerloss.serverdisk import ClusterTemplate
 from crashqueuelab.lab.mutants.asynccommit import async_commit_system
 from crashqueuelab.servers.postgres import DSN_VARIABLE
 from crashqueuelab.systems.postgres import postgres_system
+from tests.conftest import RunCli
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or not os.path.exists("/dev/fuse"),
@@ -34,25 +34,21 @@ pytestmark = pytest.mark.skipif(
 ASYNC_SPEC = "crashqueuelab.lab.mutants.asynccommit:async_commit_system"
 
 
-def run_cli(*argv: str) -> tuple[int, dict[str, Any]]:
-    out, err = io.StringIO(), io.StringIO()
-    code = cli.main(list(argv), stdout=out, stderr=err)
-    return code, json.loads(out.getvalue())
-
-
 @pytest.fixture(scope="module")
 def template(postgres_dsn: str) -> Any:
     with ClusterTemplate() as made:
         yield made
 
 
-def test_an_acknowledgement_survives_every_crash_state(postgres_dsn: str, tmp_path: Path) -> None:
-    code, result = run_cli(
+def test_an_acknowledgement_survives_every_crash_state(
+    postgres_dsn: str, tmp_path: Path, run_cli: RunCli
+) -> None:
+    outcome = run_cli(
         "campaign", "--system", "postgres", "--crash-mode", "power-loss", "--seed", "7",
         "--crash-point", "AFTER_SUCCESS_COMMIT", "--dsn", postgres_dsn, "--quiet",
         "--output-directory", str(tmp_path / "c"),
     )  # fmt: skip
-    assert code == cli.EXIT_OK, result["anomalies"]
+    assert outcome.code == cli.EXIT_OK, outcome.result["anomalies"]
     report = json.loads((tmp_path / "c" / "campaign.json").read_text())
     assert report["crash_points_chosen"] == ["AFTER_SUCCESS_COMMIT"]
     [case] = report["cases"]
@@ -117,14 +113,16 @@ def test_a_crash_state_the_server_cannot_start_on_fails_the_case(
     assert "pg_control" in state["anomalies"][0]
 
 
-def test_an_unknown_crash_point_is_refused_before_anything_is_written(tmp_path: Path) -> None:
-    code, result = run_cli(
+def test_an_unknown_crash_point_is_refused_before_anything_is_written(
+    tmp_path: Path, run_cli: RunCli
+) -> None:
+    outcome = run_cli(
         "campaign", "--system", "sqlite", "--crash-point", "NOWHERE",
         "--output-directory", str(tmp_path / "c"),
     )  # fmt: skip
-    assert code == cli.EXIT_USAGE
-    assert result["error"]["type"] == "InvalidInput"
-    assert "NOWHERE: sqlite has no such crash point" in result["error"]["message"]
+    assert outcome.code == cli.EXIT_USAGE
+    assert outcome.result["error"]["type"] == "InvalidInput"
+    assert "NOWHERE: sqlite has no such crash point" in outcome.result["error"]["message"]
     assert not (tmp_path / "c").exists()
 
 

@@ -5,11 +5,9 @@ and at none of the other points."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -18,12 +16,7 @@ from crashqueuelab.lab.faults import lostreplies
 from crashqueuelab.lab.runs.servers import SERVER_VARIABLES
 from crashqueuelab.systems import resolve_system
 from crashqueuelab.systems.contract import REPLY_LOST_SUFFIX, reply_lost_phases, reply_lost_point
-
-
-def run_cli(*argv: str) -> tuple[int, dict[str, Any]]:
-    out, err = io.StringIO(), io.StringIO()
-    code = cli.main(list(argv), stdout=out, stderr=err)
-    return code, json.loads(out.getvalue())
+from tests.conftest import RunCli
 
 
 def test_each_queue_transition_has_a_reply_lost_point_with_its_after_points_state() -> None:
@@ -51,14 +44,14 @@ def test_each_queue_transition_has_a_reply_lost_point_with_its_after_points_stat
 
 
 def test_a_queue_that_never_asks_is_caught_only_where_a_commit_answer_was_lost(
-    postgres_dsn: str, tmp_path: Path
+    postgres_dsn: str, tmp_path: Path, run_cli: RunCli
 ) -> None:
-    code, _ = run_cli(
+    outcome = run_cli(
         "campaign", "--system", "crashqueuelab.lab.mutants.pgcommit:never_asks_system",
         "--dsn", postgres_dsn, "--seed", "7", "--shrink-seconds", "0", "--quiet",
         "--output-directory", str(tmp_path / "c"),
     )  # fmt: skip
-    assert code == cli.EXIT_REJECTED
+    assert outcome.code == cli.EXIT_REJECTED
     report = json.loads((tmp_path / "c" / "campaign.json").read_text())
     failed = {case["fault_point"] for case in report["cases"] if not case["passed"]}
     assert failed

@@ -8,23 +8,15 @@ Debian's packages, which ``.ci/run`` installs: these tests run.
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from crashqueuelab import cli
 from crashqueuelab.judges.readers.pgqueuer import read_pgqueuer_store
 from crashqueuelab.lab.campaign.run import run_campaign
 from crashqueuelab.systems import resolve_system
-
-
-def run(argv: list[str]) -> tuple[int, dict[str, Any], str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = cli.main(argv, stdout=out, stderr=err)
-    return code, json.loads(out.getvalue()), err.getvalue()
+from tests.conftest import RunCli
 
 
 def test_every_crash_point_passes_and_what_fails_is_what_pgqueuer_documents(
@@ -82,33 +74,31 @@ def test_the_reader_finds_each_job_where_pgqueuer_left_it(
 
 @pytest.mark.releases
 def test_a_worker_killed_mid_job_leaves_it_stuck_on_0_25_0_and_not_on_0_25_1(
-    tmp_path: Path, postgres_dsn: str, release_cache: Path
+    tmp_path: Path, postgres_dsn: str, release_cache: Path, run_cli: RunCli
 ) -> None:
-    code, result, err = run(
-        [
-            "versions",
-            "--system",
-            "pgqueuer",
-            "--releases",
-            "0.25.0,0.25.1",
-            "--bisect",
-            "--bisect-on",
-            "cases",
-            "--output-directory",
-            str(tmp_path / "m"),
-            "campaign",
-            "--dsn",
-            postgres_dsn,
-            "--crash-point",
-            "dequeue:after",
-            "--probe",
-            "stale_holder_after_expiry",
-            "--shrink-seconds",
-            "0",
-        ]
+    outcome = run_cli(
+        "versions",
+        "--system",
+        "pgqueuer",
+        "--releases",
+        "0.25.0,0.25.1",
+        "--bisect",
+        "--bisect-on",
+        "cases",
+        "--output-directory",
+        str(tmp_path / "m"),
+        "campaign",
+        "--dsn",
+        postgres_dsn,
+        "--crash-point",
+        "dequeue:after",
+        "--probe",
+        "stale_holder_after_expiry",
+        "--shrink-seconds",
+        "0",
     )
-    assert code == 0, err
-    assert result["bisection"]["found"] == "0.25.1"
+    assert outcome.code == 0, outcome.stderr
+    assert outcome.result["bisection"]["found"] == "0.25.1"
     old, fixed = (
         json.loads((tmp_path / "m" / release / "campaign.json").read_text())
         for release in ("0.25.0", "0.25.1")

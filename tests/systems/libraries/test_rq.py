@@ -7,15 +7,12 @@ rq and its Redis client come with the ``rq`` extra, and Debian's ``redis-server`
 
 from __future__ import annotations
 
-import io
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from crashqueuelab import cli
 from crashqueuelab.core.clock import ManualClock
 from crashqueuelab.core.errors import ServerUnavailable, SystemUnavailable
 from crashqueuelab.core.ids import SeededIds
@@ -25,6 +22,7 @@ from crashqueuelab.judges.resp import RespConnection, RespError, text
 from crashqueuelab.lab.campaign.run import run_campaign
 from crashqueuelab.servers.redis import SOCKET_VARIABLE, ThrowawayRedis, find_redis_server
 from crashqueuelab.systems import JobSpec, OpenRequest, QueueClient, Verdict, resolve_system
+from tests.conftest import RunCli
 
 
 def open_rq(directory: Path, name: str = "rq", start_us: int = 10**9) -> QueueClient:
@@ -32,12 +30,6 @@ def open_rq(directory: Path, name: str = "rq", start_us: int = 10**9) -> QueueCl
         directory, clock=ManualClock(start_us), ids=SeededIds(1, "t"), retry=RetryPolicy()
     )
     return resolve_system(name).open(request)
-
-
-def run(argv: list[str]) -> tuple[int, dict[str, Any]]:
-    out = io.StringIO()
-    code = cli.main(argv, stdout=out, stderr=io.StringIO())
-    return code, json.loads(out.getvalue())
 
 
 def test_every_crash_point_but_the_documented_ones_passes(
@@ -112,21 +104,20 @@ def test_a_power_cut_keeps_what_aof_always_answered_and_takes_it_without_persist
 
 def test_the_command_line_starts_a_redis_server_with_the_systems_persistence(
     tmp_path: Path,
+    run_cli: RunCli,
 ) -> None:
     previous = os.environ.get(SOCKET_VARIABLE)
-    code, result = run(
-        [
-            "campaign",
-            "--system", "rq-aof-everysec",
-            "--crash-point", "finish:after",
-            "--probe", "idempotent_submit",
-            "--output-directory", str(tmp_path / "c"),
-            "--shrink-seconds", "0",
-        ]
+    outcome = run_cli(
+        "campaign",
+        "--system", "rq-aof-everysec",
+        "--crash-point", "finish:after",
+        "--probe", "idempotent_submit",
+        "--output-directory", str(tmp_path / "c"),
+        "--shrink-seconds", "0",
     )  # fmt: skip
-    assert code == 0, result
-    assert result["system"]["name"] == "rq-aof-everysec"
-    assert "appendfsync everysec" in result["system"]["durability"]
+    assert outcome.code == 0, outcome.result
+    assert outcome.result["system"]["name"] == "rq-aof-everysec"
+    assert "appendfsync everysec" in outcome.result["system"]["durability"]
     # The server was stopped and is no longer named.
     assert os.environ.get(SOCKET_VARIABLE) == previous
 
@@ -251,16 +242,15 @@ def test_a_server_that_cannot_start_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_chaos_with_kills_pauses_and_a_server_restart_loses_nothing_aof_always_kept(
     tmp_path: Path,
+    run_cli: RunCli,
 ) -> None:
-    code, result = run(
-        [
-            "chaos",
-            "--system", "rq-aof-always",
-            "--jobs", "80", "--workers", "2", "--kills", "3", "--pauses", "1",
-            "--server-restarts", "1", "--poison-jobs", "0", "--seed", "3",
-            "--output-directory", str(tmp_path / "chaos"),
-            "--shrink-seconds", "0",
-        ]
+    outcome = run_cli(
+        "chaos",
+        "--system", "rq-aof-always",
+        "--jobs", "80", "--workers", "2", "--kills", "3", "--pauses", "1",
+        "--server-restarts", "1", "--poison-jobs", "0", "--seed", "3",
+        "--output-directory", str(tmp_path / "chaos"),
+        "--shrink-seconds", "0",
     )  # fmt: skip
     report = json.loads((tmp_path / "chaos" / "chaos.json").read_text())
     assert report["server_restarts_delivered"] == 1
@@ -269,7 +259,7 @@ def test_chaos_with_kills_pauses_and_a_server_restart_loses_nothing_aof_always_k
     assert not [line for line in report["anomalies"] if "missing from the store" in line]
     assert report["promises"]["keeps_its_promises"] is True, report["promises"]
     # The lab's contract is broken all the same: the run is rejected.
-    assert (code, result["ok"]) == (1, False)
+    assert (outcome.code, outcome.result["ok"]) == (1, False)
 
 
 def test_a_refusal_quotes_what_the_server_said_last() -> None:
