@@ -15,6 +15,7 @@ from crashqueuelab.lab.chaos.schedule import plan
 from crashqueuelab.lab.chaos.worklog import SHARED_COMMIT_COUNTS, WorkerLog
 from crashqueuelab.lab.faults.kinds import FaultKind
 from crashqueuelab.systems import resolve_system
+from tests.conftest import RunCli
 
 
 def test_the_seed_fixes_the_schedule() -> None:
@@ -190,20 +191,14 @@ def test_a_single_owner_system_is_killed_paused_and_restarted_as_the_owner(
     ],
 )
 def test_a_run_that_could_not_deliver_its_plan_is_refused_up_front(
-    tmp_path: Path, argv: list[str], words: str
+    tmp_path: Path, argv: list[str], words: str, run_cli: RunCli
 ) -> None:
-    import io
-
     from crashqueuelab import cli
 
-    out, err = io.StringIO(), io.StringIO()
-    code = cli.main(["chaos", "--output-directory", str(tmp_path / "c"), *argv],
-                    stdout=out, stderr=err)  # fmt: skip
-    assert code == cli.EXIT_USAGE
-    assert words in json.loads(out.getvalue())["error"]["message"]
-    assert f"crashqueuelab: not ok: {json.loads(out.getvalue())['error']['message']}" in (
-        err.getvalue()
-    )
+    outcome = run_cli("chaos", "--output-directory", str(tmp_path / "c"), *argv)
+    assert outcome.code == cli.EXIT_USAGE
+    assert words in outcome.result["error"]["message"]
+    assert f"crashqueuelab: not ok: {outcome.result['error']['message']}" in outcome.stderr
     assert not (tmp_path / "c").exists()
 
 
@@ -450,20 +445,18 @@ def test_the_chaos_page_runs_the_same_schedule_and_says_the_interleaving_may_dif
 
 
 def test_a_replay_delivers_the_recorded_schedule_again(
-    small_run: tuple[Path, dict[str, Any]], tmp_path: Path
+    small_run: tuple[Path, dict[str, Any]], tmp_path: Path, run_cli: RunCli
 ) -> None:
-    import io
-
     from crashqueuelab import cli
     from crashqueuelab.lab.pages.render import write_report
 
     directory, original = small_run
     assert len(original["schedule"]) == 35
     target = tmp_path / "again"
-    out = io.StringIO()
-    code = cli.main(["chaos", "--replay", str(directory), "--quiet", "--output-directory",
-                     str(target)], stdout=out, stderr=io.StringIO())  # fmt: skip
-    assert code == cli.EXIT_OK, out.getvalue()
+    outcome = run_cli(
+        "chaos", "--replay", str(directory), "--quiet", "--output-directory", str(target)
+    )
+    assert outcome.code == cli.EXIT_OK, outcome.result
     replayed = json.loads((target / "chaos.json").read_text())
     assert replayed["schedule"] == original["schedule"]
     assert (replayed["seed"], replayed["parameters"]) == (original["seed"], original["parameters"])
@@ -473,21 +466,14 @@ def test_a_replay_delivers_the_recorded_schedule_again(
 
 
 def test_a_replay_of_what_is_not_a_chaos_run_or_does_not_match_is_refused(
-    small_run: tuple[Path, dict[str, Any]], tmp_path: Path
+    small_run: tuple[Path, dict[str, Any]], tmp_path: Path, run_cli: RunCli
 ) -> None:
-    import io
-
     from crashqueuelab import cli
     from crashqueuelab.core.errors import InvalidInput
 
-    out = io.StringIO()
-    code = cli.main(["chaos", "--replay", str(tmp_path), "--output-directory",
-                     str(tmp_path / "x")], stdout=out, stderr=io.StringIO())  # fmt: skip
-    assert code == cli.EXIT_USAGE
-    assert (
-        "holds no chaos run this version can replay"
-        in json.loads(out.getvalue())["error"]["message"]
-    )
+    outcome = run_cli("chaos", "--replay", str(tmp_path), "--output-directory", str(tmp_path / "x"))
+    assert outcome.code == cli.EXIT_USAGE
+    assert "holds no chaos run this version can replay" in outcome.result["error"]["message"]
     assert not (tmp_path / "x").exists()
     _, original = small_run
     with pytest.raises(InvalidInput, match="faults of kind SIGKILL, not 3"):
@@ -499,9 +485,9 @@ def test_a_replay_of_what_is_not_a_chaos_run_or_does_not_match_is_refused(
     assert not (tmp_path / "y").exists()
 
 
-def test_a_failing_chaos_run_is_shrunk_to_a_schedule_rerun_k_of_n_times(tmp_path: Path) -> None:
-    import io
-
+def test_a_failing_chaos_run_is_shrunk_to_a_schedule_rerun_k_of_n_times(
+    tmp_path: Path, run_cli: RunCli
+) -> None:
     from crashqueuelab import cli
     from crashqueuelab.lab.pages.render import write_report
 
@@ -512,10 +498,8 @@ def test_a_failing_chaos_run_is_shrunk_to_a_schedule_rerun_k_of_n_times(tmp_path
     )  # fmt: skip
     assert not report["ok"]
     assert len(report["schedule"]) == 6
-    out = io.StringIO()
-    code = cli.main(["shrink", str(directory), "--shrink-seconds", "60"], stdout=out,
-                    stderr=io.StringIO())  # fmt: skip
-    assert code == cli.EXIT_REJECTED, out.getvalue()
+    outcome = run_cli("shrink", str(directory), "--shrink-seconds", "60")
+    assert outcome.code == cli.EXIT_REJECTED, outcome.result
     record = json.loads((directory / "chaos.json").read_text())["shrink"]["reproducers"][0]
     assert record["recorded"]["reruns"] >= 1
     assert record["after"]["faults"] <= record["before"]["faults"] == 6

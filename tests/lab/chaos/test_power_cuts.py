@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import io
-import json
 from pathlib import Path
 
 import pytest
@@ -12,6 +10,7 @@ from crashqueuelab import cli
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.chaos.run import run_chaos
 from crashqueuelab.lab.runs.modes import POWER_LOSS
+from tests.conftest import RunCli
 from tests.lab.faults.powerloss.test_mount import needs_fuse
 
 
@@ -47,12 +46,12 @@ def test_unsynced_commits_are_acknowledged_twice_after_a_cut(tmp_path: Path) -> 
     assert report["system"]["durability"].startswith("WAL, synchronous=NORMAL")
 
 
-def test_power_cuts_need_the_power_loss_mode(tmp_path: Path) -> None:
-    out = io.StringIO()
+def test_power_cuts_need_the_power_loss_mode(tmp_path: Path, run_cli: RunCli) -> None:
     target = tmp_path / "run"
     argv = ["chaos", "--power-cuts", "2", "--output-directory", str(target)]
-    assert cli.main(argv, stdout=out, stderr=io.StringIO()) == cli.EXIT_USAGE
-    assert json.loads(out.getvalue())["error"]["field"] == "power_cuts"
+    outcome = run_cli(*argv)
+    assert outcome.code == cli.EXIT_USAGE
+    assert outcome.result["error"]["field"] == "power_cuts"
     assert not target.exists()
 
 

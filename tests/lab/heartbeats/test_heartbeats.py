@@ -7,7 +7,6 @@ ledger and the judge alone; a loop that fails, and a system that has none.
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import threading
 from collections.abc import Callable
@@ -16,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from crashqueuelab import cli
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.faults.network.plan import NetworkPlan
 from crashqueuelab.lab.heartbeats import run as heartbeats
@@ -25,12 +23,7 @@ from crashqueuelab.lab.heartbeats.judge import Execution, judge, read_ledger
 from crashqueuelab.lab.runs.servers import SERVER_VARIABLES
 from crashqueuelab.systems import resolve_system
 from crashqueuelab.systems.contract import JobStatus, LibraryWorker, System
-
-
-def run(argv: list[str]) -> tuple[int, dict[str, Any], str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = cli.main(argv, stdout=out, stderr=err)
-    return code, json.loads(out.getvalue()), err.getvalue()
+from tests.conftest import CliRun, RunCli
 
 
 def _refusing_loop(
@@ -94,33 +87,33 @@ def test_a_job_never_run_or_not_held_done_by_the_store_is_an_anomaly() -> None:
 
 def test_a_system_without_its_librarys_worker_loop_is_refused_before_anything_is_written(
     tmp_path: Path,
+    run_cli: RunCli,
 ) -> None:
     target = tmp_path / "never"
-    code, result, _ = run(["heartbeats", "--system", "sqlite", "--output-directory", str(target)])
-    assert code == 2
-    assert result["error"]["type"] == "SystemUnavailable"
-    assert "own worker loop" in result["error"]["message"]
+    outcome = run_cli("heartbeats", "--system", "sqlite", "--output-directory", str(target))
+    assert outcome.code == 2
+    assert outcome.result["error"]["type"] == "SystemUnavailable"
+    assert "own worker loop" in outcome.result["error"]["message"]
     assert not target.exists()
 
 
 def test_a_library_loop_that_fails_is_a_failed_run_never_a_verdict_on_promises(
     tmp_path: Path,
+    run_cli: RunCli,
 ) -> None:
-    code, result, _ = run(
-        [
-            "heartbeats",
-            "--system",
-            "tests.lab.heartbeats.test_heartbeats:failing_loop_system",
-            "--jobs",
-            "2",
-            "--output-directory",
-            str(tmp_path / "h"),
-        ]
+    outcome = run_cli(
+        "heartbeats",
+        "--system",
+        "tests.lab.heartbeats.test_heartbeats:failing_loop_system",
+        "--jobs",
+        "2",
+        "--output-directory",
+        str(tmp_path / "h"),
     )
-    assert code == 1
-    assert result["ok"] is False
-    assert result["promises"] is None
-    assert result["reasons"][0] == (
+    assert outcome.code == 1
+    assert outcome.result["ok"] is False
+    assert outcome.result["promises"] is None
+    assert outcome.result["reasons"][0] == (
         "WorkerFailed: worker-0: RuntimeError: worker-0 cannot reach its broker;"
         " worker-1: RuntimeError: worker-1 cannot reach its broker"
     )
@@ -132,31 +125,29 @@ def test_a_library_loop_that_fails_is_a_failed_run_never_a_verdict_on_promises(
 
 @pytest.mark.quiet
 def test_pgqueuers_installed_release_keeps_every_live_workers_job(
-    tmp_path: Path, postgres_dsn: str
+    tmp_path: Path, postgres_dsn: str, run_cli: RunCli
 ) -> None:
-    code, result, err = run(
-        [
-            "heartbeats",
-            "--system",
-            "pgqueuer",
-            "--dsn",
-            postgres_dsn,
-            "--jobs",
-            "3",
-            # At 1 s, 1.x's psycopg driver (which holds the connection up to 1 s while it
-            # waits for notifications) sometimes lets a live job go stale: docs/real-queues.md.
-            "--retry-timer-s",
-            "4",
-            "--work-timers",
-            "2",
-            "--output-directory",
-            str(tmp_path / "h"),
-        ]
+    outcome = run_cli(
+        "heartbeats",
+        "--system",
+        "pgqueuer",
+        "--dsn",
+        postgres_dsn,
+        "--jobs",
+        "3",
+        # At 1 s, 1.x's psycopg driver (which holds the connection up to 1 s while it
+        # waits for notifications) sometimes lets a live job go stale: docs/real-queues.md.
+        "--retry-timer-s",
+        "4",
+        "--work-timers",
+        "2",
+        "--output-directory",
+        str(tmp_path / "h"),
     )
-    assert code == 0, err
-    assert {job["runs"] for job in result["jobs"].values()} == {1}
-    assert {job["stored"] for job in result["jobs"].values()} == {"succeeded"}
-    assert result["promises"]["keeps_its_promises"] is True
+    assert outcome.code == 0, outcome.stderr
+    assert {job["runs"] for job in outcome.result["jobs"].values()} == {1}
+    assert {job["stored"] for job in outcome.result["jobs"].values()} == {"succeeded"}
+    assert outcome.result["promises"]["keeps_its_promises"] is True
     page = (tmp_path / "h" / "report.html").read_text()
     assert "QueueManager.run" in page
     assert "job-02" in page
@@ -165,35 +156,33 @@ def test_pgqueuers_installed_release_keeps_every_live_workers_job(
 @pytest.mark.releases
 @pytest.mark.quiet
 def test_heartbeats_too_slow_for_the_retry_timer_rerun_live_jobs_on_0_21_0_not_on_0_24_0(
-    tmp_path: Path, postgres_dsn: str, release_cache: Path
+    tmp_path: Path, postgres_dsn: str, release_cache: Path, run_cli: RunCli
 ) -> None:
     """pgqueuer #430: 0.21.0 flushes heartbeats once per retry timer, so a live worker's
     job looks dead and runs again beside it; 0.24.0 flushes four times as often. Then the
     same pair with a stall: what the stall causes is documented, what 0.21.0 does is not."""
 
-    def matrix(name: str, *faults: str) -> tuple[int, dict[str, Any], str]:
-        return run(
-            [
-                "versions",
-                "--system",
-                "pgqueuer",
-                "--releases",
-                "0.21.0,0.24.0",
-                "--bisect",
-                "--bisect-on",
-                "promises",
-                "--output-directory",
-                str(tmp_path / name),
-                "heartbeats",
-                "--dsn",
-                postgres_dsn,
-                "--jobs",
-                "3",
-                # Twice the default timer: margin for a machine busy with other tests.
-                "--retry-timer-s",
-                "2",
-                *faults,
-            ]
+    def matrix(name: str, *faults: str) -> CliRun:
+        return run_cli(
+            "versions",
+            "--system",
+            "pgqueuer",
+            "--releases",
+            "0.21.0,0.24.0",
+            "--bisect",
+            "--bisect-on",
+            "promises",
+            "--output-directory",
+            str(tmp_path / name),
+            "heartbeats",
+            "--dsn",
+            postgres_dsn,
+            "--jobs",
+            "3",
+            # Twice the default timer: margin for a machine busy with other tests.
+            "--retry-timer-s",
+            "2",
+            *faults,
         )
 
     def runs(name: str, release: str) -> dict[str, Any]:
@@ -202,9 +191,9 @@ def test_heartbeats_too_slow_for_the_retry_timer_rerun_live_jobs_on_0_21_0_not_o
         )
         return record
 
-    code, result, err = matrix("quiet")
-    assert code == 0, err
-    assert result["bisection"]["found"] == "0.24.0"
+    outcome = matrix("quiet")
+    assert outcome.code == 0, outcome.stderr
+    assert outcome.result["bisection"]["found"] == "0.24.0"
     old, fixed = runs("quiet", "0.21.0"), runs("quiet", "0.24.0")
     assert old["system"]["version"] == "pgqueuer 0.21.0"
     assert any(job["runs"] > 1 for job in old["jobs"].values())
@@ -216,9 +205,9 @@ def test_heartbeats_too_slow_for_the_retry_timer_rerun_live_jobs_on_0_21_0_not_o
     assert fixed["ok"] is True
 
     # Longer jobs, so that 0.21.0 hands jobs out again outside the stall too.
-    code, result, err = matrix("stalled", "--stalls", "1", "--work-timers", "6")
-    assert code == 0, err
-    assert result["bisection"]["found"] == "0.24.0"
+    outcome = matrix("stalled", "--stalls", "1", "--work-timers", "6")
+    assert outcome.code == 0, outcome.stderr
+    assert outcome.result["bisection"]["found"] == "0.24.0"
     old, fixed = runs("stalled", "0.21.0"), runs("stalled", "0.24.0")
     assert old["promises"]["keeps_its_promises"] is False
     (stall,) = fixed["network"]["delivered"]
@@ -370,6 +359,7 @@ def test_a_loop_that_does_not_stop_when_asked_is_killed_and_named(
 
 def test_a_run_that_cannot_be_what_was_asked_is_refused_before_anything_is_written(
     tmp_path: Path,
+    run_cli: RunCli,
 ) -> None:
     system = "tests.lab.heartbeats.test_heartbeats:idle_loop_system"
     with pytest.raises(InvalidInput, match="retry_timer_s"):
@@ -381,19 +371,17 @@ def test_a_run_that_cannot_be_what_was_asked_is_refused_before_anything_is_writt
         ("--work-timers", "inf"),
         ("--retry-timer-s", "0"),
     ):
-        code, result, _ = run(
-            [
-                "heartbeats",
-                "--system",
-                system,
-                option,
-                value,
-                "--output-directory",
-                str(tmp_path / "c"),
-            ]
+        outcome = run_cli(
+            "heartbeats",
+            "--system",
+            system,
+            option,
+            value,
+            "--output-directory",
+            str(tmp_path / "c"),
         )
-        assert code == 2
-        assert result["error"]["type"] == "UsageError"
+        assert outcome.code == 2
+        assert outcome.result["error"]["type"] == "UsageError"
     assert not any((tmp_path / name).exists() for name in "abc")
 
 

@@ -3,7 +3,6 @@ only a lost page cache would expose is reported as not caught, with the reason."
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 from crashqueuelab import cli
 from crashqueuelab.lab.faults.powerloss.disk import unavailable_reason
 from crashqueuelab.lab.mutants.catalog import MUTANTS
-from tests.conftest import DOCS
+from tests.conftest import DOCS, RunCli, invoke_cli
 
 #: The mutants whose tests also say which evidence did NOT catch them: they run through
 #: every kind of evidence here (the full matrix is ``crashqueuelab mutants``).
@@ -34,16 +33,13 @@ def everything(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     reason = unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
-    out, err = io.StringIO(), io.StringIO()
     argv = ["mutants", "--seed", "7", "--seeds", "1", "--quiet", "--jobs", "150", "--kills", "6"]
     argv += [part for name in THROUGH_EVERYTHING for part in ("--mutant", name)]
     target = tmp_path_factory.mktemp("mutants") / "run"
-    code = cli.main([*argv, "--pauses", "1", "--output-directory", str(target)], stdout=out,
-                    stderr=err)  # fmt: skip
-    result: dict[str, object] = json.loads(out.getvalue())
-    assert code == cli.EXIT_OK, result["reasons"]
-    assert json.loads((target / "mutants.json").read_text())["caught"] == result["caught"]
-    return result
+    outcome = invoke_cli(*argv, "--pauses", "1", "--output-directory", str(target))
+    assert outcome.code == cli.EXIT_OK, outcome.result["reasons"]
+    assert json.loads((target / "mutants.json").read_text())["caught"] == outcome.result["caught"]
+    return outcome.result
 
 
 def caught_by(report: dict[str, object], name: str) -> dict[str, str]:
@@ -113,10 +109,8 @@ def test_a_catch_must_hold_for_every_seed(monkeypatch: pytest.MonkeyPatch) -> No
     assert result["not_caught_because"] == "only some seeds caught it (chaos)"
 
 
-def test_an_unknown_mutant_is_a_usage_error(tmp_path: Path) -> None:
-    out = io.StringIO()
-    code = cli.main(["mutants", "--mutant", "nope", "--output-directory", str(tmp_path / "m")],
-                    stdout=out, stderr=io.StringIO())  # fmt: skip
-    assert code == cli.EXIT_USAGE
-    assert "unknown ['nope']" in json.loads(out.getvalue())["error"]["message"]
+def test_an_unknown_mutant_is_a_usage_error(tmp_path: Path, run_cli: RunCli) -> None:
+    outcome = run_cli("mutants", "--mutant", "nope", "--output-directory", str(tmp_path / "m"))
+    assert outcome.code == cli.EXIT_USAGE
+    assert "unknown ['nope']" in outcome.result["error"]["message"]
     assert {m.name for m in MUTANTS} >= {"no_fencing", "synchronous_normal"}

@@ -4,7 +4,6 @@ browser with the verdict visible and the charts drawn."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
@@ -18,16 +17,10 @@ import pytest
 
 from crashqueuelab import cli
 from crashqueuelab.lab.pages.render import REPORT_FILE, write_report
+from tests.conftest import RunCli, invoke_cli
 
 MARKUP = "<script>alert('owned')</script>"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def run_cli(*argv: str) -> dict[str, Any]:
-    out, err = io.StringIO(), io.StringIO()
-    cli.main(list(argv), stdout=out, stderr=err)
-    result: dict[str, Any] = json.loads(out.getvalue())
-    return result
 
 
 POWER_LOSS = os.path.exists("/dev/fuse") and sys.platform.startswith("linux")
@@ -40,16 +33,16 @@ def runs(
 ) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("runs")
     showcase = showcase_run[2]
-    run_cli("chaos", "--seed", "4", "--jobs", "200", "--workers", "2", "--kills", "8",
-            "--pauses", "1", "--lease-ms", "300", "--quiet", "--output-directory",
-            str(base / "chaos"))  # fmt: skip
-    run_cli("bench", "--jobs", "20", "--workers", "1,2", "--work-ms", "0", "--quiet",
-            "--system", "sqlite", "--system", "walqueue", "--repeat", "2",
-            "--output-directory", str(base / "bench"))  # fmt: skip
+    invoke_cli("chaos", "--seed", "4", "--jobs", "200", "--workers", "2", "--kills", "8",
+               "--pauses", "1", "--lease-ms", "300", "--quiet", "--output-directory",
+               str(base / "chaos"))  # fmt: skip
+    invoke_cli("bench", "--jobs", "20", "--workers", "1,2", "--work-ms", "0", "--quiet",
+               "--system", "sqlite", "--system", "walqueue", "--repeat", "2",
+               "--output-directory", str(base / "bench"))  # fmt: skip
     if POWER_LOSS:
-        run_cli("chaos", "--seed", "4", "--jobs", "200", "--workers", "2", "--kills", "4",
-                "--crash-mode", "power-loss", "--power-cuts", "2", "--lease-ms", "300",
-                "--quiet", "--output-directory", str(base / "power-chaos"))  # fmt: skip
+        invoke_cli("chaos", "--seed", "4", "--jobs", "200", "--workers", "2", "--kills", "4",
+                   "--crash-mode", "power-loss", "--power-cuts", "2", "--lease-ms", "300",
+                   "--quiet", "--output-directory", str(base / "power-chaos"))  # fmt: skip
     return {
         "showcase": showcase,
         "campaign": showcase / "walqueue" / "process-fault-campaign",
@@ -105,19 +98,21 @@ def test_power_cuts_are_drawn_and_explained(runs: dict[str, Path]) -> None:
     assert "keep-names-" in page or "lose-all" in page
 
 
-def test_the_report_command_rebuilds_a_report_from_the_files_alone(runs: dict[str, Path]) -> None:
+def test_the_report_command_rebuilds_a_report_from_the_files_alone(
+    runs: dict[str, Path], run_cli: RunCli
+) -> None:
     target = runs["chaos"] / REPORT_FILE
     first = target.read_text()
     target.unlink()
-    result = run_cli("report", str(runs["chaos"]))
-    assert result == {"ok": True, "report": str(target)}
+    outcome = run_cli("report", str(runs["chaos"]))
+    assert outcome.result == {"ok": True, "report": str(target)}
     assert target.read_text() == first
 
 
-def test_a_directory_without_a_run_is_a_usage_error(tmp_path: Path) -> None:
-    out, err = io.StringIO(), io.StringIO()
-    assert cli.main(["report", str(tmp_path)], stdout=out, stderr=err) == cli.EXIT_USAGE
-    assert "holds no run" in json.loads(out.getvalue())["error"]["message"]
+def test_a_directory_without_a_run_is_a_usage_error(tmp_path: Path, run_cli: RunCli) -> None:
+    outcome = run_cli("report", str(tmp_path))
+    assert outcome.code == cli.EXIT_USAGE
+    assert "holds no run" in outcome.result["error"]["message"]
     assert list(tmp_path.iterdir()) == []
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import io
 import json
 import subprocess
 from pathlib import Path
@@ -14,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from crashqueuelab import cli
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.campaign.run import run_campaign
 from crashqueuelab.lab.pages.chains import observation_chain, seconds_from
@@ -30,7 +28,7 @@ from crashqueuelab.lab.workloads.choices import ChoiceTape
 from crashqueuelab.lab.workloads.model import SCHEDULE_FILE, run_model_workload
 from crashqueuelab.regression import Outcome, replay_model_workload, run_crash_point, run_probe
 from crashqueuelab.systems.registry import resolve_system
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, RunCli
 
 BROKEN = "broken_adapters:stale_ack_system"
 CORRECT = "tiny_adapter:tiny_system"
@@ -39,12 +37,6 @@ CORRECT = "tiny_adapter:tiny_system"
 @pytest.fixture(autouse=True)
 def examples_importable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(EXAMPLES))
-
-
-def run_cli(*argv: str) -> tuple[int, dict[str, Any]]:
-    out, err = io.StringIO(), io.StringIO()
-    code = cli.main(list(argv), stdout=out, stderr=err)
-    return code, json.loads(out.getvalue())
 
 
 def draws(tape: ChoiceTape, blocks: int) -> list[list[int]]:
@@ -199,37 +191,41 @@ def test_the_page_leads_with_the_reproducers_and_the_chain_of_events(
     assert "claimed model-" in page
 
 
-def test_a_retained_campaign_is_shrunk_by_the_shrink_command_once(tmp_path: Path) -> None:
+def test_a_retained_campaign_is_shrunk_by_the_shrink_command_once(
+    tmp_path: Path, run_cli: RunCli
+) -> None:
     target = tmp_path / "run"
-    code, result = run_cli(
+    outcome = run_cli(
         "campaign", "--system", "broken_adapters:losing_system", "--seed", "3", "--quiet",
         "--shrink-seconds", "0", "--output-directory", str(target),
     )  # fmt: skip
-    assert code == 1
-    assert result["reproducers"] == []
+    assert outcome.code == 1
+    assert outcome.result["reproducers"] == []
     assert not (target / REPRODUCER_DIRECTORY).exists()
-    code, result = run_cli("shrink", str(target), "--shrink-seconds", "30")
-    assert code == 1, result
-    assert result["reproducers"]
-    assert all("fails as exported" in line for line in result["reproducers"])
+    outcome = run_cli("shrink", str(target), "--shrink-seconds", "30")
+    assert outcome.code == 1, outcome.result
+    assert outcome.result["reproducers"]
+    assert all("fails as exported" in line for line in outcome.result["reproducers"])
     kept = json.loads((target / "campaign.json").read_text())
     assert kept["shrink"]["reproducers"]
     before = sorted(path.relative_to(target) for path in target.rglob("*"))
-    code, result = run_cli("shrink", str(target))
-    assert code == 2
-    assert "shrunk already" in result["error"]["message"]
+    outcome = run_cli("shrink", str(target))
+    assert outcome.code == 2
+    assert "shrunk already" in outcome.result["error"]["message"]
     assert sorted(path.relative_to(target) for path in target.rglob("*")) == before
 
 
-def test_shrink_refuses_what_is_not_a_campaign_and_passes_an_ok_one(tmp_path: Path) -> None:
-    code, result = run_cli("shrink", str(tmp_path))
-    assert code == 2
-    assert "holds neither campaign.json nor chaos.json" in result["error"]["message"]
+def test_shrink_refuses_what_is_not_a_campaign_and_passes_an_ok_one(
+    tmp_path: Path, run_cli: RunCli
+) -> None:
+    outcome = run_cli("shrink", str(tmp_path))
+    assert outcome.code == 2
+    assert "holds neither campaign.json nor chaos.json" in outcome.result["error"]["message"]
     (tmp_path / "campaign.json").write_text(json.dumps({"ok": True}))
-    code, result = run_cli("shrink", str(tmp_path))
-    assert (code, result["detail"]) == (0, "the run is ok: nothing to shrink")
-    code, result = run_cli("shrink", str(tmp_path), "--shrink-seconds", "-1")
-    assert code == 2
+    outcome = run_cli("shrink", str(tmp_path))
+    assert (outcome.code, outcome.result["detail"]) == (0, "the run is ok: nothing to shrink")
+    outcome = run_cli("shrink", str(tmp_path), "--shrink-seconds", "-1")
+    assert outcome.code == 2
 
 
 def test_the_public_reruns(tmp_path: Path) -> None:

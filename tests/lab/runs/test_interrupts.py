@@ -4,7 +4,6 @@ traceback), and ``crashqueuelab report DIR`` renders what it had."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import selectors
@@ -18,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from crashqueuelab import cli
 from crashqueuelab.lab.faults.powerloss.disk import unavailable_reason
 from crashqueuelab.lab.runs.interrupts import EXIT_INTERRUPTED, Interrupted, interruptible
+from tests.conftest import RunCli
 
 #: Every wait below is bounded by this.
 LIMIT_S = 120.0
@@ -239,15 +238,9 @@ def _interrupting(after: int) -> Callable[..., Any]:
     return step
 
 
-def _run_in_process(argv: list[str]) -> tuple[int, dict[str, Any], str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = cli.main(argv, stdout=out, stderr=err)
-    return code, json.loads(out.getvalue()), err.getvalue()
-
-
 @pytest.mark.parametrize("command", ["showcase", "mutants", "bench"])
 def test_every_experiment_keeps_what_it_had_done_when_interrupted(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str, run_cli: RunCli
 ) -> None:
     """Each run passes Interrupted on with what it had finished; the command line keeps it
     in the run's record, on stdout and on an INTERRUPTED page."""
@@ -278,10 +271,14 @@ def test_every_experiment_keeps_what_it_had_done_when_interrupted(
         monkeypatch.setattr(bench_runner, "run_config", lambda *a, **k: step(real_config, *a, **k))
         argv = ["bench", "--jobs", "20", "--workers", "1", "--work-ms", "0,1", "--quiet"]
         run_file, done_key, done = "bench.json", "cells_done", 5
-    code, result, err = _run_in_process([*argv, "--output-directory", str(directory)])
-    assert code == EXIT_INTERRUPTED
-    assert (result["ok"], result["interrupted"], result["signal"]) == (False, True, "SIGINT")
-    assert err.rstrip().splitlines()[-1].startswith("crashqueuelab: interrupted: ")
+    outcome = run_cli(*argv, "--output-directory", str(directory))
+    assert outcome.code == EXIT_INTERRUPTED
+    assert (outcome.result["ok"], outcome.result["interrupted"], outcome.result["signal"]) == (
+        False,
+        True,
+        "SIGINT",
+    )
+    assert outcome.stderr.rstrip().splitlines()[-1].startswith("crashqueuelab: interrupted: ")
     kept = json.loads((directory / run_file).read_text())
     assert kept[done_key] == done
     assert kept["arguments"][0] == command

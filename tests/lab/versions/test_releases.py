@@ -7,31 +7,23 @@ outside the working tree: the first run installs each release, the next ones reu
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import sys
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from crashqueuelab import cli
 from crashqueuelab.core.errors import SystemUnavailable
 from crashqueuelab.lab.versions.environments import CACHE_VARIABLE
 from crashqueuelab.systems import resolve_system
+from tests.conftest import RunCli
 
 needs_fuse = pytest.mark.skipif(
     not sys.platform.startswith("linux") or not os.path.exists("/dev/fuse"),
     reason="power loss needs Linux with /dev/fuse; the command exits 4 and says so",
 )
-
-
-def run(argv: list[str]) -> tuple[int, dict[str, Any], str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = cli.main(argv, stdout=out, stderr=err)
-    return code, json.loads(out.getvalue()), err.getvalue()
 
 
 @pytest.fixture
@@ -49,38 +41,37 @@ def empty_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @needs_fuse
 @pytest.mark.releases
 def test_huey_before_3_3_loses_acknowledged_enqueues_to_a_power_cut_and_3_3_keeps_them(
-    tmp_path: Path, cache: Path
+    tmp_path: Path, cache: Path, run_cli: RunCli
 ) -> None:
     verdicts = {}
     environments = {}
     for release in ("3.2.1", "3.3.0"):
         directory = tmp_path / release
-        code, result, err = run(
-            [
-                "campaign",
-                "--system",
-                f"huey=={release}",
-                "--crash-mode",
-                "power-loss",
-                "--crash-point",
-                "enqueue:after",
-                "--crash-point",
-                "execute:after",
-                "--seed",
-                "3",
-                "--shrink-seconds",
-                "0",
-                "--output-directory",
-                str(directory),
-            ]
+        outcome = run_cli(
+            "campaign",
+            "--system",
+            f"huey=={release}",
+            "--crash-mode",
+            "power-loss",
+            "--crash-point",
+            "enqueue:after",
+            "--crash-point",
+            "execute:after",
+            "--seed",
+            "3",
+            "--shrink-seconds",
+            "0",
+            "--output-directory",
+            str(directory),
         )
-        assert code in (0, 1), err
-        assert result["environment"]["installed"] == {"huey": release}
-        environments[release] = Path(result["environment"]["directory"])
+        assert outcome.code in (0, 1), outcome.stderr
+        assert outcome.result["environment"]["installed"] == {"huey": release}
+        environments[release] = Path(outcome.result["environment"]["directory"])
         report = json.loads((directory / "campaign.json").read_text())
         assert report["system"]["version"] == f"huey {release} (SqliteHuey)"
         verdicts[release] = report
-        assert "crashqueuelab: not ok" in err  # the pinned run's own verdict line, passed on
+        # The pinned run's own verdict line, passed on.
+        assert "crashqueuelab: not ok" in outcome.stderr
     old, fixed = verdicts["3.2.1"], verdicts["3.3.0"]
     assert old["system"]["durability"].startswith("huey's default: fsync=False")
     assert old["summary"]["states_losing_acknowledged_work"] > 0
@@ -98,31 +89,31 @@ def test_huey_before_3_3_loses_acknowledged_enqueues_to_a_power_cut_and_3_3_keep
 
 
 def test_only_a_released_library_at_a_release_number_can_be_pinned(
-    tmp_path: Path, empty_cache: Path
+    tmp_path: Path, empty_cache: Path, run_cli: RunCli
 ) -> None:
-    code, result, _ = run(
-        ["campaign", "--system", "walqueue==1.0", "--output-directory", str(tmp_path / "a")]
+    outcome = run_cli(
+        "campaign", "--system", "walqueue==1.0", "--output-directory", str(tmp_path / "a")
     )
-    assert code == 2
-    assert "only a released library can be pinned" in result["error"]["message"]
-    code, result, _ = run(
-        ["campaign", "--system", "huey==latest", "--output-directory", str(tmp_path / "b")]
+    assert outcome.code == 2
+    assert "only a released library can be pinned" in outcome.result["error"]["message"]
+    outcome = run_cli(
+        "campaign", "--system", "huey==latest", "--output-directory", str(tmp_path / "b")
     )
-    assert code == 2
-    assert result["error"]["field"] == "system"
+    assert outcome.code == 2
+    assert outcome.result["error"]["field"] == "system"
     assert not empty_cache.exists()
     assert not (tmp_path / "a").exists()
 
 
 @pytest.mark.releases
 def test_a_release_the_index_does_not_have_is_refused_and_leaves_no_environment(
-    tmp_path: Path, empty_cache: Path
+    tmp_path: Path, empty_cache: Path, run_cli: RunCli
 ) -> None:
-    code, result, _ = run(
-        ["campaign", "--system", "huey==0.0.1", "--output-directory", str(tmp_path / "c")]
+    outcome = run_cli(
+        "campaign", "--system", "huey==0.0.1", "--output-directory", str(tmp_path / "c")
     )
-    assert code == 2
-    error = result["error"]
+    assert outcome.code == 2
+    error = outcome.result["error"]
     assert error["type"] == "SystemUnavailable"
     assert "pip could not install huey==0.0.1" in error["message"]
     left = [path.name for path in empty_cache.iterdir() if not path.name.endswith(".lock")]
@@ -138,30 +129,28 @@ def test_a_pinned_release_resolves_only_where_it_is_the_one_installed() -> None:
 
 @pytest.mark.releases
 def test_the_release_matrix_runs_each_release_in_its_environment_and_links_its_page(
-    tmp_path: Path, cache: Path
+    tmp_path: Path, cache: Path, run_cli: RunCli
 ) -> None:
     directory = tmp_path / "matrix"
-    code, result, err = run(
-        [
-            "versions",
-            "--system",
-            "huey",
-            "--releases",
-            "3.3.0,3.2.1",
-            "--output-directory",
-            str(directory),
-            "campaign",
-            "--crash-point",
-            "enqueue:after",
-            "--probe",
-            "idempotent_submit",
-            "--shrink-seconds",
-            "0",
-        ]
+    outcome = run_cli(
+        "versions",
+        "--system",
+        "huey",
+        "--releases",
+        "3.3.0,3.2.1",
+        "--output-directory",
+        str(directory),
+        "campaign",
+        "--crash-point",
+        "enqueue:after",
+        "--probe",
+        "idempotent_submit",
+        "--shrink-seconds",
+        "0",
     )
-    assert code == 0, err
-    assert [row["release"] for row in result["rows"]] == ["3.2.1", "3.3.0"]
-    assert all(row["passes"] and row["keeps_its_promises"] for row in result["rows"])
+    assert outcome.code == 0, outcome.stderr
+    assert [row["release"] for row in outcome.result["rows"]] == ["3.2.1", "3.3.0"]
+    assert all(row["passes"] and row["keeps_its_promises"] for row in outcome.result["rows"])
     report = json.loads((directory / "versions.json").read_text())
     assert [row["version"] for row in report["rows"]] == [
         "huey 3.2.1 (SqliteHuey)",
@@ -170,33 +159,29 @@ def test_the_release_matrix_runs_each_release_in_its_environment_and_links_its_p
     page = (directory / "report.html").read_text()
     assert 'href="3.2.1/report.html"' in page
     assert (directory / "3.2.1" / "report.html").is_file()
-    code, result, _ = run(
-        [
-            "versions",
-            "--system",
-            "sqlite",
-            "--releases",
-            "1.0,2.0",
-            "--output-directory",
-            str(tmp_path / "x"),
-            "campaign",
-        ]
+    outcome = run_cli(
+        "versions",
+        "--system",
+        "sqlite",
+        "--releases",
+        "1.0,2.0",
+        "--output-directory",
+        str(tmp_path / "x"),
+        "campaign",
     )
-    assert code == 2
-    assert result["error"]["field"] == "system"
-    code, result, _ = run(
-        [
-            "versions",
-            "--system",
-            "huey",
-            "--releases",
-            "1.0,2.0",
-            "--output-directory",
-            str(tmp_path / "y"),
-            "campaign",
-            "--system",
-            "huey",
-        ]
+    assert outcome.code == 2
+    assert outcome.result["error"]["field"] == "system"
+    outcome = run_cli(
+        "versions",
+        "--system",
+        "huey",
+        "--releases",
+        "1.0,2.0",
+        "--output-directory",
+        str(tmp_path / "y"),
+        "campaign",
+        "--system",
+        "huey",
     )
-    assert code == 2
-    assert "the matrix sets --system" in result["error"]["message"]
+    assert outcome.code == 2
+    assert "the matrix sets --system" in outcome.result["error"]["message"]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ctypes.util
 import importlib.util
-import io
 import json
 import os
 import shutil
@@ -24,6 +23,7 @@ from crashqueuelab.lab.faults.powerloss import disk as disk_module
 from crashqueuelab.lab.faults.powerloss.crashstate import LOSE_ALL, materialize
 from crashqueuelab.lab.faults.powerloss.disk import PowerLossDisk, unavailable_reason
 from crashqueuelab.lab.runs.modes import POWER_LOSS
+from tests.conftest import RunCli
 
 needs_fuse = pytest.mark.skipif(
     not sys.platform.startswith("linux") or not os.path.exists("/dev/fuse"),
@@ -101,15 +101,14 @@ def test_relative_paths_work_from_any_directory(
 
 
 def test_a_machine_without_fuse_gets_exit_4_and_the_reason(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_cli: RunCli
 ) -> None:
     monkeypatch.setattr(disk_module, "unavailable_reason", lambda: "no /dev/fuse here")
-    out = io.StringIO()
     target = tmp_path / "run"
     argv = ["campaign", "--crash-mode", "power-loss", "--output-directory", str(target)]
-    code = cli.main(argv, stdout=out, stderr=io.StringIO())
-    assert code == cli.EXIT_UNAVAILABLE == 4
-    error = json.loads(out.getvalue())["error"]
+    outcome = run_cli(*argv)
+    assert outcome.code == cli.EXIT_UNAVAILABLE == 4
+    error = outcome.result["error"]
     assert error["type"] == "CrashModeUnavailable"
     assert error["message"] == "crash mode 'power-loss': no /dev/fuse here"
     assert not target.exists()  # nothing was run or written
