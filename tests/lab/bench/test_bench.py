@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from crashqueuelab import cli
 from crashqueuelab.lab.bench.figures import jain_index, median_run, percentile
 from crashqueuelab.lab.bench.report import reasons, table, targets, versus_peers
 from crashqueuelab.lab.bench.runner import run_bench
+from tests.conftest import RunCli
 
 
 def test_percentiles_use_the_nearest_rank() -> None:
@@ -161,20 +161,14 @@ def test_other_systems_run_beside_the_textbook_queue(tmp_path: Path) -> None:
     assert cells["persist-queue-single", 1]["verified"]["handed_out_twice"] == 0
 
 
-def run_cli(*argv: str) -> tuple[int, dict[str, object], str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = cli.main(list(argv), stdout=out, stderr=err)
-    return code, json.loads(out.getvalue()), err.getvalue()
-
-
-def test_the_bench_command_prints_targets_and_a_table(tmp_path: Path) -> None:
-    code, result, err = run_cli(
+def test_the_bench_command_prints_targets_and_a_table(tmp_path: Path, run_cli: RunCli) -> None:
+    outcome = run_cli(
         "bench", "--output-directory", str(tmp_path / "b"), "--jobs", "20",
         "--workers", "1", "--work-ms", "0", "--batch", "adaptive",
     )  # fmt: skip
-    assert code == cli.EXIT_OK
-    assert result["ok"] is True
-    assert "| system | workers |" in err
+    assert outcome.code == cli.EXIT_OK
+    assert outcome.result["ok"] is True
+    assert "| system | workers |" in outcome.stderr
     assert json.loads((tmp_path / "b" / "bench.json").read_text())["batch"] == "adaptive"
 
 
@@ -191,21 +185,23 @@ def test_the_bench_command_prints_targets_and_a_table(tmp_path: Path) -> None:
         ["--repeat", "0"],
     ],
 )
-def test_bad_bench_arguments_are_usage_errors(tmp_path: Path, argv: list[str]) -> None:
-    code, _result, _ = run_cli("bench", "--output-directory", str(tmp_path / "b"), *argv)
-    assert code == cli.EXIT_USAGE
+def test_bad_bench_arguments_are_usage_errors(
+    tmp_path: Path, argv: list[str], run_cli: RunCli
+) -> None:
+    outcome = run_cli("bench", "--output-directory", str(tmp_path / "b"), *argv)
+    assert outcome.code == cli.EXIT_USAGE
     assert not (tmp_path / "b").exists()
 
 
-def test_the_chaos_command_reports_its_accounting(tmp_path: Path) -> None:
-    code, result, _err = run_cli(
+def test_the_chaos_command_reports_its_accounting(tmp_path: Path, run_cli: RunCli) -> None:
+    outcome = run_cli(
         "chaos", "--output-directory", str(tmp_path / "c"), "--jobs", "400",
         "--workers", "2", "--kills", "4", "--pauses", "0", "--seed", "5",
     )  # fmt: skip
-    assert code == cli.EXIT_OK
-    assert result["ok"] is True
-    assert result["kills_delivered"] == 4
-    accounting = result["accounting"]
+    assert outcome.code == cli.EXIT_OK
+    assert outcome.result["ok"] is True
+    assert outcome.result["kills_delivered"] == 4
+    accounting = outcome.result["accounting"]
     assert isinstance(accounting, dict)
     assert accounting["lost"] == 0
 
@@ -276,12 +272,13 @@ def test_a_cell_that_fails_verification_is_named_in_the_reasons() -> None:
     }
 
 
-def test_an_unknown_peer_is_refused_before_anything_is_written(tmp_path: Path) -> None:
-    out = io.StringIO()
+def test_an_unknown_peer_is_refused_before_anything_is_written(
+    tmp_path: Path, run_cli: RunCli
+) -> None:
     argv = ["bench", "--peer", "celery", "--output-directory", str(tmp_path / "b")]
-    code = cli.main(argv, stdout=out, stderr=io.StringIO())
-    assert code == cli.EXIT_USAGE
-    error = json.loads(out.getvalue())["error"]
+    outcome = run_cli(*argv)
+    assert outcome.code == cli.EXIT_USAGE
+    error = outcome.result["error"]
     assert error["type"] == "InvalidInput"
     assert "'celery' is not one of litequeue" in error["message"]
     assert not (tmp_path / "b").exists()

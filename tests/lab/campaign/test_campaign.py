@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import shutil
 import sqlite3
@@ -21,6 +20,7 @@ from crashqueuelab.lab.mutants.catalog import MUTANTS
 from crashqueuelab.lab.showcase import summarize
 from crashqueuelab.lab.workloads.scenario import run_campaign_workload
 from crashqueuelab.systems import CrashPoint, System, resolve_system
+from tests.conftest import RunCli
 
 SQLITE = resolve_system("sqlite")
 WALQUEUE = resolve_system("walqueue")
@@ -90,12 +90,6 @@ def test_the_demo_numbers_come_from_the_retained_databases(tmp_path: Path) -> No
         ]  # fmt: skip
 
 
-def run_cli(*argv: str) -> tuple[int, dict[str, Any]]:
-    out, err = io.StringIO(), io.StringIO()
-    code = cli.main(list(argv), stdout=out, stderr=err)
-    return code, json.loads(out.getvalue())
-
-
 def test_the_showcase_prints_a_summary_computed_from_its_artifacts(
     showcase_run: tuple[int, dict[str, Any], Path], tmp_path: Path
 ) -> None:
@@ -153,7 +147,7 @@ def test_the_showcase_prints_a_summary_computed_from_its_artifacts(
 
 
 def test_a_showcase_without_power_loss_says_why_and_runs_the_rest(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_cli: RunCli
 ) -> None:
     from crashqueuelab.lab import showcase
 
@@ -164,21 +158,21 @@ def test_a_showcase_without_power_loss_says_why_and_runs_the_rest(
     chosen += [m for m in MUTANTS if m.needs_power_loss][:2]
     monkeypatch.setattr(showcase, "MUTANTS", chosen)
     argv = ["showcase", "--system", "sqlite", "--seed", "2", "--quiet"]
-    code, summary = run_cli(*argv, "--output-directory", str(tmp_path / "s"))
-    assert code == cli.EXIT_OK
-    assert summary["power_loss"] == "unavailable: no /dev/fuse here"
-    section = summary["systems"]["sqlite"]["power_loss_campaign"]
+    outcome = run_cli(*argv, "--output-directory", str(tmp_path / "s"))
+    assert outcome.code == cli.EXIT_OK
+    assert outcome.result["power_loss"] == "unavailable: no /dev/fuse here"
+    section = outcome.result["systems"]["sqlite"]["power_loss_campaign"]
     assert section == {"ran": False, "ok": True, "unavailable": "no /dev/fuse here"}
     assert not (tmp_path / "s" / "sqlite" / "power-loss-campaign").exists()
     # Skipped evidence is part of the verdict: counted in the total, named, never caught.
-    mutants = summary["mutants"]
+    mutants = outcome.result["mutants"]
     needing = [mutant.name for mutant in chosen if mutant.needs_power_loss]
     assert (mutants["total"], mutants["caught"]) == (4, 2)
     assert [m["mutant"] for m in mutants["not_run"]] == needing
     assert mutants["line"].startswith("mutants: 2 of 4 caught, 2 not run by the evidence")
     assert "it needs a power cut, and no /dev/fuse here" in mutants["line"]
-    assert (summary["ok"], summary["complete"]) == (True, False)
-    assert summary["not_run"] == [
+    assert (outcome.result["ok"], outcome.result["complete"]) == (True, False)
+    assert outcome.result["not_run"] == [
         "sqlite: the power-loss campaign (no /dev/fuse here)",
         "2 of 4 mutants (it needs a power cut, and no /dev/fuse here)",
     ]
@@ -194,32 +188,34 @@ def test_a_showcase_without_power_loss_says_why_and_runs_the_rest(
 
 
 @pytest.mark.parametrize("command", ["showcase", "demo", "campaign"])
-def test_a_non_empty_output_directory_is_refused_untouched(tmp_path: Path, command: str) -> None:
+def test_a_non_empty_output_directory_is_refused_untouched(
+    tmp_path: Path, command: str, run_cli: RunCli
+) -> None:
     (tmp_path / "earlier-result.json").write_text("{}")
     before = sorted(p.name for p in tmp_path.iterdir())
-    code, result = run_cli(command, "--output-directory", str(tmp_path), "--seed", "1")
-    assert code == cli.EXIT_USAGE
-    assert result["error"]["type"] == "InvalidInput"
-    assert "not empty" in result["error"]["message"]
+    outcome = run_cli(command, "--output-directory", str(tmp_path), "--seed", "1")
+    assert outcome.code == cli.EXIT_USAGE
+    assert outcome.result["error"]["type"] == "InvalidInput"
+    assert "not empty" in outcome.result["error"]["message"]
     assert sorted(p.name for p in tmp_path.iterdir()) == before
     assert (tmp_path / "earlier-result.json").read_text() == "{}"
 
 
-def test_an_output_path_that_is_a_file_is_refused(tmp_path: Path) -> None:
+def test_an_output_path_that_is_a_file_is_refused(tmp_path: Path, run_cli: RunCli) -> None:
     target = tmp_path / "file"
     target.write_text("x")
-    code, result = run_cli("demo", "--output-directory", str(target))
-    assert code == cli.EXIT_USAGE
-    assert "not a directory" in result["error"]["message"]
+    outcome = run_cli("demo", "--output-directory", str(target))
+    assert outcome.code == cli.EXIT_USAGE
+    assert "not a directory" in outcome.result["error"]["message"]
 
 
-def test_demo_and_campaign_commands_report_through_the_cli(tmp_path: Path) -> None:
-    code, demo = run_cli("demo", "--output-directory", str(tmp_path / "d"))
-    assert (code, demo["ok"]) == (cli.EXIT_OK, True)
-    assert demo["comparison"]["non_idempotent"]["effect_count"] == 2
-    code, campaign = run_cli("campaign", "--output-directory", str(tmp_path / "c"), "--seed", "2")
-    assert (code, campaign["ok"]) == (cli.EXIT_OK, True)
-    assert campaign["summary"]["named_fault_points"] == 13
+def test_demo_and_campaign_commands_report_through_the_cli(tmp_path: Path, run_cli: RunCli) -> None:
+    demo = run_cli("demo", "--output-directory", str(tmp_path / "d"))
+    assert (demo.code, demo.result["ok"]) == (cli.EXIT_OK, True)
+    assert demo.result["comparison"]["non_idempotent"]["effect_count"] == 2
+    campaign = run_cli("campaign", "--output-directory", str(tmp_path / "c"), "--seed", "2")
+    assert (campaign.code, campaign.result["ok"]) == (cli.EXIT_OK, True)
+    assert campaign.result["summary"]["named_fault_points"] == 13
 
 
 def every_point() -> list[tuple[System, CrashPoint]]:
