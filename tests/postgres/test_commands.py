@@ -49,6 +49,7 @@ def test_a_given_server_is_used_and_left_running(
         assert conn.execute("SELECT 1").fetchone() == (1,)
 
 
+@pytest.mark.slow
 def test_chaos_with_server_restarts_and_terminated_sessions_loses_nothing(
     tmp_path: Path,
     run_cli: RunCli,
@@ -108,6 +109,7 @@ def test_no_server_binaries_is_said_plainly_with_exit_4(
     assert not (tmp_path / "c").exists()
 
 
+@pytest.mark.slow
 def test_the_bench_runs_postgres_beside_sqlite(
     postgres_dsn: str, tmp_path: Path, run_cli: RunCli
 ) -> None:

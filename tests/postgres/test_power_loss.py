@@ -40,6 +40,7 @@ def template(postgres_dsn: str) -> Any:
         yield made
 
 
+@pytest.mark.slow
 def test_an_acknowledgement_survives_every_crash_state(
     postgres_dsn: str, tmp_path: Path, run_cli: RunCli
 ) -> None:

@@ -43,6 +43,7 @@ def test_each_queue_transition_has_a_reply_lost_point_with_its_after_points_stat
     )
 
 
+@pytest.mark.slow
 def test_a_queue_that_never_asks_is_caught_only_where_a_commit_answer_was_lost(
     postgres_dsn: str, tmp_path: Path, run_cli: RunCli
 ) -> None:

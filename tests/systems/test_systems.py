@@ -174,6 +174,7 @@ def test_a_queue_that_loses_jobs_on_recovery_is_caught(tmp_path: Path, run_cli: 
     assert any("missing from the store (lost)" in line for line in outcome.result["anomalies"])
 
 
+@pytest.mark.slow
 def test_a_queue_that_raises_is_reported_and_the_run_stops(tmp_path: Path, run_cli: RunCli) -> None:
     outcome = run_cli(
         "chaos", "--system", "broken_adapters:raising_system", "--seed", "3", "--jobs", "50",
@@ -284,6 +285,7 @@ def test_a_system_whose_open_raises_fails_the_run_naming_the_call(
     assert any(directory.glob("*.json"))
 
 
+@pytest.mark.slow
 def test_a_system_whose_recovery_raises_fails_chaos_and_the_campaign(
     tmp_path: Path, run_cli: RunCli
 ) -> None:

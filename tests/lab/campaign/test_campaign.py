@@ -146,6 +146,7 @@ def test_the_showcase_prints_a_summary_computed_from_its_artifacts(
     assert recomputed["ok"] is False
 
 
+@pytest.mark.slow
 def test_a_showcase_without_power_loss_says_why_and_runs_the_rest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_cli: RunCli
 ) -> None:

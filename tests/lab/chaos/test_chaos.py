@@ -87,6 +87,7 @@ def test_a_paused_worker_is_fenced_and_its_effect_not_duplicated(
     assert any("stale " in log.read_text() for log in logs)
 
 
+@pytest.mark.slow
 def test_killed_workers_on_the_single_calls_lose_and_duplicate_nothing(tmp_path: Path) -> None:
     # A batch of one goes through claim and succeed, which group commit carries: the kills
     # land on carriers holding other workers' requests and on the workers they carry.
@@ -322,6 +323,7 @@ def test_a_poison_job_must_be_dead_lettered_after_exactly_its_limit() -> None:
 
 
 @pytest.mark.parametrize("mutant", ["never_dead", "expiry_without_attempt"])
+@pytest.mark.slow
 def test_poison_jobs_catch_a_queue_that_never_buries_a_job(tmp_path: Path, mutant: str) -> None:
     """Every other job succeeds; the poison jobs that die or fail on every attempt are never
     dead-lettered, and the run stops waiting for them and says so.
@@ -444,6 +446,7 @@ def test_the_chaos_page_runs_the_same_schedule_and_says_the_interleaving_may_dif
     assert f"crashqueuelab chaos --replay {directory} --output-directory {directory}-again" in html
 
 
+@pytest.mark.slow
 def test_a_replay_delivers_the_recorded_schedule_again(
     small_run: tuple[Path, dict[str, Any]], tmp_path: Path, run_cli: RunCli
 ) -> None:
@@ -485,6 +488,7 @@ def test_a_replay_of_what_is_not_a_chaos_run_or_does_not_match_is_refused(
     assert not (tmp_path / "y").exists()
 
 
+@pytest.mark.slow
 def test_a_failing_chaos_run_is_shrunk_to_a_schedule_rerun_k_of_n_times(
     tmp_path: Path, run_cli: RunCli
 ) -> None:

@@ -34,6 +34,7 @@ def test_sqlite_keeps_every_acknowledgement_across_power_cuts(tmp_path: Path) ->
 
 
 @needs_fuse
+@pytest.mark.slow
 def test_unsynced_commits_are_acknowledged_twice_after_a_cut(tmp_path: Path) -> None:
     report = run_chaos(
         tmp_path / "run", seed=3, jobs=400, workers=3, kills=0, pauses=0, lease_ms=300,

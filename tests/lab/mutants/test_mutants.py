@@ -67,6 +67,7 @@ def test_every_mutant_is_caught_by_the_evidence_the_catalog_names(
         assert f"| `{mutant.name}` |" in docs, f"docs/mutants.md does not list {mutant.name}"
 
 
+@pytest.mark.slow
 def test_a_few_mutants_through_every_kind_of_evidence(everything: dict[str, object]) -> None:
     assert (everything["caught"], everything["total"]) == (3, 3)
     assert everything["evidence"] == "all"

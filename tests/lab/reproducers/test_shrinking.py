@@ -191,6 +191,7 @@ def test_the_page_leads_with_the_reproducers_and_the_chain_of_events(
     assert "claimed model-" in page
 
 
+@pytest.mark.slow
 def test_a_retained_campaign_is_shrunk_by_the_shrink_command_once(
     tmp_path: Path, run_cli: RunCli
 ) -> None:

@@ -129,7 +129,6 @@ def _assert_a_readable_interrupted_run(
     return kept
 
 
-@pytest.mark.slow
 def test_chaos_interrupted_by_ctrl_c_keeps_a_record_and_stops_its_workers(
     tmp_path: Path,
 ) -> None:

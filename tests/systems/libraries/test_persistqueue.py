@@ -8,6 +8,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from crashqueuelab.core.clock import ManualClock
 from crashqueuelab.core.ids import SeededIds
 from crashqueuelab.core.retry import RetryPolicy
@@ -54,6 +56,7 @@ def test_every_crash_point_passes_and_the_probes_name_what_persist_queue_lacks(
     assert report["ok"] is False
 
 
+@pytest.mark.slow
 def test_chaos_counts_the_jobs_that_two_workers_both_acknowledged(tmp_path: Path) -> None:
     report = run_chaos(
         tmp_path / "h", seed=7, jobs=400, workers=4, kills=20, pauses=0, lease_ms=300,

@@ -240,6 +240,7 @@ def test_a_server_that_cannot_start_is_a_clear_error(tmp_path: Path) -> None:
     assert not server.running
 
 
+@pytest.mark.slow
 def test_chaos_with_kills_pauses_and_a_server_restart_loses_nothing_aof_always_kept(
     tmp_path: Path,
     run_cli: RunCli,
