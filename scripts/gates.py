@@ -135,6 +135,11 @@ class Scratch:
             for command in (["fusermount3", "-u", "-z", mount], ["umount", "-l", mount]):
                 if shutil.which(command[0]) and _quiet(command) == 0:
                     break
+        # Helpers of the last gate's own children (a fork server, its resource tracker) exit
+        # once they see their parent gone: a moment before any is named as left behind.
+        deadline = time.monotonic() + GRACE_S
+        while _processes_using(prefix) and time.monotonic() < deadline:
+            time.sleep(0.2)
         for pid, command_line in _processes_using(prefix):
             found.append(f"process {pid}: {command_line[:160]}")
             # SIGQUIT first: a PostgreSQL postmaster then stops its children at once.

@@ -159,18 +159,25 @@ def populated(queue: DurableQueue, clock: ManualClock) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def showcase_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[str, object], Path]:
     """One showcase (seed 4) for every test that reads one: it runs both crash modes on
-    both shipped systems and the mutant pass, so each extra run costs half a minute."""
-    import io
+    both shipped systems and the mutant pass, so each extra run costs minutes.
+
+    Its readers share one worker when the tests run on several (``xdist_group``); should
+    another worker need it all the same, it waits for the first one's run and reads it,
+    under a lock in the directory every worker of the session shares."""
+    import fcntl
     import json
 
-    from crashqueuelab import cli
-
-    target = tmp_path_factory.mktemp("shared") / "showcase"
-    out = io.StringIO()
-    argv = ["showcase", "--seed", "4", "--quiet", "--output-directory", str(target)]
-    code = cli.main(argv, stdout=out, stderr=io.StringIO())
-    summary: dict[str, object] = json.loads(out.getvalue())
-    return code, summary, target
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "showcase-run"
+    shared.mkdir(exist_ok=True)
+    target, kept = shared / "showcase", shared / "outcome.json"
+    with (shared / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not kept.exists():
+            run = invoke_cli("showcase", "--seed", "4", "--quiet", "--output-directory", target)
+            kept.write_text(json.dumps({"code": run.code, "summary": run.result}))
+        outcome = json.loads(kept.read_text())
+    return int(outcome["code"]), dict(outcome["summary"]), target
 
 
 @pytest.fixture(scope="session")

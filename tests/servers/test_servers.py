@@ -303,13 +303,18 @@ def test_a_redis_binary_that_exits_leaves_nothing(tmp_path: Path) -> None:
 def test_a_redis_start_refused_for_a_bad_setting_leaves_nothing(tmp_path: Path) -> None:
     real = find_redis_server()
     wrapped = tmp_path / "redis-server"
-    # The last of an option given twice wins: a socket where none can be made.
-    wrapped.write_text(f'#!/bin/sh\nexec {real} "$@" --unixsocket {tmp_path}/none/redis.sock\n')
-    wrapped.chmod(0o755)
-    assert_fails_leaving_nothing(
-        ThrowawayRedis(binary=wrapped),
-        "redis-server did not start: .*Failed opening Unix socket: bind: No such file",
-    )
+    # The last of an option given twice wins: a socket where none can be made. Its path is
+    # short, as a socket's must be (under 108 bytes), wherever the tests run.
+    short = Path(tempfile.mkdtemp(prefix="r"))
+    try:
+        wrapped.write_text(f'#!/bin/sh\nexec {real} "$@" --unixsocket {short}/none/redis.sock\n')
+        wrapped.chmod(0o755)
+        assert_fails_leaving_nothing(
+            ThrowawayRedis(binary=wrapped),
+            "redis-server did not start: .*Failed opening Unix socket: bind: No such file",
+        )
+    finally:
+        short.rmdir()
 
 
 @needs_redis

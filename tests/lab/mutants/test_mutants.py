@@ -83,6 +83,7 @@ def test_an_acknowledgement_at_the_deadline_is_caught(report: dict[str, object])
     assert anomaly.startswith("probe acknowledgement_at_the_deadline: job deadline")
 
 
+@pytest.mark.slow
 def test_a_commit_that_was_never_synced_is_named_as_lost_work(
     everything: dict[str, object],
 ) -> None:
@@ -93,6 +94,7 @@ def test_a_commit_that_was_never_synced_is_named_as_lost_work(
     assert "crash campaign" not in caught_by(everything, "wal_without_fsync")
 
 
+@pytest.mark.slow
 def test_only_power_loss_catches_an_unsynced_directory(everything: dict[str, object]) -> None:
     evidence = caught_by(everything, "current_without_directory_sync")
     assert set(evidence) == {"power-loss campaign"}
