@@ -489,6 +489,7 @@ def test_a_replay_of_what_is_not_a_chaos_run_or_does_not_match_is_refused(
 
 
 @pytest.mark.slow
+@pytest.mark.quiet
 def test_a_failing_chaos_run_is_shrunk_to_a_schedule_rerun_k_of_n_times(
     tmp_path: Path, run_cli: RunCli
 ) -> None:
