@@ -48,7 +48,7 @@ from crashqueuelab.lab.bench.workers import (
     run_worker,
 )
 from crashqueuelab.lab.runs.inheritance import Inherited
-from crashqueuelab.lab.runs.interrupts import Interrupted, forkserver_context
+from crashqueuelab.lab.runs.interrupts import Interrupted, forkserver_context, start_owned
 from crashqueuelab.lab.runs.progress import Progress, labelled
 from crashqueuelab.lab.runs.readings import read_store
 from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
@@ -160,7 +160,7 @@ def run_config(
     ]
     try:
         for process in processes:
-            process.start()
+            start_owned(process)
         barrier.wait(timeout=WAIT_TIMEOUT_S)
         released = time.monotonic()
         reports: list[WorkerReport] = [results.get(timeout=WAIT_TIMEOUT_S * 5) for _ in processes]

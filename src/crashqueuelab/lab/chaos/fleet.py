@@ -36,7 +36,7 @@ from crashqueuelab.lab.faults.delivery import Record
 from crashqueuelab.lab.faults.network.plan import MAINTENANCE_PATH, RunNetwork, worker_path
 from crashqueuelab.lab.faults.signals import is_started, send_signal
 from crashqueuelab.lab.runs.inheritance import Inherited
-from crashqueuelab.lab.runs.interrupts import forkserver_context
+from crashqueuelab.lab.runs.interrupts import forkserver_context, start_owned
 from crashqueuelab.systems.contract import System
 
 #: A paused worker is continued once its jobs were taken over, or after this many lease
@@ -150,7 +150,7 @@ class ChaosRun:
             inherited=self.inherited(worker_path(slot.index)),
         )
         slot.process = self.context.Process(target=worker_main, args=(spec,), daemon=True)
-        slot.process.start()
+        start_owned(slot.process)
         slot.started_at = time.monotonic()
         self.state.workers.append(
             {
@@ -179,7 +179,7 @@ class ChaosRun:
             ),
             daemon=True,
         )
-        self.maintenance.start()
+        start_owned(self.maintenance)
 
     def respawn_maintenance(self) -> None:
         """Maintenance is never signalled, and ends by itself (status 0) once the work is

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from crashqueuelab.lab.runs.interrupts import forkserver_context
+from crashqueuelab.lab.runs.interrupts import forkserver_context, start_owned
 
 #: The exit status of a child killed at its crash point.
 CRASH_EXIT_CODE = 86
@@ -115,7 +115,7 @@ def spawn_child(
         name=f"crash child {case_dir.name}",
     )
     started = time.perf_counter()
-    child.start()
+    start_owned(child)
     try:
         child.join(timeout_s)
         timed_out = child.is_alive()

@@ -35,7 +35,7 @@ from crashqueuelab.lab.heartbeats.faults import HeartbeatFaults, Held, Running
 from crashqueuelab.lab.heartbeats.judge import Execution, judge, read_ledgers
 from crashqueuelab.lab.heartbeats.workers import WorkerSpec, failures, worker_main
 from crashqueuelab.lab.runs.inheritance import Inherited
-from crashqueuelab.lab.runs.interrupts import forkserver_context
+from crashqueuelab.lab.runs.interrupts import forkserver_context, start_owned
 from crashqueuelab.lab.runs.kinds import HEARTBEATS
 from crashqueuelab.lab.runs.promises import classify
 from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
@@ -241,7 +241,7 @@ def _work(
             for worker, ledger in plan.ledgers.items()
         }
         for process in processes.values():
-            process.start()
+            start_owned(process)
         try:
             while now() < plan.deadline:
                 if any(process.exitcode is not None for process in processes.values()):

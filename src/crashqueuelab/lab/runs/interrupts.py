@@ -19,13 +19,14 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.forkserver
+import multiprocessing.process
 import signal
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
 #: The exit status of an interrupted command (128 + SIGINT, as shells report it).
 EXIT_INTERRUPTED = 130
@@ -93,3 +94,23 @@ def forkserver_context(preload: Sequence[str]) -> multiprocessing.context.ForkSe
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
     return context
+
+
+class Startable(Protocol):
+    def start(self) -> None: ...
+
+
+#: Held while one of the lab's processes starts. Every start polls each child
+#: multiprocessing knows of, from whichever thread starts it (``process._cleanup``), and a
+#: fork server's child has its exit status read once: a poll from a second thread reads the
+#: end of the pipe instead and takes the child's exit for 255. Two cases of a campaign, or
+#: two reruns of a chaos schedule, start processes on two threads at once.
+_STARTING = threading.Lock()
+
+
+def start_owned(process: Startable) -> None:
+    """Start ``process`` and leave it to the thread that started it: no other thread's start
+    polls it, so its exit status is read once, by its owner (who joins it)."""
+    with _STARTING:
+        process.start()
+        vars(multiprocessing.process)["_children"].discard(process)
