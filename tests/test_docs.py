@@ -114,3 +114,31 @@ def test_the_docs_index_links_every_doc() -> None:
     for page in DOCS.glob("*.md"):
         if page.name != "README.md":
             assert f"]({page.name}" in index, f"docs/README.md does not link {page.name}"
+
+
+#: Paths the docs name that are the reader's own, not the project's.
+READERS_PATHS = {"myqueue/lab_adapter.py"}
+
+
+def test_every_python_file_the_docs_name_exists() -> None:
+    """A doc that names a module names one that is there: by its path (from the checkout,
+    or inside any package of src/ or tests/), or by its bare file name."""
+    root = DOCS.parent
+    files = [p for top in ("src", "tests", "scripts", "benchmarks", "examples")
+             for p in (root / top).rglob("*.py")]  # fmt: skip
+    relative = {path.relative_to(root).as_posix() for path in files}
+    names = {path.name for path in files}
+    missing = []
+    for doc in [root / "README.md", *sorted(DOCS.glob("*.md"))]:
+        for found in re.finditer(r"`([A-Za-z0-9_./-]+\.py)(?::\d+)?`", doc.read_text()):
+            named = found.group(1)
+            if named in READERS_PATHS:
+                continue
+            known = (
+                any(path == named or path.endswith("/" + named) for path in relative)
+                if "/" in named
+                else named in names
+            )
+            if not known:
+                missing.append(f"{doc.name}: {named}")
+    assert missing == []
