@@ -100,6 +100,11 @@ def milliseconds(text: str) -> float:
     return _finite_non_negative(text, "milliseconds")
 
 
+def timers(text: str) -> float:
+    """A non-negative number of a library's retry timers."""
+    return _finite_non_negative(text, "timers")
+
+
 def positive_number(text: str) -> float:
     """A finite number above zero (a multiple, a number of seconds)."""
     try:

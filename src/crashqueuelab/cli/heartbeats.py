@@ -15,11 +15,12 @@ from crashqueuelab.cli.common import (
     non_negative,
     positive,
     positive_number,
+    timers,
 )
 from crashqueuelab.cli.pages import html_report
 from crashqueuelab.cli.progress import progress_for
 from crashqueuelab.lab.faults.network.plan import NetworkPlan
-from crashqueuelab.lab.heartbeats.faults import WINDOW_TIMERS
+from crashqueuelab.lab.heartbeats.faults import STRIKE_AFTER_TIMERS, WINDOW_TIMERS
 from crashqueuelab.lab.heartbeats.run import (
     DEFAULT_JOBS,
     DEFAULT_WORK_TIMERS,
@@ -44,6 +45,7 @@ def _heartbeats(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
             latency_ms=args.latency_ms,
             window_ms=args.network_fault_ms,
         ),
+        strike_after_timers=args.network_fault_after_timers,
         progress=progress_for(args),
     )
     reasons = list(record["anomalies"])
@@ -130,4 +132,11 @@ def add_heartbeats_command(command: Command) -> None:
         type=milliseconds,
         default=None,
         help=f"how long each stall or partition lasts (default: {WINDOW_TIMERS:g} retry timers)",
+    )
+    group.add_argument(
+        "--network-fault-after-timers",
+        type=timers,
+        default=STRIKE_AFTER_TIMERS,
+        help="how long a job has worked, in retry timers, before a fault strikes its worker;"
+        f" default {STRIKE_AFTER_TIMERS:g}",
     )

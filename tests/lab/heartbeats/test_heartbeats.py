@@ -204,8 +204,13 @@ def test_heartbeats_too_slow_for_the_retry_timer_rerun_live_jobs_on_0_21_0_not_o
     assert {job["runs"] for job in fixed["jobs"].values()} == {1}
     assert fixed["ok"] is True
 
-    # Longer jobs, so that 0.21.0 hands jobs out again outside the stall too.
-    outcome = matrix("stalled", "--stalls", "1", "--work-timers", "6")
+    # Longer jobs, and the stall only once a job has worked 2.5 timers: 0.21.0 hands its
+    # jobs out again before the stall (at about one timer), which no stall explains; a stall
+    # from half a timer would cover that hand-out, and the judge puts a hand-out inside a
+    # stall down to the stall.
+    outcome = matrix(
+        "stalled", "--stalls", "1", "--work-timers", "6", "--network-fault-after-timers", "2.5"
+    )
     assert outcome.code == 0, outcome.stderr
     assert outcome.result["bisection"]["found"] == "0.24.0"
     old, fixed = runs("stalled", "0.21.0"), runs("stalled", "0.24.0")
@@ -265,6 +270,27 @@ def test_faults_strike_one_at_a_time_on_the_oldest_jobs_worker_once_it_worked_lo
         assert held["w1"] == [Held("stall", 100.8, 102.8), Held("partition", 103.0, 105.0)]
         assert held["w0"] == [Held("partition", 103.0, 105.0)]
         assert faults.report()["not_delivered"] == []
+
+
+def test_a_later_strike_waits_until_a_job_has_worked_that_many_timers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(SERVER_VARIABLES[0], "host=/nonexistent port=5432 dbname=x")
+    moment = [100.0]
+    plan = NetworkPlan(stalls=1, window_ms=2000)
+    with HeartbeatFaults(
+        plan, retry_after_s=1.0, started=100.0, strike_after_timers=2.5, clock=lambda: moment[0]
+    ) as faults:
+        faults.inherited("w0")
+        moment[0] = 102.4
+        faults.strike_due([Running("w0", 100.0)])  # 2.4 timers: not yet
+        assert faults.delivered == []
+        moment[0] = 102.5
+        faults.strike_due([Running("w0", 100.0)])
+        assert [(d["kind"], d["target"]) for d in faults.delivered] == [("stall", "w0")]
+        assert faults.report()["strike_after_timers"] == 2.5
+    with pytest.raises(InvalidInput, match="timers >= 0"):
+        HeartbeatFaults(plan, retry_after_s=1.0, started=0.0, strike_after_timers=-1.0)
 
 
 def test_a_heartbeat_run_holds_connections_it_never_loses_replies_or_resets_them() -> None:
@@ -366,10 +392,14 @@ def test_a_run_that_cannot_be_what_was_asked_is_refused_before_anything_is_writt
         heartbeats.run_heartbeats(tmp_path / "a", system=system, retry_after_s=0)
     with pytest.raises(InvalidInput, match="talks to no server"):
         heartbeats.run_heartbeats(tmp_path / "b", system=system, network=NetworkPlan(stalls=1))
+    with pytest.raises(InvalidInput, match="network_fault_after_timers"):
+        heartbeats.run_heartbeats(tmp_path / "b", system=system, strike_after_timers=-0.5)
     for option, value in (
         ("--work-timers", "soon"),
         ("--work-timers", "inf"),
         ("--retry-timer-s", "0"),
+        ("--network-fault-after-timers", "-1"),
+        ("--network-fault-after-timers", "later"),
     ):
         outcome = run_cli(
             "heartbeats",

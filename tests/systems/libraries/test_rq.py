@@ -61,8 +61,10 @@ def test_every_crash_point_but_the_documented_ones_passes(
 
 
 def test_a_power_cut_keeps_what_aof_always_answered_and_takes_it_without_persistence(
-    tmp_path: Path,
+    tmp_path: Path, redis_socket: str
 ) -> None:
+    # Each case starts a server of its own on the power-loss disk; the probe runs on the
+    # session's server, which must be named whatever ran before this test.
     from crashqueuelab.lab.faults.powerloss.disk import unavailable_reason
 
     reason = unavailable_reason()

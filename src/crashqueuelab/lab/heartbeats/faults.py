@@ -8,9 +8,10 @@ own on the fault proxy (``lab.network``), and the run holds connections while jo
   window;
 - ``latency_ms`` delays every byte of every path, all run long.
 
-One fault at a time, each once a job has worked for half a retry timer; the window lasts
-two retry timers unless told otherwise, so a held worker's heartbeat is older than the
-timer before the window ends. A fault the work ended before is recorded as not delivered.
+One fault at a time, each once a job has worked for half a retry timer (or as many timers as
+the run says: a later strike leaves room for what a library does on its own first); the
+window lasts two retry timers unless told otherwise, so a held worker's heartbeat is older
+than the timer before the window ends. A fault the work ended before is recorded as not delivered.
 """
 
 from __future__ import annotations
@@ -59,8 +60,11 @@ class HeartbeatFaults:
         *,
         retry_after_s: float,
         started: float,
+        strike_after_timers: float = STRIKE_AFTER_TIMERS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if not strike_after_timers >= 0:
+            raise InvalidInput("network_fault_after_timers", "must be a number of timers >= 0")
         if plan.lost_replies or plan.connection_resets:
             raise InvalidInput(
                 "network", "a heartbeat run holds connections; it has no lost replies or resets"
@@ -69,6 +73,7 @@ class HeartbeatFaults:
         window_ms = plan.window_ms if plan.window_ms is not None else WINDOW_TIMERS * retry_ms
         self.plan = replace(plan, window_ms=window_ms)
         self.retry_after_s = retry_after_s
+        self.strike_after_timers = strike_after_timers
         self._clock = clock
         self.network = RunNetwork(
             self.plan, dsn=run_dsn(), lease_ms=round(retry_ms), started=started, clock=clock
@@ -108,7 +113,7 @@ class HeartbeatFaults:
 
     @property
     def _strike_after(self) -> float:
-        return STRIKE_AFTER_TIMERS * self.retry_after_s
+        return self.strike_after_timers * self.retry_after_s
 
     def held(self) -> dict[str, list[Held]]:
         """Every worker's windows of held connection, in the proxy's time."""
@@ -122,6 +127,7 @@ class HeartbeatFaults:
 
     def report(self) -> dict[str, Any]:
         return self.network.report() | {
+            "strike_after_timers": self.strike_after_timers,
             "delivered": self.delivered,
             "not_delivered": [kind.value for kind in self.pending],
         }

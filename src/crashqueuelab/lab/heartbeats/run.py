@@ -31,7 +31,12 @@ from crashqueuelab.core.ids import RandomIds
 from crashqueuelab.core.retry import RetryPolicy
 from crashqueuelab.lab.faults.kinds import FaultKind
 from crashqueuelab.lab.faults.network.plan import NetworkPlan
-from crashqueuelab.lab.heartbeats.faults import HeartbeatFaults, Held, Running
+from crashqueuelab.lab.heartbeats.faults import (
+    STRIKE_AFTER_TIMERS,
+    HeartbeatFaults,
+    Held,
+    Running,
+)
 from crashqueuelab.lab.heartbeats.judge import Execution, judge, read_ledgers
 from crashqueuelab.lab.heartbeats.workers import WorkerSpec, failures, worker_main
 from crashqueuelab.lab.runs.inheritance import Inherited
@@ -110,12 +115,14 @@ def run_heartbeats(
     work_timers: float = DEFAULT_WORK_TIMERS,
     retry_after_s: float | None = None,
     network: NetworkPlan | None = None,
+    strike_after_timers: float = STRIKE_AFTER_TIMERS,
     progress: Callable[[str], None] | None = None,
     now: Callable[[], float] = time.monotonic,
 ) -> dict[str, Any]:
     """Run ``jobs`` jobs of ``work_timers`` retry timers each on ``workers`` processes of
     the library's own worker loop (its retry timer ``retry_after_s``, by default the
-    library worker's), with the ``network`` faults (``faults.py``); the record,
+    library worker's), with the ``network`` faults (``faults.py``), each striking once a job
+    has worked ``strike_after_timers`` retry timers; the record,
     also written to ``heartbeats.json``."""
     resolved = resolve_system(system)
     loop = resolved.library_worker
@@ -130,6 +137,8 @@ def run_heartbeats(
         raise InvalidInput("retry_timer_s", "must be a positive number of seconds")
     network = network or NetworkPlan()
     network.check()
+    if not strike_after_timers >= 0:
+        raise InvalidInput("network_fault_after_timers", "must be a number of timers >= 0")
     if network.active and resolved.server != "postgres":
         raise InvalidInput("network", f"{resolved.name} talks to no server: nothing to fault")
     prepare_output_directory(output_dir)
@@ -151,7 +160,7 @@ def run_heartbeats(
     )
     if progress is not None:
         progress(f"heartbeats {resolved.name}: {jobs} jobs of {work_s:g} s on {workers} workers")
-    worked = _work(plan, network, origin, now)
+    worked = _work(plan, network, strike_after_timers, origin, now)
     failed = failures(plan.ledgers, worked.exits)
     finished = now()
     executions = read_ledgers(plan.ledgers)
@@ -207,6 +216,7 @@ def run_heartbeats(
 def _work(
     plan: _Plan,
     network: NetworkPlan,
+    strike_after_timers: float,
     origin: float,
     now: Callable[[], float],
 ) -> _Worked:
@@ -217,7 +227,12 @@ def _work(
     with ExitStack() as stack:
         faults = (
             stack.enter_context(
-                HeartbeatFaults(network, retry_after_s=plan.retry_after_s, started=origin)
+                HeartbeatFaults(
+                    network,
+                    retry_after_s=plan.retry_after_s,
+                    started=origin,
+                    strike_after_timers=strike_after_timers,
+                )
             )
             if network.active
             else None

@@ -77,6 +77,9 @@ def _network_options(network: dict[str, Any] | None) -> str:
     options = [f" --{key} {plan[key]}" for key in ("stalls", "partitions") if plan[key]]
     if plan["latency_ms"]:
         options.append(f" --latency-ms {plan['latency_ms']:g}")
+    after = network.get("strike_after_timers")
+    if after is not None:
+        options.append(f" --network-fault-after-timers {after:g}")
     return "".join(options) + f" --network-fault-ms {plan['window_ms']:g}"
 
 
