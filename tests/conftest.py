@@ -40,13 +40,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # on several workers they share one, where the showcase runs once (before xdist's own
     # hook reads the groups, hence first), and they come first: the longest piece of work
     # starts while the other workers take the rest.
+    # The tests that share a module's fixture share a worker too: xdist would otherwise
+    # make the fixture (a whole run) again on each worker its tests land on.
     readers = []
     for item in items:
         if "showcase_run" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.showcase)
             item.add_marker(pytest.mark.xdist_group("showcase"))
             readers.append(item)
+        elif (shared := _module_fixture(item)) is not None:
+            item.add_marker(pytest.mark.xdist_group(shared))
     items[:] = readers + [item for item in items if item not in readers]
+
+
+def _module_fixture(item: pytest.Item) -> str | None:
+    """The first module-scoped fixture ``item`` uses, as ``module::fixture``, or None."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return None
+    for name in info.names_closure:
+        for definition in info.name2fixturedefs.get(name, ()):
+            if definition.scope == "module":
+                return f"{item.module.__name__}::{name}"  # type: ignore[attr-defined]
+    return None
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
