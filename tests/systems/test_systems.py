@@ -4,13 +4,16 @@ reported with the anomaly named (job and what happened), never with a traceback.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from crashqueuelab import cli
 from crashqueuelab.core.errors import SystemUnavailable
-from crashqueuelab.systems import resolve_system
+from crashqueuelab.systems import OpenRequest, QueueClient, System, resolve_system
+from crashqueuelab.systems.contract import Claim
+from crashqueuelab.systems.sqlite import SqliteClient, sqlite_system
 from tests.conftest import EXAMPLES, RunCli
 
 
@@ -325,3 +328,34 @@ def test_a_declared_crash_point_never_reached_says_so_and_names_the_points_reach
     [case] = [case for case in report["cases"] if case["fault_point"] == "compact:after"]
     assert case["points_reached"][:2] == ["submit:before", "submit:after"]
     assert all(c["points_reached"] is None for c in report["cases"] if c["died_at_fault_point"])
+
+
+class _HeartbeatRaisingClient(SqliteClient):
+    def heartbeat(self, claim: Claim, lease_us: int) -> bool:
+        raise RuntimeError("the queue's heartbeat is broken")
+
+
+def heartbeat_raising_system() -> System:
+    """sqlite, but every heartbeat raises."""
+
+    def open_raising(request: OpenRequest) -> QueueClient:
+        client = sqlite_system().open(request)
+        assert isinstance(client, SqliteClient)
+        return _HeartbeatRaisingClient(client.queue)
+
+    return replace(sqlite_system(), name="sqlite-heartbeat-raising", open=open_raising)
+
+
+def test_a_heartbeat_that_raises_in_a_crash_child_is_named_in_its_case(
+    tmp_path: Path, run_cli: RunCli
+) -> None:
+    outcome = run_cli(
+        "campaign", "--system", "tests.systems.test_systems:heartbeat_raising_system",
+        "--crash-point", "AFTER_HEARTBEAT_COMMIT", "--probe", "idempotent_submit", "--seed", "3",
+        "--shrink-seconds", "0", "--output-directory", str(tmp_path / "c"),
+    )  # fmt: skip
+    assert outcome.code == cli.EXIT_REJECTED, outcome.result
+    (reason,) = outcome.result["reasons"]
+    assert reason.startswith("case 01-after-heartbeat-commit: exit 1")
+    assert "the system's heartbeat raised RuntimeError: the queue's heartbeat is broken" in reason
+    assert "never reached" not in reason

@@ -15,7 +15,14 @@ from crashqueuelab.lab.workloads.handlers import (
     SYNTHETIC_FLAKY,
     synthetic_handlers,
 )
-from crashqueuelab.lab.workloads.worker import JobContext, Worker, WorkOutcome, describe_error
+from crashqueuelab.lab.workloads.worker import (
+    ClientRaised,
+    JobContext,
+    Worker,
+    WorkOutcome,
+    describe_error,
+)
+from crashqueuelab.systems.contract import Claim
 from crashqueuelab.systems.sqlite import SqliteClient
 from tests.conftest import LEASE_US, QueueFactory
 
@@ -134,3 +141,29 @@ def test_error_text_is_cut_to_the_store_bound() -> None:
     text = describe_error(ValueError("x" * 10_000))
     assert len(text) == 8192
     assert text.endswith("...")
+
+
+class _HeartbeatRaises(SqliteClient):
+    def heartbeat(self, claim: Claim, lease_us: int) -> bool:
+        raise RuntimeError("the queue's heartbeat is broken")
+
+
+def test_a_heartbeat_that_raises_is_the_systems_failure_never_the_jobs(
+    queue: DurableQueue, ledger: EffectLedger
+) -> None:
+    job = queue.submit(
+        idempotency_key="k",
+        job_type=SYNTHETIC_EFFECT,
+        payload={"effect_key": "e", "value": 3, "heartbeats": 1},
+    ).job
+    worker = Worker(
+        _HeartbeatRaises(queue),
+        worker_id="w",
+        handlers=synthetic_handlers(ledger),
+        lease_duration_us=LEASE_US,
+    )
+    with pytest.raises(ClientRaised, match="heartbeat raised RuntimeError: the queue's heartbeat"):
+        worker.run_once()
+    # Not settled as a failed attempt: the job is still held, nothing was written.
+    assert [e.event_type.value for e in queue.history(job.job_id)] == ["SUBMITTED", "CLAIMED"]
+    assert ledger.counts_by_key() == {}

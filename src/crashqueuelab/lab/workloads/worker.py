@@ -42,6 +42,16 @@ class LeaseLost(Exception):
     """Raised inside a handler when a heartbeat finds the lease gone."""
 
 
+class ClientRaised(Exception):
+    """Raised inside a handler when the system's own heartbeat call raised: the system's
+    failure, which must reach whoever runs the worker, never a failure of the job."""
+
+    def __init__(self, call: str, error: Exception) -> None:
+        self.call = call
+        self.error = error
+        super().__init__(f"the system's {call} raised {type(error).__name__}: {error}")
+
+
 @dataclass(frozen=True)
 class JobContext:
     """What a handler gets: the claim, and a way to extend its lease where the system can."""
@@ -123,7 +133,11 @@ class Worker:
     def _heartbeat(self, claim: Claim) -> None:
         if self.before_heartbeat is not None:
             self.before_heartbeat()
-        if not self.client.heartbeat(claim, self.lease_duration_us):
+        try:
+            live = self.client.heartbeat(claim, self.lease_duration_us)
+        except Exception as error:
+            raise ClientRaised("heartbeat", error) from error
+        if not live:
             raise LeaseLost(f"{claim.job_id}: lease {claim.token} is no longer live")
 
     def execute(self, claim: Claim) -> str | None:
@@ -134,6 +148,8 @@ class Worker:
         heartbeat = (lambda: self._heartbeat(claim)) if self.heartbeats else None
         try:
             handler(JobContext(claim=claim, heartbeat=heartbeat))
+        except ClientRaised:
+            raise
         except Exception as error:  # a handler's failure is data; BaseException is not
             return describe_error(error)
         return None
