@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,9 @@ from crashqueuelab.lab.chaos.run import run_chaos
 from crashqueuelab.lab.chaos.schedule import plan
 from crashqueuelab.lab.chaos.worklog import SHARED_COMMIT_COUNTS, WorkerLog
 from crashqueuelab.lab.faults.kinds import FaultKind
-from crashqueuelab.systems import resolve_system
+from crashqueuelab.systems import OpenRequest, QueueClient, System, resolve_system
+from crashqueuelab.systems.contract import Claim, Verdict
+from crashqueuelab.systems.sqlite import SqliteClient, sqlite_system
 from tests.conftest import RunCli
 
 
@@ -563,3 +567,72 @@ def test_a_missing_job_names_the_worker_whose_log_ends_holding_it() -> None:
     )
     # Two such jobs and one open claim call: the logs explain neither.
     assert "job-y" not in _last_holders(logs, ["job-x", "job-y"])
+
+
+#: An opaque token as an adapter may make one: spaces, a line break, percent signs.
+SPACED = "lease of %s: it\nhas spaces "
+
+
+def test_a_log_line_keeps_any_opaque_token_and_key() -> None:
+    from crashqueuelab.lab.chaos.worklog import lease_line
+
+    log = WorkerLog()
+    log.add(lease_line("claim", "job 1", SPACED % "x", 2.0, 1.5))
+    log.add(lease_line("acking", "job 1", SPACED % "x", 3.0))
+    log.add(lease_line("ack", "job 1", SPACED % "x", 3.5))
+    assert log.claims == log.acks == [("job 1", SPACED % "x")]
+    assert log.claim_asked == {("job 1", SPACED % "x"): 1.5}
+    assert log.ack_times == [3.5]
+
+
+class _SpacedTokenClient(SqliteClient):
+    """The SQLite queue one claim and one acknowledgement at a time, its tokens wrapped in
+    spaces and a line break."""
+
+    def claim(self, worker_id: str, lease_us: int) -> Claim | None:
+        claim = super().claim(worker_id, lease_us)
+        return None if claim is None else replace(claim, token=SPACED % claim.token)
+
+    def claim_many(self, worker_id: str, lease_us: int, limit: int) -> list[Claim]:
+        claim = self.claim(worker_id, lease_us)
+        return [] if claim is None else [claim]
+
+    def _plain(self, claim: Claim) -> Claim:
+        plain = claim.token.removeprefix("lease of ").removesuffix(": it\nhas spaces ")
+        return replace(claim, token=plain)
+
+    def heartbeat(self, claim: Claim, lease_us: int) -> bool:
+        return super().heartbeat(self._plain(claim), lease_us)
+
+    def succeed(self, claim: Claim) -> Verdict:
+        return super().succeed(self._plain(claim))
+
+    def succeed_many(self, claims: Sequence[Claim]) -> list[Verdict]:
+        return [self.succeed(claim) for claim in claims]
+
+    def fail(self, claim: Claim, error: str) -> Verdict:
+        return super().fail(self._plain(claim), error)
+
+
+def spaced_token_system() -> System:
+    def open_spaced(request: OpenRequest) -> QueueClient:
+        client = sqlite_system().open(request)
+        assert isinstance(client, SqliteClient)
+        return _SpacedTokenClient(client.queue)
+
+    plain = sqlite_system()
+    capabilities = replace(plain.capabilities, batching=False, chained=False, carried=False)
+    return replace(plain, name="sqlite-spaced-tokens", open=open_spaced, capabilities=capabilities)
+
+
+def test_chaos_counts_the_acknowledgements_of_a_system_whose_tokens_have_spaces(
+    tmp_path: Path, run_cli: RunCli
+) -> None:
+    outcome = run_cli(
+        "chaos", "--system", "tests.lab.chaos.test_chaos:spaced_token_system", "--seed", "2",
+        "--jobs", "60", "--kills", "2", "--pauses", "0", "--quiet",
+        "--output-directory", str(tmp_path / "c"),
+    )  # fmt: skip
+    assert outcome.code == 0, outcome.result["reasons"]
+    accounting = outcome.result["accounting"]
+    assert (accounting["lost"], accounting["acknowledged_twice"]) == (0, 0)

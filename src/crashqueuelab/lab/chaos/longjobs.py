@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
+from crashqueuelab.lab.chaos.worklog import lease_line
 from crashqueuelab.systems.contract import Claim, QueueClient
 
 #: Long jobs among a chaos run's jobs unless told otherwise (where the system heartbeats).
@@ -70,9 +71,9 @@ def work_long(
             alive = client.heartbeat(claim, lease_us)
             answered = now()
             if alive:
-                log.write(f"heartbeat {claim.key} {claim.token} {answered:.6f} {asked:.6f}\n")
+                log.write(lease_line("heartbeat", claim.key, claim.token, answered, asked))
                 kept.append(claim)
             else:
-                log.write(f"stale {claim.key} {claim.token} {answered:.6f}\n")
+                log.write(lease_line("stale", claim.key, claim.token, answered))
         held = kept
     return held

@@ -23,7 +23,7 @@ from crashqueuelab.core.ids import RandomIds
 from crashqueuelab.core.retry import RetryPolicy
 from crashqueuelab.lab.chaos.longjobs import work_long
 from crashqueuelab.lab.chaos.poison import DIE, behaviour
-from crashqueuelab.lab.chaos.worklog import SHARED_COMMIT_COUNTS
+from crashqueuelab.lab.chaos.worklog import SHARED_COMMIT_COUNTS, lease_line
 from crashqueuelab.lab.runs.inheritance import Inherited
 from crashqueuelab.lab.runs.interrupts import ignore_interrupts
 from crashqueuelab.lab.workloads.effects import Destination, EffectLedger
@@ -128,13 +128,14 @@ def _handle_poison(client: QueueClient, claims: list[Claim], log: TextIO) -> lis
         if ending is None:
             normal.append(claim)
         elif ending == DIE:
-            log.write(f"poisoned {claim.key} {claim.token} {time.monotonic():.6f}\n")
+            log.write(lease_line("poisoned", claim.key, claim.token, time.monotonic()))
             log.flush()
             os.kill(os.getpid(), signal.SIGKILL)
         else:
-            log.write(f"acking {claim.key} {claim.token} {time.monotonic():.6f}\n")
+            log.write(lease_line("acking", claim.key, claim.token, time.monotonic()))
             verdict = client.fail(claim, "poisoned: every attempt of this job fails")
-            log.write(f"failed-{verdict.value} {claim.key} {claim.token} {time.monotonic():.6f}\n")
+            failed = f"failed-{verdict.value}"
+            log.write(lease_line(failed, claim.key, claim.token, time.monotonic()))
     return normal
 
 
@@ -201,7 +202,7 @@ def _work(spec: WorkerSpec) -> None:
                     continue
                 for claim in claims:
                     got = time.monotonic()
-                    log.write(f"claim {claim.key} {claim.token} {got:.6f} {asked:.6f}\n")
+                    log.write(lease_line("claim", claim.key, claim.token, got, asked))
                 # A poison job's handler dies or fails before any effect.
                 claims = _handle_poison(client, claims, log)
                 claims = work_long(client, claims, spec.lease_us / 1_000_000, log)
@@ -217,7 +218,7 @@ def _work(spec: WorkerSpec) -> None:
                             worker_id=spec.worker_id,
                         )
                 for claim in claims:
-                    log.write(f"acking {claim.key} {claim.token} {time.monotonic():.6f}\n")
+                    log.write(lease_line("acking", claim.key, claim.token, time.monotonic()))
                 try:
                     verdicts = _succeed(client, spec, claims)
                 except OutcomeUnknown:
@@ -227,7 +228,7 @@ def _work(spec: WorkerSpec) -> None:
                 answered = time.monotonic()
                 shared.note()
                 for claim, verdict in zip(claims, verdicts, strict=True):
-                    log.write(f"{_answer(verdict)} {claim.key} {claim.token} {answered:.6f}\n")
+                    log.write(lease_line(_answer(verdict), claim.key, claim.token, answered))
     finally:
         client.close()
 

@@ -19,7 +19,9 @@ BY APPLIED RERUN T`` where the system
 shares commits between processes (group commit): once with zeros when the worker starts,
 then whenever a call changed the counts, by how much (``SHARED_COMMIT_COUNTS``, in order).
 ``T`` is ``time.monotonic()``, one clock for every process of the machine, so the report can
-place every line on the run's timeline.
+place every line on the run's timeline. ``KEY`` and ``TOKEN`` are written percent-encoded
+(``word``): the contract calls a token opaque, and one with a space or a line break in it
+must not split a line.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote, unquote
 
 LOG_SUFFIX = ".log"
 #: The counts a ``commits`` line carries, in order (``CommitSharingClient``).
@@ -38,6 +41,20 @@ SHARED_COMMIT_COUNTS = (
     "carrier_vanished_applied",
     "carrier_vanished_rerun",
 )
+
+
+def word(text: str) -> str:
+    """``text`` as one word of a log line, whatever characters it holds."""
+    return quote(text, safe="")
+
+
+def lease_line(what: str, key: str, token: str, *times: float) -> str:
+    """One line about a lease: ``WHAT KEY TOKEN T...``, key and token as words."""
+    return " ".join([what, word(key), word(token), *(f"{at:.6f}" for at in times)]) + "\n"
+
+
+def _text(logged: str) -> str:
+    return unquote(logged)
 
 
 @dataclass
@@ -92,6 +109,8 @@ class WorkerLog:
                     self.idle_at = float(parts[1])
                 except ValueError:
                     continue
+            if len(parts) >= 3 and parts[0] != "commits":
+                parts[1:3] = [_text(parts[1]), _text(parts[2])]
             if len(parts) == 5 and parts[0] == "heartbeat":
                 with contextlib.suppress(ValueError):
                     self.extended_asked[(parts[1], parts[2])] = float(parts[4])
