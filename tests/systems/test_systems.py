@@ -186,7 +186,10 @@ def test_a_queue_that_raises_is_reported_and_the_run_stops(tmp_path: Path, run_c
     assert outcome.code == cli.EXIT_REJECTED
     assert "Traceback" not in outcome.stderr
     assert outcome.result["anomalies"][0].endswith("RuntimeError: the queue's claim is broken")
-    assert outcome.result["accounting"]["lost"] == 50
+    accounting = outcome.result["accounting"]
+    # Every job is still queued: the work stalled, and nothing is said to be lost.
+    assert (accounting["lost"], accounting["unfinished"]) == (0, 50)
+    assert "unfinished: 50" in outcome.result["reasons"]
     outcome = run_cli(
         "campaign", "--system", "broken_adapters:raising_system", "--seed", "3",
         "--shrink-seconds", "0", "--output-directory", str(tmp_path / "c"),

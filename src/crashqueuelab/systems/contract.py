@@ -472,12 +472,18 @@ class System:
     distribution: str | None = None
     #: The library's own worker loop, where the lab can run it (the heartbeat experiment).
     library_worker: LibraryWorker | None = None
+    #: How long, on the wall clock, the system may take to hand out again the jobs a dead
+    #: or stopped worker held, once its lease has run out (a sweeper's period, say): chaos
+    #: waits this much longer for progress, per recovery a poison job needs, before it says
+    #: the work stalled. 0: recovery follows the lease alone.
+    recovery_s: float = 0.0
 
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "version": self.version,
             "durability": self.durability,
+            "recovery_s": self.recovery_s,
             "capabilities": self.capabilities.to_json(),
             "crash_points": len(self.crash_points),
             "independent_reader": self.reader is not None,

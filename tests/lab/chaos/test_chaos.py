@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from crashqueuelab import DurableQueue
 from crashqueuelab.lab.chaos.accounting import judge_run
 from crashqueuelab.lab.chaos.run import run_chaos
 from crashqueuelab.lab.chaos.schedule import plan
@@ -137,6 +139,9 @@ def test_the_accounting_notices_lost_duplicated_and_unexpected_work(
     )
     conn.commit()
     conn.close()
+    # A job the store still holds, never finished: the run's stall, not a loss.
+    with DurableQueue(copies["store/queue.sqlite"]) as queue:
+        queue.submit(idempotency_key="chaos-999998", job_type="synthetic.effect", payload={})
     # Two workers were both told that their acknowledgement of one job was accepted.
     (tmp_path / "logs" / "worker-0.1.log").write_text(
         "claim chaos-000007 t1 1.0\nacking chaos-000007 t1 1.1\nack chaos-000007 t1 1.2\n"
@@ -144,7 +149,7 @@ def test_the_accounting_notices_lost_duplicated_and_unexpected_work(
     (tmp_path / "logs" / "worker-1.1.log").write_text(
         "claim chaos-000007 t2 2.0\nacking chaos-000007 t2 2.1\nack chaos-000007 t2 2.2\n"
     )
-    keys = [f"chaos-{n:06d}" for n in range(600)] + ["chaos-999999"]
+    keys = [f"chaos-{n:06d}" for n in range(600)] + ["chaos-999998", "chaos-999999"]
     verdict = judge_run(
         system=resolve_system("sqlite"),
         store=tmp_path / "store",
@@ -158,9 +163,14 @@ def test_the_accounting_notices_lost_duplicated_and_unexpected_work(
     assert verdict["unexpected"] == 1
     assert verdict["lost"] == 1
     assert verdict["lost_keys"] == ["chaos-999999"]
+    assert (verdict["unfinished"], verdict["unfinished_keys"]) == (1, ["chaos-999998"])
     assert verdict["acknowledged_twice"] == 1
     anomalies = "\n".join(verdict["anomalies"])
     assert "job chaos-999999: missing from the store (lost)" in anomalies
+    assert (
+        "job chaos-999998: still QUEUED after the run (unfinished, not lost: the store holds it)"
+        in anomalies
+    )
     assert "effect never-submitted: for a job never submitted" in anomalies
     assert (
         "job chaos-000007: acknowledged 2 times, by worker-0.1 (lease t1), worker-1.1 (lease t2)"
@@ -636,3 +646,47 @@ def test_chaos_counts_the_acknowledgements_of_a_system_whose_tokens_have_spaces(
     assert outcome.code == 0, outcome.result["reasons"]
     accounting = outcome.result["accounting"]
     assert (accounting["lost"], accounting["acknowledged_twice"]) == (0, 0)
+
+
+def test_the_stall_grace_is_ten_leases_and_a_recovery_per_poison_attempt() -> None:
+    from crashqueuelab.lab.chaos.drive import STALL_GRACE_MIN_S, stall_grace_s
+
+    assert stall_grace_s(100, 0.0) == STALL_GRACE_MIN_S
+    assert stall_grace_s(2_000, 0.0) == 20.0
+    assert stall_grace_s(300, 4.0) == STALL_GRACE_MIN_S + 12.0
+
+
+class _SlowSweeper(SqliteClient):
+    """Recovery on the wall clock: a sweep hands expired leases back at most every 2 s."""
+
+    last_sweep = 0.0
+
+    def recover(self) -> int:
+        if time.monotonic() - self.last_sweep < SWEEP_S:
+            return 0
+        self.last_sweep = time.monotonic()
+        return super().recover()
+
+
+SWEEP_S = 2.0
+
+
+def slow_sweeper_system() -> System:
+    def open_slow(request: OpenRequest) -> QueueClient:
+        client = sqlite_system().open(request)
+        assert isinstance(client, SqliteClient)
+        return _SlowSweeper(client.queue)
+
+    return replace(sqlite_system(), name="sqlite-slow-sweeper", open=open_slow, recovery_s=SWEEP_S)
+
+
+def test_a_recovery_that_runs_on_the_wall_clock_is_waited_for_as_the_system_declares(
+    tmp_path: Path, run_cli: RunCli
+) -> None:
+    outcome = run_cli(
+        "chaos", "--system", "tests.lab.chaos.test_chaos:slow_sweeper_system", "--seed", "5",
+        "--jobs", "80", "--kills", "3", "--pauses", "0", "--lease-ms", "200", "--quiet",
+        "--output-directory", str(tmp_path / "c"),
+    )  # fmt: skip
+    assert outcome.code == 0, outcome.result["reasons"]
+    assert outcome.result["system"]["recovery_s"] == SWEEP_S

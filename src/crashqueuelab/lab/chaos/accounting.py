@@ -1,6 +1,7 @@
 """Jepsen-style accounting of a finished chaos run, from the retained files alone.
 
-Every submitted job must end succeeded (nothing lost, nothing dead-lettered), every
+Every submitted job must end succeeded (nothing lost from the store, nothing left
+unfinished in it, nothing dead-lettered), every
 succeeded job must have exactly one durable effect in the idempotent ledger (nothing
 duplicated, nothing missing), no ledger may hold an effect for a job that was never
 submitted, the store must pass its system's independent reader, no job may have been
@@ -157,7 +158,8 @@ def judge_run(
     anomalies = (
         [f"job {key}: missing from the store (lost{holders.get(key, '')})" for key in missing]
         + [
-            f"job {key}: still {stored[key].native_state} after the run (lost)"
+            f"job {key}: still {stored[key].native_state} after the run (unfinished, not lost:"
+            " the store holds it)"
             for key in unfinished
         ]
         + [f"job {key}: dead-lettered" for key in dead]
@@ -172,13 +174,17 @@ def judge_run(
         + poison_anomalies
         + [f"judge: {problem}" for problem in reading.problems]
     )
-    lost = len(missing) + len(unfinished)
+    # Lost is gone from the store; a job the store still holds that never finished is the
+    # run's stall (liveness), never counted as lost.
+    lost = len(missing)
     result = {
         "submitted": len(submitted),
         "succeeded": len(succeeded),
         "dead": len(dead),
         "lost": lost,
-        "lost_keys": missing + unfinished,
+        "lost_keys": missing,
+        "unfinished": len(unfinished),
+        "unfinished_keys": unfinished,
         "unexpected": len(unexpected),
         "duplicated_effects": sum(effect_counts[key] - 1 for key in duplicated),
         "effects_missing": len(effects_missing),
@@ -208,6 +214,7 @@ def judge_run(
     }
     result["ok"] = (
         lost == 0
+        and not unfinished
         and not dead
         and not duplicated
         and not effects_missing

@@ -33,6 +33,9 @@ PROGRESS_EVERY_S = 5.0
 #: a poison job, or never lets a long job finish, must not hold the run for its deadline.
 STALL_GRACE_LEASES = 10
 STALL_GRACE_MIN_S = 5.0
+#: How many of the system's declared recoveries the grace makes room for: a poison job
+#: needs one after each of its attempts (three) before it reaches its limit.
+RECOVERIES_WAITED = 3
 
 
 class _Target:
@@ -113,6 +116,15 @@ def run_workers(
         run.shut_down(drain=run.state.gave_up is None)
 
 
+def stall_grace_s(lease_ms: int, recovery_s: float) -> float:
+    """How long a run waits without an acknowledgement before it says the work stalled: ten
+    leases (at least ``STALL_GRACE_MIN_S``), plus the recovery time the system declares for
+    each of the recoveries a poison job needs to reach its limit, so a recovery that runs on
+    the wall clock gets to finish."""
+    floor = max(STALL_GRACE_MIN_S, STALL_GRACE_LEASES * lease_ms / 1000)
+    return floor + RECOVERIES_WAITED * recovery_s
+
+
 def _stalled(run: ChaosRun, watcher: Watcher, jobs: int) -> bool:
     """Whether no job was acknowledged for so long that the jobs still holding the run up
     will not end; then the run stops waiting, and says why.
@@ -124,7 +136,7 @@ def _stalled(run: ChaosRun, watcher: Watcher, jobs: int) -> bool:
     if run.progress_seen is None or done != run.progress_seen[0]:
         run.progress_seen = (done, now)
         return False
-    grace = max(STALL_GRACE_MIN_S, STALL_GRACE_LEASES * run.lease_ms / 1000)
+    grace = stall_grace_s(run.lease_ms, run.system.recovery_s)
     if now - run.progress_seen[1] < grace:
         return False
     if done >= jobs:

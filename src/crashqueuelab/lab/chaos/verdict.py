@@ -37,7 +37,14 @@ def reasons(
                 f"{count - landed} of {count} planned {kind.value}s not delivered"
                 " (the work ended first or no worker could be hit)"
             )
-    for name in ("lost", "dead", "unexpected", "duplicated_effects", "effects_missing"):
+    for name in (
+        "lost",
+        "unfinished",
+        "dead",
+        "unexpected",
+        "duplicated_effects",
+        "effects_missing",
+    ):
         if accounting[name]:
             reasons.append(f"{name.replace('_', ' ')}: {accounting[name]}")
     if accounting["acknowledged_twice"]:
@@ -95,8 +102,8 @@ def promises(
     chosen: System, crash_mode: str, report: dict[str, Any], gave_up: str | None
 ) -> dict[str, Any]:
     """The run against the system's own promises, judged job by job (the reasons' counts
-    say "lost" of a job still held, too) with the run's stall; a fault the schedule could
-    not deliver says nothing of the system."""
+    say "unfinished" of a job the store still holds) with the run's stall; a fault the
+    schedule could not deliver says nothing of the system."""
     judged = list(report["anomalies"])
     if not report["finished_in_time"]:
         judged.append(gave_up or "the work did not finish before the deadline")

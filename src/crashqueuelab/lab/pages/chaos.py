@@ -215,8 +215,9 @@ def _chaos_figures(
             "",
         ),
         (
-            "lost, dead, unexpected",
-            f"{accounting['lost']}, {accounting['dead']}, {accounting['unexpected']}",
+            "lost, unfinished, dead, unexpected",
+            f"{accounting['lost']}, {accounting.get('unfinished', 0)}, {accounting['dead']},"
+            f" {accounting['unexpected']}",
             "must be 0",
         ),
         (
