@@ -250,11 +250,16 @@ class Capabilities:
     checkpoint: bool  # checkpoint() does durable work with crash points of its own
     chained: bool = False  # the client is a ChainingClient
     carried: bool = False  # the client is a CarrierStaging: another writer carries its calls
+    #: Two clients of different stores may be open in one process and called from two
+    #: threads at once (the campaign judges two cases at a time in its own process); False
+    #: for a library with process-wide configuration: the lab then takes one case at a time.
+    concurrent_stores: bool = True
 
     def to_json(self) -> dict[str, bool]:
         return {
             "chained": self.chained,
             "carried": self.carried,
+            "concurrent_stores": self.concurrent_stores,
             "fencing_tokens": self.fencing_tokens,
             "heartbeats": self.heartbeats,
             "several_processes": self.several_processes,

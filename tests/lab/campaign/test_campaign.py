@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from crashqueuelab.lab.mutants.catalog import MUTANTS
 from crashqueuelab.lab.showcase import summarize
 from crashqueuelab.lab.workloads.scenario import run_campaign_workload
 from crashqueuelab.systems import CrashPoint, System, resolve_system
-from tests.conftest import RunCli
+from tests.conftest import EXAMPLES, RunCli
 
 SQLITE = resolve_system("sqlite")
 WALQUEUE = resolve_system("walqueue")
@@ -266,3 +267,33 @@ def test_a_child_that_died_of_an_error_says_which(tmp_path: Path) -> None:
     silent = death_record("c", point, failed, None, tmp_path)
     assert silent["child_error"] is None
     assert death_summary(silent) == "exit 1, last words None"
+
+
+def test_a_system_without_concurrent_stores_gets_its_cases_one_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from crashqueuelab.lab.campaign import run as campaign_run
+
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    seen: list[int] = []
+    real = campaign_run._run_cases
+
+    def counting(*args: Any) -> list[dict[str, Any]]:
+        seen.append(args[-1])
+        return real(*args)
+
+    monkeypatch.setattr(campaign_run, "_run_cases", counting)
+    for spec in ("tiny_adapter:tiny_system", "tests.lab.campaign.test_campaign:one_store_system"):
+        campaign_run.run_campaign(
+            tmp_path / spec.replace(":", "-"), seed=1, system=spec,
+            crash_points=["claim:after"], probes=[],
+        )  # fmt: skip
+    assert seen == [campaign_run.CASES_AT_ONCE, 1]
+
+
+def one_store_system() -> System:
+    from tiny_adapter import tiny_system
+
+    plain = tiny_system()
+    capabilities = replace(plain.capabilities, concurrent_stores=False)
+    return replace(plain, name="tinyqueue-one-store", capabilities=capabilities)

@@ -400,7 +400,7 @@ def run_campaign(
     # waiting for its child: two at a time keep both cores busy without changing any result.
     # A server system's power-loss cases each name their own server to this process, so
     # they take turns.
-    at_once = CASES_AT_ONCE
+    at_once = CASES_AT_ONCE if chosen.capabilities.concurrent_stores else 1
     with ExitStack() as resources:
         runner: CaseRunner = run_case
         if crash_mode == POWER_LOSS and chosen.server == "redis":
