@@ -143,7 +143,7 @@ def test_the_sqlite_queue_passes_every_probe_on_every_path_it_declares(tmp_path:
         (
             "attempts_latest_deadline_is_largest",
             "self_reports_match_what_holders_were_told",
-            "deadline reported 1006250000, told 1001750000",
+            "deadline reported 1006251000, told 1001751000",
         ),
     ],
 )
@@ -156,3 +156,24 @@ def test_a_planted_bug_on_a_path_only_a_new_probe_drives_fails_it(
     failed = verdicts(system, tmp_path)
     assert probe in failed
     assert words in failed[probe]
+
+
+class _DueAfterItsInstant(ReferenceClient):
+    """A queue that hands a job out only strictly after the instant it was enqueued."""
+
+    enqueued_at = -1
+
+    def submit(self, job: JobSpec) -> str:
+        self.enqueued_at = self.clock.now_us()
+        return super().submit(job)
+
+    def claim(self, worker_id: str, lease_us: int) -> Claim | None:
+        if self.clock.now_us() <= self.enqueued_at:
+            return None
+        return super().claim(worker_id, lease_us)
+
+
+def test_every_probe_lets_time_pass_between_a_submission_and_its_claim(tmp_path: Path) -> None:
+    results = run_probes(reference_system(_DueAfterItsInstant), tmp_path)
+    failed = [(result["name"], result["detail"]) for result in results if result["ok"] is False]
+    assert failed == []

@@ -11,6 +11,11 @@ from crashqueuelab.lab.workloads.scenario import LEASE_US, RETRY
 from crashqueuelab.systems.contract import Claim, JobSpec, QueueClient, Verdict
 
 
+#: How far the probe's clock moves after each submission: some libraries hand out a job
+#: only strictly after the instant it was enqueued (``eta < now``).
+SUBMIT_SETTLE_US = 1_000
+
+
 class ProbeFailed(Exception):
     """Raised inside a probe when the system accepted what it must refuse."""
 
@@ -30,7 +35,12 @@ class _Bench:
     def job(self, key: str, *, max_attempts: int = 3) -> JobSpec:
         spec = JobSpec(key=key, job_type="probe", payload={"probe": key}, max_attempts=max_attempts)
         self.client.submit(spec)
+        self.settle()
         return spec
+
+    def settle(self) -> None:
+        """Let the time a submission needs before its job is due pass."""
+        self.clock.advance(SUBMIT_SETTLE_US)
 
     def claim(self, worker_id: str, key: str) -> Claim:
         claim = self.client.claim(worker_id, LEASE_US)

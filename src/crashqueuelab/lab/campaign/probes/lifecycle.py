@@ -11,6 +11,7 @@ from crashqueuelab.systems.contract import JobSpec, Verdict
 def idempotent_submit(bench: _Bench) -> str:
     spec = JobSpec(key="twice", job_type="probe", payload={"n": 1})
     first, second = bench.client.submit(spec), bench.client.submit(spec)
+    bench.settle()
     if first != second:
         raise ProbeFailed(f"job twice: the same key made two jobs, {first} and {second}")
     claim = bench.claim("worker-a", "twice")
@@ -19,6 +20,7 @@ def idempotent_submit(bench: _Bench) -> str:
         raise ProbeFailed("job twice: a second job was claimable after one submission key")
     # A producer that retries after the job finished must get the finished job back.
     third = bench.client.submit(spec)
+    bench.settle()
     again = bench.client.claim("worker-a", LEASE_US)
     if third != first or again is not None:
         raise ProbeFailed(
