@@ -10,7 +10,6 @@ from crashqueuelab.core.clock import ManualClock
 from crashqueuelab.lab.workloads.scenario import LEASE_US, RETRY
 from crashqueuelab.systems.contract import Claim, JobSpec, QueueClient, Verdict
 
-
 #: How far the probe's clock moves after each submission: some libraries hand out a job
 #: only strictly after the instant it was enqueued (``eta < now``).
 SUBMIT_SETTLE_US = 1_000
