@@ -78,7 +78,8 @@ def add_heartbeats_command(command: Command) -> None:
         "heartbeats",
         _heartbeats,
         "run long jobs on the library's own worker loop, no worker harmed: is any job handed"
-        " out again while its live holder runs it? (pgqueuer)",
+        " out again while its live holder runs it? (any system with a library_worker:"
+        " pgqueuer's is shipped)",
         database=False,
     )
     add_system(sub)

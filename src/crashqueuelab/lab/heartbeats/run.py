@@ -129,8 +129,8 @@ def run_heartbeats(
     if loop is None:
         raise SystemUnavailable(
             system,
-            "the heartbeat experiment runs the library's own worker loop, which the lab"
-            " has for pgqueuer only",
+            "the heartbeat experiment runs the system's own worker loop, and this system"
+            " declares none (System.library_worker; pgqueuer's is shipped)",
         )
     timer = loop.retry_after_s if retry_after_s is None else retry_after_s
     if not timer > 0:
