@@ -8,21 +8,35 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from crashqueuelab.core.clock import SystemClock
 from crashqueuelab.core.errors import InvalidInput
+from crashqueuelab.core.ids import RandomIds
+from crashqueuelab.core.retry import RetryPolicy
 from crashqueuelab.lab.faults.network.plan import NetworkPlan
 from crashqueuelab.lab.heartbeats import run as heartbeats
 from crashqueuelab.lab.heartbeats.faults import HeartbeatFaults, Held, Running
-from crashqueuelab.lab.heartbeats.judge import Execution, judge, read_ledger
+from crashqueuelab.lab.heartbeats.judge import (
+    CUT,
+    KILLED,
+    Death,
+    Execution,
+    judge,
+    read_ledger,
+    with_deaths,
+)
 from crashqueuelab.lab.runs.servers import SERVER_VARIABLES
 from crashqueuelab.systems import resolve_system
-from crashqueuelab.systems.contract import JobStatus, LibraryWorker, System
+from crashqueuelab.systems.contract import JobStatus, LibraryWorker, OpenRequest, System
 from tests.conftest import CliRun, RunCli
 
 
@@ -459,3 +473,108 @@ def test_the_page_shows_each_held_connection_beside_the_executions_it_held(
     assert "stall, partition" in page
     assert "job-00 again" in page
     assert "still running" in page
+
+
+#: The guarded loop's job timeout: every job works longer, so each attempt is ended by it.
+GUARD_S = 0.3
+
+
+def _guarded_loop(
+    directory: Path,
+    worker_id: str,
+    work: Callable[[str], None],
+    stop: threading.Event,
+    retry_after_s: float,
+) -> None:
+    """A library loop that runs each job in a process of its own and kills that process
+    past its job timeout, then fails the attempt (RQ's work horse, in a dozen lines)."""
+    request = OpenRequest(directory, SystemClock(), RandomIds(), RetryPolicy(0, 0))
+    client = resolve_system("sqlite").open(request)
+    try:
+        while not stop.is_set():
+            client.recover()
+            claim = client.claim(worker_id, 60_000_000)
+            if claim is None:
+                stop.wait(0.05)
+                continue
+            horse = os.fork()
+            if horse == 0:  # the work horse
+                work(claim.key)
+                os._exit(0)
+            deadline = time.monotonic() + GUARD_S
+            while os.waitpid(horse, os.WNOHANG) == (0, 0):
+                if time.monotonic() > deadline:
+                    os.kill(horse, signal.SIGKILL)
+                    os.waitpid(horse, 0)
+                    client.fail(claim, "job timeout")
+                    break
+                time.sleep(0.01)
+            else:
+                client.succeed(claim)
+    finally:
+        client.close()
+
+
+def guarded_loop_system() -> System:
+    return dataclasses.replace(
+        resolve_system("sqlite"),
+        library_worker=LibraryWorker(1.0, _guarded_loop, "a loop that kills a job past 0.3 s"),
+    )
+
+
+def test_a_ledger_says_who_ran_the_work_and_what_cut_it() -> None:
+    text = "start a 1.0 4242\ncut a 2.0 JobTimeoutException\nstart a 2.5 4243\nend a 3.0\n"
+    assert read_ledger(text, "w") == [
+        Execution("a", "w", 1.0, 2.0, pid=4242, how=CUT, why="JobTimeoutException"),
+        Execution("a", "w", 2.5, 3.0, pid=4243),
+    ]
+
+
+def test_attempts_the_librarys_own_guard_ended_are_retries_bounded_by_the_jobs_attempts() -> None:
+    deaths = {("w0", "a", 1.0): Death(1.4, 1.5), ("w1", "a", 2.0): Death(2.4, 2.5)}
+    runs = with_deaths(
+        [Execution("a", "w0", 1.0, None, pid=7), Execution("a", "w1", 2.0, None, pid=8)], deaths
+    )
+    assert [(run.how, run.end_s, run.alive_until) for run in runs] == [
+        (KILLED, 1.5, 1.4),
+        (KILLED, 2.5, 2.4),
+    ]
+    # Retried after each kill, then dead at its limit: the library did what it says.
+    assert judge(["a"], runs, {"a": JobStatus.DEAD}, origin=0.0, max_attempts=2) == []
+    # Once more than its attempts: an anomaly.
+    third = [*runs, Execution("a", "w0", 3.0, 4.0)]
+    assert judge(["a"], third, {"a": JobStatus.SUCCEEDED}, origin=0.0, max_attempts=2) == [
+        "job a: run 3 times, 2 of them ended by the library's own guard; its attempts are 2"
+    ]
+    # Run again while the killed one surely still ran: beside a live execution.
+    early = [runs[0], Execution("a", "w1", 1.2, 2.0)]
+    (beside,) = judge(["a"], early, {"a": JobStatus.SUCCEEDED}, origin=0.0, max_attempts=2)
+    assert beside.startswith("job a: run again beside a live worker's execution: by w0 from")
+    assert "killed under its live worker between 1.40 s and 1.50 s" in beside
+    # Dead although one execution ended normally: not given up by the guard.
+    ended = [runs[0], Execution("a", "w1", 2.0, 3.0)]
+    assert judge(["a"], ended, {"a": JobStatus.DEAD}, origin=0.0, max_attempts=2) == [
+        "job a: the store holds it dead after every execution ended"
+    ]
+
+
+def test_a_job_the_librarys_guard_kills_counts_as_an_attempt_and_ends_dead(
+    tmp_path: Path, run_cli: RunCli
+) -> None:
+    outcome = run_cli(
+        "heartbeats", "--system", "tests.lab.heartbeats.test_heartbeats:guarded_loop_system",
+        "--jobs", "2", "--workers", "1", "--work-timers", "1", "--retry-timer-s", "1",
+        "--output-directory", str(tmp_path / "h"),
+    )  # fmt: skip
+    assert outcome.code == 0, outcome.result["reasons"]
+    assert outcome.result["jobs"] == {
+        key: {"runs": 3, "ended_by_the_library": 3, "stored": "dead"}
+        for key in ("job-00", "job-01")
+    }
+    record = json.loads((tmp_path / "h" / "heartbeats.json").read_text())
+    assert {run["how"] for run in record["executions"]} == {"killed"}
+    page = (tmp_path / "h" / "report.html").read_text()
+    assert (
+        "killed by the library&#39;s own guard" in page
+        or "killed by the library's own guard" in page
+    )

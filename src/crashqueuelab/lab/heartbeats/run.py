@@ -37,7 +37,15 @@ from crashqueuelab.lab.heartbeats.faults import (
     Held,
     Running,
 )
-from crashqueuelab.lab.heartbeats.judge import Execution, judge, read_ledgers
+from crashqueuelab.lab.heartbeats.judge import (
+    CUT,
+    KILLED,
+    Death,
+    Execution,
+    judge,
+    read_ledgers,
+    with_deaths,
+)
 from crashqueuelab.lab.heartbeats.workers import WorkerSpec, failures, worker_main
 from crashqueuelab.lab.runs.inheritance import Inherited
 from crashqueuelab.lab.runs.interrupts import forkserver_context, start_owned
@@ -61,12 +69,14 @@ STARTUP_S = 60.0
 STOP_S = 30.0
 _RETRY = RetryPolicy(base_delay_us=10_000, max_delay_us=200_000)
 _POLL_S = 0.1
+#: Each job's attempts: a library whose own guard ends its executions may retry it so often.
+MAX_ATTEMPTS = 3
 
 
 def _submit(system: System, store: Path, keys: Sequence[str]) -> None:
     client = system.open(OpenRequest(store, SystemClock(), RandomIds(), _RETRY))
     try:
-        client.submit_many([JobSpec(key, "work", {}) for key in keys])
+        client.submit_many([JobSpec(key, "work", {}, max_attempts=MAX_ATTEMPTS) for key in keys])
     finally:
         client.close()
 
@@ -83,6 +93,39 @@ def _every_job_ended(keys: Sequence[str], executions: Sequence[Execution]) -> bo
     return not running and all(key in ended for key in keys)
 
 
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            # The state follows the command name, which is in parentheses and may hold spaces.
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+class _Deaths:
+    """The executions whose process died under a live worker, as the parent polls them."""
+
+    def __init__(self) -> None:
+        self.seen_alive: dict[tuple[str, str, float], float] = {}
+        self.deaths: dict[tuple[str, str, float], Death] = {}
+
+    def watch(self, executions: Sequence[Execution], workers: Mapping[str, int | None]) -> None:
+        """Look at every open execution run in a process other than its worker's."""
+        at = time.monotonic()
+        for run in executions:
+            identity = (run.worker, run.key, run.start_s)
+            own = run.pid is None or run.pid == workers.get(run.worker)
+            if run.end_s is not None or own or identity in self.deaths:
+                continue
+            assert run.pid is not None
+            if _alive(run.pid):
+                self.seen_alive[identity] = at
+            else:
+                last = self.seen_alive.get(identity, run.start_s)
+                self.deaths[identity] = Death(last_alive=last, first_gone=at)
+
+
 @dataclass(frozen=True)
 class _Worked:
     """How the workers' part of a run ended."""
@@ -92,6 +135,8 @@ class _Worked:
     all_ended_at: float | None
     held: dict[str, list[Held]]
     network: dict[str, Any] | None
+    #: The executions whose process died under a live worker (the library's own guard).
+    deaths: dict[tuple[str, str, float], Death]
 
 
 @dataclass(frozen=True)
@@ -163,9 +208,9 @@ def run_heartbeats(
     worked = _work(plan, network, strike_after_timers, origin, now)
     failed = failures(plan.ledgers, worked.exits)
     finished = now()
-    executions = read_ledgers(plan.ledgers)
+    executions = with_deaths(read_ledgers(plan.ledgers), worked.deaths)
     stored = _stored(resolved, store)
-    anomalies = judge(keys, executions, stored, origin, worked.held)
+    anomalies = judge(keys, executions, stored, origin, worked.held, MAX_ATTEMPTS)
     error = None
     if failed:
         told = "; ".join(f"{worker}: {message}" for worker, message in failed.items())
@@ -198,6 +243,9 @@ def run_heartbeats(
         "jobs": {
             key: {
                 "runs": sum(1 for run in executions if run.key == key),
+                "ended_by_the_library": sum(
+                    1 for run in executions if run.key == key and run.how in (CUT, KILLED)
+                ),
                 "stored": None if stored is None or key not in stored else stored[key].value,
             }
             for key in keys
@@ -224,6 +272,7 @@ def _work(
     the faults as jobs work, wait for every job to end and the grace after it, stop them."""
     context = forkserver_context(())
     all_ended_at: float | None = None
+    deaths = _Deaths()
     with ExitStack() as stack:
         faults = (
             stack.enter_context(
@@ -262,6 +311,8 @@ def _work(
                 if any(process.exitcode is not None for process in processes.values()):
                     break  # a worker's loop ended by itself: the run cannot go on as planned
                 executions = read_ledgers(plan.ledgers)
+                deaths.watch(executions, {w: p.pid for w, p in processes.items()})
+                executions = with_deaths(executions, deaths.deaths)
                 if faults is not None:
                     faults.strike_due(
                         [
@@ -284,6 +335,7 @@ def _work(
             all_ended_at=all_ended_at,
             held={} if faults is None else faults.held(),
             network=None if faults is None else faults.report(),
+            deaths=deaths.deaths,
         )
 
 

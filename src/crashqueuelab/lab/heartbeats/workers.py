@@ -1,7 +1,9 @@
 """A heartbeat run's worker process: the library's own worker loop (``System.library_worker``)
-run until SIGTERM, each job's work a wait whose start and end the handler appends to the
-worker's ledger, one line each. A loop that raises leaves its traceback beside the ledger
-and exits with ``WORKER_FAILED``; ``failures`` reads, in the parent, what each worker left.
+run until SIGTERM, each job's work a wait whose start (with the pid of the process running
+it: the library may run it in a process of its own) and end the handler appends to the
+worker's ledger, one line each, or a ``cut`` line naming what interrupted the wait. A loop
+that raises leaves its traceback beside the ledger and exits with ``WORKER_FAILED``;
+``failures`` reads, in the parent, what each worker left.
 """
 
 from __future__ import annotations
@@ -50,8 +52,14 @@ def worker_main(spec: WorkerSpec) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
     def work(key: str) -> None:
-        _append(spec.ledger, f"start {key} {time.monotonic():.6f}\n")
-        stop.wait(spec.work_s)
+        _append(spec.ledger, f"start {key} {time.monotonic():.6f} {os.getpid()}\n")
+        try:
+            stop.wait(spec.work_s)
+        except BaseException as interrupted:
+            # The library's own guard (a timeout raised into the job): said, then passed on.
+            what = type(interrupted).__name__
+            _append(spec.ledger, f"cut {key} {time.monotonic():.6f} {what}\n")
+            raise
         _append(spec.ledger, f"end {key} {time.monotonic():.6f}\n")
 
     try:

@@ -12,6 +12,9 @@ from crashqueuelab.lab.pages.common import Verdict, View, promises_of, system_la
 #: One colour per worker (the lanes are jobs; a bar's colour says who ran it).
 _WORKER_COLOURS = ("#1a73e8", "#e37400", "#188038", "#9334e6", "#c5221f", "#007b83")
 _RUN_AGAIN = "#d93025"
+#: Where the library's own guard ended an execution (cut it, or killed its process).
+_ENDED_BY_LIBRARY = "#202124"
+_HOW = {"cut": "cut by the library's own guard", "killed": "killed by the library's own guard"}
 #: The colours of the chaos page's network windows, for the same faults.
 _HOLDING = {"stall": "#9acd32", "partition": "#8d6e63"}
 
@@ -53,11 +56,14 @@ def _lanes(report: dict[str, Any]) -> tuple[list[dict[str, Any]], float]:
         for index, run in enumerate(runs):
             finish = end if run["end_s"] is None else run["end_s"]
             label = key if index == 0 else f"{key} again"
+            how = _HOW.get(run.get("how", "ended"))
+            ended = f" ({how})" if how else " (still running)" if run["end_s"] is None else ""
             span = {
                 "start": run["start_s"],
                 "end": finish,
                 "color": colour[run["worker"]],
-                "title": f"{label}, by {run['worker']}: {run['start_s']:.2f} s to {finish:.2f} s",
+                "title": f"{label}, by {run['worker']}: {run['start_s']:.2f} s to"
+                f" {finish:.2f} s{ended}",
             }
             dots = (
                 []
@@ -66,6 +72,8 @@ def _lanes(report: dict[str, Any]) -> tuple[list[dict[str, Any]], float]:
                     {"at": run["start_s"], "color": _RUN_AGAIN, "title": f"{key} handed out again"}
                 ]
             )
+            if how:
+                dots.append({"at": finish, "color": _ENDED_BY_LIBRARY, "title": f"{key}: {how}"})
             rows.append({"label": label, "spans": [span], "dots": dots})
     return rows, max(end, 0.001)
 
@@ -90,6 +98,7 @@ def heartbeats_view(run_dir: Path) -> View:
     if report["error"]:
         reasons.insert(0, f"{report['error']['type']}: {report['error']['message']}")
     runs_again = sum(max(0, job["runs"] - 1) for job in report["jobs"].values())
+    by_library = sum(job.get("ended_by_the_library", 0) for job in report["jobs"].values())
     verdict = Verdict(
         ok=report["ok"],
         title=f"heartbeats: {parameters['jobs']} jobs of {parameters['work_s']:g} s on"
@@ -108,8 +117,14 @@ def heartbeats_view(run_dir: Path) -> View:
         (
             "executions",
             f"{len(report['executions'])} for {parameters['jobs']} jobs",
-            "each job must run once: no worker was killed or stopped"
-            + ("" if not report.get("network") else "; one held by a network fault may run again"),
+            "each job must run once: the lab killed or stopped no worker"
+            + ("" if not report.get("network") else "; one held by a network fault may run again")
+            + ("" if not by_library else "; one the library's own guard ended is retried"),
+        ),
+        (
+            "ended by the library's own guard",
+            str(by_library),
+            "executions cut or killed by the library (its job timeout): each an attempt",
         ),
         ("handed out again", str(runs_again), "while every worker was alive"),
         (
