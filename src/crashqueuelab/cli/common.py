@@ -137,7 +137,8 @@ def positive(text: str) -> int:
 SYSTEM_HELP = (
     f"{', '.join(sorted(SHIPPED | PEERS | SERVERS))}, or package.module:factory"
     f" (default {DEFAULT_SYSTEM}); a library at one release: NAME==VERSION"
-    f" ({', '.join(sorted(DISTRIBUTIONS))}), run in an environment of its own"
+    f" ({', '.join(sorted(DISTRIBUTIONS))}, or package.module:factory whose System names"
+    " its distribution), run in an environment of its own"
 )
 
 

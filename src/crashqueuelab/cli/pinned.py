@@ -18,12 +18,13 @@ from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.versions.environments import (
     PINNED_VARIABLE,
     Pin,
+    adapter_code,
     ensure_environment,
     lab_code,
     parse_pin,
     python_of,
 )
-from crashqueuelab.systems.registry import DISTRIBUTIONS
+from crashqueuelab.systems.registry import distribution_of
 
 #: How long a pinned run may go on after its parent was interrupted (it stops itself).
 STOP_GRACE_S = 60.0
@@ -31,7 +32,7 @@ STOP_GRACE_S = 60.0
 
 def pins_of(systems: Sequence[str]) -> list[Pin]:
     """The releases this run must move to an environment of their own: none inside one."""
-    pins = [pin for pin in (parse_pin(spec, DISTRIBUTIONS) for spec in systems) if pin]
+    pins = [pin for pin in (parse_pin(spec, distribution_of) for spec in systems) if pin]
     pins = [pin for pin in pins if os.environ.get(PINNED_VARIABLE) != pin.spec]
     if len(pins) > 1:
         raise InvalidInput("system", "one pinned release per run (run `versions` for more)")
@@ -48,8 +49,10 @@ def run_pinned(pin: Pin, argv: Sequence[str], err: TextIO) -> tuple[int, dict[st
     """Build (or reuse) the release's environment and run the command in it: its exit code
     and its JSON result, with the environment named."""
     directory, marker = ensure_environment(pin)
-    # The environment's own path and this lab's code, nothing else of this one.
-    environment = dict(os.environ, **{PINNED_VARIABLE: pin.spec, "PYTHONPATH": str(lab_code())})
+    # The environment's own path, this lab's code and a user's adapter, nothing else.
+    carried = [lab_code(), adapter_code(pin)]
+    path = os.pathsep.join(str(entry) for entry in carried if entry is not None)
+    environment = dict(os.environ, **{PINNED_VARIABLE: pin.spec, "PYTHONPATH": path})
     # The same arguments: the run records and reruns ``name==version``, which resolves
     # there (where that release is the one installed) to the system itself.
     command = [str(python_of(directory)), "-m", "crashqueuelab", *argv]

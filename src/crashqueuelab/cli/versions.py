@@ -50,7 +50,7 @@ def _versions(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     err = args.stderr
 
     def run_release(release: str, directory: Path) -> dict[str, Any]:
-        pin = parse_pin(f"{args.system}=={release}", DISTRIBUTIONS)
+        pin = parse_pin(f"{args.system}=={release}", DISTRIBUTIONS.get)
         assert pin is not None  # a release number, checked by choose_releases
         seed = [] if "--seed" in evidence else ["--seed", str(args.seed)]
         argv = [*evidence, *seed, "--system", pin.spec, "--output-directory", str(directory)]

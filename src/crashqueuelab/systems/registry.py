@@ -68,31 +68,51 @@ DISTRIBUTIONS: dict[str, str] = {
 DEFAULT_SYSTEM = "sqlite"
 
 
-def _installed_release(spec: str, name: str, wanted: str, factory: Callable[[], System]) -> System:
-    """``name==version`` where that release is the one installed (in the environment the
-    command line made for it); refused anywhere else."""
+def _installed_release(spec: str, distribution: str, wanted: str) -> None:
+    """Refuse ``name==version`` unless that release is the one installed (in the environment
+    the command line made for it)."""
     try:
-        installed = version(DISTRIBUTIONS[name])
+        installed = version(distribution)
     except PackageNotFoundError:
         installed = None
     if installed != wanted:
         here = "nothing" if installed is None else installed
         raise SystemUnavailable(
             spec,
-            f"{DISTRIBUTIONS[name]} {here} is installed here, not {wanted}: the command line"
+            f"{distribution} {here} is installed here, not {wanted}: the command line"
             " runs a pinned release in an environment of its own",
         )
-    return factory()
+
+
+def distribution_of(name: str) -> str | None:
+    """The distribution on the package index that ``--system name==version`` installs: a
+    shipped library's, or the one a ``module:factory`` system names (its factory is called
+    to read it); None for a system that is no released library."""
+    if name in DISTRIBUTIONS:
+        return DISTRIBUTIONS[name]
+    if name in SHIPPED | PEERS | SERVERS:
+        return None
+    return resolve_system(name).distribution
 
 
 def resolve_system(spec: str) -> System:
-    """A shipped system by name, or what ``module:factory`` returns when called."""
+    """A shipped system by name, or what ``module:factory`` returns when called; either as
+    ``name==version`` where that release of its distribution is the one installed."""
     known_systems = SHIPPED | PEERS | SERVERS
     if spec in known_systems:
         return known_systems[spec]()
     name, pinned, wanted = spec.partition("==")
     if pinned and name in DISTRIBUTIONS:
-        return _installed_release(spec, name, wanted, known_systems[name])
+        _installed_release(spec, DISTRIBUTIONS[name], wanted)
+        return known_systems[name]()
+    if pinned:
+        system = resolve_system(name)
+        if system.distribution is None:
+            raise SystemUnavailable(
+                spec, "only a released library can be pinned: this system names no distribution"
+            )
+        _installed_release(spec, system.distribution, wanted)
+        return system
     module_name, colon, attribute = spec.partition(":")
     if not colon or not module_name or not attribute:
         known = ", ".join(sorted(known_systems))

@@ -26,8 +26,9 @@ import subprocess
 import sys
 import tempfile
 import venv
+from collections.abc import Callable
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, requires
+from importlib.metadata import PackageNotFoundError, packages_distributions, requires
 from importlib.metadata import version as installed_version
 from pathlib import Path
 from typing import Any
@@ -65,18 +66,61 @@ class Pin:
         return f"{self.distribution}=={self.version}"
 
 
-def parse_pin(spec: str, distributions: dict[str, str]) -> Pin | None:
-    """The pin ``spec`` asks for; None when it names no version. ``distributions`` maps
-    the systems that are released libraries to their distribution names."""
+def parse_pin(spec: str, distribution_of: Callable[[str], str | None]) -> Pin | None:
+    """The pin ``spec`` asks for; None when it names no version. ``distribution_of`` names
+    the distribution of a system that is a released library (None for one that is not)."""
     if "==" not in spec:
         return None
     system, _, wanted = spec.partition("==")
-    if system not in distributions:
-        known = ", ".join(sorted(distributions))
-        raise SystemUnavailable(spec, f"only a released library can be pinned: one of {known}")
     if not _VERSION.match(wanted):
         raise InvalidInput("system", f"{wanted!r} is not a release number such as 3.2.1")
-    return Pin(system, distributions[system], wanted)
+    distribution = distribution_of(system)
+    if distribution is None:
+        raise SystemUnavailable(
+            spec,
+            "only a released library can be pinned: a shipped one, or a system whose"
+            " `distribution` names it on the package index",
+        )
+    return Pin(system, distribution, wanted)
+
+
+#: Beside the environments: links to the user adapters pinned runs carry.
+ADAPTER_CODE = ".adapter-code"
+
+
+def adapter_code(pin: Pin) -> Path | None:
+    """For a ``module:factory`` system, a directory holding only a link to the adapter's
+    top-level module or package, to put on the pinned run's path after the lab's code: the
+    adapter runs there as it does here, and nothing else of this process's path comes with
+    it (a checkout of the library beside the adapter would hide the pinned release). None
+    for a shipped system, and for an adapter that is part of the pinned library itself,
+    which comes with its release."""
+    module, colon, _ = pin.system.partition(":")
+    if not colon:
+        return None
+    top = module.split(".")[0]
+    if pin.distribution.lower() in (name.lower() for name in packages_distributions().get(top, ())):
+        return None
+    spec = importlib.util.find_spec(top)
+    if spec is None or (spec.origin is None and not spec.submodule_search_locations):
+        raise SystemUnavailable(pin.spec, f"the adapter's module {top} cannot be found")
+    if spec.submodule_search_locations:
+        source = Path(next(iter(spec.submodule_search_locations))).resolve()
+    else:
+        assert spec.origin is not None
+        source = Path(spec.origin).resolve()
+    where = hashlib.sha256(str(source).encode()).hexdigest()[:10]
+    directory = cache_root() / ADAPTER_CODE / where
+    if (directory / source.name).exists():
+        return directory
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    making = Path(tempfile.mkdtemp(prefix=f".{where}.", dir=directory.parent))
+    (making / source.name).symlink_to(source)
+    try:
+        making.rename(directory)
+    except OSError:  # another run made it meanwhile
+        shutil.rmtree(making, ignore_errors=True)
+    return directory
 
 
 def cache_root() -> Path:
