@@ -3,14 +3,20 @@ system, each failure in the lab's words with where its evidence is kept."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
 
 # Imported here, so that pytester's in-process runs (which forget every module a run
 # imported) share one copy of the lab: a crash child's function must be the one its fork
 # server pickles, and a run does not import the lab again.
 import crashqueuelab.suite.session  # noqa: F401
-from crashqueuelab.core.errors import CrashModeUnavailable
+from crashqueuelab.core.errors import CrashModeUnavailable, ServerUnavailable
 from crashqueuelab.lab.campaign.probes import PROBES
+from crashqueuelab.servers.redis import SOCKET_VARIABLE, ThrowawayRedis
 from crashqueuelab.suite.behaviour import CHECKS
 from crashqueuelab.suite.checks import lab_checks, what_failed
 from crashqueuelab.suite.selection import node_id, split_arguments
@@ -209,3 +215,53 @@ def test_a_printed_failure_pasted_back_runs_that_failure_alone(pytester: pytest.
         again = pytester.runpytest_inprocess("-p", "no:cacheprovider", printed, OPTION, BROKEN)
         again.assert_outcomes(failed=1)
         again.stdout.fnmatch_lines(["collected 1 item", f"FAILED {printed}*"])
+
+
+FIRST_RULE = f"{LAB}::contract::a_key_names_one_job_however_often_it_is_submitted"
+
+
+def test_a_system_on_a_server_runs_on_the_server_the_environment_names(
+    pytester: pytest.Pytester, postgres_dsn: str
+) -> None:
+    point = resolve_system("postgres").crash_points[0].name
+    result = pytester.runpytest_inprocess(
+        "-p", "no:cacheprovider", FIRST_RULE, f"{LAB}::crash-point::{point}", OPTION, "postgres"
+    )  # fmt: skip
+    result.assert_outcomes(passed=2)
+
+
+def test_a_system_on_a_server_nobody_named_gets_one_for_the_session(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, redis_socket: str
+) -> None:
+    # (redis_socket: Redis can run here.) The environment names none to the session.
+    monkeypatch.delenv(SOCKET_VARIABLE)
+    # Directly under the system temp directory: a Unix socket's path has a length limit.
+    scratch = Path(tempfile.mkdtemp(prefix="plugin-"))
+    try:
+        monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+        result = pytester.runpytest_inprocess(
+            "-p", "no:cacheprovider", FIRST_RULE, OPTION, "rq-no-persistence"
+        )  # fmt: skip
+        result.assert_outcomes(passed=1)
+        # Stopped with the session: no longer named, its directory gone with the check's.
+        assert SOCKET_VARIABLE not in os.environ
+        assert list(scratch.iterdir()) == []
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_a_server_that_cannot_start_is_a_setup_error_never_a_failure(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_redis(persistence: str) -> ThrowawayRedis:
+        raise ServerUnavailable("redis-server is not installed", "redis")
+
+    monkeypatch.setattr("crashqueuelab.lab.runs.servers.ThrowawayRedis", no_redis)
+    result = pytester.runpytest_inprocess(
+        "-p", "no:cacheprovider", f"{LAB}::contract", OPTION, "rq-no-persistence"
+    )  # fmt: skip
+    outcomes = result.parseoutcomes()
+    assert outcomes["errors"] > 0, result.stdout.str()
+    assert "failed" not in outcomes, outcomes
+    assert "passed" not in outcomes, outcomes
+    result.stdout.fnmatch_lines(["*ServerUnavailable: redis server: redis-server is not installed"])

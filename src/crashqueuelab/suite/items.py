@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +20,18 @@ from crashqueuelab.suite.selection import ROOT
 class LabItem(pytest.Item):
     """One of the lab's checks on the system, run in a scratch directory of its own."""
 
-    def __init__(self, *, check: LabCheck, **kwargs: Any):
+    def __init__(self, *, check: LabCheck, ready: Callable[[], None], **kwargs: Any):
         super().__init__(**kwargs)
         self.check = check
+        self.ready = ready
 
-    def runtest(self) -> None:
+    def setup(self) -> None:
         if self.check.skip is not None:
             pytest.skip(self.check.skip)
+        # What the check needs and cannot have (the system's server) is its setup's error.
+        self.ready()
+
+    def runtest(self) -> None:
         directory = Path(tempfile.mkdtemp(prefix="crashqueuelab-"))
         self.check.run(directory)
         # Reached only when the check passed: a failure's evidence stays where it says.
@@ -46,10 +51,18 @@ class LabGroup(pytest.Collector):
     """The checks whose node ids share this collector's: the kinds below the root, then
     each check."""
 
-    def __init__(self, *, checks: Sequence[LabCheck], depth: int, **kwargs: Any):
+    def __init__(
+        self,
+        *,
+        checks: Sequence[LabCheck],
+        depth: int,
+        ready: Callable[[], None],
+        **kwargs: Any,
+    ):
         super().__init__(**kwargs)
         self.checks = checks
         self.depth = depth
+        self.ready = ready
 
     def collect(self) -> list[pytest.Item | pytest.Collector]:
         # In the checks' order: each check that ends here, each group at its first check.
@@ -65,14 +78,21 @@ class LabGroup(pytest.Collector):
                 below[name] = []
             below[name].append(check)
         return [
-            LabItem.from_parent(self, name=entry.parts[-1], check=entry)
+            LabItem.from_parent(self, name=entry.parts[-1], check=entry, ready=self.ready)
             if isinstance(entry, LabCheck)
-            else LabGroup.from_parent(self, name=entry, checks=below[entry], depth=self.depth + 1)
+            else LabGroup.from_parent(
+                self, name=entry, checks=below[entry], depth=self.depth + 1, ready=self.ready
+            )
             for entry in order
         ]
 
 
-def lab_root(session: pytest.Session, checks: Sequence[LabCheck]) -> LabGroup:
-    """The collector of ``checks``, at the top of the session: its node id is its name."""
-    root: LabGroup = LabGroup.from_parent(session, name=ROOT, nodeid=ROOT, checks=checks, depth=0)
+def lab_root(
+    session: pytest.Session, checks: Sequence[LabCheck], ready: Callable[[], None]
+) -> LabGroup:
+    """The collector of ``checks``, at the top of the session: its node id is its name.
+    ``ready`` readies what a check needs before it runs."""
+    root: LabGroup = LabGroup.from_parent(
+        session, name=ROOT, nodeid=ROOT, checks=checks, depth=0, ready=ready
+    )
     return root

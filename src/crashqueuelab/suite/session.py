@@ -1,6 +1,7 @@
 """A session that runs the lab's checks: the system resolved and the arguments read before
-pytest collects anything, the checks' collector added at the top of the session, and the
-header line that says what runs.
+pytest collects anything, the checks' collector added at the top of the session, the
+header line that says what runs, and the server a system lives on (PostgreSQL, Redis),
+started as the command line starts one for a run.
 
 Everything the user gave wrong (a system the lab cannot use, a crash mode this machine
 cannot make, a node id the lab does not have) stops the session before it starts, as one
@@ -9,12 +10,21 @@ line of pytest's usage error (exit 4).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Generator, Sequence
+from contextlib import ExitStack
 
 import pytest
 
-from crashqueuelab.core.errors import CrashModeUnavailable, InvalidInput, SystemUnavailable
+from crashqueuelab.core.errors import (
+    CrashModeUnavailable,
+    CrashQueueLabError,
+    InvalidInput,
+    SystemUnavailable,
+)
 from crashqueuelab.lab.faults.crashmodes import check_crash_mode
+from crashqueuelab.lab.runs.servers import servers_for
+from crashqueuelab.servers.postgres import DSN_VARIABLE
 from crashqueuelab.suite.checks import LabCheck, lab_checks
 from crashqueuelab.suite.items import lab_root
 from crashqueuelab.suite.selection import ROOT, split_arguments
@@ -31,6 +41,28 @@ class LabSession:
         self.spec = spec
         self.checks = checks
         self.every = every
+        self._servers = ExitStack()
+        self._started = False
+        self._unavailable: CrashQueueLabError | None = None
+
+    def server_ready(self) -> None:
+        """The server the system lives on, if any, started at the first check that runs (a
+        session that runs none, as pytest-xdist's controller, starts none): the one
+        ``CRASHQUEUELAB_POSTGRES_DSN`` names, else a throwaway one for the session. One
+        that cannot start is every check's setup error, never a failure of the system."""
+        if not self._started:
+            self._started = True
+            try:
+                self._servers.enter_context(servers_for([self.spec], os.environ.get(DSN_VARIABLE)))
+            except CrashQueueLabError as error:
+                self._unavailable = error
+        if self._unavailable is not None:
+            # Raised in a check's setup, so pytest reports an error, not a failure.
+            unavailable = self._unavailable
+            pytest.fail(f"{type(unavailable).__name__}: {unavailable}", pytrace=False)
+
+    def pytest_sessionfinish(self) -> None:
+        self._servers.close()
 
     @pytest.hookimpl(wrapper=True)
     def pytest_make_collect_report(
@@ -41,7 +73,7 @@ class LabSession:
         # reported, as pytest collects everything else.
         if isinstance(collector, pytest.Session) and report.passed:
             assert isinstance(report.result, list)
-            report.result.append(lab_root(collector, self.checks))
+            report.result.append(lab_root(collector, self.checks, self.server_ready))
         return report
 
     def pytest_report_header(self) -> str:
