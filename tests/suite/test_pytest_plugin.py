@@ -265,3 +265,16 @@ def test_a_server_that_cannot_start_is_a_setup_error_never_a_failure(
     assert "failed" not in outcomes, outcomes
     assert "passed" not in outcomes, outcomes
     result.stdout.fnmatch_lines(["*ServerUnavailable: redis server: redis-server is not installed"])
+
+
+def test_what_a_system_raises_fails_its_check_with_where_it_raised(
+    pytester: pytest.Pytester,
+) -> None:
+    rule = f"{LAB}::contract::a_claim_leases_a_ready_job_and_then_nothing_is_left"
+    result = pytester.runpytest_inprocess(
+        "-p", "no:cacheprovider", rule, OPTION, "broken_adapters:raising_system"
+    )  # fmt: skip
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["*raise RuntimeError*", "E * RuntimeError: the queue's claim is broken"]
+    )

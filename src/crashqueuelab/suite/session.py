@@ -78,8 +78,8 @@ class LabSession:
 
     def pytest_report_header(self) -> str:
         return (
-            f"crashqueuelab: {len(self.checks)} of the lab's {self.every} checks on"
-            f" {self.spec}, under {ROOT}:: (the argument {ROOT} runs them alone)"
+            f"crashqueuelab: {len(self.checks)} of {self.every} checks on {self.spec}, node ids"
+            f" {ROOT}::kind::name (the argument {ROOT} runs them alone)"
         )
 
 
