@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -353,25 +354,50 @@ def _wheel_round_trip(python: str, dist: Path, env: dict[str, str]) -> str | Non
 
 
 def _wheel_plugin(venv: Path, home: Path, env: dict[str, str]) -> str | None:
-    """The installed wheel's pytest plugin, with pytest beside it and nothing else: the
-    example adapter passes every check of the lab, the unfenced one fails its fencing."""
+    """The installed wheel's pytest plugin, with pytest beside it and nothing else, run as
+    docs/pytest-plugin.md runs it: the example adapter passes every check of the lab that
+    applies, the unfenced one fails some, and every check collected is one that ran."""
     python = _venv_python(venv)
     pip: list[str | Path] = [python, "-m", "pip", "--disable-pip-version-check", "-q"]
     if _run([*pip, "install", "pytest>=8"], limit_s=INSTALL_LIMIT_S, env=env)[0] != 0:
         return "could not install pytest beside the wheel"
     examples = Path(__file__).resolve().parent.parent / "examples"
     with_examples = {**env, "PYTHONPATH": str(examples)}
-    expected = {"tiny_adapter:tiny_system": 0, "broken_adapters:stale_ack_system": 1}
-    for spec, code in expected.items():
+    # The example adapter, then the unfenced one (the lab must say no to it).
+    for spec, fails in {
+        "tiny_adapter:tiny_system": False,
+        "broken_adapters:stale_ack_system": True,
+    }.items():
         result = _capture(
-            [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--crashqueuelab-system",
-             spec],
+            [python, "-m", "pytest", "-p", "no:cacheprovider", "crashqueuelab",
+             "--crashqueuelab-system", spec],
             cwd=home, env=with_examples,
         )  # fmt: skip
         last = (result.stdout.strip().splitlines() or ["(no output)"])[-1]
         _log(f"wheel pytest plugin on {spec}: exit {result.returncode}, {last}")
-        if result.returncode != code:
-            return f"pytest --crashqueuelab-system {spec} exited {result.returncode}: {last}"
+        why = _plugin_run_is_wrong(result.stdout, result.returncode, fails=fails)
+        if why is not None:
+            return f"pytest crashqueuelab --crashqueuelab-system {spec}: {why}"
+    return None
+
+
+def _plugin_run_is_wrong(output: str, code: int, *, fails: bool) -> str | None:
+    """Why a run of the plugin's checks did not say what it should (None when it did): exit
+    1 with failures and no errors when the system ``fails``, else exit 0; as many tests run
+    as "collected N items" counted."""
+    collected = re.search(r"^collected (\d+) items?$", output, re.MULTILINE)
+    if collected is None:
+        return "it never said how many tests it collected"
+    last = output.strip().splitlines()[-1]
+    counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|skipped|error)", last)}
+    if sum(counts.values()) != int(collected.group(1)):
+        return f"collected {collected.group(1)} tests, ran {sum(counts.values())}"
+    if counts.get("error"):
+        return f"{counts['error']} of them could not run (errors, not failures)"
+    if fails and (code != 1 or not counts.get("failed")):
+        return f"exit {code} with {counts.get('failed', 0)} failed: the lab said yes"
+    if not fails and code != 0:
+        return f"exit {code}: the lab said no"
     return None
 
 

@@ -3,10 +3,23 @@ system, each failure in the lab's words with where its evidence is kept."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
 
+# Imported here, so that pytester's in-process runs (which forget every module a run
+# imported) share one copy of the lab: a crash child's function must be the one its fork
+# server pickles, and a run does not import the lab again.
+import crashqueuelab.suite.session  # noqa: F401
+from crashqueuelab.core.errors import CrashModeUnavailable, ServerUnavailable
 from crashqueuelab.lab.campaign.probes import PROBES
+from crashqueuelab.servers.redis import SOCKET_VARIABLE, ThrowawayRedis
 from crashqueuelab.suite.behaviour import CHECKS
+from crashqueuelab.suite.checks import lab_checks, what_failed
+from crashqueuelab.suite.selection import node_id, split_arguments
 from crashqueuelab.systems.registry import resolve_system
 from tests.conftest import EXAMPLES
 
@@ -48,8 +61,220 @@ def test_a_broken_system_fails_in_the_lab_s_words(pytester: pytest.Pytester) -> 
     result.stdout.fnmatch_lines(
         [
             "*contract check an_acknowledgement_at_the_deadline_is_refused failed (evidence in *",
+            # What it compared, or at least the statement that failed: never an empty line.
+            "assert *Verdict.STALE*",
             "*1 anomaly (evidence in *",
             "*- probe stale_holder_after_expiry: job stale-holder: an acknowledgement after*",
         ],
         consecutive=False,
+    )
+
+
+OPTION = "--crashqueuelab-system"
+TINY = "tiny_adapter:tiny_system"
+BROKEN = "broken_adapters:stale_ack_system"
+#: The argument that names the lab's checks (and nothing of the project's own).
+LAB = "crashqueuelab"
+
+
+def _tiny_counts() -> tuple[int, int]:
+    """How many checks the lab has on the tiny adapter, and how many of them are skipped."""
+    system = resolve_system(TINY)
+    capabilities = system.capabilities.to_json()
+    skipped = sum(check.not_for(system.capabilities) is not None for check in CHECKS)
+    skipped += sum(needs is not None and not capabilities[needs] for _, _, needs in PROBES)
+    return len(CHECKS) + len(PROBES) + len(system.crash_points) + 1, skipped
+
+
+def _a_project_with_its_own_suite(pytester: pytest.Pytester, test_mine: str) -> None:
+    """A project whose ``testpaths`` collect a suite of its own, as this repository's do."""
+    pytester.makeini("[pytest]\ntestpaths = tests\n")
+    pytester.mkdir("tests")
+    pytester.makepyfile(**{"tests/test_mine": test_mine})
+
+
+def test_naming_the_lab_runs_only_its_checks_beside_a_project_s_testpaths(
+    pytester: pytest.Pytester,
+) -> None:
+    # The project's own suite cannot even be collected here: the lab's command must not try.
+    _a_project_with_its_own_suite(pytester, "import not_installed_here\n")
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", LAB, OPTION, TINY)
+    total, skipped = _tiny_counts()
+    result.assert_outcomes(passed=total - skipped, skipped=skipped)
+    result.stdout.fnmatch_lines([f"collected {total} items"])
+    result.stdout.no_fnmatch_line("*not_installed_here*")
+
+
+@pytest.mark.parametrize("paths", [[], ["tests"]], ids=["testpaths", "a path"])
+def test_the_lab_s_checks_join_a_project_s_own_tests_and_are_counted(
+    pytester: pytest.Pytester, paths: list[str]
+) -> None:
+    _a_project_with_its_own_suite(pytester, "def test_mine() -> None:\n    pass\n")
+    total, skipped = _tiny_counts()
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", *paths, OPTION, TINY)
+    result.assert_outcomes(passed=1 + total - skipped, skipped=skipped)
+    result.stdout.fnmatch_lines([f"collected {1 + total} items", "tests/test_mine.py .*"])
+
+
+def _one_line_usage_error(result: pytest.RunResult) -> str:
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    said = [line for line in result.stdout.lines + result.stderr.lines if line.strip()]
+    assert len(said) == 1, said
+    return said[0]
+
+
+@pytest.mark.parametrize(
+    ("spec", "reason"),
+    [
+        ("nosuch:thing", "cannot import nosuch: No module named 'nosuch'"),
+        ("raises_on_import:system", "cannot import raises_on_import: RuntimeError: no queue"),
+        ("tiny_adapter:no_such_factory", "tiny_adapter has no callable no_such_factory"),
+        ("tiny_queue:TinyQueue", "TinyQueue() raised TypeError"),
+        ("uuid:uuid4", "uuid4() returned UUID, not a crashqueuelab System"),
+        ("oracle", "not one of huey, "),
+    ],
+)
+def test_a_system_the_lab_cannot_use_is_one_line_of_usage_error(
+    pytester: pytest.Pytester, spec: str, reason: str
+) -> None:
+    pytester.makepyfile(raises_on_import="raise RuntimeError('no queue\\nhere')\n")
+    pytester.syspathinsert()
+    said = _one_line_usage_error(
+        pytester.runpytest_inprocess("-p", "no:cacheprovider", LAB, OPTION, spec)
+    )
+    assert said.startswith(f"ERROR: system {spec!r}: "), said
+    assert reason in said, said
+
+
+def test_a_crash_mode_the_lab_cannot_make_is_one_line_of_usage_error(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    unknown = pytester.runpytest_inprocess(
+        "-p", "no:cacheprovider", LAB, OPTION, TINY, "--crashqueuelab-crash-mode", "flood"
+    )  # fmt: skip
+    said = _one_line_usage_error(unknown)
+    assert (
+        said == "ERROR: --crashqueuelab-crash-mode flood: 'flood' is not one of process, power-loss"
+    )
+
+    def no_fuse() -> None:
+        raise CrashModeUnavailable("power-loss", "/dev/fuse is missing")
+
+    monkeypatch.setattr("crashqueuelab.lab.faults.crashmodes.require_power_loss", no_fuse)
+    unavailable = pytester.runpytest_inprocess(
+        "-p", "no:cacheprovider", LAB, OPTION, TINY, "--crashqueuelab-crash-mode", "power-loss"
+    )  # fmt: skip
+    said = _one_line_usage_error(unavailable)
+    assert said == "ERROR: --crashqueuelab-crash-mode power-loss: /dev/fuse is missing"
+
+
+def test_a_contract_check_s_failure_says_what_it_was_told() -> None:
+    # (Without a message, the statement that failed: the broken system's test above.)
+    told = AssertionError("w1 found nothing to claim")
+    assert what_failed(told) == "w1 found nothing to claim"
+
+
+def test_a_node_id_the_lab_does_not_have_is_one_line_of_usage_error(
+    pytester: pytest.Pytester,
+) -> None:
+    result = pytester.runpytest_inprocess(
+        "-p", "no:cacheprovider", f"{LAB}::probe::no_such_probe", OPTION, TINY
+    )
+    said = _one_line_usage_error(result)
+    assert f"not found: {LAB}::probe::no_such_probe" in said, said
+
+
+def test_every_collected_node_id_names_that_item_alone(pytester: pytest.Pytester) -> None:
+    listed = pytester.runpytest_inprocess(
+        "-p", "no:cacheprovider", "--collect-only", "-q", LAB, OPTION, TINY
+    )  # fmt: skip
+    node_ids = [line for line in listed.outlines if "::" in line]
+    checks = lab_checks(TINY, resolve_system(TINY), seed=7, crash_mode="process")
+    assert node_ids == [node_id(check.parts) for check in checks]
+    for each in node_ids:
+        selection, rest = split_arguments(["tests", each])
+        assert rest == ["tests"]
+        assert [node_id(c.parts) for c in checks if selection.selects(c.parts)] == [each]
+    # A crash point's name has a colon of its own; given back, it is collected alone.
+    point = next(each for each in node_ids if "::crash-point::" in each)
+    again = pytester.runpytest_inprocess(
+        "-p", "no:cacheprovider", "--collect-only", "-q", point, OPTION, TINY
+    )  # fmt: skip
+    assert [line for line in again.outlines if "::" in line] == [point]
+
+
+def test_a_printed_failure_pasted_back_runs_that_failure_alone(pytester: pytest.Pytester) -> None:
+    first = pytester.runpytest_inprocess(
+        "-p", "no:cacheprovider", "-k", "probe or at_the_deadline", OPTION, BROKEN
+    )
+    failed = [line.split()[1] for line in first.outlines if line.startswith("FAILED ")]
+    assert len(failed) == 5, first.stdout.str()
+    # A contract check and a probe: the two kinds of failure this system has.
+    for printed in (failed[0], failed[-1]):
+        again = pytester.runpytest_inprocess("-p", "no:cacheprovider", printed, OPTION, BROKEN)
+        again.assert_outcomes(failed=1)
+        again.stdout.fnmatch_lines(["collected 1 item", f"FAILED {printed}*"])
+
+
+FIRST_RULE = f"{LAB}::contract::a_key_names_one_job_however_often_it_is_submitted"
+
+
+def test_a_system_on_a_server_runs_on_the_server_the_environment_names(
+    pytester: pytest.Pytester, postgres_dsn: str
+) -> None:
+    point = resolve_system("postgres").crash_points[0].name
+    result = pytester.runpytest_inprocess(
+        "-p", "no:cacheprovider", FIRST_RULE, f"{LAB}::crash-point::{point}", OPTION, "postgres"
+    )  # fmt: skip
+    result.assert_outcomes(passed=2)
+
+
+def test_a_system_on_a_server_nobody_named_gets_one_for_the_session(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, redis_socket: str
+) -> None:
+    # (redis_socket: Redis can run here.) The environment names none to the session.
+    monkeypatch.delenv(SOCKET_VARIABLE)
+    # Directly under the system temp directory: a Unix socket's path has a length limit.
+    scratch = Path(tempfile.mkdtemp(prefix="plugin-"))
+    try:
+        monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+        result = pytester.runpytest_inprocess(
+            "-p", "no:cacheprovider", FIRST_RULE, OPTION, "rq-no-persistence"
+        )  # fmt: skip
+        result.assert_outcomes(passed=1)
+        # Stopped with the session: no longer named, its directory gone with the check's.
+        assert SOCKET_VARIABLE not in os.environ
+        assert list(scratch.iterdir()) == []
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_a_server_that_cannot_start_is_a_setup_error_never_a_failure(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_redis(persistence: str) -> ThrowawayRedis:
+        raise ServerUnavailable("redis-server is not installed", "redis")
+
+    monkeypatch.setattr("crashqueuelab.lab.runs.servers.ThrowawayRedis", no_redis)
+    result = pytester.runpytest_inprocess(
+        "-p", "no:cacheprovider", f"{LAB}::contract", OPTION, "rq-no-persistence"
+    )  # fmt: skip
+    outcomes = result.parseoutcomes()
+    assert outcomes["errors"] > 0, result.stdout.str()
+    assert "failed" not in outcomes, outcomes
+    assert "passed" not in outcomes, outcomes
+    result.stdout.fnmatch_lines(["*ServerUnavailable: redis server: redis-server is not installed"])
+
+
+def test_what_a_system_raises_fails_its_check_with_where_it_raised(
+    pytester: pytest.Pytester,
+) -> None:
+    rule = f"{LAB}::contract::a_claim_leases_a_ready_job_and_then_nothing_is_left"
+    result = pytester.runpytest_inprocess(
+        "-p", "no:cacheprovider", rule, OPTION, "broken_adapters:raising_system"
+    )  # fmt: skip
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["*raise RuntimeError*", "E * RuntimeError: the queue's claim is broken"]
     )

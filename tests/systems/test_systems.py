@@ -67,6 +67,23 @@ def test_an_unusable_system_is_a_usage_error(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_module_that_fails_as_it_loads_is_one_line_of_usage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_cli: RunCli
+) -> None:
+    (tmp_path / "loads_badly.py").write_text("raise RuntimeError('no queue\\nhere')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(SystemUnavailable) as caught:
+        resolve_system("loads_badly:system")
+    assert str(caught.value) == (
+        "system 'loads_badly:system': cannot import loads_badly: RuntimeError: no queue here"
+    )
+    outcome = run_cli(
+        "campaign", "--system", "loads_badly:system", "--output-directory", str(tmp_path / "c")
+    )
+    assert outcome.code == cli.EXIT_USAGE
+    assert outcome.result["error"]["type"] == "SystemUnavailable"
+
+
 def test_the_walk_through_adapter_passes_its_campaign(tmp_path: Path, run_cli: RunCli) -> None:
     outcome = run_cli(
         "campaign", "--system", "tiny_adapter:tiny_system", "--seed", "3",

@@ -95,6 +95,11 @@ def distribution_of(name: str) -> str | None:
     return resolve_system(name).distribution
 
 
+def _one_line(error: Exception) -> str:
+    """A user's error message on one line: a verdict or a usage error is one line."""
+    return " ".join(str(error).split())
+
+
 def resolve_system(spec: str) -> System:
     """A shipped system by name, or what ``module:factory`` returns when called; either as
     ``name==version`` where that release of its distribution is the one installed."""
@@ -120,7 +125,11 @@ def resolve_system(spec: str) -> System:
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise SystemUnavailable(spec, f"cannot import {module_name}: {error}") from None
+        raise SystemUnavailable(spec, f"cannot import {module_name}: {_one_line(error)}") from None
+    except Exception as error:  # a user's module failing as it loads is bad input too
+        raise SystemUnavailable(
+            spec, f"cannot import {module_name}: {type(error).__name__}: {_one_line(error)}"
+        ) from None
     factory = getattr(module, attribute, None)
     if not callable(factory):
         raise SystemUnavailable(spec, f"{module_name} has no callable {attribute}")
@@ -128,7 +137,7 @@ def resolve_system(spec: str) -> System:
         system = factory()
     except Exception as error:  # a user's factory failing is bad input, not a lab crash
         raise SystemUnavailable(
-            spec, f"{attribute}() raised {type(error).__name__}: {error}"
+            spec, f"{attribute}() raised {type(error).__name__}: {_one_line(error)}"
         ) from None
     if not isinstance(system, System):
         raise SystemUnavailable(

@@ -1,0 +1,104 @@
+"""Every check of the lab on one system, each with its place among the node ids: one per
+contract rule (``behaviour.py``), per fencing probe, per crash point (a real child killed
+there, its crash state and recovery judged, as the campaign does) and one for the seeded
+model workload. A check that needs a capability the system does not declare carries the
+reason it is skipped."""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from crashqueuelab.lab.campaign.probes import PROBES
+from crashqueuelab.regression import Outcome, run_crash_point, run_probe
+from crashqueuelab.suite.behaviour import CHECKS, Check
+from crashqueuelab.suite.harness import Harness
+from crashqueuelab.suite.selection import Parts
+from crashqueuelab.systems.contract import System
+from crashqueuelab.systems.registry import resolve_system
+
+
+class LabFailure(Exception):
+    """What the lab found wrong: its message is the whole report of a failing test."""
+
+
+@dataclass(frozen=True)
+class LabCheck:
+    """One check: where it sits below the root, what it runs in a scratch directory of its
+    own, and why it is skipped (None: it runs)."""
+
+    parts: Parts
+    run: Callable[[Path], None]
+    skip: str | None = None
+
+
+def lab_checks(spec: str, system: System, *, seed: int, crash_mode: str) -> list[LabCheck]:
+    """Every check of the lab on ``system`` (the one ``spec`` names), in the order they run."""
+    checks = [
+        LabCheck(
+            ("contract", rule.name), _contract(system, rule), rule.not_for(system.capabilities)
+        )
+        for rule in CHECKS
+    ]
+    capabilities = system.capabilities.to_json()
+    for name, _, needs in PROBES:
+        skip = None if needs is None or capabilities[needs] else f"the system declares no {needs}"
+        checks.append(LabCheck(("probe", name), _probe(spec, name), skip))
+    for point in system.crash_points:
+        checks.append(
+            LabCheck(("crash-point", point.name), _crash(spec, point.name, seed, crash_mode))
+        )
+    checks.append(LabCheck(("model-workload",), _model(spec, seed)))
+    return checks
+
+
+def _outcome(outcome: Outcome) -> None:
+    if not outcome.ok:
+        raise LabFailure(outcome.explain())
+
+
+def _contract(system: System, check: Check) -> Callable[[Path], None]:
+    def run(directory: Path) -> None:
+        harness = Harness.open(system, directory / "store")
+        try:
+            check.run(harness)
+        except AssertionError as failed:
+            raise LabFailure(
+                f"contract check {check.name} failed (evidence in {directory}):\n"
+                f"{what_failed(failed)}"
+            ) from failed
+        finally:
+            harness.close()
+
+    return run
+
+
+def what_failed(failed: AssertionError) -> str:
+    """The assertion's message; without one (its module was imported before pytest could
+    rewrite its asserts), the statement that failed."""
+    if str(failed):
+        return str(failed)
+    where = traceback.extract_tb(failed.__traceback__)[-1]
+    return f"{(where.line or 'assert').strip()} ({Path(where.filename).name}, line {where.lineno})"
+
+
+def _probe(spec: str, name: str) -> Callable[[Path], None]:
+    return lambda directory: _outcome(run_probe(spec, name, directory))
+
+
+def _crash(spec: str, point: str, seed: int, crash_mode: str) -> Callable[[Path], None]:
+    return lambda directory: _outcome(
+        run_crash_point(spec, point, seed=seed, directory=directory, crash_mode=crash_mode)
+    )
+
+
+def _model(spec: str, seed: int) -> Callable[[Path], None]:
+    def run(directory: Path) -> None:
+        from crashqueuelab.lab.workloads.model import run_model_workload
+
+        report = run_model_workload(resolve_system(spec), directory / "model", seed=seed)
+        _outcome(Outcome(report["ok"], list(report["anomalies"]), directory / "model"))
+
+    return run
