@@ -2,7 +2,10 @@
 contract rule (``behaviour.py``), per fencing probe, per crash point (a real child killed
 there, its crash state and recovery judged, as the campaign does) and one for the seeded
 model workload. A check that needs a capability the system does not declare carries the
-reason it is skipped."""
+reason it is skipped. A check whose every failure a weakness the system documents explains
+(``System.documented``, sorted as every run sorts them: ``lab.runs.promises``) is an
+expected failure, with the weakness and its link as the reason; anything else it found is a
+failure."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from crashqueuelab.lab.campaign.probes import PROBES
+from crashqueuelab.lab.runs.promises import classify
 from crashqueuelab.regression import Outcome, run_crash_point, run_probe
 from crashqueuelab.suite.behaviour import CHECKS, Check
 from crashqueuelab.suite.harness import Harness
@@ -22,6 +26,23 @@ from crashqueuelab.systems.registry import resolve_system
 
 class LabFailure(Exception):
     """What the lab found wrong: its message is the whole report of a failing test."""
+
+
+class Documented(Exception):
+    """What the lab found is what the system documents of itself: its message is the
+    reason of an expected failure."""
+
+
+def judged(system: System, crash_mode: str, lines: list[str], report: str) -> Exception:
+    """The failure of a check that found ``lines``: ``Documented`` when a weakness the
+    system declares explains each, else ``LabFailure`` with ``report``."""
+    promises = classify(system, crash_mode, lines)
+    if not promises["keeps_its_promises"] or not promises["weaker_as_documented"]:
+        return LabFailure(report)
+    weaknesses = "; ".join(
+        f"{entry['what']} ({entry['source']})" for entry in promises["weaker_as_documented"]
+    )
+    return Documented(f"as {system.version} documents: {weaknesses}")
 
 
 @dataclass(frozen=True)
@@ -45,18 +66,20 @@ def lab_checks(spec: str, system: System, *, seed: int, crash_mode: str) -> list
     capabilities = system.capabilities.to_json()
     for name, _, needs in PROBES:
         skip = None if needs is None or capabilities[needs] else f"the system declares no {needs}"
-        checks.append(LabCheck(("probe", name), _probe(spec, name), skip))
+        checks.append(LabCheck(("probe", name), _probe(spec, system, name), skip))
     for point in system.crash_points:
-        checks.append(
-            LabCheck(("crash-point", point.name), _crash(spec, point.name, seed, crash_mode))
-        )
-    checks.append(LabCheck(("model-workload",), _model(spec, seed)))
+        crash = _crash(spec, system, point.name, seed, crash_mode)
+        checks.append(LabCheck(("crash-point", point.name), crash))
+    checks.append(LabCheck(("model-workload",), _model(spec, system, seed)))
     return checks
 
 
-def _outcome(outcome: Outcome) -> None:
+def _outcome(
+    outcome: Outcome, system: System, crash_mode: str = "process", prefix: str = ""
+) -> None:
     if not outcome.ok:
-        raise LabFailure(outcome.explain())
+        lines = [f"{prefix}{anomaly}" for anomaly in outcome.anomalies]
+        raise judged(system, crash_mode, lines, outcome.explain())
 
 
 def _contract(system: System, check: Check) -> Callable[[Path], None]:
@@ -65,9 +88,12 @@ def _contract(system: System, check: Check) -> Callable[[Path], None]:
         try:
             check.run(harness)
         except AssertionError as failed:
-            raise LabFailure(
-                f"contract check {check.name} failed (evidence in {directory}):\n"
-                f"{what_failed(failed)}"
+            said = what_failed(failed)
+            raise judged(
+                system,
+                "process",
+                [f"contract {check.name}: {said}"],
+                f"contract check {check.name} failed (evidence in {directory}):\n{said}",
             ) from failed
         finally:
             harness.close()
@@ -84,21 +110,26 @@ def what_failed(failed: AssertionError) -> str:
     return f"{(where.line or 'assert').strip()} ({Path(where.filename).name}, line {where.lineno})"
 
 
-def _probe(spec: str, name: str) -> Callable[[Path], None]:
-    return lambda directory: _outcome(run_probe(spec, name, directory))
+def _probe(spec: str, system: System, name: str) -> Callable[[Path], None]:
+    return lambda directory: _outcome(run_probe(spec, name, directory), system)
 
 
-def _crash(spec: str, point: str, seed: int, crash_mode: str) -> Callable[[Path], None]:
+def _crash(
+    spec: str, system: System, point: str, seed: int, crash_mode: str
+) -> Callable[[Path], None]:
     return lambda directory: _outcome(
-        run_crash_point(spec, point, seed=seed, directory=directory, crash_mode=crash_mode)
+        run_crash_point(spec, point, seed=seed, directory=directory, crash_mode=crash_mode),
+        system,
+        crash_mode,
     )
 
 
-def _model(spec: str, seed: int) -> Callable[[Path], None]:
+def _model(spec: str, system: System, seed: int) -> Callable[[Path], None]:
     def run(directory: Path) -> None:
         from crashqueuelab.lab.workloads.model import run_model_workload
 
         report = run_model_workload(resolve_system(spec), directory / "model", seed=seed)
-        _outcome(Outcome(report["ok"], list(report["anomalies"]), directory / "model"))
+        outcome = Outcome(report["ok"], list(report["anomalies"]), directory / "model")
+        _outcome(outcome, system, prefix="model workload: ")
 
     return run
