@@ -180,6 +180,53 @@ def test_chart_ticks_are_round_values() -> None:
     assert nice_ticks(3, 3) == [3]
 
 
+def test_a_lane_chart_gives_labels_their_room_and_counts_a_dense_lane_in_slices() -> None:
+    from crashqueuelab.lab.pages.charts import (
+        DENSE_LANE,
+        DENSE_LANE_COLOR,
+        LABEL_ROOM,
+        LaneChart,
+        label_width,
+    )
+
+    kill = {"color": "#d93025", "kind": "SIGKILL", "title": "a kill"}
+    reset = {"at": 0.1, "color": "#607d8b", "kind": "connection reset", "title": "a reset"}
+    dense = {
+        "label": "slot 12 (1,001 processes, 1,000 kills)",
+        "spans": [{"start": n / 100, "end": (n + 1) / 100, "color": "#1a73e8", "title": "p"}
+                  for n in range(DENSE_LANE + 1)],
+        # 200 kills in the first half of the run, three resets among them: the second half's
+        # slices hold nothing, and each slice says what it holds.
+        "dots": [kill | {"at": n / 400} for n in range(200)] + [reset] * 3,
+        "spans_are": "processes, one after another,",
+    }  # fmt: skip
+    pause = {"start": 0.2, "end": 0.3, "color": "#f29900", "title": "a pause"}
+    sparse = {"label": "slot 1", "spans": [], "dots": [kill | {"at": 0.5}], "windows": [pause]}
+    chart = LaneChart([dense, sparse], 1.0, [(0.0, "0"), (0.5, "0.50")])
+    assert chart.left >= label_width(str(dense["label"])) > LABEL_ROOM
+    assert LaneChart([sparse], 1.0).left > LABEL_ROOM  # short labels get the least room
+    first, second = chart.lanes()
+    [merged] = first["spans"]
+    assert merged["color"] == DENSE_LANE_COLOR
+    assert merged["title"] == (
+        f"{DENSE_LANE + 1} processes, one after another, from 0.00 s to 0.41 s,"
+        " too many to draw apart"
+    )
+    assert first["dots"] == []
+    slices = first["slices"]
+    plot = 720 - chart.left - 10
+    assert 0 < len(slices) <= plot // 12 + 1  # the empty half draws nothing
+    counted = [re.findall(r"(\d+) (SIGKILL|connection reset)", s["title"]) for s in slices]
+    assert sum(int(n) for found in counted for n, kind in found if kind == "SIGKILL") == 200
+    assert [n for found in counted for n, kind in found if kind != "SIGKILL"] == ["3"]
+    assert all(s["x"] >= chart.left and 2 <= s["height"] <= 14 for s in slices)
+    # The sparse lane beside it: its one kill a dot, its pause a band.
+    assert [dot["title"] for dot in second["dots"]] == ["a kill"]
+    assert second["slices"] == []
+    assert second["windows"][0]["title"] == "a pause"
+    assert [x for x, _ in chart.axis()] == [chart.left, round(chart.left + plot / 2, 1)]
+
+
 def test_a_chaos_page_with_thousands_of_kills_draws_their_density_and_shades_pauses(
     readable: dict[str, Path], tmp_path: Path
 ) -> None:

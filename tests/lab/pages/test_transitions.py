@@ -123,12 +123,14 @@ def test_walqueue_frames_are_followed_to_the_states_walqueue_gives_each_task() -
 
 
 def test_an_entry_of_another_shape_is_shown_short_as_text() -> None:
-    entry = {"type": "compact", "now": START, "segments": list(range(200))}
-    [row] = store_transitions([entry], origin_us=START)
-    assert row["event"] == "compact"
-    assert row["note"].startswith("segments=[0, 1, 2")
-    assert len(row["note"]) == OTHER_TEXT
-    assert row["phase"] == "workload"
+    long = {"type": "compact", "now": START, "segments": list(range(200))}
+    short = {"type": "rotate", "task_id": "02-case/effect", "segment": 3, "note": None}
+    cut, whole = store_transitions([long, short], origin_us=START, job_prefix="02-case/")
+    assert cut["event"] == "compact"
+    assert cut["note"].startswith("segments=[0, 1, 2")
+    assert len(cut["note"]) == OTHER_TEXT
+    assert cut["phase"] == "workload"
+    assert (whole["job"], whole["note"], whole["at"]) == ("effect", "segment=3", "")
 
 
 def test_times_read_as_seconds_from_the_start() -> None:
@@ -140,12 +142,13 @@ def test_times_read_as_seconds_from_the_start() -> None:
 def test_tokens_are_shortened_to_the_shortest_prefix_that_tells_them_apart() -> None:
     names = short_names(
         ["lease-d4587328cb5c41f8", "lease-d4587399cb5c41f8", "lease-abcdef", "job-1234567890",
-         "6ce143f445c545b5a0bebab0bf04d4ff", "t1"]
+         "6ce143f445c545b5a0bebab0bf04d4ff", "t1", "lease-d45873"]
     )  # fmt: skip
     assert names == {
         "lease-d4587328cb5c41f8": "d458732…",
         "lease-d4587399cb5c41f8": "d458739…",
         "lease-abcdef": "abcdef",  # an ellipsis would save nothing
+        "lease-d45873": "d45873",  # the start of two others: shown whole
         "job-1234567890": "job 1234…",
         "6ce143f445c545b5a0bebab0bf04d4ff": "6ce1…",
         "t1": "t1",

@@ -175,7 +175,7 @@ def _frame_rows(
             task.status, task.holder = after, None
         lease = f"generation {entry.get('generation')}"
         rows.append((task_id, _moved(before, after, kind, entry.get("worker", ""), lease, note)))
-    elif kind == "expire":
+    else:  # an expiry: the caller passes walqueue's five kinds of frame alone
         for task_id in entry.get("task_ids", []):
             task = tasks.get(task_id)
             before, after = (task.status if task else UNKNOWN), _ended(task)
