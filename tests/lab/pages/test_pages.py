@@ -119,10 +119,10 @@ def test_a_directory_without_a_run_is_a_usage_error(tmp_path: Path, run_cli: Run
 
 
 def test_everything_from_a_store_or_a_report_is_shown_as_text(
-    runs: dict[str, Path], tmp_path: Path
+    readable: dict[str, Path], tmp_path: Path
 ) -> None:
     copy = tmp_path / "campaign"
-    shutil.copytree(runs["campaign"], copy)
+    shutil.copytree(readable["campaign"], copy)
     report = json.loads((copy / "campaign.json").read_text())
     report["cases"][0]["where"] = MARKUP
     report["anomalies"] = [f"job {MARKUP}: lost"]
@@ -131,6 +131,8 @@ def test_everything_from_a_store_or_a_report_is_shown_as_text(
     history = copy / report["cases"][0]["artifacts"]["history"]
     events = json.loads(history.read_text())
     events.append({"type": "put", "now": 1, "payload": {"body": MARKUP}})
+    events.append({"type": "reserve", "now": 2, "lease_seconds": 1, "worker": MARKUP,
+                   "task_ids": [f"{report['cases'][0]['case_id']}/{MARKUP}"]})  # fmt: skip
     history.write_text(json.dumps(events))
     html = write_report(copy).read_text()
     assert MARKUP not in html
