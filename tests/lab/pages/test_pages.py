@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 
 from crashqueuelab import cli
+from crashqueuelab.lab.mutants.catalog import MUTANTS
 from crashqueuelab.lab.pages.render import REPORT_FILE, write_report
-from tests.conftest import RunCli, invoke_cli
+from tests.conftest import EXAMPLES, RunCli, invoke_cli
+from tests.lab.pages.browser import layout
 
 MARKUP = "<script>alert('owned')</script>"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -117,10 +119,10 @@ def test_a_directory_without_a_run_is_a_usage_error(tmp_path: Path, run_cli: Run
 
 
 def test_everything_from_a_store_or_a_report_is_shown_as_text(
-    runs: dict[str, Path], tmp_path: Path
+    readable: dict[str, Path], tmp_path: Path
 ) -> None:
     copy = tmp_path / "campaign"
-    shutil.copytree(runs["campaign"], copy)
+    shutil.copytree(readable["campaign"], copy)
     report = json.loads((copy / "campaign.json").read_text())
     report["cases"][0]["where"] = MARKUP
     report["anomalies"] = [f"job {MARKUP}: lost"]
@@ -129,6 +131,8 @@ def test_everything_from_a_store_or_a_report_is_shown_as_text(
     history = copy / report["cases"][0]["artifacts"]["history"]
     events = json.loads(history.read_text())
     events.append({"type": "put", "now": 1, "payload": {"body": MARKUP}})
+    events.append({"type": "reserve", "now": 2, "lease_seconds": 1, "worker": MARKUP,
+                   "task_ids": [f"{report['cases'][0]['case_id']}/{MARKUP}"]})  # fmt: skip
     history.write_text(json.dumps(events))
     html = write_report(copy).read_text()
     assert MARKUP not in html
@@ -178,11 +182,58 @@ def test_chart_ticks_are_round_values() -> None:
     assert nice_ticks(3, 3) == [3]
 
 
+def test_a_lane_chart_gives_labels_their_room_and_counts_a_dense_lane_in_slices() -> None:
+    from crashqueuelab.lab.pages.charts import (
+        DENSE_LANE,
+        DENSE_LANE_COLOR,
+        LABEL_ROOM,
+        LaneChart,
+        label_width,
+    )
+
+    kill = {"color": "#d93025", "kind": "SIGKILL", "title": "a kill"}
+    reset = {"at": 0.1, "color": "#607d8b", "kind": "connection reset", "title": "a reset"}
+    dense = {
+        "label": "slot 12 (1,001 processes, 1,000 kills)",
+        "spans": [{"start": n / 100, "end": (n + 1) / 100, "color": "#1a73e8", "title": "p"}
+                  for n in range(DENSE_LANE + 1)],
+        # 200 kills in the first half of the run, three resets among them: the second half's
+        # slices hold nothing, and each slice says what it holds.
+        "dots": [kill | {"at": n / 400} for n in range(200)] + [reset] * 3,
+        "spans_are": "processes, one after another,",
+    }  # fmt: skip
+    pause = {"start": 0.2, "end": 0.3, "color": "#f29900", "title": "a pause"}
+    sparse = {"label": "slot 1", "spans": [], "dots": [kill | {"at": 0.5}], "windows": [pause]}
+    chart = LaneChart([dense, sparse], 1.0, [(0.0, "0"), (0.5, "0.50")])
+    assert chart.left >= label_width(str(dense["label"])) > LABEL_ROOM
+    assert LaneChart([sparse], 1.0).left > LABEL_ROOM  # short labels get the least room
+    first, second = chart.lanes()
+    [merged] = first["spans"]
+    assert merged["color"] == DENSE_LANE_COLOR
+    assert merged["title"] == (
+        f"{DENSE_LANE + 1} processes, one after another, from 0.00 s to 0.41 s,"
+        " too many to draw apart"
+    )
+    assert first["dots"] == []
+    slices = first["slices"]
+    plot = 720 - chart.left - 10
+    assert 0 < len(slices) <= plot // 12 + 1  # the empty half draws nothing
+    counted = [re.findall(r"(\d+) (SIGKILL|connection reset)", s["title"]) for s in slices]
+    assert sum(int(n) for found in counted for n, kind in found if kind == "SIGKILL") == 200
+    assert [n for found in counted for n, kind in found if kind != "SIGKILL"] == ["3"]
+    assert all(s["x"] >= chart.left and 2 <= s["height"] <= 14 for s in slices)
+    # The sparse lane beside it: its one kill a dot, its pause a band.
+    assert [dot["title"] for dot in second["dots"]] == ["a kill"]
+    assert second["slices"] == []
+    assert second["windows"][0]["title"] == "a pause"
+    assert [x for x, _ in chart.axis()] == [chart.left, round(chart.left + plot / 2, 1)]
+
+
 def test_a_chaos_page_with_thousands_of_kills_draws_their_density_and_shades_pauses(
-    runs: dict[str, Path], tmp_path: Path
+    readable: dict[str, Path], tmp_path: Path
 ) -> None:
     copy = tmp_path / "chaos"
-    shutil.copytree(runs["chaos"], copy)
+    shutil.copytree(readable["chaos"], copy)
     report = json.loads((copy / "chaos.json").read_text())
     elapsed = report["timings"]["elapsed_s"]
     common = {"pid": 1, "worker_age_s": 0.1, "after_finished": 0, "planned_slot": 0}
@@ -203,4 +254,178 @@ def test_a_chaos_page_with_thousands_of_kills_draws_their_density_and_shades_pau
     assert "Kills per second (200 in all), the same windows shaded" in html
     assert 'fill-opacity="0.22"' in html  # the pause, shaded on the charts
     assert "shaded: a paused worker, from its SIGSTOP to its SIGCONT" in html
-    assert 'r="2"' in html  # the lanes' kills drawn small
+    # A hundred kills in each lane: counted in slices of time, one bar per slice.
+    assert "<circle" not in html.split('class="lanes"')[1]
+    assert re.search(r"<title>\d+ SIGKILL from [\d.]+ s to [\d.]+ s</title>", html)
+
+
+@pytest.fixture(scope="module")
+def readable(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Runs of every kind whose page a person reads most, made here (not the showcase's):
+    walqueue's campaign at the showcase's seed, SQLite's, the unfenced example's failing
+    one, a power-loss campaign, the effect demo, two mutants and a small chaos run."""
+    base = tmp_path_factory.mktemp("readable")
+    made = {
+        "campaign": ("campaign", "--system", "walqueue"),
+        "sqlite-campaign": ("campaign", "--system", "sqlite"),
+        "failing-campaign": ("campaign", "--system", "broken_adapters:stale_ack_system",
+                             "--seed", "7", "--shrink-seconds", "10"),
+        "demo": ("demo",),
+        "mutants": ("mutants", "--mutant", "no_fencing", "--mutant", "torn_tail_is_corruption",
+                    "--named-evidence", "--seeds", "1", "--shrink-seconds", "0"),
+        "chaos": ("chaos", "--seed", "4", "--jobs", "200", "--workers", "2", "--kills", "8",
+                  "--pauses", "1", "--lease-ms", "300"),
+    }  # fmt: skip
+    if POWER_LOSS:
+        made["power-loss"] = ("campaign", "--system", "walqueue", "--crash-mode", "power-loss")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(EXAMPLES))
+        for name, argv in made.items():
+            run = invoke_cli(*argv, "--quiet", "--output-directory", base / name)
+            assert run.code in (0, 1), run.stderr
+    return {name: base / name for name in made}
+
+
+def test_a_campaign_page_shows_each_case_history_as_folded_transitions(
+    readable: dict[str, Path],
+) -> None:
+    html = (readable["campaign"] / REPORT_FILE).read_text()
+    report = json.loads((readable["campaign"] / "campaign.json").read_text())
+    assert html.count('<details class="case"') == len(report["cases"])
+    assert '<details class="case" id="01-' in html  # the cases table links each one
+    assert "<th>from → to</th>" in html
+    assert "ready → leased" in html
+    assert "leased → completed" in html
+    assert "recovery, after the crash" in html
+    # No stored row dumped as key=value text: no payloads, no digests, no raw frames.
+    for dumped in ("payload=", "tasks=", "lease_seconds=", "'job_type'"):
+        assert dumped not in html
+    # SQLite's events: leases shortened (the whole token on hover), jobs by their key.
+    page = (readable["sqlite-campaign"] / REPORT_FILE).read_text()
+    token = re.search(r'<code title="(lease-[0-9a-f]{16})">([0-9a-f]{4,})…</code>', page)
+    assert token is not None
+    assert token.group(1).removeprefix("lease-").startswith(token.group(2))
+    assert "QUEUED → LEASED" in page
+    assert '<td title="job-' in page
+    assert ">effect</td>" in page
+
+
+def test_a_failing_case_is_open_and_a_store_without_history_says_so(
+    readable: dict[str, Path], tmp_path: Path
+) -> None:
+    page = (readable["failing-campaign"] / REPORT_FILE).read_text()
+    # The example queue keeps no history: one sentence, not a dozen empty tables.
+    assert "This system's store keeps no history of its own" in page
+    assert '<table class="transitions">' not in page
+    copy = tmp_path / "campaign"
+    shutil.copytree(readable["campaign"], copy)
+    report = json.loads((copy / "campaign.json").read_text())
+    report["cases"][1]["passed"] = False
+    report["ok"] = False
+    (copy / "campaign.json").write_text(json.dumps(report))
+    html = write_report(copy).read_text()
+    opened = re.findall(r'<details class="case" id="([^"]+)" open>', html)
+    assert opened == [report["cases"][1]["case_id"]]
+
+
+def test_the_mutants_page_names_how_many_mutants_of_which_systems_in_its_header(
+    readable: dict[str, Path], tmp_path: Path
+) -> None:
+    copy = tmp_path / "mutants"
+    shutil.copytree(readable["mutants"], copy)
+    report = json.loads((copy / "mutants.json").read_text())
+    ran = report["mutants"][0]
+    # Every mutant of the catalog, as a full run reports them.
+    report["mutants"] = [
+        ran | {"mutant": m.name, "changes": m.changes, "system": f"{m.original}-mutant-{m.name}"}
+        for m in MUTANTS
+    ]
+    (copy / "mutants.json").write_text(json.dumps(report))
+    html = write_report(copy).read_text()
+    verdict = html[html.index('id="verdict"') : html.index("</div>", html.index('id="verdict"'))]
+    originals = sorted({m.original for m in MUTANTS})  # sqlite and walqueue
+    assert f"{len(MUTANTS)} mutants of {', '.join(originals[:-1])} and {originals[-1]}" in verdict
+    assert "-mutant-" not in verdict  # the systems' names are in the table, not the header
+    for mutant in MUTANTS:
+        assert f"{mutant.original}-mutant-{mutant.name}" in html
+
+
+def dense_chaos(readable: dict[str, Path], tmp_path: Path, kills: int) -> Path:
+    """The small chaos run's page redrawn as if slot 0 had taken ``kills`` kills, each
+    followed by a new process, in a run of 20,000 jobs."""
+    copy = tmp_path / "dense-chaos"
+    shutil.copytree(readable["chaos"], copy)
+    report = json.loads((copy / "chaos.json").read_text())
+    elapsed = report["timings"]["elapsed_s"]
+    report["parameters"]["jobs"] = 20_000
+    report["faults"] = [f for f in report["faults"] if f["kind"] != "SIGKILL"] + [
+        {"index": 1000 + n, "kind": "SIGKILL", "worker_slot": 0, "at_s": elapsed * n / kills,
+         "worker_id": f"worker-0.{n + 1}", "pid": 1, "worker_age_s": 0.1, "after_finished": 0,
+         "planned_slot": 0, "leases_held_at_death": 0}
+        for n in range(kills)
+    ]  # fmt: skip
+    first = next(w for w in report["workers_started"] if w["slot"] == 0)
+    report["workers_started"] = [
+        w for w in report["workers_started"] if w["slot"] != 0 or w is first
+    ] + [
+        {"slot": 0, "started_at_s": elapsed * n / kills + 0.001, "worker_id": f"worker-0.{n + 2}"}
+        for n in range(kills)
+    ]
+    report["kills_delivered"] = kills
+    (copy / "chaos.json").write_text(json.dumps(report))
+    write_report(copy)
+    return copy
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine (.ci/run installs it)")
+@pytest.mark.parametrize(
+    "kind",
+    ["campaign", "sqlite-campaign", "failing-campaign", "power-loss", "demo", "mutants", "chaos"],
+)
+def test_nothing_on_a_page_is_wider_than_its_column(
+    readable: dict[str, Path], kind: str, tmp_path: Path
+) -> None:
+    if kind == "power-loss":
+        needs(kind)
+    page = (
+        (readable[kind] / REPORT_FILE)
+        if kind != "chaos"
+        else (dense_chaos(readable, tmp_path, 500) / REPORT_FILE)
+    )
+    measured = layout(page, tmp_path)
+    assert measured["column"] > 900
+    assert measured["wider"] == []
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine (.ci/run installs it)")
+def test_the_showcase_sized_campaign_page_is_a_few_screens_tall(
+    readable: dict[str, Path], tmp_path: Path
+) -> None:
+    # walqueue's 24 crash points, the probes and every case's history (folded): before the
+    # histories were transitions in folds, the page was about 11,900 px tall.
+    measured = layout(readable["campaign"] / REPORT_FILE, tmp_path)
+    assert measured["folded"] == 24
+    assert measured["height"] < 5_500
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine (.ci/run installs it)")
+def test_chaos_lanes_stay_readable_at_500_kills_in_a_lane(
+    readable: dict[str, Path], tmp_path: Path
+) -> None:
+    page = dense_chaos(readable, tmp_path, 500) / REPORT_FILE
+    html = page.read_text()
+    assert "slot 0 (501 processes, 500 kills)" in html
+    measured = layout(page, tmp_path)
+    [lanes] = measured["lanes"]
+    # The 500 kills and 501 processes of slot 0: counted in slices, a bar for each process
+    # merged into one, so the chart holds some hundred shapes, not a thousand.
+    assert lanes < 300
+    others = sum(1 for w in json.loads((page.parent / "chaos.json").read_text())["workers_started"]
+                 if w["slot"] == 1)  # fmt: skip
+    labels = {label["text"]: label for label in measured["labels"]}
+    assert set(labels) == {
+        "slot 0 (501 processes, 500 kills)",
+        f"slot 1 ({others} processes, 0 kills)",
+    }
+    for label in labels.values():  # each label whole, left of its lanes
+        assert 0 <= label["left"] < label["right"] <= label["room"]

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+import venv
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
 from crashqueuelab.core.errors import SystemUnavailable
-from crashqueuelab.lab.versions.environments import CACHE_VARIABLE
+from crashqueuelab.lab.versions import environments
+from crashqueuelab.lab.versions.environments import CACHE_VARIABLE, PIP_LOGS
 from crashqueuelab.systems import resolve_system
 from tests.conftest import RunCli
 
@@ -115,9 +118,111 @@ def test_a_release_the_index_does_not_have_is_refused_and_leaves_no_environment(
     assert outcome.code == 2
     error = outcome.result["error"]
     assert error["type"] == "SystemUnavailable"
-    assert "pip could not install huey==0.0.1" in error["message"]
+    message = error["message"]
+    assert message.startswith(
+        "system 'huey==0.0.1': pip could not install huey==0.0.1: the index has no release"
+    )
+    assert "\n" not in message
+    assert ", 0.1.0 to " in message  # the releases it has, from its first
+    # pip's own words are kept whole in the file the message names, not printed.
+    log = Path(message.rsplit("pip's output: ", 1)[1])
+    assert "No matching distribution found for huey==0.0.1" in log.read_text()
+    assert "No matching distribution" not in message
     left = [path.name for path in empty_cache.iterdir() if not path.name.endswith(".lock")]
-    assert left == []
+    assert left == [PIP_LOGS]  # no environment
+
+
+#: What pip 24 printed here for ``pip install huey==9.9.9``: about 1,400 characters.
+PIP_SAID = (
+    "WARNING: Location 'file:///srv/simple/huey/' is ignored: it is neither a file nor a"
+    " directory.\nERROR: Could not find a version that satisfies the requirement huey==9.9.9"
+    f" (from versions: {', '.join(f'0.{n}.0' for n in range(60))}, 1.0.0, 2.0.0, 3.2.0, 3.2.1,"
+    " 3.3.0, 3.4.0, 3.5.0, 3.5.4)\nERROR: No matching distribution found for huey==9.9.9\n"
+)
+
+
+@pytest.fixture
+def pip_says(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """pip, answering every install with what the test puts in the list (exit 1), and an
+    environment made without building one."""
+    said = [PIP_SAID]
+
+    def pip(directory: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(["pip", *arguments], 1, "", said[0])
+
+    monkeypatch.setattr(environments, "_pip", pip)
+    monkeypatch.setattr(venv.EnvBuilder, "create", lambda self, directory: None)
+    return said
+
+
+def test_a_release_the_index_lacks_is_one_short_line_naming_the_releases_it_has(
+    tmp_path: Path, empty_cache: Path, pip_says: list[str], run_cli: RunCli
+) -> None:
+    outcome = run_cli(
+        "campaign", "--system", "huey==9.9.9", "--output-directory", str(tmp_path / "c")
+    )
+    assert outcome.code == 2
+    message = outcome.result["error"]["message"]
+    said, log = message.split("; pip's output: ")
+    assert said == (
+        "system 'huey==9.9.9': pip could not install huey==9.9.9:"
+        " the index has no release 9.9.9 of huey; it has 68,"
+        " 0.0.0 to 3.5.4, the newest 3.3.0, 3.4.0, 3.5.0, 3.5.4"
+    )
+    assert Path(log).read_text() == PIP_SAID
+    assert Path(log).parent == empty_cache / PIP_LOGS
+    [verdict] = [line for line in outcome.stderr.splitlines() if line.startswith("crashqueuelab:")]
+    assert len(verdict) < 400
+    assert not (tmp_path / "c").exists()
+    # A release between two the index has: those two are named.
+    pip_says[0] = PIP_SAID.replace("9.9.9", "3.2.5")
+    outcome = run_cli(
+        "campaign", "--system", "huey==3.2.5", "--output-directory", str(tmp_path / "d")
+    )
+    assert (
+        "no release 3.2.5 of huey; it has 68, 0.0.0 to 3.5.4, the nearest 3.2.1 and 3.3.0"
+        in (outcome.result["error"]["message"])
+    )
+
+
+def test_any_other_pip_failure_is_its_last_error_and_the_file_with_the_rest(
+    tmp_path: Path, empty_cache: Path, pip_says: list[str], run_cli: RunCli
+) -> None:
+    pip_says[0] = "Collecting huey==3.2.1\n" * 40 + "ERROR: could not build wheels for huey\n"
+    outcome = run_cli(
+        "campaign", "--system", "huey==3.2.1", "--output-directory", str(tmp_path / "c")
+    )
+    message = outcome.result["error"]["message"]
+    assert message.startswith(
+        "system 'huey==3.2.1': pip could not install huey==3.2.1:"
+        " ERROR: could not build wheels for huey; pip's output: "
+    )
+    assert Path(message.rsplit(": ", 1)[1]).read_text() == pip_says[0]
+    pip_says[0] = "ERROR: " + "x" * 500  # the line is cut, the file holds it whole
+    outcome = run_cli(
+        "campaign", "--system", "huey==3.2.1", "--output-directory", str(tmp_path / "e")
+    )
+    assert f"ERROR: {'x' * 150}" in outcome.result["error"]["message"]
+    assert len(outcome.result["error"]["message"]) < 400
+    pip_says[0] = (
+        "ERROR: Could not find a version that satisfies the requirement huey==3.2.1"
+        " (from versions: none)"
+    )
+    outcome = run_cli(
+        "campaign", "--system", "huey==3.2.1", "--output-directory", str(tmp_path / "f")
+    )
+    assert (
+        "the index has no release 3.2.1 of huey, nor any other;"
+        in (outcome.result["error"]["message"])
+    )
+    pip_says[0] = ""  # pip said nothing at all
+    outcome = run_cli(
+        "campaign", "--system", "huey==3.2.1", "--output-directory", str(tmp_path / "d")
+    )
+    assert (
+        "pip could not install huey==3.2.1: pip exited 1, saying nothing;"
+        in (outcome.result["error"]["message"])
+    )
 
 
 def test_a_pinned_release_resolves_only_where_it_is_the_one_installed() -> None:

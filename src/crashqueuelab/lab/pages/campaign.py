@@ -16,9 +16,10 @@ from crashqueuelab.lab.pages.common import (
     read_json,
     reproducers,
     system_label,
-    timeline,
 )
+from crashqueuelab.lab.pages.transitions import store_transitions
 from crashqueuelab.lab.runs.commands import campaign_command
+from crashqueuelab.lab.workloads.scenario import RECOVERY_OFFSET_US, START_US
 
 
 def _yes(flag: bool) -> str:
@@ -177,6 +178,28 @@ def power_loss_view(run_dir: Path, report: dict[str, Any]) -> View:
     return View("powerloss.html.j2", verdict, figures, data)
 
 
+def case_history(history: list[dict[str, Any]], case_id: str) -> list[dict[str, Any]]:
+    """A crash case's store history as transitions, in seconds from the case's start (the
+    scripted workload's clock), recovery told apart from the child that died."""
+    return store_transitions(
+        history,
+        origin_us=START_US,
+        recovery_us=START_US + RECOVERY_OFFSET_US,
+        job_prefix=f"{case_id}/",
+    )
+
+
+def _phases(case: dict[str, Any]) -> dict[str, str]:
+    """What the two parts of a crash case's history are, as its table says them."""
+    first = case.get("after_crash_at")
+    child = (
+        f"the children: one killed at {first['fault_point']}, then one at {case['fault_point']}"
+        if first
+        else f"the child, until it was killed at {case['fault_point']}"
+    )
+    return {"workload": child, "recovery": "recovery, after the crash"}
+
+
 def campaign_view(run_dir: Path) -> View:
     report = read_json(run_dir / "campaign.json")
     if report.get("crash_mode") == "power-loss":
@@ -195,7 +218,8 @@ def campaign_view(run_dir: Path) -> View:
                 "rerun": _case_rerun(report, run_dir, case),
                 "executions": ledger["effects"] + ledger["absorbed"],
                 "durable_effects": ledger["effects"],
-                "timeline": timeline(history),
+                "history": case_history(history, case["case_id"]),
+                "phases": _phases(case),
                 "found": _signature_text(case["crash_state"]["signature"]),
                 "expected": _signature_text(case["expected_crash_signature"]),
                 "final": _states(case["recovered_terminal_state"]),
@@ -238,5 +262,7 @@ def campaign_view(run_dir: Path) -> View:
         "probes": probes,
         "reproducers": reproducers(run_dir, report),
         "promises": promises_of(report),
+        "history_kept": any(case["history"] for case in cases),
+        "recovery_from": f"{RECOVERY_OFFSET_US / 1e6:,.0f} s",
     }
     return View("campaign.html.j2", verdict, figures, data)

@@ -1,6 +1,7 @@
 """A model workload's observation log as a chain of events a person reads: who was granted
 which lease until when, what struck (a restart, a carrier's death), who was told what, and
-what the store holds at the end; times in seconds from the run's start."""
+what the store holds at the end; times in seconds from the run's start, each lease by the
+first characters that tell it from the chain's others."""
 
 from __future__ import annotations
 
@@ -8,17 +9,19 @@ import json
 from pathlib import Path
 from typing import Any
 
+from crashqueuelab.lab.pages.tokens import short_names
+
 
 def seconds_from(t: int, origin: int) -> str:
     """``t`` as seconds after ``origin``: "5.000001 s", "0 s"."""
     return f"{(t - origin) / 1_000_000:.6f}".rstrip("0").rstrip(".") + " s"
 
 
-def _told(line: dict[str, Any], origin: int) -> tuple[str, str, str]:
+def _told(line: dict[str, Any], origin: int, leases: dict[str, str]) -> tuple[str, str, str]:
     """(who, what happened, what they were told) for one line of the log."""
     op = line["op"]
     who = line.get("worker", "")
-    lease = f"lease {line['token']}" if "token" in line else ""
+    lease = f"lease {leases[str(line['token'])]}" if "token" in line else ""
     if op == "submit":
         return (
             "producer",
@@ -66,9 +69,10 @@ def observation_chain(log: Path, store: dict[str, Any] | None = None) -> list[di
     per job of ``store`` saying what the independent reader found there at the end."""
     lines = [json.loads(raw) for raw in log.read_text(encoding="utf-8").splitlines() if raw]
     origin = lines[0]["t"] if lines else 0
+    leases = short_names(str(line["token"]) for line in lines if "token" in line)
     rows = []
     for line in lines:
-        who, what, told = _told(line, origin)
+        who, what, told = _told(line, origin, leases)
         rows.append(
             {"at": seconds_from(line["t"], origin), "who": who, "what": what, "told": told,
              "fault": who == "fault", "key": line.get("key", "")}

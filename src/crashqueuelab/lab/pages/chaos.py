@@ -12,7 +12,9 @@ from typing import Any
 
 from crashqueuelab.lab.chaos.worklog import read_logs
 from crashqueuelab.lab.pages.charts import (
+    DENSE_LANE,
     Chart,
+    LaneChart,
     Mark,
     Series,
     Window,
@@ -85,9 +87,12 @@ def chaos_view(run_dir: Path) -> View:
             "throughput": throughput,
             "density": density,
             "reproducers": reproducers(run_dir, report),
-            "lanes": lanes,
-            "lane_ticks": [(at, number_text(at)) for at in nice_ticks(0.0, max(elapsed, 0.001))],
-            "end": max(elapsed, 0.001),
+            "lanes": LaneChart(
+                lanes,
+                max(elapsed, 0.001),
+                [(at, number_text(at)) for at in nice_ticks(0.0, max(elapsed, 0.001))],
+            ),
+            "dense_lane": DENSE_LANE,
             "explanations": explanations,
             "unexplained": len(anomalies) - len(explanations),
             "promises": promises_of(report),
@@ -346,20 +351,22 @@ def _chaos_lanes(
         radius = 2 if len(mine) > DENSE_MARKS // 2 else 4
         dots = [
             {"at": f["at_s"], "color": FAULT_COLORS[f["kind"]], "title": fault_title(f, 3),
-             "r": radius}
+             "r": radius, "kind": f["kind"]}
             for f in mine
             if f["kind"] not in SHADED
         ]  # fmt: skip
+        kills = sum(1 for f in mine if f["kind"] == "SIGKILL")
         windows = [
             {"start": f["at_s"], "end": f.get("continued_at_s", f.get("until_s", elapsed)),
              "color": FAULT_COLORS[f["kind"]], "title": fault_title(f, 3)}
             for f in mine
             if f["kind"] in SHADED
         ]  # fmt: skip
-        lanes.append(
-            {"label": f"slot {slot} ({len(workers)} processes)", "spans": spans, "dots": dots,
-             "windows": windows}
-        )  # fmt: skip
+        label = (
+            f"slot {slot} ({len(workers):,} processes, {kills:,} kill{'' if kills == 1 else 's'})"
+        )
+        lanes.append({"label": label, "spans": spans, "dots": dots, "windows": windows,
+                      "spans_are": "processes, one after another,"})  # fmt: skip
     return lanes
 
 

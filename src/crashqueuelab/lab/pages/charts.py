@@ -7,8 +7,9 @@ everything else).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 WIDTH, HEIGHT = 720, 260
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 16, 40
@@ -163,3 +164,143 @@ def rate_over_time(
         if 0 <= at <= end:
             counts[min(buckets - 1, int(at / width))] += 1
     return [((index + 0.5) * width, count / width) for index, count in enumerate(counts)]
+
+
+#: The lane charts' geometry: as wide as the other charts, one lane every LANE_STEP px.
+LANE_HEIGHT, LANE_STEP, LANE_TOP, LANE_RIGHT = 14, 18, 10, 10
+#: The label column is at least this wide, and ends this far left of the lanes.
+LABEL_ROOM, LABEL_GAP = 110, 10
+#: A lane with more marks than this has them counted in slices of time, not drawn one by
+#: one (500 kills in a lane are a smear of dots); likewise its bars with more than this.
+DENSE_LANE = 40
+#: The width of one slice of a dense lane, in px.
+SLICE_PX = 6
+#: A dense lane's bars, merged into one: pale, so the counted marks over it stand out.
+DENSE_LANE_COLOR = "#d2e3fc"
+#: An upper bound of each character's width in the charts' 11 px sans-serif, as a share of
+#: the font size: labels are given the room they take, so none runs into its lane.
+_WIDE, _NARROW, _FONT_PX = frozenset("mwMW@%"), frozenset(" .,:;'|!()[]iljtfI"), 11
+
+
+def label_width(text: str) -> float:
+    """How wide ``text`` can be drawn at the lanes' font size, in px (an upper bound)."""
+    return _FONT_PX * sum(
+        1.0 if char in _WIDE else 0.45 if char in _NARROW else 0.8 if char.isupper() else 0.66
+        for char in text
+    )
+
+
+@dataclass(frozen=True)
+class LaneChart:
+    """Lanes over one time axis (a worker slot's processes, a job's executions): each row's
+    ``label``, its ``spans`` (bars: ``start``, ``end``, ``color``, ``title``), ``windows``
+    (bands drawn over them), ``dots`` (marks at an instant: ``at``, ``color``, ``title``,
+    and optionally ``kind`` and ``r``) and optionally ``spans_are`` (what its bars are).
+    The label column is as wide as the longest label; a dense lane's bars merge into one
+    and its marks are counted per slice of time."""
+
+    rows: Sequence[Mapping[str, Any]]
+    end: float
+    ticks: Sequence[tuple[float, str]] = ()
+
+    @property
+    def left(self) -> float:
+        longest = max((label_width(str(row["label"])) for row in self.rows), default=0.0)
+        return round(max(LABEL_ROOM, longest) + LABEL_GAP, 1)
+
+    @property
+    def height(self) -> int:
+        return LANE_TOP + LANE_STEP * len(self.rows) + 30
+
+    @property
+    def axis_y(self) -> int:
+        return LANE_TOP + LANE_STEP * len(self.rows) + 4
+
+    def _x(self, at: float) -> float:
+        plot = WIDTH - self.left - LANE_RIGHT
+        return round(self.left + plot * min(max(at, 0.0), self.end) / self.end, 1)
+
+    def axis(self) -> list[tuple[float, str]]:
+        return [(self._x(at), label) for at, label in self.ticks]
+
+    def lanes(self) -> list[dict[str, Any]]:
+        counted = [
+            self._counted(row["dots"]) if len(row.get("dots", ())) > DENSE_LANE else None
+            for row in self.rows
+        ]
+        # One scale for every dense lane, so a taller bar is more marks in any lane.
+        fullest = max((len(slice_) for c in counted if c for slice_ in c), default=1)
+        return [
+            self._lane(row, LANE_TOP + LANE_STEP * index, slices, fullest)
+            for index, (row, slices) in enumerate(zip(self.rows, counted, strict=True))
+        ]
+
+    def _lane(
+        self,
+        row: Mapping[str, Any],
+        y: int,
+        counted: list[list[Mapping[str, Any]]] | None,
+        fullest: int,
+    ) -> dict[str, Any]:
+        spans = list(row.get("spans", ()))
+        if len(spans) > DENSE_LANE:
+            first, last = min(s["start"] for s in spans), max(s["end"] for s in spans)
+            what = row.get("spans_are", "bars")
+            title = (
+                f"{len(spans):,} {what} from {first:.2f} s to {last:.2f} s, too many to draw apart"
+            )
+            spans = [{"start": first, "end": last, "color": DENSE_LANE_COLOR, "title": title}]
+        marks = [
+            {"x": self._x(d["at"]), "y": y + LANE_HEIGHT / 2, "r": d.get("r", 4),
+             "color": d["color"], "title": d["title"]}
+            for d in (row.get("dots", ()) if counted is None else ())
+        ]  # fmt: skip
+        return {
+            "y": y,
+            "label": row["label"],
+            "spans": [self._bar(s, y, LANE_HEIGHT) for s in spans],
+            "windows": [self._bar(w, y - 2, LANE_HEIGHT + 4) for w in row.get("windows", ())],
+            "dots": marks,
+            "slices": [] if counted is None else self._slices(counted, y, fullest),
+        }
+
+    def _bar(self, span: Mapping[str, Any], y: float, height: float) -> dict[str, Any]:
+        x = self._x(span["start"])
+        return {"x": x, "y": y, "width": max(self._x(span["end"]) - x, 1.0), "height": height,
+                "color": span["color"], "title": span["title"]}  # fmt: skip
+
+    def _slice_count(self) -> int:
+        return max(int((WIDTH - self.left - LANE_RIGHT) // SLICE_PX), 1)
+
+    def _counted(self, dots: Sequence[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
+        """The marks in each slice of time, the slices in order."""
+        count = self._slice_count()
+        slices: list[list[Mapping[str, Any]]] = [[] for _ in range(count)]
+        for dot in dots:
+            at = min(max(dot["at"], 0.0), self.end)
+            slices[min(int(at / self.end * count), count - 1)].append(dot)
+        return slices
+
+    def _slices(
+        self, counted: list[list[Mapping[str, Any]]], y: int, fullest: int
+    ) -> list[dict[str, Any]]:
+        """A bar per slice that holds marks, as tall as its count against the fullest slice,
+        coloured as its commonest kind of mark, its counts by kind in its title."""
+        width = self.end / len(counted)
+        drawn = []
+        for index, marks in enumerate(counted):
+            if not marks:
+                continue
+            kinds: dict[str, list[Mapping[str, Any]]] = {}
+            for mark in marks:
+                kinds.setdefault(str(mark.get("kind", "marks")), []).append(mark)
+            height = max(2.0, round(LANE_HEIGHT * len(marks) / fullest, 1))
+            commonest = max(kinds.values(), key=len)
+            counts = ", ".join(f"{len(same)} {kind}" for kind, same in sorted(kinds.items()))
+            start, end = self._x(index * width), self._x((index + 1) * width)
+            drawn.append({
+                "x": start, "y": y + LANE_HEIGHT - height, "width": max(end - start - 1, 1.0),
+                "height": height, "color": commonest[0]["color"],
+                "title": f"{counts} from {index * width:.2f} s to {(index + 1) * width:.2f} s",
+            })  # fmt: skip
+        return drawn

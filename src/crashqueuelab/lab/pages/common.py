@@ -1,7 +1,7 @@
 """What every run kind's page is made of: the ``View`` a template renders (its
 ``Verdict``, its figures, its data), and the helpers several kinds' views share: reading
-a retained file, a store's history as a timeline, the shrunk reproducers with their
-chains of events, how a system and its own promises are named, and the lanes' colours."""
+a retained file, the shrunk reproducers with their chains of events, how a system and its
+own promises are named, and the lanes' colours."""
 
 from __future__ import annotations
 
@@ -44,6 +44,8 @@ class Verdict:
     interrupted: bool = False
     #: What the page says above ``command``.
     command_label: str = "Reproduce this run:"
+    #: What the page calls ``system`` in the verdict's line (nothing: ``system`` says it).
+    system_heading: str = "system"
 
     @property
     def word(self) -> str:
@@ -64,41 +66,6 @@ class View:
 
 def read_json(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8"))
-
-
-def timeline(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A store's history as rows relative to its first entry (SQLite events, walqueue frames)."""
-    rows = []
-    for entry in history:
-        at = entry.get("at_us", entry.get("now"))
-        what = entry.get("event_type", entry.get("type", "?"))
-        job = (
-            entry.get("job_id")
-            or entry.get("task_id")
-            or ",".join(
-                str(item.get("task_id", item)) if isinstance(item, dict) else str(item)
-                for item in entry.get("task_ids", entry.get("tasks", []))
-            )
-        )
-        shown = ("at_us", "now", "event_type", "type", "job_id", "task_id", "task_ids", "tasks")
-        detail = ", ".join(
-            f"{key}={value}"
-            for key, value in entry.items()
-            if key not in shown and value is not None
-        )
-        rows.append(
-            {
-                "at": at if isinstance(at, int) else None,
-                "what": what,
-                "job": job,
-                "detail": detail[:200],
-            }
-        )
-    known = [row["at"] for row in rows if row["at"] is not None]
-    start = min(known) if known else 0
-    for row in rows:
-        row["at"] = 0.0 if row["at"] is None else (row["at"] - start) / 1e6
-    return rows
 
 
 def reproducers(run_dir: Path, report: dict[str, Any]) -> list[dict[str, Any]]:

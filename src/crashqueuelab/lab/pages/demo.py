@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from crashqueuelab.lab.pages.common import Verdict, View, read_json, timeline
+from crashqueuelab.lab.pages.common import Verdict, View, read_json
+from crashqueuelab.lab.pages.transitions import store_transitions
+from crashqueuelab.lab.workloads.scenario import START_US
 
 
 def demo_view(run_dir: Path) -> View:
@@ -20,7 +22,9 @@ def demo_view(run_dir: Path) -> View:
                 "name": name.replace("_", "-"),
                 "figures": comparison[name],
                 "report": scenario,
-                "timeline": timeline(read_json(history_file)) if history_file.is_file() else [],
+                "history": store_transitions(read_json(history_file), origin_us=START_US)
+                if history_file.is_file()
+                else [],
             }
         )
     system = comparison.get("system", {"name": "sqlite", "durability": ""})

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from crashqueuelab.lab.pages.charts import LaneChart
 from crashqueuelab.lab.pages.common import Verdict, View, promises_of, system_label
 
 #: One colour per worker (the lanes are jobs; a bar's colour says who ran it).
@@ -156,9 +157,7 @@ def heartbeats_view(run_dir: Path) -> View:
     ]
     data = {
         "promises": promises_of(report),
-        "lanes": lanes,
-        "end": end,
-        "ticks": ticks,
+        "lanes": LaneChart(lanes, end, ticks),
         "legend": legend,
         "again": _RUN_AGAIN,
         "holding": _HOLDING if report.get("network") else {},

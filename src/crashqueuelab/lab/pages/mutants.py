@@ -33,19 +33,43 @@ def _mutants_command(report: dict[str, Any], run_dir: Path) -> str:
     )
 
 
+def _original(entry: dict[str, Any]) -> str:
+    """The shipped system a mutant changes, as its change names it ("sqlite: ...")."""
+    return str(entry["changes"]).split(":", 1)[0]
+
+
+def mutants_of(report: dict[str, Any]) -> str:
+    """The run's mutants in a few words: "21 mutants of sqlite and walqueue"; each one's
+    own system is named in the table."""
+    entries = report["mutants"] + report.get("not_run", [])
+    originals = sorted({_original(entry) for entry in entries})
+    systems = (
+        " and ".join(originals)
+        if len(originals) < 3
+        else f"{', '.join(originals[:-1])} and {originals[-1]}"
+    )
+    return f"{len(entries)} mutant{'' if len(entries) == 1 else 's'} of {systems}"
+
+
 def mutants_view(run_dir: Path) -> View:
     report = read_json(run_dir / "mutants.json")
     parameters = report["parameters"]
-    evidence = (
-        "the crash campaign, the power-loss campaign, the fencing probes, and a chaos run"
-        f" ({parameters['chaos_jobs']} jobs, {parameters['chaos_kills']} kills,"
+    chaos = (
+        f"a chaos run ({parameters['chaos_jobs']} jobs, {parameters['chaos_kills']} kills,"
         f" {parameters['chaos_pauses']} pauses, {parameters.get('chaos_power_cuts', 0)} power cuts)"
+    )
+    evidence = (
+        "only the kind of evidence the catalog names for each mutant (--named-evidence): the"
+        f" crash campaign, the power-loss campaign, the probes, the model workload or {chaos}"
+        if report.get("evidence") == "named"
+        else f"the crash campaign, the power-loss campaign, the fencing probes, and {chaos}"
     )
     not_run = [f"mutant {m['mutant']}: {m['reason']}" for m in report.get("not_run", [])]
     verdict = Verdict(
         ok=report["ok"],
         title=f"mutants: {score(report)}",
-        system=", ".join(sorted({m["system"] for m in report["mutants"]})),
+        system=mutants_of(report),
+        system_heading="",
         durability="",
         seed=report["seed"],
         duration=report["timings"]["total_s"],

@@ -220,12 +220,65 @@ def _pip(directory: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
         return subprocess.CompletedProcess(command, 1, "", f"pip ran past {INSTALL_TIMEOUT_S} s")
 
 
-def _build(pin: Pin, directory: Path) -> dict[str, Any]:
+#: Beside the environments: pip's whole output of each install that failed, one file per
+#: environment it was building (the next failure of the same one replaces it).
+PIP_LOGS = ".pip-logs"
+#: pip's refusal of a release it cannot find, listing the releases the index has.
+_NOT_FOUND = re.compile(r"requirement \S+ \(from versions: ([^)]*)\)")
+#: A refusal names this many of the newest releases.
+NEWEST_NAMED = 4
+
+
+def _release_key(release: str) -> tuple[int, ...]:
+    return tuple(int(number) for number in re.findall(r"[0-9]+", release))
+
+
+def _releases_text(pin: Pin, listed: str) -> str:
+    """What the index has, in a few words: how many releases, the first and the last, and
+    the two either side of the one asked for (or, past them all, the newest)."""
+    releases = [release.strip() for release in listed.split(",") if release.strip()]
+    missing = f"the index has no release {pin.version} of {pin.distribution}"
+    if not releases or releases == ["none"]:
+        return f"{missing}, nor any other"
+    wanted = _release_key(pin.version)
+    below = [r for r in releases if _release_key(r) < wanted]
+    above = [r for r in releases if _release_key(r) > wanted]
+    around = (
+        f"the nearest {max(below, key=_release_key)} and {min(above, key=_release_key)}"
+        if below and above
+        else f"the newest {', '.join(releases[-NEWEST_NAMED:])}"
+    )
+    return f"{missing}; it has {len(releases)}, {releases[0]} to {releases[-1]}, {around}"
+
+
+def _refusal(pin: Pin, installed: subprocess.CompletedProcess[str], log: Path) -> str:
+    """pip's failure as one short line, its whole output kept in ``log``: which release is
+    missing and which the index has, or else pip's last error."""
+    output = (installed.stdout or "") + (installed.stderr or "")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(output, encoding="utf-8")
+    found = _NOT_FOUND.search(output)
+    errors = [line.strip() for line in output.splitlines() if line.strip()]
+    said = (
+        _releases_text(pin, found.group(1))
+        if found
+        else next((line for line in reversed(errors) if line.startswith("ERROR")), None)
+        or (errors[-1] if errors else f"pip exited {installed.returncode}, saying nothing")
+    )
+    if len(said) > ERROR_LINE:
+        said = said[: ERROR_LINE - 1] + "…"
+    return f"pip could not install {pin.requirement}: {said}; pip's output: {log}"
+
+
+#: pip's last error, in a refusal, is cut to this many characters (the file has it all).
+ERROR_LINE = 200
+
+
+def _build(pin: Pin, directory: Path, log: Path) -> dict[str, Any]:
     venv.EnvBuilder(with_pip=True, symlinks=True, clear=True).create(directory)
     installed = _pip(directory, "install", "--quiet", pin.requirement, *lab_requirements())
     if installed.returncode != 0:
-        tail = " ".join((installed.stderr or installed.stdout).strip().splitlines()[-3:])
-        raise SystemUnavailable(pin.spec, f"pip could not install {pin.requirement}: {tail}")
+        raise SystemUnavailable(pin.spec, _refusal(pin, installed, log))
     frozen = _pip(directory, "list", "--format", "json")
     packages = {row["name"].lower(): row["version"] for row in json.loads(frozen.stdout or "[]")}
     return {
@@ -251,7 +304,7 @@ def ensure_environment(pin: Pin) -> tuple[Path, dict[str, Any]]:
             return directory, marker
         building = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=root))
         try:
-            marker = _build(pin, building)
+            marker = _build(pin, building, root / PIP_LOGS / f"{directory.name}.log")
             (building / MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True))
             shutil.rmtree(directory, ignore_errors=True)
             building.rename(directory)
