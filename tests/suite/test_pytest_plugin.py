@@ -61,8 +61,9 @@ def test_a_broken_system_fails_in_the_lab_s_words(pytester: pytest.Pytester) -> 
     result.stdout.fnmatch_lines(
         [
             "*contract check an_acknowledgement_at_the_deadline_is_refused failed (evidence in *",
-            # What it compared, or at least the statement that failed: never an empty line.
-            "assert *Verdict.STALE*",
+            # What the system did and what it must do, in the lab's words.
+            "an acknowledgement exactly at the lease's deadline answered succeeded; it must"
+            " answer stale (a lease is live strictly before its deadline)",
             "*1 anomaly (evidence in *",
             "*- probe stale_holder_after_expiry: job stale-holder: an acknowledgement after*",
         ],
@@ -170,9 +171,12 @@ def test_a_crash_mode_the_lab_cannot_make_is_one_line_of_usage_error(
 
 
 def test_a_contract_check_s_failure_says_what_it_was_told() -> None:
-    # (Without a message, the statement that failed: the broken system's test above.)
     told = AssertionError("w1 found nothing to claim")
     assert what_failed(told) == "w1 found nothing to claim"
+    # Without a message, the statement that failed and where.
+    with pytest.raises(AssertionError) as bare:
+        exec(compile("assert 1 == 2", "rule.py", "exec"))  # a bare assert, never rewritten
+    assert what_failed(bare.value) == "assert (rule.py, line 1)"
 
 
 def test_a_node_id_the_lab_does_not_have_is_one_line_of_usage_error(

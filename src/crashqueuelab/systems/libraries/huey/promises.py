@@ -30,6 +30,12 @@ _NO_ACKNOWLEDGEMENT = Documented(
         "probe stale_holder_after_expiry: *the queue offered nothing",
         "probe batched_acknowledgement_fences_each_item: *the queue offered nothing",
         "probe expired_attempts_run_out: *yet it is dequeued (leased)*",
+        # The contract's rules (the pytest plugin): a dequeued task never comes back, and a
+        # reopened store knows nothing of it.
+        "contract an_expired_holder_is_refused_and_the_job_goes_to_another: * found nothing"
+        " to claim",
+        "contract a_reopened_store_keeps_every_job_and_lease: job * under a live lease, once"
+        " the store reopened: the system reports nothing*",
         # Chaos: a consumer killed holding a task took it with it.
         "job *: missing from the store (lost; claimed by *, which never answered for it)",
         "job *: missing from the store (lost; in no worker's log, and * workers' logs end"
@@ -49,11 +55,23 @@ _NO_LEASES = Documented(
         "model workload: job *: claimed by * after an accepted acknowledgement (at *",
         "model workload: job *: claimed by * while *'s lease * was live until *",
         "job *: *, stopped past its lease, had its late acknowledgement accepted",
+        "contract the_live_holder_acknowledges_once: a second acknowledgement of the same"
+        " lease answered succeeded*",
+        "contract an_acknowledgement_at_the_deadline_is_refused: * answered succeeded*",
+    ),
+)
+_RETRY_AT_ONCE = Documented(
+    "a retry waits only with a retry_delay, which the lab's tasks do not set: huey enqueues"
+    " a failed task's retry at once",
+    _API_DOCS + "#Huey.task",
+    explains=(
+        "contract a_failure_waits_its_delay_then_the_dead_letter_takes_it: * claimed job * as"
+        " attempt 2; nothing may be claimable: the retry's delay has not passed",
     ),
 )
 
 #: What every huey system documents.
-DOCUMENTED = (_NO_ACKNOWLEDGEMENT, _NO_LEASES)
+DOCUMENTED = (_NO_ACKNOWLEDGEMENT, _NO_LEASES, _RETRY_AT_ONCE)
 
 
 def unsynced_default(installed: str) -> Documented:
