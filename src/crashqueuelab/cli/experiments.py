@@ -26,6 +26,7 @@ from crashqueuelab.cli.pages import html_report
 from crashqueuelab.cli.progress import progress_for
 from crashqueuelab.cli.replay import ReplayAction
 from crashqueuelab.cli.shrink import reproducer_lines
+from crashqueuelab.cli.verdict import exit_code
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.bench.peers import BENCH_PEERS
 from crashqueuelab.lab.bench.report import BENCH_FILE, table
@@ -84,8 +85,11 @@ def _campaign(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         probes=args.probe,
     )
     shrink_if_failed(args.output_directory, report, args.shrink_seconds)
-    return (EXIT_OK if report["ok"] else EXIT_REJECTED), {
+    return exit_code(report["ok"], report["passed_what_ran"]), {
         "ok": report["ok"],
+        "passed_what_ran": report["passed_what_ran"],
+        "complete": report["complete"],
+        "not_run": report["not_run"],
         "report": html_report(args.output_directory),
         "system": report["system"],
         "crash_mode": report["crash_mode"],
@@ -117,7 +121,7 @@ def _showcase(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     report = html_report(args.output_directory)
     if not args.quiet:
         print(f"crashqueuelab: {summary['mutants']['line']}", file=args.stderr)
-    return (EXIT_OK if summary["ok"] else EXIT_REJECTED), {"report": report, **summary}
+    return exit_code(summary["ok"], summary["passed_what_ran"]), {"report": report, **summary}
 
 
 def _chaos(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
@@ -175,11 +179,11 @@ def _mutants(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         progress=progress_for(args),
         shrink_seconds=args.shrink_seconds,
     )
-    return (EXIT_OK if report["ok"] else EXIT_REJECTED), {
+    return exit_code(report["ok"], report["passed_what_ran"]), {
         key: report[key]
         for key in (
-            "ok", "reasons", "caught", "total", "not_run", "missed", "seeds", "evidence",
-            "mutants",
+            "ok", "passed_what_ran", "complete", "reasons", "caught", "total", "not_run",
+            "missed", "seeds", "evidence", "mutants",
         )
     } | {
         "mutants_report": str(args.output_directory / MUTANTS_FILE),

@@ -104,7 +104,8 @@ def _campaign_summary(system: System, campaign_dir: Path) -> dict[str, Any]:
 
 def _power_loss_summary(campaign_dir: Path, unavailable: str | None) -> dict[str, Any]:
     if unavailable is not None:
-        return {"ran": False, "ok": True, "unavailable": unavailable}
+        # Evidence that did not run is never ok: ``ran`` and ``unavailable`` say why.
+        return {"ran": False, "ok": False, "unavailable": unavailable}
     report = read_json(campaign_dir / CAMPAIGN_FILE)
     return {"ran": True, "ok": report["ok"], **report["summary"]}
 
@@ -121,6 +122,7 @@ def _mutant_summary(mutants_dir: Path) -> dict[str, Any]:
     line += "; the full run, every kind of evidence under two seeds: crashqueuelab mutants"
     return {
         "ok": report["ok"],
+        "passed_what_ran": report["passed_what_ran"],
         "complete": not not_run,
         "caught": report["caught"],
         "total": report["total"],
@@ -146,9 +148,13 @@ def _system_summary(spec: str, system_dir: Path, unavailable: str | None) -> dic
         and campaign["recovery_all_succeeded"]
         and campaign["probes_failed"] == 0
     )
+    passed_what_ran = effect["ok"] and campaign_ok and (power_loss["ok"] or not power_loss["ran"])
+    complete = power_loss["ran"] and campaign["probes_not_run"] == 0
     return {
         "system": read_json(system_dir / CAMPAIGN_DIR / CAMPAIGN_FILE)["system"],
-        "ok": effect["ok"] and campaign_ok and power_loss["ok"],
+        "ok": passed_what_ran and complete,
+        "passed_what_ran": passed_what_ran,
+        "complete": complete,
         "effect_commit_before_acknowledgement": effect,
         "process_fault_campaign": campaign,
         "power_loss_campaign": power_loss,
@@ -158,6 +164,39 @@ def _system_summary(spec: str, system_dir: Path, unavailable: str | None) -> dic
             "case_directories": str(system_dir / CAMPAIGN_DIR / "cases"),
         },
     }
+
+
+def _named(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def _headline(
+    systems: dict[str, dict[str, Any]], mutants: dict[str, Any], unavailable: str | None
+) -> str:
+    """What did not run, each reason said once (the record names each part with its own)."""
+    by_reason: dict[str, list[str]] = {}
+    campaigns: dict[str, list[str]] = {}
+    for spec, section in systems.items():
+        power_loss = section["power_loss_campaign"]
+        if not power_loss["ran"]:
+            campaigns.setdefault(power_loss["unavailable"], []).append(spec)
+        probes = section["process_fault_campaign"]["probes_not_run"]
+        if probes:
+            by_reason.setdefault("their system could not be opened", []).append(
+                f"{probes} probe{'s' if probes > 1 else ''} of {spec}'s crash campaign"
+            )
+    for reason, specs in campaigns.items():
+        campaign = "the power-loss campaigns" if len(specs) > 1 else "the power-loss campaign"
+        by_reason.setdefault(reason, []).append(f"{campaign} of {_named(specs)}")
+    if mutants["not_run"]:
+        # Each needs a power cut: the reason is the machine's, said once with the campaigns'.
+        reason = unavailable or mutants["not_run"][0]["reason"]
+        by_reason.setdefault(reason, []).append(
+            f"{len(mutants['not_run'])} of {mutants['total']} mutants (each needs a power cut)"
+        )
+    return "not run here: " + "; ".join(
+        f"{_named(parts)}: {reason}" for reason, parts in by_reason.items()
+    )
 
 
 def _directory_name(spec: str) -> str:
@@ -189,17 +228,30 @@ def summarize(output_dir: Path, *, seed: int) -> dict[str, Any]:
         for spec, section in systems.items()
         if not section["power_loss_campaign"]["ran"]
     ]
+    not_run += [
+        f"{spec}: {section['process_fault_campaign']['probes_not_run']} probes of the crash"
+        " campaign (its system could not be opened for them: see its page)"
+        for spec, section in systems.items()
+        if section["process_fault_campaign"]["probes_not_run"]
+    ]
     if mutants["not_run"]:
         not_run.append(
             f"{len(mutants['not_run'])} of {mutants['total']} mutants"
             f" ({mutants['not_run'][0]['reason']})"
         )
+    passed_what_ran = (
+        all(section["passed_what_ran"] for section in systems.values())
+        and mutants["passed_what_ran"]
+    )
     return {
         "seed": seed,
-        "ok": all(section["ok"] for section in systems.values()) and mutants["ok"],
-        # Skipped evidence is part of the verdict: what ran passed, and this did not run.
+        # Skipped evidence is part of the verdict: ok only when everything ran and passed;
+        # passed_what_ran when what ran passed; not_run says what did not, and why.
+        "ok": passed_what_ran and not not_run,
+        "passed_what_ran": passed_what_ran,
         "complete": not not_run,
         "not_run": not_run,
+        **({"headline": _headline(systems, mutants, unavailable)} if not_run else {}),
         "mutants": mutants,
         "power_loss": "ran" if unavailable is None else f"unavailable: {unavailable}",
         "queue_delivery_semantics": read_json(

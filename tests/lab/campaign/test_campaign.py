@@ -160,32 +160,79 @@ def test_a_showcase_without_power_loss_says_why_and_runs_the_rest(
     monkeypatch.setattr(showcase, "MUTANTS", chosen)
     argv = ["showcase", "--system", "sqlite", "--seed", "2", "--quiet"]
     outcome = run_cli(*argv, "--output-directory", str(tmp_path / "s"))
-    assert outcome.code == cli.EXIT_OK
+    # What ran passed, and evidence did not run: never ok, never exit 0.
+    assert outcome.code == cli.EXIT_PASSED_WHAT_RAN
     assert outcome.result["power_loss"] == "unavailable: no /dev/fuse here"
-    section = outcome.result["systems"]["sqlite"]["power_loss_campaign"]
-    assert section == {"ran": False, "ok": True, "unavailable": "no /dev/fuse here"}
+    section = outcome.result["systems"]["sqlite"]
+    assert section["power_loss_campaign"] == {
+        "ran": False,
+        "ok": False,
+        "unavailable": "no /dev/fuse here",
+    }
+    assert (section["ok"], section["passed_what_ran"], section["complete"]) == (False, True, False)
     assert not (tmp_path / "s" / "sqlite" / "power-loss-campaign").exists()
     # Skipped evidence is part of the verdict: counted in the total, named, never caught.
     mutants = outcome.result["mutants"]
     needing = [mutant.name for mutant in chosen if mutant.needs_power_loss]
     assert (mutants["total"], mutants["caught"]) == (4, 2)
+    assert (mutants["ok"], mutants["passed_what_ran"]) == (False, True)
     assert [m["mutant"] for m in mutants["not_run"]] == needing
     assert mutants["line"].startswith("mutants: 2 of 4 caught, 2 not run by the evidence")
     assert "it needs a power cut, and no /dev/fuse here" in mutants["line"]
-    assert (outcome.result["ok"], outcome.result["complete"]) == (True, False)
+    assert (outcome.result["ok"], outcome.result["complete"]) == (False, False)
+    assert outcome.result["passed_what_ran"] is True
     assert outcome.result["not_run"] == [
         "sqlite: the power-loss campaign (no /dev/fuse here)",
         "2 of 4 mutants (it needs a power cut, and no /dev/fuse here)",
     ]
+    # The verdict line says the reason once.
+    headline = (
+        "not run here: the power-loss campaign of sqlite and 2 of 4 mutants (each needs a"
+        " power cut): no /dev/fuse here"
+    )
+    assert outcome.result["headline"] == headline
+    last = outcome.stderr.rstrip().splitlines()[-1]
+    assert last == f"crashqueuelab: passed what ran: {headline}; report: {outcome.result['report']}"
     kept = json.loads((tmp_path / "s" / "mutants" / "mutants.json").read_text())
     assert (kept["caught"], kept["total"], kept["ran"], kept["complete"]) == (2, 4, 2, False)
+    assert (kept["ok"], kept["passed_what_ran"]) == (False, True)
     page = (tmp_path / "s" / "report.html").read_text()
     assert "Passed what ran" in page
+    assert 'data-ok="false" data-complete="false"' in page
     assert "mutants 2 of 4 caught, 2 not run" in page
     assert "Not run (2): not counted as passed" in page
+    assert '<h2>sqlite <span class="">passed what ran</span></h2>' in page
     mutants_page = (tmp_path / "s" / "mutants" / "report.html").read_text()
     assert "mutants: 2 of 4 caught, 2 not run" in mutants_page
+    assert 'data-ok="false" data-complete="false"' in mutants_page
     assert mutants_page.count("not run, so not caught") == 2
+
+
+def test_a_campaign_whose_probes_could_not_open_their_system_passed_only_what_ran(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No server named for a probe is a setup error: the probe did not run, the campaign
+    is not ok, and nothing is counted as a failure of the system or shrunk as one."""
+    from crashqueuelab.lab.pages.render import write_report
+    from crashqueuelab.lab.reproducers.campaign import shrink_if_failed
+    from crashqueuelab.servers.postgres import DSN_VARIABLE
+
+    monkeypatch.delenv(DSN_VARIABLE, raising=False)
+    directory = tmp_path / "c"
+    report = run_campaign(directory, seed=1, system="postgres", probes=["idempotent_submit"])
+    assert (report["ok"], report["passed_what_ran"], report["complete"]) == (False, True, False)
+    assert report["anomalies"] == []
+    assert report["not_run"] == [
+        "probe idempotent_submit: not run: SystemUnavailable: system 'postgres': no server:"
+        " the command line starts one (or give --dsn); CRASHQUEUELAB_POSTGRES_DSN is unset"
+    ]
+    summary = report["summary"]
+    assert (summary["probes_failed"], summary["probes_not_run"]) == (0, 1)
+    assert shrink_if_failed(directory, report, 5)["shrink"] is None
+    page = write_report(directory).read_text()
+    assert "Passed what ran" in page
+    assert "Not run (1): not counted as passed" in page
+    assert "0 passed, 0 failed, 1 not run" in page
 
 
 @pytest.mark.parametrize("command", ["showcase", "demo", "campaign"])

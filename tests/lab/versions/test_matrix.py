@@ -152,7 +152,7 @@ def test_a_bisection_that_passes_at_both_ends_passed_only_what_ran(tmp_path: Pat
 
 def test_a_matrix_says_each_release_once_whatever_the_criterion(tmp_path: Path) -> None:
     def run(release: str, _: Path) -> dict[str, Any]:
-        record = evidence("1.2", [])(release, _)
+        record: dict[str, Any] = evidence("1.2", [])(release, _)
         return record | {"promises": {"keeps_its_promises": release != "1.1"}}
 
     ok = run_versions(RELEASES[2:4], evidence("1.0", []), tmp_path, system="lib")
