@@ -4,7 +4,6 @@ its page) instead of using a database; and ``report``, which rebuilds a page."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,13 +39,7 @@ from crashqueuelab.lab.mutants.runner import MUTANTS_FILE, run_mutants
 from crashqueuelab.lab.reproducers.campaign import shrink_if_failed
 from crashqueuelab.lab.reproducers.chaos import add_chaos_reproducer
 from crashqueuelab.lab.runs.kinds import KINDS
-from crashqueuelab.lab.showcase import (
-    CAMPAIGN_DIR,
-    EFFECT_DIR,
-    MUTANTS_DIR,
-    POWER_LOSS_DIR,
-    run_showcase,
-)
+from crashqueuelab.lab.showcase import run_showcase
 from crashqueuelab.systems.registry import DEFAULT_SYSTEM, SHIPPED
 
 #: The file each experiment writes into its output directory: the record of its run.
@@ -109,15 +102,9 @@ def _showcase(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         systems=args.system or list(SHIPPED),
         progress=progress_for(args),
         shrink_seconds=args.shrink_seconds,
+        # Each part's page as it finishes: a run stopped later links every finished part.
+        finished=lambda directory: html_report(directory, args.stderr),
     )
-    sections = [Path(section["artifacts"]["campaign_report"]).parent.parent
-                for section in summary["systems"].values()]  # fmt: skip
-    if importlib.util.find_spec("jinja2") is not None:
-        for section in sections:
-            for part in (EFFECT_DIR, CAMPAIGN_DIR, POWER_LOSS_DIR):
-                if (section / part).is_dir():
-                    html_report(section / part)
-        html_report(args.output_directory / MUTANTS_DIR)
     report = html_report(args.output_directory)
     if not args.quiet:
         print(f"crashqueuelab: {summary['mutants']['line']}", file=args.stderr)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -268,6 +268,11 @@ def summarize(output_dir: Path, *, seed: int) -> dict[str, Any]:
     }
 
 
+#: Called with each part's directory as soon as the part has finished (its page is written
+#: there, so a run stopped later still links every part it finished).
+Finished = Callable[[Path], object]
+
+
 def run_showcase(
     output_dir: Path,
     *,
@@ -275,10 +280,12 @@ def run_showcase(
     systems: Sequence[str] = tuple(SHIPPED),
     progress: Progress | None = None,
     shrink_seconds: float = SHRINK_SECONDS,
+    finished: Finished | None = None,
 ) -> dict[str, Any]:
     """Run both experiments on each system (every shipped one unless told) into
     ``output_dir`` (new or empty) and return the summary. Each failing campaign, and each
-    mutant, is shrunk to a reproducer for up to ``shrink_seconds``."""
+    mutant, is shrunk to a reproducer for up to ``shrink_seconds``; ``finished`` is told of
+    each part as it ends."""
     chosen = list(dict.fromkeys(systems))
     for spec in chosen:
         resolve_system(spec)  # an unusable system is refused before anything is written
@@ -287,21 +294,34 @@ def run_showcase(
     write_json(
         output_dir / SYSTEMS_FILE, {"systems": chosen, "power_loss_unavailable": unavailable}
     )
-    done: list[str] = []
+    done: list[dict[str, str]] = []
+    running = ""
+
+    def part(name: str, directory: Path) -> None:
+        """``name`` has finished in ``directory``."""
+        nonlocal running
+        done.append({"part": name, "directory": str(directory.relative_to(output_dir))})
+        running = ""
+        if finished is not None:
+            finished(directory)
+
     try:
         for spec in chosen:
             section = output_dir / _directory_name(spec)
+            running = f"{spec}: effect experiment"
             run_demo(section / EFFECT_DIR, seed=seed, system=spec)
-            done.append(f"{spec}: effect experiment")
+            part(running, section / EFFECT_DIR)
             said = labelled(progress, f"effect experiment {spec}")
             if said is not None:
                 said("done")
+            running = f"{spec}: crash campaign"
             campaign = run_campaign(
                 section / CAMPAIGN_DIR, seed=seed, system=spec, progress=progress
             )
             shrink_if_failed(section / CAMPAIGN_DIR, campaign, shrink_seconds)
-            done.append(f"{spec}: crash campaign")
+            part(running, section / CAMPAIGN_DIR)
             if unavailable is None and power_loss_refusal(resolve_system(spec)) is None:
+                running = f"{spec}: power-loss campaign"
                 power_loss = run_campaign(
                     section / POWER_LOSS_DIR,
                     seed=seed,
@@ -310,12 +330,13 @@ def run_showcase(
                     progress=progress,
                 )
                 shrink_if_failed(section / POWER_LOSS_DIR, power_loss, shrink_seconds)
-                done.append(f"{spec}: power-loss campaign")
+                part(running, section / POWER_LOSS_DIR)
         not_run = {
             m.name: f"it needs a power cut, and {unavailable}"
             for m in MUTANTS
             if unavailable is not None and m.needs_power_loss
         }
+        running = "mutants"
         run_mutants(
             output_dir / MUTANTS_DIR,
             seed=seed,
@@ -326,9 +347,14 @@ def run_showcase(
             progress=progress,
             shrink_seconds=shrink_seconds,
         )
+        part(running, output_dir / MUTANTS_DIR)
     except (Interrupted, SystemRaised) as stop:
-        # Each part finished so far has its own record and page below the directory.
-        stop.partial["parts_done"] = done
+        # Each part finished so far has its own record and page below the directory; the
+        # part that was running names the progress the stop carries (its crash points...).
+        stop.partial["systems"] = chosen
+        stop.partial["parts_done"] = [entry["part"] for entry in done]
+        stop.partial["parts"] = done
+        stop.partial["running"] = running or None
         raise
     summary = summarize(output_dir, seed=seed)
     write_json(output_dir / SHOWCASE_FILE, summary)
