@@ -61,8 +61,7 @@ def test_evidence_not_run_for_one_reason_says_the_reason_once() -> None:
     result = {
         "ok": False,
         "passed_what_ran": True,
-        "headline": "not run here: the power-loss campaigns of sqlite and walqueue, and 4 of 21"
-        f" mutants: {HINT}",
+        "headline": f"not run: power-loss campaigns (sqlite, walqueue) and 4 of 21 mutants: {HINT}",
         "not_run": [f"sqlite: the power-loss campaign ({HINT})"] * 2,
     }
     line = verdict_line(result)

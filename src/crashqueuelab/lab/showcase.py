@@ -170,33 +170,51 @@ def _named(names: list[str]) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
-def _headline(
+#: Why a campaign's probes did not run: the lab could not open the system for them.
+PROBES_NOT_OPENED = "the lab could not open the system for them (its campaign page says why)"
+
+
+def not_run_of(
     systems: dict[str, dict[str, Any]], mutants: dict[str, Any], unavailable: str | None
-) -> str:
-    """What did not run, each reason said once (the record names each part with its own)."""
-    by_reason: dict[str, list[str]] = {}
-    campaigns: dict[str, list[str]] = {}
+) -> tuple[list[str], str | None]:
+    """What the showcase did not run: each part with its reason (the record's ``not_run``),
+    and one line that says each reason once (the ``headline``; None when everything ran)."""
+    parts: list[tuple[str, str, str]] = []  # (system or "", what, why)
     for spec, section in systems.items():
         power_loss = section["power_loss_campaign"]
         if not power_loss["ran"]:
-            campaigns.setdefault(power_loss["unavailable"], []).append(spec)
-        probes = section["process_fault_campaign"]["probes_not_run"]
+            parts.append((spec, "the power-loss campaign", power_loss["unavailable"]))
+        probes = section["process_fault_campaign"].get("probes_not_run", 0)
         if probes:
-            by_reason.setdefault("their system could not be opened", []).append(
-                f"{probes} probe{'s' if probes > 1 else ''} of {spec}'s crash campaign"
-            )
-    for reason, specs in campaigns.items():
-        campaign = "the power-loss campaigns" if len(specs) > 1 else "the power-loss campaign"
-        by_reason.setdefault(reason, []).append(f"{campaign} of {_named(specs)}")
+            what = f"{probes} probe{'s' if probes > 1 else ''} of the crash campaign"
+            parts.append((spec, what, PROBES_NOT_OPENED))
     if mutants["not_run"]:
-        # Each needs a power cut: the reason is the machine's, said once with the campaigns'.
+        # Each needs a power cut: the machine's reason, said with the campaigns'.
         reason = unavailable or mutants["not_run"][0]["reason"]
-        by_reason.setdefault(reason, []).append(
-            f"{len(mutants['not_run'])} of {mutants['total']} mutants (each needs a power cut)"
-        )
-    return "not run here: " + "; ".join(
-        f"{_named(parts)}: {reason}" for reason, parts in by_reason.items()
-    )
+        parts.append(("", f"{len(mutants['not_run'])} of {mutants['total']} mutants", reason))
+    if not parts:
+        return [], None
+    listed = [
+        f"{spec}: {what} ({why})" if spec else f"{what} ({mutants['not_run'][0]['reason']})"
+        for spec, what, why in parts
+    ]
+    by_reason: dict[str, dict[str, list[str]]] = {}
+    for spec, what, why in parts:
+        by_reason.setdefault(why, {}).setdefault(what, []).append(spec)
+    said = []
+    for why, whats in by_reason.items():
+        pieces = []
+        for what, specs in whats.items():
+            named = [spec for spec in specs if spec]
+            if not named:
+                pieces.append(what)
+            elif what == "the power-loss campaign":
+                plural = "s" if len(named) > 1 else ""
+                pieces.append(f"power-loss campaign{plural} ({', '.join(named)})")
+            else:
+                pieces.append(f"{what} ({', '.join(named)})")
+        said.append(f"{_named(pieces)}: {why}")
+    return listed, "not run: " + "; ".join(said)
 
 
 def _directory_name(spec: str) -> str:
@@ -223,22 +241,7 @@ def summarize(output_dir: Path, *, seed: int) -> dict[str, Any]:
     }
     mutants = _mutant_summary(output_dir / MUTANTS_DIR)
     first = systems[specs[0]]
-    not_run = [
-        f"{spec}: the power-loss campaign ({section['power_loss_campaign']['unavailable']})"
-        for spec, section in systems.items()
-        if not section["power_loss_campaign"]["ran"]
-    ]
-    not_run += [
-        f"{spec}: {section['process_fault_campaign']['probes_not_run']} probes of the crash"
-        " campaign (its system could not be opened for them: see its page)"
-        for spec, section in systems.items()
-        if section["process_fault_campaign"]["probes_not_run"]
-    ]
-    if mutants["not_run"]:
-        not_run.append(
-            f"{len(mutants['not_run'])} of {mutants['total']} mutants"
-            f" ({mutants['not_run'][0]['reason']})"
-        )
+    not_run, headline = not_run_of(systems, mutants, unavailable)
     passed_what_ran = (
         all(section["passed_what_ran"] for section in systems.values())
         and mutants["passed_what_ran"]
@@ -251,7 +254,7 @@ def summarize(output_dir: Path, *, seed: int) -> dict[str, Any]:
         "passed_what_ran": passed_what_ran,
         "complete": not not_run,
         "not_run": not_run,
-        **({"headline": _headline(systems, mutants, unavailable)} if not_run else {}),
+        **({"headline": headline} if headline else {}),
         "mutants": mutants,
         "power_loss": "ran" if unavailable is None else f"unavailable: {unavailable}",
         "queue_delivery_semantics": read_json(

@@ -186,10 +186,7 @@ def test_a_showcase_without_power_loss_says_why_and_runs_the_rest(
         "2 of 4 mutants (it needs a power cut, and no /dev/fuse here)",
     ]
     # The verdict line says the reason once.
-    headline = (
-        "not run here: the power-loss campaign of sqlite and 2 of 4 mutants (each needs a"
-        " power cut): no /dev/fuse here"
-    )
+    headline = "not run: power-loss campaign (sqlite) and 2 of 4 mutants: no /dev/fuse here"
     assert outcome.result["headline"] == headline
     last = outcome.stderr.rstrip().splitlines()[-1]
     assert last == f"crashqueuelab: passed what ran: {headline}; report: {outcome.result['report']}"
@@ -202,10 +199,45 @@ def test_a_showcase_without_power_loss_says_why_and_runs_the_rest(
     assert "mutants 2 of 4 caught, 2 not run" in page
     assert "Not run (2): not counted as passed" in page
     assert '<h2>sqlite <span class="">passed what ran</span></h2>' in page
+    # Counts as a reader writes them, and the effect page's order (non-idempotent first).
+    assert "{'" not in page
+    assert '<td colspan="2">26 SUCCEEDED</td>' in page
+    effects = 'durable effects (non-idempotent / idempotent)</th><td class="num">2 / 1</td>'
+    assert effects in page
+    demo = tmp_path / "s" / "sqlite" / "effect-commit-before-acknowledgement" / "report.html"
+    assert effects in demo.read_text()
     mutants_page = (tmp_path / "s" / "mutants" / "report.html").read_text()
     assert "mutants: 2 of 4 caught, 2 not run" in mutants_page
     assert 'data-ok="false" data-complete="false"' in mutants_page
     assert mutants_page.count("not run, so not caught") == 2
+
+
+def test_what_a_showcase_did_not_run_is_listed_with_each_reason_and_said_once_per_reason() -> None:
+    from crashqueuelab.lab.showcase import PROBES_NOT_OPENED, not_run_of
+
+    hint = "power-loss mode needs root or fusermount3 to mount (Debian: apt-get install fuse3)"
+
+    def section(probes_not_run: int) -> dict[str, Any]:
+        return {
+            "power_loss_campaign": {"ran": False, "ok": False, "unavailable": hint},
+            "process_fault_campaign": {"probes_not_run": probes_not_run},
+        }
+
+    systems = {"sqlite": section(0), "walqueue": section(2)}
+    mutants = {"not_run": [{"reason": f"it needs a power cut, and {hint}"}] * 4, "total": 21}
+    listed, headline = not_run_of(systems, mutants, hint)
+    assert listed == [
+        f"sqlite: the power-loss campaign ({hint})",
+        f"walqueue: the power-loss campaign ({hint})",
+        f"walqueue: 2 probes of the crash campaign ({PROBES_NOT_OPENED})",
+        f"4 of 21 mutants (it needs a power cut, and {hint})",
+    ]
+    assert headline == (
+        f"not run: power-loss campaigns (sqlite, walqueue) and 4 of 21 mutants: {hint};"
+        f" 2 probes of the crash campaign (walqueue): {PROBES_NOT_OPENED}"
+    )
+    complete = {"power_loss_campaign": {"ran": True}, "process_fault_campaign": {}}
+    assert not_run_of({"sqlite": complete}, {"not_run": []}, None) == ([], None)
 
 
 def test_a_campaign_whose_probes_could_not_open_their_system_passed_only_what_ran(
