@@ -12,7 +12,7 @@ import pytest
 
 from crashqueuelab import cli
 from crashqueuelab.cli.verdict import LINE_LIMIT, verdict_line
-from tests.conftest import RunCli
+from tests.conftest import EXAMPLES, RunCli
 from tests.lab.versions.test_matrix import _power_loss_campaign
 
 REASON = (
@@ -157,3 +157,23 @@ def test_a_versions_run_that_passed_what_ran_exits_5_and_one_that_passed_all_exi
         .splitlines()[-1]
         .startswith("crashqueuelab: passed: huey 3.2.0, 3.2.1 and 3.3.0 pass; report: ")
     )
+
+
+def test_a_real_failing_campaign_ends_with_a_short_line_pointing_at_its_record(
+    tmp_path: Path, run_cli: RunCli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    directory = tmp_path / "c"
+    outcome = run_cli(
+        "campaign", "--system", "broken_adapters:losing_system", "--seed", "3", "--quiet",
+        "--shrink-seconds", "0", "--output-directory", directory,
+    )  # fmt: skip
+    assert outcome.code == cli.EXIT_REJECTED
+    lines = outcome.stderr.rstrip().splitlines()
+    record, page = str(directory / "campaign.json"), str(directory / "report.html")
+    assert lines[-1].startswith("crashqueuelab: not ok: case ")
+    assert lines[-1].endswith(f"; report: {page}")
+    assert _counted(lines[-1], record, page) <= LINE_LIMIT
+    reasons = outcome.result["reasons"]
+    if len(reasons) > 1:
+        assert f" more in {record})" in lines[-1] or f" more, in {record})" in lines[-1]
