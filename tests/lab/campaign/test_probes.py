@@ -196,3 +196,20 @@ def test_a_planted_bug_on_a_path_only_a_new_probe_drives_fails_it(
     failed = verdicts(system, tmp_path)
     assert probe in failed
     assert words in failed[probe]
+
+
+@pytest.mark.parametrize(
+    ("kept", "status"),
+    [
+        ({"ran": True, "ok": True}, "passed"),
+        ({"ran": True, "ok": False}, "failed"),
+        ({"ran": False, "ok": True}, "not applicable"),
+        ({"ran": False, "ok": False, "status": "not run"}, "not run"),
+    ],
+)
+def test_a_probe_kept_before_probes_had_a_status_gets_the_one_it_meant(
+    kept: dict[str, Any], status: str
+) -> None:
+    from crashqueuelab.lab.campaign.probes import status_of
+
+    assert status_of(kept) == status

@@ -210,3 +210,23 @@ def test_a_chaos_page_with_thousands_of_kills_draws_their_density_and_shades_pau
     assert 'fill-opacity="0.22"' in html  # the pause, shaded on the charts
     assert "shaded: a paused worker, from its SIGSTOP to its SIGCONT" in html
     assert 'r="2"' in html  # the lanes' kills drawn small
+
+
+@pytest.mark.parametrize(
+    ("section", "word"),
+    [
+        ({"ok": True, "passed_what_ran": True}, ("passed", "good")),
+        ({"ok": False, "passed_what_ran": True}, ("passed what ran", "")),
+        ({"ok": False, "passed_what_ran": False}, ("FAILED", "bad")),
+    ],
+)
+def test_a_showcase_section_is_passed_only_when_everything_in_it_ran_and_passed(
+    section: dict[str, bool], word: tuple[str, str]
+) -> None:
+    from crashqueuelab.lab.pages.showcase import _probes, _section_verdict, counts_text
+
+    assert _section_verdict(section) == word
+    assert counts_text({"SUCCEEDED": 26, "DEAD": 1}) == "26 SUCCEEDED, 1 DEAD"
+    assert counts_text({}) == "none"
+    campaign = {"probes_passed": 9, "probes_failed": 1, "probes_not_run": 2}
+    assert _probes(campaign) == {"probes": "9 passed, 1 failed, 2 not run", "probes_note": ""}

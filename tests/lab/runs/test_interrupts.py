@@ -370,3 +370,16 @@ def test_a_stopped_run_that_finished_nothing_promises_nothing_below(tmp_path: Pa
     assert "It had finished nothing it could show." in page
     assert "below" not in page.lower()
     assert "crashqueuelab chaos --output-directory=c-2</pre>" in page
+
+
+def test_a_stopped_run_kept_without_its_arguments_is_proposed_into_a_new_directory(
+    tmp_path: Path,
+) -> None:
+    from crashqueuelab.lab.pages.stopped import again
+
+    (tmp_path / "run-2").mkdir()
+    assert again(["bench"], tmp_path / "run") == [
+        "bench",
+        "--output-directory",
+        f"{tmp_path / 'run'}-3",
+    ]
