@@ -20,7 +20,7 @@ from crashqueuelab.lab.mutants.catalog import MUTANTS
 from crashqueuelab.lab.showcase import summarize
 from crashqueuelab.lab.workloads.scenario import run_campaign_workload
 from crashqueuelab.systems import CrashPoint, System, resolve_system
-from tests.conftest import RunCli
+from tests.conftest import RunCli, invoke_cli
 
 SQLITE = resolve_system("sqlite")
 WALQUEUE = resolve_system("walqueue")
@@ -263,6 +263,10 @@ def test_a_campaign_whose_probes_could_not_open_their_system_passed_only_what_ra
     summary = report["summary"]
     assert (summary["probes_failed"], summary["probes_not_run"]) == (0, 1)
     assert shrink_if_failed(directory, report, 5)["shrink"] is None
+    shrunk = invoke_cli("shrink", directory)
+    assert shrunk.code == cli.EXIT_PASSED_WHAT_RAN
+    assert shrunk.result["detail"] == "nothing that ran failed: nothing to shrink"
+    assert not (directory / "reproducer").exists()
     page = write_report(directory).read_text()
     assert "Passed what ran" in page
     assert "Not run (1): not counted as passed" in page
