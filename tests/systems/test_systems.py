@@ -94,12 +94,18 @@ def test_the_walk_through_adapter_passes_its_campaign(tmp_path: Path, run_cli: R
     assert outcome.result["system"]["independent_reader"] is False
     summary = outcome.result["summary"]
     assert (summary["passed"], summary["failed"], summary["probes_failed"]) == (12, 0, 0)
-    # No heartbeat, no chained or carried calls: the probes that need them are skipped,
+    # No heartbeat, no chained or carried calls: the probes that need them do not apply,
     # and the report says so.
     report = json.loads((tmp_path / "c" / "campaign.json").read_text())
     skipped = [probe for probe in report["probes"] if not probe["ran"]]
     assert skipped == [
-        {"name": name, "ran": False, "ok": True, "detail": f"skipped: {why}"}
+        {
+            "name": name,
+            "ran": False,
+            "ok": None,
+            "status": "not applicable",
+            "detail": f"not applicable: {why}",
+        }
         for name, why in (
             ("heartbeat_after_expiry", "no heartbeats"),
             ("heartbeat_survives_restart", "no heartbeats"),

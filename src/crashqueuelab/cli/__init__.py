@@ -20,6 +20,7 @@ from typing import Any, TextIO
 
 from crashqueuelab.cli.common import (
     EXIT_OK,
+    EXIT_PASSED_WHAT_RAN,
     EXIT_REJECTED,
     EXIT_STORE,
     EXIT_UNAVAILABLE,
@@ -39,6 +40,7 @@ from crashqueuelab.cli.heartbeats import add_heartbeats_command
 from crashqueuelab.cli.pages import html_report
 from crashqueuelab.cli.pinned import pins_of, run_pinned
 from crashqueuelab.cli.shrink import add_shrink_command
+from crashqueuelab.cli.verdict import verdict_line
 from crashqueuelab.cli.versions import add_versions_command
 from crashqueuelab.core.errors import (
     CrashModeUnavailable,
@@ -57,6 +59,7 @@ from crashqueuelab.lab.runs.systemcalls import SystemRaised
 __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_OK",
+    "EXIT_PASSED_WHAT_RAN",
     "EXIT_REJECTED",
     "EXIT_STORE",
     "EXIT_UNAVAILABLE",
@@ -80,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="crashqueuelab",
         description="Fault-injection and invariant-testing laboratory for durable job queues.",
         epilog="Exit codes: 0 ok, 1 rejected or inconsistent, 2 bad input, 3 unusable database,"
-        " 4 crash mode or server unavailable here, 130 interrupted (docs/cli.md).",
+        " 4 crash mode or server unavailable here, 5 passed what ran (some evidence did not"
+        " run here: not_run says what and why), 130 interrupted (docs/cli.md).",
     )
     parser.add_argument("--version", action="version", version=_version())
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
@@ -184,19 +188,12 @@ def _stopped(
 
 def _verdict_line(args: argparse.Namespace | None, result: dict[str, Any]) -> str | None:
     """The one line an experiment (or any failed command) ends with on stderr."""
-    page = f"; report: {result['report']}" if result.get("report") else ""
-    if not result.get("ok", False):
-        reasons = result.get("reasons") or [result.get("error", {}).get("message", "not ok")]
-        shown = "; ".join(str(reason) for reason in reasons[:5])
-        more = f" (and {len(reasons) - 5} more)" if len(reasons) > 5 else ""
-        word = "interrupted" if result.get("interrupted") else "not ok"
-        return f"crashqueuelab: {word}: {shown}{more}{page}"
-    if args is None or args.command not in RUN_FILES:
-        return None
-    not_run = result.get("not_run") or []
-    if not_run and isinstance(not_run[0], str):
-        return f"crashqueuelab: passed what ran; not run: {'; '.join(not_run)}{page}"
-    return f"crashqueuelab: passed{page}"
+    experiment = args is not None and args.command in RUN_FILES
+    record = None
+    if args is not None and experiment and not result.get("error"):
+        kept = args.output_directory / RUN_FILES[args.command]
+        record = kept if kept.is_file() else None
+    return verdict_line(result, record=record, experiment=experiment)
 
 
 def main(
@@ -251,7 +248,7 @@ def main(
 
 
 #: What a reader looks for first: the verdict, the page that explains it, the error.
-_FIRST_KEYS = ("ok", "report", "error", "reasons")
+_FIRST_KEYS = ("ok", "passed_what_ran", "headline", "report", "error", "reasons", "not_run")
 
 
 def _sorted(value: Any) -> Any:

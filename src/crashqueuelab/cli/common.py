@@ -24,6 +24,9 @@ EXIT_STORE = 3
 #: This machine cannot provide the crash mode asked for (power loss needs Linux FUSE: the
 #: message says what is missing); nothing was run.
 EXIT_UNAVAILABLE = 4
+#: Everything that ran passed, and some of the evidence asked for did not run (named in
+#: ``not_run``, with why): never counted as passed, so never exit 0.
+EXIT_PASSED_WHAT_RAN = 5
 
 #: What a command's handler returns: its exit code and its JSON answer.
 Handler = Callable[[argparse.Namespace], tuple[int, dict[str, Any]]]

@@ -4,7 +4,6 @@ its page) instead of using a database; and ``report``, which rebuilds a page."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from crashqueuelab.cli.pages import html_report
 from crashqueuelab.cli.progress import progress_for
 from crashqueuelab.cli.replay import ReplayAction
 from crashqueuelab.cli.shrink import reproducer_lines
+from crashqueuelab.cli.verdict import exit_code
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.bench.peers import BENCH_PEERS
 from crashqueuelab.lab.bench.report import BENCH_FILE, table
@@ -39,13 +39,7 @@ from crashqueuelab.lab.mutants.runner import MUTANTS_FILE, run_mutants
 from crashqueuelab.lab.reproducers.campaign import shrink_if_failed
 from crashqueuelab.lab.reproducers.chaos import add_chaos_reproducer
 from crashqueuelab.lab.runs.kinds import KINDS
-from crashqueuelab.lab.showcase import (
-    CAMPAIGN_DIR,
-    EFFECT_DIR,
-    MUTANTS_DIR,
-    POWER_LOSS_DIR,
-    run_showcase,
-)
+from crashqueuelab.lab.showcase import run_showcase
 from crashqueuelab.systems.registry import DEFAULT_SYSTEM, SHIPPED
 
 #: The file each experiment writes into its output directory: the record of its run.
@@ -84,8 +78,11 @@ def _campaign(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         probes=args.probe,
     )
     shrink_if_failed(args.output_directory, report, args.shrink_seconds)
-    return (EXIT_OK if report["ok"] else EXIT_REJECTED), {
+    return exit_code(report["ok"], report["passed_what_ran"]), {
         "ok": report["ok"],
+        "passed_what_ran": report["passed_what_ran"],
+        "complete": report["complete"],
+        "not_run": report["not_run"],
         "report": html_report(args.output_directory),
         "system": report["system"],
         "crash_mode": report["crash_mode"],
@@ -105,19 +102,13 @@ def _showcase(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         systems=args.system or list(SHIPPED),
         progress=progress_for(args),
         shrink_seconds=args.shrink_seconds,
+        # Each part's page as it finishes: a run stopped later links every finished part.
+        finished=lambda directory: html_report(directory, args.stderr),
     )
-    sections = [Path(section["artifacts"]["campaign_report"]).parent.parent
-                for section in summary["systems"].values()]  # fmt: skip
-    if importlib.util.find_spec("jinja2") is not None:
-        for section in sections:
-            for part in (EFFECT_DIR, CAMPAIGN_DIR, POWER_LOSS_DIR):
-                if (section / part).is_dir():
-                    html_report(section / part)
-        html_report(args.output_directory / MUTANTS_DIR)
     report = html_report(args.output_directory)
     if not args.quiet:
         print(f"crashqueuelab: {summary['mutants']['line']}", file=args.stderr)
-    return (EXIT_OK if summary["ok"] else EXIT_REJECTED), {"report": report, **summary}
+    return exit_code(summary["ok"], summary["passed_what_ran"]), {"report": report, **summary}
 
 
 def _chaos(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
@@ -175,11 +166,11 @@ def _mutants(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         progress=progress_for(args),
         shrink_seconds=args.shrink_seconds,
     )
-    return (EXIT_OK if report["ok"] else EXIT_REJECTED), {
+    return exit_code(report["ok"], report["passed_what_ran"]), {
         key: report[key]
         for key in (
-            "ok", "reasons", "caught", "total", "not_run", "missed", "seeds", "evidence",
-            "mutants",
+            "ok", "passed_what_ran", "complete", "reasons", "caught", "total", "not_run",
+            "missed", "seeds", "evidence", "mutants",
         )
     } | {
         "mutants_report": str(args.output_directory / MUTANTS_FILE),

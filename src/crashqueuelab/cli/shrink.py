@@ -10,7 +10,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from crashqueuelab.cli.common import EXIT_OK, EXIT_REJECTED, SYSTEM_HELP, seconds
+from crashqueuelab.cli.common import (
+    EXIT_OK,
+    EXIT_PASSED_WHAT_RAN,
+    EXIT_REJECTED,
+    SYSTEM_HELP,
+    seconds,
+)
 from crashqueuelab.cli.pages import html_report
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.reproducers.campaign import REPRODUCER_DIRECTORY, SHRINK_SECONDS
@@ -54,6 +60,14 @@ def _shrink(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     report = json.loads(record.read_text(encoding="utf-8"))
     if report["ok"]:
         return EXIT_OK, {"ok": True, "detail": "the run is ok: nothing to shrink"}
+    if report.get("passed_what_ran"):
+        # Nothing that ran failed; what did not run is no failure to shrink.
+        return EXIT_PASSED_WHAT_RAN, {
+            "ok": False,
+            "passed_what_ran": True,
+            "not_run": report.get("not_run", []),
+            "detail": "nothing that ran failed: nothing to shrink",
+        }
     existing = directory / REPRODUCER_DIRECTORY
     if existing.exists():
         raise InvalidInput(

@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from crashqueuelab.cli.common import EXIT_OK, EXIT_REJECTED
 from crashqueuelab.cli.pages import html_report
 from crashqueuelab.cli.pinned import run_pinned
+from crashqueuelab.cli.verdict import exit_code
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
 from crashqueuelab.lab.versions.environments import parse_pin
@@ -19,7 +19,7 @@ from crashqueuelab.systems.registry import DISTRIBUTIONS
 #: The commands whose evidence a matrix can hold, and the record each writes.
 EVIDENCE = {"campaign": "campaign.json", "chaos": "chaos.json", "heartbeats": "heartbeats.json"}
 #: What the printed result keeps of each row (the whole rows are in versions.json).
-_ROW_KEYS = ("release", "ok", "keeps_its_promises", "passes", "first_reason")
+_ROW_KEYS = ("release", "ok", "not_judged", "keeps_its_promises", "passes", "first_reason")
 #: Options the matrix sets for each release itself.
 _SET_BY_THE_MATRIX = ("--system", "--output-directory")
 
@@ -63,34 +63,29 @@ def _versions(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         return result
 
     report = run_versions(
-        releases, run_release, output, criterion=args.bisect_on, bisect=args.bisect
+        releases,
+        run_release,
+        output,
+        criterion=args.bisect_on,
+        bisect=args.bisect,
+        system=args.system,
     )
-    report |= {"system": args.system, "evidence": evidence, "seed": args.seed}
+    report |= {"evidence": evidence, "seed": args.seed}
     write_json(output / VERSIONS_FILE, report)
     rows = report["rows"]
-    ok = (
-        all(row["passes"] for row in rows)
-        if not args.bisect
-        else report["bisection"]["found"] is not None
-    )
     reasons = [
         f"{row['release']}: "
-        + (f"not judged: {row['not_judged']}" if row["not_judged"] else row["first_reason"])
+        + (f"not judged: {row['not_judged']}" if row["not_judged"] else str(row["first_reason"]))
         for row in rows
         if not row["passes"]
     ]
-    return (EXIT_OK if ok else EXIT_REJECTED), {
-        "ok": ok,
+    return exit_code(report["ok"], report["passed_what_ran"]), {
+        key: report[key]
+        for key in ("ok", "passed_what_ran", "complete", "headline", "bisection", "not_run")
+    } | {
         "report": html_report(output, err),
-        "bisection": report["bisection"],
-        "rows": [
-            {
-                key: row[key]
-                for key in ("release", "ok", "keeps_its_promises", "passes", "first_reason")
-            }
-            for row in rows
-        ],
-        "reasons": reasons if not args.bisect else ([] if ok else [report["bisection"]["detail"]]),
+        "rows": [{key: row[key] for key in _ROW_KEYS} for row in rows],
+        "reasons": reasons,
         "versions_report": str(output / VERSIONS_FILE),
     }
 

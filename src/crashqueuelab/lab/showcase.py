@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +104,8 @@ def _campaign_summary(system: System, campaign_dir: Path) -> dict[str, Any]:
 
 def _power_loss_summary(campaign_dir: Path, unavailable: str | None) -> dict[str, Any]:
     if unavailable is not None:
-        return {"ran": False, "ok": True, "unavailable": unavailable}
+        # Evidence that did not run is never ok: ``ran`` and ``unavailable`` say why.
+        return {"ran": False, "ok": False, "unavailable": unavailable}
     report = read_json(campaign_dir / CAMPAIGN_FILE)
     return {"ran": True, "ok": report["ok"], **report["summary"]}
 
@@ -121,6 +122,7 @@ def _mutant_summary(mutants_dir: Path) -> dict[str, Any]:
     line += "; the full run, every kind of evidence under two seeds: crashqueuelab mutants"
     return {
         "ok": report["ok"],
+        "passed_what_ran": report["passed_what_ran"],
         "complete": not not_run,
         "caught": report["caught"],
         "total": report["total"],
@@ -146,9 +148,13 @@ def _system_summary(spec: str, system_dir: Path, unavailable: str | None) -> dic
         and campaign["recovery_all_succeeded"]
         and campaign["probes_failed"] == 0
     )
+    passed_what_ran = effect["ok"] and campaign_ok and (power_loss["ok"] or not power_loss["ran"])
+    complete = power_loss["ran"] and campaign["probes_not_run"] == 0
     return {
         "system": read_json(system_dir / CAMPAIGN_DIR / CAMPAIGN_FILE)["system"],
-        "ok": effect["ok"] and campaign_ok and power_loss["ok"],
+        "ok": passed_what_ran and complete,
+        "passed_what_ran": passed_what_ran,
+        "complete": complete,
         "effect_commit_before_acknowledgement": effect,
         "process_fault_campaign": campaign,
         "power_loss_campaign": power_loss,
@@ -158,6 +164,57 @@ def _system_summary(spec: str, system_dir: Path, unavailable: str | None) -> dic
             "case_directories": str(system_dir / CAMPAIGN_DIR / "cases"),
         },
     }
+
+
+def _named(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+#: Why a campaign's probes did not run: the lab could not open the system for them.
+PROBES_NOT_OPENED = "the lab could not open the system for them (its campaign page says why)"
+
+
+def not_run_of(
+    systems: dict[str, dict[str, Any]], mutants: dict[str, Any], unavailable: str | None
+) -> tuple[list[str], str | None]:
+    """What the showcase did not run: each part with its reason (the record's ``not_run``),
+    and one line that says each reason once (the ``headline``; None when everything ran)."""
+    parts: list[tuple[str, str, str]] = []  # (system or "", what, why)
+    for spec, section in systems.items():
+        power_loss = section["power_loss_campaign"]
+        if not power_loss["ran"]:
+            parts.append((spec, "the power-loss campaign", power_loss["unavailable"]))
+        probes = section["process_fault_campaign"].get("probes_not_run", 0)
+        if probes:
+            what = f"{probes} probe{'s' if probes > 1 else ''} of the crash campaign"
+            parts.append((spec, what, PROBES_NOT_OPENED))
+    if mutants["not_run"]:
+        # Each needs a power cut: the machine's reason, said with the campaigns'.
+        reason = unavailable or mutants["not_run"][0]["reason"]
+        parts.append(("", f"{len(mutants['not_run'])} of {mutants['total']} mutants", reason))
+    if not parts:
+        return [], None
+    listed = [
+        f"{spec}: {what} ({why})" if spec else f"{what} ({mutants['not_run'][0]['reason']})"
+        for spec, what, why in parts
+    ]
+    by_reason: dict[str, dict[str, list[str]]] = {}
+    for spec, what, why in parts:
+        by_reason.setdefault(why, {}).setdefault(what, []).append(spec)
+    said = []
+    for why, whats in by_reason.items():
+        pieces = []
+        for what, specs in whats.items():
+            named = [spec for spec in specs if spec]
+            if not named:
+                pieces.append(what)
+            elif what == "the power-loss campaign":
+                plural = "s" if len(named) > 1 else ""
+                pieces.append(f"power-loss campaign{plural} ({', '.join(named)})")
+            else:
+                pieces.append(f"{what} ({', '.join(named)})")
+        said.append(f"{_named(pieces)}: {why}")
+    return listed, "not run: " + "; ".join(said)
 
 
 def _directory_name(spec: str) -> str:
@@ -184,22 +241,20 @@ def summarize(output_dir: Path, *, seed: int) -> dict[str, Any]:
     }
     mutants = _mutant_summary(output_dir / MUTANTS_DIR)
     first = systems[specs[0]]
-    not_run = [
-        f"{spec}: the power-loss campaign ({section['power_loss_campaign']['unavailable']})"
-        for spec, section in systems.items()
-        if not section["power_loss_campaign"]["ran"]
-    ]
-    if mutants["not_run"]:
-        not_run.append(
-            f"{len(mutants['not_run'])} of {mutants['total']} mutants"
-            f" ({mutants['not_run'][0]['reason']})"
-        )
+    not_run, headline = not_run_of(systems, mutants, unavailable)
+    passed_what_ran = (
+        all(section["passed_what_ran"] for section in systems.values())
+        and mutants["passed_what_ran"]
+    )
     return {
         "seed": seed,
-        "ok": all(section["ok"] for section in systems.values()) and mutants["ok"],
-        # Skipped evidence is part of the verdict: what ran passed, and this did not run.
+        # Skipped evidence is part of the verdict: ok only when everything ran and passed;
+        # passed_what_ran when what ran passed; not_run says what did not, and why.
+        "ok": passed_what_ran and not not_run,
+        "passed_what_ran": passed_what_ran,
         "complete": not not_run,
         "not_run": not_run,
+        **({"headline": headline} if headline else {}),
         "mutants": mutants,
         "power_loss": "ran" if unavailable is None else f"unavailable: {unavailable}",
         "queue_delivery_semantics": read_json(
@@ -216,6 +271,11 @@ def summarize(output_dir: Path, *, seed: int) -> dict[str, Any]:
     }
 
 
+#: Called with each part's directory as soon as the part has finished (its page is written
+#: there, so a run stopped later still links every part it finished).
+Finished = Callable[[Path], object]
+
+
 def run_showcase(
     output_dir: Path,
     *,
@@ -223,10 +283,12 @@ def run_showcase(
     systems: Sequence[str] = tuple(SHIPPED),
     progress: Progress | None = None,
     shrink_seconds: float = SHRINK_SECONDS,
+    finished: Finished | None = None,
 ) -> dict[str, Any]:
     """Run both experiments on each system (every shipped one unless told) into
     ``output_dir`` (new or empty) and return the summary. Each failing campaign, and each
-    mutant, is shrunk to a reproducer for up to ``shrink_seconds``."""
+    mutant, is shrunk to a reproducer for up to ``shrink_seconds``; ``finished`` is told of
+    each part as it ends."""
     chosen = list(dict.fromkeys(systems))
     for spec in chosen:
         resolve_system(spec)  # an unusable system is refused before anything is written
@@ -235,21 +297,34 @@ def run_showcase(
     write_json(
         output_dir / SYSTEMS_FILE, {"systems": chosen, "power_loss_unavailable": unavailable}
     )
-    done: list[str] = []
+    done: list[dict[str, str]] = []
+    running = ""
+
+    def part(name: str, directory: Path) -> None:
+        """``name`` has finished in ``directory``."""
+        nonlocal running
+        done.append({"part": name, "directory": str(directory.relative_to(output_dir))})
+        running = ""
+        if finished is not None:
+            finished(directory)
+
     try:
         for spec in chosen:
             section = output_dir / _directory_name(spec)
+            running = f"{spec}: effect experiment"
             run_demo(section / EFFECT_DIR, seed=seed, system=spec)
-            done.append(f"{spec}: effect experiment")
+            part(running, section / EFFECT_DIR)
             said = labelled(progress, f"effect experiment {spec}")
             if said is not None:
                 said("done")
+            running = f"{spec}: crash campaign"
             campaign = run_campaign(
                 section / CAMPAIGN_DIR, seed=seed, system=spec, progress=progress
             )
             shrink_if_failed(section / CAMPAIGN_DIR, campaign, shrink_seconds)
-            done.append(f"{spec}: crash campaign")
+            part(running, section / CAMPAIGN_DIR)
             if unavailable is None and power_loss_refusal(resolve_system(spec)) is None:
+                running = f"{spec}: power-loss campaign"
                 power_loss = run_campaign(
                     section / POWER_LOSS_DIR,
                     seed=seed,
@@ -258,12 +333,13 @@ def run_showcase(
                     progress=progress,
                 )
                 shrink_if_failed(section / POWER_LOSS_DIR, power_loss, shrink_seconds)
-                done.append(f"{spec}: power-loss campaign")
+                part(running, section / POWER_LOSS_DIR)
         not_run = {
             m.name: f"it needs a power cut, and {unavailable}"
             for m in MUTANTS
             if unavailable is not None and m.needs_power_loss
         }
+        running = "mutants"
         run_mutants(
             output_dir / MUTANTS_DIR,
             seed=seed,
@@ -274,9 +350,14 @@ def run_showcase(
             progress=progress,
             shrink_seconds=shrink_seconds,
         )
+        part(running, output_dir / MUTANTS_DIR)
     except (Interrupted, SystemRaised) as stop:
-        # Each part finished so far has its own record and page below the directory.
-        stop.partial["parts_done"] = done
+        # Each part finished so far has its own record and page below the directory; the
+        # part that was running names the progress the stop carries (its crash points...).
+        stop.partial["systems"] = chosen
+        stop.partial["parts_done"] = [entry["part"] for entry in done]
+        stop.partial["parts"] = done
+        stop.partial["running"] = running or None
         raise
     summary = summarize(output_dir, seed=seed)
     write_json(output_dir / SHOWCASE_FILE, summary)

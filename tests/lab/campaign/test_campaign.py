@@ -21,7 +21,7 @@ from crashqueuelab.lab.mutants.catalog import MUTANTS
 from crashqueuelab.lab.showcase import summarize
 from crashqueuelab.lab.workloads.scenario import run_campaign_workload
 from crashqueuelab.systems import CrashPoint, System, resolve_system
-from tests.conftest import EXAMPLES, RunCli
+from tests.conftest import EXAMPLES, RunCli, invoke_cli
 
 SQLITE = resolve_system("sqlite")
 WALQUEUE = resolve_system("walqueue")
@@ -99,8 +99,10 @@ def test_the_showcase_prints_a_summary_computed_from_its_artifacts(
     # A copy: the damage below must not reach the other tests that read this showcase.
     target = tmp_path / "showcase"
     shutil.copytree(shared, target)
-    assert code == cli.EXIT_OK
-    assert summary["ok"] is True
+    # Where this machine cannot cut the power, what ran passed and the rest is named.
+    complete = summary["power_loss"] == "ran"
+    assert code == (cli.EXIT_OK if complete else cli.EXIT_PASSED_WHAT_RAN)
+    assert (summary["ok"], summary["passed_what_ran"]) == (complete, True)
     assert summary["seed"] == 4
     effect = summary["effect_commit_before_acknowledgement"]
     assert effect["attempts_per_scenario"] == {"idempotent": 2, "non_idempotent": 2}
@@ -113,7 +115,7 @@ def test_the_showcase_prints_a_summary_computed_from_its_artifacts(
     assert set(summary["systems"]) == {"sqlite", "walqueue"}
     assert summary["systems"]["sqlite"]["process_fault_campaign"] == campaign
     walqueue = summary["systems"]["walqueue"]
-    assert walqueue["ok"] is True
+    assert (walqueue["ok"], walqueue["passed_what_ran"]) == (complete, True)
     assert walqueue["system"]["name"] == "walqueue"
     assert walqueue["process_fault_campaign"]["passed"] == len(WALQUEUE.crash_points)
     assert walqueue["effect_commit_before_acknowledgement"]["durable_effects"] == {
@@ -122,11 +124,11 @@ def test_the_showcase_prints_a_summary_computed_from_its_artifacts(
     }
     for section in summary["systems"].values():
         power_loss = section["power_loss_campaign"]
-        assert power_loss["ok"] is True
+        assert power_loss["ok"] is power_loss["ran"] is complete
         if power_loss["ran"]:
             assert power_loss["crash_states_passed"] == power_loss["crash_states"] > 0
     mutants = summary["mutants"]
-    assert mutants["ok"] is True
+    assert (mutants["ok"], mutants["passed_what_ran"]) == (not mutants["not_run"], True)
     assert mutants["total"] == len(MUTANTS)
     assert mutants["caught"] == len(MUTANTS) - len(mutants["not_run"])
     assert summary["complete"] is (not mutants["not_run"] and summary["power_loss"] == "ran")
@@ -161,32 +163,115 @@ def test_a_showcase_without_power_loss_says_why_and_runs_the_rest(
     monkeypatch.setattr(showcase, "MUTANTS", chosen)
     argv = ["showcase", "--system", "sqlite", "--seed", "2", "--quiet"]
     outcome = run_cli(*argv, "--output-directory", str(tmp_path / "s"))
-    assert outcome.code == cli.EXIT_OK
+    # What ran passed, and evidence did not run: never ok, never exit 0.
+    assert outcome.code == cli.EXIT_PASSED_WHAT_RAN
     assert outcome.result["power_loss"] == "unavailable: no /dev/fuse here"
-    section = outcome.result["systems"]["sqlite"]["power_loss_campaign"]
-    assert section == {"ran": False, "ok": True, "unavailable": "no /dev/fuse here"}
+    section = outcome.result["systems"]["sqlite"]
+    assert section["power_loss_campaign"] == {
+        "ran": False,
+        "ok": False,
+        "unavailable": "no /dev/fuse here",
+    }
+    assert (section["ok"], section["passed_what_ran"], section["complete"]) == (False, True, False)
     assert not (tmp_path / "s" / "sqlite" / "power-loss-campaign").exists()
     # Skipped evidence is part of the verdict: counted in the total, named, never caught.
     mutants = outcome.result["mutants"]
     needing = [mutant.name for mutant in chosen if mutant.needs_power_loss]
     assert (mutants["total"], mutants["caught"]) == (4, 2)
+    assert (mutants["ok"], mutants["passed_what_ran"]) == (False, True)
     assert [m["mutant"] for m in mutants["not_run"]] == needing
     assert mutants["line"].startswith("mutants: 2 of 4 caught, 2 not run by the evidence")
     assert "it needs a power cut, and no /dev/fuse here" in mutants["line"]
-    assert (outcome.result["ok"], outcome.result["complete"]) == (True, False)
+    assert (outcome.result["ok"], outcome.result["complete"]) == (False, False)
+    assert outcome.result["passed_what_ran"] is True
     assert outcome.result["not_run"] == [
         "sqlite: the power-loss campaign (no /dev/fuse here)",
         "2 of 4 mutants (it needs a power cut, and no /dev/fuse here)",
     ]
+    # The verdict line says the reason once.
+    headline = "not run: power-loss campaign (sqlite) and 2 of 4 mutants: no /dev/fuse here"
+    assert outcome.result["headline"] == headline
+    last = outcome.stderr.rstrip().splitlines()[-1]
+    assert last == f"crashqueuelab: passed what ran: {headline}; report: {outcome.result['report']}"
     kept = json.loads((tmp_path / "s" / "mutants" / "mutants.json").read_text())
     assert (kept["caught"], kept["total"], kept["ran"], kept["complete"]) == (2, 4, 2, False)
+    assert (kept["ok"], kept["passed_what_ran"]) == (False, True)
     page = (tmp_path / "s" / "report.html").read_text()
     assert "Passed what ran" in page
+    assert 'data-ok="false" data-complete="false"' in page
     assert "mutants 2 of 4 caught, 2 not run" in page
     assert "Not run (2): not counted as passed" in page
+    assert '<h2>sqlite <span class="">passed what ran</span></h2>' in page
+    # Counts as a reader writes them, and the effect page's order (non-idempotent first).
+    assert "{'" not in page
+    assert '<td colspan="2">26 SUCCEEDED</td>' in page
+    effects = 'durable effects (non-idempotent / idempotent)</th><td class="num">2 / 1</td>'
+    assert effects in page
+    demo = tmp_path / "s" / "sqlite" / "effect-commit-before-acknowledgement" / "report.html"
+    assert effects in demo.read_text()
     mutants_page = (tmp_path / "s" / "mutants" / "report.html").read_text()
     assert "mutants: 2 of 4 caught, 2 not run" in mutants_page
+    assert 'data-ok="false" data-complete="false"' in mutants_page
     assert mutants_page.count("not run, so not caught") == 2
+
+
+def test_what_a_showcase_did_not_run_is_listed_with_each_reason_and_said_once_per_reason() -> None:
+    from crashqueuelab.lab.showcase import PROBES_NOT_OPENED, not_run_of
+
+    hint = "power-loss mode needs root or fusermount3 to mount (Debian: apt-get install fuse3)"
+
+    def section(probes_not_run: int) -> dict[str, Any]:
+        return {
+            "power_loss_campaign": {"ran": False, "ok": False, "unavailable": hint},
+            "process_fault_campaign": {"probes_not_run": probes_not_run},
+        }
+
+    systems = {"sqlite": section(0), "walqueue": section(2)}
+    mutants = {"not_run": [{"reason": f"it needs a power cut, and {hint}"}] * 4, "total": 21}
+    listed, headline = not_run_of(systems, mutants, hint)
+    assert listed == [
+        f"sqlite: the power-loss campaign ({hint})",
+        f"walqueue: the power-loss campaign ({hint})",
+        f"walqueue: 2 probes of the crash campaign ({PROBES_NOT_OPENED})",
+        f"4 of 21 mutants (it needs a power cut, and {hint})",
+    ]
+    assert headline == (
+        f"not run: power-loss campaigns (sqlite, walqueue) and 4 of 21 mutants: {hint};"
+        f" 2 probes of the crash campaign (walqueue): {PROBES_NOT_OPENED}"
+    )
+    complete = {"power_loss_campaign": {"ran": True}, "process_fault_campaign": {}}
+    assert not_run_of({"sqlite": complete}, {"not_run": []}, None) == ([], None)
+
+
+def test_a_campaign_whose_probes_could_not_open_their_system_passed_only_what_ran(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No server named for a probe is a setup error: the probe did not run, the campaign
+    is not ok, and nothing is counted as a failure of the system or shrunk as one."""
+    from crashqueuelab.lab.pages.render import write_report
+    from crashqueuelab.lab.reproducers.campaign import shrink_if_failed
+    from crashqueuelab.servers.postgres import DSN_VARIABLE
+
+    monkeypatch.delenv(DSN_VARIABLE, raising=False)
+    directory = tmp_path / "c"
+    report = run_campaign(directory, seed=1, system="postgres", probes=["idempotent_submit"])
+    assert (report["ok"], report["passed_what_ran"], report["complete"]) == (False, True, False)
+    assert report["anomalies"] == []
+    assert report["not_run"] == [
+        "probe idempotent_submit: not run: SystemUnavailable: system 'postgres': no server:"
+        " the command line starts one (or give --dsn); CRASHQUEUELAB_POSTGRES_DSN is unset"
+    ]
+    summary = report["summary"]
+    assert (summary["probes_failed"], summary["probes_not_run"]) == (0, 1)
+    assert shrink_if_failed(directory, report, 5)["shrink"] is None
+    shrunk = invoke_cli("shrink", directory)
+    assert shrunk.code == cli.EXIT_PASSED_WHAT_RAN
+    assert shrunk.result["detail"] == "nothing that ran failed: nothing to shrink"
+    assert not (directory / "reproducer").exists()
+    page = write_report(directory).read_text()
+    assert "Passed what ran" in page
+    assert "Not run (1): not counted as passed" in page
+    assert "0 passed, 0 failed, 1 not run" in page
 
 
 @pytest.mark.parametrize("command", ["showcase", "demo", "campaign"])

@@ -71,7 +71,47 @@ class TrustsTheLeasesItGranted(ReferenceClient):
 
 
 def verdicts(system: System, tmp_path: Path) -> dict[str, str]:
-    return {p["name"]: p["detail"] for p in run_probes(system, tmp_path) if not p["ok"]}
+    return {p["name"]: p["detail"] for p in run_probes(system, tmp_path) if p["ok"] is False}
+
+
+def test_a_probe_the_lab_cannot_open_the_system_for_did_not_run_and_found_nothing(
+    tmp_path: Path,
+) -> None:
+    """No server named (or any other thing the lab needs and lacks) is a setup error: the
+    probe did not run, and that is neither a pass nor a bug of the system. Anything else
+    the system raises while opening is its own failure."""
+    from crashqueuelab.core.errors import SystemUnavailable
+
+    def unavailable(request: OpenRequest) -> Any:
+        raise SystemUnavailable("postgres", "no server: the command line starts one")
+
+    def broken(request: OpenRequest) -> Any:
+        raise ValueError("the schema does not parse")
+
+    only = ["idempotent_submit"]
+    base = replace(reference_system(), open=unavailable)
+    [not_run] = run_probes(base, tmp_path / "a", only=only)
+    assert (not_run["status"], not_run["ran"], not_run["ok"]) == ("not run", False, False)
+    assert not_run["detail"] == (
+        "not run: SystemUnavailable: system 'postgres': no server: the command line starts one"
+    )
+    [failed] = run_probes(replace(base, open=broken), tmp_path / "b", only=only)
+    assert (failed["status"], failed["ran"], failed["ok"]) == ("failed", True, False)
+    assert failed["detail"] == "open raised ValueError('the schema does not parse')"
+
+
+def test_a_probe_the_system_declares_it_cannot_face_does_not_apply(tmp_path: Path) -> None:
+    system = reference_system()
+    system = replace(system, capabilities=replace(system.capabilities, heartbeats=False))
+    results = {p["name"]: p for p in run_probes(system, tmp_path)}
+    assert results["heartbeat_after_expiry"] == {
+        "name": "heartbeat_after_expiry",
+        "ran": False,
+        "ok": None,  # neither passed nor failed: it asks nothing of this system
+        "status": "not applicable",
+        "detail": "not applicable: no heartbeats",
+    }
+    assert results["idempotent_submit"]["status"] == "passed"
 
 
 def test_the_reference_passes_every_probe(tmp_path: Path) -> None:
@@ -177,3 +217,20 @@ def test_every_probe_lets_time_pass_between_a_submission_and_its_claim(tmp_path:
     results = run_probes(reference_system(_DueAfterItsInstant), tmp_path)
     failed = [(result["name"], result["detail"]) for result in results if result["ok"] is False]
     assert failed == []
+
+
+@pytest.mark.parametrize(
+    ("kept", "status"),
+    [
+        ({"ran": True, "ok": True}, "passed"),
+        ({"ran": True, "ok": False}, "failed"),
+        ({"ran": False, "ok": True}, "not applicable"),
+        ({"ran": False, "ok": False, "status": "not run"}, "not run"),
+    ],
+)
+def test_a_probe_kept_before_probes_had_a_status_gets_the_one_it_meant(
+    kept: dict[str, Any], status: str
+) -> None:
+    from crashqueuelab.lab.campaign.probes import status_of
+
+    assert status_of(kept) == status

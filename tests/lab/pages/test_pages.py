@@ -62,13 +62,19 @@ def needs(kind: str) -> None:
         pytest.skip("power loss needs Linux with /dev/fuse")
 
 
+def passed(kind: str) -> str:
+    """A page's data-ok: without power loss the showcase and its mutants passed only what
+    ran, and that is never ok."""
+    return "true" if POWER_LOSS or kind not in ("showcase", "mutants") else "false"
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_run_gets_a_report_with_the_verdict_first(runs: dict[str, Path], kind: str) -> None:
     needs(kind)
     html = (runs[kind] / REPORT_FILE).read_text()
     verdict = html.index('id="verdict"')
     assert verdict < html.index("Key figures")
-    assert 'data-ok="true"' in html[verdict : verdict + 200]
+    assert f'data-ok="{passed(kind)}"' in html[verdict : verdict + 200]
     assert "Passed" in html[verdict : verdict + 400]
     assert "crashqueuelab " in html  # the command that reproduces the run
     assert "<script" not in html  # self-contained, nothing to run
@@ -160,7 +166,7 @@ def test_a_real_browser_shows_the_verdict_and_draws_the_charts(
         dom.stdout,
     )
     assert verdict is not None
-    assert verdict.group(2) == "true"
+    assert verdict.group(2) == passed(kind)
     if POWER_LOSS:  # every kind of evidence ran here: nothing is shown as not run
         assert (verdict.group(1), verdict.group(3)) == ("ok", "true")
     for width, height in re.findall(r'<svg [^>]*width="([\d.]+)" height="([\d.]+)"', dom.stdout):
@@ -429,3 +435,23 @@ def test_chaos_lanes_stay_readable_at_500_kills_in_a_lane(
     }
     for label in labels.values():  # each label whole, left of its lanes
         assert 0 <= label["left"] < label["right"] <= label["room"]
+
+
+@pytest.mark.parametrize(
+    ("section", "word"),
+    [
+        ({"ok": True, "passed_what_ran": True}, ("passed", "good")),
+        ({"ok": False, "passed_what_ran": True}, ("passed what ran", "")),
+        ({"ok": False, "passed_what_ran": False}, ("FAILED", "bad")),
+    ],
+)
+def test_a_showcase_section_is_passed_only_when_everything_in_it_ran_and_passed(
+    section: dict[str, bool], word: tuple[str, str]
+) -> None:
+    from crashqueuelab.lab.pages.showcase import _probes, _section_verdict, counts_text
+
+    assert _section_verdict(section) == word
+    assert counts_text({"SUCCEEDED": 26, "DEAD": 1}) == "26 SUCCEEDED, 1 DEAD"
+    assert counts_text({}) == "none"
+    campaign = {"probes_passed": 9, "probes_failed": 1, "probes_not_run": 2}
+    assert _probes(campaign) == {"probes": "9 passed, 1 failed, 2 not run", "probes_note": ""}

@@ -315,3 +315,71 @@ def test_a_campaign_stopped_while_it_prints_a_case_starts_no_more_cases() -> Non
     assert len(started) <= 2
     assert stops[0] is not None
     assert stops[0].is_set()
+
+
+def test_an_interrupted_showcase_page_names_its_system_the_running_part_and_the_finished_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_cli: RunCli
+) -> None:
+    """Stopped in its crash campaign's second case: the page names the system and the part
+    that was running (the crash points it counts are that part's), links the effect
+    experiment it had finished (its page was written when it finished), and proposes a
+    command that works: the same run into a new directory."""
+    from crashqueuelab.lab import showcase
+
+    real_campaign = getattr(showcase, "run_campaign")  # noqa: B009 (not re-exported)
+
+    def progress(line: str) -> None:
+        if "case 2/" in line:
+            raise Interrupted("SIGINT")
+
+    monkeypatch.setattr(
+        showcase, "run_campaign", lambda *a, **k: real_campaign(*a, **(k | {"progress": progress}))
+    )
+    directory = tmp_path / "s"
+    (tmp_path / "s-2").mkdir()  # taken: the page proposes the next free name
+    outcome = run_cli("showcase", "--system", "sqlite", "--quiet", "--output-directory", directory)
+    assert outcome.code == EXIT_INTERRUPTED
+    kept = json.loads((directory / "showcase.json").read_text())
+    effect = "sqlite/effect-commit-before-acknowledgement"
+    assert kept["systems"] == ["sqlite"]
+    assert kept["running"] == "sqlite: crash campaign"
+    assert kept["parts"] == [{"part": "sqlite: effect experiment", "directory": effect}]
+    assert (kept["cases_done"], kept["cases_planned"]) == (2, 13)
+    assert (directory / effect / "report.html").is_file()  # without `report DIR`
+    page = (directory / "report.html").read_text()
+    assert "system <b>sqlite</b>" in page
+    assert "crash points run (sqlite: crash campaign)" in page
+    assert f'<a href="{effect}/report.html">' in page
+    assert "Below is what it had finished" in page
+    again = f"--output-directory {tmp_path / 's-3'}"
+    assert f"crashqueuelab showcase --system sqlite --quiet {again}</pre>" in page
+
+
+def test_a_stopped_run_that_finished_nothing_promises_nothing_below(tmp_path: Path) -> None:
+    from crashqueuelab.lab.pages.render import write_report
+
+    directory = tmp_path / "c"
+    directory.mkdir()
+    record = {
+        "ok": False, "interrupted": True, "signal": "SIGTERM", "command": "chaos",
+        "arguments": ["chaos", "--output-directory=c"], "seed": 1, "stopped_after_s": 0.2,
+        "reasons": ["interrupted by SIGTERM after 0.2 s"],
+    }  # fmt: skip
+    (directory / "chaos.json").write_text(json.dumps(record))
+    page = write_report(directory).read_text()
+    assert "It had finished nothing it could show." in page
+    assert "below" not in page.lower()
+    assert "crashqueuelab chaos --output-directory=c-2</pre>" in page
+
+
+def test_a_stopped_run_kept_without_its_arguments_is_proposed_into_a_new_directory(
+    tmp_path: Path,
+) -> None:
+    from crashqueuelab.lab.pages.stopped import again
+
+    (tmp_path / "run-2").mkdir()
+    assert again(["bench"], tmp_path / "run") == [
+        "bench",
+        "--output-directory",
+        f"{tmp_path / 'run'}-3",
+    ]

@@ -21,7 +21,7 @@ def evidence(first_passing: str, ran: list[str]) -> Any:
         return {
             "ok": passed,
             "anomalies": [] if passed else [f"lost a job on {release}"],
-            "summary": {"failed": 0 if passed else 1},
+            "summary": {"failed": 0 if passed else 1, "named_fault_points": 4},
             "system": {"version": f"lib {release}"},
         }
 
@@ -97,3 +97,98 @@ def test_a_release_list_that_names_no_releases_is_refused(text: str, field_reaso
 
 def test_a_list_of_releases_is_taken_oldest_first() -> None:
     assert choose_releases("3.3.0,3.2.1,3.10.0", "huey") == ["3.2.1", "3.3.0", "3.10.0"]
+
+
+HUEY = ["3.2.0", "3.2.1", "3.3.0"]
+
+
+def _power_loss_campaign(release: str) -> dict[str, Any]:
+    """A stand-in for huey's power-loss campaign at enqueue:after: releases before 3.3.0
+    lose every acknowledged enqueue, as huey documents its default; none is ok (probes)."""
+    losing = release != "3.3.0"
+    states = 35 if losing else 4
+    return {
+        "ok": False,
+        "anomalies": (["case 01-enqueue-after: lose-all: acknowledged work lost"] if losing else [])
+        + ["probe stale_holder_after_expiry: the queue offered nothing"],
+        "summary": {
+            "failed": 1 if losing else 0,
+            "named_fault_points": 1,
+            "crash_states": states,
+            "states_losing_acknowledged_work": states if losing else 0,
+        },
+        "promises": {"keeps_its_promises": True},
+        "system": {"version": f"huey {release} (SqliteHuey)"},
+    }
+
+
+def test_a_bisection_that_finds_the_change_says_what_the_releases_did_and_is_not_ok(
+    tmp_path: Path,
+) -> None:
+    report = run_versions(
+        HUEY,
+        lambda release, _: _power_loss_campaign(release),
+        tmp_path,
+        criterion="cases",
+        bisect=True,
+        system="huey",
+    )
+    assert report["bisection"]["found"] == "3.3.0"  # the finding, in its own field
+    assert (report["ok"], report["passed_what_ran"], report["complete"]) == (False, False, True)
+    assert report["headline"] == (
+        "huey 3.2.0 and 3.2.1 lose acknowledged work at a power cut (35 of 35 crash states"
+        " each); 3.3.0 is the first release that passes every crash case"
+    )
+
+
+def test_a_bisection_that_passes_at_both_ends_passed_only_what_ran(tmp_path: Path) -> None:
+    report = run_versions(RELEASES, evidence("1.0", []), tmp_path, bisect=True, system="lib")
+    assert (report["ok"], report["passed_what_ran"], report["complete"]) == (False, True, False)
+    assert report["headline"] == (
+        "lib 1.0 and 2.0 pass; no change between them to find;"
+        " 5 releases not run (the bisection did not need them)"
+    )
+
+
+def test_a_matrix_says_each_release_once_whatever_the_criterion(tmp_path: Path) -> None:
+    def run(release: str, _: Path) -> dict[str, Any]:
+        record: dict[str, Any] = evidence("1.2", [])(release, _)
+        return record | {"promises": {"keeps_its_promises": release != "1.1"}}
+
+    ok = run_versions(RELEASES[2:4], evidence("1.0", []), tmp_path, system="lib")
+    assert (ok["ok"], ok["headline"]) == (True, "lib 1.2 and 1.3 pass")
+    matrix = run_versions(RELEASES[:3], run, tmp_path, criterion="promises")
+    assert matrix["headline"] == "1.0 and 1.2 keep their own promises; 1.1 breaks its own promises"
+    by_cases = run_versions(RELEASES[:2], run, tmp_path, criterion="cases")
+    assert by_cases["headline"] == "1.0 and 1.1 fail 1 of 4 crash points each"
+    assert run_versions(RELEASES[:1], run, tmp_path)["headline"] == "1.0 is not ok (1 anomaly)"
+
+
+def test_a_bisection_says_what_ran_before_and_after_the_change(tmp_path: Path) -> None:
+    report = run_versions(RELEASES, evidence("1.3", []), tmp_path, bisect=True, system="lib")
+    assert report["headline"] == (
+        "lib 1.0, 1.1 and 1.2 are not ok (1 anomaly each); 1.3 is the first release that"
+        " passes; after it, 2.0 passes; 2 releases not run (the bisection did not need them)"
+    )
+    failing = run_versions(RELEASES[:2], evidence("1.0", []), tmp_path, bisect=True)
+    assert failing["headline"] == "1.0 and 1.1 pass; no change between them to find"
+
+    def starts_failing(release: str, directory: Path) -> dict[str, Any]:
+        return {"ok": True} if release == "1.0" else evidence("2.0", [])(release, directory)
+
+    report = run_versions(RELEASES[:3], starts_failing, tmp_path, bisect=True)
+    assert report["bisection"]["change"] == "starts failing"
+    assert report["headline"] == (
+        "1.0 passes; 1.1 is the first release that is not ok (1 anomaly);"
+        " after it, 1.2 is not ok (1 anomaly)"
+    )
+
+
+def test_a_release_not_judged_here_leaves_the_run_incomplete(tmp_path: Path) -> None:
+    records = {
+        "3.1.0": {"ok": False, "error": {"type": "ServerUnavailable", "message": "no initdb"}},
+        "3.2.0": {"ok": True, "anomalies": []},
+    }
+    report = run_versions(list(records), lambda release, _: records[release], tmp_path)
+    assert (report["ok"], report["passed_what_ran"], report["complete"]) == (False, True, False)
+    assert report["headline"] == "3.1.0 could not be judged here; 3.2.0 passes"

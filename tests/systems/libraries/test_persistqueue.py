@@ -37,7 +37,7 @@ def test_every_crash_point_passes_and_the_probes_name_what_persist_queue_lacks(
     assert verdicts["retry_delay_is_capped"]["ok"] is True
     # The same missing expiry: a task whose holder died is neither retried nor dead.
     assert "yet it is unack (leased)" in verdicts["expired_attempts_run_out"]["detail"]
-    failed = {name for name, probe in verdicts.items() if not probe["ok"]}
+    failed = {name for name, probe in verdicts.items() if probe["status"] == "failed"}
     assert failed == {
         "stale_holder_after_expiry",
         "acknowledgement_at_the_deadline",

@@ -25,6 +25,7 @@ import random
 import shutil
 import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -42,7 +43,15 @@ from crashqueuelab.lab.campaign.cases import (
     recover_or_report,
 )
 from crashqueuelab.lab.campaign.power_cases import run_power_loss_case
-from crashqueuelab.lab.campaign.probes import check_probe_names, run_probes
+from crashqueuelab.lab.campaign.probes import (
+    FAILED,
+    NOT_APPLICABLE,
+    NOT_RUN,
+    PASSED,
+    check_probe_names,
+    run_probes,
+    status_of,
+)
 from crashqueuelab.lab.faults.children import (
     CHILD_STDERR,
 )
@@ -204,10 +213,14 @@ def run_case(
 
 def _probe_summary(report: dict[str, Any]) -> dict[str, Any]:
     probes, model = report["probes"], report["model"]
+    statuses = Counter(status_of(probe) for probe in probes)
     return {
-        "probes_passed": sum(1 for probe in probes if probe["ran"] and probe["ok"]),
-        "probes_failed": sum(1 for probe in probes if not probe["ok"]),
-        "probes_skipped": sum(1 for probe in probes if not probe["ran"]),
+        "probes_passed": statuses[PASSED],
+        "probes_failed": statuses[FAILED],
+        # The system declares it lacks what these need: they ask nothing of it.
+        "probes_not_applicable": statuses[NOT_APPLICABLE],
+        # The lab could not open the system for these: never counted as passed.
+        "probes_not_run": statuses[NOT_RUN],
         "model_workload_ok": model["ok"],
         "model_workload_observations": model["observations"],
     }
@@ -300,9 +313,36 @@ def anomalies_of(report: dict[str, Any]) -> list[str]:
         if case["recovery"]["final_states"] is not None and not case["recovery_ok"]:
             reasons.append(f"final states {case['recovery']['final_states']}")
         lines.append(f"case {case['case_id']}: " + "; ".join(reasons))
-    lines += [f"probe {p['name']}: {p['detail']}" for p in report["probes"] if not p["ok"]]
+    lines += [
+        f"probe {p['name']}: {p['detail']}" for p in report["probes"] if status_of(p) == FAILED
+    ]
     lines += [f"model workload: {anomaly}" for anomaly in report["model"]["anomalies"]]
     return lines
+
+
+def not_run_of(report: dict[str, Any]) -> list[str]:
+    """What the campaign was asked for and did not run, each with why."""
+    return [
+        f"probe {probe['name']}: {probe['detail']}"
+        for probe in report["probes"]
+        if status_of(probe) == NOT_RUN
+    ]
+
+
+def judge(report: dict[str, Any]) -> dict[str, Any]:
+    """The campaign's verdict: ``ok`` only when everything asked for ran and passed,
+    ``passed_what_ran`` when nothing that ran failed, ``not_run`` what did not and why."""
+    summary = report["summary"]
+    passed_what_ran = (
+        summary["failed"] == 0 and summary["probes_failed"] == 0 and bool(report["model"]["ok"])
+    )
+    not_run = not_run_of(report)
+    return {
+        "ok": passed_what_ran and not not_run,
+        "passed_what_ran": passed_what_ran,
+        "complete": not not_run,
+        "not_run": not_run,
+    }
 
 
 #: The model workload's place in a campaign that ran named probes alone.
@@ -438,11 +478,7 @@ def run_campaign(
     report["summary"] = summarize(report)
     report["anomalies"] = anomalies_of(report)
     report["promises"] = classify(chosen, crash_mode, report["anomalies"])
-    report["ok"] = (
-        report["summary"]["failed"] == 0
-        and report["summary"]["probes_failed"] == 0
-        and report["model"]["ok"]
-    )
+    report |= judge(report)
     report["timings"] = {"total_ms": round((time.perf_counter() - started) * 1000, 3)}
     report["shrink"] = None
     write_json(output_dir / CAMPAIGN_FILE, report)

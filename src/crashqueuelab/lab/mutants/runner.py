@@ -243,7 +243,9 @@ def run_mutants(
         for name, reason in left_out.items()
     ]
     report = {
-        "ok": not missed,
+        # A mutant that did not run is neither caught nor missed: never ok.
+        "ok": not missed and not skipped,
+        "passed_what_ran": not missed,
         "complete": not skipped,
         "seed": seed,
         "seeds": used,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from crashqueuelab.lab.campaign.probes import FAILED, NOT_APPLICABLE, status_of
 from crashqueuelab.lab.pages.common import (
     Verdict,
     View,
@@ -44,18 +45,22 @@ def _states(states: dict[str, str] | None) -> str:
 def _closing_figures(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     """A campaign's last rows, in either crash mode: the probes, the model workload, the system."""
     summary, system, model = report["summary"], report["system"], report.get("model")
-    skipped = [
+    probes = report.get("probes", [])
+    not_applicable = [
         f"{probe['name']} ({probe['detail']})"
-        for probe in report.get("probes", [])
-        if not probe["ran"]
+        for probe in probes
+        if status_of(probe) == NOT_APPLICABLE
     ]
-    probes = (
+    not_run = summary.get("probes_not_run", 0)
+    probes_row = (
         "fencing probes",
-        f"{summary['probes_passed']} passed, {summary['probes_failed']} failed,"
-        f" {summary['probes_skipped']} not run",
-        f"not run, the system lacks what they need: {'; '.join(skipped)}"
-        if skipped
-        else "every probe ran",
+        f"{summary['probes_passed']} passed, {summary['probes_failed']} failed"
+        + (f", {not_run} not run" if not_run else "")
+        + (f", {len(not_applicable)} not applicable" if not_applicable else ""),
+        f"not applicable (the system declares it lacks what they need, so they ask nothing"
+        f" of it): {'; '.join(not_applicable)}"
+        if not_applicable
+        else "every probe applies to this system",
     )
     workload = (
         ("model-driven workload", "not run", "a report from before it existed")
@@ -70,7 +75,7 @@ def _closing_figures(report: dict[str, Any]) -> list[tuple[str, str, str]]:
             " judged against the lease rules and the store (model/)",
         )
     )
-    return [probes, workload, ("system", system["version"], system["durability"])]
+    return [probes_row, workload, ("system", system["version"], system["durability"])]
 
 
 #: A verdict lists this many reasons; the rest are one line away, in the tables below.
@@ -108,11 +113,12 @@ def _probes_with_reruns(report: dict[str, Any], run_dir: Path) -> list[dict[str,
     return [
         probe
         | {
-            "rerun": None
-            if probe["ok"]
-            else campaign_command(
+            "status": status_of(probe),
+            "rerun": campaign_command(
                 report, str(run_dir / RERUNS_DIRECTORY / probe["name"]), probe=probe["name"]
             )
+            if status_of(probe) == FAILED
+            else None,
         }
         for probe in report["probes"]
     ]
@@ -134,7 +140,7 @@ def power_loss_view(run_dir: Path, report: dict[str, Any]) -> View:
             }
         )
     verdict = Verdict(
-        ok=report["ok"],
+        ok=report.get("passed_what_ran", report["ok"]),
         title=f"power-loss campaign, {summary['named_fault_points']} crash points,"
         f" {summary['crash_states']} crash states",
         system=system_label(system),
@@ -143,6 +149,7 @@ def power_loss_view(run_dir: Path, report: dict[str, Any]) -> View:
         duration=report["timings"]["total_ms"] / 1000,
         command=campaign_command(report, str(run_dir)),
         reasons=_first(report.get("anomalies", [])),
+        not_run=report.get("not_run", []),
     )
     figures = [
         (
@@ -226,7 +233,7 @@ def campaign_view(run_dir: Path) -> View:
             }
         )
     verdict = Verdict(
-        ok=report["ok"],
+        ok=report.get("passed_what_ran", report["ok"]),
         title=f"process-fault campaign, {summary['named_fault_points']} crash points",
         system=system_label(system),
         durability=system["durability"],
@@ -234,6 +241,7 @@ def campaign_view(run_dir: Path) -> View:
         duration=report["timings"]["total_ms"] / 1000,
         command=campaign_command(report, str(run_dir)),
         reasons=report.get("anomalies", []),
+        not_run=report.get("not_run", []),
     )
     figures = [
         (

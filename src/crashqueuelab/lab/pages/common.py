@@ -31,6 +31,8 @@ PALETTE = (
 
 @dataclass
 class Verdict:
+    #: Nothing that ran failed. With ``not_run`` the page says "Passed what ran", never
+    #: "Passed", and marks the run not ok (``data-ok``), as its JSON does.
     ok: bool
     title: str
     system: str
@@ -46,6 +48,11 @@ class Verdict:
     command_label: str = "Reproduce this run:"
     #: What the page calls ``system`` in the verdict's line (nothing: ``system`` says it).
     system_heading: str = "system"
+
+    @property
+    def passed(self) -> bool:
+        """Everything asked for ran and passed."""
+        return self.ok and not self.not_run and not self.interrupted
 
     @property
     def word(self) -> str:

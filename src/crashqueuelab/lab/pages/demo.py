@@ -52,7 +52,7 @@ def demo_view(run_dir: Path) -> View:
             "",
         ),
         (
-            "durable effects",
+            "durable effects (non-idempotent / idempotent)",
             f"{non['effect_count']} / {idem['effect_count']}",
             "two executions both times; the idempotent destination keeps one",
         ),

@@ -66,7 +66,7 @@ def mutants_view(run_dir: Path) -> View:
     )
     not_run = [f"mutant {m['mutant']}: {m['reason']}" for m in report.get("not_run", [])]
     verdict = Verdict(
-        ok=report["ok"],
+        ok=report.get("passed_what_ran", report["ok"]),
         title=f"mutants: {score(report)}",
         system=mutants_of(report),
         system_heading="",

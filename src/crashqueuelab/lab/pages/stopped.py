@@ -25,15 +25,20 @@ def _figures(record: dict[str, Any]) -> list[tuple[str, str, str]]:
         stop,
         ("stopped after", f"{record['stopped_after_s']} s", "nothing after that point ran"),
     ]
+    # A composed run (the showcase) names the part that was running: the counts below are
+    # that part's.
+    running = record.get("running")
+    within = f" ({running})" if running else ""
     if "parts_done" in record:
         done = record["parts_done"]
         figures.append(("parts finished", str(len(done)), ", ".join(done) or "none"))
+        figures.append(("running when it stopped", running or "nothing", ""))
     if "cases_planned" in record:
         cases = record["cases"]
         passed = sum(1 for case in cases if case["passed"])
         figures.append(
             (
-                "crash points run",
+                f"crash points run{within}",
                 f"{record['cases_done']} of {record['cases_planned']}",
                 f"{passed} passed, {len(cases) - passed} failed",
             )
@@ -55,7 +60,7 @@ def _figures(record: dict[str, Any]) -> list[tuple[str, str, str]]:
         caught = sum(1 for mutant in record["mutants"] if mutant["caught"])
         figures.append(
             (
-                "mutants run",
+                f"mutants run{within}",
                 f"{record['mutants_done']} of {record['mutants_planned']}",
                 f"{caught} caught",
             )
@@ -63,6 +68,45 @@ def _figures(record: dict[str, Any]) -> list[tuple[str, str, str]]:
     if "cells" in record:
         figures.append(("bench cells measured", str(record["cells_done"]), ""))
     return figures
+
+
+def _system(record: dict[str, Any]) -> str:
+    """The system(s) the run was on: its own, the one that raised, or a showcase's."""
+    named = record.get("system", {}).get("name") or record.get("system_raised", {}).get("system")
+    return str(named or ", ".join(record.get("systems") or []))
+
+
+def fresh_directory(typed: str, run_dir: Path) -> str:
+    """``typed`` (the output directory as the command named it) with the first suffix
+    ``-2``, ``-3``, ... whose directory does not exist beside ``run_dir``: a run's directory
+    must be new or empty, and this one is neither."""
+    number = 2
+    while (run_dir.parent / f"{run_dir.name}-{number}").exists():
+        number += 1
+    return f"{typed.rstrip('/')}-{number}"
+
+
+def again(arguments: list[str], run_dir: Path) -> list[str]:
+    """The run's arguments, into a new directory."""
+    changed = list(arguments)
+    for index, word in enumerate(changed):
+        if word == "--output-directory" and index + 1 < len(changed):
+            changed[index + 1] = fresh_directory(changed[index + 1], run_dir)
+            return changed
+        if word.startswith("--output-directory="):
+            typed = word.partition("=")[2]
+            changed[index] = f"--output-directory={fresh_directory(typed, run_dir)}"
+            return changed
+    return [*changed, "--output-directory", fresh_directory(str(run_dir), run_dir)]
+
+
+def _parts(run_dir: Path, record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The parts a composed run finished, each with its page when it has one."""
+    parts = []
+    for entry in record.get("parts", []):
+        page = Path(entry["directory"]) / "report.html"
+        parts.append(entry | {"page": str(page) if (run_dir / page).is_file() else None})
+    return parts
 
 
 def stopped_view(run_dir: Path, record: dict[str, Any]) -> View:
@@ -76,25 +120,26 @@ def stopped_view(run_dir: Path, record: dict[str, Any]) -> View:
             if interrupted
             else f"the system under test raised from {record['system_raised']['call']}"
         ),
-        system=str(
-            record.get("system", {}).get("name")
-            or record.get("system_raised", {}).get("system", "")
-        ),
+        system=_system(record),
         durability=str(record.get("system", {}).get("durability", "")),
         seed=record.get("seed"),
         duration=record.get("stopped_after_s"),
-        command="crashqueuelab " + shlex.join(arguments) + "  # into a new or empty directory",
+        command="crashqueuelab " + shlex.join(again(arguments, run_dir)),
         reasons=record["reasons"],
         interrupted=interrupted,
     )
     cases = record.get("cases", [])
     faults = [fault for fault in record.get("faults", []) if "at_s" in fault]
+    parts = _parts(run_dir, record)
     data = {
         "cases": cases[:SHOWN_ROWS],
         "cases_more": max(0, len(cases) - SHOWN_ROWS),
         "faults": faults[:SHOWN_ROWS],
         "faults_more": max(0, len(faults) - SHOWN_ROWS),
         "mutants": record.get("mutants", []),
+        "parts": parts,
+        "running": record.get("running"),
         "run_file": run_dir.name,
     }
+    data["evidence"] = bool(cases or faults or data["mutants"] or parts)
     return View("stopped.html.j2", verdict, _figures(record), data)

@@ -30,16 +30,6 @@ def versions_view(run_dir: Path) -> View:
     ]
     bisection = report["bisection"]
     evidence = " ".join(report["evidence"])
-    if bisection is None:
-        ok = all(row["passes"] for row in rows)
-        title = f"{report['system']}: {evidence}, {len(rows)} releases"
-    else:
-        ok = bisection["found"] is not None
-        found = f"{bisection['change']} at {bisection['found']}" if ok else "no change found"
-        title = (
-            f"{report['system']}: {evidence}: {found}"
-            f" (bisected over {len(report['releases'])} releases)"
-        )
     releases = report["releases"]
     shown = f"{releases[0]}..{releases[-1]}" if bisection is not None else ",".join(releases)
     command = (
@@ -47,28 +37,28 @@ def versions_view(run_dir: Path) -> View:
         + (f" --bisect --bisect-on {report['criterion']}" if bisection is not None else "")
         + f" --output-directory {run_dir} {evidence}"
     )
-    reasons = (
-        []
-        if ok
-        else [
-            bisection["detail"]
-            if bisection is not None
-            else f"{row['release']}: "
-            + (f"not judged: {row['not_judged']}; " if row["not_judged"] else "")
-            + str(row["first_reason"])
-            for row in (rows if bisection is None else rows[:1])
-            if bisection is not None or not row["passes"]
-        ]
-    )
+    # The colour follows the releases: a change the bisection found is no pass.
+    reasons = [
+        f"{row['release']}: " + str(row["first_reason"])
+        for row in rows
+        if not row["passes"] and not row["not_judged"]
+    ]
+    not_run = [
+        f"{row['release']}: not judged here: {row['not_judged']}"
+        for row in rows
+        if row["not_judged"]
+    ]
+    not_run += [f"{release}: the bisection did not need it" for release in report["not_run"]]
     verdict = Verdict(
-        ok=ok,
-        title=title,
+        ok=report["passed_what_ran"],
+        title=report["headline"],
         system=report["system"],
         durability="",
         seed=report.get("seed"),
         duration=None,
         command=command,
         reasons=reasons,
+        not_run=not_run,
     )
     figures = [
         ("releases run", f"{len(rows)} of {len(releases)}", "each in its own environment"),
@@ -80,6 +70,4 @@ def versions_view(run_dir: Path) -> View:
     ]
     if bisection is not None:
         figures.append(("bisection", bisection["detail"], ""))
-    if report["not_run"]:
-        figures.append(("not run", ", ".join(report["not_run"]), "the bisection did not need them"))
     return View("versions.html.j2", verdict, figures, {"rows": rows, "bisection": bisection})

@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from crashqueuelab.lab.campaign.probes import FAILED, status_of
 from crashqueuelab.lab.campaign.run import CAMPAIGN_FILE
 from crashqueuelab.lab.reproducers import rerun
 from crashqueuelab.lab.reproducers.ddmin import shrink
@@ -328,7 +329,7 @@ def _failures(report: Mapping[str, Any]) -> list[tuple[str, str, Mapping[str, An
     failures: list[tuple[str, str, Mapping[str, Any]]] = [
         (PROBE, f"probe {probe['name']}: {probe['detail']}", probe)
         for probe in report["probes"]
-        if not probe["ok"]
+        if status_of(probe) == FAILED
     ]
     lines = report["anomalies"]
     for case in report["cases"]:
@@ -411,6 +412,7 @@ def shrink_if_failed(
 ) -> dict[str, Any]:
     """``report`` (a campaign's), with its failures shrunk when it is not ok and
     ``seconds`` allows (0: not at all)."""
-    if not report["ok"] and seconds > 0:
+    # Evidence that did not run is no failure to shrink.
+    if not report.get("passed_what_ran", report["ok"]) and seconds > 0:
         add_reproducers(output_dir, report, seconds, correct_system)
     return report

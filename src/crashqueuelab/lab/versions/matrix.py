@@ -6,6 +6,11 @@ with its own page; the matrix holds, for each, the lab's verdict, the verdict ag
 library's own promises, and the first reason. A bisection runs the first and the last
 release of the range, then halves the range between a release that passes and one that
 fails until they are neighbours: the second is where the evidence changed.
+
+The run's verdict follows the releases, never the bisection: ``ok`` only when every release
+of the range ran, was judged here and passed the criterion; ``passed_what_ran`` when none
+that was judged failed it; the bisection's finding is its own field, and the ``headline``
+says in one sentence what each release did.
 """
 
 from __future__ import annotations
@@ -31,6 +36,12 @@ _RELEASE = re.compile(r"^[0-9]+(\.[0-9]+)*$")
 _UNAVAILABLE = ("SystemUnavailable", "ServerUnavailable", "CrashModeUnavailable")
 #: How a run's reasons say the system raised while it was being opened.
 _NOT_OPENED = ("raised from open", "open raised")
+#: What a release that passes each criterion does (said of one release, then of several).
+_PASSES = {
+    "ok": ("passes", "pass"),
+    "promises": ("keeps its own promises", "keep their own promises"),
+    "cases": ("passes every crash case", "pass every crash case"),
+}
 
 
 def release_key(release: str) -> tuple[int, ...]:
@@ -128,6 +139,86 @@ def cell(release: str, record: dict[str, Any], criterion: str) -> dict[str, Any]
     }
 
 
+def _said_of(row: dict[str, Any], criterion: str, many: bool) -> str:
+    """What the evidence says of a release (``many``: of several with the same result), as
+    the rest of a sentence that names it."""
+    if row["not_judged"]:
+        return "could not be judged here"
+    if row["passes"]:
+        return _PASSES[criterion][many]
+    s, each = ("", " each") if many else ("s", "")
+    summary = row.get("summary") or {}
+    lost = summary.get("states_losing_acknowledged_work")
+    if lost:
+        return (
+            f"lose{s} acknowledged work at a power cut ({lost} of"
+            f" {summary.get('crash_states')} crash states{each})"
+        )
+    if criterion == "promises":
+        return f"break{s} {'their' if many else 'its'} own promises"
+    if criterion == "cases" and summary.get("failed"):
+        failed, named = summary["failed"], summary.get("named_fault_points")
+        return f"fail{s} {failed} of {named} crash points{each}"
+    count = row["anomalies"]
+    anomalies = f"{count} anomal{'y' if count == 1 else 'ies'}"
+    return f"{'are' if many else 'is'} not ok ({anomalies}{each})"
+
+
+def _named(releases: list[str]) -> str:
+    return releases[0] if len(releases) == 1 else f"{', '.join(releases[:-1])} and {releases[-1]}"
+
+
+def _grouped(rows: list[dict[str, Any]], criterion: str) -> list[str]:
+    """Releases with the same result said together, in the order they first appear."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(_said_of(row, criterion, False), []).append(row)
+    return [
+        f"{_named([row['release'] for row in group])}"
+        f" {_said_of(group[0], criterion, len(group) > 1)}"
+        for group in groups.values()
+    ]
+
+
+def headline(report: dict[str, Any]) -> str:
+    """What was found, in one sentence: what each release that ran did, where the evidence
+    changed, and how many releases did not run."""
+    rows, criterion, bisection = report["rows"], report["criterion"], report["bisection"]
+    found = (bisection or {}).get("found")
+    if found is None:
+        parts = _grouped(rows, criterion)
+        if bisection is not None:
+            parts.append("no change between them to find")
+    else:
+        index = next(i for i, row in enumerate(rows) if row["release"] == found)
+        parts = _grouped(rows[:index], criterion)
+        parts.append(f"{found} is the first release that {_said_of(rows[index], criterion, False)}")
+        after = _grouped(rows[index + 1 :], criterion)
+        parts += [f"after it, {part}" for part in after]
+    not_run = report["not_run"]
+    if not_run:
+        # Only a bisection leaves releases of its range out.
+        plural = "s" if len(not_run) > 1 else ""
+        parts.append(f"{len(not_run)} release{plural} not run (the bisection did not need them)")
+    system = report.get("system")
+    sentence = "; ".join(parts)
+    return f"{system} {sentence}" if system else sentence
+
+
+def judge(report: dict[str, Any]) -> dict[str, Any]:
+    """The run's verdict from its releases' rows: ``ok`` only when every release of the
+    range ran, was judged and passed; ``passed_what_ran`` when none that was judged failed."""
+    judged = [row for row in report["rows"] if not row["not_judged"]]
+    failed = [row for row in judged if not row["passes"]]
+    complete = not report["not_run"] and len(judged) == len(report["rows"])
+    return {
+        "ok": not failed and complete,
+        "passed_what_ran": not failed,
+        "complete": complete,
+        "headline": headline(report),
+    }
+
+
 def run_versions(
     releases: Sequence[str],
     run_release: RunRelease,
@@ -135,8 +226,10 @@ def run_versions(
     *,
     criterion: str = "ok",
     bisect: bool = False,
+    system: str | None = None,
 ) -> dict[str, Any]:
-    """The matrix over ``releases`` (every one, or those a bisection needs)."""
+    """The matrix over ``releases`` (every one, or those a bisection needs), with its
+    verdict (``judge``); ``system`` names the library in the headline."""
     rows: dict[str, dict[str, Any]] = {}
 
     def run(release: str) -> bool:
@@ -174,11 +267,13 @@ def run_versions(
                 f" {len(rows)} of {len(releases)} releases run",
             }
     ordered = [rows[release] for release in releases if release in rows]
-    return {
+    report = {
         "releases": list(releases),
         "criterion": criterion,
         "bisect": bisect,
         "bisection": bisection,
         "rows": ordered,
         "not_run": [release for release in releases if release not in rows],
+        "system": system,
     }
+    return report | judge(report)

@@ -4,7 +4,9 @@ Crashes are not the only way to break a queue: a holder whose lease expired, a w
 reused after a restart (procrastinate #1518, Oban #862), an acknowledgement landing exactly
 at the deadline. Each probe drives the system through its contract on a fresh store and
 names the job and what happened when the system accepts what it must refuse. A probe that
-needs a capability the system lacks is skipped, and the report says so.
+needs a capability the system declares it lacks does not apply to it, and the report says
+so; a probe the lab could not open the system for did not run (a setup error, never a
+finding).
 
 ``harness.py`` holds what every probe runs in; the probes are grouped by what they probe
 (``leases.py``, ``lifecycle.py``, ``batches.py``, ``reports.py``, ``carried.py``);
@@ -15,11 +17,28 @@ from __future__ import annotations
 
 from crashqueuelab.lab.campaign.probes.harness import ProbeFailed
 from crashqueuelab.lab.campaign.probes.runner import (
+    FAILED,
+    NOT_APPLICABLE,
+    NOT_RUN,
+    PASSED,
     PROBES,
     Probe,
     check_probe_names,
     run_probe,
     run_probes,
+    status_of,
 )
 
-__all__ = ["PROBES", "Probe", "ProbeFailed", "check_probe_names", "run_probe", "run_probes"]
+__all__ = [
+    "FAILED",
+    "NOT_APPLICABLE",
+    "NOT_RUN",
+    "PASSED",
+    "PROBES",
+    "Probe",
+    "ProbeFailed",
+    "check_probe_names",
+    "run_probe",
+    "run_probes",
+    "status_of",
+]

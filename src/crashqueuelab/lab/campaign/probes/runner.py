@@ -1,5 +1,14 @@
 """The probes in their order, with the capability each needs, and the runner that gives each
-one a fresh store and reports it passed, failed or skipped."""
+one a fresh store and reports its status:
+
+- ``passed`` and ``failed``: it ran (``ok`` true or false);
+- ``not applicable``: the system declares it lacks the capability the probe needs, so the
+  probe asks nothing of it (``ok`` null: neither passed nor failed, and nothing missing);
+- ``not run``: the lab could not open the system for it (``SystemUnavailable``,
+  ``ServerUnavailable``: something the run needs is not here). That is a setup error, never
+  a finding against the system (``ok`` false, and the reason in ``detail``).
+
+Anything else the system raises, opening included, is the system's own failure."""
 
 from __future__ import annotations
 
@@ -8,7 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from crashqueuelab.core.clock import ManualClock
-from crashqueuelab.core.errors import InvalidInput
+from crashqueuelab.core.errors import (
+    CrashModeUnavailable,
+    InvalidInput,
+    ServerUnavailable,
+    SystemUnavailable,
+)
 from crashqueuelab.core.ids import SeededIds
 from crashqueuelab.lab.campaign.probes.batches import (
     batched_acknowledgement_fences_each_item,
@@ -36,6 +50,9 @@ from crashqueuelab.lab.workloads.scenario import RETRY, START_US
 from crashqueuelab.systems.contract import OpenRequest, QueueClient, System
 
 Probe = Callable[[_Bench], str]
+PASSED, FAILED, NOT_APPLICABLE, NOT_RUN = "passed", "failed", "not applicable", "not run"
+#: What the lab needs and may not have here: a probe that meets one did not run.
+SETUP_ERRORS = (SystemUnavailable, ServerUnavailable, CrashModeUnavailable)
 #: Each probe, and the capability it needs (None: every system).
 PROBES: tuple[tuple[str, Probe, str | None], ...] = (
     ("idempotent_submit", idempotent_submit, None),
@@ -79,8 +96,11 @@ def run_probe(system: System, directory: Path, name: str, probe: Probe) -> dict[
 
     try:
         bench = _Bench(opener(), clock, opener)
+    except SETUP_ERRORS as error:
+        detail = f"not run: {error.kind}: {error}"
+        return {"name": name, "ran": False, "ok": False, "status": NOT_RUN, "detail": detail}
     except Exception as error:
-        return {"name": name, "ran": True, "ok": False, "detail": f"open raised {error!r}"}
+        return _result(name, f"open raised {error!r}", ok=False)
     try:
         detail = probe(bench)
         ok = True
@@ -90,7 +110,21 @@ def run_probe(system: System, directory: Path, name: str, probe: Probe) -> dict[
         detail, ok = f"the system raised {type(error).__name__}: {error}", False
     finally:
         bench.client.close()
-    return {"name": name, "ran": True, "ok": ok, "detail": detail}
+    return _result(name, detail, ok=ok)
+
+
+def _result(name: str, detail: str, *, ok: bool) -> dict[str, Any]:
+    status = PASSED if ok else FAILED
+    return {"name": name, "ran": True, "ok": ok, "status": status, "detail": detail}
+
+
+def status_of(probe: dict[str, Any]) -> str:
+    """A probe's status, also from a record kept before probes had one (ran and ok)."""
+    if "status" in probe:
+        return str(probe["status"])
+    if not probe["ran"]:
+        return NOT_APPLICABLE
+    return PASSED if probe["ok"] else FAILED
 
 
 #: Why a probe that needs a capability skips a system without it.
@@ -115,8 +149,8 @@ def check_probe_names(names: Sequence[str] | None) -> None:
 def run_probes(
     system: System, directory: Path, only: Sequence[str] | None = None
 ) -> list[dict[str, Any]]:
-    """Every probe (or those named in ``only``) on a fresh store below ``directory``;
-    skipped ones say why."""
+    """Every probe (or those named in ``only``) on a fresh store below ``directory``; those
+    that did not run, or do not apply, say why."""
     check_probe_names(only)
     results = []
     capabilities = system.capabilities.to_json()
@@ -125,7 +159,13 @@ def run_probes(
             continue
         if needs is not None and not capabilities[needs]:
             results.append(
-                {"name": name, "ran": False, "ok": True, "detail": f"skipped: {_LACKS[needs]}"}
+                {
+                    "name": name,
+                    "ran": False,
+                    "ok": None,
+                    "status": NOT_APPLICABLE,
+                    "detail": f"not applicable: {_LACKS[needs]}",
+                }
             )
             continue
         results.append(run_probe(system, directory / name, name, probe))
