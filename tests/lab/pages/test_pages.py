@@ -132,7 +132,7 @@ def test_everything_from_a_store_or_a_report_is_shown_as_text(
     report = json.loads((copy / "campaign.json").read_text())
     report["cases"][0]["where"] = MARKUP
     report["anomalies"] = [f"job {MARKUP}: lost"]
-    report["ok"] = False
+    report["ok"] = report["passed_what_ran"] = False
     (copy / "campaign.json").write_text(json.dumps(report))
     history = copy / report["cases"][0]["artifacts"]["history"]
     events = json.loads(history.read_text())
