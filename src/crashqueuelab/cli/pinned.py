@@ -19,8 +19,8 @@ from crashqueuelab.lab.versions.environments import (
     PINNED_VARIABLE,
     Pin,
     ensure_environment,
-    lab_code,
     parse_pin,
+    pinned_environment,
     python_of,
 )
 from crashqueuelab.systems.registry import DISTRIBUTIONS
@@ -48,8 +48,7 @@ def run_pinned(pin: Pin, argv: Sequence[str], err: TextIO) -> tuple[int, dict[st
     """Build (or reuse) the release's environment and run the command in it: its exit code
     and its JSON result, with the environment named."""
     directory, marker = ensure_environment(pin)
-    # The environment's own path and this lab's code, nothing else of this one.
-    environment = dict(os.environ, **{PINNED_VARIABLE: pin.spec, "PYTHONPATH": str(lab_code())})
+    environment = pinned_environment(pin)
     # The same arguments: the run records and reruns ``name==version``, which resolves
     # there (where that release is the one installed) to the system itself.
     command = [str(python_of(directory)), "-m", "crashqueuelab", *argv]
