@@ -216,3 +216,38 @@ def test_a_pinned_release_s_reproducers_run_in_its_environment(
     assert not rerun.ok
     assert rerun.broken_promises == []
     assert any(weakness.startswith("no leases") for weakness in rerun.weaknesses)
+
+
+@pytest.mark.parametrize(
+    ("code", "stdout", "outcome", "words"),
+    [
+        (1, "F\n1 failed in 1.0s", "failed", "fails as exported"),
+        (0, ".\n1 passed in 1.0s", "passed", "PASSES as exported"),
+        (0, "x\n1 xfailed in 1.0s", "expected failure", "fails as documented"),
+        (1, "[XPASS(strict)] documented: x\n1 failed in 1.0s", "unexpected pass", "no longer"),
+        (1, "E   a.b.SystemUnavailable: system 'x': gone\n1 error in 1.0s", "error", "gone"),
+        (0, "s\n1 skipped in 1.0s", "skipped", "skipped as exported"),
+        (0, "1 warning in 1.0s", None, "1 warning"),
+        (4, "ERROR: file or directory not found", None, "pytest exited 4"),
+    ],
+)
+def test_what_pytest_said_of_an_exported_test_is_read_from_its_closing_lines(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    code: int,
+    stdout: str,
+    outcome: str,
+    words: str,
+) -> None:
+    path = export.write_test(tmp_path, "test_x", "def test_x() -> None:\n    pass\n")
+
+    def ran(*args: Any, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(args, code, stdout, "")
+
+    monkeypatch.setattr(subprocess, "run", ran)
+    run = export.run_test(path, import_path=str(tmp_path))
+    assert run["outcome"] == outcome
+    assert run["failed"] is {"failed": True, "passed": False}.get(outcome)
+    assert words in export.said(run)
+    if outcome == "error":
+        assert run["detail"] == "SystemUnavailable: system 'x': gone"
