@@ -251,3 +251,40 @@ def test_what_pytest_said_of_an_exported_test_is_read_from_its_closing_lines(
     assert words in export.said(run)
     if outcome == "error":
         assert run["detail"] == "SystemUnavailable: system 'x': gone"
+
+
+def test_a_documented_weakness_is_labelled_wherever_a_reproducer_is_named() -> None:
+    from crashqueuelab.cli.shrink import reproducer_lines
+    from crashqueuelab.lab.reproducers.chaos import _documented
+
+    long = "a weakness the library documents in more words than one line holds, " * 3
+    shrunk = {
+        "shrunk": True, "system": "x:y", "summary": "s", "anomaly": "probe p: no",
+        "before": {"what": "the campaign"}, "after": {"what": "one probe"},
+        "confirmations": 3, "reproduced": 3, "test_file": "reproducer/test_p.py",
+        "test_run": {"outcome": "expected failure", "failed": None, "detail": "1 xfailed"},
+    }  # fmt: skip
+    documented = {**shrunk, "name": "probe p", "documented": {"what": long, "source": "https://d"}}
+    bug = {**shrunk, "name": "probe q", "documented": None,
+           "test_run": {"failed": True, "detail": "1 failed"}}  # fmt: skip
+    late = {"name": "probe r", "shrunk": False, "reason": "no time", "documented": {"what": "w"}}
+    lines = reproducer_lines({"reproducers": [documented, late, bug]})
+    assert lines[0].startswith("probe q: ")
+    assert lines[0].endswith("(fails as exported)")
+    assert lines[1].startswith("documented weakness, probe p: ")
+    assert "(fails as documented (an expected failure))" in lines[1]
+    assert lines[2] == "documented weakness, probe r: not shrunk (no time)"
+    text = export.render(
+        name="test_p", function="run_probe", call="run_probe(SYSTEM)", record=documented,
+        import_path=None,
+    )  # fmt: skip
+    assert "IMPORT_PATH = None" in text
+    assert f"WEAKNESS = {json.dumps(long)}" in text
+    assert max(len(line) for line in text.split('"""')[1].splitlines()[6:12]) <= 88
+    compile(text, "test_p.py", "exec")
+    # A chaos run is pinned only when its system documents every anomaly it shows.
+    shown = [{"what": "w", "source": "https://d"}]
+    assert _documented(None) is None
+    assert _documented({"keeps_its_promises": False, "weaker_as_documented": shown}) is None
+    assert _documented({"keeps_its_promises": True, "weaker_as_documented": []}) is None
+    assert _documented({"keeps_its_promises": True, "weaker_as_documented": shown}) == shown[0]

@@ -123,3 +123,37 @@ def test_a_system_on_a_server_gets_one_when_none_is_named(
     outcome = run_probe("rq", "idempotent_submit", tmp_path)
     assert "no Redis server" not in outcome.explain()
     assert outcome.ok, outcome.explain()
+
+
+def test_every_rerun_of_a_release_not_installed_here_goes_to_its_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from importlib.metadata import PackageNotFoundError
+
+    from crashqueuelab.regression import replay_chaos, replay_model_workload, run_crash_point
+
+    monkeypatch.delenv(PINNED_VARIABLE, raising=False)
+    asked: list[str] = []
+
+    def answer(pin: Pin, function: str, keywords: dict[str, Any]) -> dict[str, Any]:
+        asked.append(f"{pin.spec} {function}")
+        return {"ok": False, "anomalies": ["a"], "directory": keywords["directory"],
+                "weaknesses": ["w"], "broken_promises": []}  # fmt: skip
+
+    monkeypatch.setattr(rerun, "rerun_elsewhere", answer)
+    outcome = replay_model_workload("huey==3.2.1", {"seed": 1}, tmp_path)
+    assert (outcome.ok, outcome.weaknesses, outcome.directory) == (False, ["w"], tmp_path)
+    run_crash_point("huey==3.2.1", "enqueue:after", seed=1, directory=tmp_path)
+    replay_chaos({"system_spec": "huey==3.2.1", "schedule": []}, tmp_path)
+
+    def not_installed(name: str) -> str:
+        raise PackageNotFoundError(name)
+
+    monkeypatch.setattr(preparation, "version", not_installed)
+    run_probe("huey==3.3.0", "idempotent_submit", tmp_path)
+    assert asked == [
+        "huey==3.2.1 replay_model_workload",
+        "huey==3.2.1 run_crash_point",
+        "huey==3.2.1 replay_chaos",
+        "huey==3.3.0 run_probe",
+    ]
