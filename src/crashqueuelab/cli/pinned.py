@@ -18,10 +18,9 @@ from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.versions.environments import (
     PINNED_VARIABLE,
     Pin,
-    adapter_code,
     ensure_environment,
-    lab_code,
     parse_pin,
+    pinned_environment,
     python_of,
 )
 from crashqueuelab.systems.registry import distribution_of
@@ -49,10 +48,7 @@ def run_pinned(pin: Pin, argv: Sequence[str], err: TextIO) -> tuple[int, dict[st
     """Build (or reuse) the release's environment and run the command in it: its exit code
     and its JSON result, with the environment named."""
     directory, marker = ensure_environment(pin)
-    # The environment's own path, this lab's code and a user's adapter, nothing else.
-    carried = [lab_code(), adapter_code(pin)]
-    path = os.pathsep.join(str(entry) for entry in carried if entry is not None)
-    environment = dict(os.environ, **{PINNED_VARIABLE: pin.spec, "PYTHONPATH": path})
+    environment = pinned_environment(pin)
     # The same arguments: the run records and reruns ``name==version``, which resolves
     # there (where that release is the one installed) to the system itself.
     command = [str(python_of(directory)), "-m", "crashqueuelab", *argv]

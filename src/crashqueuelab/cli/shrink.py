@@ -20,22 +20,25 @@ from crashqueuelab.cli.common import (
 from crashqueuelab.cli.pages import html_report
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.reproducers.campaign import REPRODUCER_DIRECTORY, SHRINK_SECONDS
+from crashqueuelab.lab.reproducers.export import said
 
 
 def reproducer_lines(shrink: Mapping[str, Any] | None) -> list[str]:
-    """One line per reproducer: what it shows, how much smaller it is, how often it failed
-    when rerun, and its test file."""
+    """One line per reproducer, the bugs first: what it shows (a documented weakness says
+    so), how much smaller it is, how often it failed when rerun, and its test file."""
     lines = []
-    for record in (shrink or {}).get("reproducers", []):
+    records = (shrink or {}).get("reproducers", [])
+    for record in sorted(records, key=lambda record: bool(record.get("documented"))):
+        name = record["name"]
+        if record.get("documented"):
+            name = f"documented weakness, {name}"
         if not record["shrunk"]:
-            lines.append(f"{record['name']}: not shrunk ({record['reason']})")
+            lines.append(f"{name}: not shrunk ({record['reason']})")
             continue
-        run = record["test_run"]
-        verdict = {True: "fails as exported", False: "PASSES as exported", None: run["detail"]}
         lines.append(
-            f"{record['name']}: {record['before']['what']} -> {record['after']['what']};"
+            f"{name}: {record['before']['what']} -> {record['after']['what']};"
             f" failed {record['reproduced']} of {record['confirmations']} reruns;"
-            f" {record['test_file']} ({verdict[run['failed']]})"
+            f" {record['test_file']} ({said(record['test_run'])})"
         )
     return lines
 

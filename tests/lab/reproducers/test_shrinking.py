@@ -174,7 +174,7 @@ def test_the_exported_test_imports_only_the_public_api(shrunk: tuple[Path, dict[
             if isinstance(node, ast.Import | ast.ImportFrom)
             for alias in node.names
         }
-        assert imported == {"os", "pathlib", "crashqueuelab.regression"}, imported
+        assert imported == {"os", "pathlib", "pytest", "crashqueuelab.regression"}, imported
 
 
 def test_the_page_leads_with_the_reproducers_and_the_chain_of_events(
@@ -259,7 +259,9 @@ def test_an_exported_test_that_cannot_run_says_why(
     monkeypatch.setattr(subprocess, "run", too_slow)
     assert "ran past" in export.run_test(path, import_path=None)["detail"]
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    assert export.run_test(path, import_path=None)["detail"] == "not run: pytest is not installed"
+    not_run = export.run_test(path, import_path=None)
+    assert not_run["detail"] == "not run: pytest is not installed"
+    assert export.said(not_run) == "not run: pytest is not installed"
     assert export.function_name("model workload", "an acknowledgement " * 20).startswith(
         "test_model_workload_an_acknowledgement"
     )

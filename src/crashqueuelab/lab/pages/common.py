@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from crashqueuelab.lab.pages.chains import observation_chain
+from crashqueuelab.lab.reproducers.export import said
 
 #: Twelve colors, so a bench with ten lanes (ours, the textbook queue, six peers) repeats none.
 PALETTE = (
@@ -76,8 +77,9 @@ def read_json(path: Path) -> Any:
 
 
 def reproducers(run_dir: Path, report: dict[str, Any]) -> list[dict[str, Any]]:
-    """The shrunk reproducers of a not-ok campaign, each model one with its chain of events
-    read from its first rerun's retained log."""
+    """The shrunk reproducers of a not-ok run, the bugs before the weaknesses the system
+    documents; each model one with its chain of events read from its first rerun's
+    retained log, each test run in the words the terminal uses."""
     shown = []
     for record in (report.get("shrink") or {}).get("reproducers", []):
         chain: list[dict[str, Any]] = []
@@ -87,8 +89,13 @@ def reproducers(run_dir: Path, report: dict[str, Any]) -> list[dict[str, Any]]:
             chain = observation_chain(run_dir / record["chain"], model.get("store"))
             for row in chain:
                 row["involved"] = bool(row["key"]) and row["key"] in record["anomaly"]
-        shown.append(record | {"chain_rows": chain})
-    return shown
+        runs = {
+            f"{name}_said": said(record[name])
+            for name in ("test_run", "test_run_on_correct_system")
+            if record.get(name)
+        }
+        shown.append(record | {"chain_rows": chain} | runs)
+    return sorted(shown, key=lambda record: bool(record.get("documented")))
 
 
 def system_label(system: dict[str, Any]) -> str:

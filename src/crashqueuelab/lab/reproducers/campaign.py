@@ -7,7 +7,10 @@ that still fails, rerun to confirm it, and exported as a pytest file.
   (``workloads/choices.py``, ``ddmin.py``): operations are removed while the rerun still fails
   the same way (the first anomaly's kind: its words without names and numbers).
 
-Failures of one kind share a reproducer. Everything the lab runs here is deterministic
+A failure a weakness the system documents explains (``lab.runs.promises``) is no bug: its
+reproducer is made the same way, after the bugs' (they come first in the budget and on the
+page), and its test pins the documented behaviour (``export``). Failures of one kind share a
+reproducer. Everything the lab runs here is deterministic
 under the lab (a manual clock, seeded ids), so a reproducer must fail every rerun; the
 record says how many of its reruns failed, and the test file is run too. Work stops when
 the time budget does: what was not shrunk says so.
@@ -30,9 +33,16 @@ from crashqueuelab.lab.campaign.probes import FAILED, status_of
 from crashqueuelab.lab.campaign.run import CAMPAIGN_FILE
 from crashqueuelab.lab.reproducers import rerun
 from crashqueuelab.lab.reproducers.ddmin import shrink
-from crashqueuelab.lab.reproducers.export import function_name, render, run_test, write_test
-from crashqueuelab.lab.runs.commands import campaign_command, runnable
+from crashqueuelab.lab.reproducers.export import (
+    call_text,
+    function_name,
+    render,
+    run_test,
+    write_test,
+)
+from crashqueuelab.lab.runs.commands import campaign_command
 from crashqueuelab.lab.runs.modes import POWER_LOSS, PROCESS
+from crashqueuelab.lab.runs.promises import declared, explained_by
 from crashqueuelab.lab.runs.records import write_json
 from crashqueuelab.lab.workloads.model import OBSERVATIONS_FILE, SCHEDULE_FILE, run_model_workload
 from crashqueuelab.systems.registry import resolve_system
@@ -63,15 +73,19 @@ def _elapsed(started: float) -> float:
     return round(time.perf_counter() - started, 3)
 
 
+def _count(number: int, thing: str) -> str:
+    return f"{number} {thing}{'' if number == 1 else 's'}"
+
+
 def _campaign_size(report: Mapping[str, Any]) -> dict[str, Any]:
     cases, probes = report["cases"], [p for p in report["probes"] if p["ran"]]
     kills = sum(1 + (case.get("after_crash_at") is not None) for case in cases)
     model = report["model"]
     operations = model.get("steps", 0) if model.get("ran", True) else 0
-    what = f"the campaign ({len(cases)} crash points, {len(probes)} probes"
+    what = f"the campaign ({_count(len(cases), 'crash point')}, {_count(len(probes), 'probe')}"
     what += f", a {operations}-operation model workload)" if operations else ")"
     if not cases and not operations:
-        what = f"the {len(probes)} probes"
+        what = "the probe" if len(probes) == 1 else f"the {len(probes)} probes"
     return {"operations": operations, "faults": kills, "what": what}
 
 
@@ -94,6 +108,16 @@ class _Shrinker:
         self.directory = run_dir / REPRODUCER_DIRECTORY
         self.records: list[dict[str, Any]] = []
         self.kinds: dict[str, dict[str, Any]] = {}
+        self.import_path: str | None = report.get("system_import_path")
+        self.weaknesses = declared(report.get("promises"))
+
+    def documented(self, line: str) -> dict[str, str] | None:
+        """The documented weakness that explains the campaign's anomaly ``line``, if any."""
+        index = explained_by(self.weaknesses, line, self.report["crash_mode"])
+        if index is None:
+            return None
+        weakness = self.weaknesses[index]
+        return {"what": weakness.what, "source": weakness.source}
 
     def left(self) -> float:
         return max(0.0, self.deadline - self.clock())
@@ -107,13 +131,14 @@ class _Shrinker:
         record.setdefault("also", []).append(name)
         return True
 
-    def out_of_time(self, name: str, anomaly: str) -> bool:
+    def out_of_time(self, name: str, anomaly: str, documented: dict[str, str] | None) -> bool:
         if self.left() > 0:
             return False
         self.records.append(
             {
                 "name": name,
                 "anomaly": anomaly,
+                "documented": documented,
                 "shrunk": False,
                 "reason": f"the shrink budget ({self.seconds:g} s) ran out first",
             }
@@ -134,12 +159,11 @@ class _Shrinker:
     def finish(self, record: dict[str, Any], text: str, started: float) -> None:
         path = write_test(self.directory, record["test"], text)
         record["test_file"] = str(path.relative_to(self.run_dir))
-        import_path = self.report.get("system_import_path")
         # Each run is a process of its own that mostly waits: both at once.
         with ThreadPoolExecutor(max_workers=2) as pool:
-            exported = pool.submit(run_test, path, import_path=import_path)
+            exported = pool.submit(run_test, path, import_path=self.import_path)
             correct = self.correct_system and pool.submit(
-                run_test, path, import_path=import_path, system=self.correct_system
+                run_test, path, import_path=self.import_path, system=self.correct_system
             )
             record["test_run"] = exported.result()
             if correct:
@@ -147,7 +171,8 @@ class _Shrinker:
                     "system": self.correct_system,
                     **correct.result(),
                 }
-        record["test_command"] = runnable(f"python -m pytest {shlex.quote(str(path))}", self.report)
+        # The file finds its system by itself: the command needs nothing in front of it.
+        record["test_command"] = f"python -m pytest {shlex.quote(str(path))}"
         # Shrinking, the reruns that confirm it and the runs of the test file.
         record["seconds"] = _elapsed(started)
         self.records.append(record)
@@ -156,13 +181,16 @@ class _Shrinker:
     def reruns(self, record_name: str) -> Path:
         return self.directory / "reruns" / function_name(record_name)
 
-    def record(self, name: str, anomaly: str, **fields: Any) -> dict[str, Any]:
+    def record(
+        self, name: str, anomaly: str, documented: dict[str, str] | None, **fields: Any
+    ) -> dict[str, Any]:
         described = name
         if name == MODEL:  # the model's reproducers are told apart by what they show
             described += " " + re.sub(r"^job #: ", "", anomaly_kind(anomaly))
         return {
             "name": name,
             "anomaly": anomaly,
+            "documented": documented,
             "shrunk": True,
             "system": self.spec,
             "test": function_name(described),
@@ -185,6 +213,7 @@ class _Shrinker:
         record = self.record(
             name,
             anomaly,
+            self.documented(anomaly),
             summary=f"{name} on {self.spec}",
             after=after,
             runs=CONFIRMATIONS,
@@ -195,7 +224,13 @@ class _Shrinker:
             command=command,
         )
         function, expression = call
-        text = render(name=record["test"], function=function, call=expression, record=record)
+        text = render(
+            name=record["test"],
+            function=function,
+            call=expression,
+            record=record,
+            import_path=self.import_path,
+        )
         self.finish(record, text, started)
 
     def case(self, case: Mapping[str, Any], anomaly: str) -> None:
@@ -212,8 +247,15 @@ class _Shrinker:
             ),
             (
                 "run_crash_point",
-                f"run_crash_point(SYSTEM, {point!r}, seed={seed}, directory=tmp_path"
-                + (f", crash_mode={mode!r})" if mode != PROCESS else ")"),
+                call_text(
+                    "run_crash_point",
+                    "SYSTEM",
+                    json.dumps(point),
+                    f"seed={seed}",
+                    "directory=tmp_path",
+                    *([f"crash_mode={json.dumps(mode)}"] if mode != PROCESS else []),
+                    "import_path=IMPORT_PATH",
+                ),
             ),
             campaign_command(self.report, str(self.run_dir / "reruns" / point), crash_point=point),
         )
@@ -225,12 +267,18 @@ class _Shrinker:
             anomaly,
             {"operations": 0, "faults": 0, "what": "one probe"},
             lambda directory: rerun.run_probe(self.spec, name, directory),
-            ("run_probe", f"run_probe(SYSTEM, {name!r}, tmp_path)"),
+            (
+                "run_probe",
+                call_text(
+                    "run_probe", "SYSTEM", json.dumps(name), "tmp_path", "import_path=IMPORT_PATH"
+                ),
+            ),
             campaign_command(self.report, str(self.run_dir / "reruns" / name), probe=name),
         )
 
     def model(self, anomaly: str) -> None:
         started = time.perf_counter()
+        documented = self.documented(f"{MODEL}: {anomaly}")
         model_dir = self.run_dir / "model"
         original = json.loads((model_dir / SCHEDULE_FILE).read_text(encoding="utf-8"))
         kind = anomaly_kind(anomaly)
@@ -255,7 +303,7 @@ class _Shrinker:
             shutil.rmtree(scratch, ignore_errors=True)
         if found is None:
             self.records.append(
-                {"name": MODEL, "anomaly": anomaly, "shrunk": False,
+                {"name": MODEL, "anomaly": anomaly, "documented": documented, "shrunk": False,
                  "reason": "rerun from its recorded choices, it did not fail the same way"}
             )  # fmt: skip
             return
@@ -281,6 +329,7 @@ class _Shrinker:
         record = self.record(
             MODEL,
             first_anomaly,
+            documented,
             summary=f"the model workload on {self.spec}",
             after={
                 "operations": canonical["operations"],
@@ -306,8 +355,11 @@ class _Shrinker:
         text = render(
             name=record["test"],
             function="replay_model_workload",
-            call="replay_model_workload(SYSTEM, SCHEDULE, tmp_path)",
+            call=call_text(
+                "replay_model_workload", "SYSTEM", "SCHEDULE", "tmp_path", "import_path=IMPORT_PATH"
+            ),
             record=record,
+            import_path=self.import_path,
             constants={"SCHEDULE": canonical},
         )
         record["command"] = None
@@ -325,7 +377,8 @@ FAILURE_KINDS = (PROBE, CASE, MODEL)
 
 
 def _failures(report: Mapping[str, Any]) -> list[tuple[str, str, Mapping[str, Any]]]:
-    """Every failure of the campaign as (kind, first anomaly line, its case or probe)."""
+    """Every failure of the campaign as (kind, first anomaly line, its case or probe), in
+    the order the campaign ran them."""
     failures: list[tuple[str, str, Mapping[str, Any]]] = [
         (PROBE, f"probe {probe['name']}: {probe['detail']}", probe)
         for probe in report["probes"]
@@ -359,7 +412,13 @@ def shrink_campaign(
     one, as for its mutants) is run against each exported test, which must pass there."""
     started = time.perf_counter()
     shrinker = _Shrinker(run_dir, report, seconds, correct_system, clock)
-    for kind, anomaly, source in _failures(report):
+
+    def documented(failure: tuple[str, str, Mapping[str, Any]]) -> dict[str, str] | None:
+        kind, anomaly, _ = failure
+        return shrinker.documented(f"{MODEL}: {anomaly}" if kind == MODEL else anomaly)
+
+    # The bugs first: they get the budget first, and lead the page.
+    for kind, anomaly, source in sorted(_failures(report), key=lambda f: bool(documented(f))):
         if (only is not None and kind != only) or (
             most is not None and len(shrinker.records) >= most
         ):
@@ -368,7 +427,9 @@ def shrink_campaign(
             PROBE: f"probe {source.get('name')}",
             CASE: f"crash point {source.get('fault_point')}",
         }.get(kind, MODEL)
-        if shrinker.seen(anomaly, name) or shrinker.out_of_time(name, anomaly):
+        if shrinker.seen(anomaly, name) or shrinker.out_of_time(
+            name, anomaly, documented((kind, anomaly, source))
+        ):
             continue
         if kind == PROBE:
             shrinker.probe(source, anomaly)

@@ -10,6 +10,9 @@ that the run reproduces. Within the time budget:
    way (the first reason's kind);
 3. the smallest schedule found is replayed three times, and exported as a pytest file that
    replays it up to three times and fails if any run does.
+
+A run whose every anomaly a weakness the system documents explains (its ``promises``) is
+exported as a test that pins that weakness, as a campaign's is (``export``).
 """
 
 from __future__ import annotations
@@ -29,7 +32,13 @@ from crashqueuelab.lab.reproducers.campaign import (
     anomaly_kind,
 )
 from crashqueuelab.lab.reproducers.ddmin import shrink
-from crashqueuelab.lab.reproducers.export import function_name, render, run_test, write_test
+from crashqueuelab.lab.reproducers.export import (
+    call_text,
+    function_name,
+    render,
+    run_test,
+    write_test,
+)
 from crashqueuelab.lab.runs.commands import runnable
 from crashqueuelab.lab.runs.records import write_json
 
@@ -92,6 +101,15 @@ class _ChaosShrinker:
             shutil.rmtree(directory, ignore_errors=True)
 
 
+def _documented(promises: Mapping[str, Any] | None) -> dict[str, str] | None:
+    """The weakness a run's anomalies show when the system documents every one of them (the
+    first, where several do); None when a promise was broken."""
+    if not promises or not promises["keeps_its_promises"]:
+        return None
+    shown = promises["weaker_as_documented"]
+    return {"what": shown[0]["what"], "source": shown[0]["source"]} if shown else None
+
+
 def shrink_chaos(
     run_dir: Path,
     report: Mapping[str, Any],
@@ -107,6 +125,7 @@ def shrink_chaos(
         refused = {
             "name": "chaos schedule",
             "anomaly": report["reasons"][0],
+            "documented": _documented(report.get("promises")),
             "shrunk": False,
             "reason": "a schedule with server faults needs the server the command starts;"
             " rerun it with chaos --replay",
@@ -118,6 +137,7 @@ def shrink_chaos(
     record: dict[str, Any] = {
         "name": "chaos schedule",
         "anomaly": report["reasons"][0],
+        "documented": _documented(report.get("promises")),
         "system": report.get("system_spec", report["system"]["name"]),
         "recorded": {"failed": failed, "reruns": ran, "directories": kept},
         "before": {"operations": report["parameters"]["jobs"], "faults": len(original),
@@ -153,17 +173,20 @@ def shrink_chaos(
         f" --output-directory {run_dir / directories[0]}-again",
         report,
     )
+    import_path = report.get("system_import_path")
     text = render(
         name=record["test"],
         function="replay_chaos",
-        call="replay_chaos(RUN, tmp_path, attempts=3)",
+        call=call_text("replay_chaos", "RUN", "tmp_path", "attempts=3", "import_path=IMPORT_PATH"),
         record=record,
+        import_path=import_path,
         constants={"RUN": {**replay, "system_spec": "SYSTEM"}},
     ).replace('"system_spec": "SYSTEM"', '"system_spec": SYSTEM')
     path = write_test(shrinker.directory, record["test"], text)
     record["test_file"] = str(path.relative_to(run_dir))
-    record["test_run"] = run_test(path, import_path=report.get("system_import_path"))
-    record["test_command"] = runnable(f"python -m pytest {path}", report)
+    record["test_run"] = run_test(path, import_path=import_path)
+    # The file finds its system by itself: the command needs nothing in front of it.
+    record["test_command"] = f"python -m pytest {path}"
     record["seconds"] = round(time.perf_counter() - started, 3)
     result = {"budget_seconds": seconds, "seconds": record["seconds"], "reproducers": [record]}
     write_json(shrinker.directory / REPRODUCERS_FILE, result)

@@ -10,7 +10,7 @@ ones none does. Only the second kind is a bug in the library.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from fnmatch import fnmatchcase
 from typing import Any
 
@@ -30,6 +30,38 @@ def explains(weakness: Documented, line: str, crash_mode: str, faults: Sequence[
     return any(fnmatchcase(line, pattern) for pattern in weakness.explains)
 
 
+def explained_by(
+    weaknesses: Sequence[Documented], line: str, crash_mode: str, faults: Sequence[str] = ()
+) -> int | None:
+    """The position of the first of ``weaknesses`` that accounts for ``line``; None when
+    none does (the line is a broken promise)."""
+    return next(
+        (
+            position
+            for position, weakness in enumerate(weaknesses)
+            if explains(weakness, line, crash_mode, faults)
+        ),
+        None,
+    )
+
+
+def declared(promises: Mapping[str, Any] | None) -> list[Documented]:
+    """The weaknesses a run's record says its system declares (``classify``'s
+    ``declared``), as the system declared them: a retained run is judged again without
+    building its system."""
+    return [
+        Documented(
+            what=entry["what"],
+            source=entry["source"],
+            points=tuple(entry["points"]),
+            crash_modes=tuple(entry["crash_modes"]),
+            explains=tuple(entry["explains"]),
+            faults=tuple(entry["faults"]),
+        )
+        for entry in (promises or {}).get("declared", [])
+    ]
+
+
 def classify(
     system: System, crash_mode: str, anomalies: Sequence[str], faults: Sequence[str] = ()
 ) -> dict[str, Any]:
@@ -41,14 +73,7 @@ def classify(
     ]
     broken = []
     for line in anomalies:
-        index = next(
-            (
-                position
-                for position, weakness in enumerate(system.documented)
-                if explains(weakness, line, crash_mode, faults)
-            ),
-            None,
-        )
+        index = explained_by(system.documented, line, crash_mode, faults)
         if index is None:
             broken.append(line)
             continue

@@ -41,8 +41,9 @@ PINNED_VARIABLE = "CRASHQUEUELAB_PINNED"
 #: The file a finished environment holds: what was asked and what was installed.
 MARKER = "crashqueuelab-environment.json"
 #: The lab's extras whose dependencies a pinned run may need (pages, the power-loss disk,
-#: the PostgreSQL client for the libraries on a server and their judges).
-LAB_EXTRAS = ("reports", "powerloss", "postgres")
+#: the PostgreSQL client for the libraries on a server and their judges, and pytest: the
+#: run tries the reproducers it exports, and they run in the release's environment).
+LAB_EXTRAS = ("reports", "powerloss", "postgres", "pytest")
 #: pip may download and build; bounded all the same.
 INSTALL_TIMEOUT_S = 900.0
 _VERSION = re.compile(r"^[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?$")
@@ -200,6 +201,15 @@ def lab_code() -> Path:
 
 def python_of(directory: Path) -> Path:
     return directory / "bin" / "python"
+
+
+def pinned_environment(pin: Pin) -> dict[str, str]:
+    """The environment variables of a process run in ``pin``'s environment: the release's
+    own path, this lab's code and a user's adapter (``adapter_code``), nothing else of this
+    environment."""
+    carried = [lab_code(), adapter_code(pin)]
+    path = os.pathsep.join(str(entry) for entry in carried if entry is not None)
+    return dict(os.environ, **{PINNED_VARIABLE: pin.spec, "PYTHONPATH": path})
 
 
 def read_marker(directory: Path) -> dict[str, Any] | None:
