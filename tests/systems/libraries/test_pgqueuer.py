@@ -97,8 +97,10 @@ def test_a_worker_killed_mid_job_leaves_it_stuck_on_0_25_0_and_not_on_0_25_1(
         "--shrink-seconds",
         "0",
     )
-    assert outcome.code == 0, outcome.stderr
+    # 0.25.0 fails: the run is not ok, whatever the bisection found.
+    assert outcome.code == 1, outcome.stderr
     assert outcome.result["bisection"]["found"] == "0.25.1"
+    assert outcome.result["headline"].startswith("pgqueuer 0.25.0 fails 1 of 1 crash points")
     old, fixed = (
         json.loads((tmp_path / "m" / release / "campaign.json").read_text())
         for release in ("0.25.0", "0.25.1")
