@@ -19,7 +19,8 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -63,7 +64,6 @@ STATUS = {
     FAILED: JobStatus.DEAD,
 }
 RELEASE = f"https://pypi.org/project/litequeue/{litequeue.__version__}/"
-SOURCE = "https://github.com/litements/litequeue/blob/master/litequeue.py"
 
 # The adapter's table and triggers: they run inside litequeue's own statements, so a pop
 # counts its attempt and a prune records what it deleted in the same commit.
@@ -94,9 +94,7 @@ class LiteQueueClient(OneAtATime):
         request.directory.mkdir(parents=True, exist_ok=True)
         self.clock, self.hook = request.clock, request.hook
         with _PROCESS_WIDE:
-            self.queue = litequeue.LiteQueue(
-                str(request.directory / FILE), queue_name=QUEUE_NAME
-            )
+            self.queue = litequeue.LiteQueue(str(request.directory / FILE), queue_name=QUEUE_NAME)
             with self.queue.transaction("IMMEDIATE"):
                 for statement in SCHEMA:
                     self.queue.conn.execute(statement)
@@ -106,12 +104,18 @@ class LiteQueueClient(OneAtATime):
 
     def _call(self, name: str, call: Callable[..., T], *args: object) -> T:
         # A crash point on each side of the library call (docs/systems.md, the checklist).
-        return self._read(around, self.hook, name, partial(call, *args))
+        with self._own_clock():
+            return around(self.hook, name, partial(call, *args))
 
     def _read(self, call: Callable[..., T], *args: object) -> T:
+        with self._own_clock():
+            return call(*args)
+
+    @contextmanager
+    def _own_clock(self) -> Iterator[None]:
         with _PROCESS_WIDE:
             litequeue.time_ns = self._now_ns
-            return call(*args)
+            yield
 
     def _key_row(self, column: str, value: str) -> sqlite3.Row | None:
         row: sqlite3.Row | None = self.queue.conn.execute(
@@ -226,11 +230,16 @@ def read_store(directory: Path) -> StoreReading:
     connection = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
     try:
         integrity = connection.execute("PRAGMA integrity_check").fetchone()[0]
+        # A process killed while opening a new store may leave litequeue's table without
+        # the adapter's (or neither): both read as empty.
+        tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master")}
         keys = connection.execute(
             "SELECT key, message_id, max_attempts, attempts, deleted_status FROM lab_keys"
-        ).fetchall()
+        ).fetchall() if "lab_keys" in tables else []  # fmt: skip
         messages = dict(
             connection.execute(f"SELECT message_id, status FROM [{QUEUE_NAME}]").fetchall()
+            if QUEUE_NAME in tables
+            else []
         )
     finally:
         connection.close()
@@ -299,9 +308,9 @@ NO_FENCING = Documented(
     what="No lease and no fencing: done(message_id) and mark_failed(message_id) mark the "
     "message whoever calls them and whenever; litequeue hands out no token and keeps no "
     "deadline, so a late or stale acknowledgement or failure report is accepted",
-    source=f"{RELEASE}: the README (\"the api to set a message as **done** lets you specifiy "
-    "the `message_id` to be set as done\") and LiteQueue.done (\"If executed multiple times, "
-    "`done_time` will be the last time this function is called.\")",
+    source=f'{RELEASE}: the README ("the api to set a message as **done** lets you specifiy '
+    'the `message_id` to be set as done") and LiteQueue.done ("If executed multiple times, '
+    '`done_time` will be the last time this function is called.")',
     explains=(
         "probe stale_holder_after_expiry: * was accepted (succeeded); it must be refused",
         "probe acknowledgement_at_the_deadline: * was accepted (succeeded); it must be refused",
