@@ -22,10 +22,13 @@ from crashqueuelab.suite.harness import open_client
 from crashqueuelab.systems import JobSpec, JobStatus, QueueClient, System, Verdict
 from tests.conftest import EXAMPLES, RunCli
 
-if str(EXAMPLES) not in sys.path:
-    sys.path.insert(0, str(EXAMPLES))
-
-from litequeue_adapter import FILE, QUEUE_NAME, litequeue_system, read_store
+# Imported from examples/ without leaving it on the path of the whole session: a test that
+# runs the adapter in the lab's children puts it there itself.
+sys.path.insert(0, str(EXAMPLES))
+try:
+    from litequeue_adapter import FILE, QUEUE_NAME, litequeue_system, read_store
+finally:
+    sys.path.remove(str(EXAMPLES))
 
 SPEC = "litequeue_adapter:litequeue_system"
 RETRY_BUG = "model workload: job model-*: claimed by worker-* after an accepted acknowledgement"
@@ -73,7 +76,7 @@ def test_the_campaign_passes_every_point_and_names_the_retry_bug(
     assert (summary["passed"], summary["failed"], summary["named_fault_points"]) == (14, 0, 14)
     assert outcome.result["system"]["independent_reader"] is True
     report = json.loads((tmp_path / "c" / "campaign.json").read_text())
-    failed = {probe["name"] for probe in report["probes"] if not probe["ok"]}
+    failed = {probe["name"] for probe in report["probes"] if probe["ok"] is False}
     assert failed == {
         "stale_holder_after_expiry",
         "acknowledgement_at_the_deadline",
@@ -197,3 +200,24 @@ def test_a_store_killed_while_it_was_created_reads_as_empty(tmp_path: Path) -> N
     litequeue.LiteQueue(str(tmp_path / FILE), queue_name=QUEUE_NAME).close()
     reading = read_store(tmp_path)
     assert (reading.exists, reading.ok, dict(reading.jobs)) == (True, True, {})
+
+
+@pytest.mark.releases
+def test_0_8_breaks_its_promise_at_prune_and_0_9_keeps_it_pinned_as_a_shipped_library_is(
+    tmp_path: Path, release_cache: Path, run_cli: RunCli
+) -> None:
+    outcome = run_cli(
+        "versions", "--system", "litequeue_adapter:litequeue_system", "--releases", "0.8,0.9",
+        "--bisect", "--bisect-on", "promises", "--output-directory", str(tmp_path / "v"),
+        "campaign", "--seed", "7", "--crash-point", "prune:after", "--probe", "idempotent_submit",
+        "--shrink-seconds", "0",
+    )  # fmt: skip
+    assert outcome.code == 1, outcome.stderr
+    assert outcome.result["headline"] == (
+        "litequeue 0.8 breaks its own promises; 0.9 is the first release that keeps its own"
+        " promises"
+    )
+    assert outcome.result["bisection"]["found"] == "0.9"
+    old = json.loads((tmp_path / "v" / "0.8" / "campaign.json").read_text())
+    assert "no such table: Queue" in old["anomalies"][0]
+    assert old["system"]["version"].startswith("litequeue 0.8")

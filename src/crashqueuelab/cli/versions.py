@@ -14,7 +14,7 @@ from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
 from crashqueuelab.lab.versions.environments import parse_pin
 from crashqueuelab.lab.versions.matrix import CRITERIA, VERSIONS_FILE, choose_releases, run_versions
-from crashqueuelab.systems.registry import DISTRIBUTIONS
+from crashqueuelab.systems.registry import DISTRIBUTIONS, distribution_of
 
 #: The commands whose evidence a matrix can hold, and the record each writes.
 EVIDENCE = {"campaign": "campaign.json", "chaos": "chaos.json", "heartbeats": "heartbeats.json"}
@@ -39,18 +39,21 @@ def _evidence(arguments: list[str]) -> list[str]:
 
 def _versions(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
 
-    if args.system not in DISTRIBUTIONS:
+    distribution = distribution_of(args.system)
+    if distribution is None:
         raise InvalidInput(
-            "system", f"a released library: one of {', '.join(sorted(DISTRIBUTIONS))}"
+            "system",
+            f"a released library: one of {', '.join(sorted(DISTRIBUTIONS))}, or"
+            " package.module:factory whose System names its distribution",
         )
     evidence = _evidence(list(args.evidence))
-    releases = choose_releases(args.releases, DISTRIBUTIONS[args.system])
+    releases = choose_releases(args.releases, distribution)
     output: Path = args.output_directory
     prepare_output_directory(output)
     err = args.stderr
 
     def run_release(release: str, directory: Path) -> dict[str, Any]:
-        pin = parse_pin(f"{args.system}=={release}", DISTRIBUTIONS.get)
+        pin = parse_pin(f"{args.system}=={release}", distribution_of)
         assert pin is not None  # a release number, checked by choose_releases
         seed = [] if "--seed" in evidence else ["--seed", str(args.seed)]
         argv = [*evidence, *seed, "--system", pin.spec, "--output-directory", str(directory)]
@@ -68,7 +71,8 @@ def _versions(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         output,
         criterion=args.bisect_on,
         bisect=args.bisect,
-        system=args.system,
+        # The releases are the library's: a user's adapter of it is named on the page.
+        system=distribution if ":" in args.system else args.system,
     )
     report |= {"evidence": evidence, "seed": args.seed}
     write_json(output / VERSIONS_FILE, report)
@@ -99,7 +103,10 @@ def add_versions_command(command: Any) -> None:
         database=False,
     )
     sub.add_argument(
-        "--system", required=True, help=f"the library: {', '.join(sorted(DISTRIBUTIONS))}"
+        "--system",
+        required=True,
+        help=f"the library: {', '.join(sorted(DISTRIBUTIONS))}, or package.module:factory"
+        " whose System names its distribution",
     )
     sub.add_argument(
         "--releases",
