@@ -383,5 +383,8 @@ def test_a_heartbeat_that_raises_in_a_crash_child_is_named_in_its_case(
     assert outcome.code == cli.EXIT_REJECTED, outcome.result
     (reason,) = outcome.result["reasons"]
     assert reason.startswith("case 01-after-heartbeat-commit: exit 1")
-    assert "the system's heartbeat raised RuntimeError: the queue's heartbeat is broken" in reason
+    assert (
+        "the system under test (sqlite-heartbeat-raising) raised from heartbeat:"
+        " RuntimeError: the queue's heartbeat is broken" in reason
+    )
     assert "never reached" not in reason

@@ -20,14 +20,16 @@ import argparse
 import json
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 
 from crashqueuelab.lab.faults.children import LAST_WORDS_FILE, POINTS_REACHED_FILE
 from crashqueuelab.lab.faults.hooks import exit_at
 from crashqueuelab.lab.faults.lostreplies import replies_lost_at
+from crashqueuelab.lab.runs.systemcalls import NamedCalls
 from crashqueuelab.lab.workloads.effects import Destination
 from crashqueuelab.lab.workloads.scenario import run_campaign_workload, run_single_worker_workload
-from crashqueuelab.systems.contract import System, reply_lost_phases
+from crashqueuelab.systems.contract import OpenRequest, QueueClient, System, reply_lost_phases
 from crashqueuelab.systems.registry import DEFAULT_SYSTEM, resolve_system
 
 
@@ -44,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--start-us", type=int, default=0)
     args = parser.parse_args(argv)
-    system = resolve_system(args.system)
+    system = named_calls(resolve_system(args.system))
     last_words = str(args.case_dir / LAST_WORDS_FILE)
     with ExitStack() as stack:
         die = (
@@ -53,6 +55,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             else exit_at(args.fault_point, last_words=last_words)
         )
         return _run(args, system, die)
+
+
+def named_calls(system: System) -> System:
+    """``system``, its clients naming the call that raised (``NamedCalls``)."""
+    opened = system.open
+
+    def open_named(request: OpenRequest) -> QueueClient:
+        client: QueueClient = NamedCalls(system.name, opened(request))
+        return client
+
+    return replace(system, open=open_named)
 
 
 def _run(args: argparse.Namespace, system: System, die: Callable[[str], None]) -> int:

@@ -42,3 +42,24 @@ def calling(system: str, call: str) -> Iterator[None]:
         raise
     except Exception as error:
         raise SystemRaised(system, call, error) from error
+
+
+class NamedCalls:
+    """A system's client whose every call says, when it raises, which call it was: what it
+    raises becomes ``SystemRaised`` naming the system, the call and the error (a crash
+    child's last line then names the call, not only the library's exception)."""
+
+    def __init__(self, system: str, client: Any) -> None:
+        self._system = system
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._client, name)
+        if not callable(attribute):
+            return attribute
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with calling(self._system, name):
+                return attribute(*args, **kwargs)
+
+        return call

@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 from crashqueuelab.core.validation import MAX_ERROR_LENGTH, require_int, require_name
+from crashqueuelab.lab.runs.systemcalls import SystemRaised
 from crashqueuelab.systems.contract import Claim, QueueClient, Verdict
 
 
@@ -135,6 +136,8 @@ class Worker:
             self.before_heartbeat()
         try:
             live = self.client.heartbeat(claim, self.lease_duration_us)
+        except SystemRaised:
+            raise  # named already
         except Exception as error:
             raise ClientRaised("heartbeat", error) from error
         if not live:
@@ -148,7 +151,7 @@ class Worker:
         heartbeat = (lambda: self._heartbeat(claim)) if self.heartbeats else None
         try:
             handler(JobContext(claim=claim, heartbeat=heartbeat))
-        except ClientRaised:
+        except (ClientRaised, SystemRaised):
             raise
         except Exception as error:  # a handler's failure is data; BaseException is not
             return describe_error(error)
