@@ -67,6 +67,24 @@ def _demo(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     }
 
 
+def library_verdict(report: dict[str, Any]) -> dict[str, Any]:
+    """For a library that documents its weaknesses, its verdict against its own promises:
+    the run's headline (what its users read first, before the lab's contract) and the
+    record's ``promises`` in short; nothing for a system that documents none."""
+    promises = report.get("promises")
+    if not promises or not promises.get("declared"):
+        return {}
+    return {
+        "headline": promises["verdict"],
+        "promises": {
+            "keeps_its_promises": promises["keeps_its_promises"],
+            "verdict": promises["verdict"],
+            "broken_promises": len(promises["broken_promises"]),
+            "weaker_as_documented": [entry["what"] for entry in promises["weaker_as_documented"]],
+        },
+    }
+
+
 def _campaign(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     report = run_campaign(
         args.output_directory,
@@ -92,6 +110,7 @@ def _campaign(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         "reasons": report["anomalies"],
         "campaign_report": str(args.output_directory / CAMPAIGN_FILE),
         "reproducers": reproducer_lines(report.get("shrink")),
+        **library_verdict(report),
     }
 
 
@@ -149,6 +168,7 @@ def _chaos(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         "chaos_report": str(args.output_directory / CHAOS_FILE),
         "reproducers": reproducer_lines(report.get("shrink")),
         "report": html_report(args.output_directory),
+        **library_verdict(report),
     }  # fmt: skip
 
 

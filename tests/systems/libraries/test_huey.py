@@ -26,6 +26,7 @@ from crashqueuelab.systems import (
     Verdict,
     resolve_system,
 )
+from tests.conftest import RunCli
 
 
 def open_huey(directory: Path, name: str = "huey") -> QueueClient:
@@ -128,3 +129,31 @@ def test_without_huey_installed_the_system_is_unavailable_and_says_how_to_get_it
     monkeypatch.setattr(skeleton, "version", missing)
     with pytest.raises(SystemUnavailable, match=r"pip install 'crashqueuelab\[peers\]'"):
         resolve_system("huey-fsync")
+
+
+def test_a_library_s_run_leads_with_its_own_promises_then_the_lab_s_contract(
+    tmp_path: Path, run_cli: RunCli
+) -> None:
+    outcome = run_cli(
+        "campaign", "--system", "huey", "--probe", "acknowledgement_at_the_deadline",
+        "--seed", "3", "--shrink-seconds", "0", "--output-directory", str(tmp_path / "c"),
+    )  # fmt: skip
+    # Not ok against the lab's contract (the exit code says so), but huey documents it.
+    assert outcome.code == 1
+    assert outcome.result["promises"]["keeps_its_promises"] is True
+    assert outcome.result["promises"]["broken_promises"] == 0
+    assert outcome.result["headline"].endswith(
+        "keeps its promises; weaker than the lab's contract, as documented: no leases: huey"
+        " has no deadline, visibility timeout or token, so a late or repeated completion is"
+        " accepted like any other, and a repeated failure runs huey's retry again, which"
+        " enqueues the task once more"
+    )
+    last = outcome.stderr.strip().splitlines()[-1]
+    assert last.startswith("crashqueuelab: not ok: huey ")
+    assert ": keeps its promises; weaker than the lab's contract" in last
+    page = (tmp_path / "c" / "report.html").read_text()
+    head = page[page.index('id="verdict"') : page.index('id="promises"')]
+    assert 'data-promises-kept="true"' in head
+    assert '<span class="word">Keeps its promises</span>' in head
+    assert "Against the lab's contract: <b>FAILED</b>: every failure below is one the" in head
+    assert 'data-ok="false"' in head  # the lab's contract, as the JSON says
