@@ -100,7 +100,7 @@ def test_the_docs_call_the_command_one_way() -> None:
     root = DOCS.parent
     pages = [root / "README.md", *(p for p in DOCS.glob("*.md") if "journal" not in p.name)]
     other_ways = re.compile(
-        r"(?m)(^\s*(\$ )?crashqueuelab [a-z]|(?<![\w./-])`crashqueuelab [a-z]"
+        r"(?m)(^\s*(\$ )?([A-Z_]+=\S+ )*crashqueuelab [a-z]|(?<![\w./-])`crashqueuelab [a-z]"
         r"|python3? -m crashqueuelab [a-z]|(?<![\w./-])pip install -e"
         r"|(?<![\w./-])python3? benchmarks/)"
     )

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -256,3 +257,16 @@ def test_the_package_face_imports_each_public_name_when_first_used() -> None:
         " assert 'crashqueuelab.core.queue' in sys.modules"
     )
     subprocess.run([sys.executable, "-c", probe], check=True, timeout=60)
+
+
+def test_an_install_hint_speaks_as_the_readme_from_a_checkout_and_by_name_elsewhere(
+    tmp_path: Path,
+) -> None:
+    from crashqueuelab.core.errors import install_hint
+
+    assert install_hint("peers", checkout=tmp_path) == "pip install 'crashqueuelab[peers]'"
+    (tmp_path / "pyproject.toml").write_text("")
+    inside = install_hint("peers", checkout=tmp_path, prefix=str(tmp_path / ".venv"))
+    assert inside == ".venv/bin/pip install -e '.[peers]' (from the checkout's root)"
+    outside = install_hint("peers", checkout=tmp_path, prefix="/opt/venv")
+    assert outside == "/opt/venv/bin/pip install -e '.[peers]' (from the checkout's root)"

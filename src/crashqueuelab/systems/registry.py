@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 from functools import partial
 from importlib.metadata import PackageNotFoundError, version
 
-from crashqueuelab.core.errors import SystemUnavailable
+from crashqueuelab.core.errors import SystemUnavailable, install_hint
 from crashqueuelab.systems.contract import System
 from crashqueuelab.systems.libraries import huey, persistqueue, pgqueuer, procrastinate, rq
 from crashqueuelab.systems.libraries.skeleton import Library
@@ -30,7 +30,7 @@ def _postgres() -> System:
         from crashqueuelab.systems.postgres import postgres_system
     except ImportError as error:
         raise SystemUnavailable(
-            "postgres", f"{error.name} is not installed: pip install 'crashqueuelab[postgres]'"
+            "postgres", f"{error.name} is not installed: {install_hint('postgres')}"
         ) from None
     return postgres_system()
 

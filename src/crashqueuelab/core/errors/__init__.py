@@ -13,6 +13,7 @@ from crashqueuelab.core.errors.lab import (
     OperationUnsupported,
     ServerUnavailable,
     SystemUnavailable,
+    install_hint,
 )
 from crashqueuelab.core.errors.queue import (
     CrashQueueLabError,
@@ -50,4 +51,5 @@ __all__ = [
     "StoreNotFound",
     "SystemUnavailable",
     "UpgradeRefused",
+    "install_hint",
 ]

@@ -3,7 +3,25 @@ lacks, a crash mode this machine cannot make, a server that cannot start)."""
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 from crashqueuelab.core.errors.queue import CrashQueueLabError
+
+#: The checkout this package runs from, when it runs from one (an editable install).
+_CHECKOUT = Path(__file__).resolve().parents[4]
+
+
+def install_hint(extra: str, *, checkout: Path = _CHECKOUT, prefix: str = sys.prefix) -> str:
+    """How to install one of the lab's extras, in the words the README uses: from a checkout
+    (an editable install, as the quick start makes), its environment's pip with ``-e``;
+    otherwise pip with the package's name."""
+    if not (checkout / "pyproject.toml").is_file():
+        return f"pip install 'crashqueuelab[{extra}]'"
+    pip = Path(prefix) / "bin" / "pip"
+    shown = os.path.relpath(pip, checkout) if pip.is_relative_to(checkout) else str(pip)
+    return f"{shown} install -e '.[{extra}]' (from the checkout's root)"
 
 
 class SystemUnavailable(CrashQueueLabError):

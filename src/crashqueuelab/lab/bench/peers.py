@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-from crashqueuelab.core.errors import InvalidInput, SystemUnavailable
+from crashqueuelab.core.errors import InvalidInput, SystemUnavailable, install_hint
 
 _SYNCHRONOUS = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
 #: Where the drivers keep their database inside a store directory.
@@ -195,9 +195,7 @@ class Peer:
         try:
             queue: PeerQueue = self.driver(store, self.full)
         except ImportError as missing:
-            raise SystemUnavailable(
-                self.name, f"{missing}: pip install 'crashqueuelab[peers]'"
-            ) from None
+            raise SystemUnavailable(self.name, f"{missing}: {install_hint('peers')}") from None
         return queue
 
     def fill(self, store: Path, jobs: int) -> None:

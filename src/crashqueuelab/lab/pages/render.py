@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from crashqueuelab.core.errors import InvalidInput
+from crashqueuelab.core.errors import InvalidInput, install_hint
 from crashqueuelab.lab.pages.bench import bench_view
 from crashqueuelab.lab.pages.campaign import campaign_view
 from crashqueuelab.lab.pages.chaos import chaos_view
@@ -51,7 +51,7 @@ def _environment() -> object:
         import jinja2
     except ImportError:
         raise InvalidInput(
-            "report", "HTML reports need Jinja2: pip install 'crashqueuelab[reports]'"
+            "report", f"HTML reports need Jinja2: {install_hint('reports')}"
         ) from None
     return jinja2.Environment(
         loader=jinja2.PackageLoader("crashqueuelab.lab.pages", "templates"),

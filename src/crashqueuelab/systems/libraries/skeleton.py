@@ -18,7 +18,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Protocol
 
-from crashqueuelab.core.errors import SystemUnavailable
+from crashqueuelab.core.errors import SystemUnavailable, install_hint
 from crashqueuelab.systems.boundary import (
     OneAtATime,
     boundary_point,
@@ -169,7 +169,7 @@ class Library:
             missing = getattr(error, "name", None) or self.distribution
             raise SystemUnavailable(
                 system,
-                f"{missing} is not installed: pip install 'crashqueuelab[{self.extra}]'",
+                f"{missing} is not installed: {install_hint(self.extra)}",
             ) from None
 
     def system(

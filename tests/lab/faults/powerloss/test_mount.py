@@ -119,7 +119,7 @@ def test_a_machine_without_fuse_gets_exit_4_and_the_reason(
     [
         ("darwin", True, True, True, True, "needs Linux FUSE"),
         ("linux", False, True, True, True, "has none"),
-        ("linux", True, False, True, True, "pip install 'crashqueuelab[powerloss]'"),
+        ("linux", True, False, True, True, "install -e '.[powerloss]' (from the checkout's root)"),
         ("linux", True, True, False, True, "apt-get install fuse3"),
         ("linux", True, True, True, False, "needs root or fusermount3"),
     ],

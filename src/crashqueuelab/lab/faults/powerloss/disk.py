@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from crashqueuelab.core.errors import CrashModeUnavailable
+from crashqueuelab.core.errors import CrashModeUnavailable, install_hint
 from crashqueuelab.lab.faults.powerloss.journal import (
     GRAVEYARD,
     JOURNAL_FILE,
@@ -42,7 +42,7 @@ def unavailable_reason() -> str | None:
     if not os.path.exists("/dev/fuse"):
         return "power-loss mode needs /dev/fuse, and this machine has none"
     if importlib.util.find_spec("mfusepy") is None:
-        return "power-loss mode needs the FUSE bindings: pip install 'crashqueuelab[powerloss]'"
+        return f"power-loss mode needs the FUSE bindings: {install_hint('powerloss')}"
     if ctypes.util.find_library("fuse3") is None:
         return "power-loss mode needs libfuse 3 (Debian: apt-get install fuse3)"
     if os.geteuid() != 0 and shutil.which("fusermount3") is None:
