@@ -8,10 +8,12 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from crashqueuelab.judges.readers.persistqueue import read_ack_queue
 from crashqueuelab.judges.readers.walqueue import read_walqueue_directory
-from tests.walqueue.helpers import frames_of, preallocated
-from walqueue import Queue
+from tests.walqueue.helpers import LAYOUTS, build_big, frames_of, preallocated, unfinished_shapes
+from walqueue import CorruptStore, Queue
 from walqueue.codec import encode_frame
 
 
@@ -108,6 +110,41 @@ def test_a_flipped_byte_is_named(tmp_path: Path) -> None:
     data[10] ^= 0xFF
     live.write_bytes(bytes(data))
     assert "checksum mismatch" in read_walqueue_directory(directory).problems[0]
+
+
+def test_the_reader_and_walqueue_agree_on_a_damaged_or_unfinished_final_frame(
+    tmp_path: Path,
+) -> None:
+    """Each byte of a synced final frame flipped: damage to both (walqueue refuses to open,
+    the reader names a problem). The frame left unfinished: a torn tail to both."""
+    for preallocate in (False, True):
+        directory = tmp_path / f"q-{preallocate}"
+        shape = preallocated if preallocate else bytes
+        with Queue(directory, preallocate=preallocate) as queue:
+            queue.put("a", {"n": 1})
+            queue.put("b", {"n": 2})
+        live = segment(directory)
+        frames = frames_of(live, zero_tail=preallocate)
+        start = len(frames) // 2  # two frames of the same length
+        assert int.from_bytes(frames[:4], "big") + 36 == start
+        for offset in range(start, len(frames)):
+            damaged = bytearray(frames)
+            damaged[offset] ^= 0xFF
+            live.write_bytes(shape(bytes(damaged)))
+            reading = read_walqueue_directory(directory, preallocated=preallocate)
+            assert reading.problems, (preallocate, offset - start)
+            with pytest.raises(CorruptStore):
+                Queue(directory, preallocate=preallocate)
+    pristine = tmp_path / "big"
+    live, frames, start = build_big(pristine, LAYOUTS[0])
+    for name, data in unfinished_shapes(frames, start).items():
+        for layout in LAYOUTS:
+            live.write_bytes(layout.segment(data))
+            reading = read_walqueue_directory(pristine, preallocated=layout.preallocate)
+            assert (reading.problems, reading.facts["torn_tail"]) == ([], True), name
+            assert reading.tasks == {"a": ("ready", 0), "b": ("ready", 0)}, name
+            with layout.open(pristine) as queue:
+                assert queue.task_ids() == ["a", "b"], name
 
 
 def forged(directory: Path, txn: dict[str, Any]) -> list[str]:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from crashqueuelab.judges.readers.walqueue import read_walqueue_directory
 from crashqueuelab.lab.faults.powerloss.crashstate import (
     LOSE_ALL,
     SECTOR,
@@ -18,6 +19,7 @@ from crashqueuelab.lab.faults.powerloss.crashstate import (
 )
 from crashqueuelab.lab.faults.powerloss.filesystem import PowerLossFilesystem
 from crashqueuelab.lab.faults.powerloss.journal import GRAVEYARD, TREE, Journal, load_journal
+from tests.walqueue.helpers import LAYOUTS, Layout, build_big
 
 
 @pytest.fixture
@@ -156,6 +158,40 @@ def test_a_seeded_state_keeps_some_writes_and_may_tear_the_last_at_a_sector(
             assert kept in (0, len(piece)) or (i * 1500 + kept) % SECTOR == 0
             seen.add("torn" if 0 < kept < 1500 else "whole" if kept else "lost")
     assert seen == {"torn", "whole", "lost"}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=str)
+def test_every_tear_of_a_walqueue_append_is_a_torn_tail_to_walqueue_and_its_reader(
+    fs: PowerLossFilesystem, tmp_path: Path, layout: Layout
+) -> None:
+    """walqueue's last frame written as its hook splits it (two writes) and not synced: every
+    seeded crash state (each write kept, lost or torn at a sector) is whole or a torn tail to
+    walqueue and to its reader alike, never corruption."""
+    segment, frames, start = build_big(tmp_path / "made", layout)
+    fs.mkdir("/q", 0o755)
+    fh = write_file(fs, f"/q/{segment.name}", layout.segment(frames[:start]))
+    fs.fsync(f"/q/{segment.name}", 0, fh)
+    fs.fsyncdir("/", 0, 0)
+    fs.fsyncdir("/q", 0, 0)
+    half = start + (len(frames) - start) // 2
+    fs.write(f"/q/{segment.name}", frames[start:half], start, fh)
+    fs.write(f"/q/{segment.name}", frames[half:], half, fh)
+    fs.release(f"/q/{segment.name}", fh)
+    outcomes = set()
+    for seed in range(60):
+        choice = Choice(None, seed)
+        state(fs, tmp_path / "states", choice)
+        directory = tmp_path / "states" / "states" / choice.name / "q"
+        left = (directory / segment.name).read_bytes()[start:]
+        reading = read_walqueue_directory(directory, preallocated=layout.preallocate)
+        assert reading.problems == [], seed
+        with layout.open(directory) as queue:
+            tasks = queue.task_ids()
+        assert sorted(reading.tasks) == tasks, seed
+        outcome = "whole" if len(tasks) == 3 else "torn" if any(left) else "lost"
+        assert reading.facts["torn_tail"] == (outcome == "torn"), seed
+        outcomes.add(outcome)
+    assert outcomes == {"whole", "torn", "lost"}
 
 
 def test_enumerated_subsets_stop_at_a_bound_and_then_are_sampled(fs: PowerLossFilesystem) -> None:
