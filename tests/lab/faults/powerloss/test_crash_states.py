@@ -11,9 +11,12 @@ import pytest
 
 from crashqueuelab.judges.readers.walqueue import read_walqueue_directory
 from crashqueuelab.lab.faults.powerloss.crashstate import (
+    BY_BYTES,
+    BY_FATE,
     LOSE_ALL,
     SECTOR,
     Choice,
+    DistinctStates,
     crash_choices,
     materialize,
 )
@@ -108,13 +111,14 @@ def test_a_kept_rename_keeps_the_create_it_depends_on(
     fs.release("/snapshot.tmp", fh)
     fs.rename("/snapshot.tmp", "/snapshot")
     choices = crash_choices(fs.journal, seed=1, seeded=0)
+    # The subsets that keep what they depend on first: the one that does not comes last.
     assert [c.name for c in choices] == [
         "lose-all",
         "keep-names-1",
-        "keep-names-2",
         "keep-names-1-2",
+        "keep-names-2",
     ]
-    assert state(fs, tmp_path, choices[2]) == {"snapshot": b"state"}
+    assert state(fs, tmp_path, choices[3]) == {"snapshot": b"state"}
     assert state(fs, tmp_path, choices[1]) == {"snapshot.tmp": b"state"}
 
 
@@ -237,3 +241,58 @@ def test_what_is_not_modelled_is_refused(fs: PowerLossFilesystem) -> None:
     assert fs.statfs("/")["f_bsize"] > 0
     assert fs.access("/f", os.R_OK) == 0
     assert (fs.opendir("/"), fs.releasedir("/", 0), fs.flush("/f", 0)) == (0, 0, 0)
+
+
+def test_a_cut_with_nothing_unsynced_allows_one_crash_state(fs: PowerLossFilesystem) -> None:
+    fh = write_file(fs, "/file", b"synced")
+    fs.fsync("/file", 0, fh)
+    fs.fsyncdir("/", 0, 0)
+    fs.release("/file", fh)
+    assert crash_choices(fs.journal, seed=3) == [LOSE_ALL]
+
+
+def test_choices_that_keep_the_same_operations_are_judged_once(
+    fs: PowerLossFilesystem,
+) -> None:
+    """Keeping a rename keeps the create it renamed, so "keep the rename" is "keep both";
+    a seeded choice of the same fates is no new state either."""
+    fh = write_file(fs, "/snapshot.tmp", b"state")
+    fs.fsync("/snapshot.tmp", 0, fh)
+    fs.release("/snapshot.tmp", fh)
+    fs.rename("/snapshot.tmp", "/snapshot")
+    distinct = DistinctStates(fs.journal)
+    choices = crash_choices(fs.journal, seed=1)
+    new = [choice.name for choice in choices if distinct.new_fate(choice)]
+    assert new == ["lose-all", "keep-names-1", "keep-names-1-2"]
+    skipped = [same.to_json() for same in distinct.skipped]
+    assert skipped[0] == {"choice": "keep-names-2", "same_as": "keep-names-1-2", "by": BY_FATE}
+    assert [same["choice"] for same in skipped[1:]] == [c.name for c in choices[4:]]
+    assert {same["same_as"] for same in skipped[1:]} <= set(new)
+    assert len(new) + len(skipped) == len(choices)
+
+
+def test_different_fates_that_leave_the_same_bytes_are_judged_once(
+    fs: PowerLossFilesystem, tmp_path: Path
+) -> None:
+    """A write then a truncation back to nothing: keeping only the truncation leaves what
+    losing both leaves, byte for byte."""
+    fh = write_file(fs, "/wal", b"")
+    fs.fsync("/wal", 0, fh)
+    fs.fsyncdir("/", 0, 0)
+    fs.write("/wal", b"frame", 0, fh)
+    fs.truncate("/wal", 0, fh)
+    fs.release("/wal", fh)
+    distinct = DistinctStates(fs.journal)
+    judged = []
+    for seed in range(40):
+        choice = LOSE_ALL if seed == 0 else Choice(None, seed)
+        if not distinct.new_fate(choice):
+            continue
+        store = tmp_path / choice.name
+        materialize(fs.tree.parent, fs.journal, choice, store)
+        if distinct.new_bytes(choice, store):
+            judged.append((choice.name, (store / "wal").read_bytes()))
+    assert judged == [("lose-all", b""), (judged[1][0], b"frame")]
+    by_bytes = [same.to_json() for same in distinct.skipped if same.by == BY_BYTES]
+    assert by_bytes
+    assert {same["same_as"] for same in by_bytes} == {"lose-all"}

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from crashqueuelab.judges.resp import RespConnection, text
-from crashqueuelab.lab.faults.powerloss.crashstate import LOSE_ALL
+from crashqueuelab.lab.faults.powerloss.crashstate import LOSE_ALL, DistinctStates
 from crashqueuelab.lab.faults.powerloss.redisdisk import RedisOnDisk
 from crashqueuelab.servers.redis import SOCKET_VARIABLE, find_redis_server
 
@@ -34,7 +34,7 @@ def kept_after_a_cut(case_dir: Path, settled: bool) -> tuple[str, list[str]]:
         pending = [f"{op.kind} {op.path}" for op in journal.names]
         state_dir = case_dir / "lose-all"
         state_dir.mkdir()
-        with target.place(journal, LOSE_ALL, state_dir) as placed:
+        with target.place(journal, LOSE_ALL, state_dir, DistinctStates(journal)) as placed:
             if placed.problem is not None:
                 return f"refused: {placed.problem}", pending
             with RespConnection(os.environ[SOCKET_VARIABLE]) as connection:
