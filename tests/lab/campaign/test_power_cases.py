@@ -11,15 +11,43 @@ from pathlib import Path
 import pytest
 
 from crashqueuelab import cli
+from crashqueuelab.lab.campaign.power_cases import STATES_DIRECTORY, judge_state
+from crashqueuelab.lab.faults.powerloss.crashstate import LOSE_ALL, Choice, DistinctStates
+from crashqueuelab.lab.faults.powerloss.journal import GRAVEYARD, TREE, Journal
+from crashqueuelab.lab.faults.powerloss.targets import DISK_DIRECTORY, StoreOnDisk
 from crashqueuelab.lab.pages.render import REPORT_FILE
+from crashqueuelab.systems.registry import resolve_system
 from tests.conftest import RunCli
 
-pytestmark = pytest.mark.skipif(
+needs_fuse = pytest.mark.skipif(
     not sys.platform.startswith("linux") or not os.path.exists("/dev/fuse"),
     reason="power loss needs Linux with /dev/fuse; the command exits 4 and says so",
 )
 
 
+def test_a_state_with_the_bytes_of_one_judged_before_is_not_judged_or_kept(
+    tmp_path: Path,
+) -> None:
+    """Nothing is read, recovered or kept for it: its case lists it as skipped instead."""
+    case_dir = tmp_path / "case"
+    (case_dir / DISK_DIRECTORY / TREE / "walqueue").mkdir(parents=True)
+    (case_dir / DISK_DIRECTORY / TREE / "walqueue" / "wal-00000000000000000001.log").touch()
+    (case_dir / DISK_DIRECTORY / GRAVEYARD).mkdir()
+    journal = Journal()
+    distinct = DistinctStates(journal)
+    assert distinct.new_bytes(LOSE_ALL, case_dir / DISK_DIRECTORY / TREE)
+    system = resolve_system("walqueue")
+    judged = judge_state(
+        case_dir, StoreOnDisk(case_dir), journal, Choice(frozenset(), None),
+        system=system, point=system.crash_points[0], jobs=(), seed=1, case_id="case",
+        distinct=distinct,
+    )  # fmt: skip
+    assert judged is None
+    assert list((case_dir / STATES_DIRECTORY).iterdir()) == []
+    assert [same.by for same in distinct.skipped] == ["bytes"]
+
+
+@needs_fuse
 def test_walqueue_cuts_count_each_crash_state_once(tmp_path: Path, run_cli: RunCli) -> None:
     outcome = run_cli(
         "campaign", "--system", "walqueue", "--crash-mode", "power-loss", "--seed", "20260827",
@@ -56,3 +84,15 @@ def test_walqueue_cuts_count_each_crash_state_once(tmp_path: Path, run_cli: RunC
     assert "4 of 4 distinct crash states" in page
     assert "4 more choices made a state already judged" in page
     assert "<code>keep-names-2</code> = <code>keep-names-1-2</code>" in page
+    # A report kept from before states were told apart still gets its page, and claims
+    # nothing about distinct states it never counted.
+    for key in ("duplicate_crash_states_skipped", "cases_with_nothing_unsynced"):
+        del report["summary"][key]
+    for case in report["cases"]:
+        del case["duplicate_crash_states"], case["power_cut"]["nothing_unsynced"]
+    (tmp_path / "run" / "campaign.json").write_text(json.dumps(report))
+    assert run_cli("report", tmp_path / "run").code == cli.EXIT_OK
+    page = (tmp_path / "run" / REPORT_FILE).read_text()
+    assert "4 of 4 crash states" in page
+    assert "distinct" not in page.split("<h2>Crash points</h2>")[0]
+    assert "nothing unsynced at the cut" not in page

@@ -19,6 +19,7 @@ from crashqueuelab.lab.faults.powerloss.crashstate import (
     DistinctStates,
     crash_choices,
     materialize,
+    tree_digest,
 )
 from crashqueuelab.lab.faults.powerloss.filesystem import PowerLossFilesystem
 from crashqueuelab.lab.faults.powerloss.journal import GRAVEYARD, TREE, Journal, load_journal
@@ -296,3 +297,22 @@ def test_different_fates_that_leave_the_same_bytes_are_judged_once(
     by_bytes = [same.to_json() for same in distinct.skipped if same.by == BY_BYTES]
     assert by_bytes
     assert {same["same_as"] for same in by_bytes} == {"lose-all"}
+
+
+def test_a_tree_digest_sees_names_bytes_and_links_and_nothing_else(tmp_path: Path) -> None:
+    def tree(name: str, content: bytes, link: str) -> Path:
+        root = tmp_path / name
+        (root / "sub").mkdir(parents=True)
+        (root / "sub" / "file").write_bytes(content)
+        (root / "link").symlink_to(link)
+        return root
+
+    first = tree("a", b"bytes", "sub/file")
+    assert tree_digest(first) == tree_digest(tree("b", b"bytes", "sub/file"))
+    os.utime(first / "sub" / "file", (0, 0))  # times are not part of a state
+    assert tree_digest(first) == tree_digest(tree("c", b"bytes", "sub/file"))
+    assert tree_digest(first) != tree_digest(tree("d", b"bytez", "sub/file"))
+    assert tree_digest(first) != tree_digest(tree("e", b"bytes", "sub"))
+    (tmp_path / "f" / "sub").mkdir(parents=True)
+    (tmp_path / "f" / "sub" / "file").mkdir()  # a directory where a file was
+    assert tree_digest(tmp_path / "f") != tree_digest(tree("g", b"", "sub/file"))
