@@ -111,7 +111,11 @@ def decode_frames(
             if zero_tail and zero_from(data, offset):
                 break
             # Zeros where a frame begins, but data after them: a frame whose first sectors
-            # a power cut lost, torn like any other damaged tail.
+            # a power cut lost, torn like any other damaged tail. Unless a whole body and
+            # its digest follow: a lost sector leaves those behind a zero length field only
+            # when the body begins at the sector boundary.
+            if (offset + LENGTH_BYTES) % SECTOR_BYTES and _hidden_frame(data, offset):
+                raise CorruptStore(f"{where}: the length field at byte {offset} is damaged")
             if tail_may_tear and not _valid_frame_after(data, offset):
                 return _parse(bodies, where), offset
             if zero_from(data, offset):
@@ -134,7 +138,7 @@ def decode_frames(
                 raise CorruptStore(f"{where}: the length field at byte {offset} is damaged")
             if (
                 tail_may_tear
-                and unfinished(data, offset, end)
+                and unfinished(data, offset, end, zero_tail=zero_tail)
                 and not _valid_frame_after(data, offset)
             ):
                 return _parse(bodies, where), offset
@@ -198,7 +202,7 @@ def _hidden_frame(data: bytes, offset: int) -> bool:
     return False
 
 
-def unfinished(data: bytes, offset: int, end: int) -> bool:
+def unfinished(data: bytes, offset: int, end: int, *, zero_tail: bool = False) -> bool:
     """Whether the complete-length frame from ``offset`` to ``end``, whose digest does not
     match, is a write that never finished rather than a synced frame damaged since.
 
@@ -206,10 +210,12 @@ def unfinished(data: bytes, offset: int, end: int) -> bool:
     reads as zeros. So the frame is unfinished when a piece of it (its bytes after the length
     field, cut at the file's sector boundaries, as etcd's WAL decoder cuts a record) that
     holds some of its JSON is all zero, since canonical JSON holds no zero byte; or when it
-    runs into the zeros at the end of the file (the write stopped before its last bytes) and
-    what was written of its digest is the start of its body's digest. A synced frame damaged
-    since has neither, unless the damage itself zeroed a whole piece or the digest's last
-    written bytes: a damage that looks exactly like an unfinished write.
+    runs into the zeros at the end of the file and what was written of its digest is the
+    start of its body's digest (the write stopped there). With ``zero_tail`` (a preallocated
+    segment, zeros from its creation) the write may have stopped anywhere; without it the
+    zeros at the end are a new size kept without its data, lost in whole sectors, so they
+    count from a sector boundary. A synced frame damaged since has neither, unless the
+    damage zeroed a whole piece, or (preallocated) the last written bytes of its digest.
     """
     body_end = end - DIGEST_BYTES
     piece = offset + LENGTH_BYTES
@@ -218,12 +224,13 @@ def unfinished(data: bytes, offset: int, end: int) -> bool:
         if data.count(0, piece, boundary) == boundary - piece:
             return True
         piece = boundary
-    written = written_end(data)
+    written = max(written_end(data), body_end)
+    if not zero_tail:
+        written = -(-written // SECTOR_BYTES) * SECTOR_BYTES
     if written >= end:
         return False
-    kept = max(0, written - body_end)
     digest = hashlib.sha256(data[offset + LENGTH_BYTES : body_end]).digest()
-    return digest[:kept] == data[body_end : body_end + kept]
+    return digest[: written - body_end] == data[body_end:written]
 
 
 def _valid_frame_after(data: bytes, offset: int) -> bool:

@@ -78,8 +78,11 @@ def build_big(directory: Path, layout: Layout) -> tuple[Path, bytes, int]:
     return segment, frames, len(frames) - len(last)
 
 
-def unfinished_shapes(frames: bytes, start: int) -> dict[str, bytes]:
-    """The final frame as a power cut or a process death can leave it unfinished."""
+def unfinished_shapes(frames: bytes, start: int, layout: Layout) -> dict[str, bytes]:
+    """The final frame as a power cut or a process death can leave it unfinished in
+    ``layout``: without preallocation, zeros at the end of the file come in whole sectors
+    (a new size kept without its data); in a preallocated segment a write can also stop
+    just before its digest."""
     first_sector = (start // 512 + 1) * 512  # the first whole sector inside the frame
     end = len(frames)
     shapes = {}
@@ -88,13 +91,20 @@ def unfinished_shapes(frames: bytes, start: int) -> dict[str, bytes]:
         "its first sector still zero": (start + 4, first_sector),
         "its last sector still zero": ((end - 1) // 512 * 512, end),
         "its second half never written": (start + (end - start) // 2, end),
-        "only its digest never written": (end - 32, end),
+        **({"only its digest never written": (end - 32, end)} if layout.preallocate else {}),
     }.items():
         data = bytearray(frames)
         data[zeroed[0] : zeroed[1]] = bytes(zeroed[1] - zeroed[0])
         shapes[name] = bytes(data)
     shapes["cut short at a sector"] = frames[: first_sector + 512]
-    return shapes
+    return {name: layout.segment(data) for name, data in shapes.items()}
+
+
+def put_txn(seq: int, task_id: str, payload: dict[str, object]) -> dict[str, object]:
+    """A put transaction of one task, as walqueue writes it."""
+    task = {"available_at": 0, "key": task_id, "max_attempts": 3, "payload": payload,
+            "task_id": task_id}  # fmt: skip
+    return {"seq": seq, "tasks": [task], "type": "put"}
 
 
 def observe(queue: Queue) -> Observable:

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.walqueue.helpers import LAYOUTS, Layout, build_big, preallocated, unfinished_shapes
+from tests.walqueue.helpers import (
+    LAYOUTS,
+    Layout,
+    build_big,
+    preallocated,
+    put_txn,
+    unfinished_shapes,
+)
 from walqueue import CorruptStore, Queue
 from walqueue.codec import decode_frames, encode_frame
 from walqueue.store import SEGMENT_BYTES
@@ -468,10 +475,10 @@ def test_a_final_frame_left_unfinished_is_a_torn_tail(tmp_path: Path, layout: La
     running into the zeros at the end, or a frame cut short: torn, dropped, cut off."""
     pristine = tmp_path / "pristine"
     segment, frames, start = build_big(pristine, layout)
-    for name, data in unfinished_shapes(frames, start).items():
+    for name, data in unfinished_shapes(frames, start, layout).items():
         directory = tmp_path / name.replace(" ", "-")
         shutil.copytree(pristine, directory)
-        (directory / segment.name).write_bytes(layout.segment(data))
+        (directory / segment.name).write_bytes(data)
         with layout.open(directory) as queue:
             assert queue.task_ids() == ["a", "b"], name
         assert layout.frames_of(directory / segment.name) == frames[:start], name
@@ -491,3 +498,66 @@ def test_an_open_that_fails_cuts_no_torn_tail(tmp_path: Path, layout: Layout) ->
     with pytest.raises(CorruptStore, match="sequence 9, expected 5"):
         layout.open(directory)
     assert data_files(directory) == before
+
+
+@each_layout
+def test_a_whole_final_frame_behind_a_zeroed_length_field_is_damage(
+    tmp_path: Path, layout: Layout
+) -> None:
+    """A lost sector zeroes a length field with its body intact only when the body begins
+    at the sector boundary; anywhere else the frame was written whole and damaged since."""
+    directory = tmp_path / "q"
+    build(directory, compact=False, layout=layout)
+    [segment] = segments(directory)
+    frames = layout.frames_of(segment)
+    start = len(frames) - LAST_FRAME
+    assert (start + 4) % 512 != 0
+    data = bytearray(layout.segment(frames))
+    data[start : start + 4] = bytes(4)
+    segment.write_bytes(bytes(data))
+    with pytest.raises(CorruptStore, match=r"the length field at byte \d+ is damaged"):
+        layout.open(directory)
+    assert segment.read_bytes() == bytes(data)
+
+
+def test_a_length_field_lost_with_its_sector_before_a_whole_body_is_a_torn_tail(
+    tmp_path: Path,
+) -> None:
+    """The last frame's body begins at a sector boundary: the sector before it, holding the
+    length field, was lost while the body's sectors reached the disk."""
+    directory = tmp_path / "q"
+    directory.mkdir()
+    short = len(encode_frame(put_txn(1, "pad", {"text": ""})))
+    first = encode_frame(put_txn(1, "pad", {"text": "p" * (508 - short)}))
+    assert len(first) == 508
+    last = encode_frame(put_txn(2, "q", {"n": 1}))
+    segment = directory / "wal-00000000000000000001.log"
+    segment.write_bytes(first + bytes(4) + last[4:])
+    with Queue(directory) as queue:
+        assert queue.task_ids() == ["pad"]
+    assert segment.read_bytes() == first
+
+
+def test_in_the_seed_format_a_final_frame_ends_in_lost_zeros_only_from_a_sector(
+    tmp_path: Path,
+) -> None:
+    """Without preallocation zeros at the end of a complete-length frame are a new size kept
+    without its data, lost in whole sectors: the last digest byte damaged into a zero is
+    corruption, zeros from a sector boundary a torn tail."""
+    directory = tmp_path / "q"
+    directory.mkdir()
+    last = encode_frame(put_txn(2, "q", {"n": 1}))
+    short = len(encode_frame(put_txn(1, "pad", {"text": ""})))
+    first = encode_frame(put_txn(1, "pad", {"text": "p" * (1024 + 10 - len(last) - short)}))
+    frames = first + last
+    assert len(frames) == 1024 + 10  # the last sector holds the digest's last 10 bytes
+    segment = directory / "wal-00000000000000000001.log"
+    for name, zeroed in {"the last byte": 1, "a byte short of the sector": 9}.items():
+        segment.write_bytes(frames[:-zeroed] + bytes(zeroed))
+        with pytest.raises(CorruptStore, match="checksum mismatch"):
+            Queue(directory)
+        assert segment.read_bytes() == frames[:-zeroed] + bytes(zeroed), name
+    segment.write_bytes(frames[:1024] + bytes(10))
+    with Queue(directory) as queue:
+        assert queue.task_ids() == ["pad"]
+    assert segment.read_bytes() == first

@@ -84,21 +84,24 @@ def _body_behind(data: bytes, at: int) -> bool:
     return hashlib.sha256(body).digest() == digest
 
 
-def _left_unfinished(data: bytes, at: int, end: int) -> bool:
+def _left_unfinished(data: bytes, at: int, end: int, *, zero_tail: bool) -> bool:
     """Whether a frame of the right length but the wrong digest is a write a crash left
     unfinished (docs/walqueue.md): a disk sector's share of its JSON still all zero (the
     sectors of a write reach the disk in any order, and JSON holds no zero byte), or zeros
     from inside it to the end of the file with what was written of its digest the start of
-    its body's digest (the write stopped there)."""
+    its body's digest (the write stopped there). Zeros at the end of a segment not created
+    full of zeros are a size kept without its data: they start at a sector boundary."""
     body_end = end - _DIGEST
     cuts = [at + _LENGTH, *range((at + _LENGTH) // _SECTOR * _SECTOR + _SECTOR, end, _SECTOR)]
     for start, stop in zip(cuts, [*cuts[1:], end], strict=True):
         if start < body_end and not any(data[start:stop]):
             return True
-    last = len(data.rstrip(b"\0"))
-    if last >= end:
+    zeros_from = max(len(data.rstrip(b"\0")), body_end)
+    if not zero_tail and zeros_from % _SECTOR:
+        zeros_from += _SECTOR - zeros_from % _SECTOR
+    if zeros_from >= end:
         return False
-    written = data[body_end:last]
+    written = data[body_end:zeros_from]
     return hashlib.sha256(data[at + _LENGTH : body_end]).digest().startswith(written)
 
 
@@ -123,7 +126,11 @@ def _frames(
             frames.append(value)
             offset = end
             continue
-        if size and _body_behind(data, offset):
+        # A whole body and digest behind a length field that does not fit them: the frame
+        # was written whole. Only a zero length field before a body that begins a sector
+        # can be a lost sector instead.
+        zero_before_sector = size == 0 and (offset + _LENGTH) % _SECTOR == 0
+        if not zero_before_sector and _body_behind(data, offset):
             raise _Damaged(f"the length field at byte {offset} is damaged")
         if not complete:
             if tail_may_tear:
@@ -132,7 +139,7 @@ def _frames(
         # Only an unfinished write is a torn tail: zeros where a frame begins, or a frame
         # left unfinished, with nothing whole after it (a whole frame after it proves it was
         # synced). A synced frame damaged since is damage.
-        unfinished = size == 0 or _left_unfinished(data, offset, end)
+        unfinished = size == 0 or _left_unfinished(data, offset, end, zero_tail=zero_tail)
         later = any(_whole_at(data, at) for at in range(offset + 1, written))
         if tail_may_tear and unfinished and not later:
             return frames, True
