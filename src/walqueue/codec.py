@@ -15,6 +15,8 @@ from walqueue.errors import CorruptStore
 
 LENGTH_BYTES = 4
 DIGEST_BYTES = 32
+#: The unit a disk persists whole, or not at all, when the power goes (the smallest there is).
+SECTOR_BYTES = 512
 #: A larger length field is corruption, rejected before anything is allocated.
 MAX_FRAME_PAYLOAD = 64 * 1024 * 1024
 
@@ -82,12 +84,15 @@ def decode_frames(
     """Every complete frame of ``data`` and the length they cover.
 
     In the seed's format (the default) a segment is nothing but frames, appended. Only the
-    newest segment's last frame may be incomplete (``tail_may_tear``): its bytes are torn
-    and not counted, whether they are a prefix of the frame, bytes from a bad frame to the
-    end with no valid frame after them, or zeros (a power cut can keep a file's new size
-    without its data, and persist a frame's sectors in any order). Anywhere else an
-    incomplete frame, zeros, a bad digest, an oversized length or a frame that is not a
-    JSON object is CorruptStore.
+    newest segment's last frame may be unfinished (``tail_may_tear``): its bytes are a torn
+    tail, not counted, when the write that made them never finished: a prefix of the frame
+    (its length field reaching past the end, no whole frame hidden behind a damaged length),
+    zeros where it begins, or a frame whose digest does not match and that still has a
+    sector of zeros or runs into the zeros at the end (``unfinished``; a power cut persists
+    a frame's sectors in any order, and can keep a file's new size without its data). A
+    complete final frame that is none of these was written whole and damaged since: like an
+    incomplete frame, zeros, a bad digest, an oversized length or a frame that is not a JSON
+    object anywhere else, it is CorruptStore.
 
     With ``zero_tail`` (segments preallocated with zeros, ``Queue(preallocate=True)``) a
     length field of zero followed by nothing but zeros ends the frames, in any segment.
@@ -106,7 +111,11 @@ def decode_frames(
             if zero_tail and zero_from(data, offset):
                 break
             # Zeros where a frame begins, but data after them: a frame whose first sectors
-            # a power cut lost, torn like any other damaged tail.
+            # a power cut lost, torn like any other damaged tail. Unless a whole body and
+            # its digest follow: a lost sector leaves those behind a zero length field only
+            # when the body begins at the sector boundary.
+            if (offset + LENGTH_BYTES) % SECTOR_BYTES and _hidden_frame(data, offset):
+                raise CorruptStore(f"{where}: the length field at byte {offset} is damaged")
             if tail_may_tear and not _valid_frame_after(data, offset):
                 return _parse(bodies, where), offset
             if zero_from(data, offset):
@@ -114,6 +123,8 @@ def decode_frames(
             raise CorruptStore(f"{where}: a zero length field at byte {offset} before data")
         end = offset + LENGTH_BYTES + size + DIGEST_BYTES
         if size > MAX_FRAME_PAYLOAD:
+            if _hidden_frame(data, offset):
+                raise CorruptStore(f"{where}: the length field at byte {offset} is damaged")
             if tail_may_tear and not _valid_frame_after(data, offset):
                 return _parse(bodies, where), offset
             raise CorruptStore(f"{where}: frame at byte {offset} claims {size} bytes")
@@ -123,7 +134,13 @@ def decode_frames(
             return _parse(bodies, where), _torn_at(offset, where, tail_may_tear)
         body = view[offset + LENGTH_BYTES : end - DIGEST_BYTES]
         if sha256(body).digest() != view[end - DIGEST_BYTES : end]:
-            if tail_may_tear and not _valid_frame_after(data, offset):
+            if _hidden_frame(data, offset):
+                raise CorruptStore(f"{where}: the length field at byte {offset} is damaged")
+            if (
+                tail_may_tear
+                and unfinished(data, offset, end, zero_tail=zero_tail)
+                and not _valid_frame_after(data, offset)
+            ):
                 return _parse(bodies, where), offset
             raise CorruptStore(f"{where}: checksum mismatch in the frame at byte {offset}")
         bodies.append((offset, bytes(body)))
@@ -183,6 +200,37 @@ def _hidden_frame(data: bytes, offset: int) -> bool:
         if running.copy().digest() == data[position : position + DIGEST_BYTES]:
             return True
     return False
+
+
+def unfinished(data: bytes, offset: int, end: int, *, zero_tail: bool = False) -> bool:
+    """Whether the complete-length frame from ``offset`` to ``end``, whose digest does not
+    match, is a write that never finished rather than a synced frame damaged since.
+
+    A power cut persists a frame's 512-byte sectors in any order, and an unwritten sector
+    reads as zeros. So the frame is unfinished when a piece of it (its bytes after the length
+    field, cut at the file's sector boundaries, as etcd's WAL decoder cuts a record) that
+    holds some of its JSON is all zero, since canonical JSON holds no zero byte; or when it
+    runs into the zeros at the end of the file and what was written of its digest is the
+    start of its body's digest (the write stopped there). With ``zero_tail`` (a preallocated
+    segment, zeros from its creation) the write may have stopped anywhere; without it the
+    zeros at the end are a new size kept without its data, lost in whole sectors, so they
+    count from a sector boundary. A synced frame damaged since has neither, unless the
+    damage zeroed a whole piece, or (preallocated) the last written bytes of its digest.
+    """
+    body_end = end - DIGEST_BYTES
+    piece = offset + LENGTH_BYTES
+    while piece < body_end:
+        boundary = min(end, (piece // SECTOR_BYTES + 1) * SECTOR_BYTES)
+        if data.count(0, piece, boundary) == boundary - piece:
+            return True
+        piece = boundary
+    written = max(written_end(data), body_end)
+    if not zero_tail:
+        written = -(-written // SECTOR_BYTES) * SECTOR_BYTES
+    if written >= end:
+        return False
+    digest = hashlib.sha256(data[offset + LENGTH_BYTES : body_end]).digest()
+    return digest[: written - body_end] == data[body_end:written]
 
 
 def _valid_frame_after(data: bytes, offset: int) -> bool:

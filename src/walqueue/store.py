@@ -114,6 +114,9 @@ class Store:
         segments = self._segments()
         expected: int | None = None
         frames_end = 0
+        # The torn tail is cut off only once everything was read and accepted: an open that
+        # fails leaves every byte where it found it.
+        torn: tuple[Path, int, int] | None = None
         for index, (first_seq, path) in enumerate(segments):
             newest = index == len(segments) - 1
             data = path.read_bytes()
@@ -121,7 +124,7 @@ class Store:
                 data, where=path.name, tail_may_tear=newest, zero_tail=self.preallocate
             )
             if covered < len(data) and not (self.preallocate and zero_from(data, covered)):
-                self._truncate(path, covered, written_end(data))
+                torn = (path, covered, written_end(data))
             frames_end = covered
             if expected is not None and first_seq != expected:
                 raise CorruptStore(f"{path.name}: starts at {first_seq}, expected {expected}")
@@ -141,6 +144,8 @@ class Store:
             expected = None
         if expected is not None and expected != state.last_seq + 1:
             raise CorruptStore(f"the WAL ends at {expected - 1}, the state at {state.last_seq}")
+        if torn is not None:
+            self._truncate(*torn)
         if segments and expected is not None:
             self._open_live(segments[-1][1], frames_end)
         else:

@@ -8,10 +8,19 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from crashqueuelab.judges.readers.persistqueue import read_ack_queue
 from crashqueuelab.judges.readers.walqueue import read_walqueue_directory
-from tests.walqueue.helpers import frames_of, preallocated
-from walqueue import Queue
+from tests.walqueue.helpers import (
+    LAYOUTS,
+    build_big,
+    frames_of,
+    preallocated,
+    put_txn,
+    unfinished_shapes,
+)
+from walqueue import CorruptStore, Queue
 from walqueue.codec import encode_frame
 
 
@@ -108,6 +117,77 @@ def test_a_flipped_byte_is_named(tmp_path: Path) -> None:
     data[10] ^= 0xFF
     live.write_bytes(bytes(data))
     assert "checksum mismatch" in read_walqueue_directory(directory).problems[0]
+
+
+def test_the_reader_and_walqueue_agree_on_a_damaged_or_unfinished_final_frame(
+    tmp_path: Path,
+) -> None:
+    """Each byte of a synced final frame flipped, or zeroed: damage to both (walqueue
+    refuses to open, the reader names a problem), except in a preallocated segment the
+    digest's last byte zeroed, which is exactly a write that stopped one byte short: a torn
+    tail to both. The frame left unfinished: a torn tail to both."""
+    for preallocate in (False, True):
+        directory = tmp_path / f"q-{preallocate}"
+        shape = preallocated if preallocate else bytes
+        with Queue(directory, preallocate=preallocate) as queue:
+            queue.put("a", {"n": 1})
+            queue.put("b", {"n": 2})
+        live = segment(directory)
+        frames = frames_of(live, zero_tail=preallocate)
+        start = len(frames) // 2  # two frames of the same length
+        assert int.from_bytes(frames[:4], "big") + 36 == start
+        torn = []
+        for offset in range(start, len(frames)):
+            for damage in (frames[offset] ^ 0xFF, 0):
+                if damage == frames[offset]:
+                    continue
+                damaged = bytearray(frames)
+                damaged[offset] = damage
+                live.write_bytes(shape(bytes(damaged)))
+                reading = read_walqueue_directory(directory, preallocated=preallocate)
+                try:
+                    Queue(directory, preallocate=preallocate).close()
+                except CorruptStore:
+                    assert reading.problems, (preallocate, offset - start, damage)
+                    continue
+                assert (reading.problems, reading.facts["torn_tail"]) == ([], True)
+                torn.append((offset - start, damage))
+        assert torn == ([(len(frames) - start - 1, 0)] if preallocate else [])
+    pristine = tmp_path / "big"
+    live, frames, start = build_big(pristine, LAYOUTS[0])
+    for layout in LAYOUTS:
+        for name, data in unfinished_shapes(frames, start, layout).items():
+            live.write_bytes(data)
+            reading = read_walqueue_directory(pristine, preallocated=layout.preallocate)
+            assert (reading.problems, reading.facts["torn_tail"]) == ([], True), name
+            assert reading.tasks == {"a": ("ready", 0), "b": ("ready", 0)}, name
+            with layout.open(pristine) as queue:
+                assert queue.task_ids() == ["a", "b"], name
+
+
+def test_a_zero_length_field_before_a_whole_body_is_torn_only_at_a_sector(
+    tmp_path: Path,
+) -> None:
+    """A lost sector zeroes a length field and leaves the body behind it only when the body
+    begins at the sector boundary; the reader and walqueue agree on both sides of it."""
+    directory = tmp_path / "q"
+    directory.mkdir()
+    short = len(encode_frame(put_txn(1, "pad", {"text": ""})))
+    last = encode_frame(put_txn(2, "q", {"n": 1}))
+    live = directory / "wal-00000000000000000001.log"
+    for length, torn in ((508, True), (507, False)):
+        first = encode_frame(put_txn(1, "pad", {"text": "p" * (length - short)}))
+        live.write_bytes(first + bytes(4) + last[4:])
+        reading = read_walqueue_directory(directory)
+        if torn:
+            assert (reading.problems, reading.facts["torn_tail"]) == ([], True)
+            assert reading.tasks == {"pad": ("ready", 0)}
+            with Queue(directory) as queue:
+                assert queue.task_ids() == ["pad"]
+        else:
+            assert "the length field at byte 507 is damaged" in reading.problems[0]
+            with pytest.raises(CorruptStore, match="the length field at byte 507 is damaged"):
+                Queue(directory)
 
 
 def forged(directory: Path, txn: dict[str, Any]) -> list[str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from walqueue import Lease, Queue
-from walqueue.codec import decode_frames
+from walqueue.codec import decode_frames, encode_frame
 from walqueue.store import SEGMENT_BYTES
 
 Observable = dict[str, Any]
@@ -51,6 +51,60 @@ class Layout:
 
 #: The seed's format (the default) and the preallocated option.
 LAYOUTS = (Layout(preallocate=False), Layout(preallocate=True))
+
+
+#: A last put big enough that its frame spans several 512-byte sectors of the segment.
+BIG = {"text": "sectors " * 200}
+
+
+def build_big(directory: Path, layout: Layout) -> tuple[Path, bytes, int]:
+    """Two puts and a big one; the segment, its frames, and where the last frame starts."""
+    with layout.open(directory) as queue:
+        queue.put("a", {"n": 1})
+        queue.put("b", {"n": 2})
+        queue.put("c", BIG)
+    [segment] = sorted(directory.glob("wal-*.log"))
+    frames = layout.frames_of(segment)
+    last = encode_frame(
+        {
+            "seq": 3,
+            "tasks": [{"available_at": 0, "key": "c", "max_attempts": 3, "payload": BIG,
+                       "task_id": "c"}],
+            "type": "put",
+        }
+    )  # fmt: skip
+    assert frames.endswith(last)
+    assert len(last) > 3 * 512
+    return segment, frames, len(frames) - len(last)
+
+
+def unfinished_shapes(frames: bytes, start: int, layout: Layout) -> dict[str, bytes]:
+    """The final frame as a power cut or a process death can leave it unfinished in
+    ``layout``: without preallocation, zeros at the end of the file come in whole sectors
+    (a new size kept without its data); in a preallocated segment a write can also stop
+    just before its digest."""
+    first_sector = (start // 512 + 1) * 512  # the first whole sector inside the frame
+    end = len(frames)
+    shapes = {}
+    for name, zeroed in {
+        "a middle sector still zero": (first_sector + 512, first_sector + 1024),
+        "its first sector still zero": (start + 4, first_sector),
+        "its last sector still zero": ((end - 1) // 512 * 512, end),
+        "its second half never written": (start + (end - start) // 2, end),
+        **({"only its digest never written": (end - 32, end)} if layout.preallocate else {}),
+    }.items():
+        data = bytearray(frames)
+        data[zeroed[0] : zeroed[1]] = bytes(zeroed[1] - zeroed[0])
+        shapes[name] = bytes(data)
+    shapes["cut short at a sector"] = frames[: first_sector + 512]
+    return {name: layout.segment(data) for name, data in shapes.items()}
+
+
+def put_txn(seq: int, task_id: str, payload: dict[str, object]) -> dict[str, object]:
+    """A put transaction of one task, as walqueue writes it."""
+    task = {"available_at": 0, "key": task_id, "max_attempts": 3, "payload": payload,
+            "task_id": task_id}  # fmt: skip
+    return {"seq": seq, "tasks": [task], "type": "put"}
 
 
 def observe(queue: Queue) -> Observable:

@@ -130,3 +130,25 @@ def test_a_queue_closed_by_a_failed_write_ends_the_session(
     out = io.StringIO()
     code = main([str(tmp_path / "r")], stdin=io.StringIO(lines.splitlines()[0]), stdout=out)
     assert code == EXIT_UNAVAILABLE
+
+
+def test_a_flipped_byte_in_the_last_acknowledged_put_ends_the_session_unchanged(
+    tmp_path: Path,
+) -> None:
+    """As a user meets it: two puts acknowledged, one byte of the last one's digest damaged
+    with an editor, then the command line on the directory: one CorruptStore line, exit 1,
+    and the segment left as it was (nothing dropped as a torn tail)."""
+    directory = tmp_path / "q"
+    code, _ = session(directory, [
+        '{"op": "put", "task_id": "a", "payload": {}}',
+        '{"op": "put", "task_id": "b", "payload": {}}',
+    ])  # fmt: skip
+    assert code == EXIT_OK
+    [segment] = directory.glob("wal-*.log")
+    data = bytearray(segment.read_bytes())
+    data[-1] ^= 0x20
+    segment.write_bytes(bytes(data))
+    code, replies = session(directory, ['{"op": "get", "task_id": "b"}'])
+    assert code == EXIT_UNAVAILABLE
+    assert [reply["error"]["type"] for reply in replies] == ["CorruptStore"]
+    assert segment.read_bytes() == bytes(data)

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.walqueue.helpers import LAYOUTS, Layout, preallocated
+from tests.walqueue.helpers import (
+    LAYOUTS,
+    Layout,
+    build_big,
+    preallocated,
+    put_txn,
+    unfinished_shapes,
+)
 from walqueue import CorruptStore, Queue
 from walqueue.codec import decode_frames, encode_frame
 from walqueue.store import SEGMENT_BYTES
@@ -340,7 +347,7 @@ def test_old_sealed_segments_left_by_a_compaction_do_not_double_apply(tmp_path: 
 
 
 @each_layout
-@pytest.mark.parametrize("kept", ["second-half", "zeros", "garbage"])
+@pytest.mark.parametrize("kept", ["second-half", "zeros"])
 def test_a_final_frame_garbled_by_a_power_cut_is_a_torn_tail(
     tmp_path: Path, kept: str, layout: Layout
 ) -> None:
@@ -354,14 +361,30 @@ def test_a_final_frame_garbled_by_a_power_cut_is_a_torn_tail(
     half = start + LAST_FRAME // 2
     if kept == "second-half":
         data[start:half] = bytes(half - start)
-    elif kept == "zeros":
-        data[start : len(frames)] = bytes(LAST_FRAME)
     else:
-        data[start : start + 4] = b"\xff\xff\xff\xff"  # a length beyond every bound
+        data[start : len(frames)] = bytes(LAST_FRAME)
     segment.write_bytes(bytes(data))
     with layout.open(directory) as queue:
         assert queue.task_ids() == ["a", "b", "c"]
     assert segment.read_bytes() == layout.segment(frames[:start])
+
+
+@each_layout
+def test_a_whole_final_frame_behind_a_length_beyond_every_bound_is_damage(
+    tmp_path: Path, layout: Layout
+) -> None:
+    """Its body and digest are there, whole: it was written, and its length damaged since."""
+    directory = tmp_path / "q"
+    build(directory, compact=False, layout=layout)
+    [segment] = segments(directory)
+    frames = layout.frames_of(segment)
+    data = bytearray(layout.segment(frames))
+    start = len(frames) - LAST_FRAME
+    data[start : start + 4] = b"\xff\xff\xff\xff"
+    segment.write_bytes(bytes(data))
+    with pytest.raises(CorruptStore, match=r"the length field at byte \d+ is damaged"):
+        layout.open(directory)
+    assert segment.read_bytes() == bytes(data)
 
 
 @each_layout
@@ -398,3 +421,143 @@ def test_in_the_seed_format_zeros_after_the_frames_are_torn_or_corrupt(zeros: in
     assert decoded == ([{"seq": 1, "type": "put", "tasks": []}], len(frame))
     with pytest.raises(CorruptStore, match=r"zeros from byte|incomplete frame"):
         decode_frames(frame + bytes(zeros), where="w", tail_may_tear=False)
+
+
+def data_files(directory: Path) -> dict[str, bytes]:
+    """Every file a failed open must leave as it found it (all but the owner's LOCK)."""
+    return {path.name: path.read_bytes() for path in sorted(directory.iterdir())} | {"LOCK": b""}
+
+
+@each_layout
+def test_a_synced_final_frame_with_any_byte_flipped_is_corrupt_and_left_as_it_was(
+    tmp_path: Path, layout: Layout
+) -> None:
+    """Only an unfinished write is a torn tail: a complete final frame whose length, JSON or
+    digest was damaged after it was synced is CorruptStore, and the failed open changes no
+    byte of the directory (its digest, length field and body, each byte flipped two ways)."""
+    directory = tmp_path / "q"
+    build(directory, compact=False, layout=layout)
+    [segment] = segments(directory)
+    frames = layout.frames_of(segment)
+    start = len(frames) - LAST_FRAME
+    silent = []
+    for offset in range(start, len(frames)):
+        for mask in (0x01, 0xFF):
+            damaged = bytearray(layout.segment(frames))
+            damaged[offset] ^= mask
+            segment.write_bytes(bytes(damaged))
+            before = data_files(directory)
+            try:
+                layout.open(directory).close()
+                silent.append((offset - start, mask))
+            except CorruptStore:
+                pass
+            assert data_files(directory) == before
+    assert silent == []
+
+
+@each_layout
+def test_a_big_final_frame_with_any_byte_flipped_is_corrupt(tmp_path: Path, layout: Layout) -> None:
+    directory = tmp_path / "q"
+    segment, frames, start = build_big(directory, layout)
+    for offset in range(start, len(frames), 7):
+        damaged = bytearray(layout.segment(frames))
+        damaged[offset] ^= 0xFF
+        segment.write_bytes(bytes(damaged))
+        with pytest.raises(CorruptStore):
+            layout.open(directory)
+        assert segment.read_bytes() == bytes(damaged)
+
+
+@each_layout
+def test_a_final_frame_left_unfinished_is_a_torn_tail(tmp_path: Path, layout: Layout) -> None:
+    """A sector of the frame still zero (a power cut persists sectors in any order), a frame
+    running into the zeros at the end, or a frame cut short: torn, dropped, cut off."""
+    pristine = tmp_path / "pristine"
+    segment, frames, start = build_big(pristine, layout)
+    for name, data in unfinished_shapes(frames, start, layout).items():
+        directory = tmp_path / name.replace(" ", "-")
+        shutil.copytree(pristine, directory)
+        (directory / segment.name).write_bytes(data)
+        with layout.open(directory) as queue:
+            assert queue.task_ids() == ["a", "b"], name
+        assert layout.frames_of(directory / segment.name) == frames[:start], name
+
+
+@each_layout
+def test_an_open_that_fails_cuts_no_torn_tail(tmp_path: Path, layout: Layout) -> None:
+    """The torn tail is cut off only once the whole directory has been read and accepted: a
+    sequence gap before it leaves every byte where it was."""
+    directory = tmp_path / "q"
+    build(directory, compact=False, layout=layout)
+    [segment] = segments(directory)
+    ack = {"seq": 9, "type": "ack", "task_id": "a", "worker": "w", "generation": 1, "now": 0}
+    torn = encode_frame(ack)[:20]
+    segment.write_bytes(layout.segment(layout.frames_of(segment) + encode_frame(ack) + torn))
+    before = data_files(directory)
+    with pytest.raises(CorruptStore, match="sequence 9, expected 5"):
+        layout.open(directory)
+    assert data_files(directory) == before
+
+
+@each_layout
+def test_a_whole_final_frame_behind_a_zeroed_length_field_is_damage(
+    tmp_path: Path, layout: Layout
+) -> None:
+    """A lost sector zeroes a length field with its body intact only when the body begins
+    at the sector boundary; anywhere else the frame was written whole and damaged since."""
+    directory = tmp_path / "q"
+    build(directory, compact=False, layout=layout)
+    [segment] = segments(directory)
+    frames = layout.frames_of(segment)
+    start = len(frames) - LAST_FRAME
+    assert (start + 4) % 512 != 0
+    data = bytearray(layout.segment(frames))
+    data[start : start + 4] = bytes(4)
+    segment.write_bytes(bytes(data))
+    with pytest.raises(CorruptStore, match=r"the length field at byte \d+ is damaged"):
+        layout.open(directory)
+    assert segment.read_bytes() == bytes(data)
+
+
+def test_a_length_field_lost_with_its_sector_before_a_whole_body_is_a_torn_tail(
+    tmp_path: Path,
+) -> None:
+    """The last frame's body begins at a sector boundary: the sector before it, holding the
+    length field, was lost while the body's sectors reached the disk."""
+    directory = tmp_path / "q"
+    directory.mkdir()
+    short = len(encode_frame(put_txn(1, "pad", {"text": ""})))
+    first = encode_frame(put_txn(1, "pad", {"text": "p" * (508 - short)}))
+    assert len(first) == 508
+    last = encode_frame(put_txn(2, "q", {"n": 1}))
+    segment = directory / "wal-00000000000000000001.log"
+    segment.write_bytes(first + bytes(4) + last[4:])
+    with Queue(directory) as queue:
+        assert queue.task_ids() == ["pad"]
+    assert segment.read_bytes() == first
+
+
+def test_in_the_seed_format_a_final_frame_ends_in_lost_zeros_only_from_a_sector(
+    tmp_path: Path,
+) -> None:
+    """Without preallocation zeros at the end of a complete-length frame are a new size kept
+    without its data, lost in whole sectors: the last digest byte damaged into a zero is
+    corruption, zeros from a sector boundary a torn tail."""
+    directory = tmp_path / "q"
+    directory.mkdir()
+    last = encode_frame(put_txn(2, "q", {"n": 1}))
+    short = len(encode_frame(put_txn(1, "pad", {"text": ""})))
+    first = encode_frame(put_txn(1, "pad", {"text": "p" * (1024 + 10 - len(last) - short)}))
+    frames = first + last
+    assert len(frames) == 1024 + 10  # the last sector holds the digest's last 10 bytes
+    segment = directory / "wal-00000000000000000001.log"
+    for name, zeroed in {"the last byte": 1, "a byte short of the sector": 9}.items():
+        segment.write_bytes(frames[:-zeroed] + bytes(zeroed))
+        with pytest.raises(CorruptStore, match="checksum mismatch"):
+            Queue(directory)
+        assert segment.read_bytes() == frames[:-zeroed] + bytes(zeroed), name
+    segment.write_bytes(frames[:1024] + bytes(10))
+    with Queue(directory) as queue:
+        assert queue.task_ids() == ["pad"]
+    assert segment.read_bytes() == first

@@ -2,8 +2,10 @@
 
 It knows the disk format (docs/walqueue.md: a 4-byte big-endian length, canonical JSON, its
 SHA-256) and nothing of walqueue's code. By default it holds a directory to the seed's
-format, where a segment is nothing but frames and only the newest may end in a torn frame;
-``preallocated=True`` reads the optional format whose segments are created full of zeros.
+format, where a segment is nothing but frames and only the newest may end in a torn frame,
+one that looks like a write that never finished (a complete frame that fails its digest
+otherwise was synced and damaged since); ``preallocated=True`` reads the optional format
+whose segments are created full of zeros.
 It rebuilds every task by replaying the history with its own rules, names every frame that
 breaks them, and reports what a crash left (a torn tail, temporary files, an unpublished
 snapshot) as facts, not as faults.
@@ -20,6 +22,8 @@ from typing import Any
 
 _LENGTH = 4
 _DIGEST = 32
+#: What a disk persists whole or not at all when the power goes.
+_SECTOR = 512
 _SEGMENT = re.compile(r"^wal-(\d{20})\.log$")
 _SNAPSHOT = re.compile(r"^snapshot-(\d{20})\.json$")
 _STATUSES = ("ready", "leased", "completed", "dead")
@@ -64,6 +68,43 @@ def _whole_at(data: bytes, at: int) -> bool:
     return hashlib.sha256(data[at + _LENGTH : end - _DIGEST]).digest() == data[end - _DIGEST : end]
 
 
+def _body_behind(data: bytes, at: int) -> bool:
+    """Whether a whole body and its digest follow the length field at ``at``, whatever that
+    field says: then the frame was written whole and its length damaged since.
+
+    The body is found by parsing it: canonical JSON is one object, and Latin-1 keeps every
+    byte one character, so the parser's end is the body's end in bytes."""
+    text = data[at + _LENGTH : len(data.rstrip(b"\0")) + _DIGEST].decode("latin-1")
+    try:
+        _, length = json.JSONDecoder().raw_decode(text)
+    except ValueError:
+        return False
+    body = data[at + _LENGTH : at + _LENGTH + length]
+    digest = data[at + _LENGTH + length : at + _LENGTH + length + _DIGEST]
+    return hashlib.sha256(body).digest() == digest
+
+
+def _left_unfinished(data: bytes, at: int, end: int, *, zero_tail: bool) -> bool:
+    """Whether a frame of the right length but the wrong digest is a write a crash left
+    unfinished (docs/walqueue.md): a disk sector's share of its JSON still all zero (the
+    sectors of a write reach the disk in any order, and JSON holds no zero byte), or zeros
+    from inside it to the end of the file with what was written of its digest the start of
+    its body's digest (the write stopped there). Zeros at the end of a segment not created
+    full of zeros are a size kept without its data: they start at a sector boundary."""
+    body_end = end - _DIGEST
+    cuts = [at + _LENGTH, *range((at + _LENGTH) // _SECTOR * _SECTOR + _SECTOR, end, _SECTOR)]
+    for start, stop in zip(cuts, [*cuts[1:], end], strict=True):
+        if start < body_end and not any(data[start:stop]):
+            return True
+    zeros_from = max(len(data.rstrip(b"\0")), body_end)
+    if not zero_tail and zeros_from % _SECTOR:
+        zeros_from += _SECTOR - zeros_from % _SECTOR
+    if zeros_from >= end:
+        return False
+    written = data[body_end:zeros_from]
+    return hashlib.sha256(data[at + _LENGTH : body_end]).digest().startswith(written)
+
+
 def _frames(
     data: bytes, *, tail_may_tear: bool, zero_tail: bool = False
 ) -> tuple[list[dict[str, Any]], bool]:
@@ -76,24 +117,35 @@ def _frames(
     while offset < written:
         size = int.from_bytes(data[offset : offset + _LENGTH], "big")
         end = offset + _LENGTH + size + _DIGEST
-        if offset + _LENGTH > len(data) or end > len(data):
+        complete = offset + _LENGTH <= len(data) and end <= len(data)
+        body = data[offset + _LENGTH : end - _DIGEST]
+        if complete and size and hashlib.sha256(body).digest() == data[end - _DIGEST : end]:
+            value = json.loads(body)
+            if not isinstance(value, dict):
+                raise _Damaged(f"the frame at byte {offset} is not an object")
+            frames.append(value)
+            offset = end
+            continue
+        # A whole body and digest behind a length field that does not fit them: the frame
+        # was written whole. Only a zero length field before a body that begins a sector
+        # can be a lost sector instead.
+        zero_before_sector = size == 0 and (offset + _LENGTH) % _SECTOR == 0
+        if not zero_before_sector and _body_behind(data, offset):
+            raise _Damaged(f"the length field at byte {offset} is damaged")
+        if not complete:
             if tail_may_tear:
                 return frames, True
             raise _Damaged(f"incomplete frame at byte {offset}")
-        body = data[offset + _LENGTH : end - _DIGEST]
-        if size == 0 or hashlib.sha256(body).digest() != data[end - _DIGEST : end]:
-            # Garbage up to the end, with nothing whole after it, is an unsynced frame
-            # that a power cut half kept; a whole frame after it proves it was synced.
-            if tail_may_tear and not any(_whole_at(data, at) for at in range(offset + 1, written)):
-                return frames, True
-            if size == 0:
-                raise _Damaged(f"zeros at byte {offset}, where a frame should begin")
-            raise _Damaged(f"checksum mismatch in the frame at byte {offset}")
-        value = json.loads(body)
-        if not isinstance(value, dict):
-            raise _Damaged(f"the frame at byte {offset} is not an object")
-        frames.append(value)
-        offset = end
+        # Only an unfinished write is a torn tail: zeros where a frame begins, or a frame
+        # left unfinished, with nothing whole after it (a whole frame after it proves it was
+        # synced). A synced frame damaged since is damage.
+        unfinished = size == 0 or _left_unfinished(data, offset, end, zero_tail=zero_tail)
+        later = any(_whole_at(data, at) for at in range(offset + 1, written))
+        if tail_may_tear and unfinished and not later:
+            return frames, True
+        if size == 0:
+            raise _Damaged(f"zeros at byte {offset}, where a frame should begin")
+        raise _Damaged(f"checksum mismatch in the frame at byte {offset}")
     return frames, False
 
 

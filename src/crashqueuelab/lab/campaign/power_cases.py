@@ -8,6 +8,11 @@ machine's database. After the child's death the power is cut, and for each ``Cho
 (``crash-states/<choice>/store``) beside a copy of the ledger. Each state is read by the
 system's independent reader, its jobs are compared with what the crash point promises (an
 acknowledged operation must survive), and recovery runs on it as a restarted system would.
+
+Each distinct crash state is judged once (``DistinctStates``): a choice with the fates of
+one already judged is skipped before anything is made, one that leaves the same bytes once
+it is made; the case's report lists each skipped choice with the one it equals. A cut with
+nothing unsynced is one crash state, and the report says so.
 """
 
 from __future__ import annotations
@@ -29,7 +34,12 @@ from crashqueuelab.lab.campaign.cases import (
     recover_or_report,
 )
 from crashqueuelab.lab.faults.children import CHILD_STDERR
-from crashqueuelab.lab.faults.powerloss.crashstate import Choice, CrashState, crash_choices
+from crashqueuelab.lab.faults.powerloss.crashstate import (
+    Choice,
+    CrashState,
+    DistinctStates,
+    crash_choices,
+)
 from crashqueuelab.lab.faults.powerloss.journal import Journal
 from crashqueuelab.lab.faults.powerloss.redisdisk import RedisOnDisk
 from crashqueuelab.lab.faults.powerloss.serverdisk import ClusterTemplate, ServerOnDisk
@@ -79,11 +89,16 @@ def judge_state(
     jobs: tuple[JobSpec, ...],
     seed: int,
     case_id: str,
-) -> dict[str, Any]:
-    """Make one crash state, read and judge it, recover it, and read and judge it again."""
+    distinct: DistinctStates,
+) -> dict[str, Any] | None:
+    """Make one crash state, read and judge it, recover it, and read and judge it again;
+    None, and nothing kept, when its bytes are those of a state judged before."""
     state_dir = case_dir / STATES_DIRECTORY / choice.name
     state_dir.mkdir(parents=True)
-    with target.place(journal, choice, state_dir) as placed:
+    with target.place(journal, choice, state_dir, distinct) as placed:
+        if placed.repeated:
+            shutil.rmtree(state_dir)
+            return None
         if placed.problem is not None:
             # Nothing can read this state, so nothing may recover it elsewhere either.
             return {
@@ -189,22 +204,20 @@ def run_power_loss_case(
         journal = target.cut()
         started = time.perf_counter()
         states = []
-        for choice in crash_choices(journal, seed * 100 + index):
+        distinct = DistinctStates(journal)
+        choices = crash_choices(journal, seed * 100 + index)
+        for choice in choices:
             if stop is not None and stop.is_set():
                 raise CaseStopped(case_id)
-            states.append(
-                judge_state(
-                    case_dir,
-                    target,
-                    journal,
-                    choice,
-                    system=system,
-                    point=point,
-                    jobs=jobs,
-                    seed=seed,
-                    case_id=case_id,
-                )
-            )
+            if not distinct.new_fate(choice):
+                continue
+            judged = judge_state(
+                case_dir, target, journal, choice,
+                system=system, point=point, jobs=jobs, seed=seed, case_id=case_id,
+                distinct=distinct,
+            )  # fmt: skip
+            if judged is not None:
+                states.append(judged)
     death = death_record(case_id, point, child, prelude, case_dir)
     anomalies = []
     if not death["died_at_fault_point"]:
@@ -218,10 +231,14 @@ def run_power_loss_case(
             "pending_directory_changes": len(journal.names),
             "file_syncs": journal.synced_files,
             "directory_syncs": journal.synced_directories,
+            "nothing_unsynced": not journal.data and not journal.names,
+            "choices": len(choices),
             "crash_states": len(states),
+            "duplicates_skipped": len(distinct.skipped),
         },
         "promised": point.power_loss_states(),
         "crash_states": states,
+        "duplicate_crash_states": [same.to_json() for same in distinct.skipped],
         "states_passed": sum(1 for state in states if state["passed"]),
         "anomalies": anomalies,
         "passed": not anomalies,

@@ -245,8 +245,15 @@ def summarize_power_loss(report: dict[str, Any]) -> dict[str, Any]:
     return {
         "crash_mode": MECHANISM[POWER_LOSS],
         **_case_summary(cases),
+        # Distinct states: a choice that made a state already judged is counted apart.
         "crash_states": len(states),
         "crash_states_passed": sum(1 for state in states if state["passed"]),
+        "duplicate_crash_states_skipped": sum(
+            len(case["duplicate_crash_states"]) for case in cases
+        ),
+        "cases_with_nothing_unsynced": sum(
+            1 for case in cases if case["power_cut"]["nothing_unsynced"]
+        ),
         "states_losing_acknowledged_work": sum(
             1 for state in states if not state["durable_as_promised"]
         ),

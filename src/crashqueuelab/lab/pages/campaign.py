@@ -124,6 +124,29 @@ def _probes_with_reruns(report: dict[str, Any], run_dir: Path) -> list[dict[str,
     ]
 
 
+def _case_states_text(case: dict[str, Any]) -> str:
+    """A case's crash states passed, or that its cut had nothing to lose."""
+    count = len(case["crash_states"])
+    if case["power_cut"].get("nothing_unsynced"):
+        return f"nothing unsynced at the cut: {count} crash state"
+    return f"{case['states_passed']} of {count}"
+
+
+def _states_detail(summary: dict[str, Any]) -> str:
+    """What the count of crash states counts, and what it leaves out."""
+    judged = "each read, compared with the point's promise, recovered and read again"
+    if "duplicate_crash_states_skipped" not in summary:  # a report from before they were
+        return judged
+    skipped = summary["duplicate_crash_states_skipped"]
+    nothing = summary["cases_with_nothing_unsynced"]
+    return (
+        f"{judged}; {skipped} more {'choice' if skipped == 1 else 'choices'} made a state"
+        " already judged (the same fate of every unsynced operation, or the same bytes) and"
+        f" were not judged again; {nothing} crash {'point' if nothing == 1 else 'points'}"
+        " had nothing unsynced at the cut (1 crash state each)"
+    )
+
+
 def power_loss_view(run_dir: Path, report: dict[str, Any]) -> View:
     """A power-loss campaign: each crash point's cut and every crash state it allowed."""
     system, summary = report["system"], report["summary"]
@@ -134,15 +157,18 @@ def power_loss_view(run_dir: Path, report: dict[str, Any]) -> View:
             case
             | {
                 "crash_states": states,
+                "states_text": _case_states_text(case),
+                "skipped": case.get("duplicate_crash_states", []),
                 "rerun": _case_rerun(report, run_dir, case),
                 "lost_in": sum(1 for state in states if not state["durable_as_promised"]),
                 "promised_text": " or ".join(_signature_text(p) for p in case["promised"]),
             }
         )
+    distinct = "distinct " if "duplicate_crash_states_skipped" in summary else ""
     verdict = Verdict(
         ok=report.get("passed_what_ran", report["ok"]),
         title=f"power-loss campaign, {summary['named_fault_points']} crash points,"
-        f" {summary['crash_states']} crash states",
+        f" {summary['crash_states']} {distinct}crash states",
         system=system_label(system),
         durability=system["durability"],
         seed=report["seed"],
@@ -159,8 +185,8 @@ def power_loss_view(run_dir: Path, report: dict[str, Any]) -> View:
         ),
         (
             "crash states passed",
-            f"{summary['crash_states_passed']} of {summary['crash_states']}",
-            "each read, compared with the point's promise, recovered and read again",
+            f"{summary['crash_states_passed']} of {summary['crash_states']} {distinct}crash states",
+            _states_detail(summary),
         ),
         (
             "crash states that lost acknowledged work",

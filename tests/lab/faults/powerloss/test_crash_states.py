@@ -9,15 +9,21 @@ from pathlib import Path
 
 import pytest
 
+from crashqueuelab.judges.readers.walqueue import read_walqueue_directory
 from crashqueuelab.lab.faults.powerloss.crashstate import (
+    BY_BYTES,
+    BY_FATE,
     LOSE_ALL,
     SECTOR,
     Choice,
+    DistinctStates,
     crash_choices,
     materialize,
+    tree_digest,
 )
 from crashqueuelab.lab.faults.powerloss.filesystem import PowerLossFilesystem
 from crashqueuelab.lab.faults.powerloss.journal import GRAVEYARD, TREE, Journal, load_journal
+from tests.walqueue.helpers import LAYOUTS, Layout, build_big
 
 
 @pytest.fixture
@@ -106,13 +112,14 @@ def test_a_kept_rename_keeps_the_create_it_depends_on(
     fs.release("/snapshot.tmp", fh)
     fs.rename("/snapshot.tmp", "/snapshot")
     choices = crash_choices(fs.journal, seed=1, seeded=0)
+    # The subsets that keep what they depend on first: the one that does not comes last.
     assert [c.name for c in choices] == [
         "lose-all",
         "keep-names-1",
-        "keep-names-2",
         "keep-names-1-2",
+        "keep-names-2",
     ]
-    assert state(fs, tmp_path, choices[2]) == {"snapshot": b"state"}
+    assert state(fs, tmp_path, choices[3]) == {"snapshot": b"state"}
     assert state(fs, tmp_path, choices[1]) == {"snapshot.tmp": b"state"}
 
 
@@ -158,6 +165,40 @@ def test_a_seeded_state_keeps_some_writes_and_may_tear_the_last_at_a_sector(
     assert seen == {"torn", "whole", "lost"}
 
 
+@pytest.mark.parametrize("layout", LAYOUTS, ids=str)
+def test_every_tear_of_a_walqueue_append_is_a_torn_tail_to_walqueue_and_its_reader(
+    fs: PowerLossFilesystem, tmp_path: Path, layout: Layout
+) -> None:
+    """walqueue's last frame written as its hook splits it (two writes) and not synced: every
+    seeded crash state (each write kept, lost or torn at a sector) is whole or a torn tail to
+    walqueue and to its reader alike, never corruption."""
+    segment, frames, start = build_big(tmp_path / "made", layout)
+    fs.mkdir("/q", 0o755)
+    fh = write_file(fs, f"/q/{segment.name}", layout.segment(frames[:start]))
+    fs.fsync(f"/q/{segment.name}", 0, fh)
+    fs.fsyncdir("/", 0, 0)
+    fs.fsyncdir("/q", 0, 0)
+    half = start + (len(frames) - start) // 2
+    fs.write(f"/q/{segment.name}", frames[start:half], start, fh)
+    fs.write(f"/q/{segment.name}", frames[half:], half, fh)
+    fs.release(f"/q/{segment.name}", fh)
+    outcomes = set()
+    for seed in range(60):
+        choice = Choice(None, seed)
+        state(fs, tmp_path / "states", choice)
+        directory = tmp_path / "states" / "states" / choice.name / "q"
+        left = (directory / segment.name).read_bytes()[start:]
+        reading = read_walqueue_directory(directory, preallocated=layout.preallocate)
+        assert reading.problems == [], seed
+        with layout.open(directory) as queue:
+            tasks = queue.task_ids()
+        assert sorted(reading.tasks) == tasks, seed
+        outcome = "whole" if len(tasks) == 3 else "torn" if any(left) else "lost"
+        assert reading.facts["torn_tail"] == (outcome == "torn"), seed
+        outcomes.add(outcome)
+    assert outcomes == {"whole", "torn", "lost"}
+
+
 def test_enumerated_subsets_stop_at_a_bound_and_then_are_sampled(fs: PowerLossFilesystem) -> None:
     for i in range(8):
         fs.release(f"/f{i}", write_file(fs, f"/f{i}", b"x"))
@@ -201,3 +242,77 @@ def test_what_is_not_modelled_is_refused(fs: PowerLossFilesystem) -> None:
     assert fs.statfs("/")["f_bsize"] > 0
     assert fs.access("/f", os.R_OK) == 0
     assert (fs.opendir("/"), fs.releasedir("/", 0), fs.flush("/f", 0)) == (0, 0, 0)
+
+
+def test_a_cut_with_nothing_unsynced_allows_one_crash_state(fs: PowerLossFilesystem) -> None:
+    fh = write_file(fs, "/file", b"synced")
+    fs.fsync("/file", 0, fh)
+    fs.fsyncdir("/", 0, 0)
+    fs.release("/file", fh)
+    assert crash_choices(fs.journal, seed=3) == [LOSE_ALL]
+
+
+def test_choices_that_keep_the_same_operations_are_judged_once(
+    fs: PowerLossFilesystem,
+) -> None:
+    """Keeping a rename keeps the create it renamed, so "keep the rename" is "keep both";
+    a seeded choice of the same fates is no new state either."""
+    fh = write_file(fs, "/snapshot.tmp", b"state")
+    fs.fsync("/snapshot.tmp", 0, fh)
+    fs.release("/snapshot.tmp", fh)
+    fs.rename("/snapshot.tmp", "/snapshot")
+    distinct = DistinctStates(fs.journal)
+    choices = crash_choices(fs.journal, seed=1)
+    new = [choice.name for choice in choices if distinct.new_fate(choice)]
+    assert new == ["lose-all", "keep-names-1", "keep-names-1-2"]
+    skipped = [same.to_json() for same in distinct.skipped]
+    assert skipped[0] == {"choice": "keep-names-2", "same_as": "keep-names-1-2", "by": BY_FATE}
+    assert [same["choice"] for same in skipped[1:]] == [c.name for c in choices[4:]]
+    assert {same["same_as"] for same in skipped[1:]} <= set(new)
+    assert len(new) + len(skipped) == len(choices)
+
+
+def test_different_fates_that_leave_the_same_bytes_are_judged_once(
+    fs: PowerLossFilesystem, tmp_path: Path
+) -> None:
+    """A write then a truncation back to nothing: keeping only the truncation leaves what
+    losing both leaves, byte for byte."""
+    fh = write_file(fs, "/wal", b"")
+    fs.fsync("/wal", 0, fh)
+    fs.fsyncdir("/", 0, 0)
+    fs.write("/wal", b"frame", 0, fh)
+    fs.truncate("/wal", 0, fh)
+    fs.release("/wal", fh)
+    distinct = DistinctStates(fs.journal)
+    judged = []
+    for seed in range(40):
+        choice = LOSE_ALL if seed == 0 else Choice(None, seed)
+        if not distinct.new_fate(choice):
+            continue
+        store = tmp_path / choice.name
+        materialize(fs.tree.parent, fs.journal, choice, store)
+        if distinct.new_bytes(choice, store):
+            judged.append((choice.name, (store / "wal").read_bytes()))
+    assert judged == [("lose-all", b""), (judged[1][0], b"frame")]
+    by_bytes = [same.to_json() for same in distinct.skipped if same.by == BY_BYTES]
+    assert by_bytes
+    assert {same["same_as"] for same in by_bytes} == {"lose-all"}
+
+
+def test_a_tree_digest_sees_names_bytes_and_links_and_nothing_else(tmp_path: Path) -> None:
+    def tree(name: str, content: bytes, link: str) -> Path:
+        root = tmp_path / name
+        (root / "sub").mkdir(parents=True)
+        (root / "sub" / "file").write_bytes(content)
+        (root / "link").symlink_to(link)
+        return root
+
+    first = tree("a", b"bytes", "sub/file")
+    assert tree_digest(first) == tree_digest(tree("b", b"bytes", "sub/file"))
+    os.utime(first / "sub" / "file", (0, 0))  # times are not part of a state
+    assert tree_digest(first) == tree_digest(tree("c", b"bytes", "sub/file"))
+    assert tree_digest(first) != tree_digest(tree("d", b"bytez", "sub/file"))
+    assert tree_digest(first) != tree_digest(tree("e", b"bytes", "sub"))
+    (tmp_path / "f" / "sub").mkdir(parents=True)
+    (tmp_path / "f" / "sub" / "file").mkdir()  # a directory where a file was
+    assert tree_digest(tmp_path / "f") != tree_digest(tree("g", b"", "sub/file"))

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from crashqueuelab.judges.resp import RespConnection, text
-from crashqueuelab.lab.faults.powerloss.crashstate import LOSE_ALL
-from crashqueuelab.lab.faults.powerloss.redisdisk import RedisOnDisk
+from crashqueuelab.lab.faults.powerloss.crashstate import LOSE_ALL, Choice, DistinctStates
+from crashqueuelab.lab.faults.powerloss.redisdisk import STATE_SERVER_LOG, RedisOnDisk
 from crashqueuelab.servers.redis import SOCKET_VARIABLE, find_redis_server
 
 pytestmark = [
@@ -34,7 +34,7 @@ def kept_after_a_cut(case_dir: Path, settled: bool) -> tuple[str, list[str]]:
         pending = [f"{op.kind} {op.path}" for op in journal.names]
         state_dir = case_dir / "lose-all"
         state_dir.mkdir()
-        with target.place(journal, LOSE_ALL, state_dir) as placed:
+        with target.place(journal, LOSE_ALL, state_dir, DistinctStates(journal)) as placed:
             if placed.problem is not None:
                 return f"refused: {placed.problem}", pending
             with RespConnection(os.environ[SOCKET_VARIABLE]) as connection:
@@ -56,3 +56,22 @@ def test_a_first_start_of_redis_leaves_its_append_only_directory_unsynced(
     value, pending = kept_after_a_cut(tmp_path / "fresh", settled=False)
     assert "mkdir /appendonlydir" in pending
     assert value == ""
+
+
+def test_a_state_with_the_bytes_of_one_placed_before_starts_no_server(tmp_path: Path) -> None:
+    case_dir, first, again = tmp_path / "case", tmp_path / "first", tmp_path / "again"
+    for directory in (case_dir, first, again):
+        directory.mkdir()
+    with RedisOnDisk(case_dir, "aof-always") as target:
+        journal = target.cut()
+        distinct = DistinctStates(journal)
+        with target.place(journal, LOSE_ALL, first, distinct) as placed:
+            assert (placed.repeated, placed.problem) == (False, None)
+        same_choice = Choice(frozenset(), None)  # the same choice, made again
+        with target.place(journal, same_choice, again, distinct) as placed:
+            assert placed.repeated
+    # A started server leaves its log in the state's directory; none was started again.
+    assert (first / STATE_SERVER_LOG).exists()
+    assert list(again.iterdir()) == []
+    [same] = distinct.skipped
+    assert same.to_json() == {"choice": "lose-all", "same_as": "lose-all", "by": "bytes"}

@@ -11,13 +11,19 @@ with pending operations taken back, newest first:
   probability one half, and the last surviving write may be torn: only its first whole
   512-byte sectors reach the disk, as when a drive loses power mid-write.
 
-A kept directory change keeps the earlier ones it depends on (same file or name).
+A kept directory change keeps the earlier ones it depends on (same file or name). A cut
+with nothing pending allows one crash state, ``LOSE_ALL`` alone.
 
 Every choice is written into the state's ``fate`` so a report can say which bytes survived.
+Different choices can make the same crash state: a kept rename keeps the create it renamed,
+a seed can draw the fates of an enumerated subset, a kept truncation can leave what losing
+it and the write before it leaves. ``DistinctStates`` keeps each state once, by the fates
+of the pending operations and then by the bytes of the tree, and names what it skipped.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import shutil
@@ -65,6 +71,8 @@ def crash_choices(journal: Journal, seed: int, *, seeded: int = SEEDED_STATES) -
     then ``seeded`` states draw directory changes, writes and a torn sector from ``seed``.
     """
     pending = len(journal.names)
+    if not pending and not journal.data:
+        return [LOSE_ALL]
     if pending <= ENUMERATED_NAMES:
         subsets = [
             frozenset(i for i in range(pending) if mask >> i & 1) for mask in range(2**pending)
@@ -76,7 +84,13 @@ def crash_choices(journal: Journal, seed: int, *, seeded: int = SEEDED_STATES) -
             frozenset(i for i in range(pending) if rng.random() < 0.5)
             for _ in range(2**ENUMERATED_NAMES - 2)
         ]
-    choices = [Choice(subset, None) for subset in dict.fromkeys(subsets)]
+    # A subset that keeps what its changes depend on comes first, so that the state judged
+    # for a set of fates carries the name that says what it kept.
+    subsets = sorted(
+        dict.fromkeys(subsets),
+        key=lambda kept: _dependent_closure(journal.names, set(kept)) != kept,
+    )
+    choices = [Choice(subset, None) for subset in subsets]
     return choices + [Choice(None, seed * 1000 + k) for k in range(seeded)]
 
 
@@ -112,6 +126,21 @@ def _dependent_closure(names: list[NameOp], kept: set[int]) -> set[int]:
             if i not in closed and touches(names[i]) & touches(names[j]):
                 closed.add(i)
     return closed if closed == set(kept) else _dependent_closure(names, closed)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a choice keeps of a cut: the fate of every pending operation."""
+
+    #: The pending directory changes kept, by their index in the journal.
+    names: frozenset[int]
+    #: The pending writes and truncations kept, each as (its seq, the bytes of it kept).
+    data: tuple[tuple[int, int], ...]
+
+
+def outcome(journal: Journal, choice: Choice) -> Outcome:
+    names, kept = _survivors(journal, choice)
+    return Outcome(frozenset(names), tuple(sorted(kept.items())))
 
 
 def _survivors(journal: Journal, choice: Choice) -> tuple[set[int], dict[int, int]]:
@@ -236,3 +265,69 @@ def materialize(root: Path, journal: Journal, choice: Choice, store: Path) -> Cr
     os.rename(scratch / TREE, store)
     shutil.rmtree(scratch)
     return state
+
+
+#: Why a skipped choice is the state of an earlier one.
+BY_FATE = "fate"  # it keeps, loses and tears the same pending operations
+BY_BYTES = "bytes"  # its fates differ, but the tree it leaves is the same, byte for byte
+
+
+@dataclass(frozen=True)
+class SameState:
+    """A choice skipped because it makes the crash state of an earlier one."""
+
+    choice: Choice
+    same_as: Choice
+    by: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"choice": self.choice.name, "same_as": self.same_as.name, "by": self.by}
+
+
+def tree_digest(root: Path) -> str:
+    """The names, kinds and bytes of every entry under ``root`` (nothing else: a restarted
+    system sees neither times nor inode numbers)."""
+    digest = hashlib.sha256()
+    for directory, subdirectories, files in os.walk(root):
+        subdirectories.sort()
+        where = Path(directory)
+        digest.update(b"d\0" + str(where.relative_to(root)).encode() + b"\0")
+        for name in sorted(files):
+            path = where / name
+            if path.is_symlink():
+                digest.update(b"l\0" + name.encode() + b"\0" + os.readlink(path).encode())
+                continue
+            digest.update(b"f\0" + name.encode() + b"\0" + str(path.stat().st_size).encode())
+            with open(path, "rb") as stream:
+                for block in iter(lambda: stream.read(1 << 20), b""):
+                    digest.update(block)
+    return digest.hexdigest()
+
+
+class DistinctStates:
+    """The crash states of one cut, each judged once.
+
+    ``new_fate`` before a state is made (a choice with the fates of an earlier one makes the
+    same bytes: ``materialize`` is deterministic), ``new_bytes`` once it is made (different
+    fates can still leave the same tree). Each skipped choice is kept in ``skipped`` with
+    the earlier choice it equals.
+    """
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        self.skipped: list[SameState] = []
+        self._fates: dict[Outcome, Choice] = {}
+        self._trees: dict[str, Choice] = {}
+
+    def new_fate(self, choice: Choice) -> bool:
+        fates = outcome(self.journal, choice)
+        earlier = self._fates.setdefault(fates, choice)
+        if earlier is not choice:
+            self.skipped.append(SameState(choice, earlier, BY_FATE))
+        return earlier is choice
+
+    def new_bytes(self, choice: Choice, tree: Path) -> bool:
+        earlier = self._trees.setdefault(tree_digest(tree), choice)
+        if earlier is not choice:
+            self.skipped.append(SameState(choice, earlier, BY_BYTES))
+        return earlier is choice

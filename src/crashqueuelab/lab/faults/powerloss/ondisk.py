@@ -23,7 +23,7 @@ from types import TracebackType
 from typing import ClassVar, Generic, Self, TypeVar
 
 from crashqueuelab.core.errors import ServerUnavailable
-from crashqueuelab.lab.faults.powerloss.crashstate import Choice, CrashState
+from crashqueuelab.lab.faults.powerloss.crashstate import Choice, CrashState, DistinctStates
 from crashqueuelab.lab.faults.powerloss.disk import PowerLossDisk
 from crashqueuelab.lab.faults.powerloss.journal import JOURNAL_FILE, Journal
 from crashqueuelab.lab.faults.powerloss.targets import DISK_DIRECTORY, Placed
@@ -111,11 +111,17 @@ class OnDisk(ABC, Generic[Server]):
         return journal
 
     @contextmanager
-    def place(self, journal: Journal, choice: Choice, state_dir: Path) -> Iterator[Placed]:
-        """The crash state as the data directory of a server started on it."""
+    def place(
+        self, journal: Journal, choice: Choice, state_dir: Path, distinct: DistinctStates
+    ) -> Iterator[Placed]:
+        """The crash state as the data directory of a server started on it (none is started
+        on the bytes of a state placed before)."""
         server = self.new_server()
         try:
             state = self.lay_state(journal, choice, server)
+            if not distinct.new_bytes(choice, server.data):
+                yield Placed(state, repeated=True)
+                return
             store = self.case_dir / STORE_DIRECTORY
             if store.is_dir():  # a child that died before opening the store made none
                 shutil.copytree(store, state_dir / STORE_DIRECTORY)

@@ -5,7 +5,8 @@ directory is the mount point. A system with a server keeps its data in the serve
 directory, so that directory is what goes on the disk (``serverdisk.ServerOnDisk``). Either
 target gives the same three things to a case: ``cut`` (the power goes: the journal of what
 was pending), ``place`` (one crash state made and ready to be read, as the restarted machine
-would find it) and ``artifacts`` (where the evidence is kept).
+would find it, unless its bytes are those of a state already placed) and ``artifacts``
+(where the evidence is kept).
 """
 
 from __future__ import annotations
@@ -16,7 +17,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Protocol
 
-from crashqueuelab.lab.faults.powerloss.crashstate import Choice, CrashState, materialize
+from crashqueuelab.lab.faults.powerloss.crashstate import (
+    Choice,
+    CrashState,
+    DistinctStates,
+    materialize,
+)
 from crashqueuelab.lab.faults.powerloss.disk import PowerLossDisk
 from crashqueuelab.lab.faults.powerloss.journal import JOURNAL_FILE, Journal
 from crashqueuelab.lab.workloads.scenario import STORE_DIRECTORY
@@ -28,12 +34,18 @@ class PlacedState(Protocol):
     state: CrashState
     #: Why the crash state cannot be read at all (a server that would not start on it).
     problem: str | None
+    #: Its bytes are those of a state placed before (``DistinctStates.skipped`` says which):
+    #: nothing was started on it, and nothing is to be judged.
+    repeated: bool
 
 
 class Placed:
-    def __init__(self, state: CrashState, problem: str | None = None) -> None:
+    def __init__(
+        self, state: CrashState, problem: str | None = None, *, repeated: bool = False
+    ) -> None:
         self.state = state
         self.problem = problem
+        self.repeated = repeated
 
 
 class PowerLossTarget(Protocol):
@@ -49,7 +61,7 @@ class PowerLossTarget(Protocol):
     def cut(self) -> Journal: ...
 
     def place(
-        self, journal: Journal, choice: Choice, state_dir: Path
+        self, journal: Journal, choice: Choice, state_dir: Path, distinct: DistinctStates
     ) -> AbstractContextManager[PlacedState]: ...
 
     def artifacts(self, relative: Path) -> dict[str, str]: ...
@@ -77,8 +89,12 @@ class StoreOnDisk:
         return self.disk.cut()
 
     @contextmanager
-    def place(self, journal: Journal, choice: Choice, state_dir: Path) -> Iterator[Placed]:
-        yield Placed(materialize(self.disk.root, journal, choice, state_dir / STORE_DIRECTORY))
+    def place(
+        self, journal: Journal, choice: Choice, state_dir: Path, distinct: DistinctStates
+    ) -> Iterator[Placed]:
+        store = state_dir / STORE_DIRECTORY
+        state = materialize(self.disk.root, journal, choice, store)
+        yield Placed(state, repeated=not distinct.new_bytes(choice, store))
 
     def artifacts(self, relative: Path) -> dict[str, str]:
         return {
