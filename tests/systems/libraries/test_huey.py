@@ -127,7 +127,7 @@ def test_without_huey_installed_the_system_is_unavailable_and_says_how_to_get_it
         raise PackageNotFoundError(name)
 
     monkeypatch.setattr(skeleton, "version", missing)
-    with pytest.raises(SystemUnavailable, match=r"pip install 'crashqueuelab\[peers\]'"):
+    with pytest.raises(SystemUnavailable, match=r"pip install -e '\.\[peers\]'"):
         resolve_system("huey-fsync")
 
 

@@ -128,5 +128,5 @@ def test_without_pgqueuer_installed_the_system_is_unavailable_and_says_how_to_ge
         raise PackageNotFoundError(name)
 
     monkeypatch.setattr(skeleton, "version", missing)
-    with pytest.raises(SystemUnavailable, match=r"pip install 'crashqueuelab\[pgqueuer\]'"):
+    with pytest.raises(SystemUnavailable, match=r"pip install -e '\.\[pgqueuer\]'"):
         resolve_system("pgqueuer")
