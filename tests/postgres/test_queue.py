@@ -256,6 +256,7 @@ def test_a_transition_whose_commit_never_left_the_client_is_tried_again(
             # A reset between two transitions: the next one finds its connection gone before
             # anything was sent, reconnects and runs once.
             proxy.apply(WindowKind.RESET, ["worker"], seconds=0)
+            assert proxy.settle()  # the connection is gone before the acknowledgement is sent
             assert queue.succeed_many([PgAck(job.job_id, "w1", str(job.lease_token))]) == [True]
             assert proxy.counts["worker"]["reset"] == 1
         finally:

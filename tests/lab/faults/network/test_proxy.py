@@ -190,6 +190,8 @@ def test_a_reset_ends_every_open_connection_of_the_path_and_the_next_one_works(
         assert _receive(first, 1) == b"x"
         window = proxy.apply(WindowKind.RESET, ["a"], seconds=5)
         assert window.end == window.start
+        assert proxy.settle()  # the proxy's thread has taken it
+        assert proxy.counts["a"]["reset"] == 1
         with pytest.raises(ConnectionResetError):
             _receive(first, 1)
         other.sendall(b"y")

@@ -87,6 +87,10 @@ class FaultProxy:
         self._clock = clock
         self._connect_timeout_s = connect_timeout_s
         self._lock = threading.Lock()
+        #: Resets asked for, and taken by the proxy's thread (``settle`` waits for them).
+        self._taken = threading.Condition(self._lock)
+        self._resets_asked = 0
+        self._resets_taken = 0
         self._windows: list[FaultWindow] = []
         self._resets: list[tuple[str, ...]] = []
         self._new_listeners: list[tuple[str, socket.socket]] = []
@@ -145,8 +149,17 @@ class FaultProxy:
             self._windows.append(window)
             if kind is WindowKind.RESET:
                 self._resets.append(chosen)
+                self._resets_asked += 1
         self._wake()
         return window
+
+    def settle(self, timeout_s: float = 5.0) -> bool:
+        """Wait (at most ``timeout_s``) until the proxy's thread has taken every reset
+        applied so far: the connections it names are closed. False if it had not by then."""
+        with self._taken:
+            return self._taken.wait_for(
+                lambda: self._resets_taken >= self._resets_asked, timeout=timeout_s
+            )
 
     @property
     def windows(self) -> list[FaultWindow]:
@@ -222,6 +235,10 @@ class FaultProxy:
         for paths in resets:
             for connection in [c for c in self._connections if c.path in paths]:
                 self._reset(connection, "reset")
+        if resets:
+            with self._taken:
+                self._resets_taken += len(resets)
+                self._taken.notify_all()
         due = now + TICK_S
         for connection in list(self._connections):
             condition = self._condition(connection.path, now)
