@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from crashqueuelab import cli
 from crashqueuelab.judges.invariants import invariant_names
-from tests.conftest import DOCS
+from tests.conftest import DOCS, SHOWCASE_SEED
 
 
 def _subcommands() -> dict[str, argparse.ArgumentParser]:
@@ -142,3 +147,40 @@ def test_every_python_file_the_docs_name_exists() -> None:
             if not known:
                 missing.append(f"{doc.name}: {named}")
     assert missing == []
+
+
+#: What a run prints that no seed fixes: how long it took, and where it wrote.
+UNFIXED = {"seconds", "report"}
+
+
+def _differences(shown: Any, printed: Any, where: str) -> Iterator[str]:
+    """Each value of ``shown`` (a part of ``printed``) that ``printed`` does not hold."""
+    if isinstance(shown, dict):
+        if not isinstance(printed, dict):
+            yield f"{where}: {printed!r} is not an object"
+            return
+        for key, value in shown.items():
+            if key in UNFIXED:
+                continue
+            if key not in printed:
+                yield f"{where}.{key}: not printed"
+                continue
+            yield from _differences(value, printed[key], f"{where}.{key}")
+    elif shown != printed:
+        yield f"{where}: the README shows {shown!r}, the showcase printed {printed!r}"
+
+
+def test_the_readme_shows_what_a_fresh_showcase_prints(
+    showcase_run: tuple[int, dict[str, object], Path],
+) -> None:
+    """Every value of the README's showcase output, timings and paths aside, is what a
+    showcase with the README's seed prints today."""
+    code, printed, _ = showcase_run
+    readme = (DOCS.parent / "README.md").read_text()
+    block = readme.split("```json\n", 1)[1].split("\n```", 1)[0]
+    shown = json.loads(block)
+    assert shown["seed"] == SHOWCASE_SEED
+    if printed.get("power_loss") != "ran":
+        pytest.skip("this machine cannot cut the power: the README's run could")
+    assert code == 0
+    assert list(_differences(shown, printed, "showcase")) == []

@@ -23,7 +23,7 @@ from crashqueuelab.lab.faults.powerloss import disk as disk_module
 from crashqueuelab.lab.faults.powerloss.crashstate import LOSE_ALL, materialize
 from crashqueuelab.lab.faults.powerloss.disk import PowerLossDisk, unavailable_reason
 from crashqueuelab.lab.runs.modes import POWER_LOSS
-from tests.conftest import RunCli
+from tests.conftest import SHOWCASE_SEED, RunCli
 
 needs_fuse = pytest.mark.skipif(
     not sys.platform.startswith("linux") or not os.path.exists("/dev/fuse"),
@@ -177,7 +177,13 @@ def test_sqlite_at_normal_loses_acknowledged_work_and_the_lab_names_it(
     """Read from the session's showcase, whose mutant pass ran the synchronous=NORMAL
     mutant through the power-loss campaign."""
     _, _, showcase = showcase_run
-    run = showcase / "mutants" / "synchronous_normal" / "seed-4" / "power-loss-campaign"
+    run = (
+        showcase
+        / "mutants"
+        / "synchronous_normal"
+        / f"seed-{SHOWCASE_SEED}"
+        / "power-loss-campaign"
+    )
     result = json.loads((run / "campaign.json").read_text())
     assert not result["ok"]
     assert result["crash_mode"] == "power-loss"
@@ -205,7 +211,14 @@ def test_walqueue_passes_and_its_two_sync_mutants_are_caught(
     assert passed["ok"], passed["anomalies"]
     assert passed["crash_mode"] == POWER_LOSS
     for mutant in ("wal_without_fsync", "current_without_directory_sync"):
-        kept = showcase / "mutants" / mutant / "seed-4" / "power-loss-campaign" / "campaign.json"
+        kept = (
+            showcase
+            / "mutants"
+            / mutant
+            / f"seed-{SHOWCASE_SEED}"
+            / "power-loss-campaign"
+            / "campaign.json"
+        )
         report = json.loads(kept.read_text())
         assert report["system"]["name"] == f"walqueue-mutant-{mutant.replace('_', '-')}"
         assert not report["ok"]
