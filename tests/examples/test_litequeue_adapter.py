@@ -221,3 +221,8 @@ def test_0_8_breaks_its_promise_at_prune_and_0_9_keeps_it_pinned_as_a_shipped_li
     old = json.loads((tmp_path / "v" / "0.8" / "campaign.json").read_text())
     assert "no such table: Queue" in old["anomalies"][0]
     assert old["system"]["version"].startswith("litequeue 0.8")
+    # The page names the library, and its command runs the adapter again, where it was.
+    page = (tmp_path / "v" / "report.html").read_text()
+    assert "<b>litequeue</b> (litequeue_adapter:litequeue_system)" in page
+    assert f"PYTHONPATH={EXAMPLES} crashqueuelab versions --system litequeue_adapter:" in page
+    assert "seed 7" in page

@@ -11,6 +11,7 @@ from crashqueuelab.cli.pages import html_report
 from crashqueuelab.cli.pinned import run_pinned
 from crashqueuelab.cli.verdict import exit_code
 from crashqueuelab.core.errors import InvalidInput
+from crashqueuelab.lab.runs.commands import import_path
 from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
 from crashqueuelab.lab.versions.environments import parse_pin
 from crashqueuelab.lab.versions.matrix import CRITERIA, VERSIONS_FILE, choose_releases, run_versions
@@ -71,10 +72,16 @@ def _versions(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         output,
         criterion=args.bisect_on,
         bisect=args.bisect,
-        # The releases are the library's: a user's adapter of it is named on the page.
-        system=distribution if ":" in args.system else args.system,
+        system=args.system,
+        library=distribution if ":" in args.system else args.system,
     )
-    report |= {"evidence": evidence, "seed": args.seed}
+    # The seed each release ran with: the evidence's own, where it names one.
+    given = evidence[evidence.index("--seed") + 1] if "--seed" in evidence[:-1] else None
+    report |= {
+        "evidence": evidence,
+        "seed": args.seed if given is None else given,
+        "system_import_path": import_path(args.system),
+    }
     write_json(output / VERSIONS_FILE, report)
     rows = report["rows"]
     reasons = [

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from crashqueuelab.lab.pages.common import Verdict, View
+from crashqueuelab.lab.runs.commands import runnable
 
 
 def _verdict_word(row: dict[str, Any]) -> str:
@@ -32,10 +33,11 @@ def versions_view(run_dir: Path) -> View:
     evidence = " ".join(report["evidence"])
     releases = report["releases"]
     shown = f"{releases[0]}..{releases[-1]}" if bisection is not None else ",".join(releases)
-    command = (
+    command = runnable(
         f"crashqueuelab versions --system {report['system']} --releases {shown}"
         + (f" --bisect --bisect-on {report['criterion']}" if bisection is not None else "")
-        + f" --output-directory {run_dir} {evidence}"
+        + f" --output-directory {run_dir} {evidence}",
+        report,
     )
     # The colour follows the releases: a change the bisection found is no pass.
     reasons = [
@@ -52,8 +54,8 @@ def versions_view(run_dir: Path) -> View:
     verdict = Verdict(
         ok=report["passed_what_ran"],
         title=report["headline"],
-        system=report["system"],
-        durability="",
+        system=report.get("library") or report["system"],
+        durability="" if report.get("library") in (None, report["system"]) else report["system"],
         seed=report.get("seed"),
         duration=None,
         command=command,

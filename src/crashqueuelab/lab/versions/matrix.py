@@ -200,7 +200,8 @@ def headline(report: dict[str, Any]) -> str:
         # Only a bisection leaves releases of its range out.
         plural = "s" if len(not_run) > 1 else ""
         parts.append(f"{len(not_run)} release{plural} not run (the bisection did not need them)")
-    system = report.get("system")
+    # The releases are the library's: a user's adapter of it runs them, the library is named.
+    system = report.get("library") or report.get("system")
     sentence = "; ".join(parts)
     return f"{system} {sentence}" if system else sentence
 
@@ -227,9 +228,12 @@ def run_versions(
     criterion: str = "ok",
     bisect: bool = False,
     system: str | None = None,
+    library: str | None = None,
 ) -> dict[str, Any]:
     """The matrix over ``releases`` (every one, or those a bisection needs), with its
-    verdict (``judge``); ``system`` names the library in the headline."""
+    verdict (``judge``); ``system`` is what ran them (the command's ``--system``),
+    ``library`` the library whose releases they are, named in the headline (default:
+    ``system``)."""
     rows: dict[str, dict[str, Any]] = {}
 
     def run(release: str) -> bool:
@@ -275,5 +279,6 @@ def run_versions(
         "rows": ordered,
         "not_run": [release for release in releases if release not in rows],
         "system": system,
+        "library": library or system,
     }
     return report | judge(report)
