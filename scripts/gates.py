@@ -37,8 +37,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -220,6 +221,19 @@ def _group_members(pgid: int) -> list[tuple[int, str]]:
     return found
 
 
+#: Every gate's process group still running, whichever thread started it: an interrupt
+#: stops them all.
+_LIVE: set[subprocess.Popen[bytes]] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def _stop_all() -> None:
+    with _LIVE_LOCK:
+        running = list(_LIVE)
+    for process in running:
+        _stop_group(process)
+
+
 def _stop_group(process: subprocess.Popen[bytes]) -> None:
     """Stop a gate's whole process group: SIGTERM, then SIGKILL after a grace period."""
     for signum in (signal.SIGTERM, signal.SIGKILL):
@@ -251,6 +265,8 @@ def _run(
     process = subprocess.Popen(
         [str(part) for part in command], cwd=ROOT, env=env, start_new_session=True
     )
+    with _LIVE_LOCK:
+        _LIVE.add(process)
     try:
         code = process.wait(timeout=limit_s)
     except subprocess.TimeoutExpired:
@@ -271,6 +287,8 @@ def _run(
         if stray:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
+        with _LIVE_LOCK:
+            _LIVE.discard(process)
     return code, time.monotonic() - started
 
 
@@ -435,7 +453,9 @@ class _Gates:
 def _summary(gates: _Gates, *, version: str, leftovers: list[str]) -> int:
     failed_tests = gates.scratch.failed_tests()
     _log("summary" + (" (CI)" if os.environ.get("CI") else "") + f", python {version}")
-    for result in gates.results:
+    # The tests first, then the tools (which ran beside them), each in the order it ended.
+    ordered = sorted(gates.results, key=lambda result: not result.name.startswith("pytest"))
+    for result in ordered:
         why = f"  {result.why}" if result.why else ""
         _log(f"  {'PASS' if result.ok else 'FAIL'}  {result.name}  ({result.seconds:.1f} s){why}")
     if failed_tests:
@@ -478,10 +498,18 @@ def _workers() -> int:
 
 
 def _pytest_parts(
-    gates: _Gates, python: Path, *, name: str, markers: str, coverage: bool, limit_s: float
+    gates: _Gates,
+    python: Path,
+    *,
+    name: str,
+    markers: str,
+    coverage: bool,
+    limit_s: float,
+    before_quiet: Callable[[], None] | None = None,
 ) -> bool:
-    """The parallel part, then the quiet one; with ``coverage``, measured across both and
-    checked against the threshold at the end. True when both passed."""
+    """The parallel part, then the quiet one (after ``before_quiet`` returns: what else runs
+    must end first); with ``coverage``, measured across both and checked against the
+    threshold at the end. True when both passed."""
     junit = gates.scratch.root / "junit"
     selected = f"({markers}) and " if markers else ""
     measured = ["--cov", "--cov-branch"] if coverage else []
@@ -497,6 +525,8 @@ def _pytest_parts(
         f"--junitxml={junit / 'quiet.xml'}",
         *measured, *(["--cov-append", "--cov-report=term-missing"] if coverage else []),
     ]  # fmt: skip
+    if before_quiet is not None:
+        before_quiet()
     left = max(60.0, limit_s - (time.monotonic() - started))
     suffix = " + branch coverage >= 95%" if coverage else ""
     ok = gates.run(f"{name}: quiet tests alone{suffix}", quiet, limit_s=left) and ok
@@ -537,7 +567,30 @@ def _all_gates(
         _pytest_parts(gates, python, name=f"pytest (python {version}{left_out})",
                       markers=markers, coverage=False, limit_s=PYTEST_LIMIT_S)  # fmt: skip
         return
-    _pytest_parts(gates, python, name="pytest", markers="", coverage=True, limit_s=PYTEST_LIMIT_S)
+    # The tools need no quiet machine, and the parallel tests leave a core idle much of the
+    # time (they wait on the processes and servers they start): the tools run beside them,
+    # and are done before the quiet tests start, alone.
+    tools = threading.Thread(target=_tool_gates, args=(gates, python), name="tool gates")
+    tools.start()
+    try:
+        _pytest_parts(
+            gates,
+            python,
+            name="pytest",
+            markers="",
+            coverage=True,
+            limit_s=PYTEST_LIMIT_S,
+            before_quiet=tools.join,
+        )
+    except BaseException:
+        _stop_all()  # an interrupt: the tools' gate in flight too
+        raise
+    finally:
+        tools.join()
+
+
+def _tool_gates(gates: _Gates, python: Path) -> None:
+    """ruff, ruff format, mypy, the build and the wheel's round trip, one after another."""
     gates.run("ruff check", [python, "-m", "ruff", "check", "."], limit_s=TOOL_LIMIT_S)
     gates.run("ruff format --check", [python, "-m", "ruff", "format", "--check", "."],
               limit_s=TOOL_LIMIT_S)  # fmt: skip
@@ -595,7 +648,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
     except Interrupted as signal_name:
         interrupted = True
-        _log(f"interrupted by {signal_name}: the running gate was stopped")
+        _stop_all()  # the tools' gates too, on their own thread
+        _log(f"interrupted by {signal_name}: the running gates were stopped")
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
