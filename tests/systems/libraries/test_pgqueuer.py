@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from crashqueuelab.judges.readers.pgqueuer import read_pgqueuer_store
-from crashqueuelab.lab.campaign.run import run_campaign
 from crashqueuelab.core.clock import ManualClock
 from crashqueuelab.core.ids import SeededIds
 from crashqueuelab.core.retry import RetryPolicy
+from crashqueuelab.judges.readers.pgqueuer import read_pgqueuer_store
+from crashqueuelab.lab.campaign.run import run_campaign
 from crashqueuelab.systems import JobSpec, JobStatus, OpenRequest, Verdict, resolve_system
 from crashqueuelab.systems.libraries.pgqueuer.client import PgQueuerClient
 from tests.conftest import RunCli

@@ -25,7 +25,8 @@ _RELIABILITY_DOCS = _DOCS + "guides/reliability/"
 _NO_TOKEN = Documented(
     "no token: pgqueuer logs or heartbeats a job by its id, whoever holds it, and log_jobs"
     " and update_heartbeat answer nothing, so a stale holder's completion or heartbeat is"
-    " taken as any other",
+    " taken as any other, and one pgqueuer ignored (the job logged already) cannot be told"
+    " from one it took",
     _RELIABILITY_DOCS,
     explains=(
         "probe acknowledgement_at_the_deadline: *was accepted*",
