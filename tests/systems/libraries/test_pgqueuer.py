@@ -137,6 +137,26 @@ def test_before_1_0_a_failed_attempt_stays_picked_and_its_worker_runs_it_again(
         client.close()
 
 
+def test_what_pgqueuer_documents_follows_where_the_release_retries() -> None:
+    from crashqueuelab.lab.runs.promises import explained_by
+    from crashqueuelab.systems.libraries.pgqueuer.promises import documented_for
+
+    rule = "contract a_failure_waits_its_delay_then_the_dead_letter_takes_it: "
+    still_picked = (
+        f"{rule}job a after its first attempt failed: the system reports leased after 1"
+        " attempts, not pending after 1 attempts"
+    )
+    at_once = f"{rule}w1 claimed job a as attempt 2; nothing may be claimable: the retry's delay"
+    at_once += " has not passed"
+    in_process, in_store = documented_for(retries_in_store=False), documented_for(True)
+    # Before 1.0 the failed job stays picked, as pgqueuer retried it in the worker; from 1.0
+    # that would be a broken promise, and the retry claimable at once is what it documents.
+    assert explained_by(in_process, still_picked, "process") is not None
+    assert explained_by(in_store, still_picked, "process") is None
+    (delay,) = [w for w in in_store if w.what.startswith("a retry's delay runs")]
+    assert explained_by(in_store, at_once, "process") == in_store.index(delay)
+
+
 @pytest.mark.releases
 def test_a_worker_killed_mid_job_leaves_it_stuck_on_0_25_0_and_not_on_0_25_1(
     tmp_path: Path, postgres_dsn: str, release_cache: Path, run_cli: RunCli
