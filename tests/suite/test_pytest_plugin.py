@@ -282,3 +282,99 @@ def test_what_a_system_raises_fails_its_check_with_where_it_raised(
     result.stdout.fnmatch_lines(
         ["*raise RuntimeError*", "E * RuntimeError: the queue's claim is broken"]
     )
+
+
+def _documented(result: pytest.RunResult, system: str) -> dict[str, str]:
+    """Each expected failure a run printed (``-rx``): the check's name, and the weakness
+    its reason names first, with the link to the library's own words that follows it."""
+    version = resolve_system(system).version
+    found = {}
+    for line in result.stdout.lines:
+        if line.startswith("XFAIL "):
+            node, _, reason = line[len("XFAIL ") :].partition(" - ")
+            assert reason.startswith(f"as {version} documents: "), line
+            found[node.rsplit("::", 1)[-1]] = reason[len(f"as {version} documents: ") :]
+    return found
+
+
+def _as_documented(found: dict[str, str], system: str, expected: dict[str, str]) -> None:
+    """``found`` names exactly the checks of ``expected``, each with the weakness whose text
+    starts as said there, and that weakness's link."""
+    assert sorted(found) == sorted(expected), found
+    for check, start in expected.items():
+        (weakness,) = [w for w in resolve_system(system).documented if w.what.startswith(start)]
+        assert found[check].startswith(f"{weakness.what} ({weakness.source})"), (check, found)
+
+
+NO_TOKEN = "no token: "
+
+
+def test_pgqueuer_s_contract_failures_are_expected_as_pgqueuer_documents_them(
+    pytester: pytest.Pytester, postgres_dsn: str
+) -> None:
+    result = pytester.runpytest_inprocess(
+        "-p", "no:cacheprovider", "-rx", f"{LAB}::contract", OPTION, "pgqueuer"
+    )  # fmt: skip
+    result.assert_outcomes(passed=2, skipped=3, xfailed=6)
+    _as_documented(
+        _documented(result, "pgqueuer"),
+        "pgqueuer",
+        {
+            "the_live_holder_acknowledges_once": NO_TOKEN,
+            "an_expired_holder_is_refused_and_the_job_goes_to_another": NO_TOKEN,
+            "an_acknowledgement_at_the_deadline_is_refused": NO_TOKEN,
+            "a_heartbeat_extends_a_live_lease_only": NO_TOKEN,
+            # Its retry (retry_job) delays on the server's clock, which the lab's does not move.
+            "a_failure_waits_its_delay_then_the_dead_letter_takes_it": "a retry's delay runs",
+            # concurrency_limit=1: one picked job across every worker, so a busy w1 gets none.
+            "a_reopened_store_keeps_every_job_and_lease": "concurrency_limit=1",
+        },
+    )
+
+
+def test_procrastinate_s_contract_failures_are_expected_as_it_documents_them(
+    pytester: pytest.Pytester, postgres_dsn: str
+) -> None:
+    result = pytester.runpytest_inprocess(
+        "-p", "no:cacheprovider", "-rx", f"{LAB}::contract", OPTION, "procrastinate"
+    )  # fmt: skip
+    result.assert_outcomes(passed=4, skipped=3, xfailed=4)
+    stalled = "stalled jobs are found by their worker's heartbeat"
+    _as_documented(
+        _documented(result, "procrastinate"),
+        "procrastinate",
+        {
+            # The live worker's heartbeats keep w1's job, whatever the lab's clock says.
+            "an_expired_holder_is_refused_and_the_job_goes_to_another": stalled,
+            "a_heartbeat_extends_a_live_lease_only": stalled,
+            "an_acknowledgement_at_the_deadline_is_refused": NO_TOKEN,
+            "a_failure_waits_its_delay_then_the_dead_letter_takes_it": "a retry waits only",
+        },
+    )
+
+
+def test_rq_fails_no_check_and_each_expected_failure_is_what_rq_documents(
+    pytester: pytest.Pytester, redis_socket: str
+) -> None:
+    # (redis_socket: Redis can run here.) Every check, the model workload's seed 7 included.
+    result = pytester.runpytest_inprocess(
+        "-p", "no:cacheprovider", "-rx", LAB, OPTION, "rq-aof-always"
+    )  # fmt: skip
+    result.assert_outcomes(passed=19, skipped=10, xfailed=10)
+    ttl = "a job whose worker died is handed back only once its heartbeat TTL"
+    _as_documented(
+        _documented(result, "rq-aof-always"),
+        "rq-aof-always",
+        {
+            "an_expired_holder_is_refused_and_the_job_goes_to_another": ttl,
+            "an_acknowledgement_at_the_deadline_is_refused": NO_TOKEN,
+            "a_failure_waits_its_delay_then_the_dead_letter_takes_it": "Retry(max=...)",
+            "stale_holder_after_expiry": ttl,
+            "acknowledgement_at_the_deadline": NO_TOKEN,
+            "expired_attempts_run_out": ttl,
+            "batched_acknowledgement_fences_each_item": ttl,
+            "dequeue:after": ttl,
+            "start:before": ttl,
+            "model-workload": NO_TOKEN,
+        },
+    )

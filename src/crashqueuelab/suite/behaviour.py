@@ -131,7 +131,8 @@ def a_failure_waits_its_delay_then_the_dead_letter_takes_it(harness: Harness) ->
 def a_reopened_store_keeps_every_job_and_lease(harness: Harness) -> None:
     for key in ("a", "b", "c"):
         harness.submit(key)
-    done, held = harness.claim(), harness.claim()
+    done = harness.claim()
+    held = harness.claim(holding=done)
     _answered(harness.client.succeed(done), Verdict.SUCCEEDED, f"job {done.key}'s acknowledgement")
     harness.reopen()
     _holds(harness, done.key, (JobStatus.SUCCEEDED, 1), "acknowledged, once the store reopened")

@@ -49,9 +49,12 @@ class Harness:
             JobSpec(key=key, job_type="t", payload={"k": key}, max_attempts=max_attempts)
         )
 
-    def claim(self, worker: str = "w1") -> Claim:
+    def claim(self, worker: str = "w1", *, holding: Claim | None = None) -> Claim:
+        """``worker``'s claim, which must find a job; ``holding``: the lease it holds
+        meanwhile, named in the failure (a queue may offer nothing more to a busy worker)."""
         claim = self.client.claim(worker, LEASE_US)
-        assert claim is not None, f"{worker} found nothing to claim"
+        busy = "" if holding is None else f" while it holds job {holding.key}"
+        assert claim is not None, f"{worker} found nothing to claim{busy}"
         return claim
 
     def expire(self) -> None:

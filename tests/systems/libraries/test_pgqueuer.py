@@ -13,9 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from crashqueuelab.core.clock import ManualClock
+from crashqueuelab.core.ids import SeededIds
+from crashqueuelab.core.retry import RetryPolicy
 from crashqueuelab.judges.readers.pgqueuer import read_pgqueuer_store
 from crashqueuelab.lab.campaign.run import run_campaign
-from crashqueuelab.systems import resolve_system
+from crashqueuelab.systems import JobSpec, JobStatus, OpenRequest, Verdict, resolve_system
+from crashqueuelab.systems.libraries.pgqueuer.client import PgQueuerClient
 from tests.conftest import RunCli
 
 
@@ -34,14 +38,15 @@ def test_every_crash_point_passes_and_what_fails_is_what_pgqueuer_documents(
     assert (summary["passed"], summary["failed"]) == (10, 0)
     verdicts = {probe["name"]: probe for probe in report["probes"]}
     assert verdicts["idempotent_submit"]["ok"] is True
-    # No token: the stale holder's acknowledgement is taken; no attempt count in the store.
+    # No token: the stale holder's acknowledgement is taken; the heartbeat timeout's
+    # hand-outs are not counted as attempts.
     assert "was accepted" in verdicts["stale_holder_after_expiry"]["detail"]
     assert verdicts["expired_attempts_run_out"]["ok"] is False
     promises = report["promises"]
     assert promises["broken_promises"] == []
     assert {entry["what"].split(":")[0] for entry in promises["weaker_as_documented"]} == {
         "no token",
-        "retries happen inside the worker process (RetryWithBackoffEntrypointExecutor)",
+        "attempts counts the retries a handler asks for (retry_job)",
     }
 
 
@@ -65,11 +70,91 @@ def test_the_reader_finds_each_job_where_pgqueuer_left_it(
     ]
     assert recovered.problems == []
     # The effect job was picked twice (by the dead worker, then by the retry timer's
-    # hand-out); the flaky job once, its second attempt run in the same worker's process.
+    # hand-out); the flaky job twice too (its failed first attempt queued again by
+    # retry_job).
     assert sorted(recovered.jobs.items()) == [
         ("01-dequeue-after/effect", ("successful", 2)),
-        ("01-dequeue-after/flaky", ("successful", 1)),
+        ("01-dequeue-after/flaky", ("successful", 2)),
     ]
+
+
+def test_a_failed_attempt_is_queued_again_in_the_store_by_pgqueuer_s_own_retry(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    # pgqueuer 1.x retries in the database (Queries.retry_job, what its
+    # DatabaseRetryEntrypointExecutor calls): the job is queued again for any worker, and
+    # its attempts counted in the store.
+    store = tmp_path / "store"
+    request = OpenRequest(store, ManualClock(10**9), SeededIds(1, "t"), RetryPolicy())
+    client = resolve_system("pgqueuer").open(request)
+    try:
+        client.submit(JobSpec("a", "t", {}, max_attempts=3))
+        first = client.claim("w1", 5_000_000)
+        assert first is not None
+        assert client.fail(first, "boom") is Verdict.RETRY
+        view = client.job("a")
+        assert view is not None
+        assert (view.status, view.attempts, view.native_state) == (JobStatus.PENDING, 1, "queued")
+        assert read_pgqueuer_store(store).jobs == {"a": ("queued", 1)}
+        second = client.claim("w2", 5_000_000)
+        assert second is not None
+        assert (second.key, second.attempt, second.worker_id) == ("a", 2, "w2")
+        assert client.fail(second, "boom") is Verdict.RETRY
+        last = client.claim("w1", 5_000_000)
+        assert last is not None
+        assert last.attempt == 3
+        assert client.fail(last, "boom") is Verdict.DEAD
+        view = client.job("a")
+        assert view is not None
+        assert (view.status, view.attempts) == (JobStatus.DEAD, 3)
+        assert client.claim("w2", 5_000_000) is None
+    finally:
+        client.close()
+    reading = read_pgqueuer_store(store)
+    assert (reading.jobs, reading.problems) == ({"a": ("exception", 3)}, [])
+
+
+def test_before_1_0_a_failed_attempt_stays_picked_and_its_worker_runs_it_again(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    request = OpenRequest(tmp_path / "store", ManualClock(10**9), SeededIds(1, "t"), RetryPolicy())
+    client = resolve_system("pgqueuer").open(request)
+    assert isinstance(client, PgQueuerClient)
+    client.retries_in_store = False  # a release without retry_job retries in the process
+    try:
+        client.submit(JobSpec("a", "t", {}, max_attempts=2))
+        first = client.claim("w1", 5_000_000)
+        assert first is not None
+        assert client.fail(first, "boom") is Verdict.RETRY
+        view = client.job("a")
+        assert view is not None
+        assert (view.status, view.attempts) == (JobStatus.LEASED, 1)
+        again = client.claim("w1", 5_000_000)
+        assert again is not None
+        assert (again.key, again.attempt) == ("a", 2)
+        assert client.fail(again, "boom") is Verdict.DEAD
+    finally:
+        client.close()
+
+
+def test_what_pgqueuer_documents_follows_where_the_release_retries() -> None:
+    from crashqueuelab.lab.runs.promises import explained_by
+    from crashqueuelab.systems.libraries.pgqueuer.promises import documented_for
+
+    rule = "contract a_failure_waits_its_delay_then_the_dead_letter_takes_it: "
+    still_picked = (
+        f"{rule}job a after its first attempt failed: the system reports leased after 1"
+        " attempts, not pending after 1 attempts"
+    )
+    at_once = f"{rule}w1 claimed job a as attempt 2; nothing may be claimable: the retry's delay"
+    at_once += " has not passed"
+    in_process, in_store = documented_for(retries_in_store=False), documented_for(True)
+    # Before 1.0 the failed job stays picked, as pgqueuer retried it in the worker; from 1.0
+    # that would be a broken promise, and the retry claimable at once is what it documents.
+    assert explained_by(in_process, still_picked, "process") is not None
+    assert explained_by(in_store, still_picked, "process") is None
+    (delay,) = [w for w in in_store if w.what.startswith("a retry's delay runs")]
+    assert explained_by(in_store, at_once, "process") == in_store.index(delay)
 
 
 @pytest.mark.releases

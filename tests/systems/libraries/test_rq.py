@@ -21,7 +21,14 @@ from crashqueuelab.judges.readers.rq import QUEUE_FILE, attempts_made, read_rq_s
 from crashqueuelab.judges.resp import RespConnection, RespError, text
 from crashqueuelab.lab.campaign.run import run_campaign
 from crashqueuelab.servers.redis import SOCKET_VARIABLE, ThrowawayRedis, find_redis_server
-from crashqueuelab.systems import JobSpec, OpenRequest, QueueClient, Verdict, resolve_system
+from crashqueuelab.systems import (
+    JobSpec,
+    JobStatus,
+    OpenRequest,
+    QueueClient,
+    Verdict,
+    resolve_system,
+)
 from tests.conftest import RunCli
 
 
@@ -159,6 +166,32 @@ def test_the_adapter_drives_rq_and_the_reader_finds_each_job_where_rq_left_it(
     reading = read_rq_store(store)
     assert reading.problems == ()
     assert reading.jobs == {"k/effect": ("finished", 1), "k/flaky": ("failed", 2)}
+
+
+def test_a_second_report_of_one_claim_is_stale_once_rq_recorded_the_first(
+    tmp_path: Path, redis_socket: str
+) -> None:
+    client = open_rq(tmp_path / "store")
+    try:
+        client.submit(JobSpec("a", "t", {}, max_attempts=2))
+        claim = client.claim("w1", 5_000_000)
+        assert claim is not None
+        assert client.fail(claim, "boom") is Verdict.RETRY
+        # RQ's worker code has recorded the failure and enqueued the retry: nothing of a
+        # second report of the same claim reaches RQ, so it is no acknowledgement.
+        assert client.succeed(claim) is Verdict.STALE
+        assert client.fail(claim, "again") is Verdict.STALE
+        view = client.job("a")
+        assert view is not None
+        assert (view.status, view.attempts) == (JobStatus.PENDING, 1)
+        retry = client.claim("w2", 5_000_000)
+        assert retry is not None
+        assert retry.attempt == 2
+        assert client.succeed(retry) is Verdict.SUCCEEDED
+        assert client.succeed(retry) is Verdict.STALE
+    finally:
+        client.close()
+    assert read_rq_store(tmp_path / "store").jobs == {"a": ("finished", 2)}
 
 
 def test_the_reader_reports_what_the_lab_did_not_write_and_leaves_it_alone(

@@ -5,8 +5,10 @@ The adapter drives pgqueuer's ``Queries`` (its documented persistence API, the o
 timer (the heartbeat timeout of 1.x) of ``RETRY_TIMER``: ``enqueue`` with the job's key as
 its ``dedupe_key``, ``dequeue`` under one queue manager id per worker and client (a
 restarted worker is a new queue manager, as in pgqueuer), ``update_heartbeat`` and
-``log_jobs``. Each store is a schema of its own (``search_path``), where ``install`` puts
-pgqueuer's tables.
+``log_jobs``. A failed attempt with attempts left is retried as the release retries: from
+1.0 in the database (``retry_job``, what ``DatabaseRetryEntrypointExecutor`` calls), before
+1.0 in the worker's process (``RetryWithBackoffEntrypointExecutor``). Each store is a schema
+of its own (``search_path``), where ``install`` puts pgqueuer's tables.
 
 The job ids the adapter was given are kept in ``keys.jsonl`` beside the store descriptor
 (synced), as a producer keeps the ids it enqueued: pgqueuer's log holds no key.
@@ -107,7 +109,9 @@ class PgQueuerClient(LibraryClient):
             {"heartbeat_timeout": RETRY_TIMER} if "heartbeat_timeout" in dequeue else {}
         )
         self.managers: dict[str, uuid.UUID] = {}
-        #: Each worker's failed job, to run again at its next claim.
+        #: Whether the release retries in the database (1.0 on) or in the worker's process.
+        self.retries_in_store = hasattr(self.queries, "retry_job")
+        #: Each worker's failed job, to run again at its next claim (retries in the process).
         self.retrying: dict[str, Claim] = {}
         #: Jobs a dequeue handed a worker beyond the one its claim returned.
         self.backlog: dict[str, list[Any]] = {}
@@ -233,15 +237,20 @@ class PgQueuerClient(LibraryClient):
         return Verdict.SUCCEEDED
 
     def fail(self, claim: Claim, error: str) -> Verdict:
-        _, max_attempts = _held(claim)
-        if claim.attempt < max_attempts:
-            # pgqueuer retries in the worker's process (RetryWithBackoffEntrypointExecutor):
-            # the job stays picked, and this worker's next claim runs it again. Should the
-            # worker die first, the retry timer hands it to another.
-            self.retrying[claim.worker_id] = claim
+        job, max_attempts = _held(claim)
+        if claim.attempt >= max_attempts:
+            self._log_job(claim, "exception")
+            return Verdict.DEAD
+        if self.retries_in_store:
+            # Queued again for any worker, its attempts counted. The delay would run on the
+            # server's clock (execute_after), which the lab's clock does not move: none.
+            retry = partial(self.queries.retry_job, job, timedelta(0), None)
+            around(self.hook, "retry_job", lambda: self._run(retry()))
             return Verdict.RETRY
-        self._log_job(claim, "exception")
-        return Verdict.DEAD
+        # Before 1.0 the job stays picked and this worker's next claim runs it again. Should
+        # the worker die first, the retry timer hands it to another.
+        self.retrying[claim.worker_id] = claim
+        return Verdict.RETRY
 
     def recover(self) -> int:
         # The retry timer runs on the server's clock: a stale pick is offered again only
@@ -257,6 +266,11 @@ class PgQueuerClient(LibraryClient):
         if not statuses:
             return None
         state = _state(statuses)
+        if state == "picked" and self.retries_in_store:
+            # A retry queues a picked job again: where it stands is its latest log row, as
+            # pgqueuer's own job_status reads it.
+            [(_, latest)] = self._run(self.queries.job_status([int(job_id)]))
+            state = str(latest)
         return JobView(key, STATUS[state], statuses.count("picked"), state)
 
     def active_count(self) -> int:

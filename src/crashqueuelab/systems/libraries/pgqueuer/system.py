@@ -7,7 +7,7 @@ from crashqueuelab.systems.contract import System
 from crashqueuelab.systems.libraries.pgqueuer import LIBRARY
 from crashqueuelab.systems.libraries.pgqueuer.client import RETRY_TIMER, STATUS, PgQueuerClient
 from crashqueuelab.systems.libraries.pgqueuer.points import CRASH_POINTS
-from crashqueuelab.systems.libraries.pgqueuer.promises import DOCUMENTED
+from crashqueuelab.systems.libraries.pgqueuer.promises import documented_for
 from crashqueuelab.systems.libraries.pgqueuer.worker import LIBRARY_WORKER
 from crashqueuelab.systems.libraries.skeleton import library_reader
 
@@ -24,7 +24,7 @@ def pgqueuer_system() -> System:
     # threads importing pgqueuer at once meet its modules half initialised.
     import pgqueuer.db
     import pgqueuer.errors
-    import pgqueuer.queries  # noqa: F401
+    import pgqueuer.queries
 
     return LIBRARY.system(
         "pgqueuer",
@@ -33,7 +33,7 @@ def pgqueuer_system() -> System:
         open=PgQueuerClient,
         reader=read_store,
         crash_points=CRASH_POINTS,
-        documented=DOCUMENTED,
+        documented=documented_for(hasattr(pgqueuer.queries.Queries, "retry_job")),
         library_worker=LIBRARY_WORKER,
     )
 

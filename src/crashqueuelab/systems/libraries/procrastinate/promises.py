@@ -2,7 +2,8 @@
 
 What procrastinate does not have, the adapter does not pretend (``documented``): no
 token, so a stale holder's completion is accepted while the job is ``todo`` or ``doing``;
-the stalled timeout runs on the server's clock, whatever lease the lab gave.
+the stalled timeout runs on the server's clock, whatever lease the lab gave, and so would a
+retry's wait, so the adapter's retry strategy sets none.
 """
 
 from __future__ import annotations
@@ -25,14 +26,25 @@ _NO_TOKEN = Documented(
         "model workload: *was accepted (at *",
         "model workload: job *: an acknowledgement was accepted, but the store shows it *",
         "job *: *, stopped past its lease, had its late acknowledgement accepted",
+        # The contract's rules (the pytest plugin): a job still doing is finished by
+        # whoever names it.
+        "contract an_acknowledgement_at_the_deadline_is_refused: an acknowledgement exactly at"
+        " the lease's deadline answered succeeded*",
     ),
 )
 _SERVER_CLOCK = Documented(
     "stalled jobs are found by their worker's heartbeat on the server's clock"
     f" ({STALLED_S:g} s here): a job is handed out again when its worker has sent none for"
-    " that long, whatever lease the holder was given",
+    " that long, whatever lease the holder was given; a heartbeat (update_heartbeat) names"
+    " a worker, not a job, and answers nothing",
     _STALLED_DOCS,
     explains=(
+        # The contract's rules (the pytest plugin): the live worker's heartbeats keep its
+        # job, whatever the lab's clock says of its lease, and say nothing of the job.
+        "contract an_expired_holder_is_refused_and_the_job_goes_to_another: w2 found nothing"
+        " to claim",
+        "contract a_heartbeat_extends_a_live_lease_only: a heartbeat of an acknowledged lease"
+        " answered True*",
         "model workload: job *: claimed by * while *'s lease * was live until *",
         "model workload: job *: claimed by * after an accepted acknowledgement (at *",
         "probe heartbeat_survives_restart: *",
@@ -61,5 +73,16 @@ _STALLED_RETRY_UNCOUNTED = Documented(
     ),
 )
 
+_RETRY_AT_ONCE = Documented(
+    "a retry waits only with a RetryStrategy wait (linear_wait, exponential_wait), a time on"
+    " the server's clock (the job's scheduled_at), which the lab's clock does not move: the"
+    " adapter's strategy sets none, and procrastinate then retries the job immediately",
+    _DOCS + "howto/advanced/retry.html",
+    explains=(
+        "contract a_failure_waits_its_delay_then_the_dead_letter_takes_it: * claimed job * as"
+        " attempt 2; nothing may be claimable: the retry's delay has not passed",
+    ),
+)
+
 #: What the procrastinate system documents.
-DOCUMENTED = (_NO_TOKEN, _SERVER_CLOCK, _STALLED_RETRY_UNCOUNTED)
+DOCUMENTED = (_NO_TOKEN, _SERVER_CLOCK, _STALLED_RETRY_UNCOUNTED, _RETRY_AT_ONCE)

@@ -271,20 +271,26 @@ class RqClient(LibraryClient):
     def heartbeat(self, claim: Claim, lease_us: int) -> bool:
         raise OperationUnsupported("rq", "heartbeat")
 
-    def _finish(self, claim: Claim, failure: str | None, point: str) -> None:
+    def _finish(self, claim: Claim, failure: str | None, point: str) -> bool:
+        """Hand the claim's outcome to RQ's worker code; False when its execution has ended
+        already (a first report, or RQ's own death penalty): RQ recorded that outcome, and
+        nothing of this report reaches it."""
         execution: _Execution = claim.handle  # type: ignore[assignment]
+        if execution.decided.is_set() or not execution.is_alive():
+            return False
         around(self.hook, point, partial(execution.finish, failure))
         if self.executions.get(claim.key) is execution:
             del self.executions[claim.key]
+        return True
 
     def succeed(self, claim: Claim) -> Verdict:
-        self._finish(claim, None, "finish")
-        return Verdict.SUCCEEDED
+        return Verdict.SUCCEEDED if self._finish(claim, None, "finish") else Verdict.STALE
 
     def fail(self, claim: Claim, error: str) -> Verdict:
         execution: _Execution = claim.handle  # type: ignore[assignment]
         retries_left = execution.job.retries_left or 0
-        self._finish(claim, error, "fail")
+        if not self._finish(claim, error, "fail"):
+            return Verdict.STALE
         return Verdict.RETRY if retries_left > 0 else Verdict.DEAD
 
     def _rq_now(self) -> float:

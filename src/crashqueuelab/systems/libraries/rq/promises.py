@@ -3,7 +3,9 @@
 What RQ does not have, the adapter does not pretend (``documented``): no token, so a late
 completion is accepted; a job whose worker died is handed back only once its heartbeat TTL
 (job timeout + 60 s) has passed, or, when it died between taking the job and starting it,
-once the worker's maintenance has seen it twice a minute apart on the wall clock.
+once the worker's maintenance has seen it twice a minute apart on the wall clock; a retry's
+interval would be a time on the wall clock too, so the adapter sets none and RQ requeues a
+failed job at once.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ _NO_TOKEN = Documented(
         # A stale holder's failure report, accepted after another holder's acknowledgement.
         "model workload: job *: an acknowledgement was accepted, but the store shows it dead",
         "job *: *, stopped past its lease, had its late acknowledgement accepted",
+        # The contract's rules (the pytest plugin): the running job takes the first report.
+        "contract an_acknowledgement_at_the_deadline_is_refused: an acknowledgement exactly at"
+        " the lease's deadline answered succeeded*",
     ),
 )
 _ABANDONED_AFTER_TTL = Documented(
@@ -50,6 +55,20 @@ _ABANDONED_AFTER_TTL = Documented(
         "the work stalled: no job was acknowledged for * after every fault was delivered*",
         # The same, when the held jobs' acknowledgements had been sent before the kill.
         "every other job was acknowledged, but the work did not end within * after: *",
+        # The contract's rules (the pytest plugin): the lab's clock passed the lease, the
+        # wall clock not the TTL, and the first holder's job is still started.
+        "contract an_expired_holder_is_refused_and_the_job_goes_to_another: w2 found nothing"
+        " to claim",
+    ),
+)
+_RETRY_AT_ONCE = Documented(
+    "Retry(max=...) without an interval requeues a failed job immediately; an interval is a"
+    " time on the wall clock of the worker that failed it, for a scheduler to enqueue, which"
+    " the lab's clock does not move: the adapter sets none",
+    _DOCS + "exceptions/#retrying-failed-jobs",
+    explains=(
+        "contract a_failure_waits_its_delay_then_the_dead_letter_takes_it: * claimed job * as"
+        " attempt 2; nothing may be claimable: the retry's delay has not passed",
     ),
 )
 
@@ -73,7 +92,7 @@ _PERSISTENCE_LOSSES = {
 
 def documented_for(persistence: str) -> tuple[Documented, ...]:
     """What an RQ system documents, on a server with that persistence."""
-    documented = [_NO_TOKEN, _ABANDONED_AFTER_TTL]
+    documented = [_NO_TOKEN, _ABANDONED_AFTER_TTL, _RETRY_AT_ONCE]
     if persistence in _PERSISTENCE_LOSSES:
         what, on_restart = _PERSISTENCE_LOSSES[persistence]
         documented.append(
