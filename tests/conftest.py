@@ -29,6 +29,10 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 EXAMPLES = ROOT / "examples"
 
+#: The shrinking budget of the tests that shrink: a cap a quiet machine never reaches, so
+#: that a loaded one does not cut a shrink short (how small a reproducer gets is the check;
+#: how fast is a benchmark's question, never a test's).
+SHRINK_BUDGET_S = 900.0
 #: The README's showcase seed: the suite's own showcase runs with it, so the README's
 #: figures are checked against a fresh run (tests/test_docs.py).
 SHOWCASE_SEED = 20260827

@@ -21,7 +21,7 @@ from crashqueuelab.lab.faults.kinds import FaultKind
 from crashqueuelab.systems import OpenRequest, QueueClient, System, resolve_system
 from crashqueuelab.systems.contract import Claim, Verdict
 from crashqueuelab.systems.sqlite import SqliteClient, sqlite_system
-from tests.conftest import RunCli
+from tests.conftest import SHRINK_BUDGET_S, RunCli
 
 
 def test_the_seed_fixes_the_schedule() -> None:
@@ -517,7 +517,7 @@ def test_a_failing_chaos_run_is_shrunk_to_a_schedule_rerun_k_of_n_times(
     )  # fmt: skip
     assert not report["ok"]
     assert len(report["schedule"]) == 6
-    outcome = run_cli("shrink", str(directory), "--shrink-seconds", "60")
+    outcome = run_cli("shrink", str(directory), "--shrink-seconds", str(SHRINK_BUDGET_S))
     assert outcome.code == cli.EXIT_REJECTED, outcome.result
     record = json.loads((directory / "chaos.json").read_text())["shrink"]["reproducers"][0]
     assert record["recorded"]["reruns"] >= 1

@@ -18,7 +18,7 @@ import pytest
 from crashqueuelab import cli
 from crashqueuelab.lab.mutants.catalog import MUTANTS
 from crashqueuelab.lab.pages.render import REPORT_FILE, write_report
-from tests.conftest import EXAMPLES, RunCli, invoke_cli
+from tests.conftest import EXAMPLES, SHRINK_BUDGET_S, RunCli, invoke_cli
 from tests.lab.pages.browser import layout
 
 MARKUP = "<script>alert('owned')</script>"
@@ -275,7 +275,7 @@ def readable(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "campaign": ("campaign", "--system", "walqueue"),
         "sqlite-campaign": ("campaign", "--system", "sqlite"),
         "failing-campaign": ("campaign", "--system", "broken_adapters:stale_ack_system",
-                             "--seed", "7", "--shrink-seconds", "10"),
+                             "--seed", "7", "--shrink-seconds", str(SHRINK_BUDGET_S)),
         "demo": ("demo",),
         "mutants": ("mutants", "--mutant", "no_fencing", "--mutant", "torn_tail_is_corruption",
                     "--named-evidence", "--seeds", "1", "--shrink-seconds", "0"),

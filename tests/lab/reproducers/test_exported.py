@@ -21,12 +21,12 @@ import pytest
 
 from crashqueuelab.lab.campaign.run import run_campaign
 from crashqueuelab.lab.reproducers import export
-from crashqueuelab.lab.reproducers.campaign import SHRINK_SECONDS, shrink_if_failed
+from crashqueuelab.lab.reproducers.campaign import shrink_if_failed
 from crashqueuelab.lab.reproducers.export import SYSTEM_VARIABLE
 from crashqueuelab.lab.runs.servers import SERVER_VARIABLES
 from crashqueuelab.lab.versions.environments import PINNED_VARIABLE, lab_requirements
 from crashqueuelab.regression import DocumentedWeakness, Outcome, run_probe
-from tests.conftest import EXAMPLES, RunCli
+from tests.conftest import EXAMPLES, SHRINK_BUDGET_S, RunCli
 from tests.lab.reproducers.documented import WEAKNESS
 
 BROKEN = "broken_adapters:stale_ack_system"
@@ -64,7 +64,7 @@ def unfenced(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, 
     with pytest.MonkeyPatch.context() as patch:
         patch.syspath_prepend(str(EXAMPLES))
         report = run_campaign(target, seed=3, system=BROKEN, probes=["stale_holder_after_expiry"])
-        shrink_if_failed(target, report, SHRINK_SECONDS, correct_system=CORRECT)
+        shrink_if_failed(target, report, SHRINK_BUDGET_S, correct_system=CORRECT)
     return target, report
 
 
@@ -117,7 +117,7 @@ def documented(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str
     assert [line.split(":")[0] for line in report["promises"]["broken_promises"]] == [
         "probe worker_id_reused_after_restart"
     ]
-    shrink_if_failed(target, report, SHRINK_SECONDS)
+    shrink_if_failed(target, report, SHRINK_BUDGET_S)
     return target, report
 
 

@@ -19,7 +19,6 @@ from crashqueuelab.lab.pages.chains import observation_chain, seconds_from
 from crashqueuelab.lab.reproducers import export
 from crashqueuelab.lab.reproducers.campaign import (
     REPRODUCER_DIRECTORY,
-    SHRINK_SECONDS,
     anomaly_kind,
     shrink_if_failed,
 )
@@ -28,7 +27,7 @@ from crashqueuelab.lab.workloads.choices import ChoiceTape
 from crashqueuelab.lab.workloads.model import SCHEDULE_FILE, run_model_workload
 from crashqueuelab.regression import Outcome, replay_model_workload, run_crash_point, run_probe
 from crashqueuelab.systems.registry import resolve_system
-from tests.conftest import EXAMPLES, RunCli
+from tests.conftest import EXAMPLES, SHRINK_BUDGET_S, RunCli
 
 BROKEN = "broken_adapters:stale_ack_system"
 CORRECT = "tiny_adapter:tiny_system"
@@ -125,7 +124,7 @@ def shrunk(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, An
     with pytest.MonkeyPatch.context() as patch:
         patch.syspath_prepend(str(EXAMPLES))
         report = run_campaign(target, seed=3, system=BROKEN)
-        shrink_if_failed(target, report, SHRINK_SECONDS, correct_system=CORRECT)
+        shrink_if_failed(target, report, SHRINK_BUDGET_S, correct_system=CORRECT)
     return target, report
 
 
@@ -203,7 +202,7 @@ def test_a_retained_campaign_is_shrunk_by_the_shrink_command_once(
     assert outcome.code == 1
     assert outcome.result["reproducers"] == []
     assert not (target / REPRODUCER_DIRECTORY).exists()
-    outcome = run_cli("shrink", str(target), "--shrink-seconds", "30")
+    outcome = run_cli("shrink", str(target), "--shrink-seconds", str(SHRINK_BUDGET_S))
     assert outcome.code == 1, outcome.result
     assert outcome.result["reproducers"]
     assert all("fails as exported" in line for line in outcome.result["reproducers"])
