@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
+import pytest
+
+from crashqueuelab.core.errors import InvalidInput
+from crashqueuelab.judges.findings import Anomaly, Kind
+from crashqueuelab.judges.observations import judge_observations
 from crashqueuelab.lab.runs.promises import classify
 from crashqueuelab.systems import resolve_system
 from crashqueuelab.systems.contract import Documented
@@ -44,3 +51,71 @@ def test_a_weakness_against_a_fault_explains_the_lines_of_runs_that_delivered_it
     assert restarted["broken_promises"] == []
     # The first weakness that explains a line takes it.
     assert [entry["lines"] for entry in restarted["weaker_as_documented"]] == [1, 1]
+
+
+def _beyond_the_limit_after(directory: Path, ending: dict[str, object]) -> list[Anomaly]:
+    """The model workload's findings when a job of one attempt is handed out again after
+    its first attempt ended as ``ending`` says (nothing: its lease expired)."""
+    lines = [
+        {"op": "submit", "t": 0, "key": "k", "job_id": "j1", "max_attempts": 1},
+        {"op": "claim", "t": 1, "key": "k", "worker": "a", "token": "t1", "attempt": 1,
+         "deadline": 10, "batch": False},
+        *([{"t": 5, "key": "k", "worker": "a", "token": "t1", **ending}] if ending else []),
+        {"op": "claim", "t": 20, "key": "k", "worker": "b", "token": "t2", "attempt": 2,
+         "deadline": 30, "batch": False},
+    ]  # fmt: skip
+    directory.mkdir()
+    log = directory / "observations.jsonl"
+    log.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    verdict = judge_observations(log, {"k": "leased"})
+    return [finding.within("model workload: ") for finding in verdict.findings]
+
+
+def test_a_hand_out_beyond_the_limit_is_documented_only_after_the_cause_the_library_names(
+    tmp_path: Path,
+) -> None:
+    # The issue's case: "handed out as attempt 2 of 1" is a harmless uncounted expiry on a
+    # library that documents expiries as uncounted, and a bug after a failure on any.
+    [expired] = _beyond_the_limit_after(tmp_path / "expired", {})
+    [failed] = _beyond_the_limit_after(tmp_path / "failed", {"op": "fail", "verdict": "retry"})
+    line = "model workload: job k: handed out as attempt 2 of 1 (at 0.00002 s)"
+    assert expired.text == failed.text == line  # the same words on the page
+    assert (expired.kind, expired.attempt, expired.limit) == (Kind.ATTEMPT_BEYOND_LIMIT, 2, 1)
+    assert expired.facts["previous_attempt"] == "expired"
+    assert failed.facts["previous_attempt"] == "failed"
+    uncounted = Documented(
+        "a job the heartbeat timeout hands out again is not counted",
+        "https://example.org/retries",
+        when={Kind.ATTEMPT_BEYOND_LIMIT: {"previous_attempt": "expired"}},
+    )
+    system = replace(resolve_system("sqlite"), documented=(uncounted,))
+    assert classify(system, "process", [expired])["keeps_its_promises"] is True
+    assert classify(system, "process", [failed])["broken_promises"] == [line]
+    # A run kept before findings existed is judged by its line, as it was.
+    as_a_pattern = replace(uncounted, when={}, explains=("model workload: job *: handed out *",))
+    patterned = replace(system, documented=(as_a_pattern,))
+    assert classify(patterned, "process", [line])["keeps_its_promises"] is True
+
+
+def test_a_broad_pattern_cannot_hide_a_finding_of_a_kind_its_weakness_does_not_name(
+    tmp_path: Path,
+) -> None:
+    [expired] = _beyond_the_limit_after(tmp_path / "expired", {})
+    no_token = Documented(
+        "no token: a late acknowledgement is taken",
+        "https://example.org/tokens",
+        kinds=("late_acknowledgement_accepted",),
+        explains=("model workload: *",),  # an author's first, too broad, pattern
+    )
+    system = replace(resolve_system("sqlite"), documented=(no_token,))
+    assert classify(system, "process", [expired])["broken_promises"] == [expired.text]
+    # The same pattern still explains a line that has no finding (its fallback).
+    assert classify(system, "process", [expired.text])["keeps_its_promises"] is True
+    # A weakness that names no kind is matched by its patterns, as every weakness was.
+    patterns_only = replace(system, documented=(replace(no_token, kinds=()),))
+    assert classify(patterns_only, "process", [expired])["keeps_its_promises"] is True
+
+
+def test_a_weakness_naming_a_kind_that_does_not_exist_is_refused_at_once() -> None:
+    with pytest.raises(InvalidInput, match="handed_out_twice: no such kind of finding"):
+        Documented("x", "https://example.org", kinds=("handed_out_twice",))
