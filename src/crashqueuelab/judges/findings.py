@@ -37,7 +37,7 @@ class Kind(StrEnum):
     LATE_FAILURE_REPORT_ACCEPTED = "late_failure_report_accepted"
     FAILURE_REPORT_AT_DEADLINE_ACCEPTED = "failure_report_at_deadline_accepted"
     DEAD_HEARTBEAT_ACCEPTED = "dead_heartbeat_accepted"
-    LIVE_REPORT_REFUSED = "live_report_refused"
+    LIVE_REPORT_ANSWERED_WRONG = "live_report_answered_wrong"
     LIVE_HEARTBEAT_REFUSED = "live_heartbeat_refused"
     KEY_GAVE_TWO_JOBS = "key_gave_two_jobs"
     CLAIM_NOT_OFFERED = "claim_not_offered"

@@ -109,8 +109,7 @@ def _restored(conditions: Any) -> Conditions | tuple[Conditions, ...]:
 
     def one(kept: Mapping[str, Any]) -> Conditions:
         return {
-            name: tuple(value) if isinstance(value, list) else value
-            for name, value in kept.items()
+            name: tuple(value) if isinstance(value, list) else value for name, value in kept.items()
         }
 
     if isinstance(conditions, list):
