@@ -30,14 +30,19 @@ from crashqueuelab.lab.heartbeats.judge import (
     KILLED,
     Death,
     Execution,
-    judge,
     read_ledger,
     with_deaths,
 )
+from crashqueuelab.lab.heartbeats.judge import judge as judge_findings
 from crashqueuelab.lab.runs.servers import SERVER_VARIABLES
 from crashqueuelab.systems import resolve_system
 from crashqueuelab.systems.contract import JobStatus, LibraryWorker, OpenRequest, System
 from tests.conftest import CliRun, RunCli
+
+
+def judge(*args: Any, **keywords: Any) -> list[str]:
+    """The judge's lines (its findings' words)."""
+    return [finding.text for finding in judge_findings(*args, **keywords)]
 
 
 def _refusing_loop(
