@@ -145,6 +145,12 @@ class _Replay:
                 expired_before=endings.count("expired"),
                 failed_before=endings.count("failed"),
                 succeeded_before=endings.count("succeeded"),
+                # Within the limit but for the attempts that expired without a report: what
+                # a library that counts only reported attempts does.
+                past_the_limit_by_expiries=(
+                    "expired" in endings
+                    and endings.count("failed") + endings.count("succeeded") < limit
+                ),
             )
         lease = _Lease(line["worker"], line["token"], line["deadline"], line["attempt"])
         self.leases[key] = lease

@@ -53,17 +53,22 @@ def test_a_weakness_against_a_fault_explains_the_lines_of_runs_that_delivered_it
     assert [entry["lines"] for entry in restarted["weaker_as_documented"]] == [1, 1]
 
 
-def _beyond_the_limit_after(directory: Path, ending: dict[str, object]) -> list[Anomaly]:
-    """The model workload's findings when a job of one attempt is handed out again after
-    its first attempt ended as ``ending`` says (nothing: its lease expired)."""
-    lines = [
-        {"op": "submit", "t": 0, "key": "k", "job_id": "j1", "max_attempts": 1},
-        {"op": "claim", "t": 1, "key": "k", "worker": "a", "token": "t1", "attempt": 1,
-         "deadline": 10, "batch": False},
-        *([{"t": 5, "key": "k", "worker": "a", "token": "t1", **ending}] if ending else []),
-        {"op": "claim", "t": 20, "key": "k", "worker": "b", "token": "t2", "attempt": 2,
-         "deadline": 30, "batch": False},
-    ]  # fmt: skip
+def _beyond_the_limit_after(directory: Path, *endings: str | None) -> list[Anomaly]:
+    """The model workload's findings when a job is handed out once more than it has attempts
+    (one per ending), after earlier attempts ended as ``endings`` say: ``"retry"`` (a failure
+    answered retry), or None (nothing: the lease expired)."""
+    limit = len(endings)
+    lines: list[dict[str, object]] = [
+        {"op": "submit", "t": 0, "key": "k", "job_id": "j1", "max_attempts": limit}
+    ]
+    for attempt, ending in enumerate([*endings, None], 1):
+        t = attempt * 100
+        lines.append({"op": "claim", "t": t, "key": "k", "worker": f"w{attempt}",
+                      "token": f"t{attempt}", "attempt": attempt, "deadline": t + 10,
+                      "batch": False})  # fmt: skip
+        if ending is not None:
+            lines.append({"op": "fail", "t": t + 5, "key": "k", "worker": f"w{attempt}",
+                          "token": f"t{attempt}", "verdict": ending})  # fmt: skip
     directory.mkdir()
     log = directory / "observations.jsonl"
     log.write_text("".join(json.dumps(line) + "\n" for line in lines))
@@ -71,28 +76,51 @@ def _beyond_the_limit_after(directory: Path, ending: dict[str, object]) -> list[
     return [finding.within("model workload: ") for finding in verdict.findings]
 
 
+#: What pgqueuer 1.x documents: its attempts count the retries a handler asks for, never a
+#: hand-out after its heartbeat timeout.
+UNCOUNTED = Documented(
+    "a job the heartbeat timeout hands out again is not counted",
+    "https://example.org/retries",
+    when={Kind.ATTEMPT_BEYOND_LIMIT: {"past_the_limit_by_expiries": True}},
+)
+
+
 def test_a_hand_out_beyond_the_limit_is_documented_only_after_the_cause_the_library_names(
     tmp_path: Path,
 ) -> None:
     # The issue's case: "handed out as attempt 2 of 1" is a harmless uncounted expiry on a
     # library that documents expiries as uncounted, and a bug after a failure on any.
-    [expired] = _beyond_the_limit_after(tmp_path / "expired", {})
-    [failed] = _beyond_the_limit_after(tmp_path / "failed", {"op": "fail", "verdict": "retry"})
-    line = "model workload: job k: handed out as attempt 2 of 1 (at 0.00002 s)"
+    [expired] = _beyond_the_limit_after(tmp_path / "expired", None)
+    [failed] = _beyond_the_limit_after(tmp_path / "failed", "retry")
+    line = "model workload: job k: handed out as attempt 2 of 1 (at 0.0002 s)"
     assert expired.text == failed.text == line  # the same words on the page
-    assert (expired.kind, expired.attempt, expired.limit) == (Kind.ATTEMPT_BEYOND_LIMIT, 2, 1)
-    assert expired.facts["previous_attempt"] == "expired"
-    assert failed.facts["previous_attempt"] == "failed"
-    uncounted = Documented(
-        "a job the heartbeat timeout hands out again is not counted",
-        "https://example.org/retries",
-        when={Kind.ATTEMPT_BEYOND_LIMIT: {"previous_attempt": "expired"}},
+    assert (expired.kind, expired.job, expired.attempt, expired.limit) == (
+        Kind.ATTEMPT_BEYOND_LIMIT,
+        "k",
+        2,
+        1,
     )
-    system = replace(resolve_system("sqlite"), documented=(uncounted,))
+    assert (expired.facts["previous_attempt"], failed.facts["previous_attempt"]) == (
+        "expired",
+        "failed",
+    )
+    system = replace(resolve_system("sqlite"), documented=(UNCOUNTED,))
     assert classify(system, "process", [expired])["keeps_its_promises"] is True
     assert classify(system, "process", [failed])["broken_promises"] == [line]
+    # An expiry, then a failure the library counted: one counted attempt of two, so the
+    # third hand-out is the uncounted expiry's, whatever the last attempt did.
+    [mixed] = _beyond_the_limit_after(tmp_path / "mixed", None, "retry")
+    assert (mixed.facts["previous_attempt"], mixed.facts["past_the_limit_by_expiries"]) == (
+        "failed",
+        True,
+    )
+    assert classify(system, "process", [mixed])["keeps_its_promises"] is True
+    # The library's own words as a condition on the last attempt's end, as data.
+    previous = replace(UNCOUNTED, when={"attempt_beyond_limit": {"previous_attempt": "expired"}})
+    by_the_last = replace(system, documented=(previous,))
+    assert classify(by_the_last, "process", [expired, failed])["broken_promises"] == [line]
     # A run kept before findings existed is judged by its line, as it was.
-    as_a_pattern = replace(uncounted, when={}, explains=("model workload: job *: handed out *",))
+    as_a_pattern = replace(UNCOUNTED, when={}, explains=("model workload: job *: handed out *",))
     patterned = replace(system, documented=(as_a_pattern,))
     assert classify(patterned, "process", [line])["keeps_its_promises"] is True
 
@@ -100,7 +128,7 @@ def test_a_hand_out_beyond_the_limit_is_documented_only_after_the_cause_the_libr
 def test_a_broad_pattern_cannot_hide_a_finding_of_a_kind_its_weakness_does_not_name(
     tmp_path: Path,
 ) -> None:
-    [expired] = _beyond_the_limit_after(tmp_path / "expired", {})
+    [expired] = _beyond_the_limit_after(tmp_path / "expired", None)
     no_token = Documented(
         "no token: a late acknowledgement is taken",
         "https://example.org/tokens",
