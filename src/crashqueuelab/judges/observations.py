@@ -93,7 +93,8 @@ class _Replay:
 
     def ending(self, lease: _Lease, t: int) -> str:
         """How ``lease`` ended, as its holder was told, by ``t``: ``succeeded``, ``failed``,
-        ``expired`` (its deadline passed with no report accepted), or ``live``."""
+        ``expired`` (its deadline passed with no report accepted), or ``live`` (no report,
+        and its deadline still ahead)."""
         if lease.outcome is not None:
             return lease.outcome
         return "expired" if lease.ended or t >= lease.deadline else "live"
@@ -145,11 +146,11 @@ class _Replay:
                 expired_before=endings.count("expired"),
                 failed_before=endings.count("failed"),
                 succeeded_before=endings.count("succeeded"),
-                # Within the limit but for the attempts that expired without a report: what
-                # a library that counts only reported attempts does.
-                past_the_limit_by_expiries=(
-                    "expired" in endings
-                    and endings.count("failed") + endings.count("succeeded") < limit
+                # Within the limit but for the attempts that ended with no report (expired,
+                # or handed out again while live): what a library that counts only the
+                # attempts its holders reported does.
+                past_the_limit_by_unreported_attempts=(
+                    endings.count("failed") + endings.count("succeeded") < limit
                 ),
             )
         lease = _Lease(line["worker"], line["token"], line["deadline"], line["attempt"])

@@ -81,7 +81,7 @@ def _beyond_the_limit_after(directory: Path, *endings: str | None) -> list[Anoma
 UNCOUNTED = Documented(
     "a job the heartbeat timeout hands out again is not counted",
     "https://example.org/retries",
-    when={Kind.ATTEMPT_BEYOND_LIMIT: {"past_the_limit_by_expiries": True}},
+    when={Kind.ATTEMPT_BEYOND_LIMIT: {"past_the_limit_by_unreported_attempts": True}},
 )
 
 
@@ -110,7 +110,10 @@ def test_a_hand_out_beyond_the_limit_is_documented_only_after_the_cause_the_libr
     # An expiry, then a failure the library counted: one counted attempt of two, so the
     # third hand-out is the uncounted expiry's, whatever the last attempt did.
     [mixed] = _beyond_the_limit_after(tmp_path / "mixed", None, "retry")
-    assert (mixed.facts["previous_attempt"], mixed.facts["past_the_limit_by_expiries"]) == (
+    assert (
+        mixed.facts["previous_attempt"],
+        mixed.facts["past_the_limit_by_unreported_attempts"],
+    ) == (
         "failed",
         True,
     )

@@ -16,6 +16,7 @@ import pytest
 from crashqueuelab.core.clock import ManualClock
 from crashqueuelab.core.ids import SeededIds
 from crashqueuelab.core.retry import RetryPolicy
+from crashqueuelab.judges.findings import Anomaly, Kind
 from crashqueuelab.judges.readers.pgqueuer import read_pgqueuer_store
 from crashqueuelab.lab.campaign.run import run_campaign
 from crashqueuelab.systems import JobSpec, JobStatus, OpenRequest, Verdict, resolve_system
@@ -141,13 +142,21 @@ def test_what_pgqueuer_documents_follows_where_the_release_retries() -> None:
     from crashqueuelab.lab.runs.promises import explained_by
     from crashqueuelab.systems.libraries.pgqueuer.promises import documented_for
 
-    rule = "contract a_failure_waits_its_delay_then_the_dead_letter_takes_it: "
-    still_picked = (
-        f"{rule}job a after its first attempt failed: the system reports leased after 1"
-        " attempts, not pending after 1 attempts"
+    rule = "a_failure_waits_its_delay_then_the_dead_letter_takes_it"
+
+    def failed(assertion: str) -> Anomaly:
+        """The plugin's finding of the rule's ``assertion``."""
+        text = f"contract {rule}: {assertion}"
+        facts = {"assertion": assertion}
+        return Anomaly(Kind.CONTRACT_RULE_FAILED, text, point=rule, facts=facts)
+
+    still_picked = failed(
+        "job a after its first attempt failed: the system reports leased after 1 attempts, not"
+        " pending after 1 attempts"
     )
-    at_once = f"{rule}w1 claimed job a as attempt 2; nothing may be claimable: the retry's delay"
-    at_once += " has not passed"
+    at_once = failed(
+        "w1 claimed job a as attempt 2; nothing may be claimable: the retry's delay has not passed"
+    )
     in_process, in_store = documented_for(retries_in_store=False), documented_for(True)
     # Before 1.0 the failed job stays picked, as pgqueuer retried it in the worker; from 1.0
     # that would be a broken promise, and the retry claimable at once is what it documents.
