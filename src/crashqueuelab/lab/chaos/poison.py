@@ -78,7 +78,12 @@ def judge_poison(jobs: list[PoisonJob], stored: Mapping[str, StoredJob]) -> list
 
 
 def _finding(job: PoisonJob, found: StoredJob | None, kind: Kind, text: str) -> Anomaly:
-    state = {} if found is None else {"state": found.native_state}
+    # Attempts left: the run ended before the job used them all (its turn never came).
+    state: dict[str, str | bool] = (
+        {}
+        if found is None
+        else {"state": found.native_state, "attempts_left": found.attempts < job.max_attempts}
+    )
     return Anomaly(
         kind,
         f"job {job.key} (poison): {text}",

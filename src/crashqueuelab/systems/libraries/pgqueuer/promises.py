@@ -135,8 +135,12 @@ _UNCOUNTED_HAND_OUTS = Documented(
     when={
         # Past the limit only by attempts no holder reported; one past it by failures is not.
         Kind.ATTEMPT_BEYOND_LIMIT: {"past_the_limit_by_unreported_attempts": True},
-        # Chaos: a job that kills its worker each time is handed out for ever.
-        Kind.UNFINISHED: {"poison": True, "behaviour": "die"},
+        # Chaos: a job that kills its worker each time is handed out for ever, and the
+        # poison jobs whose turn never came are left with attempts to spare.
+        Kind.UNFINISHED: (
+            {"poison": True, "behaviour": "die"},
+            {"poison": True, "attempts_left": True},
+        ),
     },
 )
 _RETRY_DELAY_ON_THE_SERVER = Documented(
