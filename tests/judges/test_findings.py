@@ -34,7 +34,8 @@ def test_a_finding_is_kept_as_json_and_read_back_the_same() -> None:
     assert Anomaly.from_json(kept) == BEYOND
     # Fields and facts by the names a condition uses.
     assert (BEYOND.value("attempt"), BEYOND.value("previous_attempt")) == (2, "expired")
-    assert BEYOND.value("point") is None and BEYOND.value("nothing") is None
+    assert BEYOND.value("point") is None
+    assert BEYOND.value("nothing") is None
 
 
 def test_a_line_names_where_it_was_found_and_joins_reasons_as_parts() -> None:
