@@ -259,6 +259,12 @@ def test_a_job_taken_from_a_holder_whose_connection_was_held_says_which_fault_he
         " (1.50 s to 3.50 s): by w0 from 1.00 s to 5.00 s, then by w1 from 2.50 s to 6.50 s"
     )
     assert second.startswith("job a: run again beside a live worker's execution: by w1 from")
+    # What tells the two apart, as data: a documented weakness names the held connection.
+    held_facts, live_facts = (
+        dict(found.facts) for found in judge_findings(["a"], runs, done, origin=0.0, held=held)
+    )
+    assert held_facts == {"how": "beside", "connection_held": True, "fault": "stall"}
+    assert live_facts == {"how": "beside", "connection_held": False}
     # A window that ended before the holder started explains nothing.
     assert judge(["a"], runs[:2], done, 0.0, {"w0": [Held("stall", 0.0, 0.5)]})[0].startswith(
         "job a: run again beside a live worker's execution"

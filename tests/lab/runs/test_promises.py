@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from crashqueuelab.core.errors import InvalidInput
-from crashqueuelab.judges.findings import Anomaly, Kind
+from crashqueuelab.judges.findings import Anomaly, Kind, joined
 from crashqueuelab.judges.observations import judge_observations
-from crashqueuelab.lab.runs.promises import classify
+from crashqueuelab.lab.runs.promises import classify, declared
 from crashqueuelab.systems import resolve_system
 from crashqueuelab.systems.contract import Documented
 
@@ -150,3 +150,73 @@ def test_a_broad_pattern_cannot_hide_a_finding_of_a_kind_its_weakness_does_not_n
 def test_a_weakness_naming_a_kind_that_does_not_exist_is_refused_at_once() -> None:
     with pytest.raises(InvalidInput, match="handed_out_twice: no such kind of finding"):
         Documented("x", "https://example.org", kinds=("handed_out_twice",))
+
+
+def _finding(kind: Kind, **facts: str | int | bool) -> Anomaly:
+    return Anomaly(kind, f"{kind.value}: {facts}", job="k", attempt=2, point="p", facts=facts)
+
+
+def test_a_condition_is_a_value_a_tuple_of_values_or_a_pattern_and_a_missing_fact_meets_none() -> (
+    None
+):
+    exited = Documented(
+        "a worker stops when its connection breaks",
+        "https://example.org/connections",
+        when={
+            Kind.WORKER_EXITED: (
+                {"status": 3, "error": ("*connection is lost*", "*server closed*")},
+                {"status": 4, "restarted": True},
+            )
+        },
+    )
+    system = replace(resolve_system("sqlite"), documented=(exited,))
+
+    def kept(finding: Anomaly) -> bool:
+        return bool(classify(system, "process", [finding])["keeps_its_promises"])
+
+    assert kept(_finding(Kind.WORKER_EXITED, status=3, error="boom: the connection is lost"))
+    assert kept(_finding(Kind.WORKER_EXITED, status=4, restarted=True))
+    # Another error, another status, a number for a bool, a missing fact: none is it.
+    assert not kept(_finding(Kind.WORKER_EXITED, status=3, error="disk full"))
+    assert not kept(_finding(Kind.WORKER_EXITED, status=1, error="the connection is lost"))
+    assert not kept(_finding(Kind.WORKER_EXITED, status=4, restarted=1))
+    assert not kept(_finding(Kind.WORKER_EXITED, status=3))
+    assert not kept(_finding(Kind.LOST, status=3, error="the connection is lost"))
+    # The fields are conditions too: the job, the attempt, the point.
+    by_field = replace(exited, when={Kind.LOST: {"job": "k", "attempt": 2, "point": "p*"}})
+    assert classify(replace(system, documented=(by_field,)), "process", [_finding(Kind.LOST)])[
+        "keeps_its_promises"
+    ]
+
+
+def test_a_line_of_several_reasons_is_explained_only_when_each_of_them_is() -> None:
+    unfinished = _finding(Kind.RECOVERY_UNFINISHED, effect_state="dequeued")
+    effects = _finding(Kind.EFFECTS_NOT_ONCE, effect_effects=0)
+    undone = _finding(Kind.FINISHED_JOB_UNDONE, state="pending")
+    held = Documented(
+        "a dead worker's job is held until a TTL",
+        "https://example.org/ttl",
+        kinds=(Kind.EFFECTS_NOT_ONCE,),
+        when={Kind.RECOVERY_UNFINISHED: {"effect_state": "dequeued"}},
+    )
+    system = replace(resolve_system("sqlite"), documented=(held,))
+    both = joined("case 01-x: ", [effects, unfinished])
+    assert classify(system, "process", [both])["keeps_its_promises"] is True
+    with_a_bug = joined("case 01-x: ", [effects, undone, unfinished])
+    assert classify(system, "process", [with_a_bug])["broken_promises"] == [with_a_bug.text]
+
+
+def test_a_retained_run_is_judged_again_by_the_kinds_and_conditions_it_declared() -> None:
+    system = replace(resolve_system("sqlite"), documented=(UNCOUNTED,))
+    declared_now = classify(system, "process", [])
+    [again] = declared(declared_now)
+    assert again == UNCOUNTED
+    several = replace(
+        UNCOUNTED, kinds=("lost",), when={"unfinished": ({"state": ("a", "b")}, {"poison": True})}
+    )
+    [kept] = declared({"declared": [several.to_json()]})
+    assert kept == several
+    # A record kept before kinds existed declares patterns alone.
+    old = {k: v for k, v in several.to_json().items() if k not in ("kinds", "when")}
+    [patterns_only] = declared({"declared": [old]})
+    assert (patterns_only.kinds, dict(patterns_only.when)) == ((), {})

@@ -312,7 +312,7 @@ def anomalies_of(report: dict[str, Any]) -> list[Anomaly | str]:
         prefix, point = f"case {case['case_id']}: ", case["fault_point"]
         if "anomalies" in case:  # a power-loss case lists its own, state by state
             found += [
-                line if isinstance(line, str) else line.within(prefix, point=point)
+                prefix + line if isinstance(line, str) else line.within(prefix, point=point)
                 for line in restored(case["anomalies"], case.get("findings"))
             ]
             continue
@@ -326,7 +326,7 @@ def anomalies_of(report: dict[str, Any]) -> list[Anomaly | str]:
     found += [probe_finding(p) for p in report["probes"] if status_of(p) == FAILED]
     model = report["model"]
     found += [
-        line if isinstance(line, str) else line.within(MODEL_LINE)
+        MODEL_LINE + line if isinstance(line, str) else line.within(MODEL_LINE)
         for line in restored(model["anomalies"], model.get("findings"))
     ]
     return found
