@@ -256,7 +256,11 @@ def test_what_pgqueuer_documents_names_the_causes_not_the_words() -> None:
     assert what(beyond(past_the_limit_by_unreported_attempts=False)) is None
 
     def poison(behaviour: str, attempts_left: bool) -> Anomaly:
-        facts = {"poison": True, "behaviour": behaviour, "attempts_left": attempts_left}
+        facts: dict[str, str | bool] = {
+            "poison": True,
+            "behaviour": behaviour,
+            "attempts_left": attempts_left,
+        }
         return Anomaly(Kind.UNFINISHED, "job poison-0001 (poison): still queued", facts=facts)
 
     # A dying job is handed out for ever; a failing one is counted, and only its turn may
