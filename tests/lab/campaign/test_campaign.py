@@ -446,3 +446,25 @@ def test_a_power_loss_case_without_findings_is_read_as_its_lines() -> None:
     case = {"case_id": "03-x", "fault_point": "x", "passed": False, "anomalies": ["s1: lost"]}
     report = {"cases": [case], "probes": [], "model": {"anomalies": []}}
     assert anomalies_of(report) == ["case 03-x: s1: lost"]
+
+
+def test_a_child_that_did_not_die_at_its_point_is_a_finding_of_why() -> None:
+    from crashqueuelab.judges.findings import Kind
+    from crashqueuelab.lab.campaign.cases import death_finding
+
+    death = {
+        "fault_point": "claim:after",
+        "exit_code": 0,
+        "points_reached": ["submit:before"],
+        "last_words": None,
+    }
+    never = death_finding(death)
+    assert (never.kind, never.point) == (Kind.CRASH_POINT_NOT_REACHED, "claim:after")
+    assert never.text.startswith("crash point claim:after was never reached")
+    died = {"exit_code": 1, "points_reached": None, "last_words": "claim:before"}
+    elsewhere = death_finding({**death, **died, "child_error": "ValueError: x"})
+    assert (elsewhere.kind, dict(elsewhere.facts)) == (
+        Kind.CHILD_DIED_ELSEWHERE,
+        {"exit_code": 1, "last_words": "claim:before"},
+    )
+    assert elsewhere.text == "exit 1, last words claim:before, it said 'ValueError: x'"

@@ -698,3 +698,16 @@ def test_a_recovery_that_runs_on_the_wall_clock_is_waited_for_as_the_system_decl
     )  # fmt: skip
     assert outcome.code == 0, outcome.result["reasons"]
     assert outcome.result["system"]["recovery_s"] == SWEEP_S
+
+
+def test_a_run_that_did_not_finish_says_why_as_a_finding() -> None:
+    from crashqueuelab.judges.findings import Anomaly
+    from crashqueuelab.lab.chaos.verdict import unfinished_work
+
+    deadline = unfinished_work(None)
+    assert (deadline.kind, deadline.text) == (
+        Kind.DEADLINE_PASSED,
+        "the work did not finish before the deadline",
+    )
+    stalled = Anomaly(Kind.WORK_STALLED, "the work stalled: no job was acknowledged for 5 s")
+    assert unfinished_work(stalled) is stalled

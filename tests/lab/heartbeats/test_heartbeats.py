@@ -326,23 +326,30 @@ def test_a_heartbeat_run_holds_connections_it_never_loses_replies_or_resets_them
 
 
 def test_pgqueuer_documents_a_held_holders_job_handed_out_and_a_lost_connection() -> None:
+    from crashqueuelab.lab.chaos.verdict import worker_exited
     from crashqueuelab.lab.runs.promises import classify
 
     system = resolve_system("pgqueuer")
-    held = (
+    runs = [
+        Execution("job-00", "worker-1", 0.49, 6.49),
+        Execution("job-00", "worker-0", 1.50, 7.50),
+        Execution("job-01", "worker-0", 0.45, 4.45),
+        Execution("job-01", "worker-0", 1.66, 5.66),
+    ]
+    done = {"job-00": JobStatus.SUCCEEDED, "job-01": JobStatus.SUCCEEDED}
+    stalled = {"worker-1": [Held("stall", 1.05, 3.05)]}
+    held, live = judge_findings(["job-00", "job-01"], runs, done, 0.0, stalled)
+    assert held.text == (
         "job job-00: run again beside worker-1's execution while a stall held worker-1's"
         " connection (1.05 s to 3.05 s): by worker-1 from 0.49 s to 6.49 s, then by worker-0"
         " from 1.50 s to 7.50 s"
     )
-    dropped = "worker-2.1 exited with status 3: \tbefore or while processing the request."
-    live = (
-        "job job-00: run again beside a live worker's execution: by worker-0 from 0.45 s to"
-        " 4.45 s, then by worker-0 from 1.66 s to 5.66 s; no worker was killed, stopped or cut off"
-    )
+    failure = {"worker_id": "worker-2.1", "exit_code": 3}
+    dropped = worker_exited({**failure, "error": "\tbefore or while processing the request."})
     verdict = classify(system, "live workers", [held, dropped, live], ("stall", "lost replies"))
-    assert verdict["broken_promises"] == [live]
+    assert verdict["broken_promises"] == [live.text]
     explained = {entry["first"] for entry in verdict["weaker_as_documented"]}
-    assert explained == {held, dropped}
+    assert explained == {held.text, dropped.text}
 
 
 def _idle_loop(
