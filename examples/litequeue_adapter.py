@@ -36,6 +36,7 @@ from crashqueuelab.systems import (
     JobSpec,
     JobStatus,
     JobView,
+    Kind,
     OpenRequest,
     StoredJob,
     StoreReading,
@@ -302,8 +303,8 @@ CAPABILITIES = Capabilities(
     fencing_tokens=False, heartbeats=False, several_processes=True, batching=False,
     single_owner=False, checkpoint=True, concurrent_stores=False,
 )  # fmt: skip
-# What litequeue's own documentation says it does not do, quoted; each pattern names one
-# anomaly line the lab prints for it, no broader.
+# What litequeue's own documentation says it does not do, quoted; it names the kinds of
+# finding that follow from it (docs/systems.md lists them), and no other.
 NO_FENCING = Documented(
     what="No lease and no fencing: done(message_id) and mark_failed(message_id) mark the "
     "message whoever calls them and whenever; litequeue hands out no token and keeps no "
@@ -311,20 +312,14 @@ NO_FENCING = Documented(
     source=f'{RELEASE}: the README ("the api to set a message as **done** lets you specifiy '
     'the `message_id` to be set as done") and LiteQueue.done ("If executed multiple times, '
     '`done_time` will be the last time this function is called.")',
-    explains=(
-        "probe stale_holder_after_expiry: * was accepted (succeeded); it must be refused",
-        "probe acknowledgement_at_the_deadline: * was accepted (succeeded); it must be refused",
-        "probe batched_acknowledgement_fences_each_item: * was accepted (succeeded);"
-        " it must be refused",
-        "model workload: job *: an acknowledgement of the ended lease * was accepted (at * s)",
-        "model workload: job *: an acknowledgement by * at its deadline or later"
-        " (deadline * s) was accepted (at * s)",
-        "model workload: job *: a failure report of the ended lease * was accepted (at * s)",
-        "model workload: job *: a failure report by * at its deadline or later"
-        " (deadline * s) was accepted (at * s)",
-        "model workload: job *: an acknowledgement was accepted, but the store shows it dead",
-        "job *: *, stopped past its lease, had its late acknowledgement accepted",
+    kinds=(
+        Kind.LATE_ACKNOWLEDGEMENT_ACCEPTED,
+        Kind.ACKNOWLEDGEMENT_AT_DEADLINE_ACCEPTED,
+        Kind.LATE_FAILURE_REPORT_ACCEPTED,
+        Kind.FAILURE_REPORT_AT_DEADLINE_ACCEPTED,
     ),
+    # A stale failure report marks a message its new holder had acknowledged FAILED.
+    when={Kind.STORE_DIFFERS: {"told": "succeeded", "stored": "dead"}},
 )
 DOCUMENTED = (NO_FENCING,)
 

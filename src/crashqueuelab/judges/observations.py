@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from crashqueuelab.judges.findings import Anomaly, Fact, Kind
+
 
 @dataclass
 class _Lease:
@@ -42,7 +44,11 @@ class _Lease:
 @dataclass
 class ObservationVerdict:
     checked: int = 0
-    anomalies: list[str] = field(default_factory=list)
+    findings: list[Anomaly] = field(default_factory=list)
+
+    @property
+    def anomalies(self) -> list[str]:
+        return [finding.text for finding in self.findings]
 
 
 @dataclass
@@ -64,30 +70,89 @@ class _Replay:
         """``t`` as the seconds since the run began: "5.000001 s"."""
         return f"{(t - (self.origin or 0)) / 1_000_000:.6f}".rstrip("0").rstrip(".") + " s"
 
-    def problem(self, line: dict[str, Any], text: str) -> None:
-        self.verdict.anomalies.append(f"job {line['key']}: {text} (at {self.at(line['t'])})")
+    def problem(
+        self,
+        line: dict[str, Any],
+        kind: Kind,
+        text: str,
+        *,
+        attempt: int | None = None,
+        limit: int | None = None,
+        **facts: Fact,
+    ) -> None:
+        self.verdict.findings.append(
+            Anomaly(
+                kind,
+                f"job {line['key']}: {text} (at {self.at(line['t'])})",
+                job=line["key"],
+                attempt=attempt,
+                limit=limit,
+                facts=facts,
+            )
+        )
+
+    def ending(self, lease: _Lease, t: int) -> str:
+        """How ``lease`` ended, as its holder was told, by ``t``: ``succeeded``, ``failed``,
+        ``expired`` (its deadline passed with no report accepted), or ``live`` (no report,
+        and its deadline still ahead)."""
+        if lease.outcome is not None:
+            return lease.outcome
+        return "expired" if lease.ended or t >= lease.deadline else "live"
 
     def submit(self, line: dict[str, Any]) -> None:
         key, job_id = line["key"], line["job_id"]
         known = self.job_ids.setdefault(key, job_id)
         self.max_attempts.setdefault(key, line["max_attempts"])
         if known != job_id:
-            self.problem(line, f"submitted again, the key gave job {job_id}; it names {known}")
+            self.problem(
+                line,
+                Kind.KEY_GAVE_TWO_JOBS,
+                f"submitted again, the key gave job {job_id}; it names {known}",
+            )
 
     def claim(self, line: dict[str, Any]) -> None:
         key, t = line["key"], line["t"]
         live = self.leases.get(key)
+        attempt = line["attempt"]
         if live is not None and not live.ended and t < live.deadline:
             self.problem(
                 line,
+                Kind.CLAIMED_WHILE_LEASED,
                 f"claimed by {line['worker']} (lease {line['token']}) while {live.worker}'s"
                 f" lease {live.token} was live until {self.at(live.deadline)}",
+                attempt=attempt,
+                worker=line["worker"],
+                holder=live.worker,
             )
         if key in self.acknowledged:
-            self.problem(line, f"claimed by {line['worker']} after an accepted acknowledgement")
+            self.problem(
+                line,
+                Kind.CLAIMED_AFTER_ACKNOWLEDGEMENT,
+                f"claimed by {line['worker']} after an accepted acknowledgement",
+                attempt=attempt,
+                worker=line["worker"],
+            )
         limit = self.max_attempts.get(key)
-        if limit is not None and line["attempt"] > limit:
-            self.problem(line, f"handed out as attempt {line['attempt']} of {limit}")
+        if limit is not None and attempt > limit:
+            endings = [self.ending(lease, t) for lease in self.granted.get(key, [])]
+            self.problem(
+                line,
+                Kind.ATTEMPT_BEYOND_LIMIT,
+                f"handed out as attempt {attempt} of {limit}",
+                attempt=attempt,
+                limit=limit,
+                # What tells an uncounted expiry from a failure counted wrong.
+                previous_attempt=endings[-1] if endings else "none",
+                expired_before=endings.count("expired"),
+                failed_before=endings.count("failed"),
+                succeeded_before=endings.count("succeeded"),
+                # Within the limit but for the attempts that ended with no report (expired,
+                # or handed out again while live): what a library that counts only the
+                # attempts its holders reported does.
+                past_the_limit_by_unreported_attempts=(
+                    endings.count("failed") + endings.count("succeeded") < limit
+                ),
+            )
         lease = _Lease(line["worker"], line["token"], line["deadline"], line["attempt"])
         self.leases[key] = lease
         self.tokens[(key, line["token"])] = lease
@@ -97,22 +162,37 @@ class _Replay:
         lease = self.tokens.get((line["key"], line["token"]))
         if line["ok"] and lease is not None:
             if lease.ended or line["t"] >= lease.deadline or self.leases[line["key"]] is not lease:
-                self.problem(line, f"a heartbeat of the dead lease {line['token']} was accepted")
+                self.problem(
+                    line,
+                    Kind.DEAD_HEARTBEAT_ACCEPTED,
+                    f"a heartbeat of the dead lease {line['token']} was accepted",
+                    attempt=lease.attempt,
+                    worker=line["worker"],
+                )
             lease.deadline = line["deadline"]
 
-    def holder_verdict(self, line: dict[str, Any], what: str) -> None:
+    def holder_verdict(self, line: dict[str, Any], what: str, late: Kind, overdue: Kind) -> None:
         key, t = line["key"], line["t"]
         lease = self.tokens.get((key, line["token"]))
         accepted = line["verdict"] != "stale"
         if not accepted or lease is None:
             return
         if lease.ended or self.leases.get(key) is not lease:
-            self.problem(line, f"{what} of the ended lease {line['token']} was accepted")
+            self.problem(
+                line,
+                late,
+                f"{what} of the ended lease {line['token']} was accepted",
+                attempt=lease.attempt,
+                worker=line["worker"],
+            )
         elif t >= lease.deadline:
             self.problem(
                 line,
+                overdue,
                 f"{what} by {line['worker']} at its deadline or later (deadline"
                 f" {self.at(lease.deadline)}) was accepted",
+                attempt=lease.attempt,
+                worker=line["worker"],
             )
         lease.ended = True
         lease.outcome = "succeeded" if line["verdict"] == "succeeded" else "failed"
@@ -129,17 +209,31 @@ class _Replay:
             if reported != (status, attempts):
                 self.problem(
                     line,
+                    Kind.REPORT_DIFFERS,
                     f"the system reports it {reported[0]} after {reported[1]} attempts; the"
                     f" store holds it {status} after {attempts}",
+                    about="status",
+                    reported=reported[0],
+                    stored=status,
                 )
         if line.get("attempts") is None:
             return
         reported_attempts = {entry["token"]: entry for entry in line["attempts"]}
         granted = {lease.token: lease for lease in self.granted.get(key, [])}
         for token in sorted(granted.keys() - reported_attempts.keys()):
-            self.problem(line, f"the system reports no attempt for lease {token}, granted")
+            self.problem(
+                line,
+                Kind.REPORT_DIFFERS,
+                f"the system reports no attempt for lease {token}, granted",
+                about="attempts",
+            )
         for token in sorted(reported_attempts.keys() - granted.keys()):
-            self.problem(line, f"the system reports an attempt under lease {token}, never granted")
+            self.problem(
+                line,
+                Kind.REPORT_DIFFERS,
+                f"the system reports an attempt under lease {token}, never granted",
+                about="attempts",
+            )
         for token, lease in granted.items():
             entry = reported_attempts.get(token)
             if entry is not None:
@@ -151,24 +245,34 @@ class _Replay:
             if entry[name] != value:
                 self.problem(
                     line,
+                    Kind.REPORT_DIFFERS,
                     f"the system reports {name} {entry[name]} for lease {lease.token}; its"
                     f" holder was told {value}",
+                    attempt=lease.attempt,
+                    about=name,
                 )
         allowed = (lease.outcome,) if lease.outcome is not None else (None, "expired")
         if entry["outcome"] not in allowed:
             told_outcome = lease.outcome or "nothing (open, or expired)"
             self.problem(
                 line,
+                Kind.REPORT_DIFFERS,
                 f"the system reports lease {lease.token} {entry['outcome'] or 'open'}; its"
                 f" holder was told {told_outcome}",
+                attempt=lease.attempt,
+                about="outcome",
             )
 
     def count(self, line: dict[str, Any], final: dict[str, tuple[str, int]]) -> None:
         unfinished = sum(status in ("pending", "leased") for status, _ in final.values())
         if line.get("final") and line["active"] != unfinished:
-            self.verdict.anomalies.append(
-                f"the system counts {line['active']} unfinished jobs; the store holds"
-                f" {unfinished} (at {self.at(line['t'])})"
+            self.verdict.findings.append(
+                Anomaly(
+                    Kind.REPORT_DIFFERS,
+                    f"the system counts {line['active']} unfinished jobs; the store holds"
+                    f" {unfinished} (at {self.at(line['t'])})",
+                    facts={"about": "count"},
+                )
             )
 
 
@@ -199,9 +303,19 @@ def judge_observations(
         elif op == "heartbeat":
             replay.heartbeat(line)
         elif op == "ack":
-            replay.holder_verdict(line, "an acknowledgement")
+            replay.holder_verdict(
+                line,
+                "an acknowledgement",
+                Kind.LATE_ACKNOWLEDGEMENT_ACCEPTED,
+                Kind.ACKNOWLEDGEMENT_AT_DEADLINE_ACCEPTED,
+            )
         elif op == "fail":
-            replay.holder_verdict(line, "a failure report")
+            replay.holder_verdict(
+                line,
+                "a failure report",
+                Kind.LATE_FAILURE_REPORT_ACCEPTED,
+                Kind.FAILURE_REPORT_AT_DEADLINE_ACCEPTED,
+            )
         elif op == "read":
             replay.read(line, final)
         elif op == "count" and final:
@@ -209,7 +323,12 @@ def judge_observations(
     for key in sorted(replay.acknowledged):
         status = final_status.get(key, "missing")
         if status != "succeeded":
-            replay.verdict.anomalies.append(
-                f"job {key}: an acknowledgement was accepted, but the store shows it {status}"
+            replay.verdict.findings.append(
+                Anomaly(
+                    Kind.STORE_DIFFERS,
+                    f"job {key}: an acknowledgement was accepted, but the store shows it {status}",
+                    job=key,
+                    facts={"told": "succeeded", "stored": status},
+                )
             )
     return replay.verdict

@@ -14,8 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from crashqueuelab.judges.findings import Anomaly, Kind
 from crashqueuelab.lab.campaign.probes import PROBES
-from crashqueuelab.lab.runs.promises import classify
+from crashqueuelab.lab.campaign.run import MODEL_LINE
+from crashqueuelab.lab.runs.promises import Finding, classify
 from crashqueuelab.regression import Outcome, run_crash_point, run_probe
 from crashqueuelab.suite.behaviour import CHECKS, Check
 from crashqueuelab.suite.harness import Harness
@@ -33,9 +35,10 @@ class Documented(Exception):
     reason of an expected failure."""
 
 
-def judged(system: System, crash_mode: str, lines: list[str], report: str) -> Exception:
-    """The failure of a check that found ``lines``: ``Documented`` when a weakness the
-    system declares explains each, else ``LabFailure`` with ``report``."""
+def judged(system: System, crash_mode: str, lines: list[Finding], report: str) -> Exception:
+    """The failure of a check that found ``lines`` (findings, or lines without one):
+    ``Documented`` when a weakness the system declares explains each, else ``LabFailure``
+    with ``report``."""
     promises = classify(system, crash_mode, lines)
     if not promises["keeps_its_promises"] or not promises["weaker_as_documented"]:
         return LabFailure(report)
@@ -78,7 +81,10 @@ def _outcome(
     outcome: Outcome, system: System, crash_mode: str = "process", prefix: str = ""
 ) -> None:
     if not outcome.ok:
-        lines = [f"{prefix}{anomaly}" for anomaly in outcome.anomalies]
+        lines = [
+            prefix + found if isinstance(found, str) else found.within(prefix)
+            for found in outcome.found()
+        ]
         raise judged(system, crash_mode, lines, outcome.explain())
 
 
@@ -89,11 +95,18 @@ def _contract(system: System, check: Check) -> Callable[[Path], None]:
             check.run(harness)
         except AssertionError as failed:
             said = what_failed(failed)
+            # The lab's words, without the values pytest's rewriting adds below them.
+            assertion = said.splitlines()[0]
+            finding = Anomaly(
+                Kind.CONTRACT_RULE_FAILED,
+                f"contract {check.name}: {assertion}",
+                point=check.name,
+                facts={"assertion": assertion},
+            )
             raise judged(
                 system,
                 "process",
-                # The lab's words, without the values pytest's rewriting adds below them.
-                [f"contract {check.name}: {said.splitlines()[0]}"],
+                [finding],
                 f"contract check {check.name} failed (evidence in {directory}):\n{said}",
             ) from failed
         finally:
@@ -130,7 +143,12 @@ def _model(spec: str, system: System, seed: int) -> Callable[[Path], None]:
         from crashqueuelab.lab.workloads.model import run_model_workload
 
         report = run_model_workload(resolve_system(spec), directory / "model", seed=seed)
-        outcome = Outcome(report["ok"], list(report["anomalies"]), directory / "model")
-        _outcome(outcome, system, prefix="model workload: ")
+        outcome = Outcome(
+            report["ok"],
+            list(report["anomalies"]),
+            directory / "model",
+            findings=list(report["findings"]),
+        )
+        _outcome(outcome, system, prefix=MODEL_LINE)
 
     return run

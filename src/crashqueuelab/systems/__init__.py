@@ -1,5 +1,7 @@
-"""Systems under test: the contract every queue meets for the lab, and the shipped adapters."""
+"""Systems under test: the contract every queue meets for the lab, and the shipped adapters.
+``Anomaly`` and ``Kind`` are the findings a ``Documented`` weakness names."""
 
+from crashqueuelab.judges.findings import Anomaly, Kind
 from crashqueuelab.systems.contract import (
     AttemptsClient,
     AttemptView,
@@ -27,6 +29,7 @@ from crashqueuelab.systems.registry import DEFAULT_SYSTEM, SHIPPED, resolve_syst
 __all__ = [
     "DEFAULT_SYSTEM",
     "SHIPPED",
+    "Anomaly",
     "AttemptView",
     "AttemptsClient",
     "Capabilities",
@@ -39,6 +42,7 @@ __all__ = [
     "JobSpec",
     "JobStatus",
     "JobView",
+    "Kind",
     "LibraryWorker",
     "OpenRequest",
     "QueueClient",

@@ -20,8 +20,10 @@ from threading import Event
 from typing import Any, Protocol, runtime_checkable
 
 from crashqueuelab.core.clock import Clock
+from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.core.ids import IdGenerator
 from crashqueuelab.core.retry import RetryPolicy
+from crashqueuelab.judges.findings import KIND_NAMES, Fact
 
 #: A system calls its hook with the name of the crash point it has reached.
 Hook = Callable[[str], None]
@@ -417,17 +419,31 @@ class LibraryWorker:
     describe: str
 
 
+#: A condition on one field or fact of a finding: a value, or a tuple of the values it may
+#: have. A string matches as an ``fnmatch`` pattern (case-sensitive): an exact string is
+#: itself, ``"*"`` is any string.
+Condition = Fact | tuple[Fact, ...]
+#: The conditions a finding meets, all of them; a field or fact it lacks meets none.
+Conditions = Mapping[str, Condition]
+
+
 @dataclass(frozen=True)
 class Documented:
     """A way a system is weaker than the lab's contract that its own documentation states.
 
-    ``points`` are crash points whose expected state shows it (they pass, and the report
-    names the weakness); ``crash_modes`` are crash modes in which the system promises
-    nothing, so that a case failing there is this weakness, not a broken promise;
-    ``explains`` are patterns (``fnmatch``, case-sensitive) of the anomaly lines it accounts
-    for, such as ``"probe acknowledgement_at_the_deadline: *"``. ``faults`` are chaos's
-    faults (``"server restart"``) the system promises nothing against: in a chaos run where
-    one was delivered, a line no earlier weakness explains is this one.
+    ``kinds`` are the kinds of finding it explains whatever their fields
+    (``crashqueuelab.judges.findings.Kind``, by name); ``when`` maps a kind to the
+    conditions on its fields and facts under which it explains one (a ``Conditions``
+    mapping, or a tuple of them, any of which will do), such as ``{"attempt_beyond_limit":
+    {"previous_attempt": "expired"}}``. A finding of a kind it names in neither is never
+    its. ``explains`` are patterns (``fnmatch``, case-sensitive) over the anomaly lines:
+    the fallback for a line without a finding (a record kept before findings existed),
+    and, in a weakness that names no kind, for every line. ``points`` are crash points
+    whose expected state shows it (they pass, and the report names the weakness);
+    ``crash_modes`` are crash modes in which the system promises nothing, so that a case
+    failing there is this weakness, not a broken promise. ``faults`` are chaos's faults
+    (``"server restart"``) the system promises nothing against: in a chaos run where one
+    was delivered, a line no earlier weakness explains is this one.
     """
 
     what: str
@@ -436,6 +452,37 @@ class Documented:
     crash_modes: tuple[str, ...] = ()
     explains: tuple[str, ...] = ()
     faults: tuple[str, ...] = ()
+    kinds: tuple[str, ...] = ()
+    when: Mapping[str, Conditions | tuple[Conditions, ...]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = sorted((set(self.kinds) | set(self.when)) - KIND_NAMES)
+        if unknown:
+            raise InvalidInput(
+                "documented",
+                f"{', '.join(unknown)}: no such kind of finding (docs/systems.md lists them)",
+            )
+        # A kind's name is its value, however the declaration spelled it (Kind or str).
+        object.__setattr__(self, "kinds", tuple(str(kind) for kind in self.kinds))
+        object.__setattr__(
+            self, "when", {str(kind): conditions for kind, conditions in self.when.items()}
+        )
+
+    @property
+    def names_kinds(self) -> bool:
+        """Whether it names kinds: then its patterns are only the fallback for lines
+        without a finding."""
+        return bool(self.kinds or self.when)
+
+    def alternatives(self, kind: str) -> tuple[Conditions, ...] | None:
+        """The conditions under which it explains a finding of ``kind``, any of them
+        (``({},)``: always); None when it names no such kind."""
+        if kind in self.kinds:
+            return ({},)
+        conditions = self.when.get(kind)
+        if conditions is None:
+            return None
+        return conditions if isinstance(conditions, tuple) else (conditions,)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -445,7 +492,21 @@ class Documented:
             "crash_modes": list(self.crash_modes),
             "explains": list(self.explains),
             "faults": list(self.faults),
+            "kinds": list(self.kinds),
+            "when": {
+                kind: [_conditions_json(one) for one in conditions]
+                if isinstance(conditions, tuple)
+                else _conditions_json(conditions)
+                for kind, conditions in self.when.items()
+            },
         }
+
+
+def _conditions_json(conditions: Conditions) -> dict[str, Any]:
+    return {
+        name: list(value) if isinstance(value, tuple) else value
+        for name, value in conditions.items()
+    }
 
 
 @dataclass(frozen=True)

@@ -382,3 +382,89 @@ def one_store_system() -> System:
     plain = tiny_system()
     capabilities = replace(plain.capabilities, concurrent_stores=False)
     return replace(plain, name="tinyqueue-one-store", capabilities=capabilities)
+
+
+def _failed_case(**recovery: Any) -> dict[str, Any]:
+    """A process-death case record whose recovery lost a job and left one unfinished."""
+    return {
+        "case_id": "02-claim-after", "fault_point": "claim:after", "passed": False,
+        "died_at_fault_point": True, "points_reached": None, "exit_code": 137,
+        "crash_state_matches_point": True, "recovery_ok": False,
+        "crash_state": {"signature": {}}, "expected_crash_signature": {},
+        "crash_judgement": {"problems": []},
+        "recovery": {
+            "anomalies": ["job 02-claim-after/effect: leased/1 at the crash, missing after"
+                          " recovery"],
+            "store": {"problems": []}, "each_effect_durable_once": False,
+            "ledger": {"effects_by_key": {"02-claim-after/flaky-1": 1}},
+            "final_states": {"effect": "MISSING", "flaky": "succeeded"},
+            **recovery,
+        },
+    }  # fmt: skip
+
+
+def test_a_campaign_record_without_findings_is_read_as_its_lines() -> None:
+    from crashqueuelab.judges.findings import Anomaly, Kind
+    from crashqueuelab.lab.campaign.run import anomalies_of
+
+    report: dict[str, Any] = {
+        "cases": [_failed_case()],
+        "probes": [{"name": "stale_holder_after_expiry", "ran": True, "ok": False,
+                    "status": "failed", "detail": "job x: was accepted"}],
+        "model": {"anomalies": ["job m: handed out as attempt 2 of 1 (at 1 s)"]},
+    }  # fmt: skip
+    case_line = (
+        "case 02-claim-after: job 02-claim-after/effect: leased/1 at the crash, missing after"
+        " recovery; effects after recovery: {'02-claim-after/flaky-1': 1}; final states"
+        " {'effect': 'MISSING', 'flaky': 'succeeded'}"
+    )
+    old = anomalies_of(report)
+    assert old == [
+        case_line,
+        "probe stale_holder_after_expiry: job x: was accepted",
+        "model workload: job m: handed out as attempt 2 of 1 (at 1 s)",
+    ]
+    # Kept today: the same lines, each reason a part of its case's finding.
+    lost = Anomaly(Kind.LOST_IN_RECOVERY, report["cases"][0]["recovery"]["anomalies"][0])
+    report["cases"] = [_failed_case(findings=[lost.to_json()])]
+    [case, *_] = anomalies_of(report)
+    assert isinstance(case, Anomaly)
+    assert case.text == case_line
+    assert [part.kind for part in case.parts] == [
+        Kind.LOST_IN_RECOVERY,
+        Kind.EFFECTS_NOT_ONCE,
+        Kind.RECOVERY_UNFINISHED,
+    ]
+    assert case.parts[1].facts == {"effect_effects": 0, "flaky_effects": 1}
+    assert case.parts[2].facts == {"effect_state": "MISSING", "flaky_state": "succeeded"}
+    assert {part.point for part in case.parts} == {"claim:after"}
+
+
+def test_a_power_loss_case_without_findings_is_read_as_its_lines() -> None:
+    from crashqueuelab.lab.campaign.run import anomalies_of
+
+    case = {"case_id": "03-x", "fault_point": "x", "passed": False, "anomalies": ["s1: lost"]}
+    report = {"cases": [case], "probes": [], "model": {"anomalies": []}}
+    assert anomalies_of(report) == ["case 03-x: s1: lost"]
+
+
+def test_a_child_that_did_not_die_at_its_point_is_a_finding_of_why() -> None:
+    from crashqueuelab.judges.findings import Kind
+    from crashqueuelab.lab.campaign.cases import death_finding
+
+    death = {
+        "fault_point": "claim:after",
+        "exit_code": 0,
+        "points_reached": ["submit:before"],
+        "last_words": None,
+    }
+    never = death_finding(death)
+    assert (never.kind, never.point) == (Kind.CRASH_POINT_NOT_REACHED, "claim:after")
+    assert never.text.startswith("crash point claim:after was never reached")
+    died = {"exit_code": 1, "points_reached": None, "last_words": "claim:before"}
+    elsewhere = death_finding({**death, **died, "child_error": "ValueError: x"})
+    assert (elsewhere.kind, dict(elsewhere.facts)) == (
+        Kind.CHILD_DIED_ELSEWHERE,
+        {"exit_code": 1, "last_words": "claim:before"},
+    )
+    assert elsewhere.text == "exit 1, last words claim:before, it said 'ValueError: x'"

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from crashqueuelab import DurableQueue
+from crashqueuelab.judges.findings import Kind, texts
 from crashqueuelab.lab.chaos.accounting import judge_run
 from crashqueuelab.lab.chaos.run import run_chaos
 from crashqueuelab.lab.chaos.schedule import plan
@@ -278,10 +279,16 @@ def test_two_leases_live_at_one_instant_are_proven_from_the_logs() -> None:
         "w-a": _log(["claim k1 ta 10.1 10.0", "acking k1 ta 10.3", "stale k1 ta 10.31"]),
         "w-b": _log(["claim k1 tb 10.2 10.15", "acking k1 tb 10.4", "ack k1 tb 10.41"]),
     }
-    [proof] = overlapping_leases(overlapping, lease_s=lease, started_s=10.0)
+    [found] = overlapping_leases(overlapping, lease_s=lease, started_s=10.0)
+    proof = found.text
     assert proof.startswith("job k1: two live leases from 0.200 s to 0.300 s at least:")
     assert "w-a's lease ta" in proof
     assert "w-b's lease tb" in proof
+    assert (found.kind, found.job, dict(found.facts)) == (
+        Kind.OVERLAPPING_LEASES,
+        "k1",
+        {"holder": "w-a", "worker": "w-b"},
+    )
     # Claims in flight at once, the later call returning first: both live from 10.3 to 10.4.
     crossed = {
         "w-a": _log(["claim k1 ta 10.3 10.1", "acking k1 ta 10.6"]),
@@ -324,14 +331,14 @@ def test_a_poison_job_must_be_dead_lettered_after_exactly_its_limit() -> None:
         "poison-0001": StoredJob("DEAD", JobStatus.DEAD, 1),  # buried early
         "poison-0002": StoredJob("QUEUED", JobStatus.PENDING, 3),  # never buried
     }
-    assert judge_poison(jobs, stored) == [
+    assert texts(judge_poison(jobs, stored)) == [
         "job poison-0001 (poison): dead-lettered after 1 attempts; its limit is 2 attempts",
         "job poison-0002 (poison): still QUEUED after the run, never dead-lettered (3 attempts;"
         " its limit is 3 attempts)",
         "job poison-0003 (poison): missing from the store (lost)",
     ]
     stored["poison-0003"] = StoredJob("SUCCEEDED", JobStatus.SUCCEEDED, 1)
-    assert judge_poison(jobs, stored)[-1] == (
+    assert judge_poison(jobs, stored)[-1].text == (
         "job poison-0003 (poison): SUCCEEDED, though every attempt of it failed"
     )
 
@@ -369,7 +376,7 @@ def test_an_accepted_heartbeat_proves_the_lease_live_for_a_lease_after_it_was_as
     }
     assert logs["w-a"].extended_asked == {("k1", "ta"): 10.4}
     [proof] = overlapping_leases(logs, lease_s=lease, started_s=10.0)
-    assert proof.startswith("job k1: two live leases from 0.700 s to 0.800 s at least:")
+    assert proof.text.startswith("job k1: two live leases from 0.700 s to 0.800 s at least:")
     # Without the heartbeat, the same claims are what a correct system does.
     logs["w-a"] = _log(["claim k1 ta 10.1 10.0", "heartbeat k1 ta bad 10.4"])
     assert logs["w-a"].extended_asked == {("k1", "ta"): 10.4}
@@ -569,11 +576,12 @@ def test_a_missing_job_names_the_worker_whose_log_ends_holding_it() -> None:
     assert (held.claim_open, sent.claim_open, polling.claim_open) == (False, False, True)
     logs = {"worker-0.1": held, "worker-1.1": sent, "worker-2.1": polling}
     words = _last_holders(logs, ["job-a", "job-b", "job-x"])
-    assert words["job-a"] == "; claimed by worker-0.1, which never answered for it"
-    assert words["job-b"] == "; claimed by worker-1.1, which never answered for it"
+    assert words["job-a"] == ("; claimed by worker-0.1, which never answered for it", "held")
+    assert words["job-b"] == ("; claimed by worker-1.1, which never answered for it", "held")
     # One log ends inside a claim call: one job no log names may have gone with it.
     assert words["job-x"] == (
-        "; in no worker's log, and 1 workers' logs end inside a claim call, for 1 such job"
+        "; in no worker's log, and 1 workers' logs end inside a claim call, for 1 such job",
+        "claiming",
     )
     # Two such jobs and one open claim call: the logs explain neither.
     assert "job-y" not in _last_holders(logs, ["job-x", "job-y"])
@@ -690,3 +698,16 @@ def test_a_recovery_that_runs_on_the_wall_clock_is_waited_for_as_the_system_decl
     )  # fmt: skip
     assert outcome.code == 0, outcome.result["reasons"]
     assert outcome.result["system"]["recovery_s"] == SWEEP_S
+
+
+def test_a_run_that_did_not_finish_says_why_as_a_finding() -> None:
+    from crashqueuelab.judges.findings import Anomaly
+    from crashqueuelab.lab.chaos.verdict import unfinished_work
+
+    deadline = unfinished_work(None)
+    assert (deadline.kind, deadline.text) == (
+        Kind.DEADLINE_PASSED,
+        "the work did not finish before the deadline",
+    )
+    stalled = Anomaly(Kind.WORK_STALLED, "the work stalled: no job was acknowledged for 5 s")
+    assert unfinished_work(stalled) is stalled

@@ -30,14 +30,19 @@ from crashqueuelab.lab.heartbeats.judge import (
     KILLED,
     Death,
     Execution,
-    judge,
     read_ledger,
     with_deaths,
 )
+from crashqueuelab.lab.heartbeats.judge import judge as judge_findings
 from crashqueuelab.lab.runs.servers import SERVER_VARIABLES
 from crashqueuelab.systems import resolve_system
 from crashqueuelab.systems.contract import JobStatus, LibraryWorker, OpenRequest, System
 from tests.conftest import CliRun, RunCli
+
+
+def judge(*args: Any, **keywords: Any) -> list[str]:
+    """The judge's lines (its findings' words)."""
+    return [finding.text for finding in judge_findings(*args, **keywords)]
 
 
 def _refusing_loop(
@@ -254,6 +259,12 @@ def test_a_job_taken_from_a_holder_whose_connection_was_held_says_which_fault_he
         " (1.50 s to 3.50 s): by w0 from 1.00 s to 5.00 s, then by w1 from 2.50 s to 6.50 s"
     )
     assert second.startswith("job a: run again beside a live worker's execution: by w1 from")
+    # What tells the two apart, as data: a documented weakness names the held connection.
+    held_facts, live_facts = (
+        dict(found.facts) for found in judge_findings(["a"], runs, done, origin=0.0, held=held)
+    )
+    assert held_facts == {"how": "beside", "connection_held": True, "fault": "stall"}
+    assert live_facts == {"how": "beside", "connection_held": False}
     # A window that ended before the holder started explains nothing.
     assert judge(["a"], runs[:2], done, 0.0, {"w0": [Held("stall", 0.0, 0.5)]})[0].startswith(
         "job a: run again beside a live worker's execution"
@@ -315,23 +326,30 @@ def test_a_heartbeat_run_holds_connections_it_never_loses_replies_or_resets_them
 
 
 def test_pgqueuer_documents_a_held_holders_job_handed_out_and_a_lost_connection() -> None:
+    from crashqueuelab.lab.chaos.verdict import worker_exited
     from crashqueuelab.lab.runs.promises import classify
 
     system = resolve_system("pgqueuer")
-    held = (
+    runs = [
+        Execution("job-00", "worker-1", 0.49, 6.49),
+        Execution("job-00", "worker-0", 1.50, 7.50),
+        Execution("job-01", "worker-0", 0.45, 4.45),
+        Execution("job-01", "worker-0", 1.66, 5.66),
+    ]
+    done = {"job-00": JobStatus.SUCCEEDED, "job-01": JobStatus.SUCCEEDED}
+    stalled = {"worker-1": [Held("stall", 1.05, 3.05)]}
+    held, live = judge_findings(["job-00", "job-01"], runs, done, 0.0, stalled)
+    assert held.text == (
         "job job-00: run again beside worker-1's execution while a stall held worker-1's"
         " connection (1.05 s to 3.05 s): by worker-1 from 0.49 s to 6.49 s, then by worker-0"
         " from 1.50 s to 7.50 s"
     )
-    dropped = "worker-2.1 exited with status 3: \tbefore or while processing the request."
-    live = (
-        "job job-00: run again beside a live worker's execution: by worker-0 from 0.45 s to"
-        " 4.45 s, then by worker-0 from 1.66 s to 5.66 s; no worker was killed, stopped or cut off"
-    )
+    failure = {"worker_id": "worker-2.1", "exit_code": 3}
+    dropped = worker_exited({**failure, "error": "\tbefore or while processing the request."})
     verdict = classify(system, "live workers", [held, dropped, live], ("stall", "lost replies"))
-    assert verdict["broken_promises"] == [live]
+    assert verdict["broken_promises"] == [live.text]
     explained = {entry["first"] for entry in verdict["weaker_as_documented"]}
-    assert explained == {held, dropped}
+    assert explained == {held.text, dropped.text}
 
 
 def _idle_loop(

@@ -16,6 +16,7 @@ import pytest
 from crashqueuelab.core.clock import ManualClock
 from crashqueuelab.core.ids import SeededIds
 from crashqueuelab.core.retry import RetryPolicy
+from crashqueuelab.judges.findings import Anomaly, Kind
 from crashqueuelab.judges.readers.pgqueuer import read_pgqueuer_store
 from crashqueuelab.lab.campaign.run import run_campaign
 from crashqueuelab.systems import JobSpec, JobStatus, OpenRequest, Verdict, resolve_system
@@ -141,13 +142,21 @@ def test_what_pgqueuer_documents_follows_where_the_release_retries() -> None:
     from crashqueuelab.lab.runs.promises import explained_by
     from crashqueuelab.systems.libraries.pgqueuer.promises import documented_for
 
-    rule = "contract a_failure_waits_its_delay_then_the_dead_letter_takes_it: "
-    still_picked = (
-        f"{rule}job a after its first attempt failed: the system reports leased after 1"
-        " attempts, not pending after 1 attempts"
+    rule = "a_failure_waits_its_delay_then_the_dead_letter_takes_it"
+
+    def failed(assertion: str) -> Anomaly:
+        """The plugin's finding of the rule's ``assertion``."""
+        text = f"contract {rule}: {assertion}"
+        facts = {"assertion": assertion}
+        return Anomaly(Kind.CONTRACT_RULE_FAILED, text, point=rule, facts=facts)
+
+    still_picked = failed(
+        "job a after its first attempt failed: the system reports leased after 1 attempts, not"
+        " pending after 1 attempts"
     )
-    at_once = f"{rule}w1 claimed job a as attempt 2; nothing may be claimable: the retry's delay"
-    at_once += " has not passed"
+    at_once = failed(
+        "w1 claimed job a as attempt 2; nothing may be claimable: the retry's delay has not passed"
+    )
     in_process, in_store = documented_for(retries_in_store=False), documented_for(True)
     # Before 1.0 the failed job stays picked, as pgqueuer retried it in the worker; from 1.0
     # that would be a broken promise, and the retry claimable at once is what it documents.
@@ -215,3 +224,47 @@ def test_without_pgqueuer_installed_the_system_is_unavailable_and_says_how_to_ge
     monkeypatch.setattr(skeleton, "version", missing)
     with pytest.raises(SystemUnavailable, match=r"pip install -e '\.\[pgqueuer\]'"):
         resolve_system("pgqueuer")
+
+
+def test_what_pgqueuer_documents_names_the_causes_not_the_words() -> None:
+    from crashqueuelab.lab.chaos.verdict import worker_exited
+    from crashqueuelab.lab.runs.promises import explained_by
+    from crashqueuelab.systems.libraries.pgqueuer.promises import documented_for
+
+    documented = documented_for(retries_in_store=True)
+
+    def what(finding: Anomaly) -> str | None:
+        """The start of the weakness that explains ``finding`` (its words to the first
+        parenthesis), None for a broken promise."""
+        index = explained_by(documented, finding, "process")
+        return None if index is None else documented[index].what.split(" (")[0]
+
+    def exited(status: int, error: str) -> Anomaly:
+        return worker_exited({"worker_id": "worker-0.1", "exit_code": status, "error": error})
+
+    manager = "a queue manager whose connection to the server breaks"
+    assert what(exited(3, "OperationalError: the connection is lost")) == manager
+    assert what(exited(3, "ValueError: bad payload")) is None
+    assert what(exited(1, "the connection is lost")) is None
+
+    def beyond(**facts: str | int | bool) -> Anomaly:
+        text = "job k: handed out as attempt 2 of 1 (at 1 s)"
+        return Anomaly(Kind.ATTEMPT_BEYOND_LIMIT, text, job="k", attempt=2, limit=1, facts=facts)
+
+    uncounted = "attempts counts the retries a handler asks for"
+    assert what(beyond(past_the_limit_by_unreported_attempts=True)) == uncounted
+    assert what(beyond(past_the_limit_by_unreported_attempts=False)) is None
+
+    def poison(behaviour: str, attempts_left: bool) -> Anomaly:
+        facts: dict[str, str | bool] = {
+            "poison": True,
+            "behaviour": behaviour,
+            "attempts_left": attempts_left,
+        }
+        return Anomaly(Kind.UNFINISHED, "job poison-0001 (poison): still queued", facts=facts)
+
+    # A dying job is handed out for ever; a failing one is counted, and only its turn may
+    # not have come before the run ended.
+    assert what(poison("die", attempts_left=False)) == uncounted
+    assert what(poison("fail", attempts_left=True)) == uncounted
+    assert what(poison("fail", attempts_left=False)) is None

@@ -4,9 +4,11 @@ left."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from crashqueuelab.judges.findings import Anomaly, Kind, system_raised
 from crashqueuelab.lab.campaign import child
 from crashqueuelab.lab.faults.children import (
     CHILD_STDERR,
@@ -20,6 +22,7 @@ from crashqueuelab.lab.faults.children import (
 from crashqueuelab.lab.workloads.effects import Destination
 from crashqueuelab.lab.workloads.scenario import (
     RECOVERY_OFFSET_US,
+    ROLES,
     START_US,
     RecoveryResult,
     deadline_label,
@@ -107,6 +110,42 @@ def death_summary(death: dict[str, Any]) -> str:
     return f"exit {death['exit_code']}, last words {death['last_words']}{said}"
 
 
+def death_finding(death: dict[str, Any]) -> Anomaly:
+    """``death_summary`` as a finding: the point never reached, or a death elsewhere."""
+    text = death_summary(death)
+    if death["exit_code"] == 0 and death.get("points_reached") is not None:
+        return Anomaly(Kind.CRASH_POINT_NOT_REACHED, text, point=death["fault_point"])
+    return Anomaly(
+        Kind.CHILD_DIED_ELSEWHERE,
+        text,
+        point=death["fault_point"],
+        facts={"exit_code": death["exit_code"], "last_words": str(death["last_words"])},
+    )
+
+
+def effects_finding(effects_by_key: Mapping[str, int], jobs: tuple[JobSpec, ...]) -> Anomaly:
+    """The effects recovery left, when not each job's once: each job's count as a fact
+    (``effect_effects``, ``flaky_effects``)."""
+    return Anomaly(
+        Kind.EFFECTS_NOT_ONCE,
+        f"effects after recovery: {dict(effects_by_key)}",
+        facts={
+            f"{role}_effects": effects_by_key.get(effect_key(job), 0)
+            for role, job in zip(ROLES, jobs, strict=True)
+        },
+    )
+
+
+def unfinished_finding(states: Mapping[str, str]) -> Anomaly:
+    """Recovery that did not bring every job to success: each job's final state as a fact
+    (``effect_state``, ``flaky_state``)."""
+    return Anomaly(
+        Kind.RECOVERY_UNFINISHED,
+        f"final states {dict(states)}",
+        facts={f"{role}_state": state for role, state in states.items()},
+    )
+
+
 def _kill_at(case_dir: Path, spec: str, point: str, seed: int, case_id: str) -> ChildRun:
     arguments = ["--system", spec, "--fault-point", point, "--seed", str(seed)]
     return spawn_child(
@@ -144,27 +183,48 @@ def crash_signature(
     }
 
 
-def continuity(before: StoreReading, after: StoreReading) -> list[str]:
+def continuity(before: StoreReading, after: StoreReading) -> list[Anomaly]:
     """What recovery lost or undid of the state the crash left, job by job."""
     anomalies = []
     for key, was in before.jobs.items():
         now = after.jobs.get(key)
         if now is None:
             anomalies.append(
-                f"job {key}: {was.native_state}/{was.attempts} at the crash, missing after recovery"
+                Anomaly(
+                    Kind.LOST_IN_RECOVERY,
+                    f"job {key}: {was.native_state}/{was.attempts} at the crash, missing after"
+                    " recovery",
+                    job=key,
+                    attempt=was.attempts,
+                    facts={"state": was.native_state},
+                )
             )
         elif now.attempts < was.attempts:
-            anomalies.append(f"job {key}: attempts went back from {was.attempts} to {now.attempts}")
+            anomalies.append(
+                Anomaly(
+                    Kind.ATTEMPTS_WENT_BACK,
+                    f"job {key}: attempts went back from {was.attempts} to {now.attempts}",
+                    job=key,
+                    attempt=now.attempts,
+                    facts={"attempts_at_the_crash": was.attempts},
+                )
+            )
         elif was.status.is_terminal and now.status != was.status:
             anomalies.append(
-                f"job {key}: {was.native_state} at the crash, {now.native_state} after recovery"
+                Anomaly(
+                    Kind.FINISHED_JOB_UNDONE,
+                    f"job {key}: {was.native_state} at the crash, {now.native_state} after"
+                    " recovery",
+                    job=key,
+                    facts={"state_at_the_crash": was.native_state, "state": now.native_state},
+                )
             )
     return anomalies
 
 
 def recover_or_report(
     case_dir: Path, system: System, jobs: tuple[JobSpec, ...], seed: int, case_id: str
-) -> tuple[RecoveryResult | None, str | None]:
+) -> tuple[RecoveryResult | None, Anomaly | None]:
     """Recovery's result, or why the system could not recover (never an exception)."""
     try:
         result = recover_case(
@@ -177,7 +237,8 @@ def recover_or_report(
             start_us=START_US + RECOVERY_OFFSET_US,
         )
     except Exception as error:  # a system that cannot recover is reported, not raised
-        return None, f"recovery raised {type(error).__name__}: {error}"
+        text = f"recovery raised {type(error).__name__}: {error}"
+        return None, system_raised(error, text, call="recovery")
     return result, None
 
 

@@ -23,15 +23,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+from crashqueuelab.judges.findings import Anomaly, Kind, inconsistent, texts, to_json
 from crashqueuelab.lab.campaign.cases import (
     continuity,
     crash_signature,
+    death_finding,
     death_record,
-    death_summary,
+    effects_finding,
     job_fields,
     kill_children,
     new_case,
     recover_or_report,
+    unfinished_finding,
 )
 from crashqueuelab.lab.faults.children import CHILD_STDERR
 from crashqueuelab.lab.faults.powerloss.crashstate import (
@@ -101,6 +104,7 @@ def judge_state(
             return None
         if placed.problem is not None:
             # Nothing can read this state, so nothing may recover it elsewhere either.
+            refused = Anomaly(Kind.SERVER_REFUSED_CRASH_STATE, placed.problem)
             return {
                 "choice": choice.name,
                 "operations": placed.state.summary(),
@@ -108,7 +112,8 @@ def judge_state(
                 "crash_state": None,
                 "durable_as_promised": False,
                 "recovery": None,
-                "anomalies": [placed.problem],
+                "anomalies": [refused.text],
+                "findings": to_json([refused]),
                 "passed": False,
                 "directory": str(state_dir.relative_to(case_dir)),
             }
@@ -140,20 +145,27 @@ def _judge_placed(
     recovered = read_store(system, state_dir / STORE_DIRECTORY, keys)
     ledger = observe_ledger(state_dir / LEDGER_FILE)
     effects_once = all(ledger["effects_by_key"].get(effect_key(job)) == 1 for job in jobs)
-    anomalies = []
+    anomalies: list[Anomaly] = []
     if not durable:
-        differences = lost_acknowledged(_jobs_of(signature, fields), allowed[0])
+        found = _jobs_of(signature, fields)
+        differences = lost_acknowledged(found, allowed[0])
         after = "recovery raised" if recovery is None else f"recovered to {recovery.states}"
-        anomalies.append(f"acknowledged work lost: {'; '.join(differences)} ({after})")
-    anomalies += [f"at the crash: {problem}" for problem in crash_reading.problems]
+        anomalies.append(
+            Anomaly(
+                Kind.ACKNOWLEDGED_WORK_LOST,
+                f"acknowledged work lost: {'; '.join(differences)} ({after})",
+                facts={"fields": ",".join(n for n in allowed[0] if found[n] != allowed[0][n])},
+            )
+        )
+    anomalies += [inconsistent(problem, "at the crash: ") for problem in crash_reading.problems]
     anomalies += continuity(crash_reading, recovered)
     if recovery_error is not None:
         anomalies.append(recovery_error)
-    anomalies += [f"after recovery: {problem}" for problem in recovered.problems]
+    anomalies += [inconsistent(problem, "after recovery: ") for problem in recovered.problems]
     if not effects_once:
-        anomalies.append(f"effects after recovery: {ledger['effects_by_key']}")
+        anomalies.append(effects_finding(ledger["effects_by_key"], jobs))
     if recovery is not None and not (recovery.terminal and recovery.succeeded):
-        anomalies.append(f"final states {recovery.states}")
+        anomalies.append(unfinished_finding(recovery.states))
     write_json(state_dir / "history.json", list(recovered.history))
     return {
         "choice": state.choice.name,
@@ -168,10 +180,16 @@ def _judge_placed(
             "ledger": ledger,
             "each_effect_durable_once": effects_once,
         },
-        "anomalies": anomalies,
+        "anomalies": texts(anomalies),
+        "findings": to_json(anomalies),
         "passed": not anomalies,
         "directory": str(state_dir.relative_to(case_dir)),
     }
+
+
+def _findings_of(state: dict[str, Any]) -> list[Anomaly]:
+    found = [Anomaly.from_json(kept) for kept in state["findings"]]
+    return [finding for finding in found if finding is not None]
 
 
 def run_power_loss_case(
@@ -219,10 +237,12 @@ def run_power_loss_case(
             if judged is not None:
                 states.append(judged)
     death = death_record(case_id, point, child, prelude, case_dir)
-    anomalies = []
-    if not death["died_at_fault_point"]:
-        anomalies.append(death_summary(death))
-    anomalies += [f"{s['choice']}: {line}" for s in states for line in s["anomalies"]]
+    anomalies = [] if death["died_at_fault_point"] else [death_finding(death)]
+    anomalies += [
+        finding.within(f"{state['choice']}: ", choice=state["choice"])
+        for state in states
+        for finding in _findings_of(state)
+    ]
     relative = case_dir.relative_to(output_dir)
     report = {
         **death,
@@ -240,7 +260,8 @@ def run_power_loss_case(
         "crash_states": states,
         "duplicate_crash_states": [same.to_json() for same in distinct.skipped],
         "states_passed": sum(1 for state in states if state["passed"]),
-        "anomalies": anomalies,
+        "anomalies": texts(anomalies),
+        "findings": to_json(anomalies),
         "passed": not anomalies,
         "artifacts": {
             "case_directory": str(relative),

@@ -33,14 +33,25 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from crashqueuelab.core.errors import InvalidInput
+from crashqueuelab.judges.findings import (
+    Anomaly,
+    Kind,
+    inconsistent,
+    joined,
+    restored,
+    texts,
+    to_json,
+)
 from crashqueuelab.lab.campaign.cases import (
     continuity,
     crash_signature,
+    death_finding,
     death_record,
-    death_summary,
+    effects_finding,
     kill_children,
     new_case,
     recover_or_report,
+    unfinished_finding,
 )
 from crashqueuelab.lab.campaign.power_cases import run_power_loss_case
 from crashqueuelab.lab.campaign.probes import (
@@ -49,6 +60,7 @@ from crashqueuelab.lab.campaign.probes import (
     NOT_RUN,
     PASSED,
     check_probe_names,
+    probe_finding,
     run_probes,
     status_of,
 )
@@ -71,6 +83,7 @@ from crashqueuelab.lab.workloads.scenario import (
     LEDGER_FILE,
     STORE_DIRECTORY,
     effect_key,
+    scenario_jobs,
 )
 from crashqueuelab.systems.contract import CrashPoint, System
 from crashqueuelab.systems.registry import DEFAULT_SYSTEM, resolve_system
@@ -187,7 +200,8 @@ def run_case(
             "ledger": recovered_ledger,
             "judgement_ok": recovered.ok,
             "each_effect_durable_once": effects_once,
-            "anomalies": anomalies,
+            "anomalies": texts(anomalies),
+            "findings": to_json(anomalies),
         },
         "recovered_terminal_state": None if recovery is None else recovery.states,
         "recovery_ok": recovery_ok,
@@ -288,43 +302,73 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def anomalies_of(report: dict[str, Any]) -> list[str]:
-    """Every failure of a campaign as one line naming the case or probe and what happened."""
-    lines = []
+def anomalies_of(report: dict[str, Any]) -> list[Anomaly | str]:
+    """Every failure of a campaign as one finding whose line names the case or probe and
+    what happened (a line alone where the record kept no finding for it)."""
+    found: list[Anomaly | str] = []
     for case in report["cases"]:
         if case["passed"]:
             continue
+        prefix, point = f"case {case['case_id']}: ", case["fault_point"]
         if "anomalies" in case:  # a power-loss case lists its own, state by state
-            lines += [f"case {case['case_id']}: {line}" for line in case["anomalies"]]
-            continue
-        reasons = []
-        never_reached = case.get("points_reached") is not None and case["exit_code"] == 0
-        if not case["died_at_fault_point"]:
-            reasons.append(death_summary(case))
-        # A point never reached left the workload's final state: comparing it says nothing.
-        if not case["crash_state_matches_point"] and not never_reached:
-            found, expected = case["crash_state"]["signature"], case["expected_crash_signature"]
-            differences = [
-                f"{name}: expected {expected.get(name)}, found {found.get(name)}"
-                for name in sorted(expected.keys() | found.keys())
-                if expected.get(name) != found.get(name)
+            found += [
+                prefix + line if isinstance(line, str) else line.within(prefix, point=point)
+                for line in restored(case["anomalies"], case.get("findings"))
             ]
-            reasons.append(f"the crash state differs from the point's: {'; '.join(differences)}")
-        reasons += case["crash_judgement"]["problems"]
-        reasons += case["recovery"]["anomalies"]
-        reasons += [f"after recovery: {p}" for p in case["recovery"]["store"]["problems"]]
-        if not case["recovery"]["each_effect_durable_once"]:
-            reasons.append(
-                f"effects after recovery: {case['recovery']['ledger']['effects_by_key']}"
-            )
-        if case["recovery"]["final_states"] is not None and not case["recovery_ok"]:
-            reasons.append(f"final states {case['recovery']['final_states']}")
-        lines.append(f"case {case['case_id']}: " + "; ".join(reasons))
-    lines += [
-        f"probe {p['name']}: {p['detail']}" for p in report["probes"] if status_of(p) == FAILED
+            continue
+        reasons = _case_reasons(case)
+        structured = [reason for reason in reasons if isinstance(reason, Anomaly)]
+        if len(structured) == len(reasons):
+            found.append(joined(prefix, structured).within("", point=point))
+        else:  # a reason kept as a line alone: so is the case's line
+            words = [reason if isinstance(reason, str) else reason.text for reason in reasons]
+            found.append(prefix + "; ".join(words))
+    found += [probe_finding(p) for p in report["probes"] if status_of(p) == FAILED]
+    model = report["model"]
+    found += [
+        MODEL_LINE + line if isinstance(line, str) else line.within(MODEL_LINE)
+        for line in restored(model["anomalies"], model.get("findings"))
     ]
-    lines += [f"model workload: {anomaly}" for anomaly in report["model"]["anomalies"]]
-    return lines
+    return found
+
+
+#: What starts the line of each of the model workload's anomalies.
+MODEL_LINE = "model workload: "
+
+
+def _case_reasons(case: dict[str, Any]) -> list[Anomaly | str]:
+    """Why a process-death case failed, reason by reason, in the order its line says them."""
+    reasons: list[Anomaly | str] = []
+    never_reached = case.get("points_reached") is not None and case["exit_code"] == 0
+    if not case["died_at_fault_point"]:
+        reasons.append(death_finding(case))
+    # A point never reached left the workload's final state: comparing it says nothing.
+    if not case["crash_state_matches_point"] and not never_reached:
+        found, expected = case["crash_state"]["signature"], case["expected_crash_signature"]
+        names = sorted(name for name in expected.keys() | found.keys()
+                       if expected.get(name) != found.get(name))  # fmt: skip
+        differences = [
+            f"{name}: expected {expected.get(name)}, found {found.get(name)}" for name in names
+        ]
+        reasons.append(
+            Anomaly(
+                Kind.CRASH_STATE_DIFFERS,
+                f"the crash state differs from the point's: {'; '.join(differences)}",
+                facts={"fields": ",".join(names)},
+            )
+        )
+    reasons += [inconsistent(problem) for problem in case["crash_judgement"]["problems"]]
+    recovery = case["recovery"]
+    reasons += restored(recovery["anomalies"], recovery.get("findings"))
+    reasons += [
+        inconsistent(problem, "after recovery: ") for problem in recovery["store"]["problems"]
+    ]
+    if not recovery["each_effect_durable_once"]:
+        jobs = scenario_jobs(case["case_id"])
+        reasons.append(effects_finding(recovery["ledger"]["effects_by_key"], jobs))
+    if recovery["final_states"] is not None and not case["recovery_ok"]:
+        reasons.append(unfinished_finding(recovery["final_states"]))
+    return reasons
 
 
 def not_run_of(report: dict[str, Any]) -> list[str]:
@@ -483,8 +527,10 @@ def run_campaign(
         "model": model,
     }
     report["summary"] = summarize(report)
-    report["anomalies"] = anomalies_of(report)
-    report["promises"] = classify(chosen, crash_mode, report["anomalies"])
+    findings = anomalies_of(report)
+    report["anomalies"] = [line if isinstance(line, str) else line.text for line in findings]
+    report["findings"] = to_json([line for line in findings if isinstance(line, Anomaly)])
+    report["promises"] = classify(chosen, crash_mode, findings)
     report |= judge(report)
     report["timings"] = {"total_ms": round((time.perf_counter() - started) * 1000, 3)}
     report["shrink"] = None

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from crashqueuelab.judges.findings import Anomaly, Kind, inconsistent, texts, to_json
 from crashqueuelab.judges.readonly import open_read_only
 from crashqueuelab.lab.chaos.overlaps import overlapping_leases
 from crashqueuelab.lab.chaos.poison import PoisonJob, judge_poison
@@ -58,7 +59,7 @@ def stale_rejections(logs: dict[str, WorkerLog]) -> int:
     return sum(len(log.stale) for log in logs.values())
 
 
-def _double_acknowledgements(logs: dict[str, WorkerLog]) -> list[str]:
+def _double_acknowledgements(logs: dict[str, WorkerLog]) -> list[Anomaly]:
     accepted = accepted_per_key(logs)
     lines = []
     for key, count in sorted(accepted.items()):
@@ -69,22 +70,35 @@ def _double_acknowledgements(logs: dict[str, WorkerLog]) -> list[str]:
                 for acked, token in log.acks
                 if acked == key
             ]
-            lines.append(f"job {key}: acknowledged {count} times, by {', '.join(holders)}")
+            lines.append(
+                Anomaly(
+                    Kind.ACKNOWLEDGED_TWICE,
+                    f"job {key}: acknowledged {count} times, by {', '.join(holders)}",
+                    job=key,
+                    facts={"times": count},
+                )
+            )
     return lines
 
 
-def _last_holders(logs: Mapping[str, WorkerLog], missing: list[str]) -> dict[str, str]:
-    """Why each missing job may be gone, as the workers' logs tell it: the worker whose
-    log ends holding it (claimed, never answered for), or, for a job no log names, how
-    many workers' logs end inside a claim call (one stopped there may have taken a job it
-    never logged)."""
+#: Where the workers' logs last saw a missing job (the fact ``last_seen`` of ``lost``):
+#: held by a worker that never answered for it, taken by none while some workers' logs end
+#: inside a claim call, or neither.
+HELD, CLAIMING, UNSEEN = "held", "claiming", "unseen"
+
+
+def _last_holders(logs: Mapping[str, WorkerLog], missing: list[str]) -> dict[str, tuple[str, str]]:
+    """Why each missing job may be gone, as the workers' logs tell it (the words, and
+    ``HELD`` or ``CLAIMING``): the worker whose log ends holding it (claimed, never answered
+    for), or, for a job no log names, how many workers' logs end inside a claim call (one
+    stopped there may have taken a job it never logged)."""
     holders: dict[str, list[str]] = {}
     for worker, log in sorted(logs.items()):
         unanswered = set(log.acking) - set(log.acks) - set(log.stale)
         for key, _ in sorted(log.held() | unanswered):
             holders.setdefault(key, []).append(worker)
     words = {
-        key: f"; claimed by {', '.join(workers)}, which never answered for it"
+        key: (f"; claimed by {', '.join(workers)}, which never answered for it", HELD)
         for key, workers in holders.items()
     }
     unnamed = [key for key in missing if key not in words]
@@ -93,9 +107,19 @@ def _last_holders(logs: Mapping[str, WorkerLog], missing: list[str]) -> dict[str
         for key in unnamed:
             words[key] = (
                 f"; in no worker's log, and {inside} workers' logs end inside a claim call,"
-                f" for {len(unnamed)} such job{'' if len(unnamed) == 1 else 's'}"
+                f" for {len(unnamed)} such job{'' if len(unnamed) == 1 else 's'}",
+                CLAIMING,
             )
     return words
+
+
+def _lost(key: str, why: str, last_seen: str) -> Anomaly:
+    return Anomaly(
+        Kind.LOST,
+        f"job {key}: missing from the store (lost{why})",
+        job=key,
+        facts={"last_seen": last_seen, "poison": False},
+    )
 
 
 def unknown_outcomes(logs: Mapping[str, WorkerLog]) -> list[tuple[str, str]]:
@@ -156,23 +180,40 @@ def judge_run(
     )
     holders = _last_holders(logs, missing)
     anomalies = (
-        [f"job {key}: missing from the store (lost{holders.get(key, '')})" for key in missing]
+        [_lost(key, *holders.get(key, ("", UNSEEN))) for key in missing]
         + [
-            f"job {key}: still {stored[key].native_state} after the run (unfinished, not lost:"
-            " the store holds it)"
+            Anomaly(
+                Kind.UNFINISHED,
+                f"job {key}: still {stored[key].native_state} after the run (unfinished, not"
+                " lost: the store holds it)",
+                job=key,
+                attempt=stored[key].attempts,
+                facts={"state": stored[key].native_state, "poison": False},
+            )
             for key in unfinished
         ]
-        + [f"job {key}: dead-lettered" for key in dead]
+        + [Anomaly(Kind.DEAD_LETTERED, f"job {key}: dead-lettered", job=key) for key in dead]
         + [
-            f"job {key}: {effect_counts[key]} durable effects in the idempotent ledger"
+            Anomaly(
+                Kind.EFFECT_DUPLICATED,
+                f"job {key}: {effect_counts[key]} durable effects in the idempotent ledger",
+                job=key,
+                facts={"effects": effect_counts[key]},
+            )
             for key in duplicated
         ]
-        + [f"job {key}: succeeded with no durable effect" for key in effects_missing]
-        + [f"effect {key}: for a job never submitted" for key in unexpected]
+        + [
+            Anomaly(Kind.EFFECT_MISSING, f"job {key}: succeeded with no durable effect", job=key)
+            for key in effects_missing
+        ]
+        + [
+            Anomaly(Kind.EFFECT_NOT_SUBMITTED, f"effect {key}: for a job never submitted", job=key)
+            for key in unexpected
+        ]
         + double_acks
         + overlaps
         + poison_anomalies
-        + [f"judge: {problem}" for problem in reading.problems]
+        + [inconsistent(problem, "judge: ") for problem in reading.problems]
     )
     # Lost is gone from the store; a job the store still holds that never finished is the
     # run's stall (liveness), never counted as lost.
@@ -202,15 +243,16 @@ def judge_run(
         "poison": {
             "submitted": len(poisoned),
             "dead_lettered_at_their_limit": len(poisoned) - len(poison_anomalies),
-            "anomalies": poison_anomalies,
+            "anomalies": texts(poison_anomalies),
         },
         "overlapping_leases": len(overlaps),
-        "overlapping_lease_proofs": overlaps,
+        "overlapping_lease_proofs": texts(overlaps),
         "judge": reading.judge,
         "judge_ok": reading.ok,
         "judge_problems": list(reading.problems),
         "integrity_check_ok": integrity,
-        "anomalies": anomalies,
+        "anomalies": texts(anomalies),
+        "findings": to_json(anomalies),
     }
     result["ok"] = (
         lost == 0

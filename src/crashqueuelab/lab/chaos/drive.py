@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from crashqueuelab.judges.findings import Anomaly, Kind
 from crashqueuelab.lab.chaos.fleet import ChaosRun, Slot
 from crashqueuelab.lab.chaos.schedule import PlannedFault
 from crashqueuelab.lab.chaos.watcher import Watcher
@@ -140,14 +141,18 @@ def _stalled(run: ChaosRun, watcher: Watcher, jobs: int) -> bool:
     if now - run.progress_seen[1] < grace:
         return False
     if done >= jobs:
-        run.state.gave_up = (
+        run.state.gave_up = Anomaly(
+            Kind.WORK_NEVER_ENDED,
             f"every other job was acknowledged, but the work did not end within {grace:.0f} s"
-            " after: jobs are left that never reach the dead letter (see the poison jobs)"
+            " after: jobs are left that never reach the dead letter (see the poison jobs)",
+            facts={"waited_s": round(grace)},
         )
     else:
-        run.state.gave_up = (
+        run.state.gave_up = Anomaly(
+            Kind.WORK_STALLED,
             f"the work stalled: no job was acknowledged for {grace:.0f} s after every fault"
-            f" was delivered, with {jobs - done} of {jobs} jobs never acknowledged"
+            f" was delivered, with {jobs - done} of {jobs} jobs never acknowledged",
+            facts={"waited_s": round(grace), "unacknowledged": jobs - done},
         )
     return True
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from crashqueuelab.judges.findings import Anomaly
 from crashqueuelab.lab.chaos.powercuts import PowerSupply
 from crashqueuelab.lab.chaos.processes import (
     ERROR_SUFFIX,
@@ -71,7 +72,7 @@ class RunState:
     workers: list[dict[str, Any]] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
     #: Why the run stopped waiting before its work was done (None: it did not).
-    gave_up: str | None = None
+    gave_up: Anomaly | None = None
     # slot index -> (the pause's record, the leases it held, when to continue it anyway)
     paused: dict[int, tuple[dict[str, Any], set[tuple[str, str]], float]] = field(
         default_factory=dict

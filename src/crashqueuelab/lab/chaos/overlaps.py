@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from crashqueuelab.judges.findings import Anomaly, Kind
 from crashqueuelab.lab.chaos.worklog import WorkerLog
 
 #: How much earlier than the deadline the monotonic clock can prove a lease still live
@@ -61,8 +62,8 @@ def grants(logs: dict[str, WorkerLog], lease_s: float) -> list[Grant]:
 
 def overlapping_leases(
     logs: dict[str, WorkerLog], *, lease_s: float, started_s: float = 0.0
-) -> list[str]:
-    """One line per pair of leases on one job that were both surely live at one instant,
+) -> list[Anomaly]:
+    """One finding per pair of leases on one job that were both surely live at one instant,
     naming both workers, both leases and the job (times in seconds from ``started_s``)."""
     by_key: dict[str, list[Grant]] = {}
     for grant in grants(logs, lease_s):
@@ -76,11 +77,13 @@ def overlapping_leases(
                 both_until = min(first.live_until, second.live_until)
                 if both_from >= both_until:
                     continue
-                lines.append(
+                text = (
                     f"job {key}: two live leases from {both_from - started_s:.3f} s to"
                     f" {both_until - started_s:.3f} s at least: {first.worker_id}'s lease"
                     f" {first.token} (claim returned at {first.returned_at - started_s:.3f} s)"
                     f" and {second.worker_id}'s lease {second.token} (claim returned at"
                     f" {second.returned_at - started_s:.3f} s)"
                 )
+                facts = {"holder": first.worker_id, "worker": second.worker_id}
+                lines.append(Anomaly(Kind.OVERLAPPING_LEASES, text, job=key, facts=facts))
     return lines

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from crashqueuelab.judges.findings import Anomaly, Kind
 from crashqueuelab.systems.contract import JobSpec, JobStatus, StoredJob
 
 #: Poison jobs in a chaos run unless told otherwise.
@@ -51,26 +52,43 @@ def behaviour(payload: dict[str, Any]) -> str | None:
     return value if value in (DIE, FAIL) else None
 
 
-def judge_poison(jobs: list[PoisonJob], stored: Mapping[str, StoredJob]) -> list[str]:
-    """One line per poison job not dead-lettered after exactly its attempt limit."""
+def judge_poison(jobs: list[PoisonJob], stored: Mapping[str, StoredJob]) -> list[Anomaly]:
+    """One finding per poison job not dead-lettered after exactly its attempt limit (each
+    with the fact ``poison``, and how its attempts end: ``behaviour``)."""
     anomalies = []
     for job in jobs:
         found = stored.get(job.key)
         limit = f"its limit is {job.max_attempts} attempts"
         if found is None:
-            anomalies.append(f"job {job.key} (poison): missing from the store (lost)")
+            anomalies.append(_finding(job, found, Kind.LOST, "missing from the store (lost)"))
         elif found.status is JobStatus.SUCCEEDED:
-            anomalies.append(
-                f"job {job.key} (poison): {found.native_state}, though every attempt of it"
-                f" {'died' if job.behaviour == DIE else 'failed'}"
-            )
+            every = "died" if job.behaviour == DIE else "failed"
+            text = f"{found.native_state}, though every attempt of it {every}"
+            anomalies.append(_finding(job, found, Kind.POISON_SUCCEEDED, text))
         elif found.status is not JobStatus.DEAD:
-            anomalies.append(
-                f"job {job.key} (poison): still {found.native_state} after the run, never"
-                f" dead-lettered ({found.attempts} attempts; {limit})"
+            text = (
+                f"still {found.native_state} after the run, never dead-lettered"
+                f" ({found.attempts} attempts; {limit})"
             )
+            anomalies.append(_finding(job, found, Kind.UNFINISHED, text))
         elif found.attempts != job.max_attempts:
-            anomalies.append(
-                f"job {job.key} (poison): dead-lettered after {found.attempts} attempts; {limit}"
-            )
+            text = f"dead-lettered after {found.attempts} attempts; {limit}"
+            anomalies.append(_finding(job, found, Kind.DEAD_LETTERED_OFF_ITS_LIMIT, text))
     return anomalies
+
+
+def _finding(job: PoisonJob, found: StoredJob | None, kind: Kind, text: str) -> Anomaly:
+    # Attempts left: the run ended before the job used them all (its turn never came).
+    state: dict[str, str | bool] = (
+        {}
+        if found is None
+        else {"state": found.native_state, "attempts_left": found.attempts < job.max_attempts}
+    )
+    return Anomaly(
+        kind,
+        f"job {job.key} (poison): {text}",
+        job=job.key,
+        attempt=None if found is None else found.attempts,
+        limit=job.max_attempts,
+        facts={"poison": True, "behaviour": job.behaviour, **state},
+    )

@@ -6,8 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from crashqueuelab.judges.findings import Anomaly, restored, texts, to_json
 from crashqueuelab.lab.chaos.fleet import ChaosRun
-from crashqueuelab.lab.chaos.verdict import promises, reasons
+from crashqueuelab.lab.chaos.verdict import promises, reasons, worker_exited
 from crashqueuelab.lab.faults.delivery import landed_count
 from crashqueuelab.lab.faults.kinds import FaultKind
 from crashqueuelab.lab.faults.network.plan import NetworkPlan
@@ -37,7 +38,7 @@ def chaos_record(
     batch: int,
     counts: dict[FaultKind, int],
     accounting: dict[str, Any],
-    pause_anomalies: list[str],
+    pause_anomalies: list[Anomaly],
     finished_in_time: bool,
     schedule_record: list[dict[str, Any]],
     replay_of: str | None,
@@ -54,6 +55,12 @@ def chaos_record(
     cuts_delivered = landed_count(delivered, FaultKind.POWER_CUT)
     restarts_delivered = landed_count(delivered, FaultKind.SERVER_RESTART)
     session_kills_delivered = landed_count(delivered, FaultKind.SESSION_KILL)
+    accounted = restored(accounting["anomalies"], accounting["findings"])
+    findings = [
+        *(worker_exited(failure) for failure in run.state.failures),
+        *(finding for finding in accounted if isinstance(finding, Anomaly)),
+        *pause_anomalies,
+    ]
     report = {
         "system": chosen.describe(),
         "system_spec": system,
@@ -93,12 +100,8 @@ def chaos_record(
         "respawns": run.state.respawns,
         "accounting": accounting,
         "worker_failures": run.state.failures,
-        "anomalies": [
-            f"{failure['worker_id']} exited with status {failure['exit_code']}: {failure['error']}"
-            for failure in run.state.failures
-        ]
-        + accounting["anomalies"]
-        + pause_anomalies,
+        "anomalies": texts(findings),
+        "findings": to_json(findings),
         "ok": (
             accounting["ok"]
             and not run.state.failures
@@ -108,7 +111,7 @@ def chaos_record(
         "reasons": reasons(
             accounting,
             run.state.failures,
-            pause_anomalies,
+            texts(pause_anomalies),
             delivered,
             planned=counts,
             finished_in_time=finished_in_time,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from crashqueuelab.judges.findings import Anomaly, Kind, restored
 from crashqueuelab.lab.chaos.worklog import read_logs
 from crashqueuelab.lab.faults.delivery import landed_count
 from crashqueuelab.lab.faults.kinds import FaultKind
@@ -21,15 +22,12 @@ def reasons(
     *,
     planned: dict[FaultKind, int],
     finished_in_time: bool,
-    gave_up: str | None = None,
+    gave_up: Anomaly | None = None,
 ) -> list[str]:
     """Why a run is not ok, one line each (empty when it is)."""
-    reasons = [
-        f"{failure['worker_id']} exited with status {failure['exit_code']}: {failure['error']}"
-        for failure in failures
-    ]
+    reasons = [worker_exited(failure).text for failure in failures]
     if not finished_in_time:
-        reasons.append(gave_up or "the work did not finish before the deadline")
+        reasons.append(unfinished_work(gave_up).text)
     for kind, count in planned.items():
         landed = landed_count(delivered, kind)
         if landed != count:
@@ -68,7 +66,27 @@ def reasons(
     return reasons + pause_anomalies
 
 
-def judge_pauses(delivered: list[dict[str, Any]], log_dir: Path) -> list[str]:
+def worker_exited(failure: dict[str, Any]) -> Anomaly:
+    """A worker that exited by itself (a failure the run recorded), as a finding."""
+    return Anomaly(
+        Kind.WORKER_EXITED,
+        f"{failure['worker_id']} exited with status {failure['exit_code']}: {failure['error']}",
+        facts={
+            "worker": str(failure["worker_id"]),
+            "status": int(failure["exit_code"]),
+            "error": str(failure["error"]),
+        },
+    )
+
+
+def unfinished_work(gave_up: Anomaly | None) -> Anomaly:
+    """Why the run's work did not finish: why it stopped waiting, or its deadline."""
+    if gave_up is not None:
+        return gave_up
+    return Anomaly(Kind.DEADLINE_PASSED, "the work did not finish before the deadline")
+
+
+def judge_pauses(delivered: list[dict[str, Any]], log_dir: Path) -> list[Anomaly]:
     """What each paused worker was told about the leases it held when it was stopped.
 
     It was continued only after its leases' deadlines had passed or other workers had
@@ -91,21 +109,26 @@ def judge_pauses(delivered: list[dict[str, Any]], log_dir: Path) -> list[str]:
         }
         record["fenced"] = not accepted
         anomalies += [
-            f"job {key}: {record['worker_id']}, stopped past its lease, had its late "
-            "acknowledgement accepted"
+            Anomaly(
+                Kind.LATE_ACKNOWLEDGEMENT_ACCEPTED,
+                f"job {key}: {record['worker_id']}, stopped past its lease, had its late "
+                "acknowledgement accepted",
+                job=key,
+                facts={"worker": str(record["worker_id"]), "paused": True},
+            )
             for key, _ in sorted(accepted)
         ]
     return anomalies
 
 
 def promises(
-    chosen: System, crash_mode: str, report: dict[str, Any], gave_up: str | None
+    chosen: System, crash_mode: str, report: dict[str, Any], gave_up: Anomaly | None
 ) -> dict[str, Any]:
     """The run against the system's own promises, judged job by job (the reasons' counts
     say "unfinished" of a job the store still holds) with the run's stall; a fault the
     schedule could not deliver says nothing of the system."""
-    judged = list(report["anomalies"])
+    judged = restored(report["anomalies"], report.get("findings"))
     if not report["finished_in_time"]:
-        judged.append(gave_up or "the work did not finish before the deadline")
+        judged.append(unfinished_work(gave_up))
     kinds = sorted({str(record["kind"]) for record in report["faults"] if "at_s" in record})
     return classify(chosen, crash_mode, judged, kinds)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from crashqueuelab.judges.findings import Anomaly, Kind
 from crashqueuelab.lab.heartbeats.faults import Held
 from crashqueuelab.systems.contract import JobStatus
 
@@ -165,7 +166,7 @@ def judge(
     origin: float,
     held: Mapping[str, Sequence[Held]] | None = None,
     max_attempts: int | None = None,
-) -> list[str]:
+) -> list[Anomaly]:
     """The anomalies of a run in which the lab killed or stopped no worker: a job run more
     than once (beside its first execution, or after it), a job never run, a job the store
     does not hold done. A job handed out again while a network fault held its holder's
@@ -177,12 +178,25 @@ def judge(
     for key in keys:
         runs = sorted((run for run in executions if run.key == key), key=lambda run: run.start_s)
         if not runs:
-            anomalies.append(f"job {key}: never run, while every worker was alive and polling")
+            anomalies.append(
+                Anomaly(
+                    Kind.NEVER_RUN,
+                    f"job {key}: never run, while every worker was alive and polling",
+                    job=key,
+                )
+            )
         guarded = [run for run in runs if run.how in (CUT, KILLED)]
         if guarded and max_attempts is not None and len(runs) > max_attempts:
             anomalies.append(
-                f"job {key}: run {len(runs)} times, {len(guarded)} of them ended by the"
-                f" library's own guard; its attempts are {max_attempts}"
+                Anomaly(
+                    Kind.ATTEMPT_BEYOND_LIMIT,
+                    f"job {key}: run {len(runs)} times, {len(guarded)} of them ended by the"
+                    f" library's own guard; its attempts are {max_attempts}",
+                    job=key,
+                    attempt=len(runs),
+                    limit=max_attempts,
+                    facts={"ended_by_its_guard": len(guarded)},
+                )
             )
         for index, again in enumerate(runs[1:], 1):
             # The job was taken from its latest holder: the last one to start before it.
@@ -193,23 +207,31 @@ def judge(
                 continue  # the library retried an attempt its own guard ended
             window = _holding(first, again, held or {})
             if window is None:
-                anomalies.append(
+                text = (
                     f"job {key}: run again {how} a live worker's execution:"
                     f" {_when(first, origin)}, then {_when(again, origin)}; no worker was"
                     " killed, stopped or cut off"
                 )
+                facts: dict[str, str | bool] = {"how": how, "connection_held": False}
             else:
-                anomalies.append(
+                text = (
                     f"job {key}: run again {how} {first.worker}'s execution while a"
                     f" {window.kind} held {first.worker}'s connection"
                     f" ({window.start - origin:.2f} s to {window.end - origin:.2f} s):"
                     f" {_when(first, origin)}, then {_when(again, origin)}"
                 )
+                facts = {"how": how, "connection_held": True, "fault": str(window.kind)}
+            anomalies.append(Anomaly(Kind.RUN_AGAIN, text, job=key, facts=facts))
         found = None if stored is None else stored.get(key)
         given_up = found is JobStatus.DEAD and bool(runs) and len(guarded) == len(runs)
         if stored is not None and found is not JobStatus.SUCCEEDED and not given_up:
+            status = "nowhere" if found is None else found.value
             anomalies.append(
-                f"job {key}: the store holds it {'nowhere' if found is None else found.value}"
-                " after every execution ended"
+                Anomaly(
+                    Kind.STORE_DIFFERS,
+                    f"job {key}: the store holds it {status} after every execution ended",
+                    job=key,
+                    facts={"told": "ended", "stored": status},
+                )
             )
     return anomalies

@@ -29,6 +29,7 @@ from crashqueuelab.core.clock import SystemClock
 from crashqueuelab.core.errors import InvalidInput, SystemUnavailable
 from crashqueuelab.core.ids import RandomIds
 from crashqueuelab.core.retry import RetryPolicy
+from crashqueuelab.judges.findings import texts, to_json
 from crashqueuelab.lab.faults.kinds import FaultKind
 from crashqueuelab.lab.faults.network.plan import NetworkPlan
 from crashqueuelab.lab.heartbeats.faults import (
@@ -225,7 +226,8 @@ def run_heartbeats(
     promises = None if error else classify(resolved, "live workers", anomalies, faults_seen)
     record = {
         "ok": not anomalies and error is None,
-        "anomalies": anomalies,
+        "anomalies": texts(anomalies),
+        "findings": to_json(anomalies),
         "error": error,
         "system": resolved.describe(),
         "spec": system,

@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from crashqueuelab.judges.findings import Anomaly, restored
 from crashqueuelab.lab.campaign.probes import FAILED, status_of
 from crashqueuelab.lab.campaign.run import CAMPAIGN_FILE
 from crashqueuelab.lab.reproducers import rerun
@@ -110,10 +111,14 @@ class _Shrinker:
         self.kinds: dict[str, dict[str, Any]] = {}
         self.import_path: str | None = report.get("system_import_path")
         self.weaknesses = declared(report.get("promises"))
+        found = restored(report.get("anomalies", []), report.get("findings"))
+        #: Each anomaly line's finding, where the campaign kept one.
+        self.findings = {item.text: item for item in found if isinstance(item, Anomaly)}
 
     def documented(self, line: str) -> dict[str, str] | None:
         """The documented weakness that explains the campaign's anomaly ``line``, if any."""
-        index = explained_by(self.weaknesses, line, self.report["crash_mode"])
+        finding = self.findings.get(line, line)
+        index = explained_by(self.weaknesses, finding, self.report["crash_mode"])
         if index is None:
             return None
         weakness = self.weaknesses[index]

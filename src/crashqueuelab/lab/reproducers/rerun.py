@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from crashqueuelab.core.errors import CrashQueueLabError
-from crashqueuelab.lab.campaign.probes import run_probes
-from crashqueuelab.lab.campaign.run import run_campaign
+from crashqueuelab.judges.findings import Anomaly, restored
+from crashqueuelab.lab.campaign.probes import probe_finding, run_probes
+from crashqueuelab.lab.campaign.run import MODEL_LINE, run_campaign
 from crashqueuelab.lab.chaos.longjobs import DEFAULT_LONG_JOBS
 from crashqueuelab.lab.chaos.poison import DEFAULT_POISON_JOBS
 from crashqueuelab.lab.chaos.run import run_chaos
@@ -58,6 +59,12 @@ class Outcome:
     weaknesses: list[str] = field(default_factory=list)
     #: The anomalies no documented weakness explains: the system's bugs.
     broken_promises: list[str] = field(default_factory=list)
+    #: The findings of the anomalies, as records keep them (``judges.findings``).
+    findings: list[dict[str, Any]] = field(default_factory=list)
+
+    def found(self) -> list[Anomaly | str]:
+        """Each anomaly as its finding, or as its line where the rerun kept none."""
+        return restored(self.anomalies, self.findings)
 
     def explain(self) -> str:
         """The anomalies, one per line, and where the evidence lies: an assertion message."""
@@ -88,6 +95,7 @@ class Outcome:
             "directory": str(self.directory),
             "weaknesses": self.weaknesses,
             "broken_promises": self.broken_promises,
+            "findings": self.findings,
         }
 
     @classmethod
@@ -98,11 +106,16 @@ class Outcome:
             Path(data["directory"]),
             list(data["weaknesses"]),
             list(data["broken_promises"]),
+            list(data.get("findings", [])),
         )
 
 
 def _judged(
-    ok: bool, anomalies: list[str], directory: Path, promises: Mapping[str, Any]
+    ok: bool,
+    anomalies: list[str],
+    directory: Path,
+    promises: Mapping[str, Any],
+    findings: list[dict[str, Any]] | None = None,
 ) -> Outcome:
     """An outcome with its anomalies sorted as ``promises`` (``classify``'s) sorts them."""
     return Outcome(
@@ -111,6 +124,7 @@ def _judged(
         directory,
         [entry["what"] for entry in promises["weaker_as_documented"]],
         list(promises["broken_promises"]),
+        list(findings or []),
     )
 
 
@@ -144,9 +158,12 @@ def replay_model_workload(
         report = run_model_workload(
             chosen, run, seed=int(schedule["seed"]), schedule=dict(schedule)
         )
-    anomalies = list(report["anomalies"])
-    promises = classify(chosen, PROCESS, [f"model workload: {line}" for line in anomalies])
-    return _judged(report["ok"], anomalies, run, promises)
+    anomalies, findings = list(report["anomalies"]), list(report["findings"])
+    lines = [
+        f"{MODEL_LINE}{line}" if isinstance(line, str) else line.within(MODEL_LINE)
+        for line in restored(anomalies, findings)
+    ]
+    return _judged(report["ok"], anomalies, run, classify(chosen, PROCESS, lines), findings)
 
 
 def run_crash_point(
@@ -177,7 +194,9 @@ def run_crash_point(
             crash_points=[crash_point],
             probes=[],
         )
-    return _judged(report["ok"], list(report["anomalies"]), run, report["promises"])
+    return _judged(
+        report["ok"], list(report["anomalies"]), run, report["promises"], report["findings"]
+    )
 
 
 def run_probe(
@@ -191,12 +210,11 @@ def run_probe(
     run = Path(directory) / "probes"
     with servers_named(system, chosen):
         results = run_probes(chosen, run, only=[probe])
-    anomalies = [f"probe {result['name']}: {result['detail']}" for result in results]
     # A probe that does not apply to the system (ok null) asks nothing of it.
-    failed = [
-        line for line, result in zip(anomalies, results, strict=True) if result["ok"] is False
-    ]
-    return _judged(not failed, failed, run, classify(chosen, PROCESS, failed))
+    failed = [probe_finding(result) for result in results if result["ok"] is False]
+    lines = [line if isinstance(line, str) else line.text for line in failed]
+    findings = [line.to_json() for line in failed if isinstance(line, Anomaly)]
+    return _judged(not failed, lines, run, classify(chosen, PROCESS, failed), findings)
 
 
 def replay_chaos(

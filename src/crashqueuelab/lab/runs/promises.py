@@ -4,8 +4,10 @@ The lab judges every system against its own contract: leases, fenced acknowledge
 nothing lost after a power cut. A library that never promised one of these is not broken
 when it lacks it; it is weaker than the lab's contract, as its documentation says. Each
 system declares those weaknesses (``Documented``, with a link to the library's own words);
-this module sorts a run's anomaly lines into the ones a declared weakness explains and the
-ones none does. Only the second kind is a bug in the library.
+this module sorts a run's anomalies into the ones a declared weakness explains and the ones
+none does. Only the second kind is a bug in the library. A weakness that names kinds of
+finding explains a finding by its kind and conditions, never by the words of its line; its
+patterns are the fallback for a line that has no finding.
 """
 
 from __future__ import annotations
@@ -14,32 +16,67 @@ from collections.abc import Mapping, Sequence
 from fnmatch import fnmatchcase
 from typing import Any
 
-from crashqueuelab.systems.contract import Documented, System
+from crashqueuelab.judges.findings import Anomaly, Fact
+from crashqueuelab.systems.contract import Condition, Conditions, Documented, System
 
 #: A crash case's anomaly line starts with this (``campaign.anomalies_of``).
 CASE_LINE = "case "
 
+#: One anomaly of a run: its finding, or its line alone where the run kept none.
+Finding = Anomaly | str
 
-def explains(weakness: Documented, line: str, crash_mode: str, faults: Sequence[str] = ()) -> bool:
-    """Whether ``weakness`` accounts for one anomaly line of a run in ``crash_mode`` in which
-    ``faults`` (chaos's fault kinds) were delivered."""
+
+def explains(
+    weakness: Documented, finding: Finding, crash_mode: str, faults: Sequence[str] = ()
+) -> bool:
+    """Whether ``weakness`` accounts for one anomaly of a run in ``crash_mode`` in which
+    ``faults`` (chaos's fault kinds) were delivered: a finding by its kind and conditions
+    where the weakness names kinds, a line without one by the weakness's patterns."""
+    line = finding if isinstance(finding, str) else finding.text
     if crash_mode in weakness.crash_modes and line.startswith(CASE_LINE):
         return True
     if any(fault in faults for fault in weakness.faults):
         return True
+    if isinstance(finding, Anomaly) and weakness.names_kinds:
+        return all(_named(weakness, part) for part in finding.leaves())
     return any(fnmatchcase(line, pattern) for pattern in weakness.explains)
 
 
+def _named(weakness: Documented, finding: Anomaly) -> bool:
+    alternatives = weakness.alternatives(finding.kind.value)
+    return alternatives is not None and any(
+        all(_meets(finding.value(name), wanted) for name, wanted in conditions.items())
+        for conditions in alternatives
+    )
+
+
+def _meets(value: Fact | None, wanted: Condition) -> bool:
+    """Whether a finding's field or fact ``value`` is one ``wanted`` allows (a string as an
+    ``fnmatch`` pattern; a bool is never a number, nor a number a bool)."""
+    if value is None:
+        return False
+    for one in wanted if isinstance(wanted, tuple) else (wanted,):
+        if isinstance(one, str):
+            if isinstance(value, str) and fnmatchcase(value, one):
+                return True
+        elif type(one) is type(value) and one == value:
+            return True
+    return False
+
+
 def explained_by(
-    weaknesses: Sequence[Documented], line: str, crash_mode: str, faults: Sequence[str] = ()
+    weaknesses: Sequence[Documented],
+    finding: Finding,
+    crash_mode: str,
+    faults: Sequence[str] = (),
 ) -> int | None:
-    """The position of the first of ``weaknesses`` that accounts for ``line``; None when
-    none does (the line is a broken promise)."""
+    """The position of the first of ``weaknesses`` that accounts for ``finding``; None when
+    none does (it is a broken promise)."""
     return next(
         (
             position
             for position, weakness in enumerate(weaknesses)
-            if explains(weakness, line, crash_mode, faults)
+            if explains(weakness, finding, crash_mode, faults)
         ),
         None,
     )
@@ -57,23 +94,43 @@ def declared(promises: Mapping[str, Any] | None) -> list[Documented]:
             crash_modes=tuple(entry["crash_modes"]),
             explains=tuple(entry["explains"]),
             faults=tuple(entry["faults"]),
+            kinds=tuple(entry.get("kinds", ())),
+            when={
+                kind: _restored(conditions)
+                for kind, conditions in (entry.get("when") or {}).items()
+            },
         )
         for entry in (promises or {}).get("declared", [])
     ]
 
 
+def _restored(conditions: Any) -> Conditions | tuple[Conditions, ...]:
+    """Conditions as ``Documented.to_json`` wrote them (lists for tuples)."""
+
+    def one(kept: Mapping[str, Any]) -> Conditions:
+        return {
+            name: tuple(value) if isinstance(value, list) else value for name, value in kept.items()
+        }
+
+    if isinstance(conditions, list):
+        return tuple(one(kept) for kept in conditions)
+    return one(conditions)
+
+
 def classify(
-    system: System, crash_mode: str, anomalies: Sequence[str], faults: Sequence[str] = ()
+    system: System, crash_mode: str, anomalies: Sequence[Finding], faults: Sequence[str] = ()
 ) -> dict[str, Any]:
-    """The run's verdict against the system's own promises: every anomaly line either under
-    the first declared weakness that explains it, or among the broken promises. ``faults``:
-    the kinds of chaos's faults the run delivered."""
+    """The run's verdict against the system's own promises: every anomaly (its finding, or
+    its line where it has none) either under the first declared weakness that explains it,
+    or among the broken promises (their lines). ``faults``: the kinds of chaos's faults the
+    run delivered."""
     documented: list[dict[str, Any]] = [
         {**weakness.to_json(), "lines": 0, "first": None} for weakness in system.documented
     ]
     broken = []
-    for line in anomalies:
-        index = explained_by(system.documented, line, crash_mode, faults)
+    for finding in anomalies:
+        line = finding if isinstance(finding, str) else finding.text
+        index = explained_by(system.documented, finding, crash_mode, faults)
         if index is None:
             broken.append(line)
             continue

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from crashqueuelab.judges.findings import Anomaly, Kind
+
 
 class SystemRaised(Exception):
     """The system under test raised from one of its calls."""
@@ -21,13 +23,20 @@ class SystemRaised(Exception):
     def __init__(self, system: str, call: str, error: BaseException) -> None:
         self.system = system
         self.call = call
-        self.error = f"{type(error).__name__}: {error}"
+        self.error_type = type(error).__name__
+        self.error = f"{self.error_type}: {error}"
         self.partial: dict[str, Any] = {}
         super().__init__(self.reason)
 
     @property
     def reason(self) -> str:
         return f"the system under test ({self.system}) raised from {self.call}: {self.error}"
+
+    def finding(self) -> Anomaly:
+        """What a run reports of it: ``system_raised``, naming the call."""
+        return Anomaly(
+            Kind.SYSTEM_RAISED, self.reason, facts={"call": self.call, "error": self.error_type}
+        )
 
     def to_json(self) -> dict[str, str]:
         return {"system": self.system, "call": self.call, "error": self.error}

@@ -22,6 +22,13 @@ from typing import Any, TypeVar
 
 from crashqueuelab.core.clock import ManualClock
 from crashqueuelab.core.ids import SeededIds
+from crashqueuelab.judges.findings import (
+    Anomaly,
+    inconsistent,
+    system_raised,
+    texts,
+    to_json,
+)
 from crashqueuelab.judges.observations import judge_observations
 from crashqueuelab.lab.runs.readings import read_store
 from crashqueuelab.lab.runs.records import write_json
@@ -229,7 +236,7 @@ def run_model_workload(
         rng = ChoiceTape(seed)
     run = _Run(system, directory, rng)
     directory.mkdir(parents=True)
-    error = None
+    error: Anomaly | None = None
     try:
         run.open()
         for _ in range(steps):
@@ -238,12 +245,12 @@ def run_model_workload(
             _step(run, run.client)
         assert run.client is not None
         _report_reads(run, run.client, final=True)
-    except SystemRaised as raised:
-        error = raised.reason
-        run.log("raised", error=error)
-    except Exception as raised:  # the system raised on a valid operation: that is evidence
-        error = f"the system raised {type(raised).__name__}: {raised}"
-        run.log("raised", error=error)
+    except SystemRaised as failure:
+        error = failure.finding()
+        run.log("raised", error=error.text)
+    except Exception as failure:  # the system raised on a valid operation: that is evidence
+        error = system_raised(failure)
+        run.log("raised", error=error.text)
     finally:
         if run.client is not None:
             run.client.close()
@@ -257,8 +264,9 @@ def run_model_workload(
         {key: job.status.value for key, job in reading.jobs.items()},
         {key: job.attempts for key, job in reading.jobs.items()},
     )
-    anomalies = ([error] if error else []) + verdict.anomalies
-    anomalies += [f"judge: {problem}" for problem in reading.problems]
+    findings = ([error] if error else []) + verdict.findings
+    findings += [inconsistent(problem, "judge: ") for problem in reading.problems]
+    anomalies = texts(findings)
     report = {
         "seed": seed,
         "steps": steps,
@@ -267,6 +275,7 @@ def run_model_workload(
         "carrier_deaths": sum('"op": "carried"' in line and "dies" in line for line in run.lines),
         "checked": verdict.checked,
         "anomalies": anomalies,
+        "findings": to_json(findings),
         "ok": not anomalies,
         "observation_log": OBSERVATIONS_FILE,
         # What the system's independent reader found at the end, key by key.

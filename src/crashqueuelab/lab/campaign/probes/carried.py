@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 
+from crashqueuelab.judges.findings import Kind
 from crashqueuelab.lab.campaign.probes.harness import ProbeFailed, _accepted, _Bench, _refused
 from crashqueuelab.lab.workloads.scenario import LEASE_US
 from crashqueuelab.systems.contract import CARRIER_FATES, CarrierStaging, ChainingClient, Claim
@@ -13,7 +14,11 @@ from crashqueuelab.systems.contract import CARRIER_FATES, CarrierStaging, Chaini
 def _staging(bench: _Bench) -> CarrierStaging:
     client = bench.client
     if not isinstance(client, CarrierStaging):
-        raise ProbeFailed("the system declares carried calls, and its client cannot stage them")
+        raise ProbeFailed(
+            Kind.CAPABILITY_MISSING,
+            "the system declares carried calls, and its client cannot stage them",
+            capability="carried",
+        )
     return client
 
 
@@ -22,7 +27,13 @@ def _stands(bench: _Bench, key: str, status: str, told: str) -> None:
     view = bench.client.job(key)
     if view is None or view.status != status:
         found = "missing" if view is None else f"{view.native_state} ({view.status})"
-        raise ProbeFailed(f"job {key}: the caller was told {told}; the store has it {found}")
+        raise ProbeFailed(
+            Kind.STORE_DIFFERS,
+            f"job {key}: the caller was told {told}; the store has it {found}",
+            job=key,
+            told=status,
+            stored="missing" if view is None else str(view.status),
+        )
 
 
 def carried_calls_are_judged_against_the_store(bench: _Bench) -> str:
@@ -47,7 +58,13 @@ def _carried_claim(bench: _Bench, staging: CarrierStaging, fate: str) -> None:
         functools.partial(bench.client.claim, "worker-a", LEASE_US), fate
     )
     if not isinstance(claim, Claim) or claim.key != key:
-        raise ProbeFailed(f"job {key}: a claim carried by a writer that {fate} got {claim}")
+        raise ProbeFailed(
+            Kind.CLAIM_NOT_OFFERED,
+            f"job {key}: a claim carried by a writer that {fate} got {claim}",
+            job=key,
+            offered="nothing" if claim is None else "another job",
+            carrier=fate,
+        )
     _stands(bench, key, "leased", f"it holds the lease (carrier {fate})")
     _accepted(bench.client.succeed(claim), claim, f"the acknowledgement (carrier {fate})")
 
@@ -66,7 +83,12 @@ def _carried_acknowledgements(bench: _Bench, staging: CarrierStaging, fate: str)
     bench.expire()
     live = bench.claim("worker-b", key)
     verdict = staging.behind_a_carrier(functools.partial(bench.client.succeed, stale), fate)
-    _refused(verdict, stale, f"an expired acknowledgement carried by a writer that {fate}")
+    _refused(
+        verdict,
+        stale,
+        f"an expired acknowledgement carried by a writer that {fate}",
+        Kind.LATE_ACKNOWLEDGEMENT_ACCEPTED,
+    )
     _stands(bench, key, "leased", f"{verdict} (carrier {fate})")
     _accepted(bench.client.succeed(live), live, "the new holder's acknowledgement")
 
@@ -85,8 +107,12 @@ def _carried_chain(
     _stands(bench, key, "succeeded", f"{verdict} (carrier {fate})")
     if chained is None or chained.key != following:
         raise ProbeFailed(
+            Kind.CLAIM_NOT_OFFERED,
             f"job {following}: a chained acknowledgement carried by a writer that {fate}"
-            f" should lease it; it leased {chained}"
+            f" should lease it; it leased {chained}",
+            job=following,
+            offered="nothing" if chained is None else "another job",
+            carrier=fate,
         )
     _stands(bench, following, "leased", f"it holds the lease (carrier {fate})")
     _accepted(bench.client.succeed(chained), chained, "the chained claim's acknowledgement")

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from crashqueuelab.core.clock import ManualClock
+from crashqueuelab.judges.findings import Anomaly, Fact, Kind
 from crashqueuelab.lab.workloads.scenario import LEASE_US, RETRY
 from crashqueuelab.systems.contract import Claim, JobSpec, QueueClient, Verdict
 
@@ -16,7 +17,20 @@ SUBMIT_SETTLE_US = 1_000
 
 
 class ProbeFailed(Exception):
-    """Raised inside a probe when the system accepted what it must refuse."""
+    """Raised inside a probe when the system did what it must not: its message is the
+    probe's detail, ``finding`` what happened as data."""
+
+    def __init__(
+        self,
+        kind: Kind,
+        text: str,
+        *,
+        job: str | None = None,
+        attempt: int | None = None,
+        **facts: Fact,
+    ) -> None:
+        super().__init__(text)
+        self.finding = Anomaly(kind, text, job=job, attempt=attempt, facts=facts)
 
 
 @dataclass
@@ -46,7 +60,11 @@ class _Bench:
         if claim is None or claim.key != key:
             offered = "nothing" if claim is None else f"job {claim.key}"
             raise ProbeFailed(
-                f"job {key}: {worker_id} should claim it now; the queue offered {offered}"
+                Kind.CLAIM_NOT_OFFERED,
+                f"job {key}: {worker_id} should claim it now; the queue offered {offered}",
+                job=key,
+                offered="nothing" if claim is None else "another job",
+                worker=worker_id,
             )
         return claim
 
@@ -58,14 +76,26 @@ class _Bench:
         self.client.recover()
 
 
-def _refused(verdict: Verdict | bool, claim: Claim, what: str) -> None:
+def _refused(verdict: Verdict | bool, claim: Claim, what: str, kind: Kind) -> None:
+    """``what`` (of ``kind`` when accepted) must have been refused."""
     if verdict not in (Verdict.STALE, False):
         raise ProbeFailed(
+            kind,
             f"job {claim.key}: {what} by {claim.worker_id} (lease {claim.token}, attempt "
-            f"{claim.attempt}) was accepted ({verdict}); it must be refused"
+            f"{claim.attempt}) was accepted ({verdict}); it must be refused",
+            job=claim.key,
+            attempt=claim.attempt,
+            worker=claim.worker_id,
+            answered=str(verdict),
         )
 
 
 def _accepted(verdict: Verdict, claim: Claim, what: str) -> None:
     if verdict is not Verdict.SUCCEEDED:
-        raise ProbeFailed(f"job {claim.key}: {what} by the live holder answered {verdict}")
+        raise ProbeFailed(
+            Kind.LIVE_REPORT_ANSWERED_WRONG,
+            f"job {claim.key}: {what} by the live holder answered {verdict}",
+            job=claim.key,
+            attempt=claim.attempt,
+            answered=str(verdict),
+        )

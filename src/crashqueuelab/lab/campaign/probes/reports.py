@@ -3,6 +3,7 @@ each must be what the job's holders were told."""
 
 from __future__ import annotations
 
+from crashqueuelab.judges.findings import Kind
 from crashqueuelab.lab.campaign.probes.harness import ProbeFailed, _accepted, _Bench
 from crashqueuelab.lab.workloads.scenario import LEASE_US
 from crashqueuelab.systems.contract import AttemptsClient, Claim, Verdict
@@ -13,8 +14,11 @@ def _reports(bench: _Bench, key: str, status: str, attempts: int, active: int) -
     found = None if view is None else (view.status, view.attempts)
     if found != (status, attempts) or counted != active:
         raise ProbeFailed(
+            Kind.REPORT_DIFFERS,
             f"job {key}: the system reports it {found} with {counted} unfinished jobs; its"
-            f" holders were told ({status!r}, {attempts}) with {active} unfinished"
+            f" holders were told ({status!r}, {attempts}) with {active} unfinished",
+            job=key,
+            about="status",
         )
 
 
@@ -31,8 +35,11 @@ def _reports_attempts(bench: _Bench, key: str, told: list[tuple[Claim, int, str 
     ]  # fmt: skip
     if len(reported) != len(expected):
         raise ProbeFailed(
+            Kind.REPORT_DIFFERS,
             f"job {key}: the system reports {len(reported)} attempts; its holders were granted"
-            f" {len(expected)}"
+            f" {len(expected)}",
+            job=key,
+            about="attempts",
         )
     differences = [
         f"attempt {want['attempt']} (lease {want['token']}): {name} reported {got[name]},"
@@ -42,7 +49,9 @@ def _reports_attempts(bench: _Bench, key: str, told: list[tuple[Claim, int, str 
         if got[name] != want[name]
     ]
     if differences:
-        raise ProbeFailed(f"job {key}: {'; '.join(differences)}")
+        raise ProbeFailed(
+            Kind.REPORT_DIFFERS, f"job {key}: {'; '.join(differences)}", job=key, about="attempts"
+        )
 
 
 def self_reports_match_what_holders_were_told(bench: _Bench) -> str:
@@ -54,12 +63,21 @@ def self_reports_match_what_holders_were_told(bench: _Bench) -> str:
     bench.clock.advance(LEASE_US // 4)
     for lease in (LEASE_US, LEASE_US // 10):  # the second heartbeat shortens the lease
         if not bench.client.heartbeat(first, lease):
-            raise ProbeFailed("job reported: the live holder's heartbeat was refused")
+            raise ProbeFailed(
+                Kind.LIVE_HEARTBEAT_REFUSED,
+                "job reported: the live holder's heartbeat was refused",
+                job="reported",
+            )
         deadline = bench.clock.now_us() + lease
     _reports(bench, "reported", "leased", 1, 1)
     _reports_attempts(bench, "reported", [(first, deadline, None)])
     if bench.client.fail(first, "probe failure") is not Verdict.RETRY:
-        raise ProbeFailed("job reported: a failure of attempt 1 of 3 was not retried")
+        raise ProbeFailed(
+            Kind.LIVE_REPORT_ANSWERED_WRONG,
+            "job reported: a failure of attempt 1 of 3 was not retried",
+            job="reported",
+            attempt=first.attempt,
+        )
     bench.expire()
     second = bench.claim("worker-b", "reported")
     told = [(first, deadline, "failed"), (second, bench.clock.now_us() + LEASE_US, None)]

@@ -24,6 +24,7 @@ from crashqueuelab.core.errors import (
     SystemUnavailable,
 )
 from crashqueuelab.core.ids import SeededIds
+from crashqueuelab.judges.findings import Anomaly, system_raised
 from crashqueuelab.lab.campaign.probes.batches import (
     batched_acknowledgement_fences_each_item,
     batched_acknowledgement_sees_the_lease_as_it_stands,
@@ -100,22 +101,36 @@ def run_probe(system: System, directory: Path, name: str, probe: Probe) -> dict[
         detail = f"not run: {error.kind}: {error}"
         return {"name": name, "ran": False, "ok": False, "status": NOT_RUN, "detail": detail}
     except Exception as error:
-        return _result(name, f"open raised {error!r}", ok=False)
+        return _failed(name, system_raised(error, f"open raised {error!r}", call="open"))
     try:
         detail = probe(bench)
-        ok = True
     except ProbeFailed as failure:
-        detail, ok = str(failure), False
+        return _failed(name, failure.finding)
     except Exception as error:  # a system that raises is reported, never a traceback
-        detail, ok = f"the system raised {type(error).__name__}: {error}", False
+        return _failed(name, system_raised(error))
     finally:
         bench.client.close()
-    return _result(name, detail, ok=ok)
+    return {"name": name, "ran": True, "ok": True, "status": PASSED, "detail": detail}
 
 
-def _result(name: str, detail: str, *, ok: bool) -> dict[str, Any]:
-    status = PASSED if ok else FAILED
-    return {"name": name, "ran": True, "ok": ok, "status": status, "detail": detail}
+def _failed(name: str, finding: Anomaly) -> dict[str, Any]:
+    """A probe that ran and failed: its detail is the finding's line, kept beside it."""
+    return {
+        "name": name,
+        "ran": True,
+        "ok": False,
+        "status": FAILED,
+        "detail": finding.text,
+        "finding": finding.to_json(),
+    }
+
+
+def probe_finding(probe: dict[str, Any]) -> Anomaly | str:
+    """A failed probe's line, ``probe NAME: DETAIL``, with its finding (point: the probe's
+    name) where its record kept one."""
+    line = f"probe {probe['name']}: {probe['detail']}"
+    kept = Anomaly.from_json(probe["finding"]) if "finding" in probe else None
+    return line if kept is None else kept.within(f"probe {probe['name']}: ", point=probe["name"])
 
 
 def status_of(probe: dict[str, Any]) -> str:

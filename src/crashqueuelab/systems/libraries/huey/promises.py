@@ -8,6 +8,7 @@ finds nothing of it and enqueues it anew. huey documents both (``DOCUMENTED``).
 
 from __future__ import annotations
 
+from crashqueuelab.judges.findings import Kind
 from crashqueuelab.systems.contract import Documented
 
 _API_DOCS = "https://huey.readthedocs.io/en/latest/api.html"
@@ -26,48 +27,69 @@ _NO_ACKNOWLEDGEMENT = Documented(
         "execute:before",
         "execute-error:before",
     ),
-    explains=(
-        "probe stale_holder_after_expiry: *the queue offered nothing",
-        "probe batched_acknowledgement_fences_each_item: *the queue offered nothing",
-        "probe expired_attempts_run_out: *yet it is dequeued (leased)*",
+    when={
+        # A dequeued task never comes back: an expired holder's job is offered to nobody.
+        Kind.CLAIM_NOT_OFFERED: {
+            "point": ("stale_holder_after_expiry", "batched_acknowledgement_fences_each_item"),
+            "offered": "nothing",
+        },
+        Kind.EXPIRED_LAST_ATTEMPT_NOT_DEAD: {"state": "dequeued"},
+        # Chaos: a consumer killed holding a task took it with it.
+        Kind.LOST: ({"last_seen": ("held", "claiming")}, {"poison": True}),
         # The contract's rules (the pytest plugin): a dequeued task never comes back, and a
         # reopened store knows nothing of it.
-        "contract an_expired_holder_is_refused_and_the_job_goes_to_another: * found nothing"
-        " to claim",
-        "contract a_reopened_store_keeps_every_job_and_lease: job * under a live lease, once"
-        " the store reopened: the system reports nothing*",
-        # Chaos: a consumer killed holding a task took it with it.
-        "job *: missing from the store (lost; claimed by *, which never answered for it)",
-        "job *: missing from the store (lost; in no worker's log, and * workers' logs end"
-        " inside a claim call, for * such job*)",
-        "job * (poison): missing from the store (lost)",
-    ),
+        Kind.CONTRACT_RULE_FAILED: (
+            {
+                "point": "an_expired_holder_is_refused_and_the_job_goes_to_another",
+                "assertion": "* found nothing to claim",
+            },
+            {
+                "point": "a_reopened_store_keeps_every_job_and_lease",
+                "assertion": "job * under a live lease, once the store reopened: the system"
+                " reports nothing*",
+            },
+        ),
+    },
 )
 _NO_LEASES = Documented(
     "no leases: huey has no deadline, visibility timeout or token, so a late or repeated"
     " completion is accepted like any other, and a repeated failure runs huey's retry"
     " again, which enqueues the task once more",
     _API_DOCS,
-    explains=(
-        "probe acknowledgement_at_the_deadline: *was accepted*",
-        "model workload: *was accepted (at *",
+    kinds=(
+        Kind.LATE_ACKNOWLEDGEMENT_ACCEPTED,
+        Kind.ACKNOWLEDGEMENT_AT_DEADLINE_ACCEPTED,
+        Kind.LATE_FAILURE_REPORT_ACCEPTED,
+        Kind.FAILURE_REPORT_AT_DEADLINE_ACCEPTED,
+        Kind.DEAD_HEARTBEAT_ACCEPTED,
         # The second copy a stale holder's repeated failure enqueued, claimed in its turn.
-        "model workload: job *: claimed by * after an accepted acknowledgement (at *",
-        "model workload: job *: claimed by * while *'s lease * was live until *",
-        "job *: *, stopped past its lease, had its late acknowledgement accepted",
-        "contract the_live_holder_acknowledges_once: a second acknowledgement of the same"
-        " lease answered succeeded*",
-        "contract an_acknowledgement_at_the_deadline_is_refused: * answered succeeded*",
+        Kind.CLAIMED_AFTER_ACKNOWLEDGEMENT,
+        Kind.CLAIMED_WHILE_LEASED,
     ),
+    when={
+        Kind.CONTRACT_RULE_FAILED: (
+            {
+                "point": "the_live_holder_acknowledges_once",
+                "assertion": "a second acknowledgement of the same lease answered succeeded*",
+            },
+            {
+                "point": "an_acknowledgement_at_the_deadline_is_refused",
+                "assertion": "* answered succeeded*",
+            },
+        ),
+    },
 )
 _RETRY_AT_ONCE = Documented(
     "a retry waits only with a retry_delay, which the lab's tasks do not set: huey enqueues"
     " a failed task's retry at once",
     _API_DOCS + "#Huey.task",
-    explains=(
-        "contract a_failure_waits_its_delay_then_the_dead_letter_takes_it: * claimed job * as"
-        " attempt 2; nothing may be claimable: the retry's delay has not passed",
-    ),
+    when={
+        Kind.CONTRACT_RULE_FAILED: {
+            "point": "a_failure_waits_its_delay_then_the_dead_letter_takes_it",
+            "assertion": "* claimed job * as attempt 2; nothing may be claimable: the retry's"
+            " delay has not passed",
+        }
+    },
 )
 
 #: What every huey system documents.

@@ -8,6 +8,7 @@ retry's wait, so the adapter's retry strategy sets none.
 
 from __future__ import annotations
 
+from crashqueuelab.judges.findings import Kind
 from crashqueuelab.systems.contract import Documented
 from crashqueuelab.systems.libraries.procrastinate.client import STALLED_S
 
@@ -18,19 +19,22 @@ _NO_TOKEN = Documented(
     "no token: finish_job and retry_job name a job by its id, whoever holds it, and finish"
     " it while it is todo or doing, so a stale holder's completion is taken as any other",
     _DOCS + "reference.html#procrastinate.manager.JobManager.finish_job",
-    explains=(
-        "probe acknowledgement_at_the_deadline: *was accepted*",
-        "probe stale_holder_after_expiry: *was accepted*",
-        "probe heartbeat_after_expiry: *was accepted*",
-        "probe batched_acknowledgement_fences_each_item: *was accepted*",
-        "model workload: *was accepted (at *",
-        "model workload: job *: an acknowledgement was accepted, but the store shows it *",
-        "job *: *, stopped past its lease, had its late acknowledgement accepted",
+    kinds=(
+        Kind.LATE_ACKNOWLEDGEMENT_ACCEPTED,
+        Kind.ACKNOWLEDGEMENT_AT_DEADLINE_ACCEPTED,
+        Kind.LATE_FAILURE_REPORT_ACCEPTED,
+        Kind.FAILURE_REPORT_AT_DEADLINE_ACCEPTED,
+        Kind.DEAD_HEARTBEAT_ACCEPTED,
+    ),
+    when={
+        Kind.STORE_DIFFERS: {"told": "succeeded"},
         # The contract's rules (the pytest plugin): a job still doing is finished by
         # whoever names it.
-        "contract an_acknowledgement_at_the_deadline_is_refused: an acknowledgement exactly at"
-        " the lease's deadline answered succeeded*",
-    ),
+        Kind.CONTRACT_RULE_FAILED: {
+            "point": "an_acknowledgement_at_the_deadline_is_refused",
+            "assertion": "an acknowledgement exactly at the lease's deadline answered succeeded*",
+        },
+    },
 )
 _SERVER_CLOCK = Documented(
     "stalled jobs are found by their worker's heartbeat on the server's clock"
@@ -38,39 +42,59 @@ _SERVER_CLOCK = Documented(
     " that long, whatever lease the holder was given; a heartbeat (update_heartbeat) names"
     " a worker, not a job, and answers nothing",
     _STALLED_DOCS,
-    explains=(
+    # Chaos: a killed worker's job is retried once its heartbeat is stale, which may come
+    # before the lease the lab gave ends.
+    kinds=(
+        Kind.CLAIMED_WHILE_LEASED,
+        Kind.CLAIMED_AFTER_ACKNOWLEDGEMENT,
+        Kind.OVERLAPPING_LEASES,
+    ),
+    when={
+        Kind.LEASE_LOST_ON_RESTART: {"point": "heartbeat_survives_restart"},
+        # The live worker's heartbeats keep its job, whatever the lab's clock says of its
+        # lease: an expired holder's job is offered to nobody.
+        Kind.CLAIM_NOT_OFFERED: (
+            {
+                "point": (
+                    "batched_acknowledgement_fences_each_item",
+                    "stale_holder_after_expiry",
+                    "heartbeat_after_expiry",
+                ),
+                "offered": "nothing",
+            },
+            {"point": "batched_acknowledgement_sees_the_lease_as_it_stands"},
+        ),
+        Kind.EXPIRED_LAST_ATTEMPT_NOT_DEAD: {"state": "doing"},
         # The contract's rules (the pytest plugin): the live worker's heartbeats keep its
         # job, whatever the lab's clock says of its lease, and say nothing of the job.
-        "contract an_expired_holder_is_refused_and_the_job_goes_to_another: w2 found nothing"
-        " to claim",
-        "contract a_heartbeat_extends_a_live_lease_only: a heartbeat of an acknowledged lease"
-        " answered True*",
-        "model workload: job *: claimed by * while *'s lease * was live until *",
-        "model workload: job *: claimed by * after an accepted acknowledgement (at *",
-        "probe heartbeat_survives_restart: *",
-        "probe batched_acknowledgement_fences_each_item: *the queue offered nothing",
-        "probe batched_acknowledgement_sees_the_lease_as_it_stands: *the queue offered *",
-        "probe stale_holder_after_expiry: *the queue offered nothing",
-        "probe heartbeat_after_expiry: *the queue offered nothing",
-        "probe expired_attempts_run_out: *yet it is doing (leased)*",
-        # Chaos: a killed worker's job is retried once its heartbeat is stale, which may
-        # come before the lease the lab gave ends.
-        "job *: two live leases from * at least: *",
-    ),
+        Kind.CONTRACT_RULE_FAILED: (
+            {
+                "point": "an_expired_holder_is_refused_and_the_job_goes_to_another",
+                "assertion": "w2 found nothing to claim",
+            },
+            {
+                "point": "a_heartbeat_extends_a_live_lease_only",
+                "assertion": "a heartbeat of an acknowledged lease answered True*",
+            },
+        ),
+    },
 )
 _STALLED_RETRY_UNCOUNTED = Documented(
     "a stalled job is retried with retry_job, which counts the attempt, but the retry"
     " strategy is asked only when a task raises: a job whose workers keep dying is retried"
     " past its limit",
     _STALLED_DOCS,
-    explains=(
-        "model workload: job *: handed out as attempt * of *",
-        "probe expired_attempts_run_out: *",
-        # Chaos: a job that kills its worker each time is retried for ever.
-        "job * (poison): still * after the run, never dead-lettered*",
-        "every other job was acknowledged, but the work did not end within * after: jobs are"
-        " left that never reach the dead letter*",
-    ),
+    kinds=(Kind.EXPIRED_LAST_ATTEMPT_NOT_DEAD, Kind.WORK_NEVER_ENDED),
+    when={
+        # Past the limit only by attempts no holder reported; one past it by failures is not.
+        Kind.ATTEMPT_BEYOND_LIMIT: {"past_the_limit_by_unreported_attempts": True},
+        # Chaos: a job that kills its worker each time is retried for ever, and the poison
+        # jobs whose turn never came are left with attempts to spare.
+        Kind.UNFINISHED: (
+            {"poison": True, "behaviour": "die"},
+            {"poison": True, "attempts_left": True},
+        ),
+    },
 )
 
 _RETRY_AT_ONCE = Documented(
@@ -78,10 +102,13 @@ _RETRY_AT_ONCE = Documented(
     " the server's clock (the job's scheduled_at), which the lab's clock does not move: the"
     " adapter's strategy sets none, and procrastinate then retries the job immediately",
     _DOCS + "howto/advanced/retry.html",
-    explains=(
-        "contract a_failure_waits_its_delay_then_the_dead_letter_takes_it: * claimed job * as"
-        " attempt 2; nothing may be claimable: the retry's delay has not passed",
-    ),
+    when={
+        Kind.CONTRACT_RULE_FAILED: {
+            "point": "a_failure_waits_its_delay_then_the_dead_letter_takes_it",
+            "assertion": "* claimed job * as attempt 2; nothing may be claimable: the retry's"
+            " delay has not passed",
+        }
+    },
 )
 
 #: What the procrastinate system documents.

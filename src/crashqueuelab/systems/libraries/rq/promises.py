@@ -10,6 +10,7 @@ failed job at once.
 
 from __future__ import annotations
 
+from crashqueuelab.judges.findings import Kind
 from crashqueuelab.systems.contract import Documented
 from crashqueuelab.systems.libraries.rq.client import JOB_TIMEOUT_S
 
@@ -21,16 +22,22 @@ _NO_TOKEN = Documented(
     "no token: RQ records whatever outcome the worker running a job reports, so a late or"
     " repeated completion is accepted",
     _WORKERS_DOCS,
-    explains=(
-        "probe acknowledgement_at_the_deadline: *was accepted*",
-        "model workload: *was accepted (at *",
-        # A stale holder's failure report, accepted after another holder's acknowledgement.
-        "model workload: job *: an acknowledgement was accepted, but the store shows it dead",
-        "job *: *, stopped past its lease, had its late acknowledgement accepted",
-        # The contract's rules (the pytest plugin): the running job takes the first report.
-        "contract an_acknowledgement_at_the_deadline_is_refused: an acknowledgement exactly at"
-        " the lease's deadline answered succeeded*",
+    kinds=(
+        Kind.LATE_ACKNOWLEDGEMENT_ACCEPTED,
+        Kind.ACKNOWLEDGEMENT_AT_DEADLINE_ACCEPTED,
+        Kind.LATE_FAILURE_REPORT_ACCEPTED,
+        Kind.FAILURE_REPORT_AT_DEADLINE_ACCEPTED,
+        Kind.DEAD_HEARTBEAT_ACCEPTED,
     ),
+    when={
+        # A stale holder's failure report, accepted after another holder's acknowledgement.
+        Kind.STORE_DIFFERS: {"told": "succeeded", "stored": "dead"},
+        # The contract's rules (the pytest plugin): the running job takes the first report.
+        Kind.CONTRACT_RULE_FAILED: {
+            "point": "an_acknowledgement_at_the_deadline_is_refused",
+            "assertion": "an acknowledgement exactly at the lease's deadline answered succeeded*",
+        },
+    },
 )
 _ABANDONED_AFTER_TTL = Documented(
     "a job whose worker died is handed back only once its heartbeat TTL (the job timeout"
@@ -39,37 +46,45 @@ _ABANDONED_AFTER_TTL = Documented(
     " maintenance has seen it twice, a minute apart",
     _WORKERS_DOCS,
     points=("dequeue:after", "start:before"),
-    explains=(
-        "probe stale_holder_after_expiry: *the queue offered nothing",
-        "probe batched_acknowledgement_fences_each_item: *the queue offered nothing",
-        "probe expired_attempts_run_out: *yet it is started (leased)*",
+    # Chaos runs on the wall clock, shorter than the TTL: the work stalls waiting for a
+    # killed worker's job (also when the held jobs' acknowledgements had been sent).
+    kinds=(Kind.WORK_STALLED, Kind.WORK_NEVER_ENDED),
+    when={
+        Kind.CLAIM_NOT_OFFERED: {
+            "point": ("stale_holder_after_expiry", "batched_acknowledgement_fences_each_item"),
+            "offered": "nothing",
+        },
+        Kind.EXPIRED_LAST_ATTEMPT_NOT_DEAD: {"state": "started"},
         # Killed between taking the effect job and starting it: the job stays taken, so its
         # effect is never made.
-        "case *final states {'effect': 'dequeued'*",
-        "case *-dequeue-after: *effects after recovery: {'*/flaky-1': 1}",
-        "case *-start-before: *effects after recovery: {'*/flaky-1': 1}",
-        # Chaos runs on the wall clock, shorter than the TTL: a killed worker's job is still
-        # held when the run ends, and the work stalls waiting for it.
-        "job *: still started after the run*",
-        "job *: still dequeued after the run*",
-        "the work stalled: no job was acknowledged for * after every fault was delivered*",
-        # The same, when the held jobs' acknowledgements had been sent before the kill.
-        "every other job was acknowledged, but the work did not end within * after: *",
+        Kind.RECOVERY_UNFINISHED: {"effect_state": "dequeued"},
+        Kind.EFFECTS_NOT_ONCE: {
+            "point": ("dequeue:after", "start:before"),
+            "effect_effects": 0,
+            "flaky_effects": 1,
+        },
+        # Chaos: a killed worker's job is still held when the run ends.
+        Kind.UNFINISHED: {"state": ("started", "dequeued")},
         # The contract's rules (the pytest plugin): the lab's clock passed the lease, the
         # wall clock not the TTL, and the first holder's job is still started.
-        "contract an_expired_holder_is_refused_and_the_job_goes_to_another: w2 found nothing"
-        " to claim",
-    ),
+        Kind.CONTRACT_RULE_FAILED: {
+            "point": "an_expired_holder_is_refused_and_the_job_goes_to_another",
+            "assertion": "w2 found nothing to claim",
+        },
+    },
 )
 _RETRY_AT_ONCE = Documented(
     "Retry(max=...) without an interval requeues a failed job immediately; an interval is a"
     " time on the wall clock of the worker that failed it, for a scheduler to enqueue, which"
     " the lab's clock does not move: the adapter sets none",
     _DOCS + "exceptions/#retrying-failed-jobs",
-    explains=(
-        "contract a_failure_waits_its_delay_then_the_dead_letter_takes_it: * claimed job * as"
-        " attempt 2; nothing may be claimable: the retry's delay has not passed",
-    ),
+    when={
+        Kind.CONTRACT_RULE_FAILED: {
+            "point": "a_failure_waits_its_delay_then_the_dead_letter_takes_it",
+            "assertion": "* claimed job * as attempt 2; nothing may be claimable: the retry's"
+            " delay has not passed",
+        }
+    },
 )
 
 
