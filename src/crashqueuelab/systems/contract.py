@@ -419,6 +419,33 @@ class LibraryWorker:
     describe: str
 
 
+@dataclass(frozen=True)
+class OwnWorker:
+    """The library's own worker process, started as its users start it (the code path of
+    its command line, its signal handlers included). The deploy experiment
+    (``lab.deploys``) runs one per worker process and only sends it signals: what SIGTERM,
+    a second SIGTERM, SIGINT or SIGQUIT do to the job in hand and to the jobs it fetched
+    ahead is the library's to decide."""
+
+    #: ``serve(directory, worker_id, work)``: run the library's worker on the store in
+    #: ``directory`` in this process's main thread, with the signal handlers the library
+    #: installs, calling ``work(key)`` (blocking, in whatever thread or process the library
+    #: runs a job in) for each job it hands this worker; return when the worker exits.
+    serve: Callable[[Path, str, Callable[[str], None]], None]
+    #: What the worker is, in a line for the report ("rq's Worker.work, its work horse
+    #: forked per job").
+    describe: str
+    #: What the library documents each shutdown signal to do, by the signal's name
+    #: ("SIGTERM"), in its own words, quoted.
+    shutdown: Mapping[str, str] = field(default_factory=dict)
+    #: Where the library documents it (a link).
+    source: str = ""
+    #: ``schedule(directory, key, due)``: submit the job ``key`` through the library's own
+    #: scheduling call, due at ``due`` (seconds since the epoch); None where the library
+    #: schedules nothing.
+    schedule: Callable[[Path, str, float], None] | None = None
+
+
 #: A condition on one field or fact of a finding: a value, or a tuple of the values it may
 #: have. A string matches as an ``fnmatch`` pattern (case-sensitive): an exact string is
 #: itself, ``"*"`` is any string.
@@ -538,6 +565,9 @@ class System:
     distribution: str | None = None
     #: The library's own worker loop, where the lab can run it (the heartbeat experiment).
     library_worker: LibraryWorker | None = None
+    #: The library's own worker process as its users start it (the deploy experiment);
+    #: None where the lab runs its own worker instead.
+    own_worker: OwnWorker | None = None
     #: How long, on the wall clock, the system may take to hand out again the jobs a dead
     #: or stopped worker held, once its lease has run out (a sweeper's period, say): chaos
     #: waits this much longer for progress, per recovery a poison job needs, before it says

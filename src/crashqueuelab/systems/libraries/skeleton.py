@@ -34,6 +34,7 @@ from crashqueuelab.systems.contract import (
     JobStatus,
     LibraryWorker,
     OpenRequest,
+    OwnWorker,
     QueueClient,
     Reader,
     StoreReading,
@@ -183,6 +184,7 @@ class Library:
         documented: Sequence[Documented] = (),
         persistence: str | None = None,
         library_worker: LibraryWorker | None = None,
+        own_worker: OwnWorker | None = None,
     ) -> System:
         """One of its systems, at the installed release."""
         drives = f" ({self.drives})" if self.drives else ""
@@ -199,4 +201,5 @@ class Library:
             documented=tuple(documented),
             distribution=self.distribution,
             library_worker=library_worker,
+            own_worker=own_worker,
         )
