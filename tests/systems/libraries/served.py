@@ -6,11 +6,12 @@ the way out, whatever the test found."""
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,13 +32,12 @@ def _append(ledger: str, line: str) -> None:
         os.close(descriptor)
 
 
-def serve_main(
-    system: str, store: str, ledger: str, work_s: float, inherited: Inherited
-) -> None:
+def serve_main(system: str, store: str, ledger: str, work_s: float, inherited: Inherited) -> None:
     inherited.adopt()
-    import faulthandler
-    tb = open(ledger + ".tb", "w")
-    faulthandler.register(signal.SIGUSR1, file=tb, all_threads=True)
+    # A worker that does not exit when the test expects it to leaves its threads' stacks
+    # (and those of the processes it forked, which inherit this) beside the ledger.
+    stacks = open(f"{ledger}.stacks", "a")  # noqa: SIM115 (open while the process lives)
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     own = resolve_system(system).own_worker
     assert own is not None
 
@@ -113,9 +113,13 @@ class Served:
 
     def join(self, timeout_s: float = WAIT_S) -> tuple[int | None, float]:
         """The worker's exit code (None: still running after ``timeout_s``) and when it was
-        seen to exit."""
+        seen to exit; a worker still running has its stacks written beside the ledger."""
         self.process.join(timeout_s)
-        return self.process.exitcode, time.time()
+        exited = time.time()
+        if self.process.exitcode is None:
+            for pid in [self.process.pid, *_descendants(self.process.pid)]:
+                os.kill(pid, signal.SIGUSR1)
+        return self.process.exitcode, exited
 
 
 @contextmanager
@@ -140,10 +144,8 @@ def serving(system: str, store: Path, ledger: Path, work_s: float) -> Iterator[S
             line.pid for line in lines(ledger) if line.what == "start" and line.key not in ended
         } - {process.pid}
         for pid in [process.pid, *left]:
-            try:
+            with suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
         process.join(WAIT_S)
 
 

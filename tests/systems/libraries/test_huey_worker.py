@@ -30,7 +30,8 @@ def test_sigterm_stops_the_consumer_at_once_and_the_task_in_hand_is_lost_as_docu
     # tasks, those tasks will be lost": huey deleted the task when it dequeued it, and
     # holds no result.
     reading = read("huey", store)
-    assert reading.ok and "a" not in reading.jobs
+    assert reading.ok
+    assert "a" not in reading.jobs
 
 
 def test_sigint_lets_the_task_in_hand_finish_and_the_consumer_exits_by_itself(
@@ -54,7 +55,8 @@ def test_a_task_scheduled_with_an_eta_runs_once_and_not_before_it_is_due(
 ) -> None:
     store, ledger = tmp_path / "store", tmp_path / "ledger"
     own = resolve_system("huey").own_worker
-    assert own is not None and own.schedule is not None
+    assert own is not None
+    assert own.schedule is not None
     with serving("huey", store, ledger, work_s=0.0) as worker:
         due = time.time() + 1.0
         own.schedule(store, "s", due)
@@ -64,6 +66,7 @@ def test_a_task_scheduled_with_an_eta_runs_once_and_not_before_it_is_due(
         code, _ = worker.join()
     assert code == 0
     runs = [line for line in lines(ledger) if (line.what, line.key) == ("start", "s")]
-    assert len(runs) == 1 and runs[0].at >= due
+    assert len(runs) == 1
+    assert runs[0].at >= due
     assert ran.at - due < 5.0
     assert read("huey", store).jobs["s"].status is JobStatus.SUCCEEDED

@@ -38,7 +38,8 @@ def test_a_job_scheduled_with_enqueue_at_runs_once_and_not_before_it_is_due(
     store, ledger = tmp_path / "store", tmp_path / "ledger"
     submit("rq", store, "a")  # the store, opened by the adapter as the lab does
     own = resolve_system("rq").own_worker
-    assert own is not None and own.schedule is not None
+    assert own is not None
+    assert own.schedule is not None
     with serving("rq", store, ledger, work_s=0.0) as worker:
         wait_for(ledger, "end", "a")
         # RQ keeps whole seconds: a due time on a whole second is the one it keeps.
@@ -50,6 +51,7 @@ def test_a_job_scheduled_with_enqueue_at_runs_once_and_not_before_it_is_due(
         code, _ = worker.join()
     assert code == 0
     runs = [line for line in lines(ledger) if (line.what, line.key) == ("start", "s")]
-    assert len(runs) == 1 and runs[0].at >= due
+    assert len(runs) == 1
+    assert runs[0].at >= due
     assert ran.at - due < 5.0
     assert read("rq", store).jobs["s"].status is JobStatus.SUCCEEDED

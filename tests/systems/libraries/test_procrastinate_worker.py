@@ -1,0 +1,54 @@
+"""procrastinate's own worker (``procrastinate worker``, at its defaults) in a real process
+on the adapter's schema: SIGTERM lets the job in hand finish, and a job deferred with
+``schedule_at``."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+from crashqueuelab.systems import JobStatus, resolve_system
+from tests.systems.libraries.served import lines, read, serving, submit, wait_for
+
+#: procrastinate's worker looks for due jobs every 5 s (``fetch_job_polling_interval``)
+#: when no notification wakes it, and a job deferred for later wakes it only at its defer.
+POLLING_S = 5.0
+
+
+def test_sigterm_lets_the_job_in_hand_finish_and_the_worker_exits_by_itself(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    store, ledger = tmp_path / "store", tmp_path / "ledger"
+    submit("procrastinate", store, "a")
+    with serving("procrastinate", store, ledger, work_s=1.5) as worker:
+        wait_for(ledger, "start", "a")
+        termed = worker.signal(signal.SIGTERM)
+        code, exited = worker.join()
+    assert code == 0
+    ended = wait_for(ledger, "end", "a", timeout_s=0)
+    assert termed < ended.at <= exited
+    assert [line.what for line in lines(ledger)] == ["start", "end", "exit"]
+    assert read("procrastinate", store).jobs["a"].status is JobStatus.SUCCEEDED
+
+
+def test_a_job_deferred_with_schedule_at_runs_once_and_not_before_it_is_due(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    store, ledger = tmp_path / "store", tmp_path / "ledger"
+    own = resolve_system("procrastinate").own_worker
+    assert own is not None
+    assert own.schedule is not None
+    with serving("procrastinate", store, ledger, work_s=0.0) as worker:
+        due = time.time() + 1.0
+        own.schedule(store, "s", due)
+        assert read("procrastinate", store).jobs["s"].status is JobStatus.PENDING
+        ran = wait_for(ledger, "end", "s")
+        worker.signal(signal.SIGTERM)
+        code, _ = worker.join()
+    assert code == 0
+    runs = [line for line in lines(ledger) if (line.what, line.key) == ("start", "s")]
+    assert len(runs) == 1
+    assert runs[0].at >= due
+    assert ran.at - due < POLLING_S + 2.0
+    assert read("procrastinate", store).jobs["s"].status is JobStatus.SUCCEEDED
