@@ -70,3 +70,38 @@ def test_a_task_scheduled_with_an_eta_runs_once_and_not_before_it_is_due(
     assert runs[0].at >= due
     assert ran.at - due < 5.0
     assert read("huey", store).jobs["s"].status is JobStatus.SUCCEEDED
+
+
+def test_a_second_sigint_interrupts_the_graceful_shutdown_and_the_task_is_lost(
+    tmp_path: Path,
+) -> None:
+    store, ledger = tmp_path / "store", tmp_path / "ledger"
+    submit("huey", store, "a")
+    with serving("huey", store, ledger, work_s=3.0) as worker:
+        started = wait_for(ledger, "start", "a")
+        worker.signal(signal.SIGINT)
+        time.sleep(0.5)  # the consumer is in its graceful join by now
+        again = worker.signal(signal.SIGINT)
+        code, exited = worker.join()
+    # huey's handler makes a second graceful signal raise KeyboardInterrupt in the join:
+    # "Received request to shut down now", and the workers are interrupted.
+    assert code == 0
+    assert exited - again < 1.0 < started.at + 3.0 - again
+    assert [line.what for line in lines(ledger)] == ["start", "exit"]
+    assert "a" not in read("huey", store).jobs
+
+
+def test_sigkill_loses_the_task_in_hand_as_documented(tmp_path: Path) -> None:
+    store, ledger = tmp_path / "store", tmp_path / "ledger"
+    submit("huey", store, "a", "b")
+    with serving("huey", store, ledger, work_s=1.5) as worker:
+        wait_for(ledger, "start", "a")
+        worker.signal(signal.SIGKILL)
+        code, _ = worker.join()
+    assert code == -signal.SIGKILL
+    assert [line.what for line in lines(ledger)] == ["start"]
+    # "any tasks that are currently being run by a worker will be lost"; the one it had not
+    # dequeued waits in the queue.
+    jobs = read("huey", store).jobs
+    assert "a" not in jobs
+    assert jobs["b"].status is JobStatus.PENDING

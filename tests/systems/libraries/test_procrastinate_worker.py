@@ -8,6 +8,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from crashqueuelab.systems import JobStatus, resolve_system
 from tests.systems.libraries.served import lines, read, serving, submit, wait_for
 
@@ -16,14 +18,15 @@ from tests.systems.libraries.served import lines, read, serving, submit, wait_fo
 POLLING_S = 5.0
 
 
-def test_sigterm_lets_the_job_in_hand_finish_and_the_worker_exits_by_itself(
-    tmp_path: Path, postgres_dsn: str
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_signal_lets_the_job_in_hand_finish_and_the_worker_exits_by_itself(
+    tmp_path: Path, postgres_dsn: str, signum: signal.Signals
 ) -> None:
     store, ledger = tmp_path / "store", tmp_path / "ledger"
     submit("procrastinate", store, "a")
     with serving("procrastinate", store, ledger, work_s=1.5) as worker:
         wait_for(ledger, "start", "a")
-        termed = worker.signal(signal.SIGTERM)
+        termed = worker.signal(signum)
         code, exited = worker.join()
     assert code == 0
     ended = wait_for(ledger, "end", "a", timeout_s=0)
@@ -52,3 +55,27 @@ def test_a_job_deferred_with_schedule_at_runs_once_and_not_before_it_is_due(
     assert runs[0].at >= due
     assert ran.at - due < POLLING_S + 2.0
     assert read("procrastinate", store).jobs["s"].status is JobStatus.SUCCEEDED
+
+
+@pytest.mark.parametrize(
+    "second", [signal.SIGTERM, signal.SIGKILL], ids=["second SIGTERM", "SIGKILL"]
+)
+def test_a_second_sigterm_or_sigkill_ends_the_worker_at_once_leaving_the_job_doing(
+    tmp_path: Path, postgres_dsn: str, second: signal.Signals
+) -> None:
+    store, ledger = tmp_path / "store", tmp_path / "ledger"
+    submit("procrastinate", store, "a")
+    with serving("procrastinate", store, ledger, work_s=3.0) as worker:
+        started = wait_for(ledger, "start", "a")
+        if second is signal.SIGTERM:
+            worker.signal(signal.SIGTERM)
+            time.sleep(0.5)  # draining by now
+        again = worker.signal(second)
+        code, exited = worker.join()
+    # "it will terminate immediately, possibly leaving jobs with the doing status": the
+    # first signal put the default action back, and the second takes it.
+    assert code == -second
+    assert exited - again < 1.0 < started.at + 3.0 - again
+    assert [line.what for line in lines(ledger)] == ["start"]
+    job = read("procrastinate", store).jobs["a"]
+    assert (job.native_state, job.status) == ("doing", JobStatus.LEASED)
