@@ -79,3 +79,25 @@ def test_a_second_sigterm_or_sigkill_ends_the_worker_at_once_leaving_the_job_doi
     assert [line.what for line in lines(ledger)] == ["start"]
     job = read("procrastinate", store).jobs["a"]
     assert (job.native_state, job.status) == ("doing", JobStatus.LEASED)
+
+
+def test_a_second_sigint_does_not_end_the_worker_at_once_the_job_in_hand_still_finishes(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    # procrastinate documents a second SIGINT as "terminate immediately" (SHUTDOWN). Its
+    # first signal puts back the SIGINT handler asyncio's runner installed, which cancels
+    # the worker's task; the worker takes that cancel for a stop request and keeps waiting
+    # for the job, then asyncio.run raises KeyboardInterrupt. Measured, not judged here.
+    store, ledger = tmp_path / "store", tmp_path / "ledger"
+    submit("procrastinate", store, "a")
+    with serving("procrastinate", store, ledger, work_s=2.0) as worker:
+        wait_for(ledger, "start", "a")
+        worker.signal(signal.SIGINT)
+        time.sleep(0.5)  # draining by now
+        again = worker.signal(signal.SIGINT)
+        code, exited = worker.join()
+    ended = wait_for(ledger, "end", "a", timeout_s=0)
+    assert again < ended.at <= exited
+    assert code == 1  # KeyboardInterrupt out of asyncio.run, after the drain
+    assert [line.what for line in lines(ledger)] == ["start", "end"]
+    assert read("procrastinate", store).jobs["a"].status is JobStatus.SUCCEEDED
