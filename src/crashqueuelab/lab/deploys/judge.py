@@ -196,6 +196,8 @@ def judge(
         }
     for name, fate in fates.items():
         if fate.killed_s is not None and not fate.held_when_killed:
+            if _unacknowledged(name, executions, fate, acks):
+                continue  # the lab's worker was killed between a job's end and its ack
             anomalies.append(
                 Anomaly(
                     Kind.NOT_STOPPED_IN_GRACE,
@@ -205,6 +207,22 @@ def judge(
                 )
             )
     return anomalies, jobs
+
+
+def _unacknowledged(
+    name: str,
+    executions: Sequence[Execution],
+    fate: WorkerFate,
+    acks: Mapping[str, Sequence[tuple[str, float]]],
+) -> bool:
+    """Whether the lab's own worker ``name`` had a job whose work ended and that it had not
+    acknowledged yet: it was still finishing that job."""
+    if not fate.acknowledges_in_ledger:
+        return False
+    acked = {key for key, _ in acks.get(name, ())}
+    return any(
+        run.worker == name and run.how == ENDED and run.key not in acked for run in executions
+    )
 
 
 def fates_of_held(
