@@ -84,7 +84,6 @@ class Kind(StrEnum):
     LOST_IN_DEPLOY = "lost_in_deploy"
     RAN_TWICE = "ran_twice"
     RAN_BESIDE_LIVE_HOLDER = "ran_beside_live_holder"
-    NOT_STOPPED_IN_GRACE = "not_stopped_in_grace"
     # The pytest plugin: one assertion of a contract rule.
     CONTRACT_RULE_FAILED = "contract_rule_failed"
 

@@ -127,8 +127,6 @@ def test_a_job_run_again_after_it_completed_is_ran_twice_with_what_its_worker_di
         (Kind.RAN_TWICE, "a", {"times": 2, "worker_then": "sigkilled", "acknowledged": "unknown"}),
         (Kind.RAN_TWICE, "b", {"times": 2, "worker_then": "exited", "acknowledged": "unknown"}),
         (Kind.RAN_TWICE, "c", {"times": 2, "worker_then": "alive", "acknowledged": "unknown"}),
-        # Its job's work had ended: nothing in hand, and still there at the end of its grace.
-        (Kind.NOT_STOPPED_IN_GRACE, None, {"worker": "w0", "signal": "SIGTERM"}),
     ]
     assert jobs["a"]["completed"] == 2
 
@@ -155,12 +153,10 @@ def test_the_lab_workers_ack_lines_tell_a_kill_before_the_acknowledgement_from_a
     anomalies, jobs = judge(["a", "b"], runs, fates, acks, done, "SIGTERM")
     # a: its work ended, its worker was killed before it acknowledged: at least once.
     assert jobs["a"]["redelivered"] == 1
-    # b: acknowledged, then run and acknowledged again; w2 then idled past its grace (w0
-    # was still finishing a: its work had ended, its acknowledgement not yet made).
+    # b: acknowledged, then run and acknowledged again.
     assert [(a.kind, a.job, dict(a.facts)) for a in anomalies] == [
         (Kind.RAN_TWICE, "b", {"times": 2, "worker_then": "sigkilled", "acknowledged": "yes"}),
         (Kind.ACKNOWLEDGED_TWICE, "b", {"times": 2}),
-        (Kind.NOT_STOPPED_IN_GRACE, None, {"worker": "w2", "signal": "SIGTERM"}),
     ]
 
 
@@ -182,18 +178,6 @@ def test_a_job_run_while_its_holder_still_ran_is_beside_a_live_holder() -> None:
         "job a: ran beside a live holder: by w0 from 1.00 s to 5.00 s (killed), then by w1"
         " from 3.00 s to 4.00 s (ended)"
     )
-
-
-def test_a_worker_sigkilled_with_nothing_in_hand_was_not_stopped_in_its_grace() -> None:
-    fates = {
-        "w0": WorkerFate("w0", stop_s=1.0, killed_s=2.0),
-        "w1": WorkerFate("w1", stop_s=1.0, killed_s=2.0, held_when_killed=("a",)),
-    }
-    runs = [Execution("a", "w1", 0.5, 2.0, how=KILLED, alive_until=2.0)]
-    anomalies, _ = judge(["a"], runs, fates, {}, {"a": DONE}, "SIGTERM")
-    assert [(a.kind, dict(a.facts)) for a in anomalies] == [
-        (Kind.NOT_STOPPED_IN_GRACE, {"worker": "w0", "signal": "SIGTERM"})
-    ]
 
 
 def test_ack_lines_are_read_and_torn_ones_skipped() -> None:

@@ -10,7 +10,10 @@ leased queue, no finding, and so is one whose work ended but whose worker was SI
 before the lab's own worker could acknowledge it), **ran beside a live holder**,
 **acknowledged twice** (the lab's own worker's ``ack`` lines; a library's own worker
 acknowledges inside itself, so that check does not run for it and the record says so).
-Per worker: **not stopped in grace** (SIGKILLed while it ran no job).
+Per worker the record says whether it exited within its grace period and what became of
+the jobs it held when SIGKILLed; a worker SIGKILLed with nothing in hand is no finding by
+itself (no contract says how fast an idle worker exits): whatever it took with it shows
+as a job lost or run twice.
 """
 
 from __future__ import annotations
@@ -194,35 +197,7 @@ def judge(
             "stored": None if stored is None else state,
             "status": None if job is None else job.status.value,
         }
-    for name, fate in fates.items():
-        if fate.killed_s is not None and not fate.held_when_killed:
-            if _unacknowledged(name, executions, fate, acks):
-                continue  # the lab's worker was killed between a job's end and its ack
-            anomalies.append(
-                Anomaly(
-                    Kind.NOT_STOPPED_IN_GRACE,
-                    f"worker {name}: still there at the end of its grace period though it"
-                    f" ran no job: SIGKILLed at {fate.killed_s:.2f} s",
-                    facts={"worker": name, "signal": signal},
-                )
-            )
     return anomalies, jobs
-
-
-def _unacknowledged(
-    name: str,
-    executions: Sequence[Execution],
-    fate: WorkerFate,
-    acks: Mapping[str, Sequence[tuple[str, float]]],
-) -> bool:
-    """Whether the lab's own worker ``name`` had a job whose work ended and that it had not
-    acknowledged yet: it was still finishing that job."""
-    if not fate.acknowledges_in_ledger:
-        return False
-    acked = {key for key, _ in acks.get(name, ())}
-    return any(
-        run.worker == name and run.how == ENDED and run.key not in acked for run in executions
-    )
 
 
 def fates_of_held(

@@ -230,18 +230,18 @@ def _headline(
 
 
 def _recovery_bound(
-    system: System, labs: bool, lease_s: float, longest: float, given: float | None
+    system: System, labs: bool, lease_s: float, work: float, given: float | None
 ) -> tuple[float, str]:
     """How long the run waits, after the last stop, for every job to run to completion,
     and what that is made of."""
     if given is not None:
         return given, "given by the run"
     timer = lease_s if labs else OWN_WORKER_TIMER_S
-    bound = timer + longest + system.recovery_s + RECOVERY_MARGIN_S
+    bound = timer + work + system.recovery_s + RECOVERY_MARGIN_S
     basis = (
         f"timer {timer:g} s ({'the lab worker lease' if labs else 'a library timer'})"
-        f" + longest job {longest:g} s + the system's recovery {system.recovery_s:g} s"
-        f" + {RECOVERY_MARGIN_S:g} s"
+        f" + every job's work {work:g} s (a queue may run them one at a time)"
+        f" + the system's recovery {system.recovery_s:g} s + {RECOVERY_MARGIN_S:g} s"
     )
     return bound, basis
 
@@ -329,7 +329,8 @@ def run_deploys(
     longest = max(work.values())
     lease_s = _lease(resolved, lease_s, longest)
     worker, labs = _worker_of(resolved, lease_s)
-    bound, basis = _recovery_bound(resolved, labs, lease_s, longest, recovery_wait_s)
+    total = round(sum(work.values()), 3)
+    bound, basis = _recovery_bound(resolved, labs, lease_s, total, recovery_wait_s)
     prepare_output_directory(output_dir)
     store = output_dir / "store"
     store.mkdir()
