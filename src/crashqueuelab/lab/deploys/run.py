@@ -59,7 +59,11 @@ DEFAULT_LEASE_S = 1.0
 #: does not set: the recovery bound allows this much for it unless told otherwise
 #: (pgqueuer's documented heartbeat timeout is 30 s).
 OWN_WORKER_TIMER_S = 30.0
-#: Beyond the timer, the longest job and the system's recovery time, the bound allows this.
+#: Beyond the timer, every job's work and the system's recovery time, the bound allows
+#: this much for each job's hand-out (pgq run under a concurrency limit of 1 frees the slot
+#: only once the last job's completion is logged: about 3 s a job on 1.0.x, measured), and
+#: this margin.
+HAND_OUT_S = 3.0
 RECOVERY_MARGIN_S = 5.0
 #: How long a worker process may take to start serving (imports, connection).
 STARTUP_S = 60.0
@@ -230,18 +234,21 @@ def _headline(
 
 
 def _recovery_bound(
-    system: System, labs: bool, lease_s: float, work: float, given: float | None
+    system: System, labs: bool, lease_s: float, work: dict[str, float], given: float | None
 ) -> tuple[float, str]:
     """How long the run waits, after the last stop, for every job to run to completion,
     and what that is made of."""
     if given is not None:
         return given, "given by the run"
     timer = lease_s if labs else OWN_WORKER_TIMER_S
-    bound = timer + work + system.recovery_s + RECOVERY_MARGIN_S
+    total = round(sum(work.values()), 3)
+    hand_outs = len(work) * (lease_s if labs else HAND_OUT_S)
+    bound = timer + total + hand_outs + system.recovery_s + RECOVERY_MARGIN_S
     basis = (
         f"timer {timer:g} s ({'the lab worker lease' if labs else 'a library timer'})"
-        f" + every job's work {work:g} s (a queue may run them one at a time)"
-        f" + the system's recovery {system.recovery_s:g} s + {RECOVERY_MARGIN_S:g} s"
+        f" + every job's work {total:g} s and {hand_outs:g} s for its hand-outs (a queue"
+        f" may run them one at a time) + the system's recovery {system.recovery_s:g} s"
+        f" + {RECOVERY_MARGIN_S:g} s"
     )
     return bound, basis
 
@@ -329,8 +336,7 @@ def run_deploys(
     longest = max(work.values())
     lease_s = _lease(resolved, lease_s, longest)
     worker, labs = _worker_of(resolved, lease_s)
-    total = round(sum(work.values()), 3)
-    bound, basis = _recovery_bound(resolved, labs, lease_s, total, recovery_wait_s)
+    bound, basis = _recovery_bound(resolved, labs, lease_s, work, recovery_wait_s)
     prepare_output_directory(output_dir)
     store = output_dir / "store"
     store.mkdir()
