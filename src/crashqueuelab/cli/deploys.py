@@ -38,6 +38,7 @@ def _deploys(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         seed=args.seed,
         interval_s=args.interval_s,
         long_share=args.long_share,
+        warmup_s=args.warmup_s,
     )
     record = run_deploys(
         args.output_directory,
@@ -116,6 +117,13 @@ def add_deploys_command(command: Command) -> None:
         type=positive_number,
         default=None,
         help="between one batch's stop signal and the next; default the grace period + 1 s",
+    )
+    sub.add_argument(
+        "--warmup-s",
+        type=seconds,
+        default=_DEFAULTS.warmup_s,
+        help="from the start to the first stop signal (the first workers start, jobs are"
+        f" submitted); default {_DEFAULTS.warmup_s:g}",
     )
     sub.add_argument(
         "--replace",

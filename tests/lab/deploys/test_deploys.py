@@ -204,3 +204,40 @@ def test_pgq_run_drains_on_sigterm_and_a_sigkilled_job_is_picked_again(
     assert not [f for f in record["findings"] if f["kind"] == "lost_in_deploy"]
     assert {job["stored"] for job in record["jobs"].values()} == {"successful"}
     assert record["checks"]["acknowledged_twice"].startswith("not run")
+
+
+@pytest.mark.releases
+@pytest.mark.quiet
+def test_pgqueuer_630_a_job_sigkilled_at_a_deploy_blocks_its_entrypoint_on_1_0_1_not_on_1_0_2(
+    tmp_path: Path, postgres_dsn: str, release_cache: Path, run_cli: RunCli
+) -> None:
+    """pgqueuer #630: a job SIGKILLed at the end of a deploy's grace stays picked, and with
+    the entrypoint's concurrency_limit (1) reached 1.0.1 re-picks nothing, stale or queued,
+    for good; 1.0.2 (#633) hands the stale job out again after the heartbeat timeout."""
+    outcome = run_cli(
+        "versions", "--system", "pgqueuer", "--releases", "1.0.1,1.0.2", "--bisect",
+        "--bisect-on", "promises", "--output-directory", str(tmp_path / "v"),
+        # One worker, every job longer than the grace, the first stop once the first
+        # worker is at work: a stop that finds a job in hand ends in SIGKILL.
+        "deploys", "--dsn", postgres_dsn, "--workers", "1", "--deploys", "4",
+        "--grace-s", "1", "--jobs", "6", "--long-share", "1", "--warmup-s", "3",
+        "--interval-s", "3",
+    )  # fmt: skip
+    # 1.0.1 breaks its promise: the run is not ok, whatever the bisection found.
+    assert outcome.code == 1, outcome.stderr
+    assert outcome.result["bisection"]["found"] == "1.0.2"
+
+    def record(release: str) -> dict[str, Any]:
+        kept: dict[str, Any] = json.loads((tmp_path / "v" / release / "deploys.json").read_text())
+        return kept
+
+    old, fixed = record("1.0.1"), record("1.0.2")
+    assert old["system"]["version"] == "pgqueuer 1.0.1"
+    lost = [f for f in old["findings"] if f["kind"] == "lost_in_deploy"]
+    # The job the SIGKILL cut stays picked; every job after it stays queued.
+    assert {f["facts"]["stored"] for f in lost} == {"picked", "queued"}
+    assert old["promises"]["keeps_its_promises"] is False
+    assert fixed["system"]["version"] == "pgqueuer 1.0.2"
+    assert not [f for f in fixed["findings"] if f["kind"] == "lost_in_deploy"]
+    assert fixed["promises"]["keeps_its_promises"] is True
+    assert {job["stored"] for job in fixed["jobs"].values()} == {"successful"}

@@ -31,7 +31,8 @@ def command_of(report: dict[str, Any], run_dir: Path) -> str:
     words = [
         f"crashqueuelab deploys --system {report['spec']}",
         f"--workers {plan['workers']} --deploys {plan['deploys']} --grace-s {plan['grace_s']:g}",
-        f"--surge {plan['surge']} --interval-s {plan['interval_s']:g}",
+        f"--surge {plan['surge']} --interval-s {plan['interval_s']:g}"
+        f" --warmup-s {plan['warmup_s']:g}",
         f"--replace {plan['replace']} --fleet-restarts {plan['fleet_restarts']}",
         f"--signal {plan['signal']} --jobs {plan['jobs']} --long-share {plan['long_share']:g}",
         f"--seed {plan['seed']}",
