@@ -50,8 +50,9 @@ class StopSignal(StrEnum):
 #: The share of jobs whose work is longer than the grace period, by default.
 LONG_SHARE = 0.3
 #: A short job works this share of the grace period at most, a long one this many grace
-#: periods at least and at most.
-SHORT_MAX, LONG_MIN, LONG_MAX = 0.6, 1.5, 2.5
+#: periods at least and at most: a long job stopped in its first half still works when the
+#: grace ends.
+SHORT_MAX, LONG_MIN, LONG_MAX = 0.6, 2.0, 4.0
 #: A short job works at least this long (seconds).
 SHORT_MIN_S = 0.05
 
