@@ -241,3 +241,58 @@ def test_pgqueuer_630_a_job_sigkilled_at_a_deploy_blocks_its_entrypoint_on_1_0_1
     assert not [f for f in fixed["findings"] if f["kind"] == "lost_in_deploy"]
     assert fixed["promises"]["keeps_its_promises"] is True
     assert {job["stored"] for job in fixed["jobs"].values()} == {"successful"}
+
+
+def _unreadable(directory: Path) -> Any:
+    raise OSError(f"{directory}: the reader cannot open it")
+
+
+def unreadable_system() -> System:
+    """The shipped SQLite queue whose independent reader fails."""
+    return dataclasses.replace(resolve_system("sqlite"), reader=_unreadable)
+
+
+def test_a_second_sigterm_goes_half_a_grace_later_and_a_slot_still_draining_is_skipped(
+    tmp_path: Path, run_cli: RunCli
+) -> None:
+    record = _deploys(
+        run_cli,
+        tmp_path / "s",
+        "tests.lab.deploys.test_deploys:ignoring_system",
+        "--workers", "1", "--deploys", "2", "--grace-s", "0.6", "--interval-s", "0.2",
+        "--signal", "SIGTERM-twice", "--replace", "after-exit", "--jobs", "1",
+        "--recovery-wait-s", "0",
+    )  # fmt: skip
+    (first,) = [w for w in record["workers"] if w["stopped_by"] == "deploy"]
+    assert [s["signal"] for s in first["signals"]] == ["SIGTERM", "SIGTERM", "SIGKILL"]
+    second = first["signals"][1]["at_s"] - first["signals"][0]["at_s"]
+    assert 0.3 <= second < 0.6
+    # The second stop came while the only slot's worker still drained: nothing to stop.
+    assert record["skipped"] == [{"step": 1, "slot": 0}]
+
+
+def test_a_reader_that_fails_is_a_failed_run_never_a_lost_job(
+    tmp_path: Path, run_cli: RunCli
+) -> None:
+    record = _deploys(
+        run_cli,
+        tmp_path / "r",
+        "tests.lab.deploys.test_deploys:unreadable_system",
+        "--workers", "1", "--deploys", "1", "--grace-s", "0.3", "--jobs", "1",
+        "--long-share", "0",
+    )  # fmt: skip
+    assert record["exit_code"] == 1
+    assert record["error"]["type"] == "ReaderFailed"
+    assert record["promises"] is None
+
+
+def test_a_lease_or_a_bound_that_cannot_be_is_refused(tmp_path: Path) -> None:
+    from crashqueuelab.core.errors import InvalidInput
+    from crashqueuelab.lab.deploys.plan import DeployPlan
+    from crashqueuelab.lab.deploys.run import run_deploys
+
+    with pytest.raises(InvalidInput):
+        run_deploys(tmp_path / "x", system="sqlite", plan=DeployPlan(), lease_s=0.0)
+    with pytest.raises(InvalidInput):
+        run_deploys(tmp_path / "x", system="sqlite", plan=DeployPlan(), recovery_wait_s=-1.0)
+    assert not (tmp_path / "x").exists()
