@@ -52,9 +52,14 @@ def _deploys(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     if record["error"]:
         reasons.insert(0, f"{record['error']['type']}: {record['error']['message']}")
     promises = record["promises"]
+    headline = record["headline"]
+    if promises is not None and promises.get("declared"):
+        # A library's users read first whether it kept its own promises, then the counts.
+        kept = "keeps" if promises["keeps_its_promises"] else "breaks"
+        headline = f"{kept} its own promises: {headline}"
     return (EXIT_OK if record["ok"] else EXIT_REJECTED), {
         "ok": record["ok"],
-        "headline": record["headline"],
+        "headline": headline,
         "reasons": reasons,
         "system": record["system"]["version"],
         "worker": record["worker"]["describe"],
