@@ -90,8 +90,8 @@ def add_deploys_command(command: Command) -> None:
     sub = command(
         "deploys",
         _deploys,
-        "stop workers as a deploy does (a signal, a grace period, then SIGKILL of the"
-        " process group), each running the library's own worker (System.own_worker) or the"
+        "stop workers as a deploy does (a signal, a grace period, then SIGKILL of every"
+        " process of its session), each running the library's own worker (System.own_worker) or the"
         " lab's: is any job lost, run twice, or run beside a live holder?",
         database=False,
     )

@@ -1,5 +1,5 @@
 """Real deploy runs: worker processes stopped by signals, a grace period, then SIGKILL of
-their process group. The lab's own worker on the shipped SQLite queue (SIGTERM, SIGQUIT,
+every process of their session. The lab's own worker on the shipped SQLite queue (SIGTERM, SIGQUIT,
 a second SIGTERM, fleet restarts, replacements after exit), pgqueuer's own ``pgq run`` on
 the session's PostgreSQL server, a worker that ignores SIGTERM, one that cannot start,
 and what the command refuses."""

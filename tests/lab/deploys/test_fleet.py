@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from crashqueuelab.lab.deploys.fleet import Fleet, Worker, group_members
+from crashqueuelab.lab.deploys.fleet import Fleet, Worker, session_members
 from crashqueuelab.lab.deploys.workers import DeployWorkerSpec, work_for
 from crashqueuelab.lab.runs.inheritance import Inherited
 
@@ -35,28 +35,31 @@ def test_a_signal_or_a_kill_for_a_worker_that_is_gone_does_nothing(tmp_path: Pat
     fleet.send(worker, "SIGTERM")
     assert worker.signals == []
     fleet.close(lambda seconds: None)
-    assert group_members(process.pid) == []
+    assert session_members(process.pid) == []
 
 
-def test_close_kills_what_a_worker_left_in_its_group(tmp_path: Path) -> None:
-    # The worker exits at once and leaves a child behind in its process group.
-    child = "import time; time.sleep(30)"
+def test_close_kills_what_a_worker_left_in_its_session_in_a_group_of_its_own(
+    tmp_path: Path,
+) -> None:
+    # The worker exits at once and leaves a child behind, in a process group of its own as
+    # RQ's work horse is: the session still holds it, as a container's cgroup would.
+    child = "import os, time; os.setpgrp(); time.sleep(30)"
     code = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {child!r}])"
     process = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     process.wait(10)
     ends = time.monotonic() + 10
-    while not group_members(process.pid) and time.monotonic() < ends:
+    while not session_members(process.pid) and time.monotonic() < ends:
         time.sleep(0.01)
-    assert group_members(process.pid)
+    assert session_members(process.pid)
     log = (tmp_path / "w.log").open("wb")
     worker = Worker("w0.0", 0, 0, tmp_path / "w0.0.ledger", process, 0.0, log)
     fleet = Fleet(tmp_path, lambda name, ledger: _spec(ledger), lambda: 1.0)
     fleet.workers.append(worker)
     fleet.close(lambda seconds: None)
     ends = time.monotonic() + 10
-    while group_members(process.pid) and time.monotonic() < ends:
+    while session_members(process.pid) and time.monotonic() < ends:
         time.sleep(0.01)
-    assert group_members(process.pid) == []
+    assert session_members(process.pid) == []
 
 
 def test_work_the_library_cuts_says_what_cut_it(

@@ -1,6 +1,6 @@
 """The deploy run's worker processes and the only things the lab does to them: start one
-(in a session of its own, so its process group holds whatever it forks), send it a signal,
-SIGKILL its whole process group, see that it exited. Every act and every exit is recorded
+(in a session of its own, so its session holds whatever it forks), send it a signal,
+SIGKILL every process of its session, see that it exited. Every act and every exit is recorded
 with its time on the run's clock (seconds from its start), with the jobs a SIGKILLed
 worker held and the processes its group still had.
 """
@@ -25,8 +25,10 @@ from crashqueuelab.lab.runs.executions import read_ledger
 FINAL_STOP_S = 30.0
 
 
-def group_members(group: int) -> list[int]:
-    """The processes of process group ``group`` still there (zombies aside)."""
+def session_members(session: int) -> list[int]:
+    """The processes of session ``session`` still there (zombies aside): the worker and all
+    it forked, also into process groups of their own (RQ's work horse), as a container's or
+    a systemd unit's stop reaches every process of its cgroup."""
     members = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -35,9 +37,16 @@ def group_members(group: int) -> list[int]:
             fields = (entry / "stat").read_text().rpartition(")")[2].split()
         except OSError:
             continue
-        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == group:
+        if len(fields) > 3 and fields[0] != "Z" and int(fields[3]) == session:
             members.append(int(entry.name))
     return sorted(members)
+
+
+def _kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        # It may have exited since it was listed.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 @dataclass
@@ -61,7 +70,7 @@ class Worker:
     killed_s: float | None = None
     #: The jobs its ledger had open when the lab SIGKILLed it.
     held_when_killed: list[str] = field(default_factory=list)
-    #: The processes of its group the SIGKILL found (the worker and what it forked).
+    #: The processes of its session the SIGKILL found (the worker and what it forked).
     group_when_killed: list[int] = field(default_factory=list)
     exit_s: float | None = None
     exit_code: int | None = None
@@ -154,9 +163,9 @@ class Fleet:
             os.kill(worker.pid, signal.Signals[name])
 
     def kill(self, worker: Worker) -> None:
-        """SIGKILL the worker's whole process group, noting the jobs it held and the
-        processes the group had."""
-        worker.group_when_killed = group_members(worker.pid)
+        """SIGKILL every process of the worker's session, noting the jobs it held and the
+        processes the session had."""
+        worker.group_when_killed = session_members(worker.pid)
         if not worker.group_when_killed:
             return
         at = self.clock()
@@ -165,8 +174,7 @@ class Fleet:
         if worker.ledger.is_file():
             runs = read_ledger(worker.ledger.read_text(), worker.name)
             worker.held_when_killed = [run.key for run in runs if run.end_s is None]
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(worker.pid, signal.SIGKILL)
+        _kill_all(worker.group_when_killed)
 
     def poll(self) -> list[Worker]:
         """Note every worker that exited since the last poll; those workers."""
@@ -182,7 +190,7 @@ class Fleet:
 
     def close(self, wait: Callable[[float], None]) -> None:
         """Stop whatever still runs: SIGTERM, up to ``FINAL_STOP_S``, then SIGKILL of its
-        group; and SIGKILL what any worker's group left behind."""
+        session; and SIGKILL what any worker's session left behind."""
         for worker in self.running():
             self.send(worker, "SIGTERM")
         ends = self.clock() + FINAL_STOP_S
@@ -194,5 +202,4 @@ class Fleet:
             worker.process.wait(10.0)
         self.poll()
         for worker in self.workers:
-            if group_members(worker.pid):
-                os.killpg(worker.pid, signal.SIGKILL)
+            _kill_all(session_members(worker.pid))

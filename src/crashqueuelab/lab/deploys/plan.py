@@ -4,7 +4,7 @@ A **rolling deploy** of ``workers`` worker processes stops them ``surge`` at a t
 batch every ``interval_s``: each stopped worker gets the stop signal (SIGTERM, as
 Kubernetes, systemd and every process manager send; or SIGINT, SIGQUIT, or SIGTERM and a
 second SIGTERM half a grace period later), and if it has not exited ``grace_s`` after the
-first signal, its whole process group gets SIGKILL. A replacement starts at once, or once
+first signal, every process of its session gets SIGKILL. A replacement starts at once, or once
 the old process is gone (``replace``). A **fleet restart** stops every worker at once.
 The run makes ``deploys`` rolling deploys, then ``fleet_restarts`` fleet restarts.
 

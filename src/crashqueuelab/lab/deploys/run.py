@@ -184,7 +184,8 @@ class _Run:
         live = {worker.name for worker in self.fleet.running()}
         if any(run.end_s is None and run.worker in live for run in runs) or self.planned:
             return False
-        ended = {run.key for run in runs if run.how == ENDED}
+        # An open execution's ``how`` is ENDED too until it ends: only a closed one counts.
+        ended = {run.key for run in runs if run.how == ENDED and run.end_s is not None}
         return all(key in ended for key in keys)
 
     def drive(

@@ -1,5 +1,5 @@
 """One worker process of a deploy run (``python -m crashqueuelab.lab.deploys.workers
-SPEC``), started in a session of its own so that its process group is its own: the
+SPEC``), started in a session of its own so that its session holds all it forks: the
 library's own worker (``System.own_worker.serve``) in this process's main thread with the
 library's own signal handlers, or, for a system without one, the lab's own worker
 (``labworker``).

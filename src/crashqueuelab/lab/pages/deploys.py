@@ -80,7 +80,7 @@ def _lane(worker: dict[str, Any], runs: list[dict[str, Any]], end: float) -> dic
     dots = []
     for signal in worker["signals"]:
         kill = signal["signal"] == "SIGKILL"
-        what = "SIGKILL of its process group" if kill else signal["signal"]
+        what = "SIGKILL of its session" if kill else signal["signal"]
         dots.append(
             {
                 "at": signal["at_s"],

@@ -73,6 +73,18 @@ _ABANDONED_AFTER_TTL = Documented(
         },
     },
 )
+_KILLED_NOT_RUN_AGAIN = Documented(
+    'a job whose worker was killed while running it is not run again: "workers can be'
+    " killed forcefully by kill -9 [...] If the worker gets killed while a job is running,"
+    " it will eventually end up in FailedJobRegistry because a cleanup task will raise an"
+    ' AbandonedJobError"',
+    _RESULTS_DOCS,
+    when={
+        # A deploy: the SIGKILL at the end of the grace cut the work horse's job, which stays
+        # started until a maintenance run fails it.
+        Kind.LOST_IN_DEPLOY: {"stored": ("started", "failed"), "last_end": "killed"},
+    },
+)
 _RETRY_AT_ONCE = Documented(
     "Retry(max=...) without an interval requeues a failed job immediately; an interval is a"
     " time on the wall clock of the worker that failed it, for a scheduler to enqueue, which"
@@ -107,7 +119,7 @@ _PERSISTENCE_LOSSES = {
 
 def documented_for(persistence: str) -> tuple[Documented, ...]:
     """What an RQ system documents, on a server with that persistence."""
-    documented = [_NO_TOKEN, _ABANDONED_AFTER_TTL, _RETRY_AT_ONCE]
+    documented = [_NO_TOKEN, _ABANDONED_AFTER_TTL, _RETRY_AT_ONCE, _KILLED_NOT_RUN_AGAIN]
     if persistence in _PERSISTENCE_LOSSES:
         what, on_restart = _PERSISTENCE_LOSSES[persistence]
         documented.append(
