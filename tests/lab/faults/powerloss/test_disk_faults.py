@@ -1,0 +1,76 @@
+"""Disk errors answered by the mounted file system to a plain ``os`` caller, disarmed again,
+and fsyncgate through the mount: a write whose fsync failed is gone after the cut even
+though a later fsync succeeded."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from crashqueuelab.lab.faults.powerloss.crashstate import LOSE_ALL, crash_choices, materialize
+from crashqueuelab.lab.faults.powerloss.disk import PowerLossDisk
+from crashqueuelab.lab.faults.powerloss.faults import DiskFault
+from tests.lab.faults.powerloss.test_mount import needs_fuse
+
+CALLS = {
+    "eio-fsync": lambda fd: os.fsync(fd),
+    "eio-write": lambda fd: os.pwrite(fd, b"more", 4),
+    "eio-read": lambda fd: os.pread(fd, 4, 0),
+    "enospc": lambda fd: os.pwrite(fd, b"more", 4),
+}
+
+
+@needs_fuse
+@pytest.mark.parametrize("name", sorted(CALLS))
+def test_each_fault_is_answered_by_the_file_system_and_disarmed(tmp_path: Path, name: str) -> None:
+    fault = DiskFault.named(name, path="data")
+    call = CALLS[name]
+    with PowerLossDisk(tmp_path / "disk", tmp_path / "mnt") as disk:
+        path = tmp_path / "mnt" / "data"
+        path.write_bytes(b"base")
+        fd = os.open(path, os.O_RDWR)
+        try:
+            disk.arm(fault, arming=name)
+            with pytest.raises(OSError, match=os.strerror(getattr(errno, fault.error))) as error:
+                call(fd)
+            assert error.value.errno == getattr(errno, fault.error)
+            (tmp_path / "mnt" / "other").write_bytes(b"not covered")  # another path passes
+            disk.disarm()
+            call(fd)  # a healthy disk again
+        finally:
+            os.close(fd)
+        # Only the armed path, only while armed (the kernel may retry a failed read once).
+        fired = {(f["arming"], f["path"], f["error"]) for f in disk.fired()}
+        assert fired == {(name, "/data", fault.error)}
+        disk.cut()
+
+
+@needs_fuse
+def test_a_write_whose_fsync_failed_is_gone_after_the_cut(tmp_path: Path) -> None:
+    with PowerLossDisk(tmp_path / "disk", tmp_path / "mnt") as disk:
+        path = tmp_path / "mnt" / "wal"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            os.fsync(fd)
+            os.fsync(os.open(tmp_path / "mnt", os.O_RDONLY))
+            os.pwrite(fd, b"first", 0)
+            disk.arm(DiskFault.named("eio-fsync", count=1))
+            with pytest.raises(OSError, match="Input/output error"):
+                os.fsync(fd)
+            disk.disarm()
+            assert os.pread(fd, 5, 0) == b"first"  # the page cache still shows it
+            os.fsync(fd)  # succeeds: fsyncgate, the dropped pages are not written
+            os.pwrite(fd, b"second", 5)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        journal = disk.cut()
+    assert [op.new for op in journal.failed] == [b"first"]
+    for choice in [LOSE_ALL, *crash_choices(journal, seed=5)]:
+        store = tmp_path / "states" / choice.name
+        if not store.exists():
+            materialize(tmp_path / "disk", journal, choice, store)
+            assert (store / "wal").read_bytes() == bytes(5) + b"second", choice.name
