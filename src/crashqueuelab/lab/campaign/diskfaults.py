@@ -1,0 +1,357 @@
+"""Disk faults: each transition of a small workload made while the disk answers errors.
+
+For each step of the workload (submit, claim, succeed, submit, claim, fail) a case of its
+own: the store is on a fresh power-loss disk (``lab/faults/powerloss``), the steps before
+run on a healthy disk, then the fault is armed, the step's call is made, and the fault is
+disarmed. What the caller was told is recorded (a value, or the exception). Then the disk
+has recovered: the client is closed and a fresh one opened, as a restarted worker would
+(a refusal to open is recorded and said), which resubmits both jobs (idempotent keys) and
+works until nothing is left, every answer recorded too. Then the power is cut.
+
+The store is read twice with the system's independent reader (``System.reader``): as the
+recovered disk shows it before the cut (``live``: the page cache, which still holds what a
+failed fsync dropped), and as the disk holds it after the cut (``after_cut``: every
+unsynced write lost, and every write a failed fsync covered: fsyncgate). Each reading is
+judged against what the callers were told: a job whose submission was acknowledged must
+exist, a claim acknowledged at attempt n must have made at least n attempts, an
+acknowledged success or death must be there as such (never run again). A transition the
+caller was told failed may or may not be there: fine. A case whose fault never fired (the
+step never reached the operation the fault covers) is ``not exercised``, never passed.
+
+Run: ``python -m crashqueuelab.lab.campaign.diskfaults --system walqueue --disk-fault
+eio-fsync --output-directory D`` (one JSON document on stdout; a bad argument is one JSON
+line with the error, exit 2; a machine without FUSE exits 4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from crashqueuelab.core.clock import ManualClock
+from crashqueuelab.core.errors import CrashModeUnavailable, CrashQueueLabError
+from crashqueuelab.core.ids import SeededIds
+from crashqueuelab.core.retry import RetryPolicy
+from crashqueuelab.judges.findings import Anomaly, Kind, inconsistent, texts, to_json
+from crashqueuelab.lab.faults.powerloss.crashstate import LOSE_ALL, materialize
+from crashqueuelab.lab.faults.powerloss.disk import PowerLossDisk, require_power_loss
+from crashqueuelab.lab.faults.powerloss.faults import DISK_FAULTS, DiskFault
+from crashqueuelab.lab.faults.powerloss.journal import JOURNAL_FILE, TREE
+from crashqueuelab.lab.runs.readings import read_store
+from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
+from crashqueuelab.systems.contract import (
+    Claim,
+    JobSpec,
+    JobStatus,
+    OpenRequest,
+    QueueClient,
+    StoreReading,
+    System,
+    Verdict,
+)
+from crashqueuelab.systems.registry import resolve_system
+
+RECORD_FILE = "disk-faults.json"
+LEASE_US = 5_000_000
+RETRY = RetryPolicy(base_delay_us=1_000, max_delay_us=8_000)
+JOBS = (JobSpec("job-a", "effect", {"n": 1}), JobSpec("job-b", "effect", {"n": 2}))
+#: The steps of the workload, each a case with the fault armed around its call.
+STEPS = ("submit-a", "claim-a", "succeed-a", "submit-b", "claim-b", "fail-b")
+#: A bound on the work after recovery: every job claimed and finished in this many rounds.
+FINISH_ROUNDS = 12
+#: Verdicts of a case.
+PASSED, FAILED, NOT_EXERCISED = "passed", "failed", "not-exercised"
+#: Exit codes, as the command line's (crashqueuelab.cli.common).
+EXIT_OK, EXIT_REJECTED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 4
+
+
+@dataclass
+class Told:
+    """One call and what its caller was told."""
+
+    step: str
+    faulted: bool
+    value: Any = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_json(self) -> dict[str, Any]:
+        told = {"error": self.error} if self.error is not None else {"value": self.value}
+        return {"step": self.step, "faulted": self.faulted, **told}
+
+
+def _shown(value: Any) -> Any:
+    if isinstance(value, Claim):
+        return {"claim": value.key, "attempt": value.attempt}
+    if isinstance(value, Verdict):
+        return value.value
+    return value
+
+
+class _Driver:
+    """Makes the workload's calls on one client, remembering every answer and claim."""
+
+    def __init__(self, system: System, store: Path, clock: ManualClock, seed: int) -> None:
+        self.system = system
+        self.store = store
+        self.clock = clock
+        self.seed = seed
+        self.opened = 0
+        self.told: list[Told] = []
+        self.claims: dict[str, Claim] = {}
+        self.client: QueueClient | None = None
+
+    def open(self) -> None:
+        self.opened += 1
+        ids = SeededIds(self.seed, f"disk-faults-{self.opened}")
+        self.client = self.system.open(OpenRequest(self.store, self.clock, ids, RETRY))
+
+    def close(self) -> str | None:
+        client, self.client = self.client, None
+        try:
+            if client is not None:
+                client.close()
+        except Exception as error:  # a close on a failed disk may fail: evidence
+            return f"{type(error).__name__}: {error}"
+        return None
+
+    def call(self, step: str, faulted: bool, make: Callable[[QueueClient], Any]) -> Told:
+        assert self.client is not None
+        told = Told(step, faulted)
+        try:
+            value = make(self.client)
+            if isinstance(value, Claim):
+                self.claims[value.key] = value
+            told.value = _shown(value)
+        except Exception as error:  # what the system raised is what its caller was told
+            told.error = f"{type(error).__name__}: {error}"
+        self.told.append(told)
+        return told
+
+    def step(self, step: str, faulted: bool) -> Told | None:
+        """One step of ``STEPS``; None when an earlier answer left nothing to do."""
+        job = JOBS[0] if step.endswith("-a") else JOBS[1]
+        if step.startswith("submit"):
+            return self.call(step, faulted, lambda client: client.submit(job))
+        if step.startswith("claim"):
+            return self.call(step, faulted, lambda client: client.claim("worker", LEASE_US))
+        claim = self.claims.get(job.key)
+        if claim is None:
+            return None
+        if step.startswith("succeed"):
+            return self.call(step, faulted, lambda client: client.succeed(claim))
+        return self.call(step, faulted, lambda client: client.fail(claim, "the handler failed"))
+
+    def finish(self) -> None:
+        """After recovery: both jobs resubmitted, then worked until none is left."""
+        self.clock.advance(LEASE_US * 2 + RETRY.max_delay_us)
+        self.call("recover", False, lambda client: client.recover())
+        for job in JOBS:
+            self.call(f"resubmit-{job.key}", False, _submitting(job))
+        for _ in range(FINISH_ROUNDS):
+            self.clock.advance(RETRY.max_delay_us)
+            claimed = self.call("finish-claim", False, lambda c: c.claim("restarted", LEASE_US))
+            if not claimed.ok or claimed.value is None:
+                break
+            claim = self.claims[claimed.value["claim"]]
+            self.call(f"finish-succeed-{claim.key}", False, lambda c: c.succeed(claim))
+
+
+def _submitting(job: JobSpec) -> Callable[[QueueClient], Any]:
+    return lambda client: client.submit(job)
+
+
+def obligations(told: Sequence[Told]) -> dict[str, tuple[str, int]]:
+    """What the acknowledged answers promise of each job: ``("exists", 0)``,
+    ``("attempted", n)`` or a terminal status (``succeeded``, ``dead``) with its attempts."""
+    promised: dict[str, tuple[str, int]] = {}
+    job_of = {spec.key: spec.key for spec in JOBS}
+    for answer in told:
+        if not answer.ok or answer.value is None:
+            continue
+        value = answer.value
+        if answer.step.startswith(("submit", "resubmit")):
+            key = JOBS[0].key if answer.step.endswith(("-a", JOBS[0].key)) else JOBS[1].key
+            promised.setdefault(key, ("exists", 0))
+        elif isinstance(value, dict) and "claim" in value:
+            key = job_of[value["claim"]]
+            if promised.get(key, ("exists", 0))[0] in ("exists", "attempted"):
+                promised[key] = ("attempted", max(value["attempt"], promised.get(key, ("", 0))[1]))
+        elif value in (Verdict.SUCCEEDED.value, Verdict.DEAD.value):
+            key = JOBS[0].key if answer.step.endswith(("-a", JOBS[0].key)) else JOBS[1].key
+            attempts = promised.get(key, ("", 0))[1]
+            promised[key] = (
+                JobStatus.SUCCEEDED if value == "succeeded" else JobStatus.DEAD,
+                attempts,
+            )
+    return promised
+
+
+def judge(reading: StoreReading, promised: dict[str, tuple[str, int]], where: str) -> list[Anomaly]:
+    """Where the store falls short of what its callers were told."""
+    found: list[Anomaly] = [inconsistent(problem, f"{where}: ") for problem in reading.problems]
+    for key, (status, attempts) in sorted(promised.items()):
+        job = reading.jobs.get(key)
+        held = "absent" if job is None else f"{job.status.value} after {job.attempts} attempts"
+        short = job is None or job.attempts < attempts
+        if status in (JobStatus.SUCCEEDED, JobStatus.DEAD):
+            short = job is None or job.status != status
+        if short:
+            found.append(
+                Anomaly(
+                    Kind.ACKNOWLEDGED_WORK_LOST,
+                    f"{where}: {key}: told {status} (attempts >= {attempts}), the disk holds {held}",
+                    job=key,
+                    facts={"told": str(status), "held": held, "reading": where},
+                )
+            )
+    return found
+
+
+def run_case(
+    system: System, fault: DiskFault, step_index: int, case_dir: Path, seed: int
+) -> dict[str, Any]:
+    """One step made under ``fault``; the store judged after recovery and after a cut."""
+    step = STEPS[step_index]
+    store = case_dir / "store"
+    disk = PowerLossDisk(case_dir / "disk", store)
+    driver = _Driver(system, store, ManualClock(1_000_000), seed)
+    reopen: dict[str, Any] = {}
+    with disk:
+        driver.open()
+        for earlier in STEPS[:step_index]:
+            driver.step(earlier, False)
+        disk.arm(fault, arming=step)
+        try:
+            faulted = driver.step(step, True)
+        finally:
+            disk.disarm()
+        fired = len(disk.fired())
+        closed = driver.close()
+        try:
+            driver.open()
+            reopen = {"opened": True}
+        except Exception as error:
+            reopen = {"opened": False, "refused": f"{type(error).__name__}: {error}"}
+        if driver.client is not None:
+            driver.finish()
+        driver.close()
+        keys = [job.key for job in JOBS]
+        live = read_store(system, store, keys)
+        journal = disk.cut()
+    cut_state = materialize(case_dir / "disk", journal, LOSE_ALL, case_dir / "after-cut")
+    after_cut = read_store(system, cut_state.directory, keys)
+    promised = obligations(driver.told)
+    findings = judge(live, promised, "live") + judge(after_cut, promised, "after the cut")
+    verdict = NOT_EXERCISED if not fired or faulted is None else FAILED if findings else PASSED
+    report = {
+        "step": step,
+        "fault": fault.to_json(),
+        "errors_answered": fired,
+        "told": faulted.to_json() if faulted is not None else None,
+        "close_after_fault": closed,
+        "reopen": reopen,
+        "calls": [answer.to_json() for answer in driver.told],
+        "promised": {key: [str(s), n] for key, (s, n) in sorted(promised.items())},
+        "live": live.to_json(),
+        "after_cut": after_cut.to_json(),
+        "writes_dropped_by_failed_fsync": len(journal.failed),
+        "failed_fsyncs": journal.failed_syncs,
+        "anomalies": texts(findings),
+        "findings": to_json(findings),
+        "verdict": verdict,
+        "artifacts": {
+            "disk": str(Path(case_dir.name) / "disk" / TREE),
+            "journal": str(Path(case_dir.name) / "disk" / JOURNAL_FILE),
+            "after_cut": str(Path(case_dir.name) / "after-cut"),
+        },
+    }
+    write_json(case_dir / "case.json", report)
+    return report
+
+
+def run_disk_faults(
+    system: System,
+    fault_name: str,
+    output_dir: Path,
+    *,
+    path: str = "*",
+    seed: int = 0,
+    steps: Sequence[int] | None = None,
+) -> dict[str, Any]:
+    """Every step of the workload made under ``fault_name``; the record of the run."""
+    fault = DiskFault.named(fault_name, path=path)
+    if system.server is not None:
+        raise CrashModeUnavailable(
+            f"disk fault {fault_name}",
+            f"{system.name} keeps its data in a {system.server} server's data directory,"
+            " which the disk-fault runs do not yet put on the disk",
+        )
+    require_power_loss()
+    output_dir = prepare_output_directory(output_dir)
+    started = time.perf_counter()
+    cases = []
+    for index in range(len(STEPS)) if steps is None else steps:
+        case_dir = output_dir / f"{index + 1:02d}-{STEPS[index]}"
+        case_dir.mkdir()
+        cases.append(run_case(system, fault, index, case_dir, seed))
+    verdicts = [case["verdict"] for case in cases]
+    record = {
+        "system": system.name,
+        "version": system.version,
+        "reader": None if system.reader is None else system.reader.__module__,
+        "disk_fault": fault_name,
+        "fault": fault.to_json(),
+        "cases": cases,
+        "summary": {
+            "cases": len(cases),
+            "passed": verdicts.count(PASSED),
+            "failed": verdicts.count(FAILED),
+            "not_exercised": verdicts.count(NOT_EXERCISED),
+            "told_failure": sum(1 for c in cases if c["told"] and "error" in c["told"]),
+            "told_success": sum(1 for c in cases if c["told"] and "error" not in c["told"]),
+            "refused_to_open": sum(1 for c in cases if not c["reopen"].get("opened")),
+        },
+        "ok": FAILED not in verdicts and PASSED in verdicts,
+        "wall_s": round(time.perf_counter() - started, 2),
+    }
+    write_json(output_dir / RECORD_FILE, record)
+    return record
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m crashqueuelab.lab.campaign.diskfaults")
+    parser.add_argument("--system", default="sqlite")
+    parser.add_argument("--disk-fault", required=True, choices=sorted(DISK_FAULTS))
+    parser.add_argument("--path", default="*", help="a glob of the mount-relative paths hit")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output-directory", type=Path, required=True)
+    try:
+        arguments = parser.parse_args(argv)
+    except SystemExit as stopped:
+        return EXIT_USAGE if stopped.code else EXIT_OK
+    try:
+        system = resolve_system(arguments.system)
+        record = run_disk_faults(
+            system, arguments.disk_fault, arguments.output_directory,
+            path=arguments.path, seed=arguments.seed,
+        )  # fmt: skip
+    except CrashQueueLabError as error:
+        print(json.dumps({"error": {"type": type(error).__name__, "message": str(error)}}))
+        return EXIT_UNAVAILABLE if isinstance(error, CrashModeUnavailable) else EXIT_USAGE
+    summary = {key: record[key] for key in ("system", "disk_fault", "summary", "ok", "wall_s")}
+    print(json.dumps(summary))
+    return EXIT_OK if record["ok"] else EXIT_REJECTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())
