@@ -1,7 +1,8 @@
 """Disk faults: each transition of a small workload made while the disk answers errors.
 
-For each step of the workload (submit, claim, succeed, submit, claim, fail) a case of its
-own: the store is on a fresh power-loss disk (``lab/faults/powerloss``), the steps before
+For each step of the workload (submit, claim, succeed, submit, claim, fail, and a reopen:
+the store opened and recovered again) a case of its own: the store is on a fresh
+power-loss disk (``lab/faults/powerloss``), the steps before
 run on a healthy disk, then the fault is armed, the step's call is made, and the fault is
 disarmed. What the caller was told is recorded (a value, or the exception). Then the disk
 has recovered: the client is closed and a fresh one opened, as a restarted worker would
@@ -42,7 +43,6 @@ from crashqueuelab.judges.findings import Anomaly, Kind, inconsistent, texts, to
 from crashqueuelab.lab.faults.powerloss.crashstate import LOSE_ALL, materialize
 from crashqueuelab.lab.faults.powerloss.disk import PowerLossDisk, require_power_loss
 from crashqueuelab.lab.faults.powerloss.faults import DISK_FAULTS, DiskFault
-from crashqueuelab.lab.faults.powerloss.journal import JOURNAL_FILE, TREE
 from crashqueuelab.lab.runs.readings import read_store
 from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
 from crashqueuelab.systems.contract import (
@@ -51,6 +51,7 @@ from crashqueuelab.systems.contract import (
     JobStatus,
     OpenRequest,
     QueueClient,
+    StoredJob,
     StoreReading,
     System,
     Verdict,
@@ -62,7 +63,7 @@ LEASE_US = 5_000_000
 RETRY = RetryPolicy(base_delay_us=1_000, max_delay_us=8_000)
 JOBS = (JobSpec("job-a", "effect", {"n": 1}), JobSpec("job-b", "effect", {"n": 2}))
 #: The steps of the workload, each a case with the fault armed around its call.
-STEPS = ("submit-a", "claim-a", "succeed-a", "submit-b", "claim-b", "fail-b")
+STEPS = ("submit-a", "claim-a", "succeed-a", "submit-b", "claim-b", "fail-b", "reopen")
 #: A bound on the work after recovery: every job claimed and finished in this many rounds.
 FINISH_ROUNDS = 12
 #: Verdicts of a case.
@@ -139,6 +140,15 @@ class _Driver:
 
     def step(self, step: str, faulted: bool) -> Told | None:
         """One step of ``STEPS``; None when an earlier answer left nothing to do."""
+        if step == "reopen":  # a restart: the store opened (and recovered) again
+            told = Told(step, faulted)
+            self.close()
+            try:
+                self.open()
+            except Exception as error:
+                told.error = f"{type(error).__name__}: {error}"
+            self.told.append(told)
+            return told
         job = JOBS[0] if step.endswith("-a") else JOBS[1]
         if step.startswith("submit"):
             return self.call(step, faulted, lambda client: client.submit(job))
@@ -163,37 +173,61 @@ class _Driver:
             if not claimed.ok or claimed.value is None:
                 break
             claim = self.claims[claimed.value["claim"]]
-            self.call(f"finish-succeed-{claim.key}", False, lambda c: c.succeed(claim))
+            self.call(f"finish-succeed-{claim.key}", False, _succeeding(claim))
+
+
+def _succeeding(claim: Claim) -> Callable[[QueueClient], Any]:
+    return lambda client: client.succeed(claim)
 
 
 def _submitting(job: JobSpec) -> Callable[[QueueClient], Any]:
     return lambda client: client.submit(job)
 
 
+EXISTS, ATTEMPTED, RELEASED = "exists", "attempted", "released"
+TERMINAL = (JobStatus.SUCCEEDED.value, JobStatus.DEAD.value)
+
+
+def _job_of(step: str) -> str:
+    return JOBS[0].key if step.endswith(("-a", JOBS[0].key)) else JOBS[1].key
+
+
 def obligations(told: Sequence[Told]) -> dict[str, tuple[str, int]]:
-    """What the acknowledged answers promise of each job: ``("exists", 0)``,
-    ``("attempted", n)`` or a terminal status (``succeeded``, ``dead``) with its attempts."""
+    """What the acknowledged answers promise of each job, the last promise standing:
+    ``exists``; ``attempted`` n times (a claim of attempt n); ``released`` after n attempts
+    (a failure answered ``retry``: no longer leased by attempt n); ``succeeded`` or ``dead``
+    (for good: never run again)."""
     promised: dict[str, tuple[str, int]] = {}
-    job_of = {spec.key: spec.key for spec in JOBS}
     for answer in told:
         if not answer.ok or answer.value is None:
             continue
         value = answer.value
-        if answer.step.startswith(("submit", "resubmit")):
-            key = JOBS[0].key if answer.step.endswith(("-a", JOBS[0].key)) else JOBS[1].key
-            promised.setdefault(key, ("exists", 0))
-        elif isinstance(value, dict) and "claim" in value:
-            key = job_of[value["claim"]]
-            if promised.get(key, ("exists", 0))[0] in ("exists", "attempted"):
-                promised[key] = ("attempted", max(value["attempt"], promised.get(key, ("", 0))[1]))
-        elif value in (Verdict.SUCCEEDED.value, Verdict.DEAD.value):
-            key = JOBS[0].key if answer.step.endswith(("-a", JOBS[0].key)) else JOBS[1].key
-            attempts = promised.get(key, ("", 0))[1]
-            promised[key] = (
-                JobStatus.SUCCEEDED if value == "succeeded" else JobStatus.DEAD,
-                attempts,
-            )
+        if isinstance(value, dict) and "claim" in value:
+            key, level = value["claim"], (ATTEMPTED, int(value["attempt"]))
+        elif answer.step.startswith(("submit", "resubmit")):
+            key, level = _job_of(answer.step), (EXISTS, 0)
+        elif value in (*TERMINAL, Verdict.RETRY.value):
+            key = _job_of(answer.step)
+            attempts = promised.get(key, (EXISTS, 0))[1]
+            level = (RELEASED if value == Verdict.RETRY.value else str(value), attempts)
+        else:
+            continue
+        standing = promised.get(key)
+        if standing is None or (
+            standing[0] not in TERMINAL and level[0] != EXISTS and level[1] >= standing[1]
+        ):
+            promised[key] = level
     return promised
+
+
+def _short(job: StoredJob | None, status: str, attempts: int) -> bool:
+    if job is None:
+        return True
+    if status in TERMINAL:
+        return job.status.value != status
+    if status == RELEASED and job.status == JobStatus.LEASED and job.attempts <= attempts:
+        return True
+    return job.attempts < attempts
 
 
 def judge(reading: StoreReading, promised: dict[str, tuple[str, int]], where: str) -> list[Anomaly]:
@@ -202,14 +236,12 @@ def judge(reading: StoreReading, promised: dict[str, tuple[str, int]], where: st
     for key, (status, attempts) in sorted(promised.items()):
         job = reading.jobs.get(key)
         held = "absent" if job is None else f"{job.status.value} after {job.attempts} attempts"
-        short = job is None or job.attempts < attempts
-        if status in (JobStatus.SUCCEEDED, JobStatus.DEAD):
-            short = job is None or job.status != status
-        if short:
+        if _short(job, status, attempts):
             found.append(
                 Anomaly(
                     Kind.ACKNOWLEDGED_WORK_LOST,
-                    f"{where}: {key}: told {status} (attempts >= {attempts}), the disk holds {held}",
+                    f"{where}: {key}: told {status} (attempts >= {attempts}),"
+                    f" the disk holds {held}",
                     job=key,
                     facts={"told": str(status), "held": held, "reading": where},
                 )
@@ -217,62 +249,129 @@ def judge(reading: StoreReading, promised: dict[str, tuple[str, int]], where: st
     return found
 
 
+def _faulted_step(
+    disk: PowerLossDisk, driver: _Driver, fault: DiskFault, step_index: int
+) -> tuple[Told | None, int]:
+    """The steps before on a healthy disk, then the step under ``fault``; what the step was
+    told, and how many errors the disk answered."""
+    driver.open()
+    for earlier in STEPS[:step_index]:
+        driver.step(earlier, False)
+    disk.arm(fault, arming=STEPS[step_index])
+    try:
+        faulted = driver.step(STEPS[step_index], True)
+    finally:
+        disk.disarm()
+    return faulted, len(disk.fired())
+
+
+def _cut_and_read(
+    disk: PowerLossDisk, system: System, directory: Path
+) -> tuple[StoreReading, int, int]:
+    """The power cut: every unsynced write lost, and every write a failed fsync dropped."""
+    journal = disk.cut()
+    state = materialize(disk.root, journal, LOSE_ALL, directory)
+    reading = read_store(system, state.directory, [job.key for job in JOBS])
+    return reading, len(journal.failed), journal.failed_syncs
+
+
+def _at_once(
+    system: System, fault: DiskFault, step_index: int, case_dir: Path, seed: int
+) -> dict[str, Any]:
+    """The power goes right after the faulted call, the client still open: nothing the
+    system does later (a close, a reopen) may make good what it was told."""
+    where = case_dir / "cut-at-once"
+    disk = PowerLossDisk(where / "disk", where / "store")
+    driver = _Driver(system, where / "store", ManualClock(1_000_000), seed)
+    try:
+        with disk:
+            faulted, fired = _faulted_step(disk, driver, fault, step_index)
+            reading, dropped, failed_syncs = _cut_and_read(disk, system, where / "after-cut")
+    finally:
+        driver.close()  # on a mount that is gone: closes handles on nothing
+    findings = judge(reading, obligations(driver.told), "cut at once")
+    return {
+        "faulted": faulted,
+        "fired": fired,
+        "report": {
+            "calls": [answer.to_json() for answer in driver.told],
+            "after_cut": reading.to_json(),
+            "writes_dropped_by_failed_fsync": dropped,
+            "failed_fsyncs": failed_syncs,
+        },
+        "findings": findings,
+    }
+
+
+def _recovered(
+    system: System, fault: DiskFault, step_index: int, case_dir: Path, seed: int
+) -> dict[str, Any]:
+    """The disk recovers: a fresh client opens the store, resubmits and finishes the work;
+    the store is read as the page cache shows it, then the power goes and it is read again."""
+    where = case_dir / "recovered"
+    disk = PowerLossDisk(where / "disk", where / "store")
+    driver = _Driver(system, where / "store", ManualClock(1_000_000), seed)
+    reopen: dict[str, Any] = {}
+    try:
+        with disk:
+            faulted, fired = _faulted_step(disk, driver, fault, step_index)
+            closed = driver.close()
+            try:
+                driver.open()
+                reopen = {"opened": True}
+            except Exception as error:  # a refusal to open is said, not a crash of the lab
+                reopen = {"opened": False, "refused": f"{type(error).__name__}: {error}"}
+            if driver.client is not None:
+                driver.finish()
+            driver.close()
+            live = read_store(system, where / "store", [job.key for job in JOBS])
+            reading, dropped, failed_syncs = _cut_and_read(disk, system, where / "after-cut")
+    finally:
+        driver.close()
+    promised = obligations(driver.told)
+    findings = judge(live, promised, "recovered") + judge(reading, promised, "recovered, cut")
+    return {
+        "faulted": faulted,
+        "fired": fired,
+        "report": {
+            "close_after_fault": closed,
+            "reopen": reopen,
+            "calls": [answer.to_json() for answer in driver.told],
+            "promised": {key: [str(s), n] for key, (s, n) in sorted(promised.items())},
+            "live": live.to_json(),
+            "after_cut": reading.to_json(),
+            "writes_dropped_by_failed_fsync": dropped,
+            "failed_fsyncs": failed_syncs,
+        },
+        "findings": findings,
+    }
+
+
 def run_case(
     system: System, fault: DiskFault, step_index: int, case_dir: Path, seed: int
 ) -> dict[str, Any]:
-    """One step made under ``fault``; the store judged after recovery and after a cut."""
-    step = STEPS[step_index]
-    store = case_dir / "store"
-    disk = PowerLossDisk(case_dir / "disk", store)
-    driver = _Driver(system, store, ManualClock(1_000_000), seed)
-    reopen: dict[str, Any] = {}
-    with disk:
-        driver.open()
-        for earlier in STEPS[:step_index]:
-            driver.step(earlier, False)
-        disk.arm(fault, arming=step)
-        try:
-            faulted = driver.step(step, True)
-        finally:
-            disk.disarm()
-        fired = len(disk.fired())
-        closed = driver.close()
-        try:
-            driver.open()
-            reopen = {"opened": True}
-        except Exception as error:
-            reopen = {"opened": False, "refused": f"{type(error).__name__}: {error}"}
-        if driver.client is not None:
-            driver.finish()
-        driver.close()
-        keys = [job.key for job in JOBS]
-        live = read_store(system, store, keys)
-        journal = disk.cut()
-    cut_state = materialize(case_dir / "disk", journal, LOSE_ALL, case_dir / "after-cut")
-    after_cut = read_store(system, cut_state.directory, keys)
-    promised = obligations(driver.told)
-    findings = judge(live, promised, "live") + judge(after_cut, promised, "after the cut")
-    verdict = NOT_EXERCISED if not fired or faulted is None else FAILED if findings else PASSED
+    """One step made under ``fault``, twice: the power cut at once, and the disk recovered
+    (the work finished by a restarted client) then cut."""
+    at_once = _at_once(system, fault, step_index, case_dir, seed)
+    recovered = _recovered(system, fault, step_index, case_dir, seed)
+    faulted: Told | None = recovered["faulted"]
+    findings = [*at_once["findings"], *recovered["findings"]]
+    exercised = at_once["fired"] and recovered["fired"] and faulted is not None
+    verdict = FAILED if findings else PASSED if exercised else NOT_EXERCISED
     report = {
-        "step": step,
+        "step": STEPS[step_index],
         "fault": fault.to_json(),
-        "errors_answered": fired,
+        "errors_answered": recovered["fired"],
         "told": faulted.to_json() if faulted is not None else None,
-        "close_after_fault": closed,
-        "reopen": reopen,
-        "calls": [answer.to_json() for answer in driver.told],
-        "promised": {key: [str(s), n] for key, (s, n) in sorted(promised.items())},
-        "live": live.to_json(),
-        "after_cut": after_cut.to_json(),
-        "writes_dropped_by_failed_fsync": len(journal.failed),
-        "failed_fsyncs": journal.failed_syncs,
+        "reopen": recovered["report"]["reopen"],
+        "cut_at_once": at_once["report"],
+        "recovered": recovered["report"],
         "anomalies": texts(findings),
         "findings": to_json(findings),
         "verdict": verdict,
         "artifacts": {
-            "disk": str(Path(case_dir.name) / "disk" / TREE),
-            "journal": str(Path(case_dir.name) / "disk" / JOURNAL_FILE),
-            "after_cut": str(Path(case_dir.name) / "after-cut"),
+            "cut_at_once": str(Path(case_dir.name) / "cut-at-once"),
+            "recovered": str(Path(case_dir.name) / "recovered"),
         },
     }
     write_json(case_dir / "case.json", report)
@@ -285,11 +384,14 @@ def run_disk_faults(
     output_dir: Path,
     *,
     path: str = "*",
+    count: int | None = None,
     seed: int = 0,
     steps: Sequence[int] | None = None,
 ) -> dict[str, Any]:
-    """Every step of the workload made under ``fault_name``; the record of the run."""
-    fault = DiskFault.named(fault_name, path=path)
+    """Every step of the workload made under ``fault_name`` (on paths matching ``path``;
+    ``count``: only the first ``count`` matching operations of the call fail, else every
+    one until it returns); the record of the run."""
+    fault = DiskFault.named(fault_name, path=path, count=count)
     if system.server is not None:
         raise CrashModeUnavailable(
             f"disk fault {fault_name}",
@@ -333,6 +435,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--system", default="sqlite")
     parser.add_argument("--disk-fault", required=True, choices=sorted(DISK_FAULTS))
     parser.add_argument("--path", default="*", help="a glob of the mount-relative paths hit")
+    parser.add_argument(
+        "--count", type=int, default=None, help="fail only this many operations (default: all)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-directory", type=Path, required=True)
     try:
@@ -343,7 +448,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         system = resolve_system(arguments.system)
         record = run_disk_faults(
             system, arguments.disk_fault, arguments.output_directory,
-            path=arguments.path, seed=arguments.seed,
+            path=arguments.path, count=arguments.count, seed=arguments.seed,
         )  # fmt: skip
     except CrashQueueLabError as error:
         print(json.dumps({"error": {"type": type(error).__name__, "message": str(error)}}))
