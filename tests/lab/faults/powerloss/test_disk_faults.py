@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,8 @@ from crashqueuelab.lab.faults.powerloss.disk import PowerLossDisk
 from crashqueuelab.lab.faults.powerloss.faults import DiskFault
 from tests.lab.faults.powerloss.test_mount import needs_fuse
 
-CALLS = {
-    "eio-fsync": lambda fd: os.fsync(fd),
+CALLS: dict[str, Callable[[int], object]] = {
+    "eio-fsync": os.fsync,
     "eio-write": lambda fd: os.pwrite(fd, b"more", 4),
     "eio-read": lambda fd: os.pread(fd, 4, 0),
     "enospc": lambda fd: os.pwrite(fd, b"more", 4),
