@@ -96,3 +96,21 @@ def test_bad_input_is_one_structured_line(
     [line] = capsys.readouterr().out.splitlines()
     assert code == diskfaults.EXIT_USAGE
     assert json.loads(line)["error"]["type"] == "SystemUnavailable"
+
+
+@needs_fuse
+def test_a_finding_a_healthy_disk_gives_too_is_the_systems_own(tmp_path: Path) -> None:
+    """huey dequeues (deletes) what it hands out: a cut right after a claim loses the job
+    with or without a disk fault, so that finding is huey's, set apart from the fault's."""
+    pytest.importorskip("huey")
+    from crashqueuelab.systems.registry import resolve_system
+
+    record = run_disk_faults(resolve_system("huey"), "enospc", tmp_path / "run", steps=(2,))
+    [case] = record["cases"]
+    assert case["verdict"] == diskfaults.WITHOUT_THE_FAULT
+    assert case["anomalies"] == []
+    assert case["found_without_the_fault"] == [
+        "cut at once: job-a: told attempted (attempts >= 1), the disk holds absent"
+    ]
+    assert record["summary"]["fails_without_the_fault"] == 1
+    assert record["ok"] is False  # nothing passed: a check that did not pass is not "ok"

@@ -17,7 +17,10 @@ judged against what the callers were told: a job whose submission was acknowledg
 exist, a claim acknowledged at attempt n must have made at least n attempts, an
 acknowledged success or death must be there as such (never run again). A transition the
 caller was told failed may or may not be there: fine. A case whose fault never fired (the
-step never reached the operation the fault covers) is ``not exercised``, never passed.
+step never reached the operation the fault covers) is ``not exercised``, never passed. A
+case with findings is run again on a healthy disk (a fault that matches no path): findings
+that run gives too, cut right before the step or recovered after it, are the system's own
+weakness and set apart (``fails-without-the-fault``), never counted as the fault's.
 
 Run: ``python -m crashqueuelab.lab.campaign.diskfaults --system walqueue --disk-fault
 eio-fsync --output-directory D`` (one JSON document on stdout; a bad argument is one JSON
@@ -68,6 +71,11 @@ STEPS = ("submit-a", "claim-a", "succeed-a", "submit-b", "claim-b", "fail-b", "r
 FINISH_ROUNDS = 12
 #: Verdicts of a case.
 PASSED, FAILED, NOT_EXERCISED = "passed", "failed", "not-exercised"
+#: A case whose findings the same workload gives on a healthy disk: the system's own.
+WITHOUT_THE_FAULT = "fails-without-the-fault"
+#: Where the healthy-disk runs of a case go, and the path its never-firing fault names.
+CONTROL_PREFIX = "healthy-disk-"
+CONTROL_PATH = "\x00matches-nothing"
 #: Exit codes, as the command line's (crashqueuelab.cli.common).
 EXIT_OK, EXIT_REJECTED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 4
 
@@ -276,11 +284,11 @@ def _cut_and_read(
 
 
 def _at_once(
-    system: System, fault: DiskFault, step_index: int, case_dir: Path, seed: int
+    system: System, fault: DiskFault, step_index: int, case_dir: Path, seed: int, name: str = ""
 ) -> dict[str, Any]:
     """The power goes right after the faulted call, the client still open: nothing the
     system does later (a close, a reopen) may make good what it was told."""
-    where = case_dir / "cut-at-once"
+    where = case_dir / f"{name}cut-at-once"
     disk = PowerLossDisk(where / "disk", where / "store")
     driver = _Driver(system, where / "store", ManualClock(1_000_000), seed)
     try:
@@ -304,11 +312,11 @@ def _at_once(
 
 
 def _recovered(
-    system: System, fault: DiskFault, step_index: int, case_dir: Path, seed: int
+    system: System, fault: DiskFault, step_index: int, case_dir: Path, seed: int, name: str = ""
 ) -> dict[str, Any]:
     """The disk recovers: a fresh client opens the store, resubmits and finishes the work;
     the store is read as the page cache shows it, then the power goes and it is read again."""
-    where = case_dir / "recovered"
+    where = case_dir / f"{name}recovered"
     disk = PowerLossDisk(where / "disk", where / "store")
     driver = _Driver(system, where / "store", ManualClock(1_000_000), seed)
     reopen: dict[str, Any] = {}
@@ -347,17 +355,37 @@ def _recovered(
     }
 
 
+def _without_the_fault(
+    system: System, fault: DiskFault, step_index: int, case_dir: Path, seed: int
+) -> set[str]:
+    """The findings the same workload gives on a healthy disk: cut right before the step
+    (what was acknowledged before the fault), and recovered after the step. A finding also
+    found here is the system's own, not the fault's (huey's dequeue, for one)."""
+    never = DiskFault(fault.operation, fault.error, CONTROL_PATH)
+    found = _recovered(system, never, step_index, case_dir, seed, CONTROL_PREFIX)["findings"]
+    if step_index > 0:
+        before = _at_once(system, never, step_index - 1, case_dir, seed, CONTROL_PREFIX)
+        found += before["findings"]
+    return {finding.text for finding in found}
+
+
 def run_case(
     system: System, fault: DiskFault, step_index: int, case_dir: Path, seed: int
 ) -> dict[str, Any]:
     """One step made under ``fault``, twice: the power cut at once, and the disk recovered
-    (the work finished by a restarted client) then cut."""
+    (the work finished by a restarted client) then cut. A case with findings runs again on
+    a healthy disk, and the findings that healthy run gives too are set apart."""
     at_once = _at_once(system, fault, step_index, case_dir, seed)
     recovered = _recovered(system, fault, step_index, case_dir, seed)
     faulted: Told | None = recovered["faulted"]
     findings = [*at_once["findings"], *recovered["findings"]]
+    healthy = _without_the_fault(system, fault, step_index, case_dir, seed) if findings else set()
+    own = [finding for finding in findings if finding.text in healthy]
+    due = [finding for finding in findings if finding.text not in healthy]
     exercised = at_once["fired"] and recovered["fired"] and faulted is not None
-    verdict = FAILED if findings else PASSED if exercised else NOT_EXERCISED
+    verdict = (
+        FAILED if due else WITHOUT_THE_FAULT if own else PASSED if exercised else NOT_EXERCISED
+    )
     report = {
         "step": STEPS[step_index],
         "fault": fault.to_json(),
@@ -366,12 +394,21 @@ def run_case(
         "reopen": recovered["report"]["reopen"],
         "cut_at_once": at_once["report"],
         "recovered": recovered["report"],
-        "anomalies": texts(findings),
-        "findings": to_json(findings),
+        "anomalies": texts(due),
+        "findings": to_json(due),
+        "found_without_the_fault": texts(own),
         "verdict": verdict,
         "artifacts": {
             "cut_at_once": str(Path(case_dir.name) / "cut-at-once"),
             "recovered": str(Path(case_dir.name) / "recovered"),
+            **(
+                {
+                    f"healthy_disk_{kind}": str(Path(case_dir.name) / f"{CONTROL_PREFIX}{part}")
+                    for kind, part in (("cut", "cut-at-once"), ("recovered", "recovered"))
+                }
+                if findings
+                else {}
+            ),
         },
     }
     write_json(case_dir / "case.json", report)
@@ -419,6 +456,7 @@ def run_disk_faults(
             "passed": verdicts.count(PASSED),
             "failed": verdicts.count(FAILED),
             "not_exercised": verdicts.count(NOT_EXERCISED),
+            "fails_without_the_fault": verdicts.count(WITHOUT_THE_FAULT),
             "told_failure": sum(1 for c in cases if c["told"] and "error" in c["told"]),
             "told_success": sum(1 for c in cases if c["told"] and "error" not in c["told"]),
             "refused_to_open": sum(1 for c in cases if not c["reopen"].get("opened")),
