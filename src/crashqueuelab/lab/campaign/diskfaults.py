@@ -34,6 +34,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,11 +44,14 @@ from crashqueuelab.core.errors import CrashModeUnavailable, CrashQueueLabError
 from crashqueuelab.core.ids import SeededIds
 from crashqueuelab.core.retry import RetryPolicy
 from crashqueuelab.judges.findings import Anomaly, Kind, inconsistent, texts, to_json
-from crashqueuelab.lab.faults.powerloss.crashstate import LOSE_ALL, materialize
+from crashqueuelab.lab.faults.powerloss.crashstate import LOSE_ALL, DistinctStates
 from crashqueuelab.lab.faults.powerloss.disk import PowerLossDisk, require_power_loss
 from crashqueuelab.lab.faults.powerloss.faults import DISK_FAULTS, DiskFault
+from crashqueuelab.lab.faults.powerloss.serverdisk import ClusterTemplate, ServerOnDisk
+from crashqueuelab.lab.faults.powerloss.targets import StoreOnDisk
 from crashqueuelab.lab.runs.readings import read_store
 from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
+from crashqueuelab.lab.workloads.scenario import STORE_DIRECTORY
 from crashqueuelab.systems.contract import (
     Claim,
     JobSpec,
@@ -76,6 +80,9 @@ WITHOUT_THE_FAULT = "fails-without-the-fault"
 #: Where the healthy-disk runs of a case go, and the path its never-firing fault names.
 CONTROL_PREFIX = "healthy-disk-"
 CONTROL_PATH = "\x00matches-nothing"
+#: How long a server the fault brought down may take to answer again by itself (PostgreSQL's
+#: postmaster restarts after a PANIC) before it is started again.
+SERVER_BACK_S = 30.0
 #: Exit codes, as the command line's (crashqueuelab.cli.common).
 EXIT_OK, EXIT_REJECTED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 4
 
@@ -273,28 +280,98 @@ def _faulted_step(
     return faulted, len(disk.fired())
 
 
-def _cut_and_read(
-    disk: PowerLossDisk, system: System, directory: Path
-) -> tuple[StoreReading, int, int]:
-    """The power cut: every unsynced write lost, and every write a failed fsync dropped."""
-    journal = disk.cut()
-    state = materialize(disk.root, journal, LOSE_ALL, directory)
-    reading = read_store(system, state.directory, [job.key for job in JOBS])
-    return reading, len(journal.failed), journal.failed_syncs
+@dataclass(frozen=True)
+class _Run:
+    """What every case of a run shares: the system, the seed, and for a system on a
+    PostgreSQL server the cluster each case's server starts from."""
+
+    system: System
+    seed: int
+    template: ClusterTemplate | None = None
+
+
+class _Site:
+    """Where one case keeps its data on a power-loss disk: the store directory itself, or
+    (a system on a server) the data directory of a server of its own."""
+
+    def __init__(self, run: _Run, where: Path) -> None:
+        self.run = run
+        self.where = where
+        self.target: StoreOnDisk | ServerOnDisk = (
+            StoreOnDisk(where) if run.template is None else ServerOnDisk(where, run.template)
+        )
+
+    @property
+    def disk(self) -> PowerLossDisk:
+        return self.target.disk
+
+    @property
+    def store(self) -> Path:
+        return self.where / STORE_DIRECTORY
+
+    def read(self) -> StoreReading:
+        return read_store(self.run.system, self.store, [job.key for job in JOBS])
+
+    def server_back(self) -> dict[str, Any]:
+        """A server the fault brought down (PostgreSQL PANICs on a failed fsync) is
+        started again on its disk, as its supervisor would: what it does then is its own
+        recovery."""
+        if not isinstance(self.target, ServerOnDisk):
+            return {}
+        server = self.target.server
+        deadline = time.monotonic() + SERVER_BACK_S
+        while server.processes() and time.monotonic() < deadline:
+            if _accepts(server.dsn):
+                return {"server": "answering"}
+            time.sleep(0.5)
+        try:
+            server.kill()  # what is left of it (nothing, once its postmaster gave up)
+            server.start_again()
+        except Exception as error:  # a server that will not start again is evidence
+            return {"server": f"did not start again: {type(error).__name__}: {error}"}
+        return {"server": "started again"}
+
+    def cut_and_read(self) -> tuple[StoreReading, int, int]:
+        """The power cut: every unsynced write lost, and every write a failed fsync
+        dropped; the crash state read (a server's: by a server started on it)."""
+        journal = self.target.cut()
+        state_dir = self.where / "after-cut"
+        state_dir.mkdir()
+        with self.target.place(journal, LOSE_ALL, state_dir, DistinctStates(journal)) as placed:
+            if placed.problem is not None:
+                reading = StoreReading(
+                    exists=True, jobs={}, facts={}, ok=False, problems=[placed.problem],
+                    judge="the server started on the crash state",
+                )  # fmt: skip
+            else:
+                reading = read_store(
+                    self.run.system, state_dir / STORE_DIRECTORY, [job.key for job in JOBS]
+                )
+        return reading, len(journal.failed), journal.failed_syncs
+
+
+def _accepts(dsn: str) -> bool:
+    import psycopg
+
+    try:
+        with psycopg.connect(dsn, connect_timeout=2) as connection:
+            connection.execute("SELECT 1")
+    except psycopg.Error:
+        return False
+    return True
 
 
 def _at_once(
-    system: System, fault: DiskFault, step_index: int, case_dir: Path, seed: int, name: str = ""
+    run: _Run, fault: DiskFault, step_index: int, case_dir: Path, name: str = ""
 ) -> dict[str, Any]:
     """The power goes right after the faulted call, the client still open: nothing the
     system does later (a close, a reopen) may make good what it was told."""
-    where = case_dir / f"{name}cut-at-once"
-    disk = PowerLossDisk(where / "disk", where / "store")
-    driver = _Driver(system, where / "store", ManualClock(1_000_000), seed)
+    site = _Site(run, case_dir / f"{name}cut-at-once")
+    driver = _Driver(run.system, site.store, ManualClock(1_000_000), run.seed)
     try:
-        with disk:
-            faulted, fired = _faulted_step(disk, driver, fault, step_index)
-            reading, dropped, failed_syncs = _cut_and_read(disk, system, where / "after-cut")
+        with site.target:
+            faulted, fired = _faulted_step(site.disk, driver, fault, step_index)
+            reading, dropped, failed_syncs = site.cut_and_read()
     finally:
         driver.close()  # on a mount that is gone: closes handles on nothing
     findings = judge(reading, obligations(driver.told), "cut at once")
@@ -312,28 +389,28 @@ def _at_once(
 
 
 def _recovered(
-    system: System, fault: DiskFault, step_index: int, case_dir: Path, seed: int, name: str = ""
+    run: _Run, fault: DiskFault, step_index: int, case_dir: Path, name: str = ""
 ) -> dict[str, Any]:
     """The disk recovers: a fresh client opens the store, resubmits and finishes the work;
     the store is read as the page cache shows it, then the power goes and it is read again."""
-    where = case_dir / f"{name}recovered"
-    disk = PowerLossDisk(where / "disk", where / "store")
-    driver = _Driver(system, where / "store", ManualClock(1_000_000), seed)
+    site = _Site(run, case_dir / f"{name}recovered")
+    driver = _Driver(run.system, site.store, ManualClock(1_000_000), run.seed)
     reopen: dict[str, Any] = {}
     try:
-        with disk:
-            faulted, fired = _faulted_step(disk, driver, fault, step_index)
+        with site.target:
+            faulted, fired = _faulted_step(site.disk, driver, fault, step_index)
             closed = driver.close()
+            reopen.update(site.server_back())
             try:
                 driver.open()
-                reopen = {"opened": True}
+                reopen["opened"] = True
             except Exception as error:  # a refusal to open is said, not a crash of the lab
-                reopen = {"opened": False, "refused": f"{type(error).__name__}: {error}"}
+                reopen.update(opened=False, refused=f"{type(error).__name__}: {error}")
             if driver.client is not None:
                 driver.finish()
             driver.close()
-            live = read_store(system, where / "store", [job.key for job in JOBS])
-            reading, dropped, failed_syncs = _cut_and_read(disk, system, where / "after-cut")
+            live = site.read()
+            reading, dropped, failed_syncs = site.cut_and_read()
     finally:
         driver.close()
     promised = obligations(driver.told)
@@ -355,31 +432,27 @@ def _recovered(
     }
 
 
-def _without_the_fault(
-    system: System, fault: DiskFault, step_index: int, case_dir: Path, seed: int
-) -> set[str]:
+def _without_the_fault(run: _Run, fault: DiskFault, step_index: int, case_dir: Path) -> set[str]:
     """The findings the same workload gives on a healthy disk: cut right before the step
     (what was acknowledged before the fault), and recovered after the step. A finding also
     found here is the system's own, not the fault's (huey's dequeue, for one)."""
     never = DiskFault(fault.operation, fault.error, CONTROL_PATH)
-    found = _recovered(system, never, step_index, case_dir, seed, CONTROL_PREFIX)["findings"]
+    found = _recovered(run, never, step_index, case_dir, CONTROL_PREFIX)["findings"]
     if step_index > 0:
-        before = _at_once(system, never, step_index - 1, case_dir, seed, CONTROL_PREFIX)
+        before = _at_once(run, never, step_index - 1, case_dir, CONTROL_PREFIX)
         found += before["findings"]
     return {finding.text for finding in found}
 
 
-def run_case(
-    system: System, fault: DiskFault, step_index: int, case_dir: Path, seed: int
-) -> dict[str, Any]:
+def run_case(run: _Run, fault: DiskFault, step_index: int, case_dir: Path) -> dict[str, Any]:
     """One step made under ``fault``, twice: the power cut at once, and the disk recovered
     (the work finished by a restarted client) then cut. A case with findings runs again on
     a healthy disk, and the findings that healthy run gives too are set apart."""
-    at_once = _at_once(system, fault, step_index, case_dir, seed)
-    recovered = _recovered(system, fault, step_index, case_dir, seed)
+    at_once = _at_once(run, fault, step_index, case_dir)
+    recovered = _recovered(run, fault, step_index, case_dir)
     faulted: Told | None = recovered["faulted"]
     findings = [*at_once["findings"], *recovered["findings"]]
-    healthy = _without_the_fault(system, fault, step_index, case_dir, seed) if findings else set()
+    healthy = _without_the_fault(run, fault, step_index, case_dir) if findings else set()
     own = [finding for finding in findings if finding.text in healthy]
     due = [finding for finding in findings if finding.text not in healthy]
     exercised = at_once["fired"] and recovered["fired"] and faulted is not None
@@ -429,7 +502,7 @@ def run_disk_faults(
     ``count``: only the first ``count`` matching operations of the call fail, else every
     one until it returns); the record of the run."""
     fault = DiskFault.named(fault_name, path=path, count=count)
-    if system.server is not None:
+    if system.server not in (None, "postgres"):
         raise CrashModeUnavailable(
             f"disk fault {fault_name}",
             f"{system.name} keeps its data in a {system.server} server's data directory,"
@@ -439,10 +512,15 @@ def run_disk_faults(
     output_dir = prepare_output_directory(output_dir)
     started = time.perf_counter()
     cases = []
-    for index in range(len(STEPS)) if steps is None else steps:
-        case_dir = output_dir / f"{index + 1:02d}-{STEPS[index]}"
-        case_dir.mkdir()
-        cases.append(run_case(system, fault, index, case_dir, seed))
+    with ExitStack() as resources:
+        template = None
+        if system.server == "postgres":
+            template = resources.enter_context(ClusterTemplate())
+        run = _Run(system, seed, template)
+        for index in range(len(STEPS)) if steps is None else steps:
+            case_dir = output_dir / f"{index + 1:02d}-{STEPS[index]}"
+            case_dir.mkdir()
+            cases.append(run_case(run, fault, index, case_dir))
     verdicts = [case["verdict"] for case in cases]
     record = {
         "system": system.name,
