@@ -11,10 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from crashqueuelab.judges.readers.walqueue import read_walqueue_directory
 from crashqueuelab.lab.faults.powerloss.crashstate import LOSE_ALL, crash_choices, materialize
 from crashqueuelab.lab.faults.powerloss.disk import PowerLossDisk
 from crashqueuelab.lab.faults.powerloss.faults import DiskFault
 from tests.lab.faults.powerloss.test_mount import needs_fuse
+from walqueue.queue import Queue
+from walqueue.store import Store
 
 CALLS: dict[str, Callable[[int], object]] = {
     "eio-fsync": os.fsync,
@@ -75,3 +78,42 @@ def test_a_write_whose_fsync_failed_is_gone_after_the_cut(tmp_path: Path) -> Non
         if not store.exists():
             materialize(tmp_path / "disk", journal, choice, store)
             assert (store / "wal").read_bytes() == bytes(5) + b"second", choice.name
+
+
+def _put_after_a_failed_fsync(tmp_path: Path) -> Path:
+    """walqueue's put fails its fsync; reopened on the recovered disk, it puts another
+    task; then the power goes. The crash state, as the disk holds it."""
+    with PowerLossDisk(tmp_path / "disk", tmp_path / "mnt") as disk:
+        with Queue(tmp_path / "mnt" / "q") as queue:
+            queue.put("first", {"n": 1})
+            disk.arm(DiskFault.named("eio-fsync", path="*.log", count=1))
+            with pytest.raises(OSError, match="Input/output error"):
+                queue.put("dropped", {"n": 2})
+            disk.disarm()
+        with Queue(tmp_path / "mnt" / "q") as reopened:
+            # The page cache still holds the dropped frame: walqueue reads it back.
+            assert "dropped" in reopened.task_ids()
+            reopened.put("acknowledged", {"n": 3})
+        journal = disk.cut()
+    return materialize(tmp_path / "disk", journal, LOSE_ALL, tmp_path / "state").directory
+
+
+@needs_fuse
+def test_walqueue_reopened_after_a_failed_fsync_keeps_what_it_acknowledged(
+    tmp_path: Path,
+) -> None:
+    reading = read_walqueue_directory(_put_after_a_failed_fsync(tmp_path) / "q")
+    assert reading.ok, reading.problems
+    assert {"first", "acknowledged"} <= set(reading.tasks)
+
+
+@needs_fuse
+def test_without_writing_its_frames_again_walqueue_loses_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the disk-fault run found before walqueue's open wrote its live frames again: a
+    hole of zeros where the dropped frame was, before an acknowledged one."""
+    monkeypatch.setattr(Store, "_resync", lambda self, frames: None)
+    reading = read_walqueue_directory(_put_after_a_failed_fsync(tmp_path) / "q")
+    assert not reading.ok
+    assert "zeros at byte" in reading.problems[0]
