@@ -32,6 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "crashqueuelab.lab.campaign",
         "crashqueuelab.lab.chaos",
         "crashqueuelab.lab.heartbeats",
+        "crashqueuelab.lab.deploys",
         "crashqueuelab.lab.bench",
         "crashqueuelab.lab.versions",
     ),

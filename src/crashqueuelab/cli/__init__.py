@@ -30,6 +30,7 @@ from crashqueuelab.cli.common import (
     UsageError,
 )
 from crashqueuelab.cli.database import add_database_commands, add_database_options
+from crashqueuelab.cli.deploys import add_deploys_command
 from crashqueuelab.cli.experiments import (
     RUN_FILES,
     add_experiment_commands,
@@ -105,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_shrink_command(commands)
     add_versions_command(command)
     add_heartbeats_command(command)
+    add_deploys_command(command)
     add_database_commands(command)
     return parser
 

@@ -18,7 +18,12 @@ from crashqueuelab.lab.versions.matrix import CRITERIA, VERSIONS_FILE, choose_re
 from crashqueuelab.systems.registry import DISTRIBUTIONS, distribution_of
 
 #: The commands whose evidence a matrix can hold, and the record each writes.
-EVIDENCE = {"campaign": "campaign.json", "chaos": "chaos.json", "heartbeats": "heartbeats.json"}
+EVIDENCE = {
+    "campaign": "campaign.json",
+    "chaos": "chaos.json",
+    "heartbeats": "heartbeats.json",
+    "deploys": "deploys.json",
+}
 #: What the printed result keeps of each row (the whole rows are in versions.json).
 _ROW_KEYS = ("release", "ok", "not_judged", "keeps_its_promises", "passes", "first_reason")
 #: Options the matrix sets for each release itself.

@@ -80,6 +80,10 @@ class Kind(StrEnum):
     DEADLINE_PASSED = "deadline_passed"
     NEVER_RUN = "never_run"
     RUN_AGAIN = "run_again"
+    # A deploy run: workers stopped by signals, a grace period, then SIGKILL.
+    LOST_IN_DEPLOY = "lost_in_deploy"
+    RAN_TWICE = "ran_twice"
+    RAN_BESIDE_LIVE_HOLDER = "ran_beside_live_holder"
     # The pytest plugin: one assertion of a contract rule.
     CONTRACT_RULE_FAILED = "contract_rule_failed"
 

@@ -268,3 +268,33 @@ def test_what_pgqueuer_documents_names_the_causes_not_the_words() -> None:
     assert what(poison("die", attempts_left=False)) == uncounted
     assert what(poison("fail", attempts_left=True)) == uncounted
     assert what(poison("fail", attempts_left=False)) is None
+
+
+def test_pgqueuers_own_worker_is_pgq_run_and_a_job_run_twice_after_a_sigkill_is_documented() -> (
+    None
+):
+    """pgqueuer's reliability guide says a worker killed mid-job leaves its job picked and a
+    recovered job runs again from the start: a job run again after its worker was SIGKILLed
+    is documented; one run again after its worker exited by itself is not, nor is a job
+    lost."""
+    from crashqueuelab.lab.runs.promises import explained_by
+    from crashqueuelab.systems.libraries.pgqueuer.promises import documented_for
+
+    system = resolve_system("pgqueuer")
+    assert system.own_worker is not None
+    assert "pgq run" in system.own_worker.describe
+    assert "no built-in drain timeout" in system.own_worker.shutdown["SIGTERM"]
+    documented = documented_for(retries_in_store=True)
+
+    def twice(then: str) -> Anomaly:
+        facts: dict[str, str | int | bool] = {
+            "times": 2,
+            "worker_then": then,
+            "acknowledged": "unknown",
+        }
+        return Anomaly(Kind.RAN_TWICE, f"job a: ran again ({then})", job="a", facts=facts)
+
+    assert explained_by(documented, twice("sigkilled"), "deploys") is not None
+    assert explained_by(documented, twice("exited"), "deploys") is None
+    lost = Anomaly(Kind.LOST_IN_DEPLOY, "job a: lost", job="a", facts={"stored": "picked"})
+    assert explained_by(documented, lost, "deploys") is None

@@ -14,120 +14,32 @@ must end in a terminal state within its attempts.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any
 
 from crashqueuelab.judges.findings import Anomaly, Kind
 from crashqueuelab.lab.heartbeats.faults import Held
+from crashqueuelab.lab.runs.executions import (
+    CUT,
+    ENDED,
+    KILLED,
+    Death,
+    Execution,
+    read_ledger,
+    read_ledgers,
+    with_deaths,
+)
 from crashqueuelab.systems.contract import JobStatus
 
-#: How an execution ended: its work returned, was interrupted by an exception, or its
-#: process died under a live worker.
-ENDED, CUT, KILLED = "ended", "cut", "killed"
-
-
-@dataclass(frozen=True)
-class Death:
-    """When the process running an execution was last seen alive and first seen gone."""
-
-    last_alive: float
-    first_gone: float
-
-
-@dataclass(frozen=True)
-class Execution:
-    """One run of one job's work by one worker, on the machine's monotonic clock."""
-
-    key: str
-    worker: str
-    start_s: float
-    end_s: float | None
-    #: The process that ran the work (None in a ledger that does not say).
-    pid: int | None = None
-    how: str = ENDED
-    #: What interrupted a cut execution.
-    why: str | None = None
-    #: For a killed one: until when it surely ran (``end_s`` is when it was seen gone).
-    alive_until: float | None = None
-
-    @property
-    def surely_until(self) -> float:
-        """Until when this execution surely ran (infinity while it runs)."""
-        if self.alive_until is not None:
-            return self.alive_until
-        return self.end_s if self.end_s is not None else float("inf")
-
-    def overlaps(self, other: Execution) -> bool:
-        return self.start_s < other.surely_until and other.start_s < self.surely_until
-
-    def to_json(self, origin: float) -> dict[str, Any]:
-        record: dict[str, Any] = {
-            "key": self.key,
-            "worker": self.worker,
-            "start_s": round(self.start_s - origin, 3),
-            "end_s": None if self.end_s is None else round(self.end_s - origin, 3),
-            "how": self.how if self.end_s is not None else "running",
-            "pid": self.pid,
-        }
-        if self.why is not None:
-            record["why"] = self.why
-        if self.alive_until is not None:
-            record["alive_until_s"] = round(self.alive_until - origin, 3)
-        return record
-
-
-def read_ledger(text: str, worker: str) -> list[Execution]:
-    """The executions a worker's ledger holds: ``start KEY T [PID]``, ``end KEY T`` and
-    ``cut KEY T WHAT`` lines, each end or cut closing the earliest open start of its key. A
-    torn last line is ignored."""
-    runs: list[Execution] = []
-    for line in text.splitlines():
-        parts = line.split(" ", 3)
-        if len(parts) < 3 or parts[0] not in ("start", "end", "cut"):
-            continue
-        what, key, moment = parts[:3]
-        try:
-            at = float(moment)
-            pid = int(parts[3]) if what == "start" and len(parts) == 4 else None
-        except ValueError:
-            continue
-        if what == "start":
-            runs.append(Execution(key, worker, at, None, pid=pid))
-            continue
-        open_runs = [i for i, run in enumerate(runs) if run.key == key and run.end_s is None]
-        if open_runs:
-            index = open_runs[0]
-            why = parts[3] if what == "cut" and len(parts) == 4 else None
-            how = CUT if what == "cut" else ENDED
-            runs[index] = replace(runs[index], end_s=at, how=how, why=why)
-    return runs
-
-
-def with_deaths(
-    executions: Sequence[Execution], deaths: Mapping[tuple[str, str, float], Death]
-) -> list[Execution]:
-    """The executions, each open one whose process was seen gone marked ``killed``
-    (``deaths`` by worker, key and start)."""
-    marked = []
-    for run in executions:
-        death = deaths.get((run.worker, run.key, run.start_s))
-        if run.end_s is None and death is not None:
-            killed = replace(run, end_s=death.first_gone, how=KILLED, alive_until=death.last_alive)
-            marked.append(killed)
-        else:
-            marked.append(run)
-    return marked
-
-
-def read_ledgers(ledgers: Mapping[str, Path]) -> list[Execution]:
-    """Every worker's executions, from the ledgers that exist."""
-    return [
-        run
-        for worker, ledger in ledgers.items()
-        if ledger.is_file()
-        for run in read_ledger(ledger.read_text(), worker)
-    ]
+__all__ = [
+    "CUT",
+    "ENDED",
+    "KILLED",
+    "Death",
+    "Execution",
+    "judge",
+    "read_ledger",
+    "read_ledgers",
+    "with_deaths",
+]
 
 
 def _when(run: Execution, origin: float) -> str:

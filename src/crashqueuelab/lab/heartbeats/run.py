@@ -48,6 +48,7 @@ from crashqueuelab.lab.heartbeats.judge import (
     with_deaths,
 )
 from crashqueuelab.lab.heartbeats.workers import WorkerSpec, failures, worker_main
+from crashqueuelab.lab.runs.executions import alive
 from crashqueuelab.lab.runs.inheritance import Inherited
 from crashqueuelab.lab.runs.interrupts import forkserver_context, start_owned
 from crashqueuelab.lab.runs.kinds import HEARTBEATS
@@ -94,16 +95,6 @@ def _every_job_ended(keys: Sequence[str], executions: Sequence[Execution]) -> bo
     return not running and all(key in ended for key in keys)
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` still runs (a zombie, dead but not yet reaped, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
-            # The state follows the command name, which is in parentheses and may hold spaces.
-            return stat.read().rpartition(")")[2].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 class _Deaths:
     """The executions whose process died under a live worker, as the parent polls them."""
 
@@ -120,7 +111,7 @@ class _Deaths:
             if run.end_s is not None or own or identity in self.deaths:
                 continue
             assert run.pid is not None
-            if _alive(run.pid):
+            if alive(run.pid):
                 self.seen_alive[identity] = at
             else:
                 last = self.seen_alive.get(identity, run.start_s)

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from crashqueuelab.lab.runs.executions import append_line
 from crashqueuelab.lab.runs.inheritance import Inherited
 from crashqueuelab.lab.runs.interrupts import ignore_interrupts
 from crashqueuelab.systems.registry import resolve_system
@@ -35,15 +36,6 @@ class WorkerSpec:
     inherited: Inherited
 
 
-def _append(path: str, line: str) -> None:
-    # One write per line on an O_APPEND file: lines from several work threads never mix.
-    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(descriptor, line.encode())
-    finally:
-        os.close(descriptor)
-
-
 def worker_main(spec: WorkerSpec) -> None:
     """Run the library's own loop until SIGTERM; each job's work is a wait of ``work_s``."""
     ignore_interrupts()
@@ -52,15 +44,15 @@ def worker_main(spec: WorkerSpec) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
     def work(key: str) -> None:
-        _append(spec.ledger, f"start {key} {time.monotonic():.6f} {os.getpid()}\n")
+        append_line(spec.ledger, f"start {key} {time.monotonic():.6f} {os.getpid()}\n")
         try:
             stop.wait(spec.work_s)
         except BaseException as interrupted:
             # The library's own guard (a timeout raised into the job): said, then passed on.
             what = type(interrupted).__name__
-            _append(spec.ledger, f"cut {key} {time.monotonic():.6f} {what}\n")
+            append_line(spec.ledger, f"cut {key} {time.monotonic():.6f} {what}\n")
             raise
-        _append(spec.ledger, f"end {key} {time.monotonic():.6f}\n")
+        append_line(spec.ledger, f"end {key} {time.monotonic():.6f}\n")
 
     try:
         loop = resolve_system(spec.system).library_worker

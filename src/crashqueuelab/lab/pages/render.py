@@ -13,6 +13,7 @@ from crashqueuelab.lab.pages.campaign import campaign_view
 from crashqueuelab.lab.pages.chaos import chaos_view
 from crashqueuelab.lab.pages.common import View
 from crashqueuelab.lab.pages.demo import demo_view
+from crashqueuelab.lab.pages.deploys import deploys_view
 from crashqueuelab.lab.pages.heartbeats import heartbeats_view
 from crashqueuelab.lab.pages.mutants import mutants_view
 from crashqueuelab.lab.pages.showcase import showcase_view
@@ -23,6 +24,7 @@ from crashqueuelab.lab.runs.kinds import (
     CAMPAIGN,
     CHAOS,
     DEMO,
+    DEPLOYS,
     HEARTBEATS,
     KINDS,
     MUTANTS,
@@ -43,6 +45,7 @@ VIEWS: dict[RunKind, Callable[[Path], View]] = {
     MUTANTS: mutants_view,
     VERSIONS: versions_view,
     HEARTBEATS: heartbeats_view,
+    DEPLOYS: deploys_view,
 }
 
 

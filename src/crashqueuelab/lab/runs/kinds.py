@@ -24,9 +24,20 @@ DEMO = RunKind("demo", "comparison.json")
 MUTANTS = RunKind("mutants", "mutants.json")
 VERSIONS = RunKind("versions", "versions.json")
 HEARTBEATS = RunKind("heartbeats", "heartbeats.json")
+DEPLOYS = RunKind("deploys", "deploys.json")
 
 #: Every kind, in the order a directory is recognised by.
-KINDS: tuple[RunKind, ...] = (SHOWCASE, CAMPAIGN, CHAOS, BENCH, DEMO, MUTANTS, VERSIONS, HEARTBEATS)
+KINDS: tuple[RunKind, ...] = (
+    SHOWCASE,
+    CAMPAIGN,
+    CHAOS,
+    BENCH,
+    DEMO,
+    MUTANTS,
+    VERSIONS,
+    HEARTBEATS,
+    DEPLOYS,
+)
 BY_COMMAND = {kind.command: kind for kind in KINDS}
 
 

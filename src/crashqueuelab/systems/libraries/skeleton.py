@@ -11,6 +11,7 @@ documents of itself), ``worker.py`` where the lab runs the library's own worker 
 from __future__ import annotations
 
 import importlib
+import signal
 from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -78,6 +79,28 @@ def tokenless_claim(
         token=f"{job_id}.{attempt}",
         handle=handle,
     )
+
+
+#: The job type and payload of a job submitted through a library's scheduling call
+#: (``OwnWorker.schedule``): one attempt, so a second execution is the library's.
+SCHEDULED_JOB_TYPE = "scheduled"
+
+
+def scheduled_job(key: str) -> JobSpec:
+    """The job ``OwnWorker.schedule`` submits under ``key``."""
+    return JobSpec(key, SCHEDULED_JOB_TYPE, {}, max_attempts=1)
+
+
+def as_started_by_its_users() -> None:
+    """Give the shutdown signals the dispositions a worker started from a shell or a
+    process manager has, before its library installs its own handlers: SIGINT raises
+    KeyboardInterrupt (Python's handler), SIGTERM, SIGQUIT and SIGHUP take their default
+    action. The lab's worker processes are born ignoring SIGINT (``forkserver_context``);
+    left so, a library that keeps Python's SIGINT handler (asyncio's runner, for one,
+    installs its own only over it) would not do what its users see."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for each in (signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP):
+        signal.signal(each, signal.SIG_DFL)
 
 
 class NativeReading(Protocol):

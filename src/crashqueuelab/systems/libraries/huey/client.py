@@ -12,7 +12,7 @@ result.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -40,11 +40,25 @@ STATUS = {
     DONE: JobStatus.SUCCEEDED,
     ERROR: JobStatus.DEAD,
 }
-_TASK_NAME = "crashqueuelab_job"
+#: The name of the lab's task, on the adapter's huey and on the consumer's (``worker``).
+TASK_NAME = "crashqueuelab_job"
 
 
 class JobFailed(Exception):
     """What the lab's task raises inside ``huey.execute`` when the lab's work failed."""
+
+
+def served_task(work: Callable[[str], None]) -> Callable[..., int]:
+    """The lab's task as huey's own consumer runs it (``worker.serve``): the served process's
+    work for the task's id (the job's key), returning the attempt as the adapter's task
+    does. It is made here because huey names a task by its function's module and name
+    (``crashqueuelab...huey.client.crashqueuelab_job``), and a message holds that name."""
+
+    def run(job_type: str, payload: dict[str, Any], max_attempts: int, task: Any) -> int:
+        work(str(task.id))
+        return int(max_attempts - task.retries)
+
+    return run
 
 
 class HueyClient(LibraryClient):
@@ -72,7 +86,7 @@ class HueyClient(LibraryClient):
                 raise JobFailed(f"{FAILED_ATTEMPT} {attempt}: {self._failure}")
             return attempt
 
-        self.task = self.huey.task(name=_TASK_NAME, context=True)(run)
+        self.task = self.huey.task(name=TASK_NAME, context=True)(run)
 
     def _attempt(self, task: Any) -> int:
         return int(task.args[2]) - int(task.retries)

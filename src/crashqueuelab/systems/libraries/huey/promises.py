@@ -93,7 +93,22 @@ _RETRY_AT_ONCE = Documented(
 )
 
 #: What every huey system documents.
-DOCUMENTED = (_NO_ACKNOWLEDGEMENT, _NO_LEASES, _RETRY_AT_ONCE)
+_SHUTDOWN_DOCS = "https://huey.readthedocs.io/en/latest/consumer.html#consumer-shutdown"
+
+_STOPPED_AT_ONCE = Documented(
+    'SIGTERM stops the consumer at once (SIGINT is the graceful stop): "you can shutdown'
+    ' the consumer using SIGTERM and any running tasks will be interrupted", and "if you'
+    " terminate the consumer without letting it finish any currently-executing tasks, those"
+    ' tasks will be lost"; so is a task in hand when the consumer is killed',
+    _SHUTDOWN_DOCS,
+    when={
+        # A deploy: the task in hand left the store when it was dequeued, and the consumer
+        # went without finishing it (stopped at once, or killed at the end of the grace).
+        Kind.LOST_IN_DEPLOY: {"stored": "nowhere", "last_end": ("abandoned", "killed")},
+    },
+)
+
+DOCUMENTED = (_NO_ACKNOWLEDGEMENT, _NO_LEASES, _RETRY_AT_ONCE, _STOPPED_AT_ONCE)
 
 
 def unsynced_default(installed: str) -> Documented:

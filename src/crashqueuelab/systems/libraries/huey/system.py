@@ -15,6 +15,7 @@ from crashqueuelab.systems.libraries.huey import LIBRARY
 from crashqueuelab.systems.libraries.huey.client import STATUS, HueyClient
 from crashqueuelab.systems.libraries.huey.points import CRASH_POINTS
 from crashqueuelab.systems.libraries.huey.promises import DOCUMENTED, unsynced_default
+from crashqueuelab.systems.libraries.huey.worker import own_worker
 from crashqueuelab.systems.libraries.skeleton import library_reader
 
 #: The first release whose default leaves SQLite's own ``synchronous`` setting alone.
@@ -51,6 +52,7 @@ def _system(name: str, fsync: bool | None) -> System:
         reader=read_store,
         crash_points=CRASH_POINTS,
         documented=documented,
+        own_worker=own_worker(fsync),
     )
 
 

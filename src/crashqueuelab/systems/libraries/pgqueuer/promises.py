@@ -169,6 +169,16 @@ _CONNECTION = Documented(
     },
 )
 
+_KILLED_MID_JOB = Documented(
+    "a worker killed mid-job leaves its job picked with a stale heartbeat, and a recovered"
+    ' job runs again from the start (reliability guide: "If a worker process crashes'
+    ' mid-job, the job remains in `picked` state with a stale heartbeat"; "A recovered job'
+    ' will run again from the start"): one whose handler returned but whose completion was'
+    " not yet logged when the deploy's SIGKILL came runs twice",
+    _RELIABILITY_DOCS,
+    when={Kind.RAN_TWICE: {"worker_then": "sigkilled", "acknowledged": "unknown"}},
+)
+
 
 def documented_for(retries_in_store: bool) -> tuple[Documented, ...]:
     """What a pgqueuer system documents: a release that retries in the database (1.0 on)
@@ -179,4 +189,4 @@ def documented_for(retries_in_store: bool) -> tuple[Documented, ...]:
         if retries_in_store
         else (_RETRIES_IN_THE_WORKER,)
     )
-    return (_NO_TOKEN, _SERVER_CLOCK, _SERIAL, *retries, _CONNECTION)
+    return (_NO_TOKEN, _SERVER_CLOCK, _SERIAL, *retries, _CONNECTION, _KILLED_MID_JOB)

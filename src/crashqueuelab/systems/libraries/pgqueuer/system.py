@@ -8,7 +8,7 @@ from crashqueuelab.systems.libraries.pgqueuer import LIBRARY
 from crashqueuelab.systems.libraries.pgqueuer.client import RETRY_TIMER, STATUS, PgQueuerClient
 from crashqueuelab.systems.libraries.pgqueuer.points import CRASH_POINTS
 from crashqueuelab.systems.libraries.pgqueuer.promises import documented_for
-from crashqueuelab.systems.libraries.pgqueuer.worker import LIBRARY_WORKER
+from crashqueuelab.systems.libraries.pgqueuer.worker import LIBRARY_WORKER, OWN_WORKER
 from crashqueuelab.systems.libraries.skeleton import library_reader
 
 read_store = library_reader(
@@ -35,6 +35,7 @@ def pgqueuer_system() -> System:
         crash_points=CRASH_POINTS,
         documented=documented_for(hasattr(pgqueuer.queries.Queries, "retry_job")),
         library_worker=LIBRARY_WORKER,
+        own_worker=OWN_WORKER,
     )
 
 

@@ -60,6 +60,31 @@ class JobFailed(Exception):
     """The exception the task's retry strategy is asked about when the lab's work failed."""
 
 
+def register(app: Any) -> Any:
+    """The lab's task on ``app``, by its name (``TASK``), with its job context."""
+    return app.task(name=TASK, pass_context=True)(_lab_task)
+
+
+def install(app: Any, schema: str) -> None:
+    """procrastinate's tables in ``schema``, unless they are there."""
+    import psycopg
+
+    # Processes opening one new store at once install it once (apply_schema is not
+    # idempotent), under a lock of the schema's name.
+    with psycopg.connect(server_dsn(), autocommit=True) as connection:
+        connection.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+        with connection.transaction():
+            connection.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (schema,))
+            installed = connection.execute(
+                "SELECT 1 FROM pg_tables WHERE schemaname = %s"
+                " AND tablename = 'procrastinate_jobs'",
+                (schema,),
+            ).fetchone()
+            if installed is None:
+                connection.execute(f'SET LOCAL search_path TO "{schema}"')
+                connection.execute(app.schema_manager.get_schema().encode())
+
+
 class ProcrastinateClient(LibraryClient):
     """``QueueClient`` over one procrastinate schema."""
 
@@ -76,12 +101,12 @@ class ProcrastinateClient(LibraryClient):
             kwargs={"options": f"-c search_path={schema}"},
         )
         self.app = procrastinate.App(connector=connector(min_size=1, max_size=2))
-        self.task = self.app.task(name=TASK)(_lab_task)
+        self.task = register(self.app)
         self.workers: dict[str, int] = {}
         self.beats = _Heartbeats(connector)
         self._run(self.app.open_async())
         try:
-            self._install(schema)
+            install(self.app, schema)
         except BaseException:
             self.close()
             raise
@@ -91,24 +116,6 @@ class ProcrastinateClient(LibraryClient):
 
     def _run(self, awaitable: Awaitable[T]) -> T:
         return self.loop.run_until_complete(awaitable)
-
-    def _install(self, schema: str) -> None:
-        import psycopg
-
-        # Processes opening one new store at once install it once (apply_schema is not
-        # idempotent), under a lock of the schema's name.
-        with psycopg.connect(server_dsn(), autocommit=True) as connection:
-            connection.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
-            with connection.transaction():
-                connection.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (schema,))
-                installed = connection.execute(
-                    "SELECT 1 FROM pg_tables WHERE schemaname = %s"
-                    " AND tablename = 'procrastinate_jobs'",
-                    (schema,),
-                ).fetchone()
-                if installed is None:
-                    connection.execute(f'SET LOCAL search_path TO "{schema}"')
-                    connection.execute(self.app.schema_manager.get_schema().encode())
 
     def _jobs(self) -> dict[str, Any]:
         jobs = self._run(self.manager.list_jobs_async(task=TASK))
@@ -123,14 +130,13 @@ class ProcrastinateClient(LibraryClient):
                 continue
 
             def defer(job: JobSpec = job) -> int:
-                return self._run(
-                    self.task.defer_async(
-                        key=job.key,
-                        job_type=job.job_type,
-                        payload=job.payload,
-                        max_attempts=job.max_attempts,
-                    )
+                deferred = self.task.defer_async(
+                    key=job.key,
+                    job_type=job.job_type,
+                    payload=job.payload,
+                    max_attempts=job.max_attempts,
                 )
+                return int(self._run(deferred))
 
             ids.append(str(around(self.hook, "defer", defer)))
         return ids
@@ -302,10 +308,22 @@ class _Heartbeats(threading.Thread):
             self.join(HEARTBEAT_S * 20)
 
 
-def _lab_task(**arguments: Any) -> None:
-    """The lab's task: never run by procrastinate's worker here (the lab's worker does the
-    work and reports it through the job manager)."""
-    raise JobFailed(f"the lab's task runs only under crashqueuelab: {arguments.get('key')}")
+#: The name under which the worker process's work is in its worker's additional context
+#: (``worker.serve`` passes it: procrastinate hands each job of a task registered with
+#: ``pass_context`` a ``JobContext`` holding what ``run_worker(additional_context=...)`` was
+#: given).
+WORK = "crashqueuelab_work"
+
+
+def _lab_task(context: Any, **arguments: Any) -> None:
+    """The lab's task. The adapter never runs it (the lab's worker does the work and reports
+    it through the job manager); procrastinate's own worker (``worker.serve``) runs it with
+    the served process's work in its context, and does that work for the job's key."""
+    work = context.additional_context.get(WORK)
+    key = str(arguments.get("key"))
+    if work is None:
+        raise JobFailed(f"the lab's task runs only under crashqueuelab: {key}")
+    work(key)
 
 
 def _retry_decision(strategy: Any, error: BaseException, job: Any) -> dict[str, Any] | None:

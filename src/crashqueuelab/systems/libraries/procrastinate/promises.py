@@ -112,4 +112,23 @@ _RETRY_AT_ONCE = Documented(
 )
 
 #: What the procrastinate system documents.
-DOCUMENTED = (_NO_TOKEN, _SERVER_CLOCK, _STALLED_RETRY_UNCOUNTED, _RETRY_AT_ONCE)
+_KILLED_LEFT_DOING = Documented(
+    'a worker killed (SIGKILL, a second SIGTERM) "will terminate immediately, possibly'
+    " leaving jobs with the doing status in the queue. And, if no specific action is taken,"
+    ' these stalled jobs will remain in the queue forever": the action is a periodic task'
+    " the user writes (retry_stalled_jobs), which procrastinate's worker does not run",
+    _STALLED_DOCS,
+    when={
+        # A deploy: the job in hand was cut by the kill at the end of the grace, or by a
+        # worker that went without it, and stays doing.
+        Kind.LOST_IN_DEPLOY: {"stored": "doing", "last_end": ("killed", "abandoned")},
+    },
+)
+
+DOCUMENTED = (
+    _NO_TOKEN,
+    _SERVER_CLOCK,
+    _STALLED_RETRY_UNCOUNTED,
+    _RETRY_AT_ONCE,
+    _KILLED_LEFT_DOING,
+)

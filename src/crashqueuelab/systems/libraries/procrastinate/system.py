@@ -12,6 +12,7 @@ from crashqueuelab.systems.libraries.procrastinate.client import (
 )
 from crashqueuelab.systems.libraries.procrastinate.points import CRASH_POINTS
 from crashqueuelab.systems.libraries.procrastinate.promises import DOCUMENTED
+from crashqueuelab.systems.libraries.procrastinate.worker import OWN_WORKER
 from crashqueuelab.systems.libraries.skeleton import library_reader
 
 read_store = library_reader(
@@ -35,6 +36,7 @@ def procrastinate_system() -> System:
         reader=read_store,
         crash_points=CRASH_POINTS,
         documented=DOCUMENTED,
+        own_worker=OWN_WORKER,
     )
 
 

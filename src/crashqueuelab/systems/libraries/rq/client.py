@@ -21,6 +21,7 @@ that an hour of the lab's clock is an hour to RQ.
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
 import logging
@@ -28,7 +29,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -107,13 +108,30 @@ class _Execution(threading.Thread):
         self.join(START_TIMEOUT_S + JOB_TIMEOUT_S)
 
 
+#: The work of the worker process RQ's own worker runs in (``worker.serve`` sets it): the
+#: work horse RQ forks for each job is a copy of that process, and a context variable set
+#: in its main thread before ``Worker.work`` is the value the horse's main thread sees. RQ
+#: hands a job function nothing of the worker that runs it (no context, no worker object;
+#: only the job, through ``get_current_job``, and a job holds no callable), so a holder
+#: the job function reads is the only way in; a context variable, not a module's mutable
+#: global, so that nothing outside ``serve``'s context sees it.
+SERVED_WORK: contextvars.ContextVar[Callable[[str], None]] = contextvars.ContextVar(
+    "crashqueuelab_rq_served_work"
+)
+
+
 def lab_job(key: str, job_type: str, payload: dict[str, Any]) -> int:
-    """The function every lab job names: it waits for the lab's outcome (run by RQ's worker
-    code in the adapter's thread)."""
+    """The function every lab job names. Run by the adapter's thread, it waits for the
+    lab's outcome; run by RQ's own worker (``worker.serve``, in the work horse it forks), it
+    does the worker process's work for ``key``."""
     execution = threading.current_thread()
-    if not isinstance(execution, _Execution):
-        raise JobFailed(f"job {key} runs only inside crashqueuelab's RQ adapter")
-    return execution.await_decision()
+    if isinstance(execution, _Execution):
+        return execution.await_decision()
+    work = SERVED_WORK.get(None)
+    if work is None:
+        raise JobFailed(f"job {key} runs only under crashqueuelab (its adapter or its worker)")
+    work(key)
+    return 0
 
 
 def _synced_json(path: Path, content: dict[str, Any]) -> None:
@@ -149,6 +167,31 @@ def _store(directory: Path, now_us: int) -> dict[str, Any]:
     return stored
 
 
+def job_id(queue: str, key: str) -> str:
+    """The RQ job id of the lab's job ``key`` on ``queue``."""
+    digest = hashlib.sha256(f"{queue}/{key}".encode()).hexdigest()
+    return f"{queue}-{digest[:24]}"
+
+
+def enqueue_options(queue: str, job: JobSpec) -> dict[str, Any]:
+    """What every lab job is enqueued with besides ``lab_job`` and its arguments: its id,
+    its key and ``max_attempts`` in its description, RQ's retries, its timeout, and results
+    and failures that never expire."""
+    from rq import Retry
+
+    description = DESCRIPTION_PREFIX + json.dumps(
+        {"key": job.key, "max_attempts": job.max_attempts}
+    )
+    return {
+        "job_id": job_id(queue, job.key),
+        "description": description,
+        "retry": Retry(max=job.max_attempts - 1) if job.max_attempts > 1 else None,
+        "job_timeout": JOB_TIMEOUT_S,
+        "result_ttl": -1,
+        "failure_ttl": -1,
+    }
+
+
 class RqClient(LibraryClient):
     """``QueueClient`` over one RQ queue."""
 
@@ -181,8 +224,7 @@ class RqClient(LibraryClient):
         self.executions: dict[str, _Execution] = {}
 
     def _job_id(self, key: str) -> str:
-        digest = hashlib.sha256(f"{self.store['queue']}/{key}".encode()).hexdigest()
-        return f"{self.store['queue']}-{digest[:24]}"
+        return job_id(self.store["queue"], key)
 
     def _fetch(self, key: str) -> Any:
         from rq.exceptions import NoSuchJobError
@@ -194,15 +236,9 @@ class RqClient(LibraryClient):
             return None
 
     def submit_many(self, jobs: Sequence[JobSpec]) -> list[str]:
-        from rq import Retry
-
         for job in jobs:
             if self._fetch(job.key) is not None:
                 continue
-            description = DESCRIPTION_PREFIX + json.dumps(
-                {"key": job.key, "max_attempts": job.max_attempts}
-            )
-            retry = Retry(max=job.max_attempts - 1) if job.max_attempts > 1 else None
             around(
                 self.hook,
                 "enqueue",
@@ -212,12 +248,7 @@ class RqClient(LibraryClient):
                     job.key,
                     job.job_type,
                     job.payload,
-                    job_id=self._job_id(job.key),
-                    description=description,
-                    retry=retry,
-                    job_timeout=JOB_TIMEOUT_S,
-                    result_ttl=-1,
-                    failure_ttl=-1,
+                    **enqueue_options(self.store["queue"], job),
                 ),
             )
         return [self._job_id(job.key) for job in jobs]

@@ -8,6 +8,7 @@ from crashqueuelab.systems.libraries.rq import LIBRARY, PERSISTENCE_BY_SYSTEM
 from crashqueuelab.systems.libraries.rq.client import STATUS, RqClient
 from crashqueuelab.systems.libraries.rq.points import CRASH_POINTS
 from crashqueuelab.systems.libraries.rq.promises import documented_for
+from crashqueuelab.systems.libraries.rq.worker import OWN_WORKER
 from crashqueuelab.systems.libraries.skeleton import library_reader
 
 read_store = library_reader(
@@ -33,6 +34,7 @@ def _system(name: str, persistence: str) -> System:
         crash_points=CRASH_POINTS,
         documented=documented_for(persistence),
         persistence=persistence,
+        own_worker=OWN_WORKER,
     )
 
 

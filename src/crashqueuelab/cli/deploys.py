@@ -1,0 +1,173 @@
+"""``crashqueuelab deploys``: workers stopped as every process manager stops them (a
+signal, a grace period, then SIGKILL), each running the library's own worker or the lab's
+(``lab.deploys``)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from crashqueuelab.cli.common import (
+    EXIT_OK,
+    EXIT_REJECTED,
+    Command,
+    add_system,
+    non_negative,
+    positive,
+    positive_number,
+    seconds,
+)
+from crashqueuelab.cli.pages import html_report
+from crashqueuelab.cli.progress import progress_for
+from crashqueuelab.lab.deploys.plan import LONG_SHARE, DeployPlan, Replace, StopSignal
+from crashqueuelab.lab.deploys.run import DEFAULT_LEASE_S, DEPLOYS_FILE, run_deploys
+
+_DEFAULTS = DeployPlan()
+
+
+def _deploys(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    plan = DeployPlan(
+        workers=args.workers,
+        deploys=args.deploys,
+        grace_s=args.grace_s,
+        surge=args.surge,
+        replace=Replace(args.replace),
+        fleet_restarts=args.fleet_restarts,
+        signal=StopSignal(args.signal),
+        jobs=args.jobs,
+        seed=args.seed,
+        interval_s=args.interval_s,
+        long_share=args.long_share,
+        warmup_s=args.warmup_s,
+    )
+    record = run_deploys(
+        args.output_directory,
+        system=args.system,
+        plan=plan,
+        lease_s=args.lease_s,
+        recovery_wait_s=args.recovery_wait_s,
+        progress=progress_for(args),
+    )
+    reasons = list(record["anomalies"])
+    if record["error"]:
+        reasons.insert(0, f"{record['error']['type']}: {record['error']['message']}")
+    promises = record["promises"]
+    headline = record["headline"]
+    if promises is not None and promises.get("declared"):
+        # A library's users read first whether it kept its own promises, then the counts.
+        kept = "keeps" if promises["keeps_its_promises"] else "breaks"
+        headline = f"{kept} its own promises: {headline}"
+    return (EXIT_OK if record["ok"] else EXIT_REJECTED), {
+        "ok": record["ok"],
+        "headline": headline,
+        "reasons": reasons,
+        "system": record["system"]["version"],
+        "worker": record["worker"]["describe"],
+        "plan": record["plan"],
+        "recovery": record["recovery"],
+        "jobs": {
+            key: {name: job[name] for name in ("runs", "completed", "stored")}
+            for key, job in record["jobs"].items()
+        },
+        "workers": {
+            worker["name"]: {
+                "exit": worker["exit"],
+                "exited_within_grace": worker["exited_within_grace"],
+                "held_when_killed": worker["held_when_killed"],
+            }
+            for worker in record["workers"]
+        },
+        "promises": None
+        if promises is None
+        else {key: promises[key] for key in ("keeps_its_promises", "verdict", "broken_promises")},
+        "timings": record["timings"],
+        "deploys_report": str(args.output_directory / DEPLOYS_FILE),
+        "report": html_report(args.output_directory, args.stderr),
+    }
+
+
+def add_deploys_command(command: Command) -> None:
+    sub = command(
+        "deploys",
+        _deploys,
+        "stop workers as a deploy does (a signal, a grace period, then SIGKILL of the"
+        " process group), each running the library's own worker (System.own_worker) or the"
+        " lab's: is any job lost, run twice, or run beside a live holder?",
+        database=False,
+    )
+    add_system(sub)
+    sub.add_argument(
+        "--workers", type=positive, default=_DEFAULTS.workers, help="worker processes; default 2"
+    )
+    sub.add_argument(
+        "--deploys",
+        type=non_negative,
+        default=_DEFAULTS.deploys,
+        help="rolling deploys, each stopping every worker, --surge at a time; default 2",
+    )
+    sub.add_argument(
+        "--grace-s",
+        type=positive_number,
+        default=_DEFAULTS.grace_s,
+        help="from the stop signal to the SIGKILL of a worker still there; default 1",
+    )
+    sub.add_argument(
+        "--surge",
+        type=positive,
+        default=_DEFAULTS.surge,
+        help="workers stopped at once in a rolling deploy; default 1",
+    )
+    sub.add_argument(
+        "--interval-s",
+        type=positive_number,
+        default=None,
+        help="between one batch's stop signal and the next; default the grace period + 1 s",
+    )
+    sub.add_argument(
+        "--warmup-s",
+        type=seconds,
+        default=_DEFAULTS.warmup_s,
+        help="from the start to the first stop signal (the first workers start, jobs are"
+        f" submitted); default {_DEFAULTS.warmup_s:g}",
+    )
+    sub.add_argument(
+        "--replace",
+        choices=[mode.value for mode in Replace],
+        default=_DEFAULTS.replace.value,
+        help="start a stopped worker's replacement at once (default) or after it exited",
+    )
+    sub.add_argument(
+        "--fleet-restarts",
+        type=non_negative,
+        default=0,
+        help="after the rolling deploys, stop every worker at once this often; default 0",
+    )
+    sub.add_argument(
+        "--signal",
+        choices=[mode.value for mode in StopSignal],
+        default=_DEFAULTS.signal.value,
+        help="the stop signal: SIGTERM (default), SIGINT, SIGQUIT, or SIGTERM-twice (a"
+        " second SIGTERM half a grace period after the first)",
+    )
+    sub.add_argument("--jobs", type=positive, default=_DEFAULTS.jobs, help="default 8")
+    sub.add_argument(
+        "--long-share",
+        type=float,
+        default=LONG_SHARE,
+        help=f"the share of jobs longer than the grace period; default {LONG_SHARE:g}",
+    )
+    sub.add_argument(
+        "--lease-s",
+        type=positive_number,
+        default=None,
+        help="the lab's own worker's lease (a system without a worker of its own);"
+        f" default {DEFAULT_LEASE_S:g} s where it heartbeats, else longer than the longest job",
+    )
+    sub.add_argument(
+        "--recovery-wait-s",
+        type=seconds,
+        default=None,
+        help="after the last stop, how long to wait at most for every job to run to"
+        " completion; default: the lease or the library's timer (30 s), the longest job,"
+        " the system's recovery time and 5 s",
+    )

@@ -1,0 +1,219 @@
+"""The deploy run's judge, from retained files alone: the workers' ledgers (each
+execution's start, end or cut, and the lab's own worker's acknowledgements), what the lab
+did to each worker (its stop signal, its SIGKILL, its exit), and the store as the system's
+independent reader found it at the end.
+
+Per job: **lost** (no execution ran to completion and the store does not hold it done,
+once the run waited its recovery bound), **ran twice** (run again after an execution that
+ran to completion; one the lab's SIGKILL cut is the at-least-once redelivery of every
+leased queue, no finding, and so is one whose work ended but whose worker was SIGKILLed
+before the lab's own worker could acknowledge it), **ran beside a live holder**,
+**acknowledged twice** (the lab's own worker's ``ack`` lines; a library's own worker
+acknowledges inside itself, so that check does not run for it and the record says so).
+Per worker the record says whether it exited within its grace period and what became of
+the jobs it held when SIGKILLed; a worker SIGKILLed with nothing in hand is no finding by
+itself (no contract says how fast an idle worker exits): whatever it took with it shows
+as a job lost or run twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from crashqueuelab.judges.findings import Anomaly, Kind
+from crashqueuelab.lab.runs.executions import ABANDONED, CUT, ENDED, KILLED, Execution
+from crashqueuelab.systems.contract import JobStatus, StoredJob
+
+
+@dataclass(frozen=True)
+class WorkerFate:
+    """What the lab did to one worker and how it ended (seconds on the run's clock)."""
+
+    name: str
+    stop_s: float | None = None
+    killed_s: float | None = None
+    exit_s: float | None = None
+    held_when_killed: tuple[str, ...] = ()
+    #: Whether it ran the lab's own worker (which writes ``ack`` lines).
+    acknowledges_in_ledger: bool = False
+
+
+def with_fates(executions: Sequence[Execution], fates: Mapping[str, WorkerFate]) -> list[Execution]:
+    """The executions, each one still open when its worker was SIGKILLed marked
+    ``killed`` at that moment, and each still open when its worker exited by itself marked
+    ``abandoned``."""
+    marked = []
+    for run in executions:
+        fate = fates.get(run.worker)
+        marked_run = run
+        if run.end_s is None and fate is not None:
+            if fate.killed_s is not None and run.start_s <= fate.killed_s:
+                killed = fate.killed_s
+                marked_run = replace(run, end_s=killed, how=KILLED, alive_until=killed)
+            elif fate.exit_s is not None:
+                marked_run = replace(run, end_s=fate.exit_s, how=ABANDONED)
+        marked.append(marked_run)
+    return marked
+
+
+def _at(run: Execution) -> str:
+    end = "still running" if run.end_s is None else f"to {run.end_s:.2f} s ({run.how})"
+    return f"by {run.worker} from {run.start_s:.2f} s {end}"
+
+
+def _worker_then(run: Execution, fate: WorkerFate | None) -> str:
+    if fate is not None and fate.killed_s is not None:
+        return "sigkilled"
+    if fate is not None and fate.exit_s is not None:
+        return "exited"
+    return "alive"
+
+
+def _acknowledged(
+    run: Execution, fate: WorkerFate | None, acks: Mapping[str, Sequence[tuple[str, float]]]
+) -> str:
+    if fate is None or not fate.acknowledges_in_ledger:
+        return "unknown"
+    assert run.end_s is not None
+    end = run.end_s
+    return "yes" if any(at >= end for _, at in acks.get(run.worker, ())) else "no"
+
+
+def _again(
+    key: str,
+    runs: Sequence[Execution],
+    fates: Mapping[str, WorkerFate],
+    acks: Mapping[str, Sequence[tuple[str, float]]],
+) -> tuple[list[Anomaly], int]:
+    """The findings of a job's later executions, and how many were redeliveries."""
+    anomalies, redelivered = [], 0
+    for index, again in enumerate(runs[1:], 1):
+        beside = [run for run in runs[:index] if run.overlaps(again)]
+        if beside:
+            holder = beside[-1]
+            fate = fates.get(holder.worker)
+            stopping = fate is not None and fate.stop_s is not None and fate.stop_s <= again.start_s
+            anomalies.append(
+                Anomaly(
+                    Kind.RAN_BESIDE_LIVE_HOLDER,
+                    f"job {key}: ran beside a live holder: {_at(holder)}, then {_at(again)}",
+                    job=key,
+                    facts={"holder": holder.worker, "holder_stopping": stopping},
+                )
+            )
+            continue
+        first = runs[index - 1]
+        if first.how != ENDED:
+            redelivered += 1  # its execution was cut: the job runs again, at least once
+            continue
+        key_acks = {
+            worker: [entry for entry in entries if entry[0] == key]
+            for worker, entries in acks.items()
+        }
+        fate = fates.get(first.worker)
+        then, acknowledged = _worker_then(first, fate), _acknowledged(first, fate, key_acks)
+        if then == "sigkilled" and acknowledged == "no":
+            redelivered += 1  # its work ended, its worker was killed before it acknowledged
+            continue
+        anomalies.append(
+            Anomaly(
+                Kind.RAN_TWICE,
+                f"job {key}: ran again after an execution that ran to completion:"
+                f" {_at(first)} (its worker then {then}, acknowledged: {acknowledged}),"
+                f" then {_at(again)}",
+                job=key,
+                facts={"times": len(runs), "worker_then": then, "acknowledged": acknowledged},
+            )
+        )
+    return anomalies, redelivered
+
+
+def judge(
+    keys: Sequence[str],
+    executions: Sequence[Execution],
+    fates: Mapping[str, WorkerFate],
+    acks: Mapping[str, Sequence[tuple[str, float]]],
+    stored: Mapping[str, StoredJob] | None,
+    signal: str,
+) -> tuple[list[Anomaly], dict[str, dict[str, Any]]]:
+    """The findings of a deploy run, and each job's summary. ``executions`` have their
+    fates marked (``with_fates``); ``acks`` are the ``ack`` lines by worker; ``stored``
+    the reader's jobs (None: the system has no reader)."""
+    anomalies: list[Anomaly] = []
+    jobs: dict[str, dict[str, Any]] = {}
+    for key in keys:
+        runs = sorted((run for run in executions if run.key == key), key=lambda r: r.start_s)
+        found, redelivered = _again(key, runs, fates, acks)
+        anomalies += found
+        times = sum(1 for entries in acks.values() for entry in entries if entry[0] == key)
+        if times > 1:
+            anomalies.append(
+                Anomaly(
+                    Kind.ACKNOWLEDGED_TWICE,
+                    f"job {key}: acknowledged {times} times (each answered succeeded)",
+                    job=key,
+                    facts={"times": times},
+                )
+            )
+        completed = sum(1 for run in runs if run.how == ENDED and run.end_s is not None)
+        job = None if stored is None else stored.get(key)
+        done = job is not None and job.status is JobStatus.SUCCEEDED
+        state = "not read" if stored is None else "nowhere" if job is None else job.native_state
+        if not completed and not done:
+            last = runs[-1].how if runs and runs[-1].end_s is not None else "never ran"
+            if runs and runs[-1].end_s is None:
+                last = "still running"
+            anomalies.append(
+                Anomaly(
+                    Kind.LOST_IN_DEPLOY,
+                    f"job {key}: lost: {len(runs)} execution(s), none ran to completion"
+                    f" (the last: {last}), and the store holds it {state}",
+                    job=key,
+                    facts={
+                        "executions": len(runs),
+                        "stored": state,
+                        "last_end": last,
+                        "signal": signal,
+                    },
+                )
+            )
+        elif completed and stored is not None and not done:
+            anomalies.append(
+                Anomaly(
+                    Kind.UNFINISHED,
+                    f"job {key}: ran to completion, and the store holds it {state}",
+                    job=key,
+                    facts={"state": state, "ran": True},
+                )
+            )
+        jobs[key] = {
+            "runs": len(runs),
+            "completed": completed,
+            "cut": sum(1 for run in runs if run.how in (KILLED, ABANDONED, CUT)),
+            "redelivered": redelivered,
+            "acknowledged": times,
+            "stored": None if stored is None else state,
+            "status": None if job is None else job.status.value,
+        }
+    return anomalies, jobs
+
+
+def fates_of_held(
+    fates: Mapping[str, WorkerFate], jobs: Mapping[str, Mapping[str, Any]]
+) -> dict[str, dict[str, str]]:
+    """What became of each job a SIGKILLed worker held, by worker."""
+    told = {}
+    for name, fate in fates.items():
+        if fate.held_when_killed:
+            told[name] = {
+                key: (
+                    "ran again to completion"
+                    if jobs[key]["completed"]
+                    else f"lost (the store holds it {jobs[key]['stored']})"
+                )
+                for key in fate.held_when_killed
+                if key in jobs
+            }
+    return told

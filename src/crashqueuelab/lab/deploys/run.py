@@ -1,0 +1,430 @@
+"""The deploy experiment: what a queue does when its workers are stopped the way every
+process manager stops them, SIGTERM, a grace period, then SIGKILL.
+
+Each worker process runs the library's own worker (``System.own_worker``: its worker loop
+and its own signal handlers) or, for a system without one, the lab's own worker
+(``labworker``). The lab only sends signals and records (``fleet``): every signal with its
+time, each worker's exit, the jobs a SIGKILLed worker held. Producers submit through the
+system's own client throughout the run (``plan.submissions``). Once the last deploy's grace
+period ended, the run waits, at most its recovery bound (the system's lease or retry timer
+and its recovery time, or what the run is told), for every job to have run to completion;
+then it stops the workers, reads the store with the system's independent reader and judges
+(``judge``); each finding is classified against what the library documents.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from crashqueuelab.core.clock import SystemClock
+from crashqueuelab.core.errors import InvalidInput, SystemUnavailable
+from crashqueuelab.core.ids import RandomIds
+from crashqueuelab.core.retry import RetryPolicy
+from crashqueuelab.judges.findings import texts, to_json
+from crashqueuelab.lab.deploys.fleet import Fleet, Worker
+from crashqueuelab.lab.deploys.judge import WorkerFate, fates_of_held, judge, with_fates
+from crashqueuelab.lab.deploys.labworker import lab_worker
+from crashqueuelab.lab.deploys.plan import (
+    DeployPlan,
+    Replace,
+    Step,
+    StopSignal,
+    durations,
+    job_keys,
+    schedule,
+    submissions,
+)
+from crashqueuelab.lab.deploys.workers import DeployWorkerSpec
+from crashqueuelab.lab.runs.executions import (
+    ENDED,
+    Execution,
+    read_acknowledgements,
+    read_ledger,
+)
+from crashqueuelab.lab.runs.inheritance import Inherited
+from crashqueuelab.lab.runs.kinds import DEPLOYS
+from crashqueuelab.lab.runs.promises import classify
+from crashqueuelab.lab.runs.readings import read_store
+from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
+from crashqueuelab.systems.contract import JobSpec, OpenRequest, OwnWorker, QueueClient, System
+from crashqueuelab.systems.registry import resolve_system
+
+DEPLOYS_FILE = DEPLOYS.record
+#: The lab's own worker's lease, where the system heartbeats.
+DEFAULT_LEASE_S = 1.0
+#: A library's own worker hands out a dead worker's job after its own timer, which the lab
+#: does not set: the recovery bound allows this much for it unless told otherwise
+#: (pgqueuer's documented heartbeat timeout is 30 s).
+OWN_WORKER_TIMER_S = 30.0
+#: Beyond the timer, every job's work and the system's recovery time, the bound allows
+#: this much for each job's hand-out (pgq run under a concurrency limit of 1 frees the slot
+#: only once the last job's completion is logged: about 3 s a job on 1.0.x, measured), and
+#: this margin.
+HAND_OUT_S = 3.0
+RECOVERY_MARGIN_S = 5.0
+#: How long a worker process may take to start serving (imports, connection).
+STARTUP_S = 60.0
+#: Every job's attempts: a long job may be SIGKILLed at several deploys.
+MAX_ATTEMPTS = 25
+_RETRY = RetryPolicy(base_delay_us=10_000, max_delay_us=200_000)
+_POLL_S = 0.02
+#: Once every job ran to completion, the workers run on this long (the last
+#: acknowledgements reach the store) before they are stopped.
+SETTLE_S = 0.5
+
+
+def _worker_of(system: System, lease_s: float) -> tuple[OwnWorker, bool]:
+    """The worker each process runs (as the process will build it), and whether it is the
+    lab's own."""
+    if system.own_worker is not None:
+        return system.own_worker, False
+    if system.capabilities.single_owner:
+        raise SystemUnavailable(
+            system.name,
+            "one process owns its store and its workers live inside it: the lab's deploy"
+            " stops worker processes, and this system has no own_worker of its own",
+        )
+    return lab_worker(system, Path("ledger"), lease_s), True
+
+
+class _Run:
+    """One deploy run as it goes: the fleet, the schedule, the producer."""
+
+    def __init__(
+        self,
+        plan: DeployPlan,
+        fleet: Fleet,
+        steps: Sequence[Step],
+        planned: Sequence[tuple[float, str]],
+        client: QueueClient,
+        clock: Callable[[], float],
+    ) -> None:
+        self.plan, self.fleet, self.steps, self.clock = plan, fleet, steps, clock
+        self.planned = list(planned)
+        self.client = client
+        self.submitted: dict[str, float] = {}
+        self.done_steps = 0
+        self.skipped: list[dict[str, Any]] = []
+        self.failed: dict[str, str] = {}
+
+    def submit_due(self) -> None:
+        while self.planned and self.planned[0][0] <= self.clock():
+            _, key = self.planned.pop(0)
+            self.client.submit(JobSpec(key, "work", {}, max_attempts=MAX_ATTEMPTS))
+            self.submitted[key] = self.clock()
+
+    def current(self, slot: int) -> Worker | None:
+        """The slot's worker not yet asked to stop."""
+        return next(
+            (w for w in self.fleet.workers if w.slot == slot and w.running and w.stop_s is None),
+            None,
+        )
+
+    def stop_due(self) -> None:
+        while (
+            self.done_steps < len(self.steps) and self.steps[self.done_steps].at_s <= self.clock()
+        ):
+            step = self.steps[self.done_steps]
+            for slot in step.slots:
+                worker = self.current(slot)
+                if worker is None:
+                    self.skipped.append({"step": self.done_steps, "slot": slot})
+                    continue
+                worker.step = self.done_steps
+                worker.stop_s = self.clock()
+                worker.grace_end_s = worker.stop_s + self.plan.grace_s
+                self.fleet.send(worker, self.plan.signal.first)
+                if self.plan.replace is Replace.AT_ONCE:
+                    self.fleet.start(slot)
+            self.done_steps += 1
+
+    def enforce_grace(self) -> None:
+        now = self.clock()
+        for worker in self.fleet.running():
+            if worker.stop_s is None or worker.grace_end_s is None:
+                continue
+            sent = sum(1 for _, name in worker.signals if name != "SIGKILL")
+            twice = self.plan.signal is StopSignal.SIGTERM_TWICE
+            if twice and sent == 1 and now >= worker.stop_s + self.plan.grace_s / 2:
+                self.fleet.send(worker, "SIGTERM")
+            if now >= worker.grace_end_s and worker.killed_s is None:
+                self.fleet.kill(worker)
+
+    def note_exits(self) -> None:
+        for worker in self.fleet.poll():
+            if worker.stop_s is None:
+                error = Path(f"{worker.ledger}.error")
+                told = (
+                    error.read_text().strip().splitlines()[-1]
+                    if error.is_file()
+                    else f"exited by itself ({worker.exit_word()}) before any signal"
+                )
+                self.failed[worker.name] = told
+            elif self.plan.replace is Replace.AFTER_EXIT:
+                self.fleet.start(worker.slot)
+
+    def draining(self) -> bool:
+        """Whether a stopped worker is still inside its grace period (or being killed)."""
+        return any(w.stop_s is not None for w in self.fleet.running())
+
+    def executions(self) -> list[Execution]:
+        return [
+            run
+            for worker in self.fleet.workers
+            if worker.ledger.is_file()
+            for run in read_ledger(worker.ledger.read_text(), worker.name)
+        ]
+
+    def every_job_completed(self, keys: Sequence[str]) -> bool:
+        runs = self.executions()
+        # An execution open in the ledger of a worker that is gone ended with it.
+        live = {worker.name for worker in self.fleet.running()}
+        if any(run.end_s is None and run.worker in live for run in runs) or self.planned:
+            return False
+        ended = {run.key for run in runs if run.how == ENDED}
+        return all(key in ended for key in keys)
+
+    def drive(
+        self, keys: Sequence[str], bound: float, sleep: Callable[[float], None]
+    ) -> tuple[float | None, float | None]:
+        """Start the fleet, submit, stop, kill and replace as planned, then wait at most
+        ``bound`` for every job to run to completion: when every job had (None: never),
+        and when the last stop's grace was over (None: the run ended before)."""
+        for slot in range(self.plan.workers):
+            self.fleet.start(slot)
+        last_stop_end: float | None = None
+        while not self.failed:
+            self.submit_due()
+            self.note_exits()
+            self.stop_due()
+            self.enforce_grace()
+            if self.done_steps == len(self.steps) and not self.draining():
+                last_stop_end = last_stop_end if last_stop_end is not None else self.clock()
+                if self.every_job_completed(keys):
+                    completed = self.clock()
+                    sleep(SETTLE_S)
+                    return completed, last_stop_end
+                if self.clock() - last_stop_end > bound:
+                    break
+            sleep(_POLL_S)
+        return None, last_stop_end
+
+
+def _headline(
+    system: System, plan: DeployPlan, jobs: dict[str, dict[str, Any]], record: dict[str, Any]
+) -> str:
+    lost = sum(1 for finding in record["findings"] if finding["kind"] == "lost_in_deploy")
+    twice = sum(1 for finding in record["findings"] if finding["kind"] == "ran_twice")
+    killed = sum(1 for worker in record["workers"] if worker["killed_s"] is not None)
+    stopped = sum(1 for worker in record["workers"] if worker["stop_s"] is not None)
+    shape = (
+        f"{plan.deploys} rolling deploy(s) and {plan.fleet_restarts} fleet restart(s) of"
+        f" {plan.workers} worker(s), {plan.signal.value}, grace {plan.grace_s:g} s"
+    )
+    if record["error"]:
+        return f"{system.version}: not judged: {record['error']['type']}"
+    return (
+        f"{system.version}: {lost} of {len(jobs)} jobs lost, {twice} ran twice;"
+        f" {killed} of {stopped} stopped workers SIGKILLed at the end of the grace;"
+        f" {shape}"
+    )
+
+
+def _recovery_bound(
+    system: System, labs: bool, lease_s: float, work: dict[str, float], given: float | None
+) -> tuple[float, str]:
+    """How long the run waits, after the last stop, for every job to run to completion,
+    and what that is made of."""
+    if given is not None:
+        return given, "given by the run"
+    timer = lease_s if labs else OWN_WORKER_TIMER_S
+    total = round(sum(work.values()), 3)
+    hand_outs = len(work) * (lease_s if labs else HAND_OUT_S)
+    bound = timer + total + hand_outs + system.recovery_s + RECOVERY_MARGIN_S
+    basis = (
+        f"timer {timer:g} s ({'the lab worker lease' if labs else 'a library timer'})"
+        f" + every job's work {total:g} s and {hand_outs:g} s for its hand-outs (a queue"
+        f" may run them one at a time) + the system's recovery {system.recovery_s:g} s"
+        f" + {RECOVERY_MARGIN_S:g} s"
+    )
+    return bound, basis
+
+
+def _executions(run: _Run, origin: float) -> list[Execution]:
+    """Every ledger's executions, on the run's clock."""
+    return [
+        Execution(
+            r.key,
+            r.worker,
+            r.start_s - origin,
+            None if r.end_s is None else r.end_s - origin,
+            pid=r.pid,
+            how=r.how,
+            why=r.why,
+        )
+        for r in run.executions()
+    ]
+
+
+def _fates(fleet: Fleet, labs: bool) -> dict[str, WorkerFate]:
+    """What the deploy did to each worker. A worker the end of the run stopped is not part
+    of the deploy (its stop is the lab's cleanup, after every job ran or the bound passed):
+    only the exit of one that exited by itself is kept."""
+    return {
+        w.name: WorkerFate(
+            w.name,
+            w.stop_s,
+            w.killed_s if w.stop_s is not None else None,
+            w.exit_s if w.stop_s is not None or w.killed_s is None else None,
+            tuple(w.held_when_killed) if w.stop_s is not None else (),
+            acknowledges_in_ledger=labs,
+        )
+        for w in fleet.workers
+    }
+
+
+def _check(plan: DeployPlan, lease_s: float | None, recovery_wait_s: float | None) -> None:
+    plan.check()
+    if lease_s is not None and not lease_s > 0:
+        raise InvalidInput("lease_s", "must be a positive number of seconds")
+    if recovery_wait_s is not None and not recovery_wait_s >= 0:
+        raise InvalidInput("recovery_wait_s", "must be 0 or more seconds")
+
+
+def _lease(system: System, given: float | None, longest: float) -> float:
+    """The lab's own worker's lease: as given, else ``DEFAULT_LEASE_S`` where the system
+    heartbeats and, where it does not, longer than the longest job."""
+    if given is not None:
+        return given
+    return DEFAULT_LEASE_S if system.capabilities.heartbeats else longest + DEFAULT_LEASE_S
+
+
+def _planned_jobs(
+    jobs: dict[str, dict[str, Any]],
+    work: dict[str, float],
+    plan: DeployPlan,
+    submitted: dict[str, float],
+) -> None:
+    """Each job's summary, with what the plan gave it and when it was submitted."""
+    for key, job in jobs.items():
+        job |= {
+            "work_s": work[key],
+            "long": work[key] > plan.grace_s,
+            "submitted_s": None if key not in submitted else round(submitted[key], 3),
+        }
+
+
+def run_deploys(
+    output_dir: Path,
+    *,
+    system: str,
+    plan: DeployPlan,
+    lease_s: float | None = None,
+    recovery_wait_s: float | None = None,
+    progress: Callable[[str], None] | None = None,
+    now: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, Any]:
+    """Run ``plan`` against ``system``; the record, also written to ``deploys.json``."""
+    resolved = resolve_system(system)
+    _check(plan, lease_s, recovery_wait_s)
+    keys = job_keys(plan.jobs)
+    work = durations(keys, plan)
+    longest = max(work.values())
+    lease_s = _lease(resolved, lease_s, longest)
+    worker, labs = _worker_of(resolved, lease_s)
+    bound, basis = _recovery_bound(resolved, labs, lease_s, work, recovery_wait_s)
+    prepare_output_directory(output_dir)
+    store = output_dir / "store"
+    store.mkdir()
+    steps = schedule(plan)
+    planned = submissions(keys, steps)
+    inherited = Inherited.capture()
+
+    def spec_for(name: str, ledger: Path) -> DeployWorkerSpec:
+        return DeployWorkerSpec(system, str(store), name, str(ledger), work, lease_s, inherited)
+
+    origin = now()
+
+    def clock() -> float:
+        return now() - origin
+
+    if progress is not None:
+        progress(f"deploys {resolved.name}: {len(steps)} stops of {plan.workers} workers")
+    client = resolved.open(OpenRequest(store, SystemClock(), RandomIds(), _RETRY))
+    fleet = Fleet(output_dir, spec_for, clock)
+    run = _Run(plan, fleet, steps, planned, client, clock)
+    try:
+        recovered_at, last_stop_end = run.drive(keys, bound, sleep)
+    finally:
+        fleet.close(sleep)
+        client.close()
+    finished = clock()
+    error: dict[str, str] | None = None
+    if run.failed:
+        told = "; ".join(f"{name}: {message}" for name, message in run.failed.items())
+        error = {"type": "WorkerFailed", "message": told}
+    judged_fates = _fates(fleet, labs)
+    executions = with_fates(_executions(run, origin), judged_fates)
+    acks = {
+        w.name: [(key, at - origin) for key, at in read_acknowledgements(w.ledger.read_text())]
+        for w in fleet.workers
+        if w.ledger.is_file()
+    }
+    reading = read_store(resolved, store, keys)
+    reader_failed = [p for p in reading.problems if p.startswith("the reader raised")]
+    if error is None and reader_failed:
+        error = {"type": "ReaderFailed", "message": reader_failed[0]}
+    anomalies, jobs = judge(keys, executions, judged_fates, acks, reading.jobs, plan.signal.value)
+    _planned_jobs(jobs, work, plan, run.submitted)
+    promises = None if error else classify(resolved, "deploys", anomalies)
+    workers = [w.to_json() for w in fleet.workers]
+    record: dict[str, Any] = {
+        "ok": not anomalies and error is None,
+        "anomalies": texts(anomalies),
+        "findings": to_json(anomalies),
+        "error": error,
+        "system": resolved.describe(),
+        "spec": system,
+        "worker": {
+            "describe": worker.describe,
+            "lab_worker": labs,
+            "shutdown": dict(worker.shutdown),
+            "source": worker.source,
+        },
+        "plan": plan.to_json(),
+        "steps": [step.to_json() for step in steps],
+        "skipped": run.skipped,
+        "lease_s": lease_s if labs else None,
+        "recovery": {
+            "wait_s": round(bound, 3),
+            "basis": basis,
+            "last_stop_end_s": None if last_stop_end is None else round(last_stop_end, 3),
+            "every_job_completed_s": None if recovered_at is None else round(recovered_at, 3),
+        },
+        "workers": workers,
+        "held_when_killed": fates_of_held(judged_fates, jobs),
+        "executions": [
+            run_.to_json(0.0) for run_ in sorted(executions, key=lambda r: (r.start_s, r.worker))
+        ],
+        "jobs": jobs,
+        "store": {
+            "judge": reading.judge,
+            "ok": reading.ok,
+            "problems": list(reading.problems),
+            "independent": resolved.reader is not None,
+        },
+        "checks": {
+            "acknowledged_twice": "judged from the lab worker's ack lines"
+            if labs
+            else "not run: the library acknowledges inside its own worker",
+        },
+        "promises": promises,
+        "timings": {"run_s": round(finished, 3)},
+    }
+    record["headline"] = _headline(resolved, plan, jobs, record)
+    write_json(output_dir / DEPLOYS_FILE, record)
+    return record

@@ -1,0 +1,181 @@
+"""The page of a deploy run: the verdict, the command, the key figures, then one lane per
+worker process across the deploys, each stop signal, grace window and SIGKILL marked, and
+every job's executions drawn on the lane of the process that ran them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from crashqueuelab.lab.pages.charts import LaneChart
+from crashqueuelab.lab.pages.common import Verdict, View, promises_of, system_label
+
+_LIFE = "#e8eaed"
+_GRACE = "#fde293"
+#: An execution by how it ended.
+_HOW = {
+    "ended": ("#188038", "ran to completion"),
+    "killed": ("#d93025", "cut by the SIGKILL"),
+    "abandoned": ("#9334e6", "left when its worker exited"),
+    "cut": ("#202124", "cut by an exception"),
+    "running": ("#1a73e8", "still running at the end"),
+}
+_STOP = "#e37400"
+_KILL = "#202124"
+_EXIT = "#5f6368"
+
+
+def command_of(report: dict[str, Any], run_dir: Path) -> str:
+    plan = report["plan"]
+    words = [
+        f"crashqueuelab deploys --system {report['spec']}",
+        f"--workers {plan['workers']} --deploys {plan['deploys']} --grace-s {plan['grace_s']:g}",
+        f"--surge {plan['surge']} --interval-s {plan['interval_s']:g}"
+        f" --warmup-s {plan['warmup_s']:g}",
+        f"--replace {plan['replace']} --fleet-restarts {plan['fleet_restarts']}",
+        f"--signal {plan['signal']} --jobs {plan['jobs']} --long-share {plan['long_share']:g}",
+        f"--seed {plan['seed']}",
+    ]
+    if report.get("lease_s") is not None:
+        words.append(f"--lease-s {report['lease_s']:g}")
+    if report["recovery"]["basis"] == "given by the run":
+        words.append(f"--recovery-wait-s {report['recovery']['wait_s']:g}")
+    return " ".join([*words, f"--output-directory {run_dir}"])
+
+
+def _lane(worker: dict[str, Any], runs: list[dict[str, Any]], end: float) -> dict[str, Any]:
+    until = worker["exit_s"] if worker["exit_s"] is not None else end
+    spans = [
+        {
+            "start": worker["started_s"],
+            "end": until,
+            "color": _LIFE,
+            "title": f"{worker['name']} (pid {worker['pid']}): from {worker['started_s']:.2f} s"
+            + ("" if worker["exit"] is None else f" to {until:.2f} s, {worker['exit']}"),
+        }
+    ]
+    if worker["stop_s"] is not None:
+        grace_end = min(worker["grace_end_s"], until)
+        spans.append(
+            {
+                "start": worker["stop_s"],
+                "end": grace_end,
+                "color": _GRACE,
+                "title": f"grace period from {worker['stop_s']:.2f} s to"
+                f" {worker['grace_end_s']:.2f} s",
+            }
+        )
+    for run in runs:
+        colour, said = _HOW.get(run["how"], _HOW["running"])
+        finish = end if run["end_s"] is None else run["end_s"]
+        spans.append(
+            {
+                "start": run["start_s"],
+                "end": finish,
+                "color": colour,
+                "title": f"{run['key']}: {run['start_s']:.2f} s to {finish:.2f} s, {said}",
+            }
+        )
+    dots = []
+    for signal in worker["signals"]:
+        kill = signal["signal"] == "SIGKILL"
+        what = "SIGKILL of its process group" if kill else signal["signal"]
+        dots.append(
+            {
+                "at": signal["at_s"],
+                "color": _KILL if kill else _STOP,
+                "title": f"{what} at {signal['at_s']:.2f} s",
+                "r": 5,
+            }
+        )
+    if worker["exit_s"] is not None and worker["killed_s"] is None:
+        dots.append(
+            {
+                "at": worker["exit_s"],
+                "color": _EXIT,
+                "title": f"exited at {worker['exit_s']:.2f} s ({worker['exit']})",
+                "r": 3,
+            }
+        )
+    return {"label": worker["name"], "spans": spans, "dots": dots, "spans_are": "bars"}
+
+
+def deploys_view(run_dir: Path) -> View:
+    report = json.loads((run_dir / "deploys.json").read_text(encoding="utf-8"))
+    plan = report["plan"]
+    reasons = list(report["anomalies"])
+    if report["error"]:
+        reasons.insert(0, f"{report['error']['type']}: {report['error']['message']}")
+    workers = sorted(report["workers"], key=lambda w: (w["slot"], w["generation"]))
+    end = max(report["timings"]["run_s"], 0.001)
+    lanes = [
+        _lane(worker, [r for r in report["executions"] if r["worker"] == worker["name"]], end)
+        for worker in workers
+    ]
+    step = max(1, int(end) // 10 or 1)
+    ticks = [(float(at), f"{at:g} s") for at in range(0, int(end) + 1, step)]
+    jobs = report["jobs"]
+    stopped = [w for w in workers if w["stopped_by"] == "deploy"]
+    killed = [w for w in stopped if w["killed_s"] is not None]
+    kinds = [finding["kind"] for finding in report["findings"]]
+    recovery = report["recovery"]
+    figures = [
+        ("jobs lost", str(kinds.count("lost_in_deploy")), f"of {len(jobs)}"),
+        (
+            "ran twice",
+            str(kinds.count("ran_twice")),
+            "run again after an execution that ran to completion",
+        ),
+        (
+            "redelivered",
+            str(sum(job["redelivered"] for job in jobs.values())),
+            "run again after an execution a SIGKILL cut (at least once)",
+        ),
+        (
+            "stopped workers",
+            f"{len(stopped) - len(killed)} of {len(stopped)} exited within the grace",
+            f"{len(killed)} SIGKILLed at its end, holding"
+            f" {sum(len(w['held_when_killed']) for w in killed)} job(s)",
+        ),
+        (
+            "rollout",
+            f"{plan['deploys']} rolling, {plan['fleet_restarts']} fleet",
+            f"{plan['workers']} workers, surge {plan['surge']}, every {plan['interval_s']:g} s,"
+            f" replacement {plan['replace']}",
+        ),
+        ("stop signal", plan["signal"], f"grace {plan['grace_s']:g} s, then SIGKILL"),
+        (
+            "jobs",
+            f"{len(jobs)}, {sum(1 for job in jobs.values() if job['long'])} longer than the grace",
+            "submitted throughout the run through the system's own client",
+        ),
+        ("recovery bound", f"{recovery['wait_s']:g} s", recovery["basis"]),
+    ]
+    verdict = Verdict(
+        ok=report["ok"],
+        title=f"deploys: {plan['workers']} workers, {len(report['steps'])} stops,"
+        f" {plan['signal']} then SIGKILL after {plan['grace_s']:g} s",
+        system=system_label(report["system"]),
+        durability=report["worker"]["describe"],
+        seed=plan["seed"],
+        duration=report["timings"]["run_s"],
+        command=command_of(report, run_dir),
+        reasons=reasons,
+    )
+    data = {
+        "promises": promises_of(report),
+        "headline": report["headline"],
+        "lanes": LaneChart(lanes, end, ticks),
+        "how": {said: colour for colour, said in _HOW.values()},
+        "marks": {"stop signal": _STOP, "SIGKILL": _KILL, "exit": _EXIT},
+        "grace": _GRACE,
+        "life": _LIFE,
+        "worker": report["worker"],
+        "workers": workers,
+        "held": report["held_when_killed"],
+        "jobs": jobs,
+        "checks": report["checks"],
+        "store": report["store"],
+    }
+    return View("deploys.html.j2", verdict, figures, data)

@@ -1,0 +1,298 @@
+"""Real deploy runs: worker processes stopped by signals, a grace period, then SIGKILL of
+their process group. The lab's own worker on the shipped SQLite queue (SIGTERM, SIGQUIT,
+a second SIGTERM, fleet restarts, replacements after exit), pgqueuer's own ``pgq run`` on
+the session's PostgreSQL server, a worker that ignores SIGTERM, one that cannot start,
+and what the command refuses."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crashqueuelab.systems import resolve_system
+from crashqueuelab.systems.contract import OwnWorker, System
+from tests.conftest import RunCli
+
+
+def _deploys(run_cli: RunCli, directory: Path, system: str, *options: str) -> dict[str, Any]:
+    outcome = run_cli("deploys", "--system", system, "--output-directory", str(directory), *options)
+    record: dict[str, Any] = json.loads((directory / "deploys.json").read_text())
+    record["exit_code"] = outcome.code
+    record["result"] = outcome.result
+    return record
+
+
+def test_the_lab_worker_on_sqlite_loses_nothing_and_acknowledges_nothing_twice_under_sigterm(
+    tmp_path: Path, run_cli: RunCli
+) -> None:
+    record = _deploys(
+        run_cli,
+        tmp_path / "d",
+        "sqlite",
+        "--workers", "2", "--deploys", "1", "--grace-s", "0.5", "--jobs", "6",
+        "--long-share", "0.5", "--seed", "3",
+    )  # fmt: skip
+    assert record["exit_code"] == 0, record["anomalies"]
+    assert record["ok"] is True
+    assert record["result"]["headline"].startswith("crashqueuelab ")
+    assert record["worker"]["lab_worker"] is True
+    assert record["checks"]["acknowledged_twice"].startswith("judged")
+    assert {job["completed"] >= 1 for job in record["jobs"].values()} == {True}
+    assert {job["acknowledged"] for job in record["jobs"].values()} == {1}
+    assert {job["stored"] for job in record["jobs"].values()} == {"SUCCEEDED"}
+    stopped = [w for w in record["workers"] if w["stopped_by"] == "deploy"]
+    assert [w["signals"][0]["signal"] for w in stopped] == ["SIGTERM", "SIGTERM"]
+    for worker in stopped:
+        # Within the grace, or SIGKILLed holding the long job it was finishing.
+        assert worker["exited_within_grace"] or worker["held_when_killed"]
+    page = (tmp_path / "d" / "report.html").read_text()
+    assert "Each worker process across the deploys" in page
+    assert "w0.1" in page
+
+
+def test_sigquit_kills_the_lab_worker_at_once_and_its_job_runs_again(
+    tmp_path: Path, run_cli: RunCli
+) -> None:
+    record = _deploys(
+        run_cli,
+        tmp_path / "q",
+        "sqlite",
+        "--workers", "1", "--deploys", "2", "--grace-s", "0.5", "--jobs", "4",
+        "--signal", "SIGQUIT", "--replace", "after-exit", "--long-share", "1",
+        "--lease-s", "0.3",
+    )  # fmt: skip
+    assert record["exit_code"] == 0, record["anomalies"]
+    stopped = [w for w in record["workers"] if w["stopped_by"] == "deploy"]
+    assert {w["exit"] for w in stopped} == {"SIGQUIT"}
+    assert all(w["killed_s"] is None for w in stopped)
+    # Each stop found the worker at a long job, which ran again elsewhere.
+    assert sum(job["redelivered"] for job in record["jobs"].values()) == 2
+    assert {run["how"] for run in record["executions"]} == {"ended", "abandoned"}
+
+
+def test_a_second_sigterm_and_a_fleet_restart_change_nothing_for_the_lab_worker(
+    tmp_path: Path, run_cli: RunCli
+) -> None:
+    record = _deploys(
+        run_cli,
+        tmp_path / "t",
+        "sqlite",
+        "--workers", "2", "--deploys", "0", "--fleet-restarts", "1", "--grace-s", "0.6",
+        "--jobs", "4", "--signal", "SIGTERM-twice", "--long-share", "0",
+    )  # fmt: skip
+    assert record["exit_code"] == 0, record["anomalies"]
+    stopped = [w for w in record["workers"] if w["stopped_by"] == "deploy"]
+    assert len(stopped) == 2
+    assert {w["stop_s"] for w in stopped} == {record["steps"][0]["at_s"]} or all(
+        abs(w["stop_s"] - stopped[0]["stop_s"]) < 0.1 for w in stopped
+    )
+    assert all(w["exited_within_grace"] for w in stopped)
+
+
+def _ignoring_sigterm(directory: Path, worker_id: str, work: Callable[[str], None]) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ends = time.monotonic() + 60
+    while time.monotonic() < ends:
+        time.sleep(0.05)
+
+
+def _refusing(directory: Path, worker_id: str, work: Callable[[str], None]) -> None:
+    raise RuntimeError(f"{worker_id} cannot reach its broker")
+
+
+def ignoring_system() -> System:
+    """The shipped SQLite queue with a worker of its own that ignores SIGTERM and runs
+    nothing."""
+    worker = OwnWorker(_ignoring_sigterm, "a worker that ignores SIGTERM", {"SIGTERM": "none"})
+    return dataclasses.replace(resolve_system("sqlite"), own_worker=worker)
+
+
+def refusing_system() -> System:
+    """The shipped SQLite queue with a worker of its own that fails at once."""
+    worker = OwnWorker(_refusing, "a worker that fails at once")
+    return dataclasses.replace(resolve_system("sqlite"), own_worker=worker)
+
+
+def test_a_worker_that_ignores_sigterm_is_sigkilled_at_the_end_of_its_grace_and_its_jobs_lost(
+    tmp_path: Path, run_cli: RunCli
+) -> None:
+    record = _deploys(
+        run_cli,
+        tmp_path / "i",
+        "tests.lab.deploys.test_deploys:ignoring_system",
+        "--workers", "1", "--deploys", "1", "--grace-s", "0.3", "--jobs", "2",
+        "--recovery-wait-s", "0.2",
+    )  # fmt: skip
+    assert record["exit_code"] == 1
+    kinds = sorted({finding["kind"] for finding in record["findings"]})
+    assert kinds == ["lost_in_deploy"]
+    (stopped,) = [w for w in record["workers"] if w["stopped_by"] == "deploy"]
+    assert stopped["exit"] == "SIGKILL"
+    assert stopped["exited_within_grace"] is False
+    assert stopped["group_when_killed"] == [stopped["pid"]]
+    assert record["checks"]["acknowledged_twice"].startswith("not run")
+    assert record["promises"]["keeps_its_promises"] is False
+    assert record["recovery"]["basis"] == "given by the run"
+    assert "SIGKILL" in (tmp_path / "i" / "report.html").read_text()
+
+
+def test_a_worker_that_cannot_start_is_a_failed_run_never_a_verdict_on_promises(
+    tmp_path: Path, run_cli: RunCli
+) -> None:
+    record = _deploys(
+        run_cli,
+        tmp_path / "f",
+        "tests.lab.deploys.test_deploys:refusing_system",
+        "--workers", "1", "--jobs", "1", "--deploys", "1",
+    )  # fmt: skip
+    assert record["exit_code"] == 1
+    assert record["promises"] is None
+    assert record["error"] == {
+        "type": "WorkerFailed",
+        "message": "w0.0: RuntimeError: w0.0 cannot reach its broker",
+    }
+    assert record["headline"].endswith("not judged: WorkerFailed")
+    assert record["result"]["reasons"][0].startswith("WorkerFailed: ")
+
+
+def test_a_run_that_cannot_be_what_was_asked_is_refused_before_anything_is_written(
+    tmp_path: Path, run_cli: RunCli
+) -> None:
+    target = tmp_path / "never"
+    bad = run_cli(
+        "deploys", "--system", "sqlite", "--workers", "2", "--surge", "3",
+        "--output-directory", str(target),
+    )  # fmt: skip
+    assert bad.code == 2
+    assert bad.result["error"]["type"] == "InvalidInput"
+    assert "surge" in bad.result["error"]["message"]
+    owned = run_cli("deploys", "--system", "walqueue", "--output-directory", str(target))
+    assert owned.result["error"]["type"] == "SystemUnavailable"
+    assert "one process owns its store" in owned.result["error"]["message"]
+    assert not target.exists()
+    lease = run_cli(
+        "deploys", "--system", "sqlite", "--lease-s", "0", "--output-directory", str(target)
+    )
+    assert lease.code == 2
+    assert not target.exists()
+
+
+@pytest.mark.quiet
+def test_pgq_run_drains_on_sigterm_and_a_sigkilled_job_is_picked_again(
+    tmp_path: Path, postgres_dsn: str, run_cli: RunCli
+) -> None:
+    record = _deploys(
+        run_cli,
+        tmp_path / "p",
+        "pgqueuer",
+        # pgq run takes about 3 s to exit with nothing in hand: a grace past that.
+        "--dsn", postgres_dsn, "--workers", "1", "--deploys", "2", "--grace-s", "4",
+        "--interval-s", "2", "--jobs", "4", "--long-share", "0.5", "--seed", "1",
+    )  # fmt: skip
+    assert record["error"] is None
+    assert record["worker"]["lab_worker"] is False
+    assert "pgq run" in record["worker"]["describe"]
+    assert record["worker"]["source"].startswith("https://janbjorge.github.io/pgqueuer/")
+    assert record["promises"]["keeps_its_promises"] is True, record["anomalies"]
+    assert not [f for f in record["findings"] if f["kind"] == "lost_in_deploy"]
+    assert {job["stored"] for job in record["jobs"].values()} == {"successful"}
+    assert record["checks"]["acknowledged_twice"].startswith("not run")
+
+
+@pytest.mark.releases
+@pytest.mark.quiet
+def test_pgqueuer_630_a_job_sigkilled_at_a_deploy_blocks_its_entrypoint_on_1_0_1_not_on_1_0_2(
+    tmp_path: Path, postgres_dsn: str, release_cache: Path, run_cli: RunCli
+) -> None:
+    """pgqueuer #630: a job SIGKILLed at the end of a deploy's grace stays picked, and with
+    the entrypoint's concurrency_limit (1) reached 1.0.1 re-picks nothing, stale or queued,
+    for good; 1.0.2 (#633) hands the stale job out again after the heartbeat timeout."""
+    outcome = run_cli(
+        "versions", "--system", "pgqueuer", "--releases", "1.0.1,1.0.2", "--bisect",
+        "--bisect-on", "promises", "--output-directory", str(tmp_path / "v"),
+        # One worker, every job longer than the grace, the first stop once the first
+        # worker is at work: a stop that finds a job in hand ends in SIGKILL.
+        "deploys", "--dsn", postgres_dsn, "--workers", "1", "--deploys", "4",
+        "--grace-s", "1", "--jobs", "6", "--long-share", "1", "--warmup-s", "3",
+        "--interval-s", "3",
+    )  # fmt: skip
+    # 1.0.1 breaks its promise: the run is not ok, whatever the bisection found.
+    assert outcome.code == 1, outcome.stderr
+    assert outcome.result["bisection"]["found"] == "1.0.2"
+
+    def record(release: str) -> dict[str, Any]:
+        kept: dict[str, Any] = json.loads((tmp_path / "v" / release / "deploys.json").read_text())
+        return kept
+
+    old, fixed = record("1.0.1"), record("1.0.2")
+    assert old["system"]["version"] == "pgqueuer 1.0.1"
+    lost = [f for f in old["findings"] if f["kind"] == "lost_in_deploy"]
+    # The job the SIGKILL cut stays picked; every job after it stays queued.
+    assert {f["facts"]["stored"] for f in lost} == {"picked", "queued"}
+    assert old["promises"]["keeps_its_promises"] is False
+    assert fixed["system"]["version"] == "pgqueuer 1.0.2"
+    assert not [f for f in fixed["findings"] if f["kind"] == "lost_in_deploy"]
+    assert fixed["promises"]["keeps_its_promises"] is True
+    assert {job["stored"] for job in fixed["jobs"].values()} == {"successful"}
+
+
+def _unreadable(directory: Path) -> Any:
+    raise OSError(f"{directory}: the reader cannot open it")
+
+
+def unreadable_system() -> System:
+    """The shipped SQLite queue whose independent reader fails."""
+    return dataclasses.replace(resolve_system("sqlite"), reader=_unreadable)
+
+
+def test_a_second_sigterm_goes_half_a_grace_later_and_a_slot_still_draining_is_skipped(
+    tmp_path: Path, run_cli: RunCli
+) -> None:
+    record = _deploys(
+        run_cli,
+        tmp_path / "s",
+        "tests.lab.deploys.test_deploys:ignoring_system",
+        "--workers", "1", "--deploys", "2", "--grace-s", "0.6", "--interval-s", "0.2",
+        "--signal", "SIGTERM-twice", "--replace", "after-exit", "--jobs", "1",
+        "--recovery-wait-s", "0",
+    )  # fmt: skip
+    (first,) = [w for w in record["workers"] if w["stopped_by"] == "deploy"]
+    assert [s["signal"] for s in first["signals"]] == ["SIGTERM", "SIGTERM", "SIGKILL"]
+    second = first["signals"][1]["at_s"] - first["signals"][0]["at_s"]
+    assert 0.3 <= second < 0.6
+    # The second stop came while the only slot's worker still drained: nothing to stop.
+    assert record["skipped"] == [{"step": 1, "slot": 0}]
+
+
+def test_a_reader_that_fails_is_a_failed_run_never_a_lost_job(
+    tmp_path: Path, run_cli: RunCli
+) -> None:
+    record = _deploys(
+        run_cli,
+        tmp_path / "r",
+        "tests.lab.deploys.test_deploys:unreadable_system",
+        "--workers", "1", "--deploys", "1", "--grace-s", "0.3", "--jobs", "1",
+        "--long-share", "0",
+    )  # fmt: skip
+    assert record["exit_code"] == 1
+    assert record["error"]["type"] == "ReaderFailed"
+    assert record["promises"] is None
+
+
+def test_a_lease_or_a_bound_that_cannot_be_is_refused(tmp_path: Path) -> None:
+    from crashqueuelab.core.errors import InvalidInput
+    from crashqueuelab.lab.deploys.plan import DeployPlan
+    from crashqueuelab.lab.deploys.run import run_deploys
+
+    with pytest.raises(InvalidInput):
+        run_deploys(tmp_path / "x", system="sqlite", plan=DeployPlan(), lease_s=0.0)
+    with pytest.raises(InvalidInput):
+        run_deploys(tmp_path / "x", system="sqlite", plan=DeployPlan(), recovery_wait_s=-1.0)
+    assert not (tmp_path / "x").exists()

@@ -1,0 +1,76 @@
+"""The fleet's acts on processes that are already gone, and a job's work cut by what the
+library raised into it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from crashqueuelab.lab.deploys.fleet import Fleet, Worker, group_members
+from crashqueuelab.lab.deploys.workers import DeployWorkerSpec, work_for
+from crashqueuelab.lab.runs.inheritance import Inherited
+
+
+def _spec(ledger: Path) -> DeployWorkerSpec:
+    return DeployWorkerSpec("sqlite", "store", "w", str(ledger), {"a": 0.0}, 1.0, Inherited())
+
+
+def test_a_signal_or_a_kill_for_a_worker_that_is_gone_does_nothing(tmp_path: Path) -> None:
+    process = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    process.wait(10)
+    log = (tmp_path / "w.log").open("wb")
+    worker = Worker("w0.0", 0, 0, tmp_path / "w0.0.ledger", process, 0.0, log)
+    fleet = Fleet(tmp_path, lambda name, ledger: _spec(ledger), lambda: 1.0)
+    fleet.workers.append(worker)
+    assert worker.exit_word() is None
+    fleet.kill(worker)  # its group is empty: nothing to kill, nothing recorded
+    assert worker.killed_s is None
+    assert fleet.poll() == [worker]
+    assert worker.exit_word() == "exit 0"
+    fleet.send(worker, "SIGTERM")
+    assert worker.signals == []
+    fleet.close(lambda seconds: None)
+    assert group_members(process.pid) == []
+
+
+def test_close_kills_what_a_worker_left_in_its_group(tmp_path: Path) -> None:
+    # The worker exits at once and leaves a child behind in its process group.
+    child = "import time; time.sleep(30)"
+    code = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {child!r}])"
+    process = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    process.wait(10)
+    ends = time.monotonic() + 10
+    while not group_members(process.pid) and time.monotonic() < ends:
+        time.sleep(0.01)
+    assert group_members(process.pid)
+    log = (tmp_path / "w.log").open("wb")
+    worker = Worker("w0.0", 0, 0, tmp_path / "w0.0.ledger", process, 0.0, log)
+    fleet = Fleet(tmp_path, lambda name, ledger: _spec(ledger), lambda: 1.0)
+    fleet.workers.append(worker)
+    fleet.close(lambda seconds: None)
+    ends = time.monotonic() + 10
+    while group_members(process.pid) and time.monotonic() < ends:
+        time.sleep(0.01)
+    assert group_members(process.pid) == []
+
+
+def test_work_the_library_cuts_says_what_cut_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(time, "sleep", interrupted)
+    ledger = tmp_path / "w.ledger"
+    with pytest.raises(KeyboardInterrupt):
+        work_for(_spec(ledger))("a")
+    start, cut = ledger.read_text().splitlines()
+    assert start.startswith("start a ")
+    assert start.endswith(f" {os.getpid()}")
+    assert cut.startswith("cut a ")
+    assert cut.endswith(" KeyboardInterrupt")

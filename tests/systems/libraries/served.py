@@ -1,0 +1,170 @@
+"""A library's own worker (``System.own_worker``) served in a real process of its own, for
+the worker tests: each job's work is a wait, its start and end appended to a ledger with
+the wall time and the pid that ran it, and ``exit`` once ``serve`` returned. Every wait is
+bounded, and every process the worker left (RQ's work horse and scheduler) is killed on
+the way out, whatever the test found."""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from crashqueuelab.lab.runs.inheritance import Inherited
+from crashqueuelab.lab.runs.interrupts import forkserver_context, start_owned
+from crashqueuelab.systems import JobSpec, OpenRequest, StoreReading, resolve_system
+
+#: The longest any test waits for one thing a worker process does.
+WAIT_S = 20.0
+
+
+def _append(ledger: str, line: str) -> None:
+    descriptor = os.open(ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(descriptor, line.encode())
+    finally:
+        os.close(descriptor)
+
+
+def serve_main(system: str, store: str, ledger: str, work_s: float, inherited: Inherited) -> None:
+    inherited.adopt()
+    # A worker that does not exit when the test expects it to leaves its threads' stacks
+    # (and those of the processes it forked, which inherit this) beside the ledger.
+    stacks = open(f"{ledger}.stacks", "a")  # noqa: SIM115 (open while the process lives)
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    own = resolve_system(system).own_worker
+    assert own is not None
+
+    def work(key: str) -> None:
+        _append(ledger, f"start {key} {time.time():.6f} {os.getpid()}\n")
+        time.sleep(work_s)
+        _append(ledger, f"end {key} {time.time():.6f} {os.getpid()}\n")
+
+    own.serve(Path(store), "w1", work)
+    _append(ledger, f"exit - {time.time():.6f} {os.getpid()}\n")
+
+
+@dataclass(frozen=True)
+class Line:
+    what: str
+    key: str
+    at: float
+    pid: int
+
+
+def lines(ledger: Path) -> list[Line]:
+    if not ledger.exists():
+        return []
+    found = []
+    for text in ledger.read_text().splitlines():
+        what, key, at, pid = text.split()
+        found.append(Line(what, key, float(at), int(pid)))
+    return found
+
+
+def wait_for(ledger: Path, what: str, key: str, timeout_s: float = WAIT_S) -> Line:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for line in lines(ledger):
+            if (line.what, line.key) == (what, key):
+                return line
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.02)
+    raise AssertionError(f"no {what} {key} within {timeout_s} s: {lines(ledger)}")
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # The parent's pid follows the state, after the command's closing parenthesis.
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def _descendants(pid: int) -> list[int]:
+    found = []
+    for child in _children(pid):
+        found += [child, *_descendants(child)]
+    return found
+
+
+@dataclass
+class Served:
+    process: Any
+    ledger: Path
+
+    def signal(self, signum: int) -> float:
+        os.kill(self.process.pid, signum)
+        return time.time()
+
+    def join(self, timeout_s: float = WAIT_S) -> tuple[int | None, float]:
+        """The worker's exit code (None: still running after ``timeout_s``) and when it was
+        seen to exit; a worker still running has its stacks written beside the ledger."""
+        self.process.join(timeout_s)
+        exited = time.time()
+        if self.process.exitcode is None:
+            for pid in [self.process.pid, *_descendants(self.process.pid)]:
+                os.kill(pid, signal.SIGUSR1)
+        return self.process.exitcode, exited
+
+
+@contextmanager
+def serving(system: str, store: Path, ledger: Path, work_s: float) -> Iterator[Served]:
+    context = forkserver_context(())
+    process = context.Process(
+        target=serve_main,
+        args=(system, str(store), str(ledger), work_s, Inherited.capture()),
+        # RQ's worker starts its scheduler as a multiprocessing child, which a daemonic
+        # process may not have.
+        daemon=False,
+    )
+    start_owned(process)
+    served = Served(process, ledger)
+    try:
+        yield served
+    finally:
+        left = set(_descendants(process.pid)) if process.exitcode is None else set()
+        # A process that began a job and never ended it may still run it (RQ's horse).
+        ended = {line.key for line in lines(ledger) if line.what == "end"}
+        left |= {
+            line.pid for line in lines(ledger) if line.what == "start" and line.key not in ended
+        } - {process.pid}
+        for pid in [process.pid, *left]:
+            with suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        process.join(WAIT_S)
+
+
+def submit(system: str, store: Path, *keys: str) -> None:
+    from crashqueuelab.core.clock import ManualClock
+    from crashqueuelab.core.ids import SeededIds
+    from crashqueuelab.core.retry import RetryPolicy
+
+    request = OpenRequest(
+        store, clock=ManualClock(10**9), ids=SeededIds(1, "t"), retry=RetryPolicy()
+    )
+    client = resolve_system(system).open(request)
+    try:
+        client.submit_many([JobSpec(key, "t", {}, max_attempts=1) for key in keys])
+    finally:
+        client.close()
+
+
+def read(system: str, store: Path) -> StoreReading:
+    reader = resolve_system(system).reader
+    assert reader is not None
+    return reader(store)
