@@ -117,6 +117,7 @@ class Store:
         # The torn tail is cut off only once everything was read and accepted: an open that
         # fails leaves every byte where it found it.
         torn: tuple[Path, int, int] | None = None
+        data = b""
         for index, (first_seq, path) in enumerate(segments):
             newest = index == len(segments) - 1
             data = path.read_bytes()
@@ -148,6 +149,7 @@ class Store:
             self._truncate(*torn)
         if segments and expected is not None:
             self._open_live(segments[-1][1], frames_end)
+            self._resync(data[:frames_end])
         else:
             self._start_segment(state.last_seq + 1)
         self.hook("recover:done")
@@ -171,6 +173,22 @@ class Store:
         finally:
             os.close(fd)
         self.hook("truncate:after_sync")
+
+    def _resync(self, frames: bytes) -> None:
+        """Write the live segment's frames again, as read, and sync them, before anything is
+        appended after them.
+
+        What was read may be only in the page cache: after a failed fsync Linux drops the
+        dirty pages it covered from what it will write, yet keeps serving them to readers
+        ("fsyncgate"), and a later fsync succeeds without writing them. A queue opened after
+        such a failure would append after frames the disk never received, and a power cut
+        would then leave a hole of zeros before acknowledged frames. Written again, the bytes
+        are dirty again and this sync puts them on the disk (or fails, and the open with it).
+        """
+        if frames:
+            fd = self._fd()
+            _write_all_at(fd, frames, 0)
+            sync_data(fd)
 
     # -- appending -----------------------------------------------------------------------
 

@@ -9,7 +9,16 @@ with pending operations taken back, newest first:
   a seed); ``LOSE_ALL`` is the one that keeps none;
 * seeded: each pending directory change, write or truncation survives on its own with
   probability one half, and the last surviving write may be torn: only its first whole
-  512-byte sectors reach the disk, as when a drive loses power mid-write.
+  512-byte sectors reach the disk, as when a drive loses power mid-write;
+* **zeroed tails** (``ZEROED_TAILS``): every pending write and truncation lost, but every
+  file keeps the size it had at the cut, so what was appended reads as zeros: ext4 with
+  ``data=writeback`` and XFS commit a file's new size in their metadata journal apart from
+  its data. One state keeps no pending directory change, one keeps them all (a journal
+  that committed the size committed the metadata before it). Made only when a pending
+  write grew a file.
+
+Writes a failed ``fsync`` dropped (``Journal.failed``, fsyncgate) are lost in every crash
+state; writes synced after such a failure are taken back and put on again above them.
 
 A kept directory change keeps the earlier ones it depends on (same file or name). A cut
 with nothing pending allows one crash state, ``LOSE_ALL`` alone.
@@ -46,18 +55,23 @@ class Choice:
 
     names_kept: frozenset[int] | None
     seed: int | None
+    #: Every file keeps its size at the cut: lost appended bytes read as zeros.
+    zeroed_tails: bool = False
 
     @property
     def name(self) -> str:
         if self.seed is not None:
             return f"seed-{self.seed}"
         kept = self.names_kept or frozenset()
+        if self.zeroed_tails:
+            return ZEROED_TAILS + ("" if not kept else "-keep-names")
         return (
             "lose-all" if not kept else "keep-names-" + "-".join(str(i + 1) for i in sorted(kept))
         )
 
 
 LOSE_ALL = Choice(frozenset(), None)
+ZEROED_TAILS = "zeroed-tails"
 #: Up to this many pending directory changes, every subset of them is a crash state of its own.
 ENUMERATED_NAMES = 5
 SEEDED_STATES = 3
@@ -91,7 +105,20 @@ def crash_choices(journal: Journal, seed: int, *, seeded: int = SEEDED_STATES) -
         key=lambda kept: _dependent_closure(journal.names, set(kept)) != kept,
     )
     choices = [Choice(subset, None) for subset in subsets]
+    if appended(journal):
+        kept_all = frozenset(range(pending))
+        choices += [
+            Choice(kept, None, zeroed_tails=True) for kept in dict.fromkeys((frozenset(), kept_all))
+        ]
     return choices + [Choice(None, seed * 1000 + k) for k in range(seeded)]
+
+
+def appended(journal: Journal) -> bool:
+    """Whether a pending (or dropped) write grew a file: a zeroed tail is then possible."""
+    return any(
+        op.kind == "write" and op.offset + len(op.new) > op.old_size
+        for op in (*journal.data, *journal.failed)
+    )
 
 
 @dataclass
@@ -136,11 +163,13 @@ class Outcome:
     names: frozenset[int]
     #: The pending writes and truncations kept, each as (its seq, the bytes of it kept).
     data: tuple[tuple[int, int], ...]
+    #: Every file kept its size at the cut.
+    zeroed_tails: bool = False
 
 
 def outcome(journal: Journal, choice: Choice) -> Outcome:
     names, kept = _survivors(journal, choice)
-    return Outcome(frozenset(names), tuple(sorted(kept.items())))
+    return Outcome(frozenset(names), tuple(sorted(kept.items())), choice.zeroed_tails)
 
 
 def _survivors(journal: Journal, choice: Choice) -> tuple[set[int], dict[int, int]]:
@@ -229,14 +258,23 @@ def materialize(root: Path, journal: Journal, choice: Choice, store: Path) -> Cr
     replayer = _Replayer(scratch, journal.locations)
     names_kept, kept = _survivors(journal, choice)
     state = CrashState(choice, store)
+    touched = journal.touched()
+    # The size of each file the undone operations touched, as the cut left it.
+    sizes = {op.ino: replayer.file(op.ino).stat().st_size for op in touched}
     for index in reversed(range(len(journal.names))):
         if index not in names_kept:
             replayer.undo_name(journal.names[index])
-    for pending in reversed(journal.data):
-        replayer.undo_data(pending)
-    for pending in journal.data:
-        if pending.seq in kept:
-            replayer.redo_data(pending, kept[pending.seq])
+    for undone in reversed(touched):
+        replayer.undo_data(undone)
+    durable = {op.seq for op in journal.synced_after_failure}
+    for redone in touched:
+        if redone.seq in durable:
+            replayer.redo_data(redone, len(redone.new))
+        elif redone.seq in kept:
+            replayer.redo_data(redone, kept[redone.seq])
+    if choice.zeroed_tails:
+        for ino, size in sizes.items():
+            os.truncate(replayer.file(ino), size)
     for index, name_op in enumerate(journal.names):
         state.fate.append(
             {
@@ -250,6 +288,8 @@ def materialize(root: Path, journal: Journal, choice: Choice, store: Path) -> Cr
     for data_op in journal.data:
         length = kept.get(data_op.seq)
         fate = "lost" if length is None else "kept" if length == len(data_op.new) else "torn"
+        if fate == "lost" and choice.zeroed_tails and data_op.kind == "write":
+            fate = "zeroed" if data_op.offset + len(data_op.new) > data_op.old_size else fate
         state.fate.append(
             {
                 "seq": data_op.seq,
@@ -259,6 +299,17 @@ def materialize(root: Path, journal: Journal, choice: Choice, store: Path) -> Cr
                 "bytes": len(data_op.new),
                 "fate": fate,
                 **({"bytes_kept": length} if fate == "torn" else {}),
+            }
+        )
+    for dropped in journal.failed:
+        state.fate.append(
+            {
+                "seq": dropped.seq,
+                "operation": dropped.kind,
+                "path": dropped.path,
+                "offset": dropped.offset,
+                "bytes": len(dropped.new),
+                "fate": "dropped-by-failed-fsync",
             }
         )
     state.fate.sort(key=lambda entry: entry["seq"])

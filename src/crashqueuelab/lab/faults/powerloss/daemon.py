@@ -3,7 +3,8 @@
 
 It serves ``ROOT/tree`` at ``MOUNTPOINT`` on one thread (so the journal's order is the order
 the kernel sent the requests) until SIGTERM or an unmount, then writes the pending
-operations to ``ROOT/unsynced.json``: the moment it stops serving is the power cut.
+operations to ``ROOT/unsynced.json``: the moment it stops serving is the power cut. It
+answers the disk errors armed in ``ROOT/faults.json`` (``faults.py``).
 ``shared`` lets other accounts use the mount (a server running as its own account), each
 owning what it creates.
 """
@@ -17,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from crashqueuelab.lab.faults.powerloss.faults import FaultPlan
 from crashqueuelab.lab.faults.powerloss.filesystem import PowerLossFilesystem
 from crashqueuelab.lab.faults.powerloss.journal import JOURNAL_FILE, Journal
 
@@ -66,7 +68,7 @@ def _serve_until_stopped(
     options: dict[str, Any] = {**MOUNT_OPTIONS, **({"allow_other": True} if shared else {})}
     try:
         mfusepy.FUSE(
-            PowerLossFilesystem(root, journal, caller),
+            PowerLossFilesystem(root, journal, caller, FaultPlan(root)),
             mountpoint,
             foreground=True,
             nothreads=True,

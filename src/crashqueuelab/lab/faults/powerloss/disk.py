@@ -4,6 +4,7 @@
 in ``root/tree``; everything the system under test does happens through the mount point.
 ``cut`` stops the file system at once (SIGTERM: it answers no further request), waits for it
 to write its journal, and returns the journal: what the disk had not made durable.
+``arm`` and ``disarm`` make the file system answer disk errors (``faults.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from types import TracebackType
 
 from crashqueuelab.core.errors import CrashModeUnavailable, install_hint
+from crashqueuelab.lab.faults.powerloss import faults
 from crashqueuelab.lab.faults.powerloss.journal import (
     GRAVEYARD,
     JOURNAL_FILE,
@@ -87,6 +89,7 @@ class PowerLossDisk:
         for directory in (self.tree, self.root / GRAVEYARD, self.mountpoint):
             directory.mkdir(parents=True, exist_ok=True)
         (self.root / JOURNAL_FILE).unlink(missing_ok=True)
+        faults.disarm(self.root)  # a fault armed for an earlier mount is not this one's
         with open(self.root / DAEMON_LOG, "ab") as log:
             self._process = subprocess.Popen(
                 [
@@ -115,6 +118,18 @@ class PowerLossDisk:
                     POWER_LOSS, f"the FUSE mount did not come up: {tail.strip()}"
                 )
             time.sleep(0.01)
+
+    def arm(self, *armed: faults.DiskFault, arming: str = "") -> None:
+        """From the next operation on, the file system answers ``armed``'s errors."""
+        faults.arm(self.root, list(armed), arming)
+
+    def disarm(self) -> None:
+        """From the next operation on, the disk answers as a healthy one."""
+        faults.disarm(self.root)
+
+    def fired(self) -> list[dict[str, object]]:
+        """Every error the file system answered on this root, oldest first."""
+        return faults.fired(self.root)
 
     def cut(self) -> Journal:
         """Pull the plug: the file system stops serving; what was pending is in the journal."""

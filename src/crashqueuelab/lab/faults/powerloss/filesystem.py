@@ -7,6 +7,10 @@ the disk now holds. Links and symbolic links are refused (``EPERM``): no system 
 uses them, and a journal that half-modelled them would lie. An ``OSError`` raised here is
 the reply (the bindings send its ``errno``). POSIX and ``flock`` locks are not
 implemented on purpose, so the kernel keeps them locally, exactly as on a local disk.
+
+Given a ``FaultPlan`` (``faults.py``), a write, read or fsync that an armed fault covers is
+answered with its error instead: a failed write or read changes nothing, a failed fsync
+drops the writes it covered from what the disk will ever hold (fsyncgate, ``Journal``).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from crashqueuelab.lab.faults.powerloss.faults import FaultPlan
 from crashqueuelab.lab.faults.powerloss.journal import GRAVEYARD, TREE, Journal
 
 _OPEN_FLAGS_DROPPED = os.O_CREAT | os.O_EXCL | os.O_TRUNC | os.O_APPEND | os.O_ACCMODE
@@ -29,12 +34,17 @@ class PowerLossFilesystem:
     use_ns = True
 
     def __init__(
-        self, root: Path, journal: Journal, caller: Callable[[], tuple[int, int]] | None = None
+        self,
+        root: Path,
+        journal: Journal,
+        caller: Callable[[], tuple[int, int]] | None = None,
+        faults: FaultPlan | None = None,
     ) -> None:
         """``caller`` names the uid and gid of the process making a request; given, what it
         creates is its own (a mount shared with another account, as a server's data
-        directory is), else the file system's."""
+        directory is), else the file system's. ``faults``: the disk errors armed."""
         self.tree = root / TREE
+        self.faults = faults
         self.caller = caller
         self.graveyard = root / GRAVEYARD
         self.journal = journal
@@ -112,10 +122,16 @@ class PowerLossFilesystem:
         self.journal.name_op("create", path, self._files[fd])
         return fd
 
+    def _fault(self, operation: str, path: str) -> None:
+        if self.faults is not None:
+            self.faults.check(operation, path)
+
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+        self._fault("read", path)
         return os.pread(fh, size, offset)
 
     def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
+        self._fault("write", path)
         old_size = os.fstat(fh).st_size
         old = os.pread(fh, len(data), offset) if offset < old_size else b""
         written = os.pwrite(fh, data, offset)
@@ -150,6 +166,12 @@ class PowerLossFilesystem:
         return 0
 
     def fsync(self, path: str, datasync: int, fh: int) -> int:
+        try:
+            self._fault("fsync", path)
+        except OSError:
+            # fsyncgate: the pages it covered are dropped, never to reach the disk.
+            self.journal.file_sync_failed(self._files[fh])
+            raise
         self.journal.file_synced(self._files[fh])
         return 0
 

@@ -10,6 +10,13 @@ Files are named by the backing tree's inode number, because a rename must not se
 file from its unsynced writes; ``locations`` says where each known inode is now: under
 ``tree/`` or, once unlinked or replaced, under ``graveyard/`` (kept, so that a lost unlink
 can give the file back).
+
+A failed ``fsync`` (a disk fault, ``faults.py``) is PostgreSQL's "fsyncgate": the kernel
+reports the error once and drops the dirty pages the sync covered, so the writes it covered
+never reach the disk, and a later ``fsync`` that succeeds does not bring them back. The
+journal moves them to ``failed`` (lost at any cut, whatever the crash state keeps), and from
+then on keeps that file's later writes even once synced (``synced_after_failure``): a crash
+state takes the failed writes back under them and puts the synced ones on again.
 """
 
 from __future__ import annotations
@@ -71,6 +78,12 @@ class Journal:
         self.locations: dict[int, str] = {}
         self.synced_files = 0
         self.synced_directories = 0
+        #: Writes and truncations a failed fsync covered: never durable (fsyncgate).
+        self.failed: list[DataOp] = []
+        #: Writes and truncations synced after a failure on the same file: durable, kept so
+        #: that a crash state can undo the failed ones beneath them and redo these.
+        self.synced_after_failure: list[DataOp] = []
+        self.failed_syncs = 0
 
     def _next(self) -> int:
         self._seq += 1
@@ -89,7 +102,19 @@ class Journal:
 
     def file_synced(self, ino: int) -> None:
         self.synced_files += 1
+        if any(op.ino == ino for op in self.failed):
+            self.synced_after_failure += [op for op in self.data if op.ino == ino]
         self.data = [op for op in self.data if op.ino != ino]
+
+    def file_sync_failed(self, ino: int) -> None:
+        """An fsync of ``ino`` answered an error: its pending writes are dropped for good."""
+        self.failed_syncs += 1
+        self.failed += [op for op in self.data if op.ino == ino]
+        self.data = [op for op in self.data if op.ino != ino]
+
+    def touched(self) -> list[DataOp]:
+        """Every write and truncation a crash state must take back first, oldest first."""
+        return sorted([*self.data, *self.failed, *self.synced_after_failure], key=lambda o: o.seq)
 
     def directory_synced(self, directory: str) -> None:
         self.synced_directories += 1
@@ -109,11 +134,8 @@ class Journal:
         def encode(data: bytes) -> str:
             return base64.b64encode(data).decode("ascii")
 
-        return {
-            "locations": {str(ino): where for ino, where in sorted(self.locations.items())},
-            "synced_files": self.synced_files,
-            "synced_directories": self.synced_directories,
-            "data": [
+        def data_ops(ops: list[DataOp]) -> list[dict[str, Any]]:
+            return [
                 {
                     "seq": op.seq,
                     "kind": op.kind,
@@ -124,8 +146,17 @@ class Journal:
                     "old": encode(op.old),
                     "old_size": op.old_size,
                 }
-                for op in self.data
-            ],
+                for op in ops
+            ]
+
+        return {
+            "locations": {str(ino): where for ino, where in sorted(self.locations.items())},
+            "synced_files": self.synced_files,
+            "synced_directories": self.synced_directories,
+            "failed_syncs": self.failed_syncs,
+            "data": data_ops(self.data),
+            "failed": data_ops(self.failed),
+            "synced_after_failure": data_ops(self.synced_after_failure),
             "names": [
                 {
                     "seq": op.seq,
@@ -158,19 +189,26 @@ def load_journal(path: Path) -> Journal:
     journal.locations = {int(ino): where for ino, where in raw["locations"].items()}
     journal.synced_files = raw["synced_files"]
     journal.synced_directories = raw["synced_directories"]
-    journal.data = [
-        DataOp(
-            item["seq"],
-            item["kind"],
-            item["ino"],
-            item["path"],
-            item["offset"],
-            base64.b64decode(item["new"]),
-            base64.b64decode(item["old"]),
-            item["old_size"],
-        )
-        for item in raw["data"]
-    ]
+    journal.failed_syncs = raw.get("failed_syncs", 0)
+
+    def data_ops(items: list[dict[str, Any]]) -> list[DataOp]:
+        return [
+            DataOp(
+                item["seq"],
+                item["kind"],
+                item["ino"],
+                item["path"],
+                item["offset"],
+                base64.b64decode(item["new"]),
+                base64.b64decode(item["old"]),
+                item["old_size"],
+            )
+            for item in items
+        ]
+
+    journal.data = data_ops(raw["data"])
+    journal.failed = data_ops(raw.get("failed", []))
+    journal.synced_after_failure = data_ops(raw.get("synced_after_failure", []))
     journal.names = [
         NameOp(
             item["seq"],

@@ -1,0 +1,578 @@
+"""Disk faults: each transition of a small workload made while the disk answers errors.
+
+For each step of the workload (submit, claim, succeed, submit, claim, fail, and a reopen:
+the store opened and recovered again) a case of its own: the store is on a fresh
+power-loss disk (``lab/faults/powerloss``), the steps before
+run on a healthy disk, then the fault is armed, the step's call is made, and the fault is
+disarmed. What the caller was told is recorded (a value, or the exception). Then the disk
+has recovered: the client is closed and a fresh one opened, as a restarted worker would
+(a refusal to open is recorded and said), which resubmits both jobs (idempotent keys) and
+works until nothing is left, every answer recorded too. Then the power is cut.
+
+The store is read twice with the system's independent reader (``System.reader``): as the
+recovered disk shows it before the cut (``live``: the page cache, which still holds what a
+failed fsync dropped), and as the disk holds it after the cut (``after_cut``: every
+unsynced write lost, and every write a failed fsync covered: fsyncgate). Each reading is
+judged against what the callers were told: a job whose submission was acknowledged must
+exist, a claim acknowledged at attempt n must have made at least n attempts, an
+acknowledged success or death must be there as such (never run again). A transition the
+caller was told failed may or may not be there: fine. A case whose fault never fired (the
+step never reached the operation the fault covers) is ``not exercised``, never passed. A
+case with findings is run again on a healthy disk (a fault that matches no path): findings
+that run gives too, cut right before the step or recovered after it, are the system's own
+weakness and set apart (``fails-without-the-fault``), never counted as the fault's.
+
+Run: ``python -m crashqueuelab.lab.campaign.diskfaults --system walqueue --disk-fault
+eio-fsync --output-directory D`` (one JSON document on stdout; a bad argument is one JSON
+line with the error, exit 2; a machine without FUSE exits 4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from crashqueuelab.core.clock import ManualClock
+from crashqueuelab.core.errors import CrashModeUnavailable, CrashQueueLabError
+from crashqueuelab.core.ids import SeededIds
+from crashqueuelab.core.retry import RetryPolicy
+from crashqueuelab.judges.findings import Anomaly, Kind, inconsistent, texts, to_json
+from crashqueuelab.lab.faults.powerloss.crashstate import LOSE_ALL, DistinctStates
+from crashqueuelab.lab.faults.powerloss.disk import PowerLossDisk, require_power_loss
+from crashqueuelab.lab.faults.powerloss.faults import DISK_FAULTS, DiskFault
+from crashqueuelab.lab.faults.powerloss.serverdisk import ClusterTemplate, ServerOnDisk
+from crashqueuelab.lab.faults.powerloss.targets import StoreOnDisk
+from crashqueuelab.lab.runs.readings import read_store
+from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
+from crashqueuelab.lab.workloads.scenario import STORE_DIRECTORY
+from crashqueuelab.systems.contract import (
+    Claim,
+    JobSpec,
+    JobStatus,
+    OpenRequest,
+    QueueClient,
+    StoredJob,
+    StoreReading,
+    System,
+    Verdict,
+)
+from crashqueuelab.systems.registry import resolve_system
+
+RECORD_FILE = "disk-faults.json"
+LEASE_US = 5_000_000
+RETRY = RetryPolicy(base_delay_us=1_000, max_delay_us=8_000)
+JOBS = (JobSpec("job-a", "effect", {"n": 1}), JobSpec("job-b", "effect", {"n": 2}))
+#: The steps of the workload, each a case with the fault armed around its call.
+STEPS = ("submit-a", "claim-a", "succeed-a", "submit-b", "claim-b", "fail-b", "reopen")
+#: A bound on the work after recovery: every job claimed and finished in this many rounds.
+FINISH_ROUNDS = 12
+#: Verdicts of a case.
+PASSED, FAILED, NOT_EXERCISED = "passed", "failed", "not-exercised"
+#: A case whose findings the same workload gives on a healthy disk: the system's own.
+WITHOUT_THE_FAULT = "fails-without-the-fault"
+#: Where the healthy-disk runs of a case go, and the path its never-firing fault names.
+CONTROL_PREFIX = "healthy-disk-"
+CONTROL_PATH = "\x00matches-nothing"
+#: How long a server the fault brought down may take to answer again by itself (PostgreSQL's
+#: postmaster restarts after a PANIC) before it is started again.
+SERVER_BACK_S = 30.0
+#: Exit codes, as the command line's (crashqueuelab.cli.common).
+EXIT_OK, EXIT_REJECTED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 4
+
+
+@dataclass
+class Told:
+    """One call and what its caller was told."""
+
+    step: str
+    faulted: bool
+    value: Any = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_json(self) -> dict[str, Any]:
+        told = {"error": self.error} if self.error is not None else {"value": self.value}
+        return {"step": self.step, "faulted": self.faulted, **told}
+
+
+def _shown(value: Any) -> Any:
+    if isinstance(value, Claim):
+        return {"claim": value.key, "attempt": value.attempt}
+    if isinstance(value, Verdict):
+        return value.value
+    return value
+
+
+class _Driver:
+    """Makes the workload's calls on one client, remembering every answer and claim."""
+
+    def __init__(self, system: System, store: Path, clock: ManualClock, seed: int) -> None:
+        self.system = system
+        self.store = store
+        self.clock = clock
+        self.seed = seed
+        self.opened = 0
+        self.told: list[Told] = []
+        self.claims: dict[str, Claim] = {}
+        self.client: QueueClient | None = None
+
+    def open(self) -> None:
+        self.opened += 1
+        ids = SeededIds(self.seed, f"disk-faults-{self.opened}")
+        self.client = self.system.open(OpenRequest(self.store, self.clock, ids, RETRY))
+
+    def close(self) -> str | None:
+        client, self.client = self.client, None
+        try:
+            if client is not None:
+                client.close()
+        except Exception as error:  # a close on a failed disk may fail: evidence
+            return f"{type(error).__name__}: {error}"
+        return None
+
+    def call(self, step: str, faulted: bool, make: Callable[[QueueClient], Any]) -> Told:
+        assert self.client is not None
+        told = Told(step, faulted)
+        try:
+            value = make(self.client)
+            if isinstance(value, Claim):
+                self.claims[value.key] = value
+            told.value = _shown(value)
+        except Exception as error:  # what the system raised is what its caller was told
+            told.error = f"{type(error).__name__}: {error}"
+        self.told.append(told)
+        return told
+
+    def step(self, step: str, faulted: bool) -> Told | None:
+        """One step of ``STEPS``; None when an earlier answer left nothing to do."""
+        if step == "reopen":  # a restart: the store opened (and recovered) again
+            told = Told(step, faulted)
+            self.close()
+            try:
+                self.open()
+            except Exception as error:
+                told.error = f"{type(error).__name__}: {error}"
+            self.told.append(told)
+            return told
+        job = JOBS[0] if step.endswith("-a") else JOBS[1]
+        if step.startswith("submit"):
+            return self.call(step, faulted, lambda client: client.submit(job))
+        if step.startswith("claim"):
+            return self.call(step, faulted, lambda client: client.claim("worker", LEASE_US))
+        claim = self.claims.get(job.key)
+        if claim is None:
+            return None
+        if step.startswith("succeed"):
+            return self.call(step, faulted, lambda client: client.succeed(claim))
+        return self.call(step, faulted, lambda client: client.fail(claim, "the handler failed"))
+
+    def finish(self) -> None:
+        """After recovery: both jobs resubmitted, then worked until none is left."""
+        self.clock.advance(LEASE_US * 2 + RETRY.max_delay_us)
+        self.call("recover", False, lambda client: client.recover())
+        for job in JOBS:
+            self.call(f"resubmit-{job.key}", False, _submitting(job))
+        for _ in range(FINISH_ROUNDS):
+            self.clock.advance(RETRY.max_delay_us)
+            claimed = self.call("finish-claim", False, lambda c: c.claim("restarted", LEASE_US))
+            if not claimed.ok or claimed.value is None:
+                break
+            claim = self.claims[claimed.value["claim"]]
+            self.call(f"finish-succeed-{claim.key}", False, _succeeding(claim))
+
+
+def _succeeding(claim: Claim) -> Callable[[QueueClient], Any]:
+    return lambda client: client.succeed(claim)
+
+
+def _submitting(job: JobSpec) -> Callable[[QueueClient], Any]:
+    return lambda client: client.submit(job)
+
+
+EXISTS, ATTEMPTED, RELEASED = "exists", "attempted", "released"
+TERMINAL = (JobStatus.SUCCEEDED.value, JobStatus.DEAD.value)
+
+
+def _job_of(step: str) -> str:
+    return JOBS[0].key if step.endswith(("-a", JOBS[0].key)) else JOBS[1].key
+
+
+def obligations(told: Sequence[Told]) -> dict[str, tuple[str, int]]:
+    """What the acknowledged answers promise of each job, the last promise standing:
+    ``exists``; ``attempted`` n times (a claim of attempt n); ``released`` after n attempts
+    (a failure answered ``retry``: no longer leased by attempt n); ``succeeded`` or ``dead``
+    (for good: never run again)."""
+    promised: dict[str, tuple[str, int]] = {}
+    for answer in told:
+        if not answer.ok or answer.value is None:
+            continue
+        value = answer.value
+        if isinstance(value, dict) and "claim" in value:
+            key, level = value["claim"], (ATTEMPTED, int(value["attempt"]))
+        elif answer.step.startswith(("submit", "resubmit")):
+            key, level = _job_of(answer.step), (EXISTS, 0)
+        elif value in (*TERMINAL, Verdict.RETRY.value):
+            key = _job_of(answer.step)
+            attempts = promised.get(key, (EXISTS, 0))[1]
+            level = (RELEASED if value == Verdict.RETRY.value else str(value), attempts)
+        else:
+            continue
+        standing = promised.get(key)
+        if standing is None or (
+            standing[0] not in TERMINAL and level[0] != EXISTS and level[1] >= standing[1]
+        ):
+            promised[key] = level
+    return promised
+
+
+def _short(job: StoredJob | None, status: str, attempts: int) -> bool:
+    if job is None:
+        return True
+    if status in TERMINAL:
+        return job.status.value != status
+    if status == RELEASED and job.status == JobStatus.LEASED and job.attempts <= attempts:
+        return True
+    return job.attempts < attempts
+
+
+def judge(reading: StoreReading, promised: dict[str, tuple[str, int]], where: str) -> list[Anomaly]:
+    """Where the store falls short of what its callers were told."""
+    found: list[Anomaly] = [inconsistent(problem, f"{where}: ") for problem in reading.problems]
+    for key, (status, attempts) in sorted(promised.items()):
+        job = reading.jobs.get(key)
+        held = "absent" if job is None else f"{job.status.value} after {job.attempts} attempts"
+        if _short(job, status, attempts):
+            found.append(
+                Anomaly(
+                    Kind.ACKNOWLEDGED_WORK_LOST,
+                    f"{where}: {key}: told {status} (attempts >= {attempts}),"
+                    f" the disk holds {held}",
+                    job=key,
+                    facts={"told": str(status), "held": held, "reading": where},
+                )
+            )
+    return found
+
+
+def _faulted_step(
+    disk: PowerLossDisk, driver: _Driver, fault: DiskFault, step_index: int
+) -> tuple[Told | None, int]:
+    """The steps before on a healthy disk, then the step under ``fault``; what the step was
+    told, and how many errors the disk answered."""
+    driver.open()
+    for earlier in STEPS[:step_index]:
+        driver.step(earlier, False)
+    disk.arm(fault, arming=STEPS[step_index])
+    try:
+        faulted = driver.step(STEPS[step_index], True)
+    finally:
+        disk.disarm()
+    return faulted, len(disk.fired())
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What every case of a run shares: the system, the seed, and for a system on a
+    PostgreSQL server the cluster each case's server starts from."""
+
+    system: System
+    seed: int
+    template: ClusterTemplate | None = None
+
+
+class _Site:
+    """Where one case keeps its data on a power-loss disk: the store directory itself, or
+    (a system on a server) the data directory of a server of its own."""
+
+    def __init__(self, run: _Run, where: Path) -> None:
+        self.run = run
+        self.where = where
+        self.target: StoreOnDisk | ServerOnDisk = (
+            StoreOnDisk(where) if run.template is None else ServerOnDisk(where, run.template)
+        )
+
+    @property
+    def disk(self) -> PowerLossDisk:
+        return self.target.disk
+
+    @property
+    def store(self) -> Path:
+        return self.where / STORE_DIRECTORY
+
+    def read(self) -> StoreReading:
+        return read_store(self.run.system, self.store, [job.key for job in JOBS])
+
+    def server_back(self) -> dict[str, Any]:
+        """A server the fault brought down (PostgreSQL PANICs on a failed fsync) is
+        started again on its disk, as its supervisor would: what it does then is its own
+        recovery."""
+        if not isinstance(self.target, ServerOnDisk):
+            return {}
+        server = self.target.server
+        deadline = time.monotonic() + SERVER_BACK_S
+        while server.processes() and time.monotonic() < deadline:
+            if _accepts(server.dsn):
+                return {"server": "answering"}
+            time.sleep(0.5)
+        try:
+            server.kill()  # what is left of it (nothing, once its postmaster gave up)
+            server.start_again()
+        except Exception as error:  # a server that will not start again is evidence
+            return {"server": f"did not start again: {type(error).__name__}: {error}"}
+        return {"server": "started again"}
+
+    def cut_and_read(self) -> tuple[StoreReading, int, int]:
+        """The power cut: every unsynced write lost, and every write a failed fsync
+        dropped; the crash state read (a server's: by a server started on it)."""
+        journal = self.target.cut()
+        state_dir = self.where / "after-cut"
+        state_dir.mkdir()
+        with self.target.place(journal, LOSE_ALL, state_dir, DistinctStates(journal)) as placed:
+            if placed.problem is not None:
+                reading = StoreReading(
+                    exists=True, jobs={}, facts={}, ok=False, problems=[placed.problem],
+                    judge="the server started on the crash state",
+                )  # fmt: skip
+            else:
+                reading = read_store(
+                    self.run.system, state_dir / STORE_DIRECTORY, [job.key for job in JOBS]
+                )
+        return reading, len(journal.failed), journal.failed_syncs
+
+
+def _accepts(dsn: str) -> bool:
+    import psycopg
+
+    try:
+        with psycopg.connect(dsn, connect_timeout=2) as connection:
+            connection.execute("SELECT 1")
+    except psycopg.Error:
+        return False
+    return True
+
+
+def _at_once(
+    run: _Run, fault: DiskFault, step_index: int, case_dir: Path, name: str = ""
+) -> dict[str, Any]:
+    """The power goes right after the faulted call, the client still open: nothing the
+    system does later (a close, a reopen) may make good what it was told."""
+    site = _Site(run, case_dir / f"{name}cut-at-once")
+    driver = _Driver(run.system, site.store, ManualClock(1_000_000), run.seed)
+    try:
+        with site.target:
+            faulted, fired = _faulted_step(site.disk, driver, fault, step_index)
+            reading, dropped, failed_syncs = site.cut_and_read()
+    finally:
+        driver.close()  # on a mount that is gone: closes handles on nothing
+    findings = judge(reading, obligations(driver.told), "cut at once")
+    return {
+        "faulted": faulted,
+        "fired": fired,
+        "report": {
+            "calls": [answer.to_json() for answer in driver.told],
+            "after_cut": reading.to_json(),
+            "writes_dropped_by_failed_fsync": dropped,
+            "failed_fsyncs": failed_syncs,
+        },
+        "findings": findings,
+    }
+
+
+def _recovered(
+    run: _Run, fault: DiskFault, step_index: int, case_dir: Path, name: str = ""
+) -> dict[str, Any]:
+    """The disk recovers: a fresh client opens the store, resubmits and finishes the work;
+    the store is read as the page cache shows it, then the power goes and it is read again."""
+    site = _Site(run, case_dir / f"{name}recovered")
+    driver = _Driver(run.system, site.store, ManualClock(1_000_000), run.seed)
+    reopen: dict[str, Any] = {}
+    try:
+        with site.target:
+            faulted, fired = _faulted_step(site.disk, driver, fault, step_index)
+            closed = driver.close()
+            reopen.update(site.server_back())
+            try:
+                driver.open()
+                reopen["opened"] = True
+            except Exception as error:  # a refusal to open is said, not a crash of the lab
+                reopen.update(opened=False, refused=f"{type(error).__name__}: {error}")
+            if driver.client is not None:
+                driver.finish()
+            driver.close()
+            live = site.read()
+            reading, dropped, failed_syncs = site.cut_and_read()
+    finally:
+        driver.close()
+    promised = obligations(driver.told)
+    findings = judge(live, promised, "recovered") + judge(reading, promised, "recovered, cut")
+    return {
+        "faulted": faulted,
+        "fired": fired,
+        "report": {
+            "close_after_fault": closed,
+            "reopen": reopen,
+            "calls": [answer.to_json() for answer in driver.told],
+            "promised": {key: [str(s), n] for key, (s, n) in sorted(promised.items())},
+            "live": live.to_json(),
+            "after_cut": reading.to_json(),
+            "writes_dropped_by_failed_fsync": dropped,
+            "failed_fsyncs": failed_syncs,
+        },
+        "findings": findings,
+    }
+
+
+def _without_the_fault(run: _Run, fault: DiskFault, step_index: int, case_dir: Path) -> set[str]:
+    """The findings the same workload gives on a healthy disk: cut right before the step
+    (what was acknowledged before the fault), and recovered after the step. A finding also
+    found here is the system's own, not the fault's (huey's dequeue, for one)."""
+    never = DiskFault(fault.operation, fault.error, CONTROL_PATH)
+    found = _recovered(run, never, step_index, case_dir, CONTROL_PREFIX)["findings"]
+    if step_index > 0:
+        before = _at_once(run, never, step_index - 1, case_dir, CONTROL_PREFIX)
+        found += before["findings"]
+    return {finding.text for finding in found}
+
+
+def run_case(run: _Run, fault: DiskFault, step_index: int, case_dir: Path) -> dict[str, Any]:
+    """One step made under ``fault``, twice: the power cut at once, and the disk recovered
+    (the work finished by a restarted client) then cut. A case with findings runs again on
+    a healthy disk, and the findings that healthy run gives too are set apart."""
+    at_once = _at_once(run, fault, step_index, case_dir)
+    recovered = _recovered(run, fault, step_index, case_dir)
+    faulted: Told | None = recovered["faulted"]
+    findings = [*at_once["findings"], *recovered["findings"]]
+    healthy = _without_the_fault(run, fault, step_index, case_dir) if findings else set()
+    own = [finding for finding in findings if finding.text in healthy]
+    due = [finding for finding in findings if finding.text not in healthy]
+    exercised = at_once["fired"] and recovered["fired"] and faulted is not None
+    verdict = (
+        FAILED if due else WITHOUT_THE_FAULT if own else PASSED if exercised else NOT_EXERCISED
+    )
+    report = {
+        "step": STEPS[step_index],
+        "fault": fault.to_json(),
+        "errors_answered": recovered["fired"],
+        "told": faulted.to_json() if faulted is not None else None,
+        "reopen": recovered["report"]["reopen"],
+        "cut_at_once": at_once["report"],
+        "recovered": recovered["report"],
+        "anomalies": texts(due),
+        "findings": to_json(due),
+        "found_without_the_fault": texts(own),
+        "verdict": verdict,
+        "artifacts": {
+            "cut_at_once": str(Path(case_dir.name) / "cut-at-once"),
+            "recovered": str(Path(case_dir.name) / "recovered"),
+            **(
+                {
+                    f"healthy_disk_{kind}": str(Path(case_dir.name) / f"{CONTROL_PREFIX}{part}")
+                    for kind, part in (("cut", "cut-at-once"), ("recovered", "recovered"))
+                }
+                if findings
+                else {}
+            ),
+        },
+    }
+    write_json(case_dir / "case.json", report)
+    return report
+
+
+def run_disk_faults(
+    system: System,
+    fault_name: str,
+    output_dir: Path,
+    *,
+    path: str = "*",
+    count: int | None = None,
+    seed: int = 0,
+    steps: Sequence[int] | None = None,
+) -> dict[str, Any]:
+    """Every step of the workload made under ``fault_name`` (on paths matching ``path``;
+    ``count``: only the first ``count`` matching operations of the call fail, else every
+    one until it returns); the record of the run."""
+    fault = DiskFault.named(fault_name, path=path, count=count)
+    if system.server not in (None, "postgres"):
+        raise CrashModeUnavailable(
+            f"disk fault {fault_name}",
+            f"{system.name} keeps its data in a {system.server} server's data directory,"
+            " which the disk-fault runs do not yet put on the disk",
+        )
+    require_power_loss()
+    output_dir = prepare_output_directory(output_dir)
+    started = time.perf_counter()
+    cases = []
+    with ExitStack() as resources:
+        template = None
+        if system.server == "postgres":
+            template = resources.enter_context(ClusterTemplate())
+        run = _Run(system, seed, template)
+        for index in range(len(STEPS)) if steps is None else steps:
+            case_dir = output_dir / f"{index + 1:02d}-{STEPS[index]}"
+            case_dir.mkdir()
+            cases.append(run_case(run, fault, index, case_dir))
+    verdicts = [case["verdict"] for case in cases]
+    record = {
+        "system": system.name,
+        "version": system.version,
+        "reader": None if system.reader is None else system.reader.__module__,
+        "disk_fault": fault_name,
+        "fault": fault.to_json(),
+        "cases": cases,
+        "summary": {
+            "cases": len(cases),
+            "passed": verdicts.count(PASSED),
+            "failed": verdicts.count(FAILED),
+            "not_exercised": verdicts.count(NOT_EXERCISED),
+            "fails_without_the_fault": verdicts.count(WITHOUT_THE_FAULT),
+            "told_failure": sum(1 for c in cases if c["told"] and "error" in c["told"]),
+            "told_success": sum(1 for c in cases if c["told"] and "error" not in c["told"]),
+            "refused_to_open": sum(1 for c in cases if not c["reopen"].get("opened")),
+        },
+        "ok": FAILED not in verdicts and PASSED in verdicts,
+        "wall_s": round(time.perf_counter() - started, 2),
+    }
+    write_json(output_dir / RECORD_FILE, record)
+    return record
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m crashqueuelab.lab.campaign.diskfaults")
+    parser.add_argument("--system", default="sqlite")
+    parser.add_argument("--disk-fault", required=True, choices=sorted(DISK_FAULTS))
+    parser.add_argument("--path", default="*", help="a glob of the mount-relative paths hit")
+    parser.add_argument(
+        "--count", type=int, default=None, help="fail only this many operations (default: all)"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output-directory", type=Path, required=True)
+    try:
+        arguments = parser.parse_args(argv)
+    except SystemExit as stopped:
+        return EXIT_USAGE if stopped.code else EXIT_OK
+    try:
+        system = resolve_system(arguments.system)
+        record = run_disk_faults(
+            system, arguments.disk_fault, arguments.output_directory,
+            path=arguments.path, count=arguments.count, seed=arguments.seed,
+        )  # fmt: skip
+    except CrashQueueLabError as error:
+        print(json.dumps({"error": {"type": type(error).__name__, "message": str(error)}}))
+        return EXIT_UNAVAILABLE if isinstance(error, CrashModeUnavailable) else EXIT_USAGE
+    summary = {key: record[key] for key in ("system", "disk_fault", "summary", "ok", "wall_s")}
+    print(json.dumps(summary))
+    return EXIT_OK if record["ok"] else EXIT_REJECTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())
