@@ -133,19 +133,21 @@ def serving(system: str, store: Path, ledger: Path, work_s: float) -> Iterator[S
         daemon=False,
     )
     start_owned(process)
+    pid = process.pid
+    assert pid is not None  # started
     served = Served(process, ledger)
     try:
         yield served
     finally:
-        left = set(_descendants(process.pid)) if process.exitcode is None else set()
+        left = set(_descendants(pid)) if process.exitcode is None else set()
         # A process that began a job and never ended it may still run it (RQ's horse).
         ended = {line.key for line in lines(ledger) if line.what == "end"}
         left |= {
             line.pid for line in lines(ledger) if line.what == "start" and line.key not in ended
-        } - {process.pid}
-        for pid in [process.pid, *left]:
+        } - {pid}
+        for each in [pid, *left]:
             with suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+                os.kill(each, signal.SIGKILL)
         process.join(WAIT_S)
 
 
