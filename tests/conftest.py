@@ -57,7 +57,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             readers.append(item)
         elif (shared := _module_fixture(item)) is not None:
             item.add_marker(pytest.mark.xdist_group(shared))
-    items[:] = readers + [item for item in items if item not in readers]
+    # The long tests that mostly wait (marker ``early``) come next: begun late, one would
+    # keep its worker busy after the others ran out of work.
+    first = {id(item) for item in readers}
+    early = [i for i in items if id(i) not in first and i.get_closest_marker("early")]
+    first |= {id(item) for item in early}
+    items[:] = readers + early + [item for item in items if id(item) not in first]
 
 
 def _module_fixture(item: pytest.Item) -> str | None:

@@ -41,6 +41,7 @@ def template(postgres_dsn: str) -> Any:
 
 
 @pytest.mark.slow
+@pytest.mark.early
 def test_an_acknowledgement_survives_every_crash_state(
     postgres_dsn: str, tmp_path: Path, run_cli: RunCli
 ) -> None:

@@ -68,6 +68,7 @@ def test_every_mutant_is_caught_by_the_evidence_the_catalog_names(
 
 
 @pytest.mark.slow
+@pytest.mark.early
 def test_a_few_mutants_through_every_kind_of_evidence(everything: dict[str, object]) -> None:
     assert (everything["caught"], everything["total"]) == (3, 3)
     assert everything["evidence"] == "all"
