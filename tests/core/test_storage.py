@@ -16,6 +16,7 @@ from crashqueuelab import (
     StoreNotFound,
 )
 from crashqueuelab.core.errors import DurabilityUnavailable
+from crashqueuelab.core import storage
 from crashqueuelab.core.storage import _require_pragma, open_store, write_transaction
 from tests.conftest import fingerprint, raw
 
@@ -162,3 +163,50 @@ def test_no_constraint_or_index_condition_is_an_in_list(db_path: Path) -> None:
     assert not [sql for sql in schema if " IN (" in sql.upper()]
     # A query naming one live state is enough for the partial index of live jobs.
     assert any("jobs_active" in step for step in claim_plan), claim_plan
+
+
+def _recording_connections(monkeypatch: pytest.MonkeyPatch) -> list[sqlite3.Connection]:
+    made: list[sqlite3.Connection] = []
+    connect = storage._connect
+
+    def recording(path: str, busy_timeout_ms: int) -> sqlite3.Connection:
+        made.append(connect(path, busy_timeout_ms))
+        return made[-1]
+
+    monkeypatch.setattr(storage, "_connect", recording)
+    return made
+
+
+def _is_closed(conn: sqlite3.Connection) -> bool:
+    try:
+        conn.execute("SELECT 1")
+    except sqlite3.ProgrammingError:
+        return True
+    return False
+
+
+def test_a_turn_lock_the_disk_refuses_leaves_no_connection_open(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made = _recording_connections(monkeypatch)
+    Path(f"{db_path}-turns").mkdir()  # the sidecar cannot be opened as a file
+    with pytest.raises(IsADirectoryError):
+        DurableQueue(db_path)
+    assert len(made) == 1 and _is_closed(made[0])
+
+
+def test_a_failing_turn_lock_close_still_closes_the_connection(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made = _recording_connections(monkeypatch)
+    queue = DurableQueue(db_path)
+
+    def refused() -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(queue._turns, "close", refused)
+    with pytest.raises(OSError, match="Input/output"):
+        queue.close()
+    assert len(made) == 1 and _is_closed(made[0])
+    with pytest.raises(StoreError, match="closed"):
+        queue.submit(idempotency_key="k", job_type="t", payload={})

@@ -34,14 +34,22 @@ class DatabaseHandle:
             self.path, create=create, busy_timeout_ms=busy_timeout_ms, spec=spec
         )
         # Opened only once the database proved to be ours, so a refused file gets no sidecar.
-        self._turns = TurnLock(Path(f"{self.path}-turns"))
+        try:
+            self._turns = TurnLock(Path(f"{self.path}-turns"))
+        except BaseException:
+            # A sidecar the disk refuses (EIO, ENOSPC) leaves no connection behind.
+            self._conn.close()
+            raise
 
     def close(self) -> None:
         """Close the connection; further use raises StoreError. Safe to call twice."""
-        self._turns.close()
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        try:
+            self._turns.close()
+        finally:
+            # A failed disk may refuse the sidecar's close; the connection closes anyway.
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
 
     def __enter__(self) -> Self:
         return self

@@ -65,7 +65,9 @@ def test_sigquit_kills_the_lab_worker_at_once_and_its_job_runs_again(
         run_cli,
         tmp_path / "q",
         "sqlite",
-        "--workers", "1", "--deploys", "2", "--grace-s", "0.5", "--jobs", "4",
+        # SIGQUIT ends the worker at once; the grace is long enough that a stalled fsync on a
+        # loaded machine never turns that death into a SIGKILL at the end of the grace.
+        "--workers", "1", "--deploys", "2", "--grace-s", "2", "--jobs", "2",
         "--signal", "SIGQUIT", "--replace", "after-exit", "--long-share", "1",
         "--lease-s", "0.3",
     )  # fmt: skip
