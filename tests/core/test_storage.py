@@ -15,8 +15,8 @@ from crashqueuelab import (
     StoreError,
     StoreNotFound,
 )
-from crashqueuelab.core.errors import DurabilityUnavailable
 from crashqueuelab.core import storage
+from crashqueuelab.core.errors import DurabilityUnavailable
 from crashqueuelab.core.storage import _require_pragma, open_store, write_transaction
 from tests.conftest import fingerprint, raw
 
@@ -192,7 +192,8 @@ def test_a_turn_lock_the_disk_refuses_leaves_no_connection_open(
     Path(f"{db_path}-turns").mkdir()  # the sidecar cannot be opened as a file
     with pytest.raises(IsADirectoryError):
         DurableQueue(db_path)
-    assert len(made) == 1 and _is_closed(made[0])
+    assert len(made) == 1
+    assert _is_closed(made[0])
 
 
 def test_a_failing_turn_lock_close_still_closes_the_connection(
@@ -207,6 +208,7 @@ def test_a_failing_turn_lock_close_still_closes_the_connection(
     monkeypatch.setattr(queue._turns, "close", refused)
     with pytest.raises(OSError, match="Input/output"):
         queue.close()
-    assert len(made) == 1 and _is_closed(made[0])
+    assert len(made) == 1
+    assert _is_closed(made[0])
     with pytest.raises(StoreError, match="closed"):
         queue.submit(idempotency_key="k", job_type="t", payload={})
