@@ -61,16 +61,13 @@ def test_the_lab_worker_on_sqlite_loses_nothing_and_acknowledges_nothing_twice_u
 def test_sigquit_kills_the_lab_worker_at_once_and_its_job_runs_again(
     tmp_path: Path, run_cli: RunCli
 ) -> None:
-    record = _deploys(
-        run_cli,
-        tmp_path / "q",
-        "sqlite",
-        # SIGQUIT ends the worker at once; the grace is long enough that a stalled fsync on a
-        # loaded machine never turns that death into a SIGKILL at the end of the grace.
-        "--workers", "1", "--deploys", "2", "--grace-s", "2", "--jobs", "2",
-        "--signal", "SIGQUIT", "--replace", "after-exit", "--long-share", "1",
-        "--lease-s", "0.3",
-    )  # fmt: skip
+    # The lab started as a shell's background job is: with SIGQUIT ignored, which its
+    # workers would inherit if the fleet did not give them the default action back.
+    before = signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+    try:
+        record = _sigquit_deploys(tmp_path, run_cli)
+    finally:
+        signal.signal(signal.SIGQUIT, before)
     assert record["exit_code"] == 0, record["anomalies"]
     stopped = [w for w in record["workers"] if w["stopped_by"] == "deploy"]
     assert {w["exit"] for w in stopped} == {"SIGQUIT"}
@@ -78,6 +75,17 @@ def test_sigquit_kills_the_lab_worker_at_once_and_its_job_runs_again(
     # Each stop found the worker at a long job, which ran again elsewhere.
     assert sum(job["redelivered"] for job in record["jobs"].values()) == 2
     assert {run["how"] for run in record["executions"]} == {"ended", "abandoned"}
+
+
+def _sigquit_deploys(tmp_path: Path, run_cli: RunCli) -> dict[str, Any]:
+    return _deploys(
+        run_cli,
+        tmp_path / "q",
+        "sqlite",
+        "--workers", "1", "--deploys", "2", "--grace-s", "0.5", "--jobs", "4",
+        "--signal", "SIGQUIT", "--replace", "after-exit", "--long-share", "1",
+        "--lease-s", "0.3",
+    )  # fmt: skip
 
 
 def test_a_second_sigterm_and_a_fleet_restart_change_nothing_for_the_lab_worker(

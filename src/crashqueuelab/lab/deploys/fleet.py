@@ -42,6 +42,19 @@ def session_members(session: int) -> list[int]:
     return sorted(members)
 
 
+#: The signals a deploy may send, as a process manager leaves them to the worker it starts.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP)
+
+
+def default_stop_signals() -> None:
+    """In the worker's process before it execs: each stop signal's default action, as
+    systemd or a container runtime starts a worker. A lab started from a shell's background
+    job (``&``, ``nohup``, many CI runners) inherits SIGINT and SIGQUIT ignored, which the
+    exec keeps: the worker would then outlive a SIGQUIT until its grace's SIGKILL."""
+    for number in STOP_SIGNALS:
+        signal.signal(number, signal.SIG_DFL)
+
+
 def _kill_all(pids: list[int]) -> None:
     for pid in pids:
         # It may have exited since it was listed.
@@ -143,7 +156,14 @@ class Fleet:
         log = (self.directory / f"{name}.log").open("wb")
         command = [sys.executable, "-m", "crashqueuelab.lab.deploys.workers", str(spec_file)]
         process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            # Between fork and exec, only sigaction: no lock another thread could hold. A
+            # reset by the worker itself would leave its interpreter's start unguarded.
+            preexec_fn=default_stop_signals,  # noqa: PLW1509
         )
         worker = Worker(name, slot, generation, ledger, process, self.clock(), log)
         self.workers.append(worker)
