@@ -182,7 +182,7 @@ _KILLED_MID_JOB = Documented(
 _EARLIEST = Documented(
     '`execute_after` is the earliest time, no latest ("`execute_after` specifies the'
     ' **earliest** time a job can be picked for execution"; "deferred jobs are never picked'
-    ' early"): a due job waits for a worker\'s next dequeue and for a free slot',
+    " early\"): a due job waits for a worker's next dequeue and for a free slot",
     _DOCS + "guides/deferred-execution/",
     when={Kind.SCHEDULED_LATE: {}},
 )
