@@ -19,7 +19,13 @@ from crashqueuelab.cli.common import (
 )
 from crashqueuelab.cli.pages import html_report
 from crashqueuelab.cli.progress import progress_for
-from crashqueuelab.lab.deploys.plan import LONG_SHARE, DeployPlan, Replace, StopSignal
+from crashqueuelab.lab.deploys.plan import (
+    LONG_SHARE,
+    SCHEDULER_POLL_S,
+    DeployPlan,
+    Replace,
+    StopSignal,
+)
 from crashqueuelab.lab.deploys.run import DEFAULT_LEASE_S, DEPLOYS_FILE, run_deploys
 
 _DEFAULTS = DeployPlan()
@@ -39,6 +45,8 @@ def _deploys(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         interval_s=args.interval_s,
         long_share=args.long_share,
         warmup_s=args.warmup_s,
+        scheduled=args.scheduled,
+        due_tolerance_s=args.due_tolerance_s,
     )
     record = run_deploys(
         args.output_directory,
@@ -68,6 +76,14 @@ def _deploys(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         "jobs": {
             key: {name: job[name] for name in ("runs", "completed", "stored")}
             for key, job in record["jobs"].items()
+        },
+        "scheduled": {
+            "tolerance_s": record["scheduled"]["tolerance_s"],
+            "on_time": record["scheduled"]["on_time"],
+            "jobs": {
+                key: {name: job[name] for name in ("due_s", "starts_s", "verdict")}
+                for key, job in record["scheduled"]["jobs"].items()
+            },
         },
         "workers": {
             worker["name"]: {
@@ -155,6 +171,23 @@ def add_deploys_command(command: Command) -> None:
         type=float,
         default=LONG_SHARE,
         help=f"the share of jobs longer than the grace period; default {LONG_SHARE:g}",
+    )
+    sub.add_argument(
+        "--scheduled",
+        type=non_negative,
+        default=_DEFAULTS.scheduled,
+        help="how many of the jobs are scheduled, due later (through the library's own"
+        " scheduling call, or on the lab's queues held by the retry delay), due at seeded"
+        " times inside and after the grace windows; each must start once, not before it is"
+        " due and within --due-tolerance-s after; default 0",
+    )
+    sub.add_argument(
+        "--due-tolerance-s",
+        type=positive_number,
+        default=None,
+        help="how late a scheduled job may start; default"
+        f" {SCHEDULER_POLL_S:g} s (procrastinate's polling interval, the longest a library's"
+        " worker takes to notice a due job) + the grace period + the longest job's work",
     )
     sub.add_argument(
         "--lease-s",

@@ -84,6 +84,8 @@ class Kind(StrEnum):
     LOST_IN_DEPLOY = "lost_in_deploy"
     RAN_TWICE = "ran_twice"
     RAN_BESIDE_LIVE_HOLDER = "ran_beside_live_holder"
+    SCHEDULED_EARLY = "scheduled_early"
+    SCHEDULED_LATE = "scheduled_late"
     # The pytest plugin: one assertion of a contract rule.
     CONTRACT_RULE_FAILED = "contract_rule_failed"
 

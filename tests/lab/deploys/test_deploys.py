@@ -38,10 +38,19 @@ def test_the_lab_worker_on_sqlite_loses_nothing_and_acknowledges_nothing_twice_u
         tmp_path / "d",
         "sqlite",
         "--workers", "2", "--deploys", "1", "--grace-s", "0.5", "--jobs", "6",
-        "--long-share", "0.5", "--seed", "3",
+        "--long-share", "0.5", "--seed", "3", "--scheduled", "2",
     )  # fmt: skip
     assert record["exit_code"] == 0, record["anomalies"]
     assert record["ok"] is True
+    # Held by the queue's retry delay, each scheduled job ran once, not before it was due.
+    timed = record["scheduled"]["jobs"]
+    assert len(timed) == 2
+    assert {job["verdict"] for job in timed.values()} == {"on time"}
+    assert all(len(job["starts_s"]) == 1 for job in timed.values())
+    ledgers = "".join(path.read_text() for path in (tmp_path / "d").glob("*.ledger"))
+    assert {line.split()[1] for line in ledgers.splitlines() if line.startswith("hold ")} == set(
+        timed
+    )
     assert record["result"]["headline"].startswith("crashqueuelab ")
     assert record["worker"]["lab_worker"] is True
     assert record["checks"]["acknowledged_twice"].startswith("judged")
@@ -210,6 +219,7 @@ def test_pgq_run_drains_on_sigterm_and_a_sigkilled_job_is_picked_again(
         # pgq run takes about 3 s to exit with nothing in hand: a grace past that.
         "--dsn", postgres_dsn, "--workers", "1", "--deploys", "2", "--grace-s", "4",
         "--interval-s", "2", "--jobs", "4", "--long-share", "0.5", "--seed", "1",
+        "--scheduled", "2",
     )  # fmt: skip
     assert record["error"] is None
     assert record["worker"]["lab_worker"] is False
@@ -219,6 +229,10 @@ def test_pgq_run_drains_on_sigterm_and_a_sigkilled_job_is_picked_again(
     assert not [f for f in record["findings"] if f["kind"] == "lost_in_deploy"]
     assert {job["stored"] for job in record["jobs"].values()} == {"successful"}
     assert record["checks"]["acknowledged_twice"].startswith("not run")
+    # execute_after: never picked before it was due, once each.
+    timed = record["scheduled"]["jobs"]
+    assert [len(job["starts_s"]) for job in timed.values()] == [1, 1]
+    assert not any("early" in job["verdict"] for job in timed.values())
 
 
 # Not quiet: one worker, every job longer than the grace and four stops, so a stop finds a
@@ -315,3 +329,36 @@ def test_a_lease_or_a_bound_that_cannot_be_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InvalidInput):
         run_deploys(tmp_path / "x", system="sqlite", plan=DeployPlan(), recovery_wait_s=-1.0)
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("system", ["huey", "rq", "procrastinate"])
+def test_scheduled_jobs_through_a_librarys_own_scheduling_call_across_a_deploy(
+    system: str, tmp_path: Path, request: pytest.FixtureRequest, run_cli: RunCli
+) -> None:
+    """One worker, stopped once and replaced after its exit, its jobs short: each scheduled
+    job is judged from the ledger against its due time, and a start before it is a broken
+    promise (RQ keeps whole seconds: one due at 1.4 s may start at 1.0 s)."""
+    servers = {"rq": "redis_socket", "procrastinate": "postgres_dsn"}  # huey's is a file
+    if system in servers:
+        request.getfixturevalue(servers[system])
+    record = _deploys(
+        run_cli,
+        tmp_path / system,
+        system,
+        "--workers", "1", "--deploys", "1", "--grace-s", "2", "--jobs", "3",
+        "--scheduled", "2", "--long-share", "0", "--replace", "after-exit",
+        "--recovery-wait-s", "8",
+    )  # fmt: skip
+    assert record["error"] is None
+    timed = record["scheduled"]["jobs"]
+    assert len(timed) == 2
+    for job in timed.values():
+        assert len(job["starts_s"]) <= 1, job
+        if job["starts_s"]:
+            assert job["first_start_after_due_s"] > -1.0, job
+    early = [f["text"] for f in record["findings"] if f["kind"] == "scheduled_early"]
+    assert all(text in record["promises"]["broken_promises"] for text in early)
+    assert (
+        "Scheduled jobs: due beside when they ran"
+        in (tmp_path / system / "report.html").read_text()
+    )

@@ -5,7 +5,14 @@ no finding; a worker SIGKILLed with nothing in hand."""
 from __future__ import annotations
 
 from crashqueuelab.judges.findings import Kind
-from crashqueuelab.lab.deploys.judge import WorkerFate, fates_of_held, judge, with_fates
+from crashqueuelab.lab.deploys.judge import (
+    WorkerFate,
+    fates_of_held,
+    judge,
+    judge_scheduled,
+    with_fates,
+)
+from crashqueuelab.lab.deploys.plan import Scheduled
 from crashqueuelab.lab.runs.executions import (
     ABANDONED,
     ENDED,
@@ -67,12 +74,24 @@ def test_a_job_never_completed_and_not_done_in_the_store_is_lost() -> None:
         (
             Kind.LOST_IN_DEPLOY,
             "a",
-            {"executions": 1, "stored": "picked", "last_end": "killed", "signal": "SIGTERM"},
+            {
+                "executions": 1,
+                "stored": "picked",
+                "last_end": "killed",
+                "signal": "SIGTERM",
+                "scheduled": False,
+            },
         ),
         (
             Kind.LOST_IN_DEPLOY,
             "b",
-            {"executions": 0, "stored": "nowhere", "last_end": "never ran", "signal": "SIGTERM"},
+            {
+                "executions": 0,
+                "stored": "nowhere",
+                "last_end": "never ran",
+                "signal": "SIGTERM",
+                "scheduled": False,
+            },
         ),
     ]
     assert anomalies[0].text == (
@@ -183,3 +202,63 @@ def test_a_job_run_while_its_holder_still_ran_is_beside_a_live_holder() -> None:
 def test_ack_lines_are_read_and_torn_ones_skipped() -> None:
     text = "start a 1.0 7\nack a 2.5\nack b x\nack c\nend a 2.0\nack d 3.0"
     assert read_acknowledgements(text) == [("a", 2.5), ("d", 3.0)]
+
+
+SCHEDULED = [
+    Scheduled("on-time", 0.0, 2.0, "grace"),
+    Scheduled("early", 0.0, 2.0, "grace"),
+    Scheduled("late", 1.5, 2.0, "replacement"),
+    Scheduled("never", 1.5, 3.0, "rollout"),
+    Scheduled("twice", 0.0, 2.0, "rollout"),
+]
+LEDGER = [
+    Execution("on-time", "w0", 2.0, 2.5),
+    Execution("early", "w0", 1.9, 2.2),
+    Execution("late", "w1", 5.01, 5.5),
+    Execution("twice", "w1", 2.1, 2.3),
+    Execution("twice", "w0", 2.6, 2.9),
+]
+
+
+def test_each_scheduled_job_is_on_time_early_late_never_or_twice_from_its_ledger() -> None:
+    anomalies, jobs = judge_scheduled(SCHEDULED, LEDGER, 3.0, 1.0, {"twice"})
+    assert {key: job["verdict"] for key, job in jobs.items()} == {
+        "on-time": "on time",
+        "early": "early",
+        "late": "late",
+        "never": "never",
+        "twice": "twice",
+    }
+    assert [(a.kind, a.job) for a in anomalies] == [
+        (Kind.SCHEDULED_EARLY, "early"),
+        (Kind.SCHEDULED_LATE, "late"),
+    ]
+    early, late = anomalies
+    assert early.facts == {"early_ms": 100, "window": "grace", "submitted": "before"}
+    assert late.facts == {
+        "late_ms": 3010,
+        "tolerance_ms": 3000,
+        "window": "replacement",
+        "submitted": "during",
+    }
+    assert jobs["twice"]["starts_s"] == [2.1, 2.6]
+    assert jobs["late"]["first_start_after_due_s"] == 3.01
+    assert jobs["never"]["starts_s"] == []
+    assert jobs["never"]["first_start_after_due_s"] is None
+
+
+def test_a_start_at_its_due_time_or_at_the_tolerance_is_on_time() -> None:
+    planned = [Scheduled("a", 0.0, 2.0, "grace"), Scheduled("b", 0.0, 2.0, "grace")]
+    # The clocks' slack before, the whole tolerance after.
+    runs = [Execution("a", "w0", 1.996, 2.5), Execution("b", "w0", 5.0, 5.5)]
+    anomalies, jobs = judge_scheduled(planned, runs, 3.0, 1.0, ())
+    assert anomalies == []
+    assert {job["verdict"] for job in jobs.values()} == {"on time"}
+
+
+def test_a_scheduled_job_never_run_is_lost_and_its_finding_says_it_was_scheduled() -> None:
+    anomalies, _ = judge(["s", "t"], [], {}, {}, {}, "SIGTERM", scheduled={"s"})
+    assert [(a.kind, a.job, a.facts["scheduled"]) for a in anomalies] == [
+        (Kind.LOST_IN_DEPLOY, "s", True),
+        (Kind.LOST_IN_DEPLOY, "t", False),
+    ]

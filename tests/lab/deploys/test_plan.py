@@ -7,12 +7,16 @@ import pytest
 
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.deploys.plan import (
+    SCHEDULE_LEAD_S,
+    SCHEDULER_POLL_S,
     DeployPlan,
     Replace,
     StopSignal,
+    due_tolerance,
     durations,
     job_keys,
     schedule,
+    scheduled_jobs,
     submissions,
 )
 
@@ -91,9 +95,57 @@ def test_the_second_sigterm_mode_starts_with_sigterm() -> None:
         (DeployPlan(interval_s=0.0), "interval_s"),
         (DeployPlan(long_share=1.5), "long_share"),
         (DeployPlan(warmup_s=-1.0), "warmup_s"),
+        (DeployPlan(scheduled=-1), "scheduled"),
+        (DeployPlan(jobs=2, scheduled=3), "scheduled"),
+        (DeployPlan(due_tolerance_s=0.0), "due_tolerance_s"),
     ],
 )
 def test_a_plan_that_cannot_run_is_refused_naming_its_option(plan: DeployPlan, name: str) -> None:
     with pytest.raises(InvalidInput) as refused:
         plan.check()
     assert refused.value.field == name
+
+
+def test_scheduled_jobs_are_due_in_the_grace_windows_after_them_and_across_the_rollout() -> None:
+    plan = DeployPlan(workers=2, deploys=3, grace_s=1.0, jobs=12, scheduled=9, seed=4)
+    steps = schedule(plan)
+    keys = job_keys(plan.jobs)
+    later = scheduled_jobs(keys, steps, plan)
+    assert later == scheduled_jobs(keys, steps, plan)
+    assert later != scheduled_jobs(keys, steps, DeployPlan(deploys=3, jobs=12, scheduled=9))
+    assert len({job.key for job in later}) == 9
+    assert [job.window for job in later] == ["grace", "replacement", "rollout"] * 3
+    stops = [step.at_s for step in steps]
+    for job in later:
+        # Due after submission by the lead, inside what its window says.
+        assert job.due_s - job.submit_s >= SCHEDULE_LEAD_S - 0.001
+        if job.window == "grace":
+            assert any(at <= job.due_s <= at + plan.grace_s for at in stops)
+        elif job.window == "replacement":
+            assert any(at + plan.grace_s <= job.due_s <= at + plan.grace_s + 1 for at in stops)
+        else:
+            assert stops[0] <= job.due_s <= stops[-1] + plan.grace_s
+    # Half submitted before the first stop, the rest during the deploys.
+    assert [job.submit_s == 0.0 for job in later][:5] == [True] * 5
+    assert all(job.submit_s >= plan.warmup_s for job in later[5:])
+    assert later[0].to_json().keys() == {"submit_s", "due_s", "window"}
+
+
+def test_no_scheduled_jobs_unless_asked_and_the_other_draws_stay_what_they_were() -> None:
+    plan = DeployPlan(jobs=6)
+    keys = job_keys(6)
+    assert scheduled_jobs(keys, schedule(plan), plan) == []
+    with_some = DeployPlan(jobs=6, scheduled=3)
+    assert durations(keys, with_some) == durations(keys, plan)
+    every = DeployPlan(jobs=2, scheduled=2)
+    assert len(scheduled_jobs(job_keys(2), schedule(every), every)) == 2
+    assert submissions([], schedule(every)) == []
+
+
+def test_the_due_tolerance_is_the_longest_poll_the_grace_and_the_longest_job_unless_given() -> None:
+    plan = DeployPlan(grace_s=2.0)
+    tolerance, basis = due_tolerance(plan, {"a": 0.5, "b": 3.25})
+    assert tolerance == SCHEDULER_POLL_S + 2.0 + 3.25
+    assert "procrastinate" in basis
+    assert due_tolerance(DeployPlan(due_tolerance_s=1.5), {"a": 9.0}) == (1.5, "given by the run")
+    assert DeployPlan(scheduled=2).to_json()["scheduled"] == 2

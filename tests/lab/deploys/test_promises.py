@@ -46,3 +46,35 @@ def test_a_deploys_loss_is_documented_only_as_the_library_states_it(
     explained = sum(entry["lines"] for entry in verdict["weaker_as_documented"])
     assert explained == len(documented)
     assert verdict["keeps_its_promises"] is (not broken)
+
+
+def _on_schedule(kind: Kind) -> Anomaly:
+    facts = {"late_ms": 9000, "tolerance_ms": 7000} if kind is Kind.SCHEDULED_LATE else {}
+    facts_all: dict[str, str | int | bool] = {"window": "grace", "submitted": "before", **facts}
+    return Anomaly(kind, f"job s: {kind.value}", job="s", facts=facts_all)
+
+
+@pytest.mark.parametrize("system", ["huey", "rq", "procrastinate", "pgqueuer"])
+def test_a_scheduled_job_late_is_documented_and_one_early_is_a_broken_promise(system: str) -> None:
+    """Every library documents a due time as the earliest, with no latest; none that a job
+    may run before it."""
+    late, early = _on_schedule(Kind.SCHEDULED_LATE), _on_schedule(Kind.SCHEDULED_EARLY)
+    verdict = classify(resolve_system(system), "deploys", [late, early])
+    assert verdict["broken_promises"] == [early.text]
+    assert sum(entry["lines"] for entry in verdict["weaker_as_documented"]) == 1
+
+
+def test_rq_documents_a_scheduled_job_left_in_its_registry_by_a_stopped_active_scheduler() -> None:
+    def never(stored: str, scheduled: bool) -> Anomaly:
+        facts: dict[str, str | int | bool] = {
+            "executions": 0,
+            "stored": stored,
+            "last_end": "never ran",
+            "signal": "SIGTERM",
+            "scheduled": scheduled,
+        }
+        return Anomaly(Kind.LOST_IN_DEPLOY, f"job s: lost ({stored})", job="s", facts=facts)
+
+    waiting, queued = never("scheduled", True), never("queued", True)
+    verdict = classify(resolve_system("rq"), "deploys", [waiting, queued])
+    assert verdict["broken_promises"] == [queued.text]

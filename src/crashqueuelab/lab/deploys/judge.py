@@ -10,6 +10,10 @@ leased queue, no finding, and so is one whose work ended but whose worker was SI
 before the lab's own worker could acknowledge it), **ran beside a live holder**,
 **acknowledged twice** (the lab's own worker's ``ack`` lines; a library's own worker
 acknowledges inside itself, so that check does not run for it and the record says so).
+A **scheduled** job (``judge_scheduled``) must also start, the first time, not before it is
+due and at most the run's tolerance after: **early** or **late** otherwise, and one that never
+started is lost as above (its finding says it was scheduled). The start is the one the
+worker's ledger holds, never the lab's guess.
 Per worker the record says whether it exited within its grace period and what became of
 the jobs it held when SIGKILLed; a worker SIGKILLed with nothing in hand is no finding by
 itself (no contract says how fast an idle worker exits): whatever it took with it shows
@@ -18,11 +22,12 @@ as a job lost or run twice.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from crashqueuelab.judges.findings import Anomaly, Kind
+from crashqueuelab.lab.deploys.plan import Scheduled
 from crashqueuelab.lab.runs.executions import ABANDONED, CUT, ENDED, KILLED, Execution
 from crashqueuelab.systems.contract import JobStatus, StoredJob
 
@@ -137,6 +142,7 @@ def judge(
     acks: Mapping[str, Sequence[tuple[str, float]]],
     stored: Mapping[str, StoredJob] | None,
     signal: str,
+    scheduled: Collection[str] = (),
 ) -> tuple[list[Anomaly], dict[str, dict[str, Any]]]:
     """The findings of a deploy run, and each job's summary. ``executions`` have their
     fates marked (``with_fates``); ``acks`` are the ``ack`` lines by worker; ``stored``
@@ -176,6 +182,7 @@ def judge(
                         "stored": state,
                         "last_end": last,
                         "signal": signal,
+                        "scheduled": key in scheduled,
                     },
                 )
             )
@@ -198,6 +205,70 @@ def judge(
             "status": None if job is None else job.status.value,
         }
     return anomalies, jobs
+
+
+#: The run's clock (each ledger's starts) and the wall clock a library schedules by are
+#: read one after the other when the run starts: a start this close before its due time
+#: is not early.
+CLOCK_SLACK_S = 0.005
+
+
+def judge_scheduled(
+    planned: Sequence[Scheduled],
+    executions: Sequence[Execution],
+    tolerance_s: float,
+    first_stop_s: float,
+    twice: Collection[str],
+) -> tuple[list[Anomaly], dict[str, dict[str, Any]]]:
+    """The findings of the scheduled jobs, and each one's summary: its due time beside its
+    executions' starts, and its verdict (``on time``, or what went wrong: ``never``,
+    ``early``, ``late``, ``twice``). ``twice``: the keys the deploy's judge found run twice
+    or beside a live holder (the first start alone is held to the due time; a redelivery
+    after a cut starts when the cut allows)."""
+    anomalies: list[Anomaly] = []
+    summaries: dict[str, dict[str, Any]] = {}
+    for job in planned:
+        starts = sorted(run.start_s for run in executions if run.key == job.key)
+        submitted = "before" if job.submit_s < first_stop_s else "during"
+        facts: dict[str, str | int | bool] = {"window": job.window, "submitted": submitted}
+        wrong = []
+        if not starts:
+            wrong.append("never")
+        elif starts[0] < job.due_s - CLOCK_SLACK_S:
+            early = starts[0] - job.due_s
+            wrong.append("early")
+            anomalies.append(
+                Anomaly(
+                    Kind.SCHEDULED_EARLY,
+                    f"job {job.key}: started {-early:.3f} s before it was due: due at"
+                    f" {job.due_s:.3f} s ({job.window}), started at {starts[0]:.3f} s",
+                    job=job.key,
+                    facts={"early_ms": round(-early * 1000)} | facts,
+                )
+            )
+        elif starts[0] > job.due_s + tolerance_s:
+            late = starts[0] - job.due_s
+            wrong.append("late")
+            anomalies.append(
+                Anomaly(
+                    Kind.SCHEDULED_LATE,
+                    f"job {job.key}: started {late:.3f} s after it was due, past the"
+                    f" tolerance of {tolerance_s:g} s: due at {job.due_s:.3f} s"
+                    f" ({job.window}), started at {starts[0]:.3f} s",
+                    job=job.key,
+                    facts={"late_ms": round(late * 1000), "tolerance_ms": round(tolerance_s * 1000)}
+                    | facts,
+                )
+            )
+        if job.key in twice:
+            wrong.append("twice")
+        summaries[job.key] = job.to_json() | {
+            "submitted": submitted,
+            "starts_s": [round(start, 3) for start in starts],
+            "first_start_after_due_s": None if not starts else round(starts[0] - job.due_s, 3),
+            "verdict": ", ".join(wrong) or "on time",
+        }
+    return anomalies, summaries
 
 
 def fates_of_held(

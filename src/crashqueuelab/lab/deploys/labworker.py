@@ -8,6 +8,14 @@ the lab documents (docs/real-queues.md, "Deploys") and keeps:
   SIGKILLed at its end leaves a lease that runs out: the job runs again (at least once).
 - **SIGQUIT**: no handler: the default action ends the process at once, as a SIGKILL.
 
+**A scheduled job.** The lab's queues take no due time at submission: a job is claimable at
+once, and the only way they hold a job until later is a failed attempt's retry delay. A
+scheduled job carries its due time in its payload (``DUE_FIELD``, seconds since the epoch),
+and this worker, when it claims one before it is due, runs none of its work: it reports the
+attempt failed (``HOLD_ERROR``) through a client whose retry policy's delay is the time left
+until the due time, so the queue itself keeps the job, in its store, until it is due; the
+attempt counts among the job's attempts. A ``hold KEY T DUE`` line goes to the ledger.
+
 Its work runs in a thread; the main thread heartbeats (where the system can) until the
 work returns, then acknowledges; an acknowledgement the system answered ``succeeded`` is
 written to the ledger as ``ack KEY T``.
@@ -25,12 +33,16 @@ from crashqueuelab.core.clock import SystemClock
 from crashqueuelab.core.ids import RandomIds
 from crashqueuelab.core.retry import RetryPolicy
 from crashqueuelab.lab.runs.executions import append_line
-from crashqueuelab.systems.contract import OpenRequest, OwnWorker, System, Verdict
+from crashqueuelab.systems.contract import Claim, OpenRequest, OwnWorker, System, Verdict
 
 #: How often an idle worker looks for work (and expires overdue leases).
 POLL_S = 0.05
 #: A job's work is heartbeaten this many times per lease.
 BEATS_PER_LEASE = 4
+#: The payload field of a scheduled job: when it is due (seconds since the epoch).
+DUE_FIELD = "due_epoch_s"
+#: What the attempt of a scheduled job claimed before it is due reports.
+HOLD_ERROR = "held until due: a scheduled job claimed before its due time"
 _RETRY = RetryPolicy(base_delay_us=10_000, max_delay_us=200_000)
 SOURCE = "docs/real-queues.md#deploys"
 SHUTDOWN = {
@@ -40,6 +52,26 @@ SHUTDOWN = {
     "SIGQUIT": "no handler: the process ends at once, as at SIGKILL; its lease runs out"
     " and the job runs again",
 }
+
+
+def hold_until_due(system: System, directory: Path, claim: Claim, ledger: Path) -> bool:
+    """Hand ``claim`` back to the queue with a retry due at its due time if it is not due
+    yet; whether it was (its work must not run now)."""
+    due = claim.payload.get(DUE_FIELD)
+    if not isinstance(due, int | float):
+        return False
+    left_us = round((float(due) - time.time()) * 1_000_000)
+    if left_us <= 0:
+        return False
+    # The retry delay is the failing client's policy: one whose every delay is the time left.
+    policy = RetryPolicy(base_delay_us=left_us, max_delay_us=left_us)
+    holder = system.open(OpenRequest(directory, SystemClock(), RandomIds(), policy))
+    try:
+        verdict = holder.fail(claim, HOLD_ERROR)
+    finally:
+        holder.close()
+    append_line(ledger, f"hold {claim.key} {time.monotonic():.6f} {verdict.value}\n")
+    return True
 
 
 def serve_lab_worker(
@@ -65,6 +97,8 @@ def serve_lab_worker(
             claim = client.claim(worker_id, lease_us)
             if claim is None:
                 stop.wait(POLL_S)
+                continue
+            if hold_until_due(system, directory, claim, ledger):
                 continue
             runner = threading.Thread(target=work, args=(claim.key,), daemon=True)
             runner.start()

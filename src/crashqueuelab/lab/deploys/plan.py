@@ -11,13 +11,20 @@ The run makes ``deploys`` rolling deploys, then ``fleet_restarts`` fleet restart
 Jobs are submitted throughout, through the system's own client; each job's work lasts a
 time drawn from the seed, some shorter than the grace period (a worker that finishes the
 job in hand in time loses nothing) and some longer (its worker is SIGKILLed holding it).
+
+``scheduled`` of the jobs are **scheduled**: submitted through the library's own scheduling
+call (or, on the lab's queues, held by the queue's retry delay), due at a time drawn from the
+seed: inside a stop's grace window, just after it while the replacement starts, or anywhere
+in the rollout; half submitted before the first stop, the rest during the deploys, each at
+least ``SCHEDULE_LEAD_S`` before it is due. Each must start once, not before it is due and
+at most ``due_tolerance_s`` after.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -55,6 +62,19 @@ LONG_SHARE = 0.3
 SHORT_MAX, LONG_MIN, LONG_MAX = 0.6, 2.0, 4.0
 #: A short job works at least this long (seconds).
 SHORT_MIN_S = 0.05
+#: A scheduled job is submitted at least this long before it is due: a due time in the
+#: future also for RQ, which keeps whole seconds.
+SCHEDULE_LEAD_S = 1.0
+#: The longest a library's worker may take to notice a due job, in its documented default
+#: (procrastinate's worker polls for jobs every 5 s, ``fetch_job_polling_interval``; a
+#: scheduled job comes due with no notification. RQ's active scheduler checks once every
+#: second and keeps whole seconds, huey's scheduler ticks once a second, the lab's ``pgq
+#: run`` waits 1 s for a notification before it polls, the lab's worker 0.05 s): the
+#: default tolerance adds it to the grace period and the longest job's work, the most a
+#: due job may wait for a worker that is draining or busy.
+SCHEDULER_POLL_S = 5.0
+#: Where in the rollout a scheduled job is due, in turn.
+WINDOWS = ("grace", "replacement", "rollout")
 
 
 @dataclass(frozen=True)
@@ -75,6 +95,11 @@ class DeployPlan:
     long_share: float = LONG_SHARE
     #: From the start of the run to the first stop signal (the first workers start).
     warmup_s: float = 1.0
+    #: How many of the jobs are scheduled (due later, ``scheduled_jobs``).
+    scheduled: int = 0
+    #: How late a scheduled job may start; None: ``SCHEDULER_POLL_S`` + the grace + the
+    #: longest job's work (``due_tolerance``).
+    due_tolerance_s: float | None = None
 
     def check(self) -> None:
         """Refuse what cannot be run, naming the option."""
@@ -96,6 +121,12 @@ class DeployPlan:
             raise InvalidInput("long_share", "must be between 0 and 1")
         if not self.warmup_s >= 0:
             raise InvalidInput("warmup_s", "must be 0 or more seconds")
+        if self.scheduled < 0:
+            raise InvalidInput("scheduled", "must be 0 or more")
+        if self.scheduled > self.jobs:
+            raise InvalidInput("scheduled", f"at most the {self.jobs} jobs")
+        if self.due_tolerance_s is not None and not self.due_tolerance_s > 0:
+            raise InvalidInput("due_tolerance_s", "must be a positive number of seconds")
 
     @property
     def interval(self) -> float:
@@ -115,6 +146,8 @@ class DeployPlan:
             "interval_s": self.interval,
             "long_share": self.long_share,
             "warmup_s": self.warmup_s,
+            "scheduled": self.scheduled,
+            "due_tolerance_s": self.due_tolerance_s,
         }
 
 
@@ -176,8 +209,71 @@ def durations(keys: Sequence[str], plan: DeployPlan) -> dict[str, float]:
 def submissions(keys: Sequence[str], steps: Sequence[Step]) -> list[tuple[float, str]]:
     """When each job is submitted (seconds from the start): half at once, the rest evenly
     until the last stop signal, so that jobs are waiting and running at every deploy."""
+    if not keys:
+        return []  # every job is scheduled
     end = steps[-1].at_s if steps else 0.0
     first = max(1, len(keys) // 2)
     rest = len(keys) - first
     times = [0.0] * first + [end * (index + 1) / rest for index in range(rest)]
     return list(zip(times, keys, strict=True))
+
+
+@dataclass(frozen=True)
+class Scheduled:
+    """One scheduled job: when it is submitted and when it is due (seconds from the run's
+    start), and where in the rollout its due time falls (``WINDOWS``)."""
+
+    key: str
+    submit_s: float
+    due_s: float
+    window: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "submit_s": round(self.submit_s, 3),
+            "due_s": round(self.due_s, 3),
+            "window": self.window,
+        }
+
+
+def scheduled_jobs(keys: Sequence[str], steps: Sequence[Step], plan: DeployPlan) -> list[Scheduled]:
+    """``plan.scheduled`` of the jobs, drawn from the seed (a source of their own, so that
+    every other draw of the plan stays what it was without them), each due in turn inside
+    a stop's grace window, in the second after it (the replacement starting), or anywhere
+    from the first stop to the end of the last grace; the first half submitted at the start,
+    the rest during the rollout, each at least ``SCHEDULE_LEAD_S`` before its due time."""
+    if not plan.scheduled or not steps:
+        return []
+    rng = random.Random(f"scheduled-{plan.seed}")
+    chosen = sorted(rng.sample(list(keys), plan.scheduled))
+    first, last = steps[0].at_s, steps[-1].at_s + plan.grace_s
+    planned = []
+    for index, key in enumerate(chosen):
+        window = WINDOWS[index % len(WINDOWS)]
+        step = rng.choice(list(steps))
+        if window == "grace":
+            due = step.at_s + rng.uniform(0.0, plan.grace_s)
+        elif window == "replacement":
+            due = step.at_s + plan.grace_s + rng.uniform(0.0, 1.0)
+        else:
+            due = rng.uniform(first, last)
+        due = max(due, SCHEDULE_LEAD_S)
+        before = index < (len(chosen) + 1) // 2
+        latest = due - SCHEDULE_LEAD_S
+        submit = 0.0 if before or latest <= plan.warmup_s else rng.uniform(plan.warmup_s, latest)
+        planned.append(Scheduled(key, round(submit, 3), round(due, 3), window))
+    return planned
+
+
+def due_tolerance(plan: DeployPlan, work: Mapping[str, float]) -> tuple[float, str]:
+    """How late a scheduled job may start, and what that is made of."""
+    if plan.due_tolerance_s is not None:
+        return plan.due_tolerance_s, "given by the run"
+    longest = max(work.values(), default=0.0)
+    tolerance = round(SCHEDULER_POLL_S + plan.grace_s + longest, 3)
+    basis = (
+        f"{SCHEDULER_POLL_S:g} s for a worker to notice a due job (procrastinate's polling"
+        f" interval, the longest default) + the grace {plan.grace_s:g} s (a worker draining)"
+        f" + the longest job's work {longest:g} s (every worker busy)"
+    )
+    return tolerance, basis

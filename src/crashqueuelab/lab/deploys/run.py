@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +24,27 @@ from crashqueuelab.core.clock import SystemClock
 from crashqueuelab.core.errors import InvalidInput, SystemUnavailable
 from crashqueuelab.core.ids import RandomIds
 from crashqueuelab.core.retry import RetryPolicy
-from crashqueuelab.judges.findings import texts, to_json
+from crashqueuelab.judges.findings import Kind, texts, to_json
 from crashqueuelab.lab.deploys.fleet import Fleet, Worker
-from crashqueuelab.lab.deploys.judge import WorkerFate, fates_of_held, judge, with_fates
-from crashqueuelab.lab.deploys.labworker import lab_worker
+from crashqueuelab.lab.deploys.judge import (
+    WorkerFate,
+    fates_of_held,
+    judge,
+    judge_scheduled,
+    with_fates,
+)
+from crashqueuelab.lab.deploys.labworker import DUE_FIELD, lab_worker
 from crashqueuelab.lab.deploys.plan import (
     DeployPlan,
     Replace,
+    Scheduled,
     Step,
     StopSignal,
+    due_tolerance,
     durations,
     job_keys,
     schedule,
+    scheduled_jobs,
     submissions,
 )
 from crashqueuelab.lab.deploys.workers import DeployWorkerSpec
@@ -101,10 +111,17 @@ class _Run:
         planned: Sequence[tuple[float, str]],
         client: QueueClient,
         clock: Callable[[], float],
+        schedule_at: Callable[[str, float], None] | None = None,
+        due: dict[str, float] | None = None,
+        wall_origin: float = 0.0,
     ) -> None:
         self.plan, self.fleet, self.steps, self.clock = plan, fleet, steps, clock
         self.planned = list(planned)
         self.client = client
+        #: Submits a scheduled job due at a time on the run's clock; each one's due time.
+        self.schedule_at, self.due = schedule_at, due or {}
+        #: The wall clock (seconds since the epoch) at the run clock's zero.
+        self.wall_origin = wall_origin
         self.submitted: dict[str, float] = {}
         self.done_steps = 0
         self.skipped: list[dict[str, Any]] = []
@@ -113,7 +130,10 @@ class _Run:
     def submit_due(self) -> None:
         while self.planned and self.planned[0][0] <= self.clock():
             _, key = self.planned.pop(0)
-            self.client.submit(JobSpec(key, "work", {}, max_attempts=MAX_ATTEMPTS))
+            if key in self.due and self.schedule_at is not None:
+                self.schedule_at(key, self.wall_origin + self.due[key])
+            else:
+                self.client.submit(JobSpec(key, "work", {}, max_attempts=MAX_ATTEMPTS))
             self.submitted[key] = self.clock()
 
     def current(self, slot: int) -> Worker | None:
@@ -227,8 +247,18 @@ def _headline(
     )
     if record["error"]:
         return f"{system.version}: not judged: {record['error']['type']}"
+    timed = record["scheduled"]["jobs"]
+    verdicts = [job["verdict"] for job in timed.values()]
+    on_schedule = (
+        f" {verdicts.count('on time')} of {len(timed)} scheduled jobs ran once on time"
+        f" ({sum('early' in v for v in verdicts)} early,"
+        f" {sum('late' in v for v in verdicts)} late, {sum('never' in v for v in verdicts)}"
+        f" never, {sum('twice' in v for v in verdicts)} twice);"
+        if timed
+        else ""
+    )
     return (
-        f"{system.version}: {lost} of {len(jobs)} jobs lost, {twice} ran twice;"
+        f"{system.version}: {lost} of {len(jobs)} jobs lost, {twice} ran twice;{on_schedule}"
         f" {killed} of {stopped} stopped workers SIGKILLed at the end of the grace;"
         f" {shape}"
     )
@@ -318,6 +348,108 @@ def _planned_jobs(
         }
 
 
+@dataclass(frozen=True)
+class _Prepared:
+    """What a run works out before anything starts."""
+
+    keys: list[str]
+    work: dict[str, float]
+    lease_s: float
+    worker: OwnWorker
+    labs: bool
+    bound: float
+    basis: str
+    tolerance: float
+    tolerance_basis: str
+    steps: list[Step]
+    later: list[Scheduled]
+    planned: list[tuple[float, str]]
+
+
+def _prepare(
+    system: System, plan: DeployPlan, lease_s: float | None, recovery_wait_s: float | None
+) -> _Prepared:
+    keys = job_keys(plan.jobs)
+    work = durations(keys, plan)
+    lease = _lease(system, lease_s, max(work.values()))
+    worker, labs = _worker_of(system, lease)
+    _check_scheduling(system, plan, worker, labs)
+    bound, basis = _recovery_bound(system, labs, lease, work, recovery_wait_s)
+    tolerance, tolerance_basis = due_tolerance(plan, work)
+    if plan.scheduled and recovery_wait_s is None:
+        bound, basis = _with_tolerance(bound, basis, tolerance)
+    steps = schedule(plan)
+    later, planned = _submissions(plan, keys, steps)
+    return _Prepared(
+        keys, work, lease, worker, labs, bound, basis, tolerance, tolerance_basis, steps,
+        later, planned,
+    )  # fmt: skip
+
+
+def _check_scheduling(system: System, plan: DeployPlan, worker: OwnWorker, labs: bool) -> None:
+    if plan.scheduled and not labs and worker.schedule is None:
+        raise SystemUnavailable(
+            system.name, "its own worker has no scheduling call: --scheduled needs one"
+        )
+
+
+def _with_tolerance(bound: float, basis: str, tolerance: float) -> tuple[float, str]:
+    """The recovery bound, with the time a scheduled job due at the end of the last grace
+    may start after it."""
+    return bound + tolerance, f"{basis} + the scheduled jobs' due tolerance {tolerance:g} s"
+
+
+def _submissions(
+    plan: DeployPlan, keys: Sequence[str], steps: Sequence[Step]
+) -> tuple[list[Scheduled], list[tuple[float, str]]]:
+    """The scheduled jobs, and when every job is submitted, in order."""
+    later = scheduled_jobs(keys, steps, plan)
+    due = {job.key for job in later}
+    planned = sorted(
+        submissions([key for key in keys if key not in due], steps)
+        + [(job.submit_s, job.key) for job in later]
+    )
+    return later, planned
+
+
+def _scheduler(
+    worker: OwnWorker, labs: bool, client: QueueClient, store: Path
+) -> Callable[[str, float], None]:
+    """How a scheduled job is submitted, due at a time since the epoch: the library's own
+    scheduling call, or, on the lab's queues, a job whose payload names its due time, held
+    by the lab's worker with the queue's retry delay (``labworker.hold_until_due``)."""
+    if labs or worker.schedule is None:
+
+        def held(key: str, due_epoch_s: float) -> None:
+            client.submit(JobSpec(key, "scheduled", {DUE_FIELD: due_epoch_s}, MAX_ATTEMPTS))
+
+        return held
+    own = worker.schedule
+    return lambda key, due_epoch_s: own(store, key, due_epoch_s)
+
+
+def _scheduled_record(
+    plan: DeployPlan,
+    labs: bool,
+    tolerance: float,
+    basis: str,
+    timed: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    verdicts = [job["verdict"] for job in timed.values()]
+    return {
+        "count": plan.scheduled,
+        "through": "the lab's worker: a job claimed before it is due is failed with the"
+        " queue's retry delay, to its due time (the lab's queues take no due time at"
+        " submission)"
+        if labs
+        else "the library's own scheduling call (OwnWorker.schedule)",
+        "tolerance_s": tolerance,
+        "tolerance_basis": basis,
+        "on_time": verdicts.count("on time"),
+        "jobs": timed,
+    }
+
+
 def run_deploys(
     output_dir: Path,
     *,
@@ -332,23 +464,28 @@ def run_deploys(
     """Run ``plan`` against ``system``; the record, also written to ``deploys.json``."""
     resolved = resolve_system(system)
     _check(plan, lease_s, recovery_wait_s)
-    keys = job_keys(plan.jobs)
-    work = durations(keys, plan)
-    longest = max(work.values())
-    lease_s = _lease(resolved, lease_s, longest)
-    worker, labs = _worker_of(resolved, lease_s)
-    bound, basis = _recovery_bound(resolved, labs, lease_s, work, recovery_wait_s)
+    ready = _prepare(resolved, plan, lease_s, recovery_wait_s)
+    keys, work, lease_s, worker, labs = (
+        ready.keys,
+        ready.work,
+        ready.lease_s,
+        ready.worker,
+        ready.labs,
+    )
+    bound, basis, steps, later = ready.bound, ready.basis, ready.steps, ready.later
+    due = {job.key: job.due_s for job in later}
     prepare_output_directory(output_dir)
     store = output_dir / "store"
     store.mkdir()
-    steps = schedule(plan)
-    planned = submissions(keys, steps)
     inherited = Inherited.capture()
 
     def spec_for(name: str, ledger: Path) -> DeployWorkerSpec:
         return DeployWorkerSpec(system, str(store), name, str(ledger), work, lease_s, inherited)
 
     origin = now()
+    # Read right after the run's clock: a due time on the run's clock is this plus it on
+    # the wall clock a library schedules by (judge.CLOCK_SLACK_S).
+    wall_origin = time.time()
 
     def clock() -> float:
         return now() - origin
@@ -357,7 +494,8 @@ def run_deploys(
         progress(f"deploys {resolved.name}: {len(steps)} stops of {plan.workers} workers")
     client = resolved.open(OpenRequest(store, SystemClock(), RandomIds(), _RETRY))
     fleet = Fleet(output_dir, spec_for, clock)
-    run = _Run(plan, fleet, steps, planned, client, clock)
+    scheduler = _scheduler(worker, labs, client, store)
+    run = _Run(plan, fleet, steps, ready.planned, client, clock, scheduler, due, wall_origin)
     try:
         recovered_at, last_stop_end = run.drive(keys, bound, sleep)
     finally:
@@ -379,7 +517,17 @@ def run_deploys(
     reader_failed = [p for p in reading.problems if p.startswith("the reader raised")]
     if error is None and reader_failed:
         error = {"type": "ReaderFailed", "message": reader_failed[0]}
-    anomalies, jobs = judge(keys, executions, judged_fates, acks, reading.jobs, plan.signal.value)
+    anomalies, jobs = judge(
+        keys, executions, judged_fates, acks, reading.jobs, plan.signal.value, set(due)
+    )
+    again = {
+        f.job
+        for f in anomalies
+        if f.job and f.kind in (Kind.RAN_TWICE, Kind.RAN_BESIDE_LIVE_HOLDER)
+    }
+    first_stop = steps[0].at_s if steps else 0.0
+    on_schedule, timed = judge_scheduled(later, executions, ready.tolerance, first_stop, again)
+    anomalies += on_schedule
     _planned_jobs(jobs, work, plan, run.submitted)
     promises = None if error else classify(resolved, "deploys", anomalies)
     workers = [w.to_json() for w in fleet.workers]
@@ -412,6 +560,7 @@ def run_deploys(
             run_.to_json(0.0) for run_ in sorted(executions, key=lambda r: (r.start_s, r.worker))
         ],
         "jobs": jobs,
+        "scheduled": _scheduled_record(plan, labs, ready.tolerance, ready.tolerance_basis, timed),
         "store": {
             "judge": reading.judge,
             "ok": reading.ok,

@@ -37,6 +37,10 @@ def command_of(report: dict[str, Any], run_dir: Path) -> str:
         f"--signal {plan['signal']} --jobs {plan['jobs']} --long-share {plan['long_share']:g}",
         f"--seed {plan['seed']}",
     ]
+    if plan.get("scheduled"):
+        words.append(f"--scheduled {plan['scheduled']}")
+    if plan.get("due_tolerance_s") is not None:
+        words.append(f"--due-tolerance-s {plan['due_tolerance_s']:g}")
     if report.get("lease_s") is not None:
         words.append(f"--lease-s {report['lease_s']:g}")
     if report["recovery"]["basis"] == "given by the run":
@@ -101,6 +105,54 @@ def _lane(worker: dict[str, Any], runs: list[dict[str, Any]], end: float) -> dic
     return {"label": worker["name"], "spans": spans, "dots": dots, "spans_are": "bars"}
 
 
+_DUE = "#1a73e8"
+_TOLERANCE = "#d2e3fc"
+
+
+def _scheduled_lanes(
+    scheduled: dict[str, Any], executions: list[dict[str, Any]], end: float
+) -> list[dict[str, Any]]:
+    """One lane per scheduled job: its due time (a blue dot), the window it may start in
+    (due to due + tolerance, pale blue), and each of its executions, coloured by how it
+    ended; its label names its verdict."""
+    tolerance = scheduled["tolerance_s"]
+    lanes = []
+    for key, job in scheduled["jobs"].items():
+        spans = [
+            {
+                "start": job["due_s"],
+                "end": min(job["due_s"] + tolerance, max(end, job["due_s"])),
+                "color": _TOLERANCE,
+                "title": f"{key}: may start from {job['due_s']:.2f} s to"
+                f" {job['due_s'] + tolerance:.2f} s",
+            }
+        ]
+        for run in (r for r in executions if r["key"] == key):
+            colour, said = _HOW.get(run["how"], _HOW["running"])
+            finish = end if run["end_s"] is None else run["end_s"]
+            spans.append(
+                {
+                    "start": run["start_s"],
+                    "end": finish,
+                    "color": colour,
+                    "title": f"{key}: ran {run['start_s']:.2f} s to {finish:.2f} s by"
+                    f" {run['worker']}, {said}",
+                }
+            )
+        dots = [
+            {
+                "at": job["due_s"],
+                "color": _DUE,
+                "title": f"{key} due at {job['due_s']:.2f} s ({job['window']}), submitted at"
+                f" {job['submit_s']:.2f} s",
+                "r": 5,
+            }
+        ]
+        label = f"{key}: {job['verdict']}"
+        lanes.append({"label": label, "spans": spans, "dots": dots, "spans_are": "bars"})
+    return lanes
+
+
 def deploys_view(run_dir: Path) -> View:
     report = json.loads((run_dir / "deploys.json").read_text(encoding="utf-8"))
     plan = report["plan"]
@@ -120,6 +172,8 @@ def deploys_view(run_dir: Path) -> View:
     killed = [w for w in stopped if w["killed_s"] is not None]
     kinds = [finding["kind"] for finding in report["findings"]]
     recovery = report["recovery"]
+    # A run recorded before scheduled jobs existed has none.
+    scheduled = report.get("scheduled")
     figures = [
         ("jobs lost", str(kinds.count("lost_in_deploy")), f"of {len(jobs)}"),
         (
@@ -152,6 +206,14 @@ def deploys_view(run_dir: Path) -> View:
         ),
         ("recovery bound", f"{recovery['wait_s']:g} s", recovery["basis"]),
     ]
+    if scheduled and scheduled["jobs"]:
+        figures.append(
+            (
+                "scheduled jobs",
+                f"{scheduled['on_time']} of {len(scheduled['jobs'])} once, on time",
+                f"tolerance {scheduled['tolerance_s']:g} s: {scheduled['tolerance_basis']}",
+            )
+        )
     verdict = Verdict(
         ok=report["ok"],
         title=f"deploys: {plan['workers']} workers, {len(report['steps'])} stops,"
@@ -177,5 +239,11 @@ def deploys_view(run_dir: Path) -> View:
         "jobs": jobs,
         "checks": report["checks"],
         "store": report["store"],
+        "scheduled": scheduled,
+        "scheduled_lanes": None
+        if not scheduled or not scheduled["jobs"]
+        else LaneChart(_scheduled_lanes(scheduled, report["executions"], end), end, ticks),
+        "due": _DUE,
+        "tolerance": _TOLERANCE,
     }
     return View("deploys.html.j2", verdict, figures, data)

@@ -107,8 +107,22 @@ _STOPPED_AT_ONCE = Documented(
         Kind.LOST_IN_DEPLOY: {"stored": "nowhere", "last_end": ("abandoned", "killed")},
     },
 )
+_SCHEDULED_BY_THE_SCHEDULER = Documented(
+    'a scheduled task runs once "the scheduler will pick-up the message and place it back into'
+    ' the queue for execution" ("Will block for ~10 seconds" for a 10 s delay): no bound on'
+    " how late; the consumer's scheduler ticks once a second, and a due task waits for a free"
+    " worker",
+    "https://huey.readthedocs.io/en/latest/guide.html#scheduling-tasks",
+    when={Kind.SCHEDULED_LATE: {}},
+)
 
-DOCUMENTED = (_NO_ACKNOWLEDGEMENT, _NO_LEASES, _RETRY_AT_ONCE, _STOPPED_AT_ONCE)
+DOCUMENTED = (
+    _NO_ACKNOWLEDGEMENT,
+    _NO_LEASES,
+    _RETRY_AT_ONCE,
+    _STOPPED_AT_ONCE,
+    _SCHEDULED_BY_THE_SCHEDULER,
+)
 
 
 def unsynced_default(installed: str) -> Documented:

@@ -151,37 +151,45 @@ class PgQueuerClient(LibraryClient):
         return [str(row.status) for row in rows if str(row.job_id) == job_id]
 
     def submit_many(self, jobs: Sequence[JobSpec]) -> list[str]:
+        return [self._submit(job, None) for job in jobs]
+
+    def schedule(self, job: JobSpec, execute_after: timedelta) -> str:
+        """Enqueue ``job`` with pgqueuer's ``execute_after``: no worker picks it before the
+        server's clock passed its enqueue time and that delay."""
+        return self._submit(job, execute_after)
+
+    def _submit(self, job: JobSpec, execute_after: timedelta | None) -> str:
         from pgqueuer.errors import DuplicateJobError
 
-        ids = []
-        for job in jobs:
-            known = self._keys().get(job.key)
-            if known is not None:
-                ids.append(known)
-                continue
-            payload = json.dumps(
-                {
-                    "key": job.key,
-                    "job_type": job.job_type,
-                    "payload": job.payload,
-                    "max_attempts": job.max_attempts,
-                }
-            ).encode()
+        known = self._keys().get(job.key)
+        if known is not None:
+            return known
+        payload = json.dumps(
+            {
+                "key": job.key,
+                "job_type": job.job_type,
+                "payload": job.payload,
+                "max_attempts": job.max_attempts,
+            }
+        ).encode()
 
-            def enqueue(job: JobSpec = job, payload: bytes = payload) -> str:
-                try:
-                    created = self._run(
-                        self.queries.enqueue(ENTRYPOINT, payload, dedupe_key=job.key)
-                    )
-                except DuplicateJobError:
-                    # Queued or picked under this key already, by a producer that died
-                    # before it noted the id: pgqueuer says no more than that.
-                    return job.key
-                _append_synced(self.keys_file, {"key": job.key, "id": str(created[0])})
-                return str(created[0])
+        # Only a scheduled job names execute_after: every other call is the one each release
+        # the lab pins takes.
+        later = {} if execute_after is None else {"execute_after": execute_after}
 
-            ids.append(around(self.hook, "enqueue", enqueue))
-        return ids
+        def enqueue() -> str:
+            try:
+                created = self._run(
+                    self.queries.enqueue(ENTRYPOINT, payload, dedupe_key=job.key, **later)
+                )
+            except DuplicateJobError:
+                # Queued or picked under this key already, by a producer that died
+                # before it noted the id: pgqueuer says no more than that.
+                return job.key
+            _append_synced(self.keys_file, {"key": job.key, "id": str(created[0])})
+            return str(created[0])
+
+        return around(self.hook, "enqueue", enqueue)
 
     def _manager(self, worker_id: str) -> uuid.UUID:
         return self.managers.setdefault(worker_id, uuid.uuid4())

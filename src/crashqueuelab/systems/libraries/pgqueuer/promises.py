@@ -179,6 +179,14 @@ _KILLED_MID_JOB = Documented(
     when={Kind.RAN_TWICE: {"worker_then": "sigkilled", "acknowledged": "unknown"}},
 )
 
+_EARLIEST = Documented(
+    '`execute_after` is the earliest time, no latest ("`execute_after` specifies the'
+    ' **earliest** time a job can be picked for execution"; "deferred jobs are never picked'
+    " early\"): a due job waits for a worker's next dequeue and for a free slot",
+    _DOCS + "guides/deferred-execution/",
+    when={Kind.SCHEDULED_LATE: {}},
+)
+
 
 def documented_for(retries_in_store: bool) -> tuple[Documented, ...]:
     """What a pgqueuer system documents: a release that retries in the database (1.0 on)
@@ -189,4 +197,12 @@ def documented_for(retries_in_store: bool) -> tuple[Documented, ...]:
         if retries_in_store
         else (_RETRIES_IN_THE_WORKER,)
     )
-    return (_NO_TOKEN, _SERVER_CLOCK, _SERIAL, *retries, _CONNECTION, _KILLED_MID_JOB)
+    return (
+        _NO_TOKEN,
+        _SERVER_CLOCK,
+        _SERIAL,
+        *retries,
+        _CONNECTION,
+        _KILLED_MID_JOB,
+        _EARLIEST,
+    )

@@ -1,7 +1,7 @@
 """pgqueuer's own workers: its worker loop (``QueueManager.run``) for the heartbeat
 experiment, and its worker process as ``pgq run`` starts it (``pgqueuer.run``, or the
 supervisor's ``runit`` in releases before it), its own SIGTERM and SIGINT handlers
-installed, for the deploy experiment."""
+installed, for the deploy experiment, and a job scheduled with its ``execute_after``."""
 
 from __future__ import annotations
 
@@ -11,13 +11,22 @@ import importlib
 import inspect
 import json
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from crashqueuelab.systems.contract import LibraryWorker, OwnWorker
-from crashqueuelab.systems.libraries.pgqueuer.client import CONCURRENCY_LIMIT, ENTRYPOINT
+from crashqueuelab.core.clock import SystemClock
+from crashqueuelab.core.ids import RandomIds
+from crashqueuelab.core.retry import RetryPolicy
+from crashqueuelab.systems.contract import LibraryWorker, OpenRequest, OwnWorker
+from crashqueuelab.systems.libraries.pgqueuer.client import (
+    CONCURRENCY_LIMIT,
+    ENTRYPOINT,
+    PgQueuerClient,
+)
+from crashqueuelab.systems.libraries.skeleton import scheduled_job
 from crashqueuelab.systems.postgres import server_dsn, store_schema
 
 #: The heartbeat experiment's retry timer (heartbeat timeout in 1.x), and how often an idle
@@ -155,6 +164,17 @@ def serve_pgq_run(directory: Path, worker_id: str, work: Callable[[str], None]) 
     asyncio.run(runit(factory, **{k: v for k, v in defaults.items() if k in accepted}))
 
 
+def schedule(directory: Path, key: str, due_s: float) -> None:
+    """The lab's job ``key`` enqueued with pgqueuer's ``execute_after``, the time from now
+    until ``due_s`` (seconds since the epoch): pgqueuer takes a delay, which its server adds
+    to its own clock when the row is inserted."""
+    client = PgQueuerClient(OpenRequest(directory, SystemClock(), RandomIds(), RetryPolicy()))
+    try:
+        client.schedule(scheduled_job(key), timedelta(seconds=max(0.0, due_s - time.time())))
+    finally:
+        client.close()
+
+
 OWN_WORKER = OwnWorker(
     serve=serve_pgq_run,
     describe="pgq run's code path (pgqueuer.run, or the supervisor's runit before it) with"
@@ -173,4 +193,5 @@ OWN_WORKER = OwnWorker(
         " from the start",
     },
     source=_DOCS + "guides/deployment/",
+    schedule=schedule,
 )

@@ -124,6 +124,18 @@ _KILLED_LEFT_DOING = Documented(
         Kind.LOST_IN_DEPLOY: {"stored": "doing", "last_end": ("killed", "abandoned")},
     },
 )
+_SCHEDULE_DOCS = (
+    "https://github.com/procrastinate-org/procrastinate/blob/"
+    "032269465304e3e18927b0fe2b606a3a68877580/docs/howto/schedule.md"
+)
+_SCHEDULED_AT_FIRST_OPPORTUNITY = Documented(
+    'a scheduled job runs "at the first opportunity after that date" ("If a job is configured'
+    ' with a date in the future, it will run at the first opportunity after that date"): no'
+    " bound on how late; a worker polls for jobs every 5 s by default"
+    " (fetch_job_polling_interval), and a due job waits for a free worker",
+    _SCHEDULE_DOCS,
+    when={Kind.SCHEDULED_LATE: {}},
+)
 
 DOCUMENTED = (
     _NO_TOKEN,
@@ -131,4 +143,5 @@ DOCUMENTED = (
     _STALLED_RETRY_UNCOUNTED,
     _RETRY_AT_ONCE,
     _KILLED_LEFT_DOING,
+    _SCHEDULED_AT_FIRST_OPPORTUNITY,
 )

@@ -116,10 +116,32 @@ _PERSISTENCE_LOSSES = {
     ),
 }
 
+_SCHEDULING_DOCS = _DOCS + "scheduling/"
+_ONE_ACTIVE_SCHEDULER = Documented(
+    "one scheduler at a time enqueues a queue's scheduled jobs, and another takes over only"
+    ' at its periodic check: "Only a single scheduler can run for a specific queue at any one'
+    ' time", "Active schedulers will check for scheduled jobs once every second", "Idle'
+    " schedulers will periodically (every 15 minutes) check whether the queues they're"
+    " responsible for have active schedulers. If they don't, one of the idle schedulers will"
+    ' start working": a job due after the worker whose scheduler was active was stopped'
+    " waits in the scheduled registry for up to 15 minutes (late, or never within the run)",
+    _SCHEDULING_DOCS,
+    when={
+        Kind.SCHEDULED_LATE: {},
+        Kind.LOST_IN_DEPLOY: {"stored": "scheduled", "last_end": "never ran", "scheduled": True},
+    },
+)
+
 
 def documented_for(persistence: str) -> tuple[Documented, ...]:
     """What an RQ system documents, on a server with that persistence."""
-    documented = [_NO_TOKEN, _ABANDONED_AFTER_TTL, _RETRY_AT_ONCE, _KILLED_NOT_RUN_AGAIN]
+    documented = [
+        _NO_TOKEN,
+        _ABANDONED_AFTER_TTL,
+        _RETRY_AT_ONCE,
+        _KILLED_NOT_RUN_AGAIN,
+        _ONE_ACTIVE_SCHEDULER,
+    ]
     if persistence in _PERSISTENCE_LOSSES:
         what, on_restart = _PERSISTENCE_LOSSES[persistence]
         documented.append(
