@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from crashqueuelab import cli
+from crashqueuelab.cli.versions import EVIDENCE as VERSIONS_EVIDENCE
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.campaign import diskfaults
 from crashqueuelab.lab.campaign.diskfaults import (
@@ -81,7 +82,9 @@ def test_the_command_runs_a_fault_over_every_step_and_its_page_says_the_verdict(
     )
     record = json.loads((target / RECORD_FILE).read_text())
     assert (record["ok"], record["seed"], record["summary"]["passed"]) == (True, 3, 7)
-    assert cell("0.1", record, "cases")["passes"] is True  # as a versions row reads it
+    # ``versions ... disk-faults`` reads this record for each release, and its row from it.
+    assert VERSIONS_EVIDENCE["disk-faults"] == RECORD_FILE
+    assert cell("0.1", record, "cases")["passes"] is True
     page = (target / "report.html").read_text()
     assert 'id="verdict" data-ok="true"' in page
     assert "7 of 7 cases passed (eio-fsync)" in page
