@@ -31,6 +31,7 @@ from crashqueuelab.cli.common import (
 )
 from crashqueuelab.cli.database import add_database_commands, add_database_options
 from crashqueuelab.cli.deploys import add_deploys_command
+from crashqueuelab.cli.diskfaults import add_disk_faults_command
 from crashqueuelab.cli.experiments import (
     RUN_FILES,
     add_experiment_commands,
@@ -107,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_versions_command(command)
     add_heartbeats_command(command)
     add_deploys_command(command)
+    add_disk_faults_command(command)
     add_database_commands(command)
     return parser
 

@@ -443,5 +443,7 @@ def add_report_command(commands: Any) -> None:
     sub = commands.add_parser("report", help=help_text, description=help_text)
     sub.set_defaults(handler=_report)
     sub.add_argument(
-        "directory", type=Path, help="a showcase, demo, campaign, chaos or bench directory"
+        "directory",
+        type=Path,
+        help=f"a run's output directory (of {', '.join(kind.command for kind in KINDS)})",
     )

@@ -12,6 +12,7 @@ from crashqueuelab.cli.pinned import run_pinned
 from crashqueuelab.cli.verdict import exit_code
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.runs.commands import import_path
+from crashqueuelab.lab.runs.kinds import CAMPAIGN, CHAOS, DEPLOYS, DISK_FAULTS, HEARTBEATS
 from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
 from crashqueuelab.lab.versions.environments import parse_pin
 from crashqueuelab.lab.versions.matrix import CRITERIA, VERSIONS_FILE, choose_releases, run_versions
@@ -19,10 +20,7 @@ from crashqueuelab.systems.registry import DISTRIBUTIONS, distribution_of
 
 #: The commands whose evidence a matrix can hold, and the record each writes.
 EVIDENCE = {
-    "campaign": "campaign.json",
-    "chaos": "chaos.json",
-    "heartbeats": "heartbeats.json",
-    "deploys": "deploys.json",
+    kind.command: kind.record for kind in (CAMPAIGN, CHAOS, HEARTBEATS, DEPLOYS, DISK_FAULTS)
 }
 #: What the printed result keeps of each row (the whole rows are in versions.json).
 _ROW_KEYS = ("release", "ok", "not_judged", "keeps_its_promises", "passes", "first_reason")

@@ -1,5 +1,6 @@
 """The sqlite queue and walqueue under disk errors the file system answers: never told
-success for data the disk lost; the planted fsync retry caught; bad input refused."""
+success for data the disk lost; the command, its record and its page; the planted fsync
+retry caught; bad input refused."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from crashqueuelab import cli
+from crashqueuelab.cli.versions import EVIDENCE as VERSIONS_EVIDENCE
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.campaign import diskfaults
 from crashqueuelab.lab.campaign.diskfaults import (
@@ -16,13 +19,20 @@ from crashqueuelab.lab.campaign.diskfaults import (
     RECORD_FILE,
     STEPS,
     Told,
+    fault_names,
     obligations,
     run_disk_faults,
 )
-from crashqueuelab.lab.mutants.fsyncretry import fsync_retried
+from crashqueuelab.lab.mutants.catalog import fsync_retried
+from crashqueuelab.lab.pages.render import write_report
+from crashqueuelab.lab.versions.matrix import cell
+from crashqueuelab.systems.registry import resolve_system
 from crashqueuelab.systems.sqlite import sqlite_system
 from crashqueuelab.systems.walqueue import walqueue_system
+from tests.conftest import RunCli
 from tests.lab.faults.powerloss.test_mount import needs_fuse
+
+MARKUP = "<script>alert('owned')</script>"
 
 SYSTEMS = {"sqlite": sqlite_system, "walqueue": walqueue_system}
 #: The submit, the claim, the failure report and the reopen: one of each kind of write.
@@ -30,29 +40,75 @@ SOME_STEPS = (0, 1, 5, 6)
 
 
 @needs_fuse
-@pytest.mark.parametrize("fault", ["eio-fsync", "enospc"])
 @pytest.mark.parametrize("name", sorted(SYSTEMS))
-def test_never_told_success_for_what_the_disk_lost(tmp_path: Path, name: str, fault: str) -> None:
-    record = run_disk_faults(SYSTEMS[name](), fault, tmp_path / "run", steps=SOME_STEPS)
-    verdicts = {case["step"]: case["verdict"] for case in record["cases"]}
-    assert verdicts == {STEPS[i]: PASSED for i in SOME_STEPS}, record["cases"]
+def test_never_told_success_for_what_the_disk_lost(tmp_path: Path, name: str) -> None:
+    record = run_disk_faults(
+        SYSTEMS[name](), ["eio-fsync", "enospc"], tmp_path / "run", steps=SOME_STEPS
+    )
+    verdicts = {(case["disk_fault"], case["step"]): case["verdict"] for case in record["cases"]}
+    assert verdicts == {
+        (fault, STEPS[i]): PASSED for fault in ("eio-fsync", "enospc") for i in SOME_STEPS
+    }, record["cases"]
     for case in record["cases"]:
         # A write step that ran into the fault was told so (the reopen may succeed: a
         # walqueue with nothing to write again, or sqlite reading only).
         if case["step"] != "reopen":
             assert "error" in case["told"], case
         assert case["recovered"]["reopen"] == {"opened": True}
+        assert (tmp_path / "run" / case["directory"] / "case.json").is_file()
     assert json.loads((tmp_path / "run" / RECORD_FILE).read_text())["ok"] is True
 
 
 @needs_fuse
-def test_the_planted_fsync_retry_is_caught_and_walqueue_passes(tmp_path: Path) -> None:
-    """One failed fsync per call: walqueue is told the failure; the mutant retries, is told
-    success, and the frame the failed fsync dropped is gone after the cut."""
-    shipped = run_disk_faults(
-        walqueue_system(), "eio-fsync", tmp_path / "shipped", count=1, steps=(0, 2)
+def test_the_command_runs_a_fault_over_every_step_and_its_page_says_the_verdict(
+    tmp_path: Path, run_cli: RunCli
+) -> None:
+    """One fault, one failed fsync per call, walqueue: told the failure at every step, so
+    every case passes; the one JSON object, the verdict line last, the record and the page
+    agree, and ``report`` rebuilds the page from the files alone."""
+    target = tmp_path / "run"
+    argv = ["disk-faults", "--system", "walqueue", "--disk-fault", "eio-fsync", "--count", "1"]
+    outcome = run_cli(*argv, "--seed", "3", "--output-directory", target)
+    assert outcome.code == cli.EXIT_OK, outcome.result
+    result = outcome.result
+    assert (result["ok"], result["disk_faults"]) == (True, ["eio-fsync"])
+    assert result["headline"] == f"{len(STEPS)} of {len(STEPS)} cases passed (eio-fsync)"
+    assert [case["step"] for case in result["cases"]] == list(STEPS)
+    assert all("error" in case["told"] for case in result["cases"])
+    lines = outcome.stderr.rstrip().splitlines()
+    assert lines[0].startswith("disk-faults walqueue: 1/7 eio-fsync submit-a: passed"), lines
+    assert lines[-1] == (
+        f"crashqueuelab: passed: {result['headline']}; report: {target / 'report.html'}"
     )
-    assert [case["verdict"] for case in shipped["cases"]] == [PASSED, PASSED]
+    record = json.loads((target / RECORD_FILE).read_text())
+    assert (record["ok"], record["seed"], record["summary"]["passed"]) == (True, 3, 7)
+    # ``versions ... disk-faults`` reads this record for each release, and its row from it.
+    assert VERSIONS_EVIDENCE["disk-faults"] == RECORD_FILE
+    assert cell("0.1", record, "cases")["passes"] is True
+    page = (target / "report.html").read_text()
+    assert 'id="verdict" data-ok="true"' in page
+    assert "7 of 7 cases passed (eio-fsync)" in page
+    assert "crashqueuelab disk-faults --system walqueue --disk-fault eio-fsync --count 1" in page
+    (target / "report.html").unlink()
+    assert run_cli("report", target).code == cli.EXIT_OK
+    assert (target / "report.html").read_text() == page
+    # Whatever a store or a system says is text on the page, never markup.
+    record["cases"][0]["told"] = {"step": "submit-a", "faulted": True, "error": MARKUP}
+    record["cases"][0]["recovered"]["live"]["problems"] = [MARKUP]
+    record["reasons"] = record["anomalies"] = [f"eio-fsync submit-a: {MARKUP}"]
+    record["ok"] = False
+    (target / RECORD_FILE).write_text(json.dumps(record))
+    html = write_report(target).read_text()
+    assert MARKUP not in html
+    assert "&lt;script&gt;alert(&#39;owned&#39;)&lt;/script&gt;" in html
+    assert 'id="verdict" data-ok="false"' in html
+
+
+@needs_fuse
+def test_the_planted_fsync_retry_is_caught(tmp_path: Path) -> None:
+    """One failed fsync per call: the mutant retries, is told success, and the frame the
+    failed fsync dropped is gone after the cut (walqueue as shipped is told the failure:
+    the command's test above)."""
     mutant = run_disk_faults(
         fsync_retried(), "eio-fsync", tmp_path / "mutant", count=1, steps=(0, 2)
     )
@@ -66,6 +122,10 @@ def test_the_planted_fsync_retry_is_caught_and_walqueue_passes(tmp_path: Path) -
     assert succeed["told"]["value"] == "succeeded"
     assert any("told succeeded" in line for line in succeed["anomalies"])
     assert {f["kind"] for f in succeed["findings"]} == {"acknowledged_work_lost"}
+    assert mutant["anomalies"][0] == (
+        "eio-fsync submit-a: cut at once: job-a: told exists (attempts >= 0), the disk holds absent"
+    )
+    assert mutant["promises"]["keeps_its_promises"] is False
 
 
 def test_the_promises_are_what_the_callers_were_told() -> None:
@@ -84,18 +144,31 @@ def test_the_promises_are_what_the_callers_were_told() -> None:
     assert obligations(told)["job-a"] == ("succeeded", 1)
 
 
-def test_bad_input_is_one_structured_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        (["--disk-fault", "eio-all"], "disk_fault: 'eio-all' is not one of"),
+        (["--disk-fault", "enospc", "--system", "nope"], "nope"),
+        (["--disk-fault", "enospc", "--count", "0"], "--count: must be greater than zero"),
+        ([], "--disk-fault"),
+    ],
+)
+def test_bad_input_is_one_structured_line_and_writes_nothing(
+    tmp_path: Path, run_cli: RunCli, options: list[str], field: str
 ) -> None:
+    target = tmp_path / "run"
+    outcome = run_cli("disk-faults", *options, "--output-directory", target)
+    assert outcome.code == cli.EXIT_USAGE
+    assert field in outcome.result["error"]["message"]
+    [line] = outcome.stderr.splitlines()
+    assert line.startswith("crashqueuelab: not ok: ")
+    assert not target.exists()
+
+
+def test_all_is_every_fault_once() -> None:
+    assert fault_names(["enospc", "all"]) == ["enospc", "eio-fsync", "eio-write", "eio-read"]
     with pytest.raises(InvalidInput, match="disk_fault: 'eio-all' is not one of"):
-        run_disk_faults(sqlite_system(), "eio-all", tmp_path / "run")
-    assert not (tmp_path / "run").exists()
-    code = diskfaults.main(
-        ["--system", "nope", "--disk-fault", "enospc", "--output-directory", str(tmp_path / "x")]
-    )
-    [line] = capsys.readouterr().out.splitlines()
-    assert code == diskfaults.EXIT_USAGE
-    assert json.loads(line)["error"]["type"] == "SystemUnavailable"
+        fault_names(["eio-all"])
 
 
 @needs_fuse
@@ -103,8 +176,6 @@ def test_a_finding_a_healthy_disk_gives_too_is_the_systems_own(tmp_path: Path) -
     """huey dequeues (deletes) what it hands out: a cut right after a claim loses the job
     with or without a disk fault, so that finding is huey's, set apart from the fault's."""
     pytest.importorskip("huey")
-    from crashqueuelab.systems.registry import resolve_system
-
     record = run_disk_faults(resolve_system("huey"), "enospc", tmp_path / "run", steps=(2,))
     [case] = record["cases"]
     assert case["verdict"] == diskfaults.WITHOUT_THE_FAULT

@@ -26,7 +26,12 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 POWER_LOSS = os.path.exists("/dev/fuse") and sys.platform.startswith("linux")
-KINDS = ["showcase", "campaign", "demo", "chaos", "bench", "power-loss", "power-chaos", "mutants"]
+KINDS = [
+    "showcase", "campaign", "demo", "chaos", "bench", "power-loss", "power-chaos", "mutants",
+    "disk-faults",
+]  # fmt: skip
+#: The kinds only a machine that can cut the power makes.
+NEEDS_POWER_LOSS = ("power-loss", "power-chaos", "disk-faults")
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +50,10 @@ def runs(
         invoke_cli("chaos", "--seed", "4", "--jobs", "200", "--workers", "2", "--kills", "4",
                    "--crash-mode", "power-loss", "--power-cuts", "2", "--lease-ms", "300",
                    "--quiet", "--output-directory", str(base / "power-chaos"))  # fmt: skip
+        # One fault at one failed fsync per call: a few seconds, every step told failure.
+        invoke_cli("disk-faults", "--system", "walqueue", "--disk-fault", "eio-fsync",
+                   "--count", "1", "--quiet", "--output-directory",
+                   str(base / "disk-faults"))  # fmt: skip
     return {
         "showcase": showcase,
         "campaign": showcase / "walqueue" / "process-fault-campaign",
@@ -54,11 +63,12 @@ def runs(
         "power-loss": showcase / "walqueue" / "power-loss-campaign",
         "power-chaos": base / "power-chaos",
         "mutants": showcase / "mutants",
+        "disk-faults": base / "disk-faults",
     }
 
 
 def needs(kind: str) -> None:
-    if kind in ("power-loss", "power-chaos") and not POWER_LOSS:
+    if kind in NEEDS_POWER_LOSS and not POWER_LOSS:
         pytest.skip("power loss needs Linux with /dev/fuse")
 
 

@@ -237,7 +237,7 @@ def _interrupting(after: int) -> Callable[..., Any]:
     return step
 
 
-@pytest.mark.parametrize("command", ["showcase", "mutants", "bench"])
+@pytest.mark.parametrize("command", ["showcase", "mutants", "bench", "disk-faults"])
 def test_every_experiment_keeps_what_it_had_done_when_interrupted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str, run_cli: RunCli
 ) -> None:
@@ -245,18 +245,29 @@ def test_every_experiment_keeps_what_it_had_done_when_interrupted(
     in the run's record, on stdout and on an INTERRUPTED page."""
     from crashqueuelab.lab import showcase
     from crashqueuelab.lab.bench import runner as bench_runner
+    from crashqueuelab.lab.campaign import diskfaults
     from crashqueuelab.lab.mutants import runner as mutants_runner
 
+    if command == "disk-faults" and unavailable_reason() is not None:
+        pytest.skip(str(unavailable_reason()))
     # The bench measures five lanes for each (work, workers) pair: its sixth run is the
     # second pair's first.
     step = _interrupting(after=6 if command == "bench" else 2)
     directory = tmp_path / command
-    if command == "showcase":
+    if command == "disk-faults":
+        real_case = diskfaults.run_case
+        monkeypatch.setattr(diskfaults, "run_case", lambda *a, **k: step(real_case, *a, **k))
+        argv = ["disk-faults", "--system", "walqueue", "--disk-fault", "eio-fsync", "--count",
+                "1", "--quiet"]  # fmt: skip
+        run_file, done_key = "disk-faults.json", "disk_fault_cases"
+        done: object = [{"disk_fault": "eio-fsync", "step": "submit-a", "verdict": "passed",
+                 "directory": "eio-fsync/01-submit-a"}]  # fmt: skip
+    elif command == "showcase":
         real_campaign = getattr(showcase, "run_campaign")  # noqa: B009 (not re-exported)
         monkeypatch.setattr(showcase, "run_campaign", lambda *a, **k: step(real_campaign, *a, **k))
         argv = ["showcase", "--system", "sqlite", "--quiet"]
         run_file, done_key = "showcase.json", "parts_done"
-        done: object = ["sqlite: effect experiment", "sqlite: crash campaign"]
+        done = ["sqlite: effect experiment", "sqlite: crash campaign"]
     elif command == "mutants":
         real_mutant = mutants_runner.run_mutant
         monkeypatch.setattr(
@@ -284,6 +295,8 @@ def test_every_experiment_keeps_what_it_had_done_when_interrupted(
     page = (directory / "report.html").read_text()
     assert "INTERRUPTED" in page
     assert "Run it again:" in page
+    if command == "disk-faults":  # the cases it ran, of those it planned
+        assert 'disk-fault cases run</th><td class="num">1 of 7</td>' in page
 
 
 def test_a_campaign_stopped_while_it_prints_a_case_starts_no_more_cases() -> None:

@@ -22,16 +22,12 @@ case with findings is run again on a healthy disk (a fault that matches no path)
 that run gives too, cut right before the step or recovered after it, are the system's own
 weakness and set apart (``fails-without-the-fault``), never counted as the fault's.
 
-Run: ``python -m crashqueuelab.lab.campaign.diskfaults --system walqueue --disk-fault
-eio-fsync --output-directory D`` (one JSON document on stdout; a bad argument is one JSON
-line with the error, exit 2; a machine without FUSE exits 4).
+Run: ``crashqueuelab disk-faults --system walqueue --disk-fault eio-fsync
+--output-directory D`` (``--disk-fault all``: every fault; docs/power-loss.md#disk-faults).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -40,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from crashqueuelab.core.clock import ManualClock
-from crashqueuelab.core.errors import CrashModeUnavailable, CrashQueueLabError
+from crashqueuelab.core.errors import CrashModeUnavailable, InvalidInput
 from crashqueuelab.core.ids import SeededIds
 from crashqueuelab.core.retry import RetryPolicy
 from crashqueuelab.judges.findings import Anomaly, Kind, inconsistent, texts, to_json
@@ -49,6 +45,12 @@ from crashqueuelab.lab.faults.powerloss.disk import PowerLossDisk, require_power
 from crashqueuelab.lab.faults.powerloss.faults import DISK_FAULTS, DiskFault
 from crashqueuelab.lab.faults.powerloss.serverdisk import ClusterTemplate, ServerOnDisk
 from crashqueuelab.lab.faults.powerloss.targets import StoreOnDisk
+from crashqueuelab.lab.runs import kinds
+from crashqueuelab.lab.runs.commands import import_path
+from crashqueuelab.lab.runs.interrupts import Interrupted
+from crashqueuelab.lab.runs.modes import POWER_LOSS
+from crashqueuelab.lab.runs.progress import Progress, labelled
+from crashqueuelab.lab.runs.promises import classify
 from crashqueuelab.lab.runs.readings import read_store
 from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
 from crashqueuelab.lab.workloads.scenario import STORE_DIRECTORY
@@ -63,9 +65,10 @@ from crashqueuelab.systems.contract import (
     System,
     Verdict,
 )
-from crashqueuelab.systems.registry import resolve_system
 
-RECORD_FILE = "disk-faults.json"
+RECORD_FILE = kinds.DISK_FAULTS.record
+#: What ``--disk-fault`` takes for every fault of ``DISK_FAULTS``.
+ALL = "all"
 LEASE_US = 5_000_000
 RETRY = RetryPolicy(base_delay_us=1_000, max_delay_us=8_000)
 JOBS = (JobSpec("job-a", "effect", {"n": 1}), JobSpec("job-b", "effect", {"n": 2}))
@@ -83,8 +86,6 @@ CONTROL_PATH = "\x00matches-nothing"
 #: How long a server the fault brought down may take to answer again by itself (PostgreSQL's
 #: postmaster restarts after a PANIC) before it is started again.
 SERVER_BACK_S = 30.0
-#: Exit codes, as the command line's (crashqueuelab.cli.common).
-EXIT_OK, EXIT_REJECTED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 4
 
 
 @dataclass
@@ -444,10 +445,13 @@ def _without_the_fault(run: _Run, fault: DiskFault, step_index: int, case_dir: P
     return {finding.text for finding in found}
 
 
-def run_case(run: _Run, fault: DiskFault, step_index: int, case_dir: Path) -> dict[str, Any]:
+def run_case(
+    run: _Run, fault: DiskFault, step_index: int, case_dir: Path, output_dir: Path
+) -> tuple[dict[str, Any], list[Anomaly]]:
     """One step made under ``fault``, twice: the power cut at once, and the disk recovered
     (the work finished by a restarted client) then cut. A case with findings runs again on
-    a healthy disk, and the findings that healthy run gives too are set apart."""
+    a healthy disk, and the findings that healthy run gives too are set apart. The case's
+    record, and the findings that are the fault's."""
     at_once = _at_once(run, fault, step_index, case_dir)
     recovered = _recovered(run, fault, step_index, case_dir)
     faulted: Told | None = recovered["faulted"]
@@ -459,9 +463,11 @@ def run_case(run: _Run, fault: DiskFault, step_index: int, case_dir: Path) -> di
     verdict = (
         FAILED if due else WITHOUT_THE_FAULT if own else PASSED if exercised else NOT_EXERCISED
     )
+    where = case_dir.relative_to(output_dir)
     report = {
         "step": STEPS[step_index],
         "fault": fault.to_json(),
+        "directory": str(where),
         "errors_answered": recovered["fired"],
         "told": faulted.to_json() if faulted is not None else None,
         "reopen": recovered["report"]["reopen"],
@@ -472,11 +478,11 @@ def run_case(run: _Run, fault: DiskFault, step_index: int, case_dir: Path) -> di
         "found_without_the_fault": texts(own),
         "verdict": verdict,
         "artifacts": {
-            "cut_at_once": str(Path(case_dir.name) / "cut-at-once"),
-            "recovered": str(Path(case_dir.name) / "recovered"),
+            "cut_at_once": str(where / "cut-at-once"),
+            "recovered": str(where / "recovered"),
             **(
                 {
-                    f"healthy_disk_{kind}": str(Path(case_dir.name) / f"{CONTROL_PREFIX}{part}")
+                    f"healthy_disk_{kind}": str(where / f"{CONTROL_PREFIX}{part}")
                     for kind, part in (("cut", "cut-at-once"), ("recovered", "recovered"))
                 }
                 if findings
@@ -485,94 +491,149 @@ def run_case(run: _Run, fault: DiskFault, step_index: int, case_dir: Path) -> di
         },
     }
     write_json(case_dir / "case.json", report)
-    return report
+    return report, due
+
+
+def fault_names(asked: Sequence[str]) -> list[str]:
+    """The faults a run makes, each once, in the order asked: ``all`` is every one."""
+    names: list[str] = []
+    for name in asked:
+        for one in DISK_FAULTS if name == ALL else (name,):
+            if one not in DISK_FAULTS:
+                known = ", ".join([*DISK_FAULTS, ALL])
+                raise InvalidInput("disk_fault", f"{one!r} is not one of {known}")
+            if one not in names:
+                names.append(one)
+    if not names:
+        raise InvalidInput("disk_fault", f"name one at least: {', '.join([*DISK_FAULTS, ALL])}")
+    return names
+
+
+def _case_line(fault_name: str, step: str, line: str) -> str:
+    return f"{fault_name} {step}: {line}"
+
+
+def summarize(cases: Sequence[dict[str, Any]]) -> dict[str, int]:
+    verdicts = [case["verdict"] for case in cases]
+    return {
+        "cases": len(cases),
+        "passed": verdicts.count(PASSED),
+        "failed": verdicts.count(FAILED),
+        "not_exercised": verdicts.count(NOT_EXERCISED),
+        "fails_without_the_fault": verdicts.count(WITHOUT_THE_FAULT),
+        "told_failure": sum(1 for c in cases if c["told"] and "error" in c["told"]),
+        "told_success": sum(1 for c in cases if c["told"] and "error" not in c["told"]),
+        "refused_to_open": sum(1 for c in cases if not c["reopen"].get("opened")),
+    }
+
+
+def headline(summary: dict[str, int], faults: Sequence[str]) -> str:
+    """The run in one sentence: how many fault x step cases passed, and what else."""
+    text = f"{summary['passed']} of {summary['cases']} cases passed ({', '.join(faults)})"
+    others = [
+        f"{summary[key]} {said}"
+        for key, said in (
+            ("failed", "failed"),
+            ("fails_without_the_fault", "fail without the fault too"),
+            ("not_exercised", "not exercised"),
+        )
+        if summary[key]
+    ]
+    return text + (f"; {', '.join(others)}" if others else "")
 
 
 def run_disk_faults(
     system: System,
-    fault_name: str,
+    faults: str | Sequence[str],
     output_dir: Path,
     *,
     path: str = "*",
     count: int | None = None,
     seed: int = 0,
     steps: Sequence[int] | None = None,
+    spec: str | None = None,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Every step of the workload made under ``fault_name`` (on paths matching ``path``;
-    ``count``: only the first ``count`` matching operations of the call fail, else every
-    one until it returns); the record of the run."""
-    fault = DiskFault.named(fault_name, path=path, count=count)
+    """Every step of the workload made under each of ``faults`` (names of ``DISK_FAULTS``,
+    or ``all``; on paths matching ``path``; ``count``: only the first ``count`` matching
+    operations of the call fail, else every one until it returns); the record of the run,
+    written to ``output_dir/disk-faults.json``. ``spec`` is how the system was named (its
+    record and the command that runs it again say it). Everything is checked before the
+    directory is touched."""
+    names = fault_names([faults] if isinstance(faults, str) else faults)
+    chosen = [(name, DiskFault.named(name, path=path, count=count)) for name in names]
+    order = list(range(len(STEPS))) if steps is None else list(steps)
     if system.server not in (None, "postgres"):
         raise CrashModeUnavailable(
-            f"disk fault {fault_name}",
+            f"disk fault {names[0]}",
             f"{system.name} keeps its data in a {system.server} server's data directory,"
             " which the disk-fault runs do not yet put on the disk",
         )
     require_power_loss()
     output_dir = prepare_output_directory(output_dir)
+    spec = spec or system.name
     started = time.perf_counter()
-    cases = []
-    with ExitStack() as resources:
-        template = None
-        if system.server == "postgres":
-            template = resources.enter_context(ClusterTemplate())
-        run = _Run(system, seed, template)
-        for index in range(len(STEPS)) if steps is None else steps:
-            case_dir = output_dir / f"{index + 1:02d}-{STEPS[index]}"
-            case_dir.mkdir()
-            cases.append(run_case(run, fault, index, case_dir))
-    verdicts = [case["verdict"] for case in cases]
+    cases: list[dict[str, Any]] = []
+    due: list[Anomaly] = []
+    planned = len(chosen) * len(order)
+    said = labelled(progress, f"disk-faults {spec}")
+    try:
+        with ExitStack() as resources:
+            template = None
+            if system.server == "postgres":
+                template = resources.enter_context(ClusterTemplate())
+            run = _Run(system, seed, template)
+            for name, fault in chosen:
+                for index in order:
+                    case_dir = output_dir / name / f"{index + 1:02d}-{STEPS[index]}"
+                    case_dir.mkdir(parents=True)
+                    case, found = run_case(run, fault, index, case_dir, output_dir)
+                    case["disk_fault"] = name
+                    cases.append(case)
+                    prefix = _case_line(name, STEPS[index], "")
+                    due += [finding.within(prefix) for finding in found]
+                    if said is not None:
+                        said(f"{len(cases)}/{planned} {name} {STEPS[index]}: {case['verdict']}")
+    except Interrupted as interruption:
+        interruption.partial["disk_fault_cases"] = [
+            {key: case[key] for key in ("disk_fault", "step", "verdict", "directory")}
+            for case in cases
+        ]
+        interruption.partial["disk_fault_cases_planned"] = planned
+        interruption.partial["system"] = system.describe()
+        raise
+    summary = summarize(cases)
+    own = [
+        _case_line(case["disk_fault"], case["step"], f"without the fault too: {line}")
+        for case in cases
+        for line in case["found_without_the_fault"]
+    ]
+    ok = FAILED not in (c["verdict"] for c in cases) and summary["passed"] > 0
+    reasons = texts(due) + own
+    if not ok and not reasons:
+        reasons = ["no case was exercised: the faults never reached an operation they cover"]
     record = {
-        "system": system.name,
-        "version": system.version,
+        "system": system.describe(),
+        "system_spec": spec,
+        "system_import_path": import_path(spec),
         "reader": None if system.reader is None else system.reader.__module__,
-        "disk_fault": fault_name,
-        "fault": fault.to_json(),
+        "disk_faults": names,
+        "faults": {name: fault.to_json() for name, fault in chosen},
+        "parameters": {"path": path, "count": count, "steps": [STEPS[i] for i in order]},
+        "seed": seed,
         "cases": cases,
-        "summary": {
-            "cases": len(cases),
-            "passed": verdicts.count(PASSED),
-            "failed": verdicts.count(FAILED),
-            "not_exercised": verdicts.count(NOT_EXERCISED),
-            "fails_without_the_fault": verdicts.count(WITHOUT_THE_FAULT),
-            "told_failure": sum(1 for c in cases if c["told"] and "error" in c["told"]),
-            "told_success": sum(1 for c in cases if c["told"] and "error" not in c["told"]),
-            "refused_to_open": sum(1 for c in cases if not c["reopen"].get("opened")),
-        },
-        "ok": FAILED not in verdicts and PASSED in verdicts,
+        "summary": summary,
+        "headline": headline(summary, names),
+        # A case is a fault x step: the faults' findings first, then the system's own.
+        "anomalies": texts(due),
+        "findings": to_json(due),
+        "found_without_the_fault": own,
+        "promises": classify(system, POWER_LOSS, due),
+        # Nothing passed (every case unexercised, or failing without the fault too): a
+        # check that did not pass is not "ok".
+        "ok": ok,
+        "reasons": reasons,
         "wall_s": round(time.perf_counter() - started, 2),
     }
     write_json(output_dir / RECORD_FILE, record)
     return record
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m crashqueuelab.lab.campaign.diskfaults")
-    parser.add_argument("--system", default="sqlite")
-    parser.add_argument("--disk-fault", required=True, choices=sorted(DISK_FAULTS))
-    parser.add_argument("--path", default="*", help="a glob of the mount-relative paths hit")
-    parser.add_argument(
-        "--count", type=int, default=None, help="fail only this many operations (default: all)"
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output-directory", type=Path, required=True)
-    try:
-        arguments = parser.parse_args(argv)
-    except SystemExit as stopped:
-        return EXIT_USAGE if stopped.code else EXIT_OK
-    try:
-        system = resolve_system(arguments.system)
-        record = run_disk_faults(
-            system, arguments.disk_fault, arguments.output_directory,
-            path=arguments.path, count=arguments.count, seed=arguments.seed,
-        )  # fmt: skip
-    except CrashQueueLabError as error:
-        print(json.dumps({"error": {"type": type(error).__name__, "message": str(error)}}))
-        return EXIT_UNAVAILABLE if isinstance(error, CrashModeUnavailable) else EXIT_USAGE
-    summary = {key: record[key] for key in ("system", "disk_fault", "summary", "ok", "wall_s")}
-    print(json.dumps(summary))
-    return EXIT_OK if record["ok"] else EXIT_REJECTED
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from crashqueuelab.core.queue import DurableQueue
+from crashqueuelab.lab.mutants import fsyncretry
 from crashqueuelab.lab.mutants.sqlite import (
     AttemptsLatestDeadlineIsLargest,
     BatchFencesFirstOnly,
@@ -155,6 +156,10 @@ def current_without_directory_sync() -> System:
     )
 
 
+def fsync_retried() -> System:
+    return fsyncretry.fsync_retried()
+
+
 @dataclass(frozen=True)
 class Mutant:
     """One planted bug: its factory's name, what it changes, and the evidence that must
@@ -176,12 +181,16 @@ class Mutant:
 
     @property
     def needs_power_loss(self) -> bool:
-        return self.evidence == POWER_LOSS_CAMPAIGN
+        """Its evidence needs the power-loss disk (Linux FUSE)."""
+        return self.evidence in (POWER_LOSS_CAMPAIGN, DISK_FAULT_RUNS)
 
 
 #: The names of the lab's kinds of evidence, as mutants.json reports them.
 CRASH_CAMPAIGN = "crash campaign"
 POWER_LOSS_CAMPAIGN = "power-loss campaign"
+#: Each step of a small workload under a failed fsync of one operation per call, then a
+#: power cut (``lab.campaign.diskfaults``; the mutants runner says which fault and steps).
+DISK_FAULT_RUNS = "disk-fault runs"
 PROBES = "fencing probes"
 MODEL = "model workload"
 CHAOS = "chaos"
@@ -284,5 +293,11 @@ MUTANTS = (
         "current_without_directory_sync",
         "walqueue: compaction renames CURRENT without fsyncing the directory",
         POWER_LOSS_CAMPAIGN,
+    ),
+    Mutant(
+        "fsync_retried",
+        "walqueue: a failed fsync of the WAL is tried again and the retry's success believed"
+        " (fsyncgate: the failed one dropped the frame)",
+        DISK_FAULT_RUNS,
     ),
 )

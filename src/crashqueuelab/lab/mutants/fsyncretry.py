@@ -3,10 +3,11 @@ success.
 
 After a failed fsync Linux drops the dirty pages it covered; the retry syncs nothing and
 answers success, so the put or ack is acknowledged while its frame never reaches the disk.
-Only a disk that fails an fsync shows it (``lab/campaign/diskfaults.py`` with
-``eio-fsync``, one failed operation per call: ``count=1``): walqueue as shipped is told the
-failure and passes; this mutant is told success and the judge finds the frame gone after
-the cut. Run it as ``--system crashqueuelab.lab.mutants.fsyncretry:fsync_retried``.
+Only a disk that fails an fsync shows it: the catalog's ``fsync_retried`` is caught by the
+disk-fault runs (``crashqueuelab disk-faults --disk-fault eio-fsync --count 1``, one failed
+operation per call): walqueue as shipped is told the failure and passes; this mutant is
+told success and the judge finds the frame gone after the cut. Run it as ``--system
+crashqueuelab.lab.mutants.catalog:fsync_retried``.
 """
 
 from __future__ import annotations
@@ -20,9 +21,6 @@ import walqueue.store
 from crashqueuelab.lab.mutants.patching import patched
 from crashqueuelab.systems.contract import OpenRequest, System
 from crashqueuelab.systems.walqueue import WalqueueClient, walqueue_system
-
-#: The name the catalog would give it.
-NAME = "fsync_retried"
 
 
 def _retrying_sync(fd: int) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from crashqueuelab.core.errors import InvalidInput
+from crashqueuelab.lab.campaign.diskfaults import run_disk_faults
 from crashqueuelab.lab.campaign.probes import PROBES as ALL_PROBES
 from crashqueuelab.lab.campaign.run import run_campaign
 from crashqueuelab.lab.chaos.run import run_chaos
@@ -18,6 +19,7 @@ from crashqueuelab.lab.faults.powerloss.disk import require_power_loss
 from crashqueuelab.lab.mutants.catalog import (
     CHAOS,
     CRASH_CAMPAIGN,
+    DISK_FAULT_RUNS,
     MODEL,
     MUTANTS,
     POWER_LOSS_CAMPAIGN,
@@ -35,7 +37,12 @@ from crashqueuelab.systems.registry import resolve_system
 
 MUTANTS_FILE = kinds.MUTANTS.record
 #: Every kind of evidence, in the order reports list them.
-EVIDENCE = (CRASH_CAMPAIGN, POWER_LOSS_CAMPAIGN, PROBES, MODEL, CHAOS)
+EVIDENCE = (CRASH_CAMPAIGN, POWER_LOSS_CAMPAIGN, DISK_FAULT_RUNS, PROBES, MODEL, CHAOS)
+#: The disk-fault evidence: one failed fsync per call (a retry then syncs nothing and is
+#: answered success: fsyncgate), at a submission, a claim and a success (one of each
+#: transition a job is told of first), which keeps it to a second or two a mutant.
+DISK_FAULT = "eio-fsync"
+DISK_FAULT_STEPS = (0, 1, 2)
 
 
 def score(report: Mapping[str, Any]) -> str:
@@ -111,6 +118,14 @@ def _one_seed(
         power_loss = run_campaign(directory, seed=seed, system=mutant.spec, crash_mode=POWER_LOSS)
         caught += _failures(power_loss["anomalies"], "case ", POWER_LOSS_CAMPAIGN)
         campaigns[POWER_LOSS_CAMPAIGN] = (directory, power_loss)
+    if DISK_FAULT_RUNS in kinds:
+        disk = run_disk_faults(
+            system, DISK_FAULT, output_dir / "disk-faults", count=1, seed=seed,
+            steps=DISK_FAULT_STEPS, spec=mutant.spec,
+        )  # fmt: skip
+        if disk["anomalies"]:
+            first, count = disk["anomalies"][0], str(len(disk["anomalies"]))
+            caught.append({"by": DISK_FAULT_RUNS, "anomaly": first, "count": count})
     if CHAOS in kinds:
         chaos = run_chaos(
             output_dir / "chaos", seed=seed, jobs=jobs, workers=3, kills=kills, pauses=pauses,

@@ -14,6 +14,7 @@ from crashqueuelab.lab.pages.chaos import chaos_view
 from crashqueuelab.lab.pages.common import View
 from crashqueuelab.lab.pages.demo import demo_view
 from crashqueuelab.lab.pages.deploys import deploys_view
+from crashqueuelab.lab.pages.diskfaults import disk_faults_view
 from crashqueuelab.lab.pages.heartbeats import heartbeats_view
 from crashqueuelab.lab.pages.mutants import mutants_view
 from crashqueuelab.lab.pages.showcase import showcase_view
@@ -25,6 +26,7 @@ from crashqueuelab.lab.runs.kinds import (
     CHAOS,
     DEMO,
     DEPLOYS,
+    DISK_FAULTS,
     HEARTBEATS,
     KINDS,
     MUTANTS,
@@ -46,6 +48,7 @@ VIEWS: dict[RunKind, Callable[[Path], View]] = {
     VERSIONS: versions_view,
     HEARTBEATS: heartbeats_view,
     DEPLOYS: deploys_view,
+    DISK_FAULTS: disk_faults_view,
 }
 
 

@@ -43,6 +43,16 @@ def _figures(record: dict[str, Any]) -> list[tuple[str, str, str]]:
                 f"{passed} passed, {len(cases) - passed} failed",
             )
         )
+    if "disk_fault_cases_planned" in record:
+        cases = record["disk_fault_cases"]
+        verdicts = [case["verdict"] for case in cases]
+        figures.append(
+            (
+                f"disk-fault cases run{within}",
+                f"{len(cases)} of {record['disk_fault_cases_planned']}",
+                ", ".join(f"{verdicts.count(v)} {v}" for v in sorted(set(verdicts))) or "none",
+            )
+        )
     if "jobs" in record:
         figures.append(
             (

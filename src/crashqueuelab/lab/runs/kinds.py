@@ -25,6 +25,7 @@ MUTANTS = RunKind("mutants", "mutants.json")
 VERSIONS = RunKind("versions", "versions.json")
 HEARTBEATS = RunKind("heartbeats", "heartbeats.json")
 DEPLOYS = RunKind("deploys", "deploys.json")
+DISK_FAULTS = RunKind("disk-faults", "disk-faults.json")
 
 #: Every kind, in the order a directory is recognised by.
 KINDS: tuple[RunKind, ...] = (
@@ -37,6 +38,7 @@ KINDS: tuple[RunKind, ...] = (
     VERSIONS,
     HEARTBEATS,
     DEPLOYS,
+    DISK_FAULTS,
 )
 BY_COMMAND = {kind.command: kind for kind in KINDS}
 

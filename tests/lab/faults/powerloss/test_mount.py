@@ -100,13 +100,16 @@ def test_relative_paths_work_from_any_directory(
     assert not disk_module._listed_as_mounted(tmp_path / "mnt")
 
 
+@pytest.mark.parametrize(
+    "command",
+    [["campaign", "--crash-mode", "power-loss"], ["disk-faults", "--disk-fault", "eio-fsync"]],
+)
 def test_a_machine_without_fuse_gets_exit_4_and_the_reason(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_cli: RunCli
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_cli: RunCli, command: list[str]
 ) -> None:
     monkeypatch.setattr(disk_module, "unavailable_reason", lambda: "no /dev/fuse here")
     target = tmp_path / "run"
-    argv = ["campaign", "--crash-mode", "power-loss", "--output-directory", str(target)]
-    outcome = run_cli(*argv)
+    outcome = run_cli(*command, "--output-directory", str(target))
     assert outcome.code == cli.EXIT_UNAVAILABLE == 4
     error = outcome.result["error"]
     assert error["type"] == "CrashModeUnavailable"
