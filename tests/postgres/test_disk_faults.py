@@ -30,5 +30,5 @@ def test_a_failed_wal_fsync_never_acknowledges_what_the_disk_lost(tmp_path: Path
     assert case["errors_answered"] == 1
     # The fsync's writes were dropped (fsyncgate), and the server went through a PANIC.
     assert case["recovered"]["writes_dropped_by_failed_fsync"] >= 1
-    log = (tmp_path / "run" / "01-submit-a" / "recovered" / "server.log").read_text()
+    log = (tmp_path / "run" / "eio-fsync" / "01-submit-a" / "recovered" / "server.log").read_text()
     assert "PANIC:  could not fdatasync file" in log
