@@ -13,14 +13,13 @@ from crashqueuelab import cli
 from crashqueuelab.cli.versions import EVIDENCE as VERSIONS_EVIDENCE
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.campaign import diskfaults
+from crashqueuelab.lab.campaign.diskfault_told import Told, obligations
 from crashqueuelab.lab.campaign.diskfaults import (
     FAILED,
     PASSED,
     RECORD_FILE,
     STEPS,
-    Told,
     fault_names,
-    obligations,
     run_disk_faults,
 )
 from crashqueuelab.lab.mutants.catalog import fsync_retried

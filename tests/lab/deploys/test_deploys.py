@@ -219,6 +219,7 @@ def test_pgq_run_drains_on_sigterm_and_a_sigkilled_job_is_picked_again(
         # pgq run takes about 3 s to exit with nothing in hand: a grace past that.
         "--dsn", postgres_dsn, "--workers", "1", "--deploys", "2", "--grace-s", "4",
         "--interval-s", "2", "--jobs", "4", "--long-share", "0.5", "--seed", "1",
+        "--scheduled", "2",
     )  # fmt: skip
     assert record["error"] is None
     assert record["worker"]["lab_worker"] is False
@@ -228,6 +229,11 @@ def test_pgq_run_drains_on_sigterm_and_a_sigkilled_job_is_picked_again(
     assert not [f for f in record["findings"] if f["kind"] == "lost_in_deploy"]
     assert {job["stored"] for job in record["jobs"].values()} == {"successful"}
     assert record["checks"]["acknowledged_twice"].startswith("not run")
+    # execute_after: never picked before it was due, and run to completion once (a start
+    # that a deploy's SIGKILL cut short is run again, as for any job).
+    timed = record["scheduled"]["jobs"]
+    assert len(timed) == 2
+    assert {job["verdict"] for job in timed.values()} == {"on time"}
 
 
 # Not quiet: one worker, every job longer than the grace and four stops, so a stop finds a

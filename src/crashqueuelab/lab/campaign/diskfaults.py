@@ -39,7 +39,13 @@ from crashqueuelab.core.clock import ManualClock
 from crashqueuelab.core.errors import CrashModeUnavailable, InvalidInput
 from crashqueuelab.core.ids import SeededIds
 from crashqueuelab.core.retry import RetryPolicy
-from crashqueuelab.judges.findings import Anomaly, Kind, inconsistent, texts, to_json
+from crashqueuelab.judges.findings import Anomaly, texts, to_json
+from crashqueuelab.lab.campaign.diskfault_told import (
+    JOBS,
+    Told,
+    judge,
+    obligations,
+)
 from crashqueuelab.lab.faults.powerloss.crashstate import LOSE_ALL, DistinctStates
 from crashqueuelab.lab.faults.powerloss.disk import PowerLossDisk, require_power_loss
 from crashqueuelab.lab.faults.powerloss.faults import DISK_FAULTS, DiskFault
@@ -57,10 +63,8 @@ from crashqueuelab.lab.workloads.scenario import STORE_DIRECTORY
 from crashqueuelab.systems.contract import (
     Claim,
     JobSpec,
-    JobStatus,
     OpenRequest,
     QueueClient,
-    StoredJob,
     StoreReading,
     System,
     Verdict,
@@ -71,7 +75,6 @@ RECORD_FILE = kinds.DISK_FAULTS.record
 ALL = "all"
 LEASE_US = 5_000_000
 RETRY = RetryPolicy(base_delay_us=1_000, max_delay_us=8_000)
-JOBS = (JobSpec("job-a", "effect", {"n": 1}), JobSpec("job-b", "effect", {"n": 2}))
 #: The steps of the workload, each a case with the fault armed around its call.
 STEPS = ("submit-a", "claim-a", "succeed-a", "submit-b", "claim-b", "fail-b", "reopen")
 #: A bound on the work after recovery: every job claimed and finished in this many rounds.
@@ -86,24 +89,6 @@ CONTROL_PATH = "\x00matches-nothing"
 #: How long a server the fault brought down may take to answer again by itself (PostgreSQL's
 #: postmaster restarts after a PANIC) before it is started again.
 SERVER_BACK_S = 30.0
-
-
-@dataclass
-class Told:
-    """One call and what its caller was told."""
-
-    step: str
-    faulted: bool
-    value: Any = None
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    def to_json(self) -> dict[str, Any]:
-        told = {"error": self.error} if self.error is not None else {"value": self.value}
-        return {"step": self.step, "faulted": self.faulted, **told}
 
 
 def _shown(value: Any) -> Any:
@@ -198,71 +183,6 @@ def _succeeding(claim: Claim) -> Callable[[QueueClient], Any]:
 
 def _submitting(job: JobSpec) -> Callable[[QueueClient], Any]:
     return lambda client: client.submit(job)
-
-
-EXISTS, ATTEMPTED, RELEASED = "exists", "attempted", "released"
-TERMINAL = (JobStatus.SUCCEEDED.value, JobStatus.DEAD.value)
-
-
-def _job_of(step: str) -> str:
-    return JOBS[0].key if step.endswith(("-a", JOBS[0].key)) else JOBS[1].key
-
-
-def obligations(told: Sequence[Told]) -> dict[str, tuple[str, int]]:
-    """What the acknowledged answers promise of each job, the last promise standing:
-    ``exists``; ``attempted`` n times (a claim of attempt n); ``released`` after n attempts
-    (a failure answered ``retry``: no longer leased by attempt n); ``succeeded`` or ``dead``
-    (for good: never run again)."""
-    promised: dict[str, tuple[str, int]] = {}
-    for answer in told:
-        if not answer.ok or answer.value is None:
-            continue
-        value = answer.value
-        if isinstance(value, dict) and "claim" in value:
-            key, level = value["claim"], (ATTEMPTED, int(value["attempt"]))
-        elif answer.step.startswith(("submit", "resubmit")):
-            key, level = _job_of(answer.step), (EXISTS, 0)
-        elif value in (*TERMINAL, Verdict.RETRY.value):
-            key = _job_of(answer.step)
-            attempts = promised.get(key, (EXISTS, 0))[1]
-            level = (RELEASED if value == Verdict.RETRY.value else str(value), attempts)
-        else:
-            continue
-        standing = promised.get(key)
-        if standing is None or (
-            standing[0] not in TERMINAL and level[0] != EXISTS and level[1] >= standing[1]
-        ):
-            promised[key] = level
-    return promised
-
-
-def _short(job: StoredJob | None, status: str, attempts: int) -> bool:
-    if job is None:
-        return True
-    if status in TERMINAL:
-        return job.status.value != status
-    if status == RELEASED and job.status == JobStatus.LEASED and job.attempts <= attempts:
-        return True
-    return job.attempts < attempts
-
-
-def judge(reading: StoreReading, promised: dict[str, tuple[str, int]], where: str) -> list[Anomaly]:
-    """Where the store falls short of what its callers were told."""
-    found: list[Anomaly] = [inconsistent(problem, f"{where}: ") for problem in reading.problems]
-    for key, (status, attempts) in sorted(promised.items()):
-        job = reading.jobs.get(key)
-        held = "absent" if job is None else f"{job.status.value} after {job.attempts} attempts"
-        if _short(job, status, attempts):
-            found.append(
-                Anomaly(
-                    Kind.ACKNOWLEDGED_WORK_LOST,
-                    f"{where}: {key}: told {status} (attempts >= {attempts}),"
-                    f" the disk holds {held}",
-                    job=key,
-                    facts={"told": str(status), "held": held, "reading": where},
-                )
-            )
-    return found
 
 
 def _faulted_step(
