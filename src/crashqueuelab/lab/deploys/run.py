@@ -148,6 +148,7 @@ class _Run:
             self.done_steps < len(self.steps) and self.steps[self.done_steps].at_s <= self.clock()
         ):
             step = self.steps[self.done_steps]
+            stopped = []
             for slot in step.slots:
                 worker = self.current(slot)
                 if worker is None:
@@ -157,7 +158,11 @@ class _Run:
                 worker.stop_s = self.clock()
                 worker.grace_end_s = worker.stop_s + self.plan.grace_s
                 self.fleet.send(worker, self.plan.signal.first)
-                if self.plan.replace is Replace.AT_ONCE:
+                stopped.append(slot)
+            # Every worker of the batch is signalled before any replacement starts: a
+            # batch (a fleet restart) is stopped at one instant, as a process manager does.
+            if self.plan.replace is Replace.AT_ONCE:
+                for slot in stopped:
                     self.fleet.start(slot)
             self.done_steps += 1
 
