@@ -165,7 +165,9 @@ def test_bad_input_is_one_structured_line_and_writes_nothing(
 
 
 def test_all_is_every_fault_once() -> None:
-    assert fault_names(["enospc", "all"]) == ["enospc", "eio-fsync", "eio-write", "eio-read"]
+    assert fault_names(["enospc", "all"]) == [
+        "enospc", "eio-fsync", "eio-dirsync", "eio-write", "eio-read"
+    ]  # fmt: skip
     with pytest.raises(InvalidInput, match="disk_fault: 'eio-all' is not one of"):
         fault_names(["eio-all"])
 

@@ -80,6 +80,36 @@ def test_a_write_whose_fsync_failed_is_gone_after_the_cut(tmp_path: Path) -> Non
             assert (store / "wal").read_bytes() == bytes(5) + b"second", choice.name
 
 
+def _cut_after_a_failed_directory_fsync(tmp_path: Path, retried: bool) -> Path:
+    """A file created, its directory's fsync failed (then, if ``retried``, done again on a
+    healthy disk), and the power cut: the crash state that loses everything it may."""
+    with PowerLossDisk(tmp_path / "disk", tmp_path / "mnt") as disk:
+        (tmp_path / "mnt" / "made").write_bytes(b"data")
+        directory = os.open(tmp_path / "mnt", os.O_RDONLY)
+        try:
+            disk.arm(DiskFault.named("eio-dirsync", count=1), arming="dirsync")
+            with pytest.raises(OSError, match="Input/output error"):
+                os.fsync(directory)
+            disk.disarm()
+            if retried:
+                os.fsync(directory)
+        finally:
+            os.close(directory)
+        assert [(f["operation"], f["path"]) for f in disk.fired()] == [("fsyncdir", "/")]
+        journal = disk.cut()
+    store = tmp_path / "state"
+    materialize(tmp_path / "disk", journal, LOSE_ALL, store)
+    return store
+
+
+@needs_fuse
+def test_a_name_whose_directory_fsync_failed_is_not_durable_until_one_succeeds(
+    tmp_path: Path,
+) -> None:
+    assert not (_cut_after_a_failed_directory_fsync(tmp_path / "failed", False) / "made").exists()
+    assert (_cut_after_a_failed_directory_fsync(tmp_path / "retried", True) / "made").exists()
+
+
 def _put_after_a_failed_fsync(tmp_path: Path) -> Path:
     """walqueue's put fails its fsync; reopened on the recovered disk, it puts another
     task; then the power goes. The crash state, as the disk holds it."""

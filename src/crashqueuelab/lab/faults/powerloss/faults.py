@@ -1,5 +1,6 @@
-"""Disk errors answered by the power-loss file system: ``EIO`` on fsync, a write or a read,
-``ENOSPC`` on a write, at a chosen point and for a chosen window.
+"""Disk errors answered by the power-loss file system: ``EIO`` on fsync (of a file or of a
+directory), a write or a read, ``ENOSPC`` on a write, at a chosen point and for a chosen
+window.
 
 The error comes from the file system under the queue (the FUSE daemon answers the request
 with it), never from the queue's code: the queue sees exactly what a failing disk gives a
@@ -9,14 +10,16 @@ daemon looks at it (one ``stat``) before every operation a fault can hit, so a p
 arms, makes a call and disarms knows the call ran under the fault. Every error answered is
 appended to ``ROOT/faults.log``, one JSON line each, as evidence.
 
-A fault names the operation (``fsync``, ``write``, ``read``), the errno (``EIO`` or
+A fault names the operation (``fsync``, ``fsyncdir``, ``write``, ``read``), the errno (``EIO`` or
 ``ENOSPC``), a glob of mount-relative paths (``*`` for all, ``*.log`` for walqueue's
 segments) and its window among the matching operations: ``skip`` of them pass, then
 ``count`` fail (None: every one until disarmed). Counting starts again at each arming.
 
 A failed fsync is fsyncgate: the journal drops the writes it covered (``Journal``); they
 stay readable until the cut (the page cache keeps them, marked clean) and never reach the
-disk, whatever a later fsync answers. A failed write or read changes nothing.
+disk, whatever a later fsync answers. A failed directory fsync makes none of the directory's
+pending name changes (a create, a rename, an unlink) durable: they stay pending, lost at a
+cut unless a later directory fsync succeeds. A failed write or read changes nothing.
 """
 
 from __future__ import annotations
@@ -35,12 +38,13 @@ CONTROL_FILE = "faults.json"
 FIRED_LOG = "faults.log"
 
 #: What a fault can hit, and the errors each may answer.
-OPERATIONS = ("fsync", "write", "read")
+OPERATIONS = ("fsync", "fsyncdir", "write", "read")
 ERRNOS = {"EIO": errno.EIO, "ENOSPC": errno.ENOSPC}
 
 #: The disk faults by the names a run gives them.
 DISK_FAULTS = {
     "eio-fsync": ("fsync", "EIO"),
+    "eio-dirsync": ("fsyncdir", "EIO"),
     "eio-write": ("write", "EIO"),
     "eio-read": ("read", "EIO"),
     "enospc": ("write", "ENOSPC"),
