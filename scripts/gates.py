@@ -60,6 +60,8 @@ QUIET = "quiet"
 #: How many quiet tests run at once: they wait on wall-clock timers and use little CPU (all
 #: of them together 19.5 CPU-seconds in 139 s, measured), so two side by side leave the
 #: machine as quiet as one does, and the part takes its longest test's time, not their sum.
+#: A worker that runs out of tests takes pending ones from the other (``worksteal``), so the
+#: longest one (pgqueuer #630) never has tests queued behind it.
 QUIET_WORKERS = 2
 #: Kept after the run (the scratch directory is not): every test's time, slowest first.
 DURATIONS = Path(tempfile.gettempdir()) / "crashqueuelab-gates"
@@ -526,7 +528,7 @@ def _pytest_parts(
     ok = gates.run(f"{name}: in parallel ({_workers()} workers)", parallel, limit_s=limit_s)
     quiet: list[str | Path] = [
         python, "-m", "pytest", *PYTEST, "-m", f"{selected}{QUIET}",
-        "-n", str(QUIET_WORKERS), "--dist", "loadgroup", f"--junitxml={junit / 'quiet.xml'}",
+        "-n", str(QUIET_WORKERS), "--dist", "worksteal", f"--junitxml={junit / 'quiet.xml'}",
         *measured, *(["--cov-append", "--cov-report=term-missing"] if coverage else []),
     ]  # fmt: skip
     if before_quiet is not None:
