@@ -26,6 +26,20 @@ _KILL = "#202124"
 _EXIT = "#5f6368"
 
 
+def _execution_span(run: dict[str, Any], end: float, *, by_worker: bool) -> dict[str, Any]:
+    """One execution on a lane, to ``end`` while it runs; on a job's own lane (``by_worker``)
+    its title names the worker that ran it."""
+    colour, said = _HOW.get(run["how"], _HOW["running"])
+    finish = end if run["end_s"] is None else run["end_s"]
+    when = f"{run['start_s']:.2f} s to {finish:.2f} s"
+    title = (
+        f"{run['key']}: ran {when} by {run['worker']}, {said}"
+        if by_worker
+        else f"{run['key']}: {when}, {said}"
+    )
+    return {"start": run["start_s"], "end": finish, "color": colour, "title": title}
+
+
 def command_of(report: dict[str, Any], run_dir: Path) -> str:
     plan = report["plan"]
     words = [
@@ -71,16 +85,7 @@ def _lane(worker: dict[str, Any], runs: list[dict[str, Any]], end: float) -> dic
             }
         )
     for run in runs:
-        colour, said = _HOW.get(run["how"], _HOW["running"])
-        finish = end if run["end_s"] is None else run["end_s"]
-        spans.append(
-            {
-                "start": run["start_s"],
-                "end": finish,
-                "color": colour,
-                "title": f"{run['key']}: {run['start_s']:.2f} s to {finish:.2f} s, {said}",
-            }
-        )
+        spans.append(_execution_span(run, end, by_worker=False))
     dots = []
     for signal in worker["signals"]:
         kill = signal["signal"] == "SIGKILL"
@@ -128,17 +133,7 @@ def _scheduled_lanes(
             }
         ]
         for run in (r for r in executions if r["key"] == key):
-            colour, said = _HOW.get(run["how"], _HOW["running"])
-            finish = end if run["end_s"] is None else run["end_s"]
-            spans.append(
-                {
-                    "start": run["start_s"],
-                    "end": finish,
-                    "color": colour,
-                    "title": f"{key}: ran {run['start_s']:.2f} s to {finish:.2f} s by"
-                    f" {run['worker']}, {said}",
-                }
-            )
+            spans.append(_execution_span(run, end, by_worker=True))
         dots = [
             {
                 "at": job["due_s"],
