@@ -59,9 +59,10 @@ WORKERS_VARIABLE = "CRASHQUEUELAB_TEST_WORKERS"
 QUIET = "quiet"
 #: How many quiet tests run at once: they wait on wall-clock timers and use little CPU (the
 #: five of them before pgqueuer #630 joined, 19.5 CPU-seconds in 139 s, measured), so three
-#: side by side leave the machine about as quiet as one does: the longest one (#630, 140 s)
-#: on one worker, the others (170 s together) shared by two. A worker that runs out of
-#: tests takes pending ones from another (``worksteal``).
+#: side by side leave the machine about as quiet as one does: the longest one (#630, about
+#: 90 s with its two releases side by side) on one worker, the others (170 s together)
+#: shared by two. A worker that runs out of tests takes pending ones from another
+#: (``worksteal``).
 QUIET_WORKERS = 3
 #: Kept after the run (the scratch directory is not): every test's time, slowest first.
 DURATIONS = Path(tempfile.gettempdir()) / "crashqueuelab-gates"

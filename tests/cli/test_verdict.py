@@ -87,9 +87,12 @@ def releases(monkeypatch: pytest.MonkeyPatch) -> dict[str, dict[str, Any]]:
 
     records: dict[str, dict[str, Any]] = {}
 
-    def run_pinned(pin: Any, argv: list[str], err: Any) -> tuple[int, dict[str, Any]]:
+    def run_pinned(
+        pin: Any, argv: list[str], err: Any, prefix: str = ""
+    ) -> tuple[int, dict[str, Any]]:
         directory = Path(argv[argv.index("--output-directory") + 1])
         directory.mkdir(parents=True)
+        err.write(f"{prefix}campaign {pin.version}: done\n")
         record = records[pin.version]
         (directory / "campaign.json").write_text(json.dumps(record))
         return (0 if record["ok"] else 1), record
@@ -104,6 +107,21 @@ def _versions(run_cli: RunCli, directory: Path, *bisect: str) -> Any:
         "--output-directory", str(directory), "campaign", "--crash-mode", "power-loss",
         "--crash-point", "enqueue:after",
     )  # fmt: skip
+
+
+def test_releases_side_by_side_give_the_same_matrix_and_say_whose_each_line_is(
+    tmp_path: Path, run_cli: RunCli, releases: dict[str, dict[str, Any]]
+) -> None:
+    releases |= {release: _power_loss_campaign(release) for release in ("3.2.0", "3.2.1", "3.3.0")}
+    one = _versions(run_cli, tmp_path / "one")
+    both = _versions(run_cli, tmp_path / "both", "--at-once", "2")
+    assert both.code == one.code == 1
+    assert both.result["rows"] == one.result["rows"]
+    assert both.result["headline"] == one.result["headline"]
+    assert json.loads((tmp_path / "both" / "versions.json").read_text())["at_once"] == 2
+    said = both.stderr.splitlines()
+    assert {f"[{r}] campaign {r}: done" for r in ("3.2.0", "3.2.1", "3.3.0")} <= set(said)
+    assert "campaign 3.2.0: done" in one.stderr.splitlines()
 
 
 def test_a_bisection_over_releases_that_lose_work_is_not_ok_and_says_what_they_did(

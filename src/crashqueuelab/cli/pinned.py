@@ -38,15 +38,19 @@ def pins_of(systems: Sequence[str]) -> list[Pin]:
     return pins
 
 
-def _pass_on(stream: Any, err: TextIO) -> None:
+def _pass_on(stream: Any, err: TextIO, prefix: str) -> None:
     for line in stream:
-        err.write(line)
+        # One write a line: runs side by side (``versions --at-once``) share ``err``.
+        err.write(prefix + line)
         err.flush()
 
 
-def run_pinned(pin: Pin, argv: Sequence[str], err: TextIO) -> tuple[int, dict[str, Any]]:
+def run_pinned(
+    pin: Pin, argv: Sequence[str], err: TextIO, prefix: str = ""
+) -> tuple[int, dict[str, Any]]:
     """Build (or reuse) the release's environment and run the command in it: its exit code
-    and its JSON result, with the environment named."""
+    and its JSON result, with the environment named; each line it prints to stderr is
+    passed on with ``prefix`` before it."""
     directory, marker = ensure_environment(pin)
     environment = pinned_environment(pin)
     # The same arguments: the run records and reruns ``name==version``, which resolves
@@ -60,7 +64,7 @@ def run_pinned(pin: Pin, argv: Sequence[str], err: TextIO) -> tuple[int, dict[st
         text=True,
         env=environment,
     ) as child:
-        passing = threading.Thread(target=_pass_on, args=(child.stderr, err), daemon=True)
+        passing = threading.Thread(target=_pass_on, args=(child.stderr, err, prefix), daemon=True)
         passing.start()
         assert child.stdout is not None
         try:

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from crashqueuelab.cli.common import positive
 from crashqueuelab.cli.pages import html_report
 from crashqueuelab.cli.pinned import run_pinned
 from crashqueuelab.cli.verdict import exit_code
@@ -62,7 +63,8 @@ def _versions(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         seed = [] if "--seed" in evidence else ["--seed", str(args.seed)]
         argv = [*evidence, *seed, "--system", pin.spec, "--output-directory", str(directory)]
         print(f"versions {args.system}: {release} ...", file=err, flush=True)
-        _, result = run_pinned(pin, argv, err)
+        # Side by side, each line a release's run prints says which release it is.
+        _, result = run_pinned(pin, argv, err, f"[{release}] " if args.at_once > 1 else "")
         record_file = directory / EVIDENCE[evidence[0]]
         if record_file.is_file():
             record: dict[str, Any] = json.loads(record_file.read_text())
@@ -77,6 +79,7 @@ def _versions(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         bisect=args.bisect,
         system=args.system,
         library=distribution if ":" in args.system else args.system,
+        at_once=args.at_once,
     )
     # The seed each release ran with: the evidence's own, where it names one.
     given = evidence[evidence.index("--seed") + 1] if "--seed" in evidence[:-1] else None
@@ -136,6 +139,15 @@ def add_versions_command(command: Any) -> None:
         default="ok",
         help="what passing means: the lab's verdict (ok), the library's own promises"
         " (promises), or every crash case of a campaign (cases); default ok",
+    )
+    sub.add_argument(
+        "--at-once",
+        type=positive,
+        default=1,
+        metavar="N",
+        help="run up to N releases side by side (a matrix's releases, a bisection's two"
+        " ends); each has its own environment, directory and server unless the evidence"
+        " names one (--dsn); default 1",
     )
     sub.add_argument(
         "evidence",

@@ -236,15 +236,16 @@ def test_pgq_run_drains_on_sigterm_and_a_sigkilled_job_is_picked_again(
     assert {job["verdict"] for job in timed.values()} == {"on time"}
 
 
-# Quiet: one worker, every job longer than the grace and four stops, each of which must find
+# Quiet: one worker, every job longer than the grace and four stops, one of which must find
 # the job in hand; 1.0.x leaves about 3 s between one job and the next, and on a busy
 # machine the stops drifted into those gaps (1 run of 4 beside the parallel part found no
 # job in hand). Most of its time is the wait for pgqueuer's fixed 30 s heartbeat timeout,
-# which needs no core.
+# which needs no core: the two releases wait side by side, each on a server of its own
+# (one server would give both releases one LISTEN/NOTIFY channel).
 @pytest.mark.releases
 @pytest.mark.quiet
 def test_pgqueuer_630_a_job_sigkilled_at_a_deploy_blocks_its_entrypoint_on_1_0_1_not_on_1_0_2(
-    tmp_path: Path, postgres_dsn: str, release_cache: Path, run_cli: RunCli
+    tmp_path: Path, release_cache: Path, run_cli: RunCli
 ) -> None:
     """pgqueuer #630: a job SIGKILLed at the end of a deploy's grace stays picked, and with
     the entrypoint's concurrency_limit (1) reached 1.0.1 re-picks nothing, stale or queued,
@@ -252,15 +253,18 @@ def test_pgqueuer_630_a_job_sigkilled_at_a_deploy_blocks_its_entrypoint_on_1_0_1
     outcome = run_cli(
         "versions", "--system", "pgqueuer", "--releases", "1.0.1,1.0.2", "--bisect",
         "--bisect-on", "promises", "--output-directory", str(tmp_path / "v"),
+        "--at-once", "2",
         # One worker, every job longer than the grace, the first stop once the first
         # worker is at work: a stop that finds a job in hand ends in SIGKILL.
-        "deploys", "--dsn", postgres_dsn, "--workers", "1", "--deploys", "4",
+        "deploys", "--workers", "1", "--deploys", "4",
         "--grace-s", "1", "--jobs", "6", "--long-share", "1", "--warmup-s", "3",
         "--interval-s", "3",
     )  # fmt: skip
     # 1.0.1 breaks its promise: the run is not ok, whatever the bisection found.
     assert outcome.code == 1, outcome.stderr
     assert outcome.result["bisection"]["found"] == "1.0.2"
+    # Side by side, each release's progress says which release it is.
+    assert {"[1.0.1] ", "[1.0.2] "} <= {line[:8] for line in outcome.stderr.splitlines()}
 
     def record(release: str) -> dict[str, Any]:
         kept: dict[str, Any] = json.loads((tmp_path / "v" / release / "deploys.json").read_text())

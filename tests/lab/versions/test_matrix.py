@@ -3,6 +3,7 @@ in test_releases.py and the documented commands)."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -192,3 +193,75 @@ def test_a_release_not_judged_here_leaves_the_run_incomplete(tmp_path: Path) -> 
     report = run_versions(list(records), lambda release, _: records[release], tmp_path)
     assert (report["ok"], report["passed_what_ran"], report["complete"]) == (False, True, False)
     assert report["headline"] == "3.1.0 could not be judged here; 3.2.0 passes"
+
+
+def test_a_bisections_two_ends_run_side_by_side(tmp_path: Path) -> None:
+    # Each end waits at the barrier for the other: run one after the other, the first
+    # would break the barrier at its timeout instead.
+    together = threading.Barrier(2, timeout=30)
+    ran: list[str] = []
+    judged = evidence("1.3", ran)
+
+    def run(release: str, directory: Path) -> dict[str, Any]:
+        if release in (RELEASES[0], RELEASES[-1]):
+            together.wait()
+        return judged(release, directory)  # type: ignore[no-any-return]
+
+    report = run_versions(RELEASES, run, tmp_path, bisect=True, at_once=2)
+    assert report["bisection"]["found"] == "1.3"
+    assert report["at_once"] == 2
+    assert set(ran[:2]) == {RELEASES[0], RELEASES[-1]}
+    assert len(set(ran)) == len(ran)
+
+
+def test_a_matrix_side_by_side_keeps_its_releases_order_and_never_runs_more_at_once(
+    tmp_path: Path,
+) -> None:
+    guard = threading.Lock()
+    going: list[str] = []
+    most = 0
+    judged = evidence("1.2", [])
+
+    def run(release: str, directory: Path) -> dict[str, Any]:
+        nonlocal most
+        with guard:
+            going.append(release)
+            most = max(most, len(going))
+        try:
+            return judged(release, directory)  # type: ignore[no-any-return]
+        finally:
+            with guard:
+                going.remove(release)
+
+    report = run_versions(RELEASES, run, tmp_path, at_once=3)
+    assert [row["release"] for row in report["rows"]] == RELEASES
+    assert [row["passes"] for row in report["rows"]] == [False, False] + [True] * 5
+    assert 1 <= most <= 3
+
+
+def test_an_interrupted_side_by_side_matrix_waits_for_the_runs_going_and_starts_none(
+    tmp_path: Path,
+) -> None:
+    first_stopped = threading.Event()
+    started: list[str] = []
+    finished: list[str] = []
+
+    def run(release: str, directory: Path) -> dict[str, Any]:
+        started.append(release)
+        if release == "1.0":
+            first_stopped.set()
+            raise KeyboardInterrupt
+        # Still going when the interruption reaches the matrix: it must be waited for.
+        assert first_stopped.wait(timeout=30)
+        finished.append(release)
+        return {"ok": True}
+
+    with pytest.raises(KeyboardInterrupt):
+        run_versions(RELEASES, run, tmp_path, at_once=2)
+    assert sorted(started) == ["1.0", "1.1"]
+    assert finished == ["1.1"]
+
+
+def test_no_release_at_a_time_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(InvalidInput, match="at-once"):
+        run_versions(RELEASES, evidence("1.0", []), tmp_path, at_once=0)

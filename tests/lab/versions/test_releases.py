@@ -108,6 +108,20 @@ def test_only_a_released_library_at_a_release_number_can_be_pinned(
     assert not (tmp_path / "a").exists()
 
 
+def test_no_release_at_a_time_is_a_usage_error_that_builds_nothing(
+    tmp_path: Path, empty_cache: Path, run_cli: RunCli
+) -> None:
+    for count in ("0", "-1", "two"):
+        outcome = run_cli(
+            "versions", "--system", "huey", "--releases", "3.2.1,3.3.0", "--at-once", count,
+            "--output-directory", str(tmp_path / "v"), "campaign",
+        )  # fmt: skip
+        assert outcome.code == 2
+        assert "--at-once" in outcome.stderr.splitlines()[-1]
+    assert not empty_cache.exists()
+    assert not (tmp_path / "v").exists()
+
+
 @pytest.mark.releases
 def test_a_release_the_index_does_not_have_is_refused_and_leaves_no_environment(
     tmp_path: Path, empty_cache: Path, run_cli: RunCli

@@ -5,7 +5,9 @@ Each release runs in its own environment (``lab.environments``) and its own dire
 with its own page; the matrix holds, for each, the lab's verdict, the verdict against the
 library's own promises, and the first reason. A bisection runs the first and the last
 release of the range, then halves the range between a release that passes and one that
-fails until they are neighbours: the second is where the evidence changed.
+fails until they are neighbours: the second is where the evidence changed. ``at_once``
+releases may run side by side (a matrix's releases, a bisection's two ends): each has its
+own environment, directory and, unless the evidence names a shared one, server.
 
 The run's verdict follows the releases, never the bisection: ``ok`` only when every release
 of the range ran, was judged here and passed the criterion; ``passed_what_ran`` when none
@@ -19,6 +21,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -229,24 +232,33 @@ def run_versions(
     bisect: bool = False,
     system: str | None = None,
     library: str | None = None,
+    at_once: int = 1,
 ) -> dict[str, Any]:
     """The matrix over ``releases`` (every one, or those a bisection needs), with its
     verdict (``judge``); ``system`` is what ran them (the command's ``--system``),
     ``library`` the library whose releases they are, named in the headline (default:
-    ``system``)."""
+    ``system``); up to ``at_once`` releases run side by side."""
+    if at_once < 1:
+        raise InvalidInput("at-once", f"{at_once}: at least one release runs at a time")
     rows: dict[str, dict[str, Any]] = {}
 
+    def run_all(wanted: Sequence[str]) -> None:
+        todo = [release for release in wanted if release not in rows]
+        for release, record in zip(
+            todo, side_by_side(todo, run_release, output_dir, at_once), strict=True
+        ):
+            rows[release] = cell(release, record, criterion)
+
     def run(release: str) -> bool:
-        if release not in rows:
-            rows[release] = cell(release, run_release(release, output_dir / release), criterion)
+        run_all([release])
         return bool(rows[release]["passes"])
 
     bisection: dict[str, Any] | None = None
     if not bisect:
-        for release in releases:
-            run(release)
+        run_all(releases)
     else:
         low, high = 0, len(releases) - 1
+        run_all([releases[low], releases[high]])
         low_passes, high_passes = run(releases[low]), run(releases[high])
         if low_passes == high_passes:
             word = "passes" if low_passes else "fails"
@@ -280,5 +292,31 @@ def run_versions(
         "not_run": [release for release in releases if release not in rows],
         "system": system,
         "library": library or system,
+        "at_once": at_once,
     }
     return report | judge(report)
+
+
+def side_by_side(
+    releases: Sequence[str], run_release: RunRelease, output_dir: Path, at_once: int
+) -> list[dict[str, Any]]:
+    """Each release's record, in order, with up to ``at_once`` of them running at a time.
+    Interrupted (Ctrl-C reaches the runs' processes too, and each stops itself and keeps
+    its record), the runs already going are waited for and no other is started."""
+    if at_once == 1 or len(releases) < 2:
+        return [run_release(release, output_dir / release) for release in releases]
+    waiting = list(enumerate(releases))
+    running: dict[Future[dict[str, Any]], int] = {}
+    records: dict[int, dict[str, Any]] = {}
+    pool = ThreadPoolExecutor(max_workers=at_once, thread_name_prefix="release")
+    try:
+        while waiting or running:
+            while waiting and len(running) < at_once:
+                index, release = waiting.pop(0)
+                running[pool.submit(run_release, release, output_dir / release)] = index
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                records[running.pop(future)] = future.result()
+    finally:
+        pool.shutdown(wait=True)
+    return [records[index] for index in range(len(releases))]
