@@ -150,6 +150,11 @@ class Store:
         if segments and expected is not None:
             self._open_live(segments[-1][1], frames_end)
             self._resync(data[:frames_end])
+            # The names recovery found may not be durable yet: a compaction that failed after
+            # creating the next segment (its file synced, the directory's sync failed or never
+            # came) leaves that segment newest, and the frames appended to it from now on
+            # would vanish with its name at a power cut.
+            fsync_directory(self.directory)
         else:
             self._start_segment(state.last_seq + 1)
         self.hook("recover:done")

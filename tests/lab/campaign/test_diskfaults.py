@@ -15,10 +15,12 @@ from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.campaign import diskfaults
 from crashqueuelab.lab.campaign.diskfault_told import Told, obligations
 from crashqueuelab.lab.campaign.diskfaults import (
+    CHECKPOINT,
     FAILED,
     PASSED,
     RECORD_FILE,
     STEPS,
+    applicable_steps,
     fault_names,
     run_disk_faults,
 )
@@ -75,18 +77,18 @@ def test_the_command_runs_a_fault_over_every_step_and_its_page_says_the_verdict(
     assert [case["step"] for case in result["cases"]] == list(STEPS)
     assert all("error" in case["told"] for case in result["cases"])
     lines = outcome.stderr.rstrip().splitlines()
-    assert lines[0].startswith("disk-faults walqueue: 1/7 eio-fsync submit-a: passed"), lines
+    assert lines[0].startswith(f"disk-faults walqueue: 1/{len(STEPS)} eio-fsync submit-a: passed")
     assert lines[-1] == (
         f"crashqueuelab: passed: {result['headline']}; report: {target / 'report.html'}"
     )
     record = json.loads((target / RECORD_FILE).read_text())
-    assert (record["ok"], record["seed"], record["summary"]["passed"]) == (True, 3, 7)
+    assert (record["ok"], record["seed"], record["summary"]["passed"]) == (True, 3, len(STEPS))
     # ``versions ... disk-faults`` reads this record for each release, and its row from it.
     assert VERSIONS_EVIDENCE["disk-faults"] == RECORD_FILE
     assert cell("0.1", record, "cases")["passes"] is True
     page = (target / "report.html").read_text()
     assert 'id="verdict" data-ok="true"' in page
-    assert "7 of 7 cases passed (eio-fsync)" in page
+    assert f"{len(STEPS)} of {len(STEPS)} cases passed (eio-fsync)" in page
     assert "crashqueuelab disk-faults --system walqueue --disk-fault eio-fsync --count 1" in page
     (target / "report.html").unlink()
     assert run_cli("report", target).code == cli.EXIT_OK
@@ -101,6 +103,33 @@ def test_the_command_runs_a_fault_over_every_step_and_its_page_says_the_verdict(
     assert MARKUP not in html
     assert "&lt;script&gt;alert(&#39;owned&#39;)&lt;/script&gt;" in html
     assert 'id="verdict" data-ok="false"' in html
+
+
+@needs_fuse
+def test_walqueue_keeps_what_it_acknowledges_after_a_compaction_the_disk_failed(
+    tmp_path: Path,
+) -> None:
+    """The checkpoint step (walqueue's compaction) under a failed directory sync and a failed
+    fsync, each of the first such call: the compaction is told the failure, and a queue
+    opened again keeps every acknowledgement through a power cut. Before walqueue synced
+    its directory at open, the segment the failed compaction had created stayed newest, the
+    reopened queue appended to it, and its name (never durable) took them with it at the
+    cut: job-b told succeeded, pending on the disk."""
+    record = run_disk_faults(
+        walqueue_system(), ["eio-dirsync", "eio-fsync"], tmp_path / "run", count=1,
+        steps=(CHECKPOINT,),
+    )  # fmt: skip
+    cases = [(case["disk_fault"], case["step"], case["verdict"]) for case in record["cases"]]
+    assert cases == [
+        ("eio-dirsync", "checkpoint", PASSED),
+        ("eio-fsync", "checkpoint", PASSED),
+    ], record["anomalies"]
+    assert all(case["told"]["error"].startswith("OSError") for case in record["cases"])
+
+
+def test_a_system_whose_checkpoint_does_nothing_durable_gets_no_checkpoint_case() -> None:
+    assert applicable_steps(sqlite_system()) == list(range(CHECKPOINT))
+    assert applicable_steps(walqueue_system()) == list(range(len(STEPS)))
 
 
 @needs_fuse

@@ -75,8 +75,21 @@ RECORD_FILE = kinds.DISK_FAULTS.record
 ALL = "all"
 LEASE_US = 5_000_000
 RETRY = RetryPolicy(base_delay_us=1_000, max_delay_us=8_000)
-#: The steps of the workload, each a case with the fault armed around its call.
-STEPS = ("submit-a", "claim-a", "succeed-a", "submit-b", "claim-b", "fail-b", "reopen")
+#: The steps of the workload, each a case with the fault armed around its call. The
+#: checkpoint (walqueue's compaction: a new segment, a snapshot and CURRENT renamed in, old
+#: segments deleted, each followed by a sync of the directory) only for a system whose
+#: checkpoint does durable work (``Capabilities.checkpoint``).
+STEPS = (
+    "submit-a",
+    "claim-a",
+    "succeed-a",
+    "submit-b",
+    "claim-b",
+    "fail-b",
+    "reopen",
+    "checkpoint",
+)
+CHECKPOINT = STEPS.index("checkpoint")
 #: A bound on the work after recovery: every job claimed and finished in this many rounds.
 FINISH_ROUNDS = 12
 #: Verdicts of a case.
@@ -150,6 +163,8 @@ class _Driver:
                 told.error = f"{type(error).__name__}: {error}"
             self.told.append(told)
             return told
+        if step == "checkpoint":
+            return self.call(step, faulted, lambda client: client.checkpoint())
         job = JOBS[0] if step.endswith("-a") else JOBS[1]
         if step.startswith("submit"):
             return self.call(step, faulted, lambda client: client.submit(job))
@@ -462,6 +477,15 @@ def headline(summary: dict[str, int], faults: Sequence[str]) -> str:
     return text + (f"; {', '.join(others)}" if others else "")
 
 
+def applicable_steps(system: System) -> list[int]:
+    """Every step of ``STEPS`` that does durable work on ``system``."""
+    return [
+        index
+        for index in range(len(STEPS))
+        if index != CHECKPOINT or system.capabilities.checkpoint
+    ]
+
+
 def run_disk_faults(
     system: System,
     faults: str | Sequence[str],
@@ -482,7 +506,7 @@ def run_disk_faults(
     directory is touched."""
     names = fault_names([faults] if isinstance(faults, str) else faults)
     chosen = [(name, DiskFault.named(name, path=path, count=count)) for name in names]
-    order = list(range(len(STEPS))) if steps is None else list(steps)
+    order = applicable_steps(system) if steps is None else list(steps)
     if system.server not in (None, "postgres"):
         raise CrashModeUnavailable(
             f"disk fault {names[0]}",
