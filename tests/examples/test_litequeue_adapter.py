@@ -95,6 +95,32 @@ def test_the_campaign_passes_every_point_and_names_the_retry_bug(
     assert weakness["lines"] + len(broken) == len(report["anomalies"])
 
 
+def test_the_documented_command_s_relative_output_directory_gives_the_same_verdict(
+    tmp_path: Path, run_cli: RunCli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # docs/systems.md runs the example with --output-directory runs/litequeue: its reader
+    # made a URI of a relative path, raised, and every crash point failed.
+    monkeypatch.chdir(tmp_path)
+    outcome = run_cli(
+        "campaign", "--system", SPEC, "--seed", "7", "--crash-point", "prune:after",
+        "--crash-point", "done:after", "--probe", "idempotent_submit", "--shrink-seconds", "0",
+        "--output-directory", "runs/litequeue",
+    )  # fmt: skip
+    report = json.loads((tmp_path / "runs" / "litequeue" / "campaign.json").read_text())
+    assert not any("the reader raised" in line for line in report["anomalies"]), report["anomalies"]
+    assert [case["passed"] for case in report["cases"]] == [True, True], outcome.stderr
+    assert outcome.result["promises"]["keeps_its_promises"] is True
+
+
+def test_the_reader_reads_a_directory_named_relative_to_the_working_directory(
+    client: QueueClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client.submit(job("a"))
+    monkeypatch.chdir(tmp_path)
+    reading = read_store(Path("store"))
+    assert (reading.ok, sorted(reading.jobs)) == (True, ["a"])
+
+
 def test_chaos_keeps_litequeues_promises_and_loses_nothing(tmp_path: Path, run_cli: RunCli) -> None:
     outcome = run_cli(
         "chaos", "--system", SPEC, "--seed", "7", "--jobs", "300", "--kills", "10",
