@@ -228,7 +228,7 @@ def read_store(directory: Path) -> StoreReading:
     if not path.exists():
         checks = {"integrity_check": True, "invariants": True}
         return StoreReading(False, {}, {}, True, (), judge, checks=checks)
-    connection = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
+    connection = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)
     try:
         integrity = connection.execute("PRAGMA integrity_check").fetchone()[0]
         # A process killed while opening a new store may leave litequeue's table without

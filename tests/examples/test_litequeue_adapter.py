@@ -20,7 +20,7 @@ from crashqueuelab import cli
 from crashqueuelab.core.clock import ManualClock
 from crashqueuelab.suite.harness import open_client
 from crashqueuelab.systems import JobSpec, JobStatus, QueueClient, System, Verdict
-from tests.conftest import EXAMPLES, RunCli
+from tests.conftest import EXAMPLES, SHRINK_BUDGET_S, RunCli
 
 # Imported from examples/ without leaving it on the path of the whole session: a test that
 # runs the adapter in the lab's children puts it there itself.
@@ -93,6 +93,53 @@ def test_the_campaign_passes_every_point_and_names_the_retry_bug(
     assert weakness["what"].startswith("No lease and no fencing")
     assert weakness["first"].startswith("probe stale_holder_after_expiry: ")
     assert weakness["lines"] + len(broken) == len(report["anomalies"])
+
+
+def test_the_documented_command_s_relative_output_directory_gives_the_same_verdict(
+    tmp_path: Path, run_cli: RunCli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # docs/systems.md runs the example with --output-directory runs/litequeue: its reader
+    # made a URI of a relative path, raised, and every crash point failed.
+    monkeypatch.chdir(tmp_path)
+    outcome = run_cli(
+        "campaign", "--system", SPEC, "--seed", "7", "--crash-point", "prune:after",
+        "--crash-point", "done:after", "--probe", "idempotent_submit", "--shrink-seconds", "0",
+        "--output-directory", "runs/litequeue",
+    )  # fmt: skip
+    report = json.loads((tmp_path / "runs" / "litequeue" / "campaign.json").read_text())
+    assert not any("the reader raised" in line for line in report["anomalies"]), report["anomalies"]
+    assert [case["passed"] for case in report["cases"]] == [True, True], outcome.stderr
+    assert outcome.result["promises"]["keeps_its_promises"] is True
+
+
+def test_the_reader_reads_a_directory_named_relative_to_the_working_directory(
+    client: QueueClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client.submit(job("a"))
+    monkeypatch.chdir(tmp_path)
+    reading = read_store(Path("store"))
+    assert (reading.ok, sorted(reading.jobs)) == (True, ["a"])
+
+
+def test_the_model_workload_s_bug_is_shrunk_though_its_first_line_is_a_documented_weakness(
+    tmp_path: Path, run_cli: RunCli
+) -> None:
+    # The workload's first anomaly is a late acknowledgement litequeue documents; the run
+    # shrank that one, pinned it as an expected failure, and left the bug without one.
+    run_cli(
+        "campaign", "--system", SPEC, "--seed", "7", "--shrink-seconds", str(SHRINK_BUDGET_S),
+        "--output-directory", str(tmp_path / "c"),
+    )  # fmt: skip
+    report = json.loads((tmp_path / "c" / "campaign.json").read_text())
+    assert "after an accepted acknowledgement" not in report["model"]["anomalies"][0]
+    # The bug first, and every documented weakness after it, pinned as such.
+    model, *documented = report["shrink"]["reproducers"]
+    assert model["name"] == "model workload"
+    assert len(documented) == 3
+    assert all(record["documented"] is not None for record in documented)
+    assert model["documented"] is None
+    assert " after an accepted acknowledgement (at " in model["anomaly"]
+    assert model["test_run"]["outcome"] == "failed", model["test_run"]
 
 
 def test_chaos_keeps_litequeues_promises_and_loses_nothing(tmp_path: Path, run_cli: RunCli) -> None:

@@ -388,3 +388,27 @@ def test_a_heartbeat_that_raises_in_a_crash_child_is_named_in_its_case(
         " RuntimeError: the queue's heartbeat is broken" in reason
     )
     assert "never reached" not in reason
+
+
+def test_a_system_is_handed_absolute_directories_whatever_the_run_was_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An adapter may make a URI of its directory (Path.as_uri refuses a relative one): the
+    # documented commands name their output directories relative to the working directory.
+    from crashqueuelab.core.clock import ManualClock
+    from crashqueuelab.core.ids import SeededIds
+    from crashqueuelab.core.retry import RetryPolicy
+    from crashqueuelab.lab.runs.readings import read_store
+    from crashqueuelab.systems.contract import StoreReading
+
+    monkeypatch.chdir(tmp_path)
+    request = OpenRequest(Path("runs/store"), ManualClock(0), SeededIds(0, "t"), RetryPolicy())
+    assert request.directory == tmp_path / "runs" / "store"
+    seen: list[Path] = []
+
+    def reader(directory: Path) -> StoreReading:
+        seen.append(directory)
+        return StoreReading(True, {}, {}, True, (), "a reader that notes its directory")
+
+    reading = read_store(replace(sqlite_system(), reader=reader), Path("runs/store"), [])
+    assert (reading.ok, seen) == (True, [tmp_path / "runs" / "store"])

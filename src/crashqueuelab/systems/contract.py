@@ -239,6 +239,12 @@ class OpenRequest:
     #: None when nothing observes the crash points (a system may then take a faster path).
     hook: Hook | None = None
 
+    def __post_init__(self) -> None:
+        # Always absolute, whatever directory the run was given on the command line: an
+        # adapter may make a URI of it (``Path.as_uri`` refuses a relative path) or hand it
+        # to a library that changes directory.
+        object.__setattr__(self, "directory", Path(self.directory).absolute())
+
 
 @dataclass(frozen=True)
 class Capabilities:

@@ -242,6 +242,17 @@ def test_the_public_reruns(tmp_path: Path) -> None:
     assert Outcome(False, ["a", "b"], tmp_path).explain().endswith("- a\n- b")
 
 
+def test_an_exported_test_under_a_relative_directory_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The documented commands name relative output directories: pytest, started in the
+    # test's own directory, was given the relative path again and ran nothing.
+    export.write_test(tmp_path / "r", "test_x", "def test_x() -> None:\n    pass\n")
+    monkeypatch.chdir(tmp_path)
+    run = export.run_test(Path("r") / "test_x.py", import_path=None)
+    assert (run["outcome"], run["failed"]) == ("passed", False), run["detail"]
+
+
 def test_an_exported_test_that_cannot_run_says_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -430,7 +430,7 @@ def _scheduler(
 
         return held
     own = worker.schedule
-    return lambda key, due_epoch_s: own(store, key, due_epoch_s)
+    return lambda key, due_epoch_s: own(store.absolute(), key, due_epoch_s)
 
 
 def _scheduled_record(

@@ -94,7 +94,7 @@ def serve(spec: DeployWorkerSpec) -> None:
     system = resolve_system(spec.system)
     worker = system.own_worker or lab_worker(system, Path(spec.ledger), spec.lease_s)
     append_line(spec.ledger, f"serving {time.monotonic():.6f} {os.getpid()}\n")
-    worker.serve(Path(spec.store), spec.worker_id, work_for(spec))
+    worker.serve(Path(spec.store).absolute(), spec.worker_id, work_for(spec))
 
 
 def main(argv: Sequence[str]) -> int:

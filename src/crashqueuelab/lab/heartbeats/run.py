@@ -86,7 +86,7 @@ def _submit(system: System, store: Path, keys: Sequence[str]) -> None:
 def _stored(system: System, store: Path) -> dict[str, JobStatus] | None:
     if system.reader is None:
         return None
-    return {key: job.status for key, job in system.reader(store).jobs.items()}
+    return {key: job.status for key, job in system.reader(store.absolute()).jobs.items()}
 
 
 def _every_job_ended(keys: Sequence[str], executions: Sequence[Execution]) -> bool:

@@ -57,7 +57,7 @@ def worker_main(spec: WorkerSpec) -> None:
     try:
         loop = resolve_system(spec.system).library_worker
         assert loop is not None  # the parent checked
-        loop.run(Path(spec.store), spec.worker_id, work, stop, spec.retry_after_s)
+        loop.run(Path(spec.store).absolute(), spec.worker_id, work, stop, spec.retry_after_s)
     except Exception:
         Path(spec.ledger + ".error").write_text(traceback.format_exc())
         os._exit(WORKER_FAILED)

@@ -422,8 +422,23 @@ def shrink_campaign(
         kind, anomaly, _ = failure
         return shrinker.documented(f"{MODEL}: {anomaly}" if kind == MODEL else anomaly)
 
+    def bug_first(
+        failure: tuple[str, str, Mapping[str, Any]],
+    ) -> tuple[str, str, Mapping[str, Any]]:
+        """The model workload's failure as its first line no documented weakness explains,
+        where one is: its first line may be a weakness, and a bug must not hide behind it."""
+        kind, anomaly, source = failure
+        if kind != MODEL:
+            return failure
+        lines = source.get("anomalies") or [anomaly]
+        bug = next(
+            (line for line in lines if shrinker.documented(f"{MODEL}: {line}") is None), None
+        )
+        return (kind, anomaly if bug is None else bug, source)
+
     # The bugs first: they get the budget first, and lead the page.
-    for kind, anomaly, source in sorted(_failures(report), key=lambda f: bool(documented(f))):
+    failures = [bug_first(failure) for failure in _failures(report)]
+    for kind, anomaly, source in sorted(failures, key=lambda f: bool(documented(f))):
         if (only is not None and kind != only) or (
             most is not None and len(shrinker.records) >= most
         ):

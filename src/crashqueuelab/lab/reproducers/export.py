@@ -205,6 +205,9 @@ def run_test(path: Path, *, import_path: str | None, system: str | None = None) 
     could not run it (not installed, the file broken, no time left); ``failed`` is True
     for a failure, False for a pass, None otherwise. ``system`` runs it against another
     system (the correct one), importable from where the lab finds it."""
+    # pytest runs from the file's own directory: a path relative to this one (a run's
+    # relative --output-directory) would name a file that is not there.
+    path = path.absolute()
     label = "as-exported" if system is None else "against-" + re.sub(r"[^\w.-]+", "-", system)
     output = path.with_name(f"{path.stem}.{label}.txt")
     if importlib.util.find_spec("pytest") is None:

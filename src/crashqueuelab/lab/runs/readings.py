@@ -41,6 +41,9 @@ def _through_client(system: System, directory: Path, keys: Sequence[str]) -> Sto
 def read_store(system: System, directory: Path, keys: Sequence[str]) -> StoreReading:
     """What ``directory`` holds for ``keys`` (and all else the reader finds), and its verdict."""
     judge = "unknown" if system.reader is None else system.reader.__module__
+    # A reader gets an absolute directory, as a client does (``OpenRequest``), also when
+    # the run's output directory was given relative to the working directory.
+    directory = directory.absolute()
     try:
         if system.reader is not None:
             return system.reader(directory)
