@@ -42,11 +42,16 @@ def test_the_lab_worker_on_sqlite_loses_nothing_and_acknowledges_nothing_twice_u
     )  # fmt: skip
     assert record["exit_code"] == 0, record["anomalies"]
     assert record["ok"] is True
-    # Held by the queue's retry delay, each scheduled job ran once, not before it was due.
+    # Held by the queue's retry delay, each scheduled job ran to completion once, not before
+    # it was due. A busy machine can make the deploy's SIGKILL cut one mid-run (a long job
+    # past the 0.5 s grace): its next start is that cut execution's redelivery, nothing else.
     timed = record["scheduled"]["jobs"]
     assert len(timed) == 2
     assert {job["verdict"] for job in timed.values()} == {"on time"}
-    assert all(len(job["starts_s"]) == 1 for job in timed.values())
+    for key, job in timed.items():
+        ran = record["jobs"][key]
+        assert ran["completed"] == 1
+        assert len(job["starts_s"]) == ran["runs"] == 1 + ran["cut"] == 1 + ran["redelivered"]
     ledgers = "".join(path.read_text() for path in (tmp_path / "d").glob("*.ledger"))
     assert {line.split()[1] for line in ledgers.splitlines() if line.startswith("hold ")} == set(
         timed
