@@ -299,6 +299,44 @@ def test_every_experiment_keeps_what_it_had_done_when_interrupted(
         assert 'disk-fault cases run</th><td class="num">1 of 7</td>' in page
 
 
+def test_a_showcase_stopped_while_it_writes_a_parts_page_links_that_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_cli: RunCli
+) -> None:
+    """A part is finished once its record is kept; the signal may land while its page is
+    written. The stopped run's page builds it and links it, and the command it names for a
+    page it cannot build is one that runs from where the run was started."""
+    from crashqueuelab.cli import experiments
+    from crashqueuelab.cli.pages import html_report as real
+    from crashqueuelab.lab.pages import stopped
+
+    def page(directory: Path, *args: Any) -> str | None:
+        if directory.name == "process-fault-campaign":
+            raise Interrupted("SIGINT")
+        return real(directory, *args)
+
+    monkeypatch.setattr(experiments, "html_report", page)
+    monkeypatch.chdir(tmp_path)
+    outcome = run_cli(
+        "showcase", "--system", "sqlite", "--quiet", "--output-directory", "runs/stopped"
+    )
+    assert outcome.code == EXIT_INTERRUPTED
+    directory = tmp_path / "runs/stopped"
+    kept = json.loads((directory / "showcase.json").read_text())
+    assert kept["parts_done"] == ["sqlite: effect experiment", "sqlite: crash campaign"]
+    assert (directory / "sqlite/process-fault-campaign/report.html").is_file()
+    page_text = (directory / "report.html").read_text()
+    assert '<a href="sqlite/process-fault-campaign/report.html">' in page_text
+    assert "none yet" not in page_text
+    # A part whose page is still missing is named with the path a user types.
+    (directory / "sqlite/process-fault-campaign/report.html").unlink()
+    view = stopped.stopped_view(directory, kept)
+    [_, campaign] = view.data["parts"]
+    assert (campaign["page"], campaign["build"]) == (
+        None,
+        "runs/stopped/sqlite/process-fault-campaign",
+    )
+
+
 def test_a_campaign_stopped_while_it_prints_a_case_starts_no_more_cases() -> None:
     """The signal may land in a progress line rather than while a case is awaited: the
     cases still queued must not start all the same (they once did, one after another,

@@ -6,6 +6,7 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from crashqueuelab.core.errors import InvalidInput, install_hint
 from crashqueuelab.lab.pages.bench import bench_view
@@ -66,6 +67,18 @@ def _environment() -> object:
     )
 
 
+def _write_finished_parts(run_dir: Path, record: dict[str, Any]) -> None:
+    """Each part a stopped composed run (a showcase) had finished gets its page, so the
+    run's page links it: the signal may land after a part's record and before its page."""
+    for entry in record.get("parts", []):
+        part = run_dir / entry["directory"]
+        if not (part / REPORT_FILE).is_file() and kind_of(part) is not None:
+            try:
+                write_report(part)
+            except InvalidInput:
+                continue  # its page says how to build it (stopped.html.j2)
+
+
 def write_report(run_dir: Path) -> Path:
     """Build ``run_dir/report.html`` from the run's retained files; its path."""
     kind = kind_of(run_dir)
@@ -78,6 +91,8 @@ def write_report(run_dir: Path) -> Path:
         stopped = isinstance(record, dict) and (
             record.get("interrupted") or record.get("system_raised")
         )
+        if stopped:
+            _write_finished_parts(run_dir, record)
         view = stopped_view(run_dir, record) if stopped else VIEWS[kind](run_dir)
     except (KeyError, TypeError, ValueError) as error:
         # Another version's report, or a hand-edited one: say so, never a traceback.

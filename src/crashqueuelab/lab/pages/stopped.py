@@ -113,9 +113,18 @@ def again(arguments: list[str], run_dir: Path) -> list[str]:
 def _parts(run_dir: Path, record: dict[str, Any]) -> list[dict[str, Any]]:
     """The parts a composed run finished, each with its page when it has one."""
     parts = []
+    # A part's directory as the command that builds its page names it: from where the run
+    # was started, as its --output-directory was typed.
+    typed = Path(record.get("output_directory") or run_dir)
     for entry in record.get("parts", []):
         page = Path(entry["directory"]) / "report.html"
-        parts.append(entry | {"page": str(page) if (run_dir / page).is_file() else None})
+        parts.append(
+            entry
+            | {
+                "page": str(page) if (run_dir / page).is_file() else None,
+                "build": str(typed / entry["directory"]),
+            }
+        )
     return parts
 
 
