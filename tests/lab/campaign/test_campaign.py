@@ -181,7 +181,8 @@ def test_a_showcase_without_power_loss_says_why_and_runs_the_rest(
     assert (mutants["ok"], mutants["passed_what_ran"]) == (False, True)
     assert [m["mutant"] for m in mutants["not_run"]] == needing
     assert mutants["line"].startswith("mutants: 2 of 4 caught, 2 not run by the evidence")
-    assert "it needs a power cut, and no /dev/fuse here" in mutants["line"]
+    assert "; why not run: mutants.json;" in mutants["line"]
+    assert not [name for name in needing if name in mutants["line"]]
     assert (outcome.result["ok"], outcome.result["complete"]) == (False, False)
     assert outcome.result["passed_what_ran"] is True
     assert outcome.result["not_run"] == [
@@ -213,6 +214,33 @@ def test_a_showcase_without_power_loss_says_why_and_runs_the_rest(
     assert "mutants: 2 of 4 caught, 2 not run" in mutants_page
     assert 'data-ok="false" data-complete="false"' in mutants_page
     assert mutants_page.count("not run, so not caught") == 2
+
+
+def test_the_mutants_line_stays_short_when_many_mutants_did_not_run_for_a_long_reason(
+    tmp_path: Path,
+) -> None:
+    """Without FUSE the mutants' reason carries the install hint, which the showcase's
+    verdict line says once: the mutants' line gives each reason's first clause and names
+    the file that lists the mutants (it was 445 characters, the hint in full)."""
+    from crashqueuelab.cli.verdict import LINE_LIMIT
+    from crashqueuelab.lab.showcase import _mutant_summary
+
+    hint = (
+        "power-loss mode needs the FUSE bindings: /a/long/virtual/environment/bin/pip"
+        " install -e '.[powerloss]' (from the checkout's root)"
+    )
+    needing = [m.name for m in MUTANTS if m.needs_power_loss]
+    report = {
+        "seed": 1, "timings": {"total_s": 20.4}, "ok": False, "passed_what_ran": True,
+        "caught": 17, "total": 22, "missed": [], "seeds": [1], "evidence": {},
+        "not_run": [{"mutant": n, "reason": f"it needs a power cut, and {hint}"} for n in needing],
+    }  # fmt: skip
+    (tmp_path / "mutants.json").write_text(json.dumps(report))
+    line = _mutant_summary(tmp_path)["line"]
+    assert len(f"crashqueuelab: {line}") <= LINE_LIMIT, line
+    assert f"caught, {len(needing)} not run by the evidence" in line
+    assert "; why not run: mutants.json;" in line
+    assert "pip install" not in line
 
 
 def test_what_a_showcase_did_not_run_is_listed_with_each_reason_and_said_once_per_reason() -> None:
