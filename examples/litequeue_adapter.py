@@ -318,10 +318,51 @@ NO_FENCING = Documented(
         Kind.LATE_FAILURE_REPORT_ACCEPTED,
         Kind.FAILURE_REPORT_AT_DEADLINE_ACCEPTED,
     ),
-    # A stale failure report marks a message its new holder had acknowledged FAILED.
-    when={Kind.STORE_DIFFERS: {"told": "succeeded", "stored": "dead"}},
+    when={
+        # A stale failure report marks a message its new holder had acknowledged FAILED.
+        Kind.STORE_DIFFERS: {"told": "succeeded", "stored": "dead"},
+        # The contract's rules (the pytest plugin): a second done() and one at the lab's
+        # deadline mark the message, as any done() does.
+        Kind.CONTRACT_RULE_FAILED: (
+            {
+                "point": "the_live_holder_acknowledges_once",
+                "assertion": "a second acknowledgement of the same lease answered succeeded*",
+            },
+            {
+                "point": "an_acknowledgement_at_the_deadline_is_refused",
+                "assertion": "* answered succeeded*",
+            },
+        ),
+    },
 )
-DOCUMENTED = (NO_FENCING,)
+# litequeue's own clock: how long a message has been locked is measured with time_ns().
+WALL_CLOCK_LOCKS = Documented(
+    what="A locked message is ready again only once a sweep finds it locked for longer than "
+    "its threshold, counted on litequeue's own clock (the wall clock, time_ns()), so a "
+    "lease that ran out on the caller's clock frees nothing until that much real time passed",
+    source=f'{RELEASE}: LiteQueue.list_locked ("Return all the tasks that have been in the '
+    '`LOCKED` state for more than `threshold_seconds` seconds.")',
+    when={
+        Kind.CONTRACT_RULE_FAILED: {
+            "point": "an_expired_holder_is_refused_and_the_job_goes_to_another",
+            "assertion": "* found nothing to claim",
+        },
+    },
+)
+# litequeue has no delay: retry() makes the message ready at once.
+RETRY_AT_ONCE = Documented(
+    what="No retry delay: retry(message_id) makes a message ready again at once, so a failed "
+    "message can be taken again before the delay the lab's contract asks for",
+    source=f'{RELEASE}: LiteQueue.retry ("Mark a locked message as free again.")',
+    when={
+        Kind.CONTRACT_RULE_FAILED: {
+            "point": "a_failure_waits_its_delay_then_the_dead_letter_takes_it",
+            "assertion": "* claimed job * as attempt 2; nothing may be claimable: the retry's"
+            " delay has not passed",
+        },
+    },
+)
+DOCUMENTED = (NO_FENCING, WALL_CLOCK_LOCKS, RETRY_AT_ONCE)
 
 
 def litequeue_system() -> System:

@@ -378,3 +378,32 @@ def test_rq_fails_no_check_and_each_expected_failure_is_what_rq_documents(
             "model-workload": NO_TOKEN,
         },
     )
+
+
+def test_the_litequeue_example_fails_only_its_own_bug_and_each_expected_failure_is_documented(
+    pytester: pytest.Pytester,
+) -> None:
+    """A queue author who copies the example gets a red check only for the broken promise
+    (the model workload's: a stale failure report runs a succeeded job again), and each
+    contract check or probe litequeue's own docstrings account for as an expected failure
+    with those words and their link."""
+    spec = "litequeue_adapter:litequeue_system"
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-rx", LAB, OPTION, spec)
+    result.assert_outcomes(failed=1, passed=23, skipped=10, xfailed=7)
+    assert [line for line in result.stdout.lines if line.startswith("FAILED ")] == [
+        line for line in result.stdout.lines if line.startswith("FAILED crashqueuelab::model")
+    ]
+    no_fencing = "No lease and no fencing: "
+    _as_documented(
+        _documented(result, spec),
+        spec,
+        {
+            "the_live_holder_acknowledges_once": no_fencing,
+            "an_acknowledgement_at_the_deadline_is_refused": no_fencing,
+            "an_expired_holder_is_refused_and_the_job_goes_to_another": "A locked message is",
+            "a_failure_waits_its_delay_then_the_dead_letter_takes_it": "No retry delay: ",
+            "stale_holder_after_expiry": no_fencing,
+            "acknowledgement_at_the_deadline": no_fencing,
+            "batched_acknowledgement_fences_each_item": no_fencing,
+        },
+    )
