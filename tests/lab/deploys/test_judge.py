@@ -4,9 +4,13 @@ no finding; a worker SIGKILLed with nothing in hand."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 from crashqueuelab.judges.findings import Kind
 from crashqueuelab.lab.deploys.judge import (
     WorkerFate,
+    by_its_guard,
     fates_of_held,
     judge,
     judge_scheduled,
@@ -15,10 +19,14 @@ from crashqueuelab.lab.deploys.judge import (
 from crashqueuelab.lab.deploys.plan import Scheduled
 from crashqueuelab.lab.runs.executions import (
     ABANDONED,
+    CUT,
     ENDED,
     KILLED,
+    Death,
+    DeathWatch,
     Execution,
     read_acknowledgements,
+    with_deaths,
 )
 from crashqueuelab.systems.contract import JobStatus, StoredJob
 
@@ -57,12 +65,78 @@ def test_a_job_redelivered_after_a_sigkill_cut_it_is_no_finding() -> None:
         "runs": 2,
         "completed": 1,
         "cut": 1,
+        "ended_by_its_guard": 0,
         "redelivered": 1,
         "acknowledged": 0,
         "stored": "successful",
         "status": "succeeded",
     }
     assert fates_of_held(fates, jobs) == {"w0": {"a": "ran again to completion"}}
+
+
+DEAD = StoredJob("failed", JobStatus.DEAD, 2)
+
+
+def test_a_job_the_librarys_guard_ended_each_time_and_the_store_gave_up_is_not_lost() -> None:
+    # Cut twice by the library's timeout (an exception raised into the work), then dead in
+    # the store: given up within its attempts, a terminal state.
+    runs = [
+        Execution("a", "w0", 1.0, 3.0, how=CUT, why="JobTimeoutException"),
+        Execution("a", "w0", 3.5, 5.5, how=CUT, why="JobTimeoutException"),
+    ]
+    anomalies, jobs = judge(["a"], runs, {}, {}, {"a": DEAD}, "SIGTERM", max_attempts=2)
+    assert anomalies == []
+    assert (jobs["a"]["ended_by_its_guard"], jobs["a"]["redelivered"]) == (2, 1)
+    # Still held (not dead): nothing gave it up, it is lost.
+    anomalies, _ = judge(["a"], runs, {}, {}, {"a": PICKED}, "SIGTERM", max_attempts=2)
+    assert [a.kind for a in anomalies] == [Kind.LOST_IN_DEPLOY]
+
+
+def test_a_job_the_guard_ended_more_often_than_its_attempts_is_beyond_its_limit() -> None:
+    runs = [Execution("a", "w0", float(i), i + 0.5, how=CUT) for i in range(3)]
+    anomalies, _ = judge(["a"], runs, {}, {}, {"a": DEAD}, "SIGTERM", max_attempts=2)
+    assert [(a.kind, a.attempt, a.limit) for a in anomalies] == [(Kind.ATTEMPT_BEYOND_LIMIT, 3, 2)]
+    assert anomalies[0].text == (
+        "job a: run 3 times, 3 of them ended by the library's own guard; its attempts are 2"
+    )
+
+
+def test_a_work_process_the_guard_killed_under_a_live_worker_is_an_attempt() -> None:
+    """RQ's work horse killed past its job timeout: its execution ends where the lab saw
+    the process gone (``with_deaths``), and the job's next run is a retry, not a run beside
+    a live holder; a kill by the lab's SIGKILL is not the guard's."""
+    opened = [Execution("a", "w0", 1.0, None, pid=41), Execution("a", "w1", 4.0, 6.0)]
+    runs = with_deaths(opened, {("w0", "a", 1.0): Death(last_alive=2.0, first_gone=2.1)})
+    fates = {"w0": WorkerFate("w0")}
+    anomalies, jobs = judge(["a"], runs, fates, {}, {"a": DONE}, "SIGTERM", max_attempts=2)
+    assert anomalies == []
+    assert (jobs["a"]["ended_by_its_guard"], jobs["a"]["redelivered"]) == (1, 1)
+    assert by_its_guard(runs[0], fates)
+    lab_killed = Execution("a", "w0", 1.0, 3.0, how=KILLED)
+    assert not by_its_guard(lab_killed, {"w0": WorkerFate("w0", stop_s=2.0, killed_s=3.0)})
+    assert not by_its_guard(Execution("a", "w0", 1.0, None, how=KILLED), fates)
+    assert not by_its_guard(Execution("a", "w0", 1.0, 2.0, how=ABANDONED), fates)
+
+
+def test_the_death_watch_notes_a_work_process_gone_under_a_live_worker_only() -> None:
+    with subprocess.Popen(["true"]) as finished:  # a process that ran and was reaped
+        finished.wait(timeout=30)
+    dead_pid = finished.pid
+    ticks = iter([10.0, 11.0])
+    watch = DeathWatch(lambda: next(ticks))
+    me = os.getpid()
+    runs = [
+        Execution("a", "w0", 1.0, None, pid=dead_pid),  # its own process, gone
+        Execution("b", "w0", 1.0, None, pid=me),  # alive
+        Execution("c", "w0", 1.0, None, pid=1234),  # the worker's own process
+        Execution("d", "w9", 1.0, None, pid=dead_pid),  # a worker not watched
+        Execution("e", "w0", 1.0, 2.0, pid=dead_pid),  # ended
+    ]
+    watch.watch(runs, {"w0": 1234})
+    assert watch.deaths == {("w0", "a", 1.0): Death(last_alive=1.0, first_gone=10.0)}
+    assert watch.seen_alive == {("w0", "b", 1.0): 10.0}
+    watch.watch(runs, {"w0": 1234})  # noted once
+    assert list(watch.deaths) == [("w0", "a", 1.0)]
 
 
 def test_a_job_never_completed_and_not_done_in_the_store_is_lost() -> None:

@@ -10,6 +10,12 @@ leased queue, no finding, and so is one whose work ended but whose worker was SI
 before the lab's own worker could acknowledge it), **ran beside a live holder**,
 **acknowledged twice** (the lab's own worker's ``ack`` lines; a library's own worker
 acknowledges inside itself, so that check does not run for it and the record says so).
+An execution the **library's own guard** ended (``cut``: an exception raised into the work
+past a timeout; or ``killed`` under a worker the lab had not stopped, as RQ kills its work
+horse) is an attempt of its job, as in a heartbeat run: the job may run again, within its
+attempts (``max_attempts``: more is ``attempt_beyond_limit``), and a job the store holds
+dead once every execution was ended before completion, one at least by the guard, was
+given up within its attempts: a terminal state, not lost.
 A **scheduled** job (``judge_scheduled``) must also start, the first time, not before it is
 due and at most the run's tolerance after: **early** or **late** otherwise, and one that never
 started is lost as above (its finding says it was scheduled). The start is the one the
@@ -135,6 +141,18 @@ def _again(
     return anomalies, redelivered
 
 
+def by_its_guard(run: Execution, fates: Mapping[str, WorkerFate]) -> bool:
+    """Whether the library's own guard ended ``run``: cut, or killed while its worker was
+    neither SIGKILLed by the lab nor yet (a killed execution the lab's SIGKILL ended ends
+    at that SIGKILL)."""
+    if run.how == CUT:
+        return True
+    if run.how != KILLED or run.end_s is None:
+        return False
+    fate = fates.get(run.worker)
+    return fate is None or fate.killed_s is None or run.end_s < fate.killed_s
+
+
 def judge(
     keys: Sequence[str],
     executions: Sequence[Execution],
@@ -143,16 +161,31 @@ def judge(
     stored: Mapping[str, StoredJob] | None,
     signal: str,
     scheduled: Collection[str] = (),
+    max_attempts: int | None = None,
 ) -> tuple[list[Anomaly], dict[str, dict[str, Any]]]:
     """The findings of a deploy run, and each job's summary. ``executions`` have their
-    fates marked (``with_fates``); ``acks`` are the ``ack`` lines by worker; ``stored``
-    the reader's jobs (None: the system has no reader)."""
+    fates marked (``with_fates``) and the library's guard's kills (``with_deaths``);
+    ``acks`` are the ``ack`` lines by worker; ``stored`` the reader's jobs (None: the
+    system has no reader); ``max_attempts`` each job's attempts."""
     anomalies: list[Anomaly] = []
     jobs: dict[str, dict[str, Any]] = {}
     for key in keys:
         runs = sorted((run for run in executions if run.key == key), key=lambda r: r.start_s)
         found, redelivered = _again(key, runs, fates, acks)
         anomalies += found
+        guarded = sum(1 for run in runs if by_its_guard(run, fates))
+        if guarded and max_attempts is not None and len(runs) > max_attempts:
+            anomalies.append(
+                Anomaly(
+                    Kind.ATTEMPT_BEYOND_LIMIT,
+                    f"job {key}: run {len(runs)} times, {guarded} of them ended by the"
+                    f" library's own guard; its attempts are {max_attempts}",
+                    job=key,
+                    attempt=len(runs),
+                    limit=max_attempts,
+                    facts={"ended_by_its_guard": guarded},
+                )
+            )
         times = sum(1 for entries in acks.values() for entry in entries if entry[0] == key)
         if times > 1:
             anomalies.append(
@@ -167,7 +200,15 @@ def judge(
         job = None if stored is None else stored.get(key)
         done = job is not None and job.status is JobStatus.SUCCEEDED
         state = "not read" if stored is None else "nowhere" if job is None else job.native_state
-        if not completed and not done:
+        # Every attempt ended before completion, by the guard among others, and the store
+        # holds the job dead: given up within its attempts, a terminal state.
+        given_up = (
+            guarded > 0
+            and job is not None
+            and job.status is JobStatus.DEAD
+            and all(run.end_s is not None for run in runs)
+        )
+        if not completed and not done and not given_up:
             last = runs[-1].how if runs and runs[-1].end_s is not None else "never ran"
             if runs and runs[-1].end_s is None:
                 last = "still running"
@@ -199,6 +240,7 @@ def judge(
             "runs": len(runs),
             "completed": completed,
             "cut": sum(1 for run in runs if run.how in (KILLED, ABANDONED, CUT)),
+            "ended_by_its_guard": guarded,
             "redelivered": redelivered,
             "acknowledged": times,
             "stored": None if stored is None else state,

@@ -50,9 +50,11 @@ from crashqueuelab.lab.deploys.plan import (
 from crashqueuelab.lab.deploys.workers import DeployWorkerSpec
 from crashqueuelab.lab.runs.executions import (
     ENDED,
+    DeathWatch,
     Execution,
     read_acknowledgements,
     read_ledger,
+    with_deaths,
 )
 from crashqueuelab.lab.runs.inheritance import Inherited
 from crashqueuelab.lab.runs.kinds import DEPLOYS
@@ -114,8 +116,12 @@ class _Run:
         schedule_at: Callable[[str, float], None] | None = None,
         due: dict[str, float] | None = None,
         wall_origin: float = 0.0,
+        deaths: DeathWatch | None = None,
     ) -> None:
         self.plan, self.fleet, self.steps, self.clock = plan, fleet, steps, clock
+        #: Executions whose process died under their live worker, not stopped by the lab
+        #: (the library's own guard), on the ledgers' clock.
+        self.deaths = deaths or DeathWatch(time.monotonic)
         self.planned = list(planned)
         self.client = client
         #: Submits a scheduled job due at a time on the run's clock; each one's due time.
@@ -191,17 +197,25 @@ class _Run:
             elif self.plan.replace is Replace.AFTER_EXIT:
                 self.fleet.start(worker.slot)
 
+    def watch_deaths(self) -> None:
+        """Note each execution whose own process died while its worker ran and had not yet
+        been told to stop: the library's guard ended it, not the deploy."""
+        live = {w.name: w.pid for w in self.fleet.running() if w.stop_s is None}
+        self.deaths.watch(self.executions(), live)
+
     def draining(self) -> bool:
         """Whether a stopped worker is still inside its grace period (or being killed)."""
         return any(w.stop_s is not None for w in self.fleet.running())
 
     def executions(self) -> list[Execution]:
-        return [
+        """Every ledger's executions, each one the library's guard ended marked so."""
+        runs = [
             run
             for worker in self.fleet.workers
             if worker.ledger.is_file()
             for run in read_ledger(worker.ledger.read_text(), worker.name)
         ]
+        return with_deaths(runs, self.deaths.deaths)
 
     def every_job_completed(self, keys: Sequence[str]) -> bool:
         runs = self.executions()
@@ -227,6 +241,7 @@ class _Run:
             self.note_exits()
             self.stop_due()
             self.enforce_grace()
+            self.watch_deaths()
             if self.done_steps == len(self.steps) and not self.draining():
                 last_stop_end = last_stop_end if last_stop_end is not None else self.clock()
                 if self.every_job_completed(keys):
@@ -300,6 +315,7 @@ def _executions(run: _Run, origin: float) -> list[Execution]:
             pid=r.pid,
             how=r.how,
             why=r.why,
+            alive_until=None if r.alive_until is None else r.alive_until - origin,
         )
         for r in run.executions()
     ]
@@ -500,7 +516,10 @@ def run_deploys(
     client = resolved.open(OpenRequest(store, SystemClock(), RandomIds(), _RETRY))
     fleet = Fleet(output_dir, spec_for, clock)
     scheduler = _scheduler(worker, labs, client, store)
-    run = _Run(plan, fleet, steps, ready.planned, client, clock, scheduler, due, wall_origin)
+    run = _Run(
+        plan, fleet, steps, ready.planned, client, clock, scheduler, due, wall_origin,
+        DeathWatch(now),
+    )  # fmt: skip
     try:
         recovered_at, last_stop_end = run.drive(keys, bound, sleep)
     finally:
@@ -523,7 +542,14 @@ def run_deploys(
     if error is None and reader_failed:
         error = {"type": "ReaderFailed", "message": reader_failed[0]}
     anomalies, jobs = judge(
-        keys, executions, judged_fates, acks, reading.jobs, plan.signal.value, set(due)
+        keys,
+        executions,
+        judged_fates,
+        acks,
+        reading.jobs,
+        plan.signal.value,
+        set(due),
+        max_attempts=MAX_ATTEMPTS,
     )
     again = {
         f.job

@@ -48,7 +48,7 @@ from crashqueuelab.lab.heartbeats.judge import (
     with_deaths,
 )
 from crashqueuelab.lab.heartbeats.workers import WorkerSpec, failures, worker_main
-from crashqueuelab.lab.runs.executions import alive
+from crashqueuelab.lab.runs.executions import DeathWatch
 from crashqueuelab.lab.runs.inheritance import Inherited
 from crashqueuelab.lab.runs.interrupts import forkserver_context, start_owned
 from crashqueuelab.lab.runs.kinds import HEARTBEATS
@@ -93,29 +93,6 @@ def _every_job_ended(keys: Sequence[str], executions: Sequence[Execution]) -> bo
     ended = {run.key for run in executions if run.end_s is not None}
     running = any(run.end_s is None for run in executions)
     return not running and all(key in ended for key in keys)
-
-
-class _Deaths:
-    """The executions whose process died under a live worker, as the parent polls them."""
-
-    def __init__(self) -> None:
-        self.seen_alive: dict[tuple[str, str, float], float] = {}
-        self.deaths: dict[tuple[str, str, float], Death] = {}
-
-    def watch(self, executions: Sequence[Execution], workers: Mapping[str, int | None]) -> None:
-        """Look at every open execution run in a process other than its worker's."""
-        at = time.monotonic()
-        for run in executions:
-            identity = (run.worker, run.key, run.start_s)
-            own = run.pid is None or run.pid == workers.get(run.worker)
-            if run.end_s is not None or own or identity in self.deaths:
-                continue
-            assert run.pid is not None
-            if alive(run.pid):
-                self.seen_alive[identity] = at
-            else:
-                last = self.seen_alive.get(identity, run.start_s)
-                self.deaths[identity] = Death(last_alive=last, first_gone=at)
 
 
 @dataclass(frozen=True)
@@ -265,7 +242,7 @@ def _work(
     the faults as jobs work, wait for every job to end and the grace after it, stop them."""
     context = forkserver_context(())
     all_ended_at: float | None = None
-    deaths = _Deaths()
+    deaths = DeathWatch(time.monotonic)
     with ExitStack() as stack:
         faults = (
             stack.enter_context(

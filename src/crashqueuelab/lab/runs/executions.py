@@ -14,7 +14,7 @@ machine's monotonic clock, which every process of a run shares.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -99,6 +99,35 @@ def read_ledger(text: str, worker: str) -> list[Execution]:
             how = CUT if what == "cut" else ENDED
             runs[index] = replace(runs[index], end_s=at, how=how, why=why)
     return runs
+
+
+class DeathWatch:
+    """The executions whose process died under a live worker (a library's own guard: RQ's
+    work horse killed past its job timeout), as the parent polls them on ``now``, the clock
+    the ledgers write (the machine's monotonic clock)."""
+
+    def __init__(self, now: Callable[[], float]) -> None:
+        self.now = now
+        self.seen_alive: dict[tuple[str, str, float], float] = {}
+        self.deaths: dict[tuple[str, str, float], Death] = {}
+
+    def watch(self, executions: Sequence[Execution], workers: Mapping[str, int | None]) -> None:
+        """Look at every open execution of the ``workers`` (live ones, by their pids) run in
+        a process other than its worker's."""
+        at = self.now()
+        for run in executions:
+            identity = (run.worker, run.key, run.start_s)
+            if run.worker not in workers:
+                continue
+            own = run.pid is None or run.pid == workers[run.worker]
+            if run.end_s is not None or own or identity in self.deaths:
+                continue
+            assert run.pid is not None
+            if alive(run.pid):
+                self.seen_alive[identity] = at
+            else:
+                last = self.seen_alive.get(identity, run.start_s)
+                self.deaths[identity] = Death(last_alive=last, first_gone=at)
 
 
 def with_deaths(
