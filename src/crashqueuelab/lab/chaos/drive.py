@@ -91,6 +91,9 @@ class _Target:
         assert self.run.rollout is not None
         return self.run.rollout
 
+    def ready_for(self, planned: int) -> Slot | None:
+        return self.run.target_for(planned, ready=True)
+
     def hold_stopping(self, slot: int, stopped: Record) -> None:
         self.run.hold_stopping(self.run.slots[slot], stopped)
 

@@ -219,8 +219,10 @@ class ChaosRun:
         if not self.failed():
             self.start_maintenance()
 
-    def target_for(self, planned: int) -> Slot | None:
-        """The planned slot, or the next one round the table if it is paused or too fresh.
+    def target_for(self, planned: int, *, ready: bool = False) -> Slot | None:
+        """The planned slot, or the next one round the table if it is paused or too fresh;
+        with ``ready``, also one whose worker has not begun its loop (its log is empty: a
+        SIGTERM would find no handler yet and end it as the interpreter's default does).
 
         A paused worker is left alone until it is continued, a worker being stopped by a
         deploy until it is gone, and a worker that has just been started gets a moment to
@@ -233,9 +235,17 @@ class ChaosRun:
                 not self.held(slot)
                 and not self.stopping(slot)
                 and now - slot.started_at >= MIN_WORKER_AGE_S
+                and (not ready or self.began(slot))
             ):
                 return slot
         return None
+
+    def began(self, slot: Slot) -> bool:
+        """Whether the slot's worker has begun its loop: its first line is in its log."""
+        try:
+            return (self.logs / f"{slot.worker_id}{LOG_SUFFIX}").stat().st_size > 0
+        except FileNotFoundError:
+            return False
 
     def held(self, slot: Slot) -> bool:
         """Whether the slot's worker is paused."""

@@ -67,8 +67,10 @@ class DeployTarget(Protocol):
     @property
     def rollout(self) -> Rollout: ...
 
-    def target_for(self, planned: int) -> Worker | None:
-        """The worker to hit for the planned slot; None when none can be hit now."""
+    def ready_for(self, planned: int) -> Worker | None:
+        """The worker to stop for the planned slot, one that has begun its work (its
+        SIGTERM handler is in place: a process manager's stop during the interpreter's
+        start would meet the default action); None when none can be stopped now."""
         ...
 
     def replace(self, slot: int) -> Worker:
@@ -127,10 +129,10 @@ class Deploy:
     @staticmethod
     def _batch(planned: int, target: DeployTarget) -> list[Worker] | None:
         """``surge`` distinct workers from the planned slot round the table; None while
-        fewer can be hit (paused, stopping or just started): the run tries again."""
+        fewer can be hit (paused, being stopped, or not yet begun): the run tries again."""
         batch: list[Worker] = []
         for _ in range(target.rollout.surge):
-            worker = target.target_for(planned)
+            worker = target.ready_for(planned)
             if worker is None or any(worker.index == chosen.index for chosen in batch):
                 return None
             batch.append(worker)
