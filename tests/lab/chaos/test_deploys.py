@@ -192,9 +192,6 @@ class _Target:
                 return slot
         return None
 
-    def replace(self, slot: int) -> _Slot:
-        raise AssertionError("no worker of this run has exited")
-
     def hold_stopping(self, slot: int, stopped: dict[str, Any]) -> None:
         self.held.append((slot, stopped))
 
@@ -235,6 +232,10 @@ def test_a_deploy_sigterms_its_batch_round_the_table_then_hands_each_to_the_run(
         assert children[1].exitcode is None
         # Two workers at a time when only two can be hit, but one of them twice: not yet.
         assert DEPLOY.deliver(planned, replace(target, rollout=Rollout(surge=3))) is None
+        # A worker that is gone is not replaced and stopped at once (its replacement must
+        # first begin): the run respawns it, and the deploy waits.
+        assert DEPLOY.deliver(planned, target) is None
+        assert len(target.held) == 2
     finally:
         for child in children:
             child.popen.kill()

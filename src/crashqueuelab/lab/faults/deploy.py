@@ -73,10 +73,6 @@ class DeployTarget(Protocol):
         start would meet the default action); None when none can be stopped now."""
         ...
 
-    def replace(self, slot: int) -> Worker:
-        """Start a new worker in the slot of one found dead; the new one."""
-        ...
-
     def hold_stopping(self, slot: int, stopped: Record) -> None:
         """Watch the SIGTERMed worker in ``slot`` through its grace (``stopped``: what the
         record says of it, which the run completes); start its replacement as the rollout
@@ -103,8 +99,7 @@ class Deploy:
             **rollout.to_json(),
             "workers": [],
         }
-        for chosen in batch:
-            worker = chosen if chosen.process.exitcode is None else target.replace(chosen.index)
+        for worker in batch:
             at = round(time.monotonic() - target.started, 6)
             if not send_signal(worker.process, signal.SIGTERM):
                 continue
@@ -129,11 +124,14 @@ class Deploy:
     @staticmethod
     def _batch(planned: int, target: DeployTarget) -> list[Worker] | None:
         """``surge`` distinct workers from the planned slot round the table; None while
-        fewer can be hit (paused, being stopped, or not yet begun): the run tries again."""
+        fewer can be hit (paused, being stopped, not yet begun, or gone: the run starts its
+        replacement, which begins before it is stopped): the run tries again."""
         batch: list[Worker] = []
         for _ in range(target.rollout.surge):
             worker = target.ready_for(planned)
             if worker is None or any(worker.index == chosen.index for chosen in batch):
+                return None
+            if worker.process.exitcode is not None:
                 return None
             batch.append(worker)
             planned = worker.index + 1
