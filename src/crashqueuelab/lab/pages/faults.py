@@ -88,7 +88,7 @@ def deploy_marks(
                 f" {len(held)} jobs" + (f" ({fates})" if fates else "")
             )
             dots.append(
-                {"at": killed, "color": GRACE_KILL, "r": 5, "kind": "SIGKILL", "title": said}
+                {"at": killed, "color": GRACE_KILL, "r": 5, "kind": "grace SIGKILL", "title": said}
             )
         elif exited is not None:
             dots.append({"at": exited, "color": EXIT, "r": 3, "kind": "exit",
