@@ -78,6 +78,34 @@ def test_chaos_with_server_restarts_and_terminated_sessions_loses_nothing(
     assert "server crashed (pg_ctl stop -m immediate)" in page
 
 
+@pytest.mark.slow
+def test_chaos_with_deploys_replaced_after_exit_loses_nothing_on_a_server_it_starts(
+    tmp_path: Path, run_cli: RunCli
+) -> None:
+    outcome = run_cli(
+        "chaos", "--system", "postgres", "--seed", "4", "--jobs", "200", "--workers", "3",
+        "--kills", "5", "--pauses", "0", "--deploys", "3", "--grace-s", "1", "--surge", "2",
+        "--replace", "after-exit", "--lease-ms", "300", "--quiet",
+        "--output-directory", str(tmp_path / "x"),
+    )  # fmt: skip
+    assert outcome.code == cli.EXIT_OK, outcome.result["reasons"]
+    assert outcome.result["deploys_delivered"] == 3
+    accounting = outcome.result["accounting"]
+    assert (accounting["lost"], accounting["acknowledged_twice"]) == (0, 0)
+    deployed = outcome.result["deploys"]
+    assert deployed["workers_stopped"] == 6
+    assert deployed["exited_within_grace"] + deployed["sigkilled"] == 6
+    report = json.loads((tmp_path / "x" / "chaos.json").read_text())
+    started = {worker["worker_id"]: worker for worker in report["workers_started"]}
+    for fault in (f for f in report["faults"] if f["kind"] == "deploy"):
+        for worker in fault["workers"]:
+            # After its exit: the slot's next worker started once the old one was gone.
+            slot, generation = worker["worker_id"].removeprefix("worker-").split(".")
+            after = started[f"worker-{slot}.{int(generation) + 1}"]
+            gone = worker.get("exited_at_s", worker.get("killed_at_s"))
+            assert after["started_at_s"] >= gone
+
+
 @pytest.mark.parametrize(
     ("extra", "field"),
     [

@@ -23,10 +23,10 @@ from crashqueuelab.lab.deploys.plan import (
     LONG_SHARE,
     SCHEDULER_POLL_S,
     DeployPlan,
-    Replace,
     StopSignal,
 )
 from crashqueuelab.lab.deploys.run import DEFAULT_LEASE_S, DEPLOYS_FILE, run_deploys
+from crashqueuelab.lab.faults.deploy import Replace
 
 _DEFAULTS = DeployPlan()
 

@@ -19,6 +19,7 @@ from crashqueuelab.cli.common import (
     add_system,
     non_negative,
     positive,
+    positive_number,
 )
 from crashqueuelab.cli.network import add_network_faults, network_plan
 from crashqueuelab.cli.pages import html_report
@@ -35,6 +36,7 @@ from crashqueuelab.lab.chaos.longjobs import DEFAULT_LONG_JOBS
 from crashqueuelab.lab.chaos.poison import DEFAULT_POISON_JOBS
 from crashqueuelab.lab.chaos.run import CHAOS_FILE, run_chaos
 from crashqueuelab.lab.demo import DEFAULT_SEED, run_demo
+from crashqueuelab.lab.faults.deploy import Replace, Rollout
 from crashqueuelab.lab.mutants.runner import MUTANTS_FILE, run_mutants
 from crashqueuelab.lab.reproducers.campaign import shrink_if_failed
 from crashqueuelab.lab.reproducers.chaos import add_chaos_reproducer
@@ -152,6 +154,8 @@ def _chaos(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         schedule=args.schedule,
         replay_of=args.replay_of,
         network=network_plan(args),
+        deploys=args.deploys,
+        rollout=Rollout(grace_s=args.grace_s, surge=args.surge, replace=Replace(args.replace)),
     )
     if not report["ok"] and args.shrink_seconds > 0:
         add_chaos_reproducer(args.output_directory, report, args.shrink_seconds)
@@ -161,8 +165,8 @@ def _chaos(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
             "ok", "reasons", "system", "crash_mode", "notes", "seed", "parameters",
             "kills_delivered", "pauses_delivered", "power_cuts_delivered",
             "server_restarts_delivered", "session_kills_delivered", "network_faults_delivered",
-            "pauses_with_takeover", "pauses_fenced", "respawns", "accounting", "anomalies",
-            "timings",
+            "deploys_delivered", "deploys", "pauses_with_takeover", "pauses_fenced", "respawns",
+            "accounting", "anomalies", "timings",
         )
     } | {
         "chaos_report": str(args.output_directory / CHAOS_FILE),
@@ -257,6 +261,34 @@ def add_experiment_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="fixes order and ids")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def add_deploy_options(parser: argparse.ArgumentParser) -> None:
+    """Chaos's deploys: SIGTERM to a batch of workers, a grace period, then SIGKILL."""
+    parser.add_argument(
+        "--deploys",
+        type=non_negative,
+        default=0,
+        help="deploys spread over the work: each SIGTERMs --surge workers, which finish and"
+        " acknowledge the batch in hand and exit 0; one still there after --grace-s gets"
+        " SIGKILL, every process of its session; a replacement starts as --replace says",
+    )
+    parser.add_argument(
+        "--grace-s",
+        type=positive_number,
+        default=Rollout.grace_s,
+        help="a deployed worker's grace period, from its SIGTERM to the SIGKILL",
+    )
+    parser.add_argument(
+        "--surge", type=positive, default=Rollout.surge, help="workers each deploy stops at once"
+    )
+    parser.add_argument(
+        "--replace",
+        choices=[str(each) for each in Replace],
+        default=str(Rollout.replace),
+        help="start a deployed worker's replacement with its SIGTERM (at-once) or once it"
+        " exited or was killed (after-exit)",
+    )
 
 
 def add_experiment_commands(command: Command) -> None:
@@ -371,6 +403,7 @@ def add_experiment_commands(command: Command) -> None:
         default=0,
         help="end a worker's database session with pg_terminate_backend this often (postgres)",
     )
+    add_deploy_options(sub)
     add_network_faults(sub)
     sub = command(
         "mutants",

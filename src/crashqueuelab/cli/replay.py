@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from crashqueuelab.lab.faults.deploy import Rollout
+
 #: Each option the replay sets, and the parameter of ``chaos.json`` it comes from.
 _FROM_PARAMETERS = {
     "jobs": "jobs",
@@ -24,7 +26,8 @@ _FROM_PARAMETERS = {
     "poison_jobs": "poison_jobs",
     "long_jobs": "long_jobs",
 }
-#: Options a run recorded only when it used them (network faults), and their defaults.
+#: Options a run recorded only when it used them (network faults, deploys), and their
+#: defaults.
 _OPTIONAL_PARAMETERS = {
     "stalls": ("stalls", 0),
     "partitions": ("partitions", 0),
@@ -34,6 +37,10 @@ _OPTIONAL_PARAMETERS = {
     "network_fault_ms": ("window_ms", None),
     "partition_workers": ("partition_workers", None),
     "bandwidth_bytes_s": ("bandwidth_bytes_s", 0),
+    "deploys": ("deploys", 0),
+    "grace_s": ("grace_s", Rollout.grace_s),
+    "surge": ("surge", Rollout.surge),
+    "replace": ("replace", str(Rollout.replace)),
 }
 
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from crashqueuelab.lab.deploys.fleet import Fleet, Worker, session_members
+from crashqueuelab.lab.deploys.fleet import Fleet, Worker
 from crashqueuelab.lab.deploys.workers import DeployWorkerSpec, work_for
+from crashqueuelab.lab.faults.signals import session_members
 from crashqueuelab.lab.runs.inheritance import Inherited
 
 

@@ -10,7 +10,6 @@ from crashqueuelab.lab.deploys.plan import (
     SCHEDULE_LEAD_S,
     SCHEDULER_POLL_S,
     DeployPlan,
-    Replace,
     StopSignal,
     due_tolerance,
     durations,
@@ -19,6 +18,7 @@ from crashqueuelab.lab.deploys.plan import (
     scheduled_jobs,
     submissions,
 )
+from crashqueuelab.lab.faults.deploy import Replace
 
 
 def test_a_rolling_deploy_stops_surge_workers_at_a_time_then_the_fleet_restarts_at_once() -> None:

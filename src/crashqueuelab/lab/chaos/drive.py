@@ -1,6 +1,7 @@
 """A chaos run driven: the supervisor's loop that follows the work through the workers'
 logs, delivers each planned fault once its progress mark is reached, respawns dead
-workers, continues pauses, and stops when the work is done, stalls or runs out of time.
+workers, continues pauses, ends deployed workers' grace periods, and stops when the work is
+done, stalls or runs out of time.
 
 Every fault is delivered through the deliverer ``lab/faults`` has for its kind
 (``DELIVERERS``), which sees the run only through ``_Target``.
@@ -17,6 +18,7 @@ from crashqueuelab.lab.chaos.fleet import ChaosRun, Slot
 from crashqueuelab.lab.chaos.schedule import PlannedFault
 from crashqueuelab.lab.chaos.watcher import Watcher
 from crashqueuelab.lab.faults.delivery import Deliverer, Record, by_kind, landed_count
+from crashqueuelab.lab.faults.deploy import DEPLOY, Rollout
 from crashqueuelab.lab.faults.kinds import FaultKind
 from crashqueuelab.lab.faults.network.deliverer import NETWORK_FAULT
 from crashqueuelab.lab.faults.network.plan import RunNetwork
@@ -84,13 +86,24 @@ class _Target:
     def hold_paused(self, slot: int, record: Record, leases: set[tuple[str, str]]) -> None:
         self.run.hold_paused(self.run.slots[slot], record, leases)
 
+    @property
+    def rollout(self) -> Rollout:
+        assert self.run.rollout is not None
+        return self.run.rollout
+
+    def ready_for(self, planned: int) -> Slot | None:
+        return self.run.target_for(planned, ready=True)
+
+    def hold_stopping(self, slot: int, stopped: Record) -> None:
+        self.run.hold_stopping(self.run.slots[slot], stopped)
+
     def cut_power(self) -> Record:
         return self.run.cut_power(self.watcher)
 
 
 #: Every kind of fault a chaos run plans, to the deliverer that delivers it.
 DELIVERERS: dict[FaultKind, Deliverer[_Target]] = by_kind(
-    SIGNALS, POWER_CUT, SERVER_RESTART, SESSION_KILL, NETWORK_FAULT
+    SIGNALS, DEPLOY, POWER_CUT, SERVER_RESTART, SESSION_KILL, NETWORK_FAULT
 )
 
 
@@ -180,6 +193,7 @@ def _drive(
             if not pending and _stalled(run, watcher, jobs):
                 return False
             finished = watcher.progressed()
+            run.settle_stops()
             run.respawn_dead()
             if run.failed():
                 return False

@@ -10,6 +10,10 @@ Pauses: a SIGSTOPped worker keeps its leases until they expire; where several pr
 may work, the maintenance process recovers them and another worker takes the jobs over, and
 only then is the paused worker continued. A single owner is continued once its leases have
 run out. Either way its late acknowledgements must be refused by the lease fencing.
+
+Deploys: a SIGTERMed worker is watched through its grace (``stops.py``); its replacement
+starts with the SIGTERM (``Replace.AT_ONCE``: the slot takes a new worker while the old one
+drains beside it) or once the old one is gone (``AFTER_EXIT``: the slot waits for it).
 """
 
 from __future__ import annotations
@@ -30,12 +34,20 @@ from crashqueuelab.lab.chaos.processes import (
     maintenance_main,
     worker_main,
 )
+from crashqueuelab.lab.chaos.stops import Stopping, Stops
 from crashqueuelab.lab.chaos.watcher import Watcher
-from crashqueuelab.lab.chaos.worklog import LOG_SUFFIX, acknowledged_keys, read_logs
+from crashqueuelab.lab.chaos.worklog import (
+    LOG_SUFFIX,
+    WorkerLog,
+    acknowledged_keys,
+    read_log,
+    read_logs,
+)
 from crashqueuelab.lab.faults.children import CLI_MODULE
 from crashqueuelab.lab.faults.delivery import Record
+from crashqueuelab.lab.faults.deploy import Replace, Rollout
 from crashqueuelab.lab.faults.network.plan import MAINTENANCE_PATH, RunNetwork, worker_path
-from crashqueuelab.lab.faults.signals import is_started, send_signal
+from crashqueuelab.lab.faults.signals import is_started, kill_session, send_signal
 from crashqueuelab.lab.runs.inheritance import Inherited
 from crashqueuelab.lab.runs.interrupts import forkserver_context, start_owned
 from crashqueuelab.systems.contract import System
@@ -91,6 +103,7 @@ class ChaosRun:
         lease_ms: int,
         batch: int,
         workers: int,
+        rollout: Rollout | None = None,
     ) -> None:
         self.logs = output_dir / "worker-logs"
         self.logs.mkdir()
@@ -123,6 +136,9 @@ class ChaosRun:
         self.restart_server: Callable[[], None] | None = None
         #: The fault proxy between the processes and the server, where the run has one.
         self.network: RunNetwork | None = None
+        #: How deploys stop workers (None: the run has none), and the workers being stopped.
+        self.rollout = rollout
+        self.stops = Stops(lambda: time.monotonic() - self.state.started, kill_session)
 
     def inherited(self, path: str) -> Inherited:
         """What a process on ``path`` must see: through the proxy, where there is one."""
@@ -131,7 +147,8 @@ class ChaosRun:
     def follow(self, watcher: Watcher) -> None:
         """Read the new lines of the live workers' logs, and the last ones of retired workers."""
         retired, self.retired = self.retired, set()
-        watcher.refresh([*retired, *(slot.worker_id for slot in self.slots)])
+        stopping = self.stops.worker_ids()
+        watcher.refresh([*retired, *stopping, *(slot.worker_id for slot in self.slots)])
 
     def start(self, slot: Slot) -> None:
         if slot.worker_id:
@@ -149,6 +166,7 @@ class ChaosRun:
             does_maintenance=self.single_owner,
             release_file=str(self.release_file),
             inherited=self.inherited(worker_path(slot.index)),
+            own_session=self.rollout is not None,
         )
         slot.process = self.context.Process(target=worker_main, args=(spec,), daemon=True)
         start_owned(slot.process)
@@ -201,22 +219,46 @@ class ChaosRun:
         if not self.failed():
             self.start_maintenance()
 
-    def target_for(self, planned: int) -> Slot | None:
-        """The planned slot, or the next one round the table if it is paused or too fresh.
+    def target_for(self, planned: int, *, ready: bool = False) -> Slot | None:
+        """The planned slot, or the next one round the table if it is paused or too fresh;
+        with ``ready``, also one whose worker has not begun its loop (its log is empty: a
+        SIGTERM would find no handler yet and end it as the interpreter's default does).
 
-        A paused worker is left alone until it is continued, and a worker that has just
-        been started gets a moment to reach real work before it is hit again.
+        A paused worker is left alone until it is continued, a worker being stopped by a
+        deploy until it is gone, and a worker that has just been started gets a moment to
+        reach real work before it is hit again.
         """
         now = time.monotonic()
         for step in range(len(self.slots)):
             slot = self.slots[(planned + step) % len(self.slots)]
-            if slot.index not in self.state.paused and now - slot.started_at >= MIN_WORKER_AGE_S:
+            if (
+                not self.held(slot)
+                and not self.stopping(slot)
+                and now - slot.started_at >= MIN_WORKER_AGE_S
+                and (not ready or self.began(slot))
+            ):
                 return slot
         return None
 
+    def began(self, slot: Slot) -> bool:
+        """Whether the slot's worker has begun its loop: its first line is in its log."""
+        try:
+            return (self.logs / f"{slot.worker_id}{LOG_SUFFIX}").stat().st_size > 0
+        except FileNotFoundError:
+            return False
+
+    def held(self, slot: Slot) -> bool:
+        """Whether the slot's worker is paused."""
+        return slot.index in self.state.paused
+
+    def stopping(self, slot: Slot) -> bool:
+        """Whether the slot's worker was SIGTERMed and its replacement waits for it."""
+        return self.stops.in_slot(slot.index, slot.worker_id)
+
     def work_done(self) -> bool:
-        """A worker that found no work left exits with status 0 by itself."""
-        return any(slot.process.exitcode == 0 for slot in self.slots)
+        """A worker that found no work left exits with status 0 by itself (a SIGTERMed one
+        exits 0 too: that is its deploy, not the end of the work)."""
+        return any(slot.process.exitcode == 0 and not self.stopping(slot) for slot in self.slots)
 
     def failed(self) -> bool:
         """Workers keep dying by themselves: the system raises, and respawning cannot help."""
@@ -224,14 +266,17 @@ class ChaosRun:
 
     def note_exit(self, slot: Slot) -> None:
         """Record a worker that died without being killed, with its system's error."""
-        code = slot.process.exitcode
+        self.note_code(slot.worker_id, slot.process.exitcode)
+
+    def note_code(self, worker_id: str, code: int | None) -> None:
+        """Record ``worker_id``'s exit ``code`` if it died by itself, with its system's error."""
         if code in (0, -signal.SIGKILL):
             return
-        error_file = self.logs / f"{slot.worker_id}{LOG_SUFFIX}{ERROR_SUFFIX}"
+        error_file = self.logs / f"{worker_id}{LOG_SUFFIX}{ERROR_SUFFIX}"
         error = error_file.read_text().strip().splitlines() if error_file.is_file() else []
         self.state.failures.append(
             {
-                "worker_id": slot.worker_id,
+                "worker_id": worker_id,
                 "exit_code": code,
                 "error": error[-1] if error else "no error recorded",
             }
@@ -240,7 +285,9 @@ class ChaosRun:
     def respawn_dead(self) -> None:
         self.respawn_maintenance()
         for slot in self.slots:
-            if slot.index not in self.state.paused and slot.process.exitcode is not None:
+            if self.held(slot) or self.stopping(slot):
+                continue
+            if slot.process.exitcode is not None:
                 self.note_exit(slot)
                 if self.failed():
                     return
@@ -252,6 +299,35 @@ class ChaosRun:
         self.note_exit(slot)
         self.state.respawns += 1
         self.start(slot)
+
+    def hold_stopping(self, slot: Slot, stopped: Record) -> None:
+        """Watch a SIGTERMed worker through its grace; with ``Replace.AT_ONCE`` its
+        replacement starts now, beside it."""
+        assert self.rollout is not None
+        self.stops.hold(slot.index, slot.worker_id, slot.process, stopped)
+        if self.rollout.replace is Replace.AT_ONCE:
+            self.state.respawns += 1
+            self.start(slot)
+
+    def settle_stops(self, *, force: bool = False) -> None:
+        """End each SIGTERMed worker that exited or whose grace is over (every one, when
+        ``force``); start the replacement of one whose slot waited for it (not once the
+        run ends)."""
+        for stopping in self.stops.settle(self._log_of, force=force):
+            self._stopped(stopping, replace=not force)
+
+    def _log_of(self, worker_id: str) -> WorkerLog:
+        return read_log(self.logs / f"{worker_id}{LOG_SUFFIX}")
+
+    def _stopped(self, stopping: Stopping, *, replace: bool) -> None:
+        # Its log's last lines are read once more; an exit other than 0 (or the SIGKILL)
+        # is its system's failure, as for any worker.
+        self.retired.add(stopping.worker_id)
+        self.note_code(stopping.worker_id, stopping.stopped.get("exit_code"))
+        slot = self.slots[stopping.slot]
+        if replace and slot.worker_id == stopping.worker_id and not self.failed():
+            self.state.respawns += 1
+            self.start(slot)
 
     def hold_paused(self, slot: Slot, record: Record, leases: set[tuple[str, str]]) -> None:
         """Keep a stopped worker stopped; ``continue_paused`` continues it once another
@@ -285,7 +361,9 @@ class ChaosRun:
     def cut_power(self, watcher: Watcher) -> dict[str, Any]:
         """Every process dies at once, the disk forgets what was not synced, all restart."""
         assert self.power is not None
+        stopping = list(self.stops)
         processes = [slot.process for slot in self.slots] + [self.maintenance]
+        processes += [each.process for each in stopping]
         for process in processes:
             if process is not None:
                 send_signal(process, signal.SIGKILL)
@@ -295,6 +373,11 @@ class ChaosRun:
         for record, _, _ in self.state.paused.values():
             record["ended_by_power_cut"] = True
         self.state.paused.clear()
+        for each in stopping:
+            each.stopped["ended_by_power_cut"] = True
+            each.stopped["exit_code"] = each.process.exitcode
+            del self.stops.watching[each.worker_id]
+            self.retired.add(each.worker_id)
         self.follow(watcher)  # the dead workers' last lines
         record = self.power.cut()
         self.launch()
@@ -322,13 +405,22 @@ class ChaosRun:
         self.release()
         self.stop_file.touch()
         drained = time.monotonic() + (DRAIN_S if drain else 0.0)
+        # A deploy's SIGTERMed workers get the rest of their grace, then the SIGKILL.
+        for stopping in self.stops:
+            ends = self.state.started + stopping.stopped["grace_end_s"]
+            stopping.process.join(timeout=max(0.0, min(ends, drained) - time.monotonic()))
+        self.settle_stops(force=True)
         started = [slot.process for slot in self.slots if is_started(slot.process)]
         for process in started:
             process.join(timeout=max(0.0, drained - time.monotonic()))
         for process in started:
             if send_signal(process, signal.SIGCONT):
+                # SIGTERM: the worker finishes its batch and exits 0; SIGKILL if it does not.
                 process.terminate()
                 process.join(timeout=10)
+                if process.exitcode is None:
+                    process.kill()
+                    process.join(timeout=10)
         if is_started(self.maintenance):
             self.maintenance.join(timeout=10)
             if self.maintenance.exitcode is None:

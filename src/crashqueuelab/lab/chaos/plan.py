@@ -11,6 +11,7 @@ from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.core.validation import require_int
 from crashqueuelab.lab.chaos.schedule import SPAN, PlannedFault, plan, recorded
 from crashqueuelab.lab.faults.crashmodes import check_crash_mode
+from crashqueuelab.lab.faults.deploy import Rollout
 from crashqueuelab.lab.faults.kinds import FaultKind
 from crashqueuelab.lab.faults.network.plan import WINDOW_OF, NetworkPlan
 from crashqueuelab.lab.runs.modes import POWER_LOSS
@@ -30,9 +31,11 @@ def runnable(
     workers: int,
     network: NetworkPlan,
     restart_server: Callable[[], None] | None,
+    rollout: Rollout | None = None,
 ) -> System:
     """The system, once every planned fault is known to be deliverable in this run."""
     network.check()
+    deploys = counts.get(FaultKind.DEPLOY, 0)
     check_parameters(
         jobs=jobs,
         workers=workers,
@@ -42,7 +45,9 @@ def runnable(
         server_faults=sum(counts.values())
         - counts[FaultKind.KILL]
         - counts[FaultKind.PAUSE]
-        - counts[FaultKind.POWER_CUT],
+        - counts[FaultKind.POWER_CUT]
+        - deploys,
+        deploys=deploys,
     )
     if counts[FaultKind.POWER_CUT] and crash_mode != POWER_LOSS:
         raise InvalidInput("power_cuts", "a power cut needs --crash-mode power-loss")
@@ -58,6 +63,8 @@ def runnable(
             "network", f"{chosen.name} talks to no server: there is no connection to fault"
         )
     check_crash_mode(crash_mode, chosen, experiment="chaos")
+    # A single owner runs as one worker, whatever the run asked.
+    (rollout or Rollout()).check(1 if chosen.capabilities.single_owner else workers)
     return chosen
 
 
@@ -81,6 +88,7 @@ def planned_faults(
             restarts=counts[FaultKind.SERVER_RESTART],
             session_kills=counts[FaultKind.SESSION_KILL],
             others={kind: count for kind, count in counts.items() if kind in WINDOW_OF},
+            deploys=counts.get(FaultKind.DEPLOY, 0),
         )
     planned = recorded(schedule)
     for kind in FaultKind:
@@ -94,7 +102,14 @@ def planned_faults(
 
 
 def check_parameters(
-    *, jobs: int, workers: int, kills: int, pauses: int, cuts: int, server_faults: int = 0
+    *,
+    jobs: int,
+    workers: int,
+    kills: int,
+    pauses: int,
+    cuts: int,
+    server_faults: int = 0,
+    deploys: int = 0,
 ) -> None:
     """Refuse, before anything starts, a run that could not deliver what it plans."""
     require_int("jobs", jobs, minimum=1)
@@ -103,9 +118,10 @@ def check_parameters(
     require_int("pauses", pauses, minimum=0)
     require_int("power_cuts", cuts, minimum=0)
     require_int("server_faults", server_faults, minimum=0)
+    require_int("deploys", deploys, minimum=0)
     # Faults fire at progress marks spread over the first SPAN of the jobs, one mark each.
     room = int(jobs * SPAN)
-    faults = kills + pauses + cuts + server_faults
+    faults = kills + pauses + cuts + server_faults + deploys
     if faults > room:
         raise InvalidInput(
             "kills",
@@ -114,6 +130,7 @@ def check_parameters(
                 if cuts
                 else f"{kills} kills and {pauses} pauses"
             )
+            + (f" beside {deploys} deploys" if deploys else "")
             + f" need at least {math.ceil(faults / SPAN)} jobs; {jobs} jobs leave room for"
             f" {room} faults",
         )

@@ -3,6 +3,12 @@
 Both open the system under test after they start; nothing crosses a fork. A system with a
 single owner gets one worker, the owner, which also does its own maintenance. Every worker
 writes what it was told to its log (``worklog.py``).
+
+A worker's shutdown is the lab's documented one (``lab/workloads/shutdown.py``): at SIGTERM
+it finishes the batch in hand (its effects and its acknowledgement), claims nothing more
+and exits 0; a second SIGTERM changes nothing. SIGINT stays ignored (the supervisor's).
+In a run with deploys each worker leads a session of its own, so the SIGKILL at the end of
+a grace period reaches every process it started and nothing else of the run.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from crashqueuelab.lab.chaos.worklog import SHARED_COMMIT_COUNTS, lease_line
 from crashqueuelab.lab.runs.inheritance import Inherited
 from crashqueuelab.lab.runs.interrupts import ignore_interrupts
 from crashqueuelab.lab.workloads.effects import Destination, EffectLedger
+from crashqueuelab.lab.workloads.shutdown import stop_on
 from crashqueuelab.systems.contract import (
     Claim,
     CommitSharingClient,
@@ -71,6 +78,8 @@ class WorkerSpec:
     #: The parent's import path and server environment (a fork server started earlier may
     #: have neither).
     inherited: Inherited
+    #: Lead a session of its own (a run with deploys SIGKILLs a worker's whole session).
+    own_session: bool = False
 
 
 def _guarded(error_file: str, inherited: Inherited, body: Callable[[], None]) -> None:
@@ -166,6 +175,9 @@ class _SharedCommitsLog:
 
 
 def _work(spec: WorkerSpec) -> None:
+    if spec.own_session:
+        os.setsid()
+    stop = stop_on(signal.SIGTERM)
     client = open_client(spec.system, spec.files.store)
     effects = EffectLedger(spec.files.effects, destination=Destination.IDEMPOTENT, create=False)
     executions = EffectLedger(
@@ -177,7 +189,7 @@ def _work(spec: WorkerSpec) -> None:
         with effects, executions, Path(spec.log).open("a", buffering=1) as log:
             shared = _SharedCommitsLog(client, log)
             polling = False
-            while True:
+            while not stop.is_set():
                 if spec.does_maintenance and time.monotonic() >= next_recovery:
                     client.recover()
                     next_recovery = time.monotonic() + OWNER_RECOVERY_EVERY_S
@@ -198,7 +210,7 @@ def _work(spec: WorkerSpec) -> None:
                             # (a power cut lost acknowledged jobs): the supervisor decides.
                             idle = True
                             log.write(f"idle {time.monotonic():.6f}\n")
-                    time.sleep(POLL_S)
+                    stop.wait(POLL_S)
                     continue
                 for claim in claims:
                     got = time.monotonic()

@@ -10,6 +10,7 @@ from crashqueuelab.judges.findings import Anomaly, restored, texts, to_json
 from crashqueuelab.lab.chaos.fleet import ChaosRun
 from crashqueuelab.lab.chaos.verdict import promises, reasons, worker_exited
 from crashqueuelab.lab.faults.delivery import landed_count
+from crashqueuelab.lab.faults.deploy import Rollout
 from crashqueuelab.lab.faults.kinds import FaultKind
 from crashqueuelab.lab.faults.network.plan import NetworkPlan
 from crashqueuelab.lab.runs.commands import import_path
@@ -31,6 +32,7 @@ def chaos_record(
     power_cuts: int,
     server_restarts: int,
     session_kills: int,
+    deploys: tuple[int, Rollout, dict[str, Any]],
     network: NetworkPlan,
     poison_count: int,
     long_jobs: set[int],
@@ -55,6 +57,7 @@ def chaos_record(
     cuts_delivered = landed_count(delivered, FaultKind.POWER_CUT)
     restarts_delivered = landed_count(delivered, FaultKind.SERVER_RESTART)
     session_kills_delivered = landed_count(delivered, FaultKind.SESSION_KILL)
+    deploy_count, rollout, deployed = deploys
     accounted = restored(accounting["anomalies"], accounting["findings"])
     findings = [
         *(worker_exited(failure) for failure in run.state.failures),
@@ -76,6 +79,9 @@ def chaos_record(
             "power_cuts": power_cuts,
             "server_restarts": server_restarts,
             "session_kills": session_kills,
+            "deploys": deploy_count,
+            # How a deploy stops workers, recorded where the run had deploys.
+            **(rollout.to_json() if deploy_count else {}),
             **{
                 name: value
                 for name, value in network.to_json(lease_ms).items()
@@ -91,6 +97,9 @@ def chaos_record(
         "power_cuts_delivered": cuts_delivered,
         "server_restarts_delivered": restarts_delivered,
         "session_kills_delivered": session_kills_delivered,
+        "deploys_delivered": landed_count(delivered, FaultKind.DEPLOY),
+        # Each deployed worker's end, and what became of the jobs the SIGKILLed ones held.
+        "deploys": deployed,
         "network_faults_delivered": {
             kind.value: landed_count(delivered, kind) for kind in network.counts()
         },

@@ -24,7 +24,9 @@ from crashqueuelab.lab.chaos.poison import DEFAULT_POISON_JOBS, PoisonJob, poiso
 from crashqueuelab.lab.chaos.powercuts import PowerSupply
 from crashqueuelab.lab.chaos.processes import RunFiles, open_client
 from crashqueuelab.lab.chaos.record import chaos_record
-from crashqueuelab.lab.chaos.verdict import judge_pauses
+from crashqueuelab.lab.chaos.verdict import judge_deploys, judge_pauses
+from crashqueuelab.lab.chaos.worklog import read_logs
+from crashqueuelab.lab.faults.deploy import Rollout
 from crashqueuelab.lab.faults.kinds import FaultKind
 from crashqueuelab.lab.faults.network.plan import NetworkPlan, RunNetwork, run_dsn
 from crashqueuelab.lab.runs.kinds import CHAOS
@@ -63,6 +65,8 @@ def run_chaos(
     schedule: Sequence[Mapping[str, Any]] | None = None,
     replay_of: str | None = None,
     network: NetworkPlan | None = None,
+    deploys: int = 0,
+    rollout: Rollout | None = None,
 ) -> dict[str, Any]:
     """Run one chaos experiment into ``output_dir`` (new or empty) and return its report.
 
@@ -70,6 +74,8 @@ def run_chaos(
     server); server restarts need it. ``schedule`` (a run's recorded one) is delivered
     instead of the seed's; its faults must be the ones the counts name. ``network`` puts a
     fault proxy between the processes and the server (systems behind a server only).
+    ``deploys`` SIGTERM a batch of workers each, stopped as ``rollout`` says (its grace,
+    surge and replacement; the defaults when None).
     """
     network = network or NetworkPlan()
     counts = {
@@ -78,10 +84,12 @@ def run_chaos(
         FaultKind.POWER_CUT: power_cuts,
         FaultKind.SERVER_RESTART: server_restarts,
         FaultKind.SESSION_KILL: session_kills,
+        FaultKind.DEPLOY: deploys,
     } | network.counts()
+    rollout = rollout or Rollout()
     chosen = runnable(
         system, crash_mode, counts, jobs=jobs, workers=workers, network=network,
-        restart_server=restart_server,
+        restart_server=restart_server, rollout=rollout,
     )  # fmt: skip
     planned = planned_faults(schedule, seed=seed, jobs=jobs, workers=workers, counts=counts)
     schedule_record = [fault.to_json() for fault in planned]
@@ -117,6 +125,7 @@ def run_chaos(
             lease_ms=lease_ms,
             batch=batch,
             workers=workers,
+            rollout=rollout if deploys else None,
         )
         run.power = power
         run.restart_server = restart_server
@@ -157,6 +166,7 @@ def run_chaos(
         lease_s=lease_ms / 1000,
         started_s=started,
     )
+    deployed = judge_deploys(run.state.delivered, read_logs(run.logs), accounting)
     report = chaos_record(
         run,
         system=system,
@@ -171,6 +181,7 @@ def run_chaos(
         power_cuts=power_cuts,
         server_restarts=server_restarts,
         session_kills=session_kills,
+        deploys=(deploys, rollout, deployed),
         network=network,
         poison_count=poison_count,
         long_jobs=long_jobs,

@@ -63,14 +63,17 @@ def plan(
     restarts: int = 0,
     session_kills: int = 0,
     others: Mapping[FaultKind, int] | None = None,
+    deploys: int = 0,
 ) -> list[PlannedFault]:
-    """Spread ``kills``, ``pauses``, power ``cuts``, server ``restarts``, ``session_kills``
-    and ``others`` (network faults, by kind) over the run's progress, seeded."""
+    """Spread ``kills``, ``pauses``, power ``cuts``, server ``restarts``, ``session_kills``,
+    ``others`` (network faults, by kind) and ``deploys`` over the run's progress, seeded (a
+    deploy's ``worker_slot`` is the first of its batch)."""
     rng = random.Random(seed)
     kinds = [FaultKind.KILL] * kills + [FaultKind.PAUSE] * pauses + [FaultKind.POWER_CUT] * cuts
     kinds += [FaultKind.SERVER_RESTART] * restarts + [FaultKind.SESSION_KILL] * session_kills
     for kind, count in (others or {}).items():
         kinds += [kind] * count
+    kinds += [FaultKind.DEPLOY] * deploys
     rng.shuffle(kinds)
     total = len(kinds)
     # Faults land within the first SPAN of the work, so the last ones still find work.

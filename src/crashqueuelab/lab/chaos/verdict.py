@@ -1,13 +1,15 @@
 """A chaos run judged: why it is not ok, what each paused worker was told of its late
-acknowledgements, and the run against the system's own promises."""
+acknowledgements, how each deployed worker ended and what became of the jobs it held, and
+the run against the system's own promises."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from crashqueuelab.judges.findings import Anomaly, Kind, restored
-from crashqueuelab.lab.chaos.worklog import read_logs
+from crashqueuelab.lab.chaos.worklog import WorkerLog, read_logs
 from crashqueuelab.lab.faults.delivery import landed_count
 from crashqueuelab.lab.faults.kinds import FaultKind
 from crashqueuelab.lab.runs.promises import classify
@@ -132,3 +134,66 @@ def promises(
         judged.append(unfinished_work(gave_up))
     kinds = sorted({str(record["kind"]) for record in report["faults"] if "at_s" in record})
     return classify(chosen, crash_mode, judged, kinds)
+
+
+def judge_deploys(
+    delivered: list[dict[str, Any]], logs: dict[str, WorkerLog], accounting: dict[str, Any]
+) -> dict[str, Any]:
+    """Each deployed worker classed (exited within its grace, or SIGKILLed at its end), and
+    what became of every job a SIGKILLed one held: acknowledged later by another worker,
+    lost, unfinished, or done in the store with no acknowledgement heard (its own, sent
+    before the SIGKILL, had committed). Written into each deploy's record; the counts."""
+    lost, unfinished = set(accounting["lost_keys"]), set(accounting["unfinished_keys"])
+    acknowledgers: dict[str, list[str]] = {}
+    for worker, log in sorted(logs.items()):
+        for key, _ in log.acks:
+            acknowledgers.setdefault(key, []).append(worker)
+    stopped = [
+        worker
+        for record in delivered
+        if record["kind"] == FaultKind.DEPLOY.value and "at_s" in record
+        for worker in record["workers"]
+    ]
+    for worker in stopped:
+        held = [*worker.get("held_when_killed", ()), *worker.get("unanswered_when_killed", ())]
+        worker["fates"] = {key: _fate(key, worker, lost, unfinished, acknowledgers) for key in held}
+    killed = [worker for worker in stopped if worker.get("killed_at_s") is not None]
+    return {
+        "workers_stopped": len(stopped),
+        "exited_within_grace": sum(1 for worker in stopped if worker.get("exited_within_grace")),
+        "exit_codes_within_grace": dict(
+            sorted(
+                Counter(
+                    str(worker["exit_code"])
+                    for worker in stopped
+                    if worker.get("exited_within_grace")
+                ).items()
+            )
+        ),
+        "sigkilled": len(killed),
+        "sigkilled_holding_jobs": sum(1 for worker in killed if worker["fates"]),
+        "ended_by_power_cut": sum(1 for worker in stopped if worker.get("ended_by_power_cut")),
+        "jobs_held_when_killed": dict(
+            sorted(Counter(fate for worker in killed for fate in worker["fates"].values()).items())
+        ),
+    }
+
+
+def _fate(
+    key: str,
+    worker: dict[str, Any],
+    lost: set[str],
+    unfinished: set[str],
+    acknowledgers: dict[str, list[str]],
+) -> str:
+    """What became of ``key``, held by the SIGKILLed ``worker``."""
+    if key in lost:
+        return "lost"
+    if key in unfinished:
+        return "unfinished"
+    others = [name for name in acknowledgers.get(key, ()) if name != worker["worker_id"]]
+    if others:
+        return "acknowledged by another worker"
+    if key in acknowledgers:
+        return "acknowledged by this worker"
+    return "done in the store, no acknowledgement heard"

@@ -19,27 +19,11 @@ from pathlib import Path
 from typing import IO, Any
 
 from crashqueuelab.lab.deploys.workers import DeployWorkerSpec
+from crashqueuelab.lab.faults.signals import kill_all, session_members
 from crashqueuelab.lab.runs.executions import read_ledger
 
 #: How long the end of a run waits for a worker it asked to stop, before SIGKILL.
 FINAL_STOP_S = 30.0
-
-
-def session_members(session: int) -> list[int]:
-    """The processes of session ``session`` still there (zombies aside): the worker and all
-    it forked, also into process groups of their own (RQ's work horse), as a container's or
-    a systemd unit's stop reaches every process of its cgroup."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if len(fields) > 3 and fields[0] != "Z" and int(fields[3]) == session:
-            members.append(int(entry.name))
-    return sorted(members)
 
 
 #: The signals a deploy may send, as a process manager leaves them to the worker it starts.
@@ -53,13 +37,6 @@ def default_stop_signals() -> None:
     exec keeps: the worker would then outlive a SIGQUIT until its grace's SIGKILL."""
     for number in STOP_SIGNALS:
         signal.signal(number, signal.SIG_DFL)
-
-
-def _kill_all(pids: list[int]) -> None:
-    for pid in pids:
-        # It may have exited since it was listed.
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
 
 
 @dataclass
@@ -194,7 +171,7 @@ class Fleet:
         if worker.ledger.is_file():
             runs = read_ledger(worker.ledger.read_text(), worker.name)
             worker.held_when_killed = [run.key for run in runs if run.end_s is None]
-        _kill_all(worker.group_when_killed)
+        kill_all(worker.group_when_killed)
 
     def poll(self) -> list[Worker]:
         """Note every worker that exited since the last poll; those workers."""
@@ -222,4 +199,4 @@ class Fleet:
             worker.process.wait(10.0)
         self.poll()
         for worker in self.workers:
-            _kill_all(session_members(worker.pid))
+            kill_all(session_members(worker.pid))

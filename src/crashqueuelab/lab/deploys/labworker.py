@@ -33,6 +33,7 @@ from crashqueuelab.core.clock import SystemClock
 from crashqueuelab.core.ids import RandomIds
 from crashqueuelab.core.retry import RetryPolicy
 from crashqueuelab.lab.runs.executions import append_line
+from crashqueuelab.lab.workloads.shutdown import GRACEFUL, stop_on
 from crashqueuelab.systems.contract import Claim, OpenRequest, OwnWorker, System, Verdict
 
 #: How often an idle worker looks for work (and expires overdue leases).
@@ -46,8 +47,7 @@ HOLD_ERROR = "held until due: a scheduled job claimed before its due time"
 _RETRY = RetryPolicy(base_delay_us=10_000, max_delay_us=200_000)
 SOURCE = "docs/real-queues.md#deploys"
 SHUTDOWN = {
-    "SIGTERM": "finish the job in hand and acknowledge it, take no new one, exit 0; a"
-    " second SIGTERM changes nothing",
+    "SIGTERM": f"{GRACEFUL}; a second SIGTERM changes nothing",
     "SIGINT": "as SIGTERM",
     "SIGQUIT": "no handler: the process ends at once, as at SIGKILL; its lease runs out"
     " and the job runs again",
@@ -83,9 +83,7 @@ def serve_lab_worker(
     lease_s: float,
 ) -> None:
     """Claim, work, acknowledge until SIGTERM or SIGINT; then finish the job in hand."""
-    stop = threading.Event()
-    for number in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(number, lambda *_: stop.set())
+    stop = stop_on(signal.SIGTERM, signal.SIGINT)
     lease_us = max(1, round(lease_s * 1_000_000))
     client = system.open(OpenRequest(directory, SystemClock(), RandomIds(), _RETRY))
     next_recovery = 0.0

@@ -30,13 +30,7 @@ from enum import StrEnum
 from typing import Any
 
 from crashqueuelab.core.errors import InvalidInput
-
-
-class Replace(StrEnum):
-    """When a stopped worker's replacement starts."""
-
-    AT_ONCE = "at-once"  # with the stop signal: the rollout's surge runs beside the old one
-    AFTER_EXIT = "after-exit"  # once the old process exited or was killed
+from crashqueuelab.lab.faults.deploy import Replace
 
 
 class StopSignal(StrEnum):

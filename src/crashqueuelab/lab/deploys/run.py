@@ -36,7 +36,6 @@ from crashqueuelab.lab.deploys.judge import (
 from crashqueuelab.lab.deploys.labworker import DUE_FIELD, lab_worker
 from crashqueuelab.lab.deploys.plan import (
     DeployPlan,
-    Replace,
     Scheduled,
     Step,
     StopSignal,
@@ -48,6 +47,7 @@ from crashqueuelab.lab.deploys.plan import (
     submissions,
 )
 from crashqueuelab.lab.deploys.workers import DeployWorkerSpec
+from crashqueuelab.lab.faults.deploy import Replace
 from crashqueuelab.lab.runs.executions import (
     ENDED,
     DeathWatch,

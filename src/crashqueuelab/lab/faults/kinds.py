@@ -10,6 +10,9 @@ from enum import StrEnum
 class FaultKind(StrEnum):
     KILL = "SIGKILL"
     PAUSE = "SIGSTOP"
+    #: A deploy: a batch of workers gets SIGTERM, a grace period, then SIGKILL of every
+    #: process of its session if it is still there (``deploy.py``).
+    DEPLOY = "deploy"
     #: Every process dies and the disk loses what nobody synced (power-loss mode only).
     POWER_CUT = "power cut"
     #: The system's server dies (pg_ctl stop -m immediate) and starts again.

@@ -1,5 +1,6 @@
 """Process signals as faults: a SIGKILL, and a SIGSTOP that lands while its worker holds
-leases; and the one safe way to signal a worker.
+leases; the one safe way to signal a worker, and SIGKILL of every process of a worker's
+session (what a deploy's grace ends with).
 
 A paused worker is left stopped: its run continues it (``SIGCONT``) once its jobs were taken
 over or its leases ran out, and judges what it was told about its late acknowledgements.
@@ -7,9 +8,11 @@ over or its leases ran out, and judges what it was told about its late acknowled
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any, Protocol
 
 from crashqueuelab.lab.faults.delivery import Fault, Record, Worker
@@ -41,6 +44,38 @@ def send_signal(process: Any, signum: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def session_members(session: int) -> list[int]:
+    """The processes of session ``session`` still there (zombies aside): the worker and all
+    it forked, also into process groups of their own (RQ's work horse), as a container's or
+    a systemd unit's stop reaches every process of its cgroup."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if len(fields) > 3 and fields[0] != "Z" and int(fields[3]) == session:
+            members.append(int(entry.name))
+    return sorted(members)
+
+
+def kill_all(pids: list[int]) -> None:
+    """SIGKILL each of ``pids`` still there."""
+    for pid in pids:
+        # It may have exited since it was listed.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def kill_session(pid: int) -> list[int]:
+    """SIGKILL every process of the session worker ``pid`` leads; the processes found."""
+    members = session_members(pid)
+    kill_all(members)
+    return members
 
 
 class SignalTarget(Protocol):

@@ -31,7 +31,13 @@ from crashqueuelab.lab.pages.common import (
     reproducers,
     system_label,
 )
-from crashqueuelab.lab.pages.faults import FAULT_COLORS, KILL, SHADED, fault_title
+from crashqueuelab.lab.pages.faults import (
+    FAULT_COLORS,
+    KILL,
+    SHADED,
+    deploy_marks,
+    fault_title,
+)
 from crashqueuelab.lab.pages.network import WINDOW_LEGENDS, legend, network_rows
 from crashqueuelab.lab.runs.commands import runnable
 
@@ -106,6 +112,7 @@ def chaos_view(run_dir: Path) -> View:
                 else []
             ),
             "power_cuts": cuts,
+            "deploys": report.get("deploys_delivered", 0),
             "network": bool(report.get("network")),
         },
     )
@@ -151,6 +158,7 @@ def _throughput_charts(
         + (", power cuts (violet)" if cuts else "")
         + (", server restarts (black)" if restarts else "")
         + (", terminated sessions (teal)" if session_kills else "")
+        + (", deploys (purple)" if report.get("deploys_delivered") else "")
         + legend(report),
         "seconds into the run",
         "jobs/s",
@@ -189,6 +197,7 @@ def _chaos_verdict(
         + (f" {cuts} power cuts," if cuts else "")
         + (f" {restarts} server restarts," if restarts else "")
         + (f" {session_kills} sessions terminated," if session_kills else "")
+        + (f" {report['deploys_delivered']} deploys," if report.get("deploys_delivered") else "")
         + "".join(
             f" {count} {kind}{'' if kind.endswith('s') else 's'},"
             for kind, count in (report.get("network_faults_delivered") or {}).items()
@@ -271,12 +280,34 @@ def _chaos_figures(
             if restarts or session_kills
             else []
         ),
+        *_deploy_rows(report),
         ("respawns", f"{report['respawns']:,}", ""),
         (
             "store judged by",
             accounting["judge"],
             "ok" if accounting["judge_ok"] else "INCONSISTENT",
         ),
+    ]
+
+
+def _deploy_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """How the deployed workers ended, and what became of the jobs the SIGKILLed held."""
+    deployed, parameters = report.get("deploys"), report["parameters"]
+    if not deployed or not deployed["workers_stopped"]:
+        return []
+    fates = ", ".join(
+        f"{count:,} {fate}" for fate, count in deployed["jobs_held_when_killed"].items()
+    )
+    return [
+        (
+            "deployed workers: SIGTERMed / exited within the grace / SIGKILLed at its end",
+            f"{deployed['workers_stopped']:,} / {deployed['exited_within_grace']:,} /"
+            f" {deployed['sigkilled']:,}",
+            f"{report['deploys_delivered']} deploys of {parameters['surge']}, grace"
+            f" {parameters['grace_s']:g} s, replacement {parameters['replace']};"
+            f" {deployed['sigkilled_holding_jobs']} SIGKILLed holding jobs"
+            + (f", which became: {fates}" if fates else ""),
+        )
     ]
 
 
@@ -322,7 +353,8 @@ def _shared_commit_rows(shared: dict[str, int] | None) -> list[tuple[str, str, s
 def _chaos_lanes(
     report: dict[str, Any], logs: dict[str, Any], start: float | None, elapsed: float
 ) -> list[dict[str, Any]]:
-    """One lane per worker slot: each process's life, its kills and pauses."""
+    """One lane per worker slot: each process's life, its kills and pauses, each deploy's
+    SIGTERM, grace window and SIGKILL."""
     by_slot: dict[int, list[dict[str, Any]]] = {}
     for worker in report.get("workers_started", []):
         by_slot.setdefault(worker["slot"], []).append(worker)
@@ -345,9 +377,11 @@ def _chaos_lanes(
             f
             for f in report["faults"]
             if "at_s" in f
+            and f["kind"] != "deploy"
             # A partition of some workers names each path it cut off.
             and (f.get("worker_slot", slot) == slot or f"worker-{slot}" in f.get("paths", ()))
         ]
+        deploys = [f for f in report["faults"] if "at_s" in f and f["kind"] == "deploy"]
         radius = 2 if len(mine) > DENSE_MARKS // 2 else 4
         dots = [
             {"at": f["at_s"], "color": FAULT_COLORS[f["kind"]], "title": fault_title(f, 3),
@@ -362,8 +396,16 @@ def _chaos_lanes(
             for f in mine
             if f["kind"] in SHADED
         ]  # fmt: skip
+        stops = 0
+        for f in deploys:
+            marks, grace = deploy_marks(f, slot, elapsed)
+            dots += marks
+            windows += grace
+            stops += len(grace)
         label = (
-            f"slot {slot} ({len(workers):,} processes, {kills:,} kill{'' if kills == 1 else 's'})"
+            f"slot {slot} ({len(workers):,} processes, {kills:,} kill{'' if kills == 1 else 's'}"
+            + (f", {stops} deployed" if stops else "")
+            + ")"
         )
         lanes.append({"label": label, "spans": spans, "dots": dots, "windows": windows,
                       "spans_are": "processes, one after another,"})  # fmt: skip

@@ -1,6 +1,8 @@
 """How a chaos page draws each fault it delivered: its colour, whether it is shaded for as
 long as it held or drawn as a line at its instant, and the title a reader hovers over.
-Network faults take their colours and titles from ``network``."""
+Network faults take their colours and titles from ``network``. A deploy is drawn on the
+lane of each worker it stopped: the SIGTERM, the grace window, and the SIGKILL at its end
+or the worker's own exit within it (``deploy_marks``)."""
 
 from __future__ import annotations
 
@@ -12,12 +14,15 @@ from crashqueuelab.lab.pages.network import NETWORK_COLORS, WINDOWED, network_ti
 SHADED = ("SIGSTOP", *WINDOWED)
 KILL, PAUSE, POWER_CUT = "#d93025", "#f29900", "#5f2eea"
 SERVER_RESTART, SESSION_KILL = "#202124", "#00897b"
+#: A deploy's SIGTERM, its grace window, the SIGKILL at the grace's end, a worker's exit.
+SIGTERM, GRACE, GRACE_KILL, EXIT = "#a142f4", "#fde293", "#202124", "#5f6368"
 FAULT_COLORS = {
     "SIGKILL": KILL,
     "SIGSTOP": PAUSE,
     "power cut": POWER_CUT,
     "server restart": SERVER_RESTART,
     "session terminated": SESSION_KILL,
+    "deploy": SIGTERM,
     **NETWORK_COLORS,
 }
 
@@ -39,4 +44,54 @@ def fault_title(fault: dict[str, Any], digits: int = 2) -> str:
         )
     if fault["kind"] in NETWORK_COLORS:
         return network_title(fault, digits)
+    if fault["kind"] == "deploy":
+        stopped = fault["workers"]
+        killed = sum(1 for worker in stopped if worker.get("killed_at_s") is not None)
+        return (
+            f"deploy at {fault['at_s']:.{digits}f} s: SIGTERM to"
+            f" {', '.join(worker['worker_id'] for worker in stopped)}, grace"
+            f" {fault['grace_s']:g} s; {len(stopped) - killed} exited within it,"
+            f" {killed} SIGKILLed at its end"
+        )
     return f"{fault['kind']} {fault['worker_id']} at {fault['at_s']:.{digits}f} s"
+
+
+def deploy_marks(
+    fault: dict[str, Any], slot: int, end: float
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The dots and the windows a deploy draws on slot ``slot``'s lane: each worker of the
+    slot it stopped gets its SIGTERM, its grace window (to its exit or its SIGKILL) and the
+    SIGKILL or its exit; ``end`` closes a window the run never saw end."""
+    dots: list[dict[str, Any]] = []
+    windows: list[dict[str, Any]] = []
+    for worker in fault["workers"]:
+        if worker["worker_slot"] != slot:
+            continue
+        name, term = worker["worker_id"], worker["sigterm_at_s"]
+        killed, exited = worker.get("killed_at_s"), worker.get("exited_at_s")
+        over = killed if killed is not None else exited
+        said = f"SIGTERM {name} at {term:.3f} s (deploy {fault['index']})"
+        dots.append({"at": term, "color": SIGTERM, "r": 5, "kind": "SIGTERM", "title": said})
+        windows.append(
+            {
+                "start": term,
+                "end": end if over is None else over,
+                "color": GRACE,
+                "title": f"{name}'s grace from {term:.3f} s to {worker['grace_end_s']:.3f} s",
+            }
+        )
+        if killed is not None:
+            held = worker.get("fates") or {}
+            fates = "; ".join(f"{key}: {fate}" for key, fate in sorted(held.items()))
+            said = (
+                f"SIGKILL of {name}'s session at {killed:.3f} s, the end of its grace, holding"
+                f" {len(held)} jobs" + (f" ({fates})" if fates else "")
+            )
+            dots.append(
+                {"at": killed, "color": GRACE_KILL, "r": 5, "kind": "grace SIGKILL", "title": said}
+            )
+        elif exited is not None:
+            dots.append({"at": exited, "color": EXIT, "r": 3, "kind": "exit",
+                         "title": f"{name} exited within its grace ({worker.get('exit_code')})"
+                         f" by {exited:.3f} s"})  # fmt: skip
+    return dots, windows

@@ -29,6 +29,7 @@ from crashqueuelab.lab.campaign.run import MODEL_LINE, run_campaign
 from crashqueuelab.lab.chaos.longjobs import DEFAULT_LONG_JOBS
 from crashqueuelab.lab.chaos.poison import DEFAULT_POISON_JOBS
 from crashqueuelab.lab.chaos.run import run_chaos
+from crashqueuelab.lab.faults.deploy import Replace, Rollout
 from crashqueuelab.lab.faults.network.plan import NetworkPlan
 from crashqueuelab.lab.reproducers.preparation import (
     prepared,
@@ -264,6 +265,12 @@ def _replay_chaos(run: Mapping[str, Any], directory: Path, attempts: int) -> Out
             long_count=sizes.get("long_jobs", DEFAULT_LONG_JOBS),
             schedule=run["schedule"],
             network=network,
+            deploys=counts["deploy"],
+            rollout=Rollout(
+                grace_s=float(sizes.get("grace_s", Rollout.grace_s)),
+                surge=int(sizes.get("surge", Rollout.surge)),
+                replace=Replace(sizes.get("replace", Rollout.replace)),
+            ),
         )
         outcome = _judged(report["ok"], list(report["reasons"]), target, report["promises"])
         if not outcome.ok:
