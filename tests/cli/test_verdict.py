@@ -122,6 +122,12 @@ def test_releases_side_by_side_give_the_same_matrix_and_say_whose_each_line_is(
     said = both.stderr.splitlines()
     assert {f"[{r}] campaign {r}: done" for r in ("3.2.0", "3.2.1", "3.3.0")} <= set(said)
     assert "campaign 3.2.0: done" in one.stderr.splitlines()
+    # The page's command runs the same releases again, side by side as this run did, and a
+    # library's row gives its own promises before the lab's contract.
+    page = (tmp_path / "both" / "report.html").read_text()
+    assert "--releases 3.2.0,3.2.1,3.3.0 --at-once 2 --output-directory" in page
+    assert "--at-once" not in (tmp_path / "one" / "report.html").read_text()
+    assert page.index("against its own promises</th>") < page.index("lab's contract</th>")
 
 
 def test_a_bisection_over_releases_that_lose_work_is_not_ok_and_says_what_they_did(

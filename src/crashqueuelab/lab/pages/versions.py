@@ -32,10 +32,13 @@ def versions_view(run_dir: Path) -> View:
     bisection = report["bisection"]
     evidence = " ".join(report["evidence"])
     releases = report["releases"]
-    shown = f"{releases[0]}..{releases[-1]}" if bisection is not None else ",".join(releases)
+    # The releases the range held, each named: A..B would take whatever the index holds
+    # between them when run again.
+    at_once = report.get("at_once", 1)
     command = runnable(
-        f"crashqueuelab versions --system {report['system']} --releases {shown}"
+        f"crashqueuelab versions --system {report['system']} --releases {','.join(releases)}"
         + (f" --bisect --bisect-on {report['criterion']}" if bisection is not None else "")
+        + (f" --at-once {at_once}" if at_once > 1 else "")
         + f" --output-directory {run_dir} {evidence}",
         report,
     )
