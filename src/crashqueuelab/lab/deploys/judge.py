@@ -34,7 +34,14 @@ from typing import Any
 
 from crashqueuelab.judges.findings import Anomaly, Kind
 from crashqueuelab.lab.deploys.plan import Scheduled
-from crashqueuelab.lab.runs.executions import ABANDONED, CUT, ENDED, KILLED, Execution
+from crashqueuelab.lab.runs.executions import (
+    ABANDONED,
+    CUT,
+    ENDED,
+    KILLED,
+    Execution,
+    beyond_its_attempts,
+)
 from crashqueuelab.systems.contract import JobStatus, StoredJob
 
 
@@ -174,18 +181,9 @@ def judge(
         found, redelivered = _again(key, runs, fates, acks)
         anomalies += found
         guarded = sum(1 for run in runs if by_its_guard(run, fates))
-        if guarded and max_attempts is not None and len(runs) > max_attempts:
-            anomalies.append(
-                Anomaly(
-                    Kind.ATTEMPT_BEYOND_LIMIT,
-                    f"job {key}: run {len(runs)} times, {guarded} of them ended by the"
-                    f" library's own guard; its attempts are {max_attempts}",
-                    job=key,
-                    attempt=len(runs),
-                    limit=max_attempts,
-                    facts={"ended_by_its_guard": guarded},
-                )
-            )
+        beyond = beyond_its_attempts(key, len(runs), guarded, max_attempts)
+        if beyond is not None:
+            anomalies.append(beyond)
         times = sum(1 for entries in acks.values() for entry in entries if entry[0] == key)
         if times > 1:
             anomalies.append(

@@ -23,6 +23,7 @@ from crashqueuelab.lab.runs.executions import (
     KILLED,
     Death,
     Execution,
+    beyond_its_attempts,
     read_ledger,
     read_ledgers,
     with_deaths,
@@ -98,18 +99,9 @@ def judge(
                 )
             )
         guarded = [run for run in runs if run.how in (CUT, KILLED)]
-        if guarded and max_attempts is not None and len(runs) > max_attempts:
-            anomalies.append(
-                Anomaly(
-                    Kind.ATTEMPT_BEYOND_LIMIT,
-                    f"job {key}: run {len(runs)} times, {len(guarded)} of them ended by the"
-                    f" library's own guard; its attempts are {max_attempts}",
-                    job=key,
-                    attempt=len(runs),
-                    limit=max_attempts,
-                    facts={"ended_by_its_guard": len(guarded)},
-                )
-            )
+        beyond = beyond_its_attempts(key, len(runs), len(guarded), max_attempts)
+        if beyond is not None:
+            anomalies.append(beyond)
         for index, again in enumerate(runs[1:], 1):
             # The job was taken from its latest holder: the last one to start before it.
             beside = [run for run in runs[:index] if run.overlaps(again)]

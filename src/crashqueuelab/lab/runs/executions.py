@@ -19,6 +19,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from crashqueuelab.judges.findings import Anomaly, Kind
+
 #: How an execution ended: its work returned, was interrupted by an exception, its process
 #: died (under a live worker, or killed by the lab), or its worker exited while it ran.
 ENDED, CUT, KILLED, ABANDONED = "ended", "cut", "killed", "abandoned"
@@ -99,6 +101,23 @@ def read_ledger(text: str, worker: str) -> list[Execution]:
             how = CUT if what == "cut" else ENDED
             runs[index] = replace(runs[index], end_s=at, how=how, why=why)
     return runs
+
+
+def beyond_its_attempts(key: str, runs: int, guarded: int, limit: int | None) -> Anomaly | None:
+    """The finding of a job run ``runs`` times, ``guarded`` of them ended by the library's
+    own guard, beyond its ``limit`` of attempts (None: within them, or no guard ended one:
+    a job only the lab's faults ran again is judged by what they did)."""
+    if not guarded or limit is None or runs <= limit:
+        return None
+    return Anomaly(
+        Kind.ATTEMPT_BEYOND_LIMIT,
+        f"job {key}: run {runs} times, {guarded} of them ended by the library's own guard;"
+        f" its attempts are {limit}",
+        job=key,
+        attempt=runs,
+        limit=limit,
+        facts={"ended_by_its_guard": guarded},
+    )
 
 
 class DeathWatch:
