@@ -25,7 +25,7 @@ from crashqueuelab.core.errors import InvalidInput, SystemUnavailable
 from crashqueuelab.core.ids import RandomIds
 from crashqueuelab.core.retry import RetryPolicy
 from crashqueuelab.judges.findings import Kind, texts, to_json
-from crashqueuelab.lab.deploys.fleet import Fleet, Worker
+from crashqueuelab.lab.deploys.fleet import Fleet
 from crashqueuelab.lab.deploys.judge import (
     WorkerFate,
     fates_of_held,
@@ -38,7 +38,6 @@ from crashqueuelab.lab.deploys.plan import (
     DeployPlan,
     Scheduled,
     Step,
-    StopSignal,
     due_tolerance,
     durations,
     job_keys,
@@ -46,15 +45,12 @@ from crashqueuelab.lab.deploys.plan import (
     scheduled_jobs,
     submissions,
 )
+from crashqueuelab.lab.deploys.rollout import MAX_ATTEMPTS, Rollout
 from crashqueuelab.lab.deploys.workers import DeployWorkerSpec
-from crashqueuelab.lab.faults.deploy import Replace
 from crashqueuelab.lab.runs.executions import (
-    ENDED,
     DeathWatch,
     Execution,
     read_acknowledgements,
-    read_ledger,
-    with_deaths,
 )
 from crashqueuelab.lab.runs.inheritance import Inherited
 from crashqueuelab.lab.runs.kinds import DEPLOYS
@@ -79,13 +75,7 @@ HAND_OUT_S = 3.0
 RECOVERY_MARGIN_S = 5.0
 #: How long a worker process may take to start serving (imports, connection).
 STARTUP_S = 60.0
-#: Every job's attempts: a long job may be SIGKILLed at several deploys.
-MAX_ATTEMPTS = 25
 _RETRY = RetryPolicy(base_delay_us=10_000, max_delay_us=200_000)
-_POLL_S = 0.02
-#: Once every job ran to completion, the workers run on this long (the last
-#: acknowledgements reach the store) before they are stopped.
-SETTLE_S = 0.5
 
 
 def _worker_of(system: System, lease_s: float) -> tuple[OwnWorker, bool]:
@@ -100,158 +90,6 @@ def _worker_of(system: System, lease_s: float) -> tuple[OwnWorker, bool]:
             " stops worker processes, and this system has no own_worker of its own",
         )
     return lab_worker(system, Path("ledger"), lease_s), True
-
-
-class _Run:
-    """One deploy run as it goes: the fleet, the schedule, the producer."""
-
-    def __init__(
-        self,
-        plan: DeployPlan,
-        fleet: Fleet,
-        steps: Sequence[Step],
-        planned: Sequence[tuple[float, str]],
-        client: QueueClient,
-        clock: Callable[[], float],
-        schedule_at: Callable[[str, float], None] | None = None,
-        due: dict[str, float] | None = None,
-        wall_origin: float = 0.0,
-        deaths: DeathWatch | None = None,
-    ) -> None:
-        self.plan, self.fleet, self.steps, self.clock = plan, fleet, steps, clock
-        #: Executions whose process died under their live worker, not stopped by the lab
-        #: (the library's own guard), on the ledgers' clock.
-        self.deaths = deaths or DeathWatch(time.monotonic)
-        self.planned = list(planned)
-        self.client = client
-        #: Submits a scheduled job due at a time on the run's clock; each one's due time.
-        self.schedule_at, self.due = schedule_at, due or {}
-        #: The wall clock (seconds since the epoch) at the run clock's zero.
-        self.wall_origin = wall_origin
-        self.submitted: dict[str, float] = {}
-        self.done_steps = 0
-        self.skipped: list[dict[str, Any]] = []
-        self.failed: dict[str, str] = {}
-
-    def submit_due(self) -> None:
-        while self.planned and self.planned[0][0] <= self.clock():
-            _, key = self.planned.pop(0)
-            if key in self.due and self.schedule_at is not None:
-                self.schedule_at(key, self.wall_origin + self.due[key])
-            else:
-                self.client.submit(JobSpec(key, "work", {}, max_attempts=MAX_ATTEMPTS))
-            self.submitted[key] = self.clock()
-
-    def current(self, slot: int) -> Worker | None:
-        """The slot's worker not yet asked to stop."""
-        return next(
-            (w for w in self.fleet.workers if w.slot == slot and w.running and w.stop_s is None),
-            None,
-        )
-
-    def stop_due(self) -> None:
-        while (
-            self.done_steps < len(self.steps) and self.steps[self.done_steps].at_s <= self.clock()
-        ):
-            step = self.steps[self.done_steps]
-            stopped = []
-            for slot in step.slots:
-                worker = self.current(slot)
-                if worker is None:
-                    self.skipped.append({"step": self.done_steps, "slot": slot})
-                    continue
-                worker.step = self.done_steps
-                worker.stop_s = self.clock()
-                worker.grace_end_s = worker.stop_s + self.plan.grace_s
-                self.fleet.send(worker, self.plan.signal.first)
-                stopped.append(slot)
-            # Every worker of the batch is signalled before any replacement starts: a
-            # batch (a fleet restart) is stopped at one instant, as a process manager does.
-            if self.plan.replace is Replace.AT_ONCE:
-                for slot in stopped:
-                    self.fleet.start(slot)
-            self.done_steps += 1
-
-    def enforce_grace(self) -> None:
-        now = self.clock()
-        for worker in self.fleet.running():
-            if worker.stop_s is None or worker.grace_end_s is None:
-                continue
-            sent = sum(1 for _, name in worker.signals if name != "SIGKILL")
-            twice = self.plan.signal is StopSignal.SIGTERM_TWICE
-            if twice and sent == 1 and now >= worker.stop_s + self.plan.grace_s / 2:
-                self.fleet.send(worker, "SIGTERM")
-            if now >= worker.grace_end_s and worker.killed_s is None:
-                self.fleet.kill(worker)
-
-    def note_exits(self) -> None:
-        for worker in self.fleet.poll():
-            if worker.stop_s is None:
-                error = Path(f"{worker.ledger}.error")
-                told = (
-                    error.read_text().strip().splitlines()[-1]
-                    if error.is_file()
-                    else f"exited by itself ({worker.exit_word()}) before any signal"
-                )
-                self.failed[worker.name] = told
-            elif self.plan.replace is Replace.AFTER_EXIT:
-                self.fleet.start(worker.slot)
-
-    def watch_deaths(self) -> None:
-        """Note each execution whose own process died while its worker ran and had not yet
-        been told to stop: the library's guard ended it, not the deploy."""
-        live = {w.name: w.pid for w in self.fleet.running() if w.stop_s is None}
-        self.deaths.watch(self.executions(), live)
-
-    def draining(self) -> bool:
-        """Whether a stopped worker is still inside its grace period (or being killed)."""
-        return any(w.stop_s is not None for w in self.fleet.running())
-
-    def executions(self) -> list[Execution]:
-        """Every ledger's executions, each one the library's guard ended marked so."""
-        runs = [
-            run
-            for worker in self.fleet.workers
-            if worker.ledger.is_file()
-            for run in read_ledger(worker.ledger.read_text(), worker.name)
-        ]
-        return with_deaths(runs, self.deaths.deaths)
-
-    def every_job_completed(self, keys: Sequence[str]) -> bool:
-        runs = self.executions()
-        # An execution open in the ledger of a worker that is gone ended with it.
-        live = {worker.name for worker in self.fleet.running()}
-        if any(run.end_s is None and run.worker in live for run in runs) or self.planned:
-            return False
-        # An open execution's ``how`` is ENDED too until it ends: only a closed one counts.
-        ended = {run.key for run in runs if run.how == ENDED and run.end_s is not None}
-        return all(key in ended for key in keys)
-
-    def drive(
-        self, keys: Sequence[str], bound: float, sleep: Callable[[float], None]
-    ) -> tuple[float | None, float | None]:
-        """Start the fleet, submit, stop, kill and replace as planned, then wait at most
-        ``bound`` for every job to run to completion: when every job had (None: never),
-        and when the last stop's grace was over (None: the run ended before)."""
-        for slot in range(self.plan.workers):
-            self.fleet.start(slot)
-        last_stop_end: float | None = None
-        while not self.failed:
-            self.submit_due()
-            self.note_exits()
-            self.stop_due()
-            self.enforce_grace()
-            self.watch_deaths()
-            if self.done_steps == len(self.steps) and not self.draining():
-                last_stop_end = last_stop_end if last_stop_end is not None else self.clock()
-                if self.every_job_completed(keys):
-                    completed = self.clock()
-                    sleep(SETTLE_S)
-                    return completed, last_stop_end
-                if self.clock() - last_stop_end > bound:
-                    break
-            sleep(_POLL_S)
-        return None, last_stop_end
 
 
 def _headline(
@@ -304,7 +142,7 @@ def _recovery_bound(
     return bound, basis
 
 
-def _executions(run: _Run, origin: float) -> list[Execution]:
+def _executions(run: Rollout, origin: float) -> list[Execution]:
     """Every ledger's executions, on the run's clock."""
     return [
         Execution(
@@ -516,7 +354,7 @@ def run_deploys(
     client = resolved.open(OpenRequest(store, SystemClock(), RandomIds(), _RETRY))
     fleet = Fleet(output_dir, spec_for, clock)
     scheduler = _scheduler(worker, labs, client, store)
-    run = _Run(
+    run = Rollout(
         plan, fleet, steps, ready.planned, client, clock, scheduler, due, wall_origin,
         DeathWatch(now),
     )  # fmt: skip
