@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -310,3 +311,56 @@ def test_a_refusal_quotes_what_the_server_said_last() -> None:
             "* Reading RDB base file on AOF loading... / # Bad file format reading the append"
             " only file"
         )
+
+
+def test_redis_exits_on_a_failed_aof_fsync_and_restarted_leaves_an_aof_a_cut_makes_unloadable(
+    tmp_path: Path, redis_socket: str
+) -> None:
+    """A disk-fault case on Redis's data directory (``appendfsync always``): the submission's
+    fsync fails once; Redis exits ("Can't persist AOF for fsync error"), so the caller is
+    told a connection error, never success. Started again on its disk, as a supervisor
+    would, Redis loads its AOF from the page cache, where the write whose fsync failed is
+    still readable, and appends after it; at the power cut that write is gone, the AOF has
+    a hole, and no Redis starts on it: every job acknowledged after the restart is lost."""
+    from crashqueuelab.lab.campaign.diskfaults import FAILED, run_disk_faults
+    from crashqueuelab.lab.faults.powerloss.disk import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    record = run_disk_faults(
+        resolve_system("rq-aof-always"), "eio-fsync", tmp_path / "run", count=1, steps=(0,),
+        spec="rq-aof-always",
+    )  # fmt: skip
+    (case,) = record["cases"]
+    assert case["told"]["error"].startswith("ConnectionError"), case["told"]
+    reopen = case["recovered"]["reopen"]
+    assert (reopen["opened"], reopen["server"]) == (True, "started again")
+    assert "Can't persist AOF for fsync error" in reopen["why"]
+    assert case["verdict"] == FAILED
+    assert case["found_without_the_fault"] == []
+    anomalies = case["anomalies"]
+    assert any("the server did not start on the crash state" in line for line in anomalies)
+    assert "recovered, cut: job-a: told succeeded (attempts >= 1), the disk holds absent" in (
+        anomalies
+    )
+    # Nothing the caller was told before the cut at once is missing: that window holds.
+    assert not [line for line in anomalies if line.startswith("cut at once")]
+
+
+def test_a_completion_rq_did_not_record_is_an_error_never_success() -> None:
+    """RQ's worker code catches an error while it records a job's end and only logs it (a
+    Redis that went away mid-record): the job stays started, and the adapter says so
+    instead of answering succeeded (it answered succeeded, and a disk-fault case counted
+    a completion Redis never wrote as acknowledged)."""
+    from types import SimpleNamespace
+
+    from crashqueuelab.systems.libraries.rq.client import OutcomeNotRecorded, RqClient
+
+    def execution(status: str) -> Any:
+        return SimpleNamespace(job=SimpleNamespace(get_status=lambda refresh: status))
+
+    RqClient._recorded(execution("JobStatus.FINISHED"), "a")
+    RqClient._recorded(execution("failed"), "a")
+    with pytest.raises(OutcomeNotRecorded, match="did not record the end of job a"):
+        RqClient._recorded(execution("JobStatus.STARTED"), "a")

@@ -49,6 +49,7 @@ from crashqueuelab.lab.campaign.diskfault_told import (
 from crashqueuelab.lab.faults.powerloss.crashstate import LOSE_ALL, DistinctStates
 from crashqueuelab.lab.faults.powerloss.disk import PowerLossDisk, require_power_loss
 from crashqueuelab.lab.faults.powerloss.faults import DISK_FAULTS, DiskFault
+from crashqueuelab.lab.faults.powerloss.redisdisk import RedisOnDisk
 from crashqueuelab.lab.faults.powerloss.serverdisk import ClusterTemplate, ServerOnDisk
 from crashqueuelab.lab.faults.powerloss.targets import StoreOnDisk
 from crashqueuelab.lab.runs import kinds
@@ -60,6 +61,7 @@ from crashqueuelab.lab.runs.promises import classify
 from crashqueuelab.lab.runs.readings import read_store
 from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
 from crashqueuelab.lab.workloads.scenario import STORE_DIRECTORY
+from crashqueuelab.servers.base import Throwaway
 from crashqueuelab.systems.contract import (
     Claim,
     JobSpec,
@@ -233,9 +235,13 @@ class _Site:
     def __init__(self, run: _Run, where: Path) -> None:
         self.run = run
         self.where = where
-        self.target: StoreOnDisk | ServerOnDisk = (
-            StoreOnDisk(where) if run.template is None else ServerOnDisk(where, run.template)
-        )
+        self.target: StoreOnDisk | ServerOnDisk | RedisOnDisk
+        if run.system.server == "redis":
+            self.target = RedisOnDisk(where, run.system.persistence or "rdb")
+        elif run.template is not None:
+            self.target = ServerOnDisk(where, run.template)
+        else:
+            self.target = StoreOnDisk(where)
 
     @property
     def disk(self) -> PowerLossDisk:
@@ -249,9 +255,15 @@ class _Site:
         return read_store(self.run.system, self.store, [job.key for job in JOBS])
 
     def server_back(self) -> dict[str, Any]:
-        """A server the fault brought down (PostgreSQL PANICs on a failed fsync) is
-        started again on its disk, as its supervisor would: what it does then is its own
+        """A server the fault brought down (PostgreSQL PANICs on a failed fsync; Redis exits
+        when it cannot sync its append-only file under ``appendfsync always``) is started
+        again on its disk, as its supervisor would: what it does then is its own
         recovery."""
+        if isinstance(self.target, RedisOnDisk):
+            redis = self.target.server
+            if redis.running:
+                return {"server": "answering"}
+            return _started_again(redis, f"exited: {redis.last_words()}")
         if not isinstance(self.target, ServerOnDisk):
             return {}
         server = self.target.server
@@ -260,12 +272,7 @@ class _Site:
             if _accepts(server.dsn):
                 return {"server": "answering"}
             time.sleep(0.5)
-        try:
-            server.kill()  # what is left of it (nothing, once its postmaster gave up)
-            server.start_again()
-        except Exception as error:  # a server that will not start again is evidence
-            return {"server": f"did not start again: {type(error).__name__}: {error}"}
-        return {"server": "started again"}
+        return _started_again(server, "its postmaster gave up")
 
     def cut_and_read(self) -> tuple[StoreReading, int, int]:
         """The power cut: every unsynced write lost, and every write a failed fsync
@@ -284,6 +291,15 @@ class _Site:
                     self.run.system, state_dir / STORE_DIRECTORY, [job.key for job in JOBS]
                 )
         return reading, len(journal.failed), journal.failed_syncs
+
+
+def _started_again(server: Throwaway, why: str) -> dict[str, Any]:
+    try:
+        server.kill()  # what is left of it (nothing, once it gave up)
+        server.start_again()
+    except Exception as error:  # a server that will not start again is evidence
+        return {"server": f"did not start again: {type(error).__name__}: {error}", "why": why}
+    return {"server": "started again", "why": why}
 
 
 def _accepts(dsn: str) -> bool:
@@ -507,7 +523,7 @@ def run_disk_faults(
     names = fault_names([faults] if isinstance(faults, str) else faults)
     chosen = [(name, DiskFault.named(name, path=path, count=count)) for name in names]
     order = applicable_steps(system) if steps is None else list(steps)
-    if system.server not in (None, "postgres"):
+    if system.server not in (None, "postgres", "redis"):
         raise CrashModeUnavailable(
             f"disk fault {names[0]}",
             f"{system.name} keeps its data in a {system.server} server's data directory,"

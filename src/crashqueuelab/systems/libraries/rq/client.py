@@ -74,6 +74,10 @@ class JobFailed(Exception):
     """What the lab's job function raises inside RQ's worker when the lab's work failed."""
 
 
+class OutcomeNotRecorded(RuntimeError):
+    """RQ's worker code ended a job's execution without recording its end."""
+
+
 class _Execution(threading.Thread):
     """RQ's ``execute_job`` for one claimed job, paused inside the job function until the
     lab says how the work ended."""
@@ -312,7 +316,21 @@ class RqClient(LibraryClient):
         around(self.hook, point, partial(execution.finish, failure))
         if self.executions.get(claim.key) is execution:
             del self.executions[claim.key]
+        self._recorded(execution, claim.key)
         return True
+
+    @staticmethod
+    def _recorded(execution: _Execution, key: str) -> None:
+        """Raise unless RQ recorded the end of ``execution``. RQ's worker code catches an
+        error while it records a job's end (``perform_job`` logs it and returns), so a
+        Redis that refused or went away then leaves the job ``started`` with nobody told:
+        read back (RQ's own ``get_status``, which raises when Redis is gone), that is what
+        the caller is told instead of an outcome RQ never wrote."""
+        status = str(execution.job.get_status(refresh=True)).rsplit(".", 1)[-1].lower()
+        if status == STARTED:
+            raise OutcomeNotRecorded(
+                f"RQ's worker code did not record the end of job {key}: it holds it started"
+            )
 
     def succeed(self, claim: Claim) -> Verdict:
         return Verdict.SUCCEEDED if self._finish(claim, None, "finish") else Verdict.STALE
