@@ -32,6 +32,7 @@ __all__ = [
     "SETTINGS",
     "START_TIMEOUT_S",
     "ThrowawayServer",
+    "ThrowawayStandby",
     "find_binaries",
     "signal_all",
 ]
@@ -282,3 +283,34 @@ class ThrowawayServer(Throwaway):
         """``pg_ctl stop -m immediate``: every process quits at once, nothing is written;
         the next start runs crash recovery."""
         self.stop("immediate")
+
+
+class ThrowawayStandby(ThrowawayServer):
+    """A streaming standby of a running ``ThrowawayServer``: ``pg_basebackup -R`` of the
+    primary into this server's own directory (its socket there too), replicating
+    asynchronously unless the primary names it in ``synchronous_standby_names``;
+    ``promote`` makes it a primary, as a failover does."""
+
+    name = "postgres-standby"
+
+    def __init__(self, primary: ThrowawayServer) -> None:
+        # pg_basebackup lives beside the real pg_ctl (a PATH entry may be a link to it).
+        real = (primary.bindir / "pg_ctl").resolve().parent
+        bindir = primary.bindir if (primary.bindir / "pg_basebackup").is_file() else real
+        super().__init__(bindir, primary.settings, primary.initdb_options)
+        self.primary = primary
+
+    def prepare(self) -> None:
+        """The base backup, once: the primary's data as of now, streamed WAL included, and
+        ``standby.signal`` with the primary's connection (``-R``)."""
+        self._own(self.root)
+        if not self.data.exists():
+            backup = ["pg_basebackup", "-D", str(self.data), "-R", "-X", "stream"]
+            self._run([*backup, "--checkpoint=fast", "-d", self.primary.dsn])
+
+    def describe(self) -> Description:
+        return {**super().describe(), "standby_of": str(self.primary.root)}
+
+    def promote(self) -> None:
+        """``pg_ctl promote``, waiting until it accepts writes."""
+        self._run(["pg_ctl", "-D", str(self.data), "-w", "-t", "60", "promote"])
