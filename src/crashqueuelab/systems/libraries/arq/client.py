@@ -31,6 +31,7 @@ import logging
 import os
 import threading
 import time
+import warnings
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -68,8 +69,9 @@ IN_PROGRESS_MARGIN_S = 10
 #: which Redis refuses, whenever a job is picked past its ``max_tries`` (arq issues 314 and
 #: 531, pull request 532 open): the job's keys are deleted and no result is kept.
 KEEP_RESULT_S = 7 * 24 * 3600
-#: The most tries a lab job may have: one arq function per limit.
-MAX_TRIES = 32
+#: The most tries a lab job may have (chaos gives its ordinary jobs 1000): one arq function
+#: per limit.
+MAX_TRIES = 1000
 #: How long a call waits for arq (a claim, a completion) before the adapter says so.
 CALL_TIMEOUT_S = 30.0
 #: The key of arq's job context under which the adapter's worker finds its executions, and
@@ -416,6 +418,13 @@ class ArqClient(LibraryClient):
         # arq's own shutdown: ``Worker.close`` cancels the jobs still running (arq puts them
         # back in the queue, "to be run again") and closes the pool.
         try:
-            self._call(self.worker.close())
+            self._call(self._close())
         finally:
             self._stop_loop()
+
+    async def _close(self) -> None:
+        # arq 0.28.0's Worker.close calls redis-py's deprecated ``close`` (``aclose`` since
+        # redis-py 5.0.1): arq's warning, not the lab's.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            await self.worker.close()

@@ -105,7 +105,7 @@ async def _schedule(directory: Path, key: str, due_s: float) -> None:
             _defer_until=datetime.datetime.fromtimestamp(due_s, tz=datetime.UTC),
         )
     finally:
-        await pool.close(close_connection_pool=True)
+        await pool.aclose(close_connection_pool=True)
 
 
 def schedule(directory: Path, key: str, due_s: float) -> None:
