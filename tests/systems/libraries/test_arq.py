@@ -27,8 +27,14 @@ from crashqueuelab.judges.readers.arq import (
 from crashqueuelab.judges.resp import RespConnection
 from crashqueuelab.lab.campaign.run import run_campaign
 from crashqueuelab.servers.redis import SOCKET_VARIABLE
-from crashqueuelab.systems import JobSpec, JobStatus, OpenRequest, QueueClient, Verdict
-from crashqueuelab.systems import resolve_system
+from crashqueuelab.systems import (
+    JobSpec,
+    JobStatus,
+    OpenRequest,
+    QueueClient,
+    Verdict,
+    resolve_system,
+)
 
 
 def open_arq(directory: Path) -> QueueClient:
