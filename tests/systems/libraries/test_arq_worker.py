@@ -1,14 +1,16 @@
 """arq's own worker (``arq WorkerSettings``) in a real process on the test's Redis server:
 what SIGTERM does to the job in hand (cancelled at once and put back, as arq documents), and
-a job scheduled with ``enqueue_job(_defer_until=...)``."""
+a job scheduled with ``enqueue_job(_defer_until=...)``, and a small rolling deploy of it."""
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
 
 from crashqueuelab.systems import JobSpec, JobStatus, OpenRequest, resolve_system
+from tests.conftest import RunCli
 from tests.systems.libraries.served import lines, read, serving, wait_for
 
 
@@ -71,3 +73,30 @@ def test_a_job_deferred_with_defer_until_runs_once_and_not_before_it_is_due(
     assert runs[0].at >= due
     assert ran.at - due < 3.0
     assert read("arq", store).jobs["s"].status is JobStatus.SUCCEEDED
+
+
+def test_a_rolling_deploy_of_arqs_own_worker_cancels_the_jobs_in_hand_and_loses_none(
+    tmp_path: Path, redis_socket: str, run_cli: RunCli
+) -> None:
+    directory = tmp_path / "d"
+    outcome = run_cli(
+        "deploys", "--system", "arq", "--output-directory", str(directory),
+        "--workers", "1", "--deploys", "1", "--grace-s", "1", "--jobs", "3",
+        "--long-share", "1", "--seed", "3",
+    )  # fmt: skip
+    record = json.loads((directory / "deploys.json").read_text())
+    assert outcome.code == 0, record["anomalies"]
+    assert record["ok"] is True
+    assert record["worker"]["lab_worker"] is False
+    stopped = [w for w in record["workers"] if w["stopped_by"] == "deploy"]
+    # arq's handler cancels the jobs at once: the worker exits well within its grace.
+    assert len(stopped) == 1
+    assert stopped[0]["exited_within_grace"] is True
+    # Every job it held was cut with it, put back by arq, and run to its end by the
+    # replacement: nothing lost, nothing run twice to completion.
+    cut = [e for e in record["executions"] if e["how"] != "ended"]
+    assert cut, record["executions"]
+    assert {e["worker"] for e in cut} == {stopped[0]["name"]}
+    for job in record["jobs"].values():
+        assert (job["completed"], job["stored"]) == (1, "complete")
+    assert record["promises"]["broken_promises"] == []
