@@ -7,6 +7,7 @@ arq and its Redis client come with the ``arq`` extra, and Debian's ``redis-serve
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pickle
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from crashqueuelab.core.clock import ManualClock
-from crashqueuelab.core.errors import SystemUnavailable
+from crashqueuelab.core.errors import OperationUnsupported, SystemUnavailable
 from crashqueuelab.core.ids import SeededIds
 from crashqueuelab.core.retry import RetryPolicy
 from crashqueuelab.judges.readers.arq import (
@@ -35,6 +36,7 @@ from crashqueuelab.systems import (
     Verdict,
     resolve_system,
 )
+from crashqueuelab.systems.libraries.arq.client import MAX_TRIES, WORK, JobFailed, lab_job
 
 
 def open_arq(directory: Path) -> QueueClient:
@@ -181,3 +183,36 @@ def test_without_a_server_the_reader_and_the_adapter_say_so(tmp_path: Path) -> N
     finally:
         if environ is not None:
             os.environ[SOCKET_VARIABLE] = environ
+
+
+def test_what_arq_cannot_do_is_said_and_a_job_runs_only_under_the_lab(
+    tmp_path: Path, redis_socket: str
+) -> None:
+    client = open_arq(tmp_path / "store")
+    try:
+        # One arq function per attempt limit, up to MAX_TRIES.
+        with pytest.raises(OperationUnsupported, match="1001 attempts"):
+            client.submit(JobSpec("k", "t", {}, max_attempts=MAX_TRIES + 1))
+        client.submit(JobSpec("k", "t", {}))
+        claim = client.claim("w1", 5_000_000)
+        assert claim is not None
+        with pytest.raises(OperationUnsupported, match="heartbeat"):
+            client.heartbeat(claim, 5_000_000)
+    finally:
+        client.close()
+    own = resolve_system("arq").own_worker
+    assert own is not None
+    assert own.schedule is not None
+    with pytest.raises(SystemUnavailable, match="no arq store"):
+        own.serve(tmp_path / "none", "w1", lambda key: None)
+    with pytest.raises(SystemUnavailable, match="no arq store"):
+        own.schedule(tmp_path / "none", "k", 0.0)
+    with pytest.raises(JobFailed, match="runs only under crashqueuelab"):
+        asyncio.run(lab_job({}, "k", "t", {}))
+
+    def broken(key: str) -> None:
+        raise RuntimeError(f"work of {key} failed")
+
+    # The work's own failure reaches arq as the job's.
+    with pytest.raises(RuntimeError, match="work of k failed"):
+        asyncio.run(lab_job({WORK: broken}, "k", "t", {}))
