@@ -231,7 +231,7 @@ class ArqClient(LibraryClient):
         self.thread = threading.Thread(target=self.loop.run_forever, name="arq-client", daemon=True)
         self.thread.start()
         try:
-            self.pool, self.worker = self._call(self._open(socket))
+            self.pool, self.worker = self._call(self._open, socket)
         except BaseException:
             self._stop_loop()
             raise
@@ -255,9 +255,12 @@ class ArqClient(LibraryClient):
         )
         return pool, worker
 
-    def _call(self, coroutine: Awaitable[T]) -> T:
+    def _call(self, call: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``call(*args)`` on the adapter's event loop, awaited there (the coroutine made
+        only now, so that a hook that stops before the call leaves none unawaited)."""
+
         async def run() -> T:
-            return await coroutine
+            return await call(*args)
 
         future = asyncio.run_coroutine_threadsafe(run(), self.loop)
         try:
@@ -272,7 +275,8 @@ class ArqClient(LibraryClient):
     def submit_many(self, jobs: Sequence[JobSpec]) -> list[str]:
         for job in jobs:
             function = function_for(job)
-            enqueue = self.pool.enqueue_job(
+            enqueue = partial(
+                self.pool.enqueue_job,
                 function,
                 job.key,
                 job.job_type,
@@ -310,19 +314,23 @@ class ArqClient(LibraryClient):
         if not execution.entered.done():
             del self.executions[identifier]
             self.worker.tasks.pop(identifier, None)
+            # What arq's run_job raised is arq's failure, never a job's.
+            error = None if task.cancelled() else task.exception()
+            if error is not None:
+                raise error
             return None
         return execution, execution.entered.result()
 
     def claim(self, worker_id: str, lease_us: int) -> Claim | None:
-        for raw_id in self._call(self._due()):
+        for raw_id in self._call(self._due):
             identifier = raw_id.decode()
             if identifier in self.executions:
                 continue
-            started = around(self.hook, "start_job", partial(self._call, self._start(raw_id)))
+            started = around(self.hook, "start_job", partial(self._call, self._start, raw_id))
             if started is None:
                 continue
             execution, job_try = started
-            definition = self._call(self._definition(identifier))
+            definition = self._call(self._definition, identifier)
             key, job_type, payload = definition.args
             execution.limit = int(str(definition.function)[len(FUNCTION_PREFIX) :])
             return tokenless_claim(
@@ -348,9 +356,11 @@ class ArqClient(LibraryClient):
         if execution.decision.done() or execution.task is None or execution.task.done():
             return False
         execution.decision.set_result(failure)
-        with contextlib.suppress(Exception):
+        try:
+            # What arq's run_job raises (its finish_job's Redis errors) is arq's failure.
             await execution.task
-        self.worker.tasks.pop(identifier, None)
+        finally:
+            self.worker.tasks.pop(identifier, None)
         return True
 
     def _finish(self, claim: Claim, failure: str | None, retry: bool, point: str) -> bool:
@@ -360,7 +370,7 @@ class ArqClient(LibraryClient):
         execution: Execution = claim.handle  # type: ignore[assignment]
         execution.retry = retry
         decided = around(
-            self.hook, point, partial(self._call, self._decide(claim.job_id, execution, failure))
+            self.hook, point, partial(self._call, self._decide, claim.job_id, execution, failure)
         )
         if self.executions.get(claim.job_id) is execution:
             del self.executions[claim.job_id]
@@ -404,10 +414,10 @@ class ArqClient(LibraryClient):
         return JobView(key, STATUS.get(state, JobStatus.PENDING), tries, state)
 
     def job(self, key: str) -> JobView | None:
-        return self._call(self._view(key))
+        return self._call(self._view, key)
 
     def active_count(self) -> int:
-        return int(self._call(self.pool.zcard(self.queue)))
+        return int(self._call(self.pool.zcard, self.queue))
 
     def _stop_loop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -418,7 +428,7 @@ class ArqClient(LibraryClient):
         # arq's own shutdown: ``Worker.close`` cancels the jobs still running (arq puts them
         # back in the queue, "to be run again") and closes the pool.
         try:
-            self._call(self._close())
+            self._call(self._close)
         finally:
             self._stop_loop()
 
