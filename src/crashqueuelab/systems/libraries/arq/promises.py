@@ -75,7 +75,11 @@ _SHUTDOWN_REQUEUES = Documented(
     " while its worker held a job hands that job to the next claimer",
     _USAGE,
     when={
-        # The model workload's restarts close the client while its workers hold jobs.
+        # The model workload's restarts close the client while its workers hold jobs. No
+        # field of the finding says "after a restart", so the condition is the kind alone:
+        # arq hands out a job another worker holds in no other way than this and the
+        # in-progress key's expiry (start_jobs sets the key under WATCH), and that expiry
+        # takes 30 s of the wall clock, longer than any model workload runs.
         Kind.CLAIMED_WHILE_LEASED: {},
     },
 )
