@@ -120,7 +120,7 @@ def test_the_adapter_drives_arq_and_the_reader_finds_each_job_where_arq_left_it(
     assert reading.jobs == {"k/effect": ("complete", 1), "k/flaky": ("failed", 2)}
 
 
-def test_a_job_its_worker_shut_down_on_runs_again_and_max_tries_ends_it(
+def test_a_job_its_worker_shut_down_on_goes_back_and_past_max_tries_arq_fails_it_unrun(
     tmp_path: Path, redis_socket: str
 ) -> None:
     store = tmp_path / "store"
