@@ -325,7 +325,7 @@ def _prepare_venv(python: str, venv: Path) -> Path | str:
             return f"could not create a virtual environment at {venv}"
     interpreter = _venv_python(venv)
     pip: list[str | Path] = [interpreter, "-m", "pip", "--disable-pip-version-check", "-q"]
-    extras = ".[dev,peers,reports,powerloss,postgres,pgqueuer,procrastinate,rq]"
+    extras = ".[dev,peers,reports,powerloss,postgres,pgqueuer,procrastinate,rq,arq]"
     code, _ = _run([*pip, "install", "-e", extras], limit_s=INSTALL_LIMIT_S)
     if code != 0:
         overran = " (overran its limit)" if code is None else ""

@@ -19,7 +19,7 @@ JUDGES = Path(crashqueuelab.judges.__file__).parent
 
 def test_the_judges_import_nothing_of_the_queue_they_judge() -> None:
     allowed = ("crashqueuelab.judges", "crashqueuelab.core.errors")
-    for source in JUDGES.glob("*.py"):
+    for source in JUDGES.rglob("*.py"):
         tree = ast.parse(source.read_text())
         for node in ast.walk(tree):
             names = []
@@ -31,7 +31,8 @@ def test_the_judges_import_nothing_of_the_queue_they_judge() -> None:
                 if name.startswith("crashqueuelab"):
                     assert name.startswith(allowed), f"{source.name} imports {name}"
                 # Nor the other systems they read: walqueue's, persist-queue's, huey's,
-                # pgqueuer's, procrastinate's and RQ's code, nor the Redis client RQ brings.
+                # pgqueuer's, procrastinate's, RQ's and arq's code, nor the Redis client RQ
+                # and arq bring.
                 judged = (
                     "walqueue",
                     "persistqueue",
@@ -39,6 +40,7 @@ def test_the_judges_import_nothing_of_the_queue_they_judge() -> None:
                     "pgqueuer",
                     "procrastinate",
                     "rq",
+                    "arq",
                     "redis",
                 )
                 assert not name.startswith(judged), source.name

@@ -44,7 +44,7 @@ def test_postgres_without_a_server_says_how_to_get_one(
     [
         (
             "oracle",
-            "not one of huey, huey-fsync, persist-queue, pgqueuer, postgres, procrastinate,"
+            "not one of arq, huey, huey-fsync, persist-queue, pgqueuer, postgres, procrastinate,"
             " rq, rq-aof-always, rq-aof-everysec, rq-no-persistence, sqlite, walqueue, nor"
             " package.module:factory",
         ),

@@ -9,7 +9,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from crashqueuelab.core.errors import SystemUnavailable, install_hint
 from crashqueuelab.systems.contract import System
-from crashqueuelab.systems.libraries import huey, persistqueue, pgqueuer, procrastinate, rq
+from crashqueuelab.systems.libraries import arq, huey, persistqueue, pgqueuer, procrastinate, rq
 from crashqueuelab.systems.libraries.skeleton import Library
 
 
@@ -44,6 +44,7 @@ LIBRARIES: tuple[Library, ...] = (
     pgqueuer.LIBRARY,
     procrastinate.LIBRARY,
     rq.LIBRARY,
+    arq.LIBRARY,
 )
 
 

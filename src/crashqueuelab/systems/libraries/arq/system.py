@@ -1,0 +1,53 @@
+"""arq's system, on the shared skeleton, on a Redis server with its default persistence."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from crashqueuelab.judges.readers.arq import queue_name, read_arq_store
+from crashqueuelab.systems.contract import System
+from crashqueuelab.systems.libraries.arq import LIBRARY
+from crashqueuelab.systems.libraries.arq.client import (
+    IN_PROGRESS_MARGIN_S,
+    JOB_TIMEOUT_S,
+    STATUS,
+    ArqClient,
+)
+from crashqueuelab.systems.libraries.arq.points import CRASH_POINTS
+from crashqueuelab.systems.libraries.arq.promises import DOCUMENTED
+from crashqueuelab.systems.libraries.arq.worker import OWN_WORKER
+from crashqueuelab.systems.libraries.skeleton import library_reader
+
+read_store = library_reader(
+    read_arq_store,
+    STATUS,
+    lambda directory: (
+        f"crashqueuelab.judges.readers.arq (reads queue {queue_name(directory)} with RESP)"
+    ),
+)
+
+
+def arq_system(name: str = "arq") -> System:
+    """arq on a Redis server with Redis's default persistence (RDB snapshots)."""
+    # Imported here, once: the lab opens systems from several threads at a time.
+    import arq  # noqa: F401
+
+    from crashqueuelab.servers.redis import PERSISTENCE_WORDS
+
+    system = LIBRARY.system(
+        name,
+        durability=f"Redis persistence rdb: {PERSISTENCE_WORDS['rdb']}",
+        open=ArqClient,
+        reader=read_store,
+        crash_points=CRASH_POINTS,
+        documented=DOCUMENTED,
+        persistence="rdb",
+        own_worker=OWN_WORKER,
+    )
+    # A killed worker's job comes back once Redis expired its in-progress key.
+    return dataclasses.replace(system, recovery_s=float(JOB_TIMEOUT_S + IN_PROGRESS_MARGIN_S))
+
+
+def build(name: str) -> System:
+    """The system of that name (the registry's call)."""
+    return arq_system(name)

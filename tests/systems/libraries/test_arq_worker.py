@@ -1,0 +1,102 @@
+"""arq's own worker (``arq WorkerSettings``) in a real process on the test's Redis server:
+what SIGTERM does to the job in hand (cancelled at once and put back, as arq documents), and
+a job scheduled with ``enqueue_job(_defer_until=...)``, and a small rolling deploy of it."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+from crashqueuelab.systems import JobSpec, JobStatus, OpenRequest, resolve_system
+from tests.conftest import RunCli
+from tests.systems.libraries.served import lines, read, serving, wait_for
+
+
+def submit(store: Path, key: str, max_attempts: int) -> None:
+    from crashqueuelab.core.clock import ManualClock
+    from crashqueuelab.core.ids import SeededIds
+    from crashqueuelab.core.retry import RetryPolicy
+
+    request = OpenRequest(
+        store, clock=ManualClock(10**9), ids=SeededIds(1, "t"), retry=RetryPolicy()
+    )
+    client = resolve_system("arq").open(request)
+    try:
+        client.submit(JobSpec(key, "t", {}, max_attempts=max_attempts))
+    finally:
+        client.close()
+
+
+def test_sigterm_cancels_the_job_in_hand_puts_it_back_and_the_next_worker_runs_it(
+    tmp_path: Path, redis_socket: str
+) -> None:
+    store, ledger = tmp_path / "store", tmp_path / "ledger"
+    submit(store, "a", max_attempts=2)
+    with serving("arq", store, ledger, work_s=3.0) as worker:
+        started = wait_for(ledger, "start", "a")
+        termed = worker.signal(signal.SIGTERM)
+        code, exited = worker.join()
+    # arq's handler cancels the job's task at once and the worker exits: the work (a
+    # thread, which no cancellation reaches) ends with the process.
+    assert code == 0
+    assert exited - termed < 2.0
+    assert [line.what for line in lines(ledger)] == ["start", "exit"]
+    job = read("arq", store).jobs["a"]
+    # "will remain in the queue to be run again": its try counted.
+    assert (job.native_state, job.attempts, job.status) == ("queued", 1, JobStatus.PENDING)
+    with serving("arq", store, ledger, work_s=0.0):
+        again = wait_for(ledger, "end", "a")
+    assert again.pid != started.pid
+    job = read("arq", store).jobs["a"]
+    assert (job.native_state, job.attempts) == ("complete", 2)
+
+
+def test_a_job_deferred_with_defer_until_runs_once_and_not_before_it_is_due(
+    tmp_path: Path, redis_socket: str
+) -> None:
+    store, ledger = tmp_path / "store", tmp_path / "ledger"
+    submit(store, "a", max_attempts=1)
+    own = resolve_system("arq").own_worker
+    assert own is not None
+    assert own.schedule is not None
+    with serving("arq", store, ledger, work_s=0.0):
+        wait_for(ledger, "end", "a")
+        due = time.time() + 1.0
+        own.schedule(store, "s", due)
+        assert read("arq", store).jobs["s"].native_state == "deferred"
+        ran = wait_for(ledger, "end", "s")
+        time.sleep(0.6)  # a second run would have started by now (arq polls every 0.5 s)
+    runs = [line for line in lines(ledger) if (line.what, line.key) == ("start", "s")]
+    assert len(runs) == 1
+    assert runs[0].at >= due
+    assert ran.at - due < 3.0
+    assert read("arq", store).jobs["s"].status is JobStatus.SUCCEEDED
+
+
+def test_a_rolling_deploy_of_arqs_own_worker_cancels_the_jobs_in_hand_and_loses_none(
+    tmp_path: Path, redis_socket: str, run_cli: RunCli
+) -> None:
+    directory = tmp_path / "d"
+    outcome = run_cli(
+        "deploys", "--system", "arq", "--output-directory", str(directory),
+        "--workers", "1", "--deploys", "1", "--grace-s", "1", "--jobs", "3",
+        "--long-share", "1", "--seed", "3",
+    )  # fmt: skip
+    record = json.loads((directory / "deploys.json").read_text())
+    assert outcome.code == 0, record["anomalies"]
+    assert record["ok"] is True
+    assert record["worker"]["lab_worker"] is False
+    stopped = [w for w in record["workers"] if w["stopped_by"] == "deploy"]
+    # arq's handler cancels the jobs at once: the worker exits well within its grace.
+    assert len(stopped) == 1
+    assert stopped[0]["exited_within_grace"] is True
+    # Every job it held was cut with it, put back by arq, and run to its end by the
+    # replacement: nothing lost, nothing run twice to completion.
+    cut = [e for e in record["executions"] if e["how"] != "ended"]
+    assert cut, record["executions"]
+    assert {e["worker"] for e in cut} == {stopped[0]["name"]}
+    for job in record["jobs"].values():
+        assert (job["completed"], job["stored"]) == (1, "complete")
+    assert record["promises"]["broken_promises"] == []
