@@ -13,8 +13,13 @@ pytest plugin (with pytest installed beside it) on the example adapters.
 pytest runs in two parts: every test not marked ``quiet`` on several workers at once
 (pytest-xdist; the tests that read the session's showcase run share one worker, so it runs
 once), then the ``quiet`` ones (timing-sensitive: wall-clock timers against heartbeats),
-three at a time, on a machine nothing else of the suite is using. Coverage adds up over both
-parts. Every test's time goes to a file kept after the run (``DURATIONS``), slowest first.
+three at a time, on a machine nothing else of the suite is using. The tests of libraries
+whose dependencies conflict with the main environment's (pyproject.toml's
+``[tool.crashqueuelab.environments]``: arq, which requires redis-py < 6) run in an
+environment of their own beside it (``.venv-redis5``), made, type-checked and tested beside
+the parallel part; the main run leaves them out. Coverage adds up over every part in both
+environments. Every test's time goes to a file kept after the run (``DURATIONS``), slowest
+first.
 
 Whatever happens (a failed gate, a gate that overruns its limit, Ctrl-C or SIGTERM), it ends
 with the gate summary: each gate PASS or FAIL with its time and why, and the tests that
@@ -39,13 +44,17 @@ import sys
 import tempfile
 import threading
 import time
+import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from types import FrameType
 from xml.etree import ElementTree
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The main environment's extras: every library the lab drives but those of ``APART``.
+EXTRAS = ("dev", "peers", "reports", "powerloss", "postgres", "pgqueuer", "procrastinate", "rq")
 #: A pip step may not wait on a registry for ever.
 INSTALL_LIMIT_S = 900
 #: What each gate may take before it is stopped and named as overrun: a backstop well above
@@ -80,6 +89,40 @@ PYTEST = ("-q", "-p", "no:cacheprovider")
 
 class Interrupted(Exception):
     """SIGINT or SIGTERM reached the gates."""
+
+
+@dataclass(frozen=True)
+class Apart:
+    """An environment beside the main one, for libraries whose dependencies conflict with
+    it: its extras, the modules that show it installed, the sources type-checked there
+    against those libraries' own types, and the tests that run there and only there."""
+
+    name: str
+    extras: tuple[str, ...]
+    imports: tuple[str, ...]
+    sources: tuple[str, ...]
+    tests: tuple[str, ...]
+
+    def venv(self, main: Path) -> Path:
+        """Beside ``main``, named for it: ``.venv-redis5`` beside ``.venv``,
+        ``.venv-redis5-3.13`` beside ``.venv-3.13``, ``env-redis5`` beside ``env``."""
+        if main.name.startswith(".venv"):
+            return main.with_name(main.name.replace(".venv", f".venv-{self.name}", 1))
+        return main.with_name(f"{main.name}-{self.name}")
+
+
+def _apart() -> tuple[Apart, ...]:
+    """pyproject.toml's ``[tool.crashqueuelab.environments]``, one ``Apart`` each."""
+    table = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    found = table.get("tool", {}).get("crashqueuelab", {}).get("environments", {})
+    return tuple(
+        Apart(name, *(tuple(entry[key]) for key in ("extras", "imports", "sources", "tests")))
+        for name, entry in found.items()
+    )
+
+
+#: Every environment beside the main one.
+APART = _apart()
 
 
 def _log(message: str) -> None:
@@ -232,10 +275,16 @@ def _group_members(pgid: int) -> list[tuple[int, str]]:
 #: stops them all.
 _LIVE: set[subprocess.Popen[bytes]] = set()
 _LIVE_LOCK = threading.Lock()
+#: Set once the gates are being stopped: a thread's next gate does not start.
+_STOPPING = threading.Event()
+#: pip's editable install and ``python -m build`` both write src/crashqueuelab.egg-info:
+#: one at a time, whichever thread runs them.
+_TREE_LOCK = threading.Lock()
 
 
 def _stop_all() -> None:
     with _LIVE_LOCK:
+        _STOPPING.set()
         running = list(_LIVE)
     for process in running:
         _stop_group(process)
@@ -269,10 +318,12 @@ def _run(
     _log("$ " + " ".join(str(part) for part in command))
     started = time.monotonic()
     code: int | None = None
-    process = subprocess.Popen(
-        [str(part) for part in command], cwd=ROOT, env=env, start_new_session=True
-    )
     with _LIVE_LOCK:
+        if _STOPPING.is_set():
+            raise Interrupted("the gates being stopped")
+        process = subprocess.Popen(
+            [str(part) for part in command], cwd=ROOT, env=env, start_new_session=True
+        )
         _LIVE.add(process)
     try:
         code = process.wait(timeout=limit_s)
@@ -317,19 +368,20 @@ def _venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
-def _prepare_venv(python: str, venv: Path) -> Path | str:
-    """The environment's interpreter, or why it could not be made."""
+def _prepare_venv(python: str, venv: Path, extras: Sequence[str] = EXTRAS) -> Path | str:
+    """The environment's interpreter with the project installed with ``extras``, or why it
+    could not be made."""
     if not _venv_python(venv).exists():
         code, _ = _run([python, "-m", "venv", venv], limit_s=INSTALL_LIMIT_S)
         if code != 0:
             return f"could not create a virtual environment at {venv}"
     interpreter = _venv_python(venv)
     pip: list[str | Path] = [interpreter, "-m", "pip", "--disable-pip-version-check", "-q"]
-    extras = ".[dev,peers,reports,powerloss,postgres,pgqueuer,procrastinate,rq,arq]"
-    code, _ = _run([*pip, "install", "-e", extras], limit_s=INSTALL_LIMIT_S)
+    with _TREE_LOCK:
+        code, _ = _run([*pip, "install", "-e", f".[{','.join(extras)}]"], limit_s=INSTALL_LIMIT_S)
     if code != 0:
         overran = " (overran its limit)" if code is None else ""
-        return f"could not install the project with its dev extra{overran}"
+        return f"could not install the project with its extras {', '.join(extras)}{overran}"
     return interpreter
 
 
@@ -439,9 +491,18 @@ class _Gates:
         self.durations: Path | None = None
         self.started = time.monotonic()
 
-    def run(self, name: str, command: Sequence[str | Path], *, limit_s: float) -> bool:
+    def run(
+        self,
+        name: str,
+        command: Sequence[str | Path],
+        *,
+        limit_s: float,
+        env: dict[str, str] | None = None,
+    ) -> bool:
         try:
-            code, seconds = _run(command, limit_s=limit_s, env=self.env, leftovers=self.leftovers)
+            code, seconds = _run(
+                command, limit_s=limit_s, env=env or self.env, leftovers=self.leftovers
+            )
         except Interrupted:
             self.results.append(Result(name, False, 0.0, "interrupted"))
             raise
@@ -513,17 +574,20 @@ def _pytest_parts(
     coverage: bool,
     limit_s: float,
     before_quiet: Callable[[], None] | None = None,
+    ignore: Sequence[str] = (),
 ) -> bool:
     """The parallel part, then the quiet one (after ``before_quiet`` returns: what else runs
-    must end first); with ``coverage``, measured across both and checked against the
+    must end first), both without the test files ``ignore`` names; with ``coverage``,
+    measured across both (and whatever ``before_quiet`` added) and checked against the
     threshold at the end. True when both passed."""
     junit = gates.scratch.root / "junit"
     selected = f"({markers}) and " if markers else ""
     measured = ["--cov", "--cov-branch"] if coverage else []
+    left_out = [f"--ignore={path}" for path in ignore]
     parallel: list[str | Path] = [
         python, "-m", "pytest", *PYTEST, "-m", f"{selected}not {QUIET}",
         "-n", str(_workers()), "--dist", "loadgroup", f"--junitxml={junit / 'parallel.xml'}",
-        *measured, *(["--cov-report=", "--cov-fail-under=0"] if coverage else []),
+        *measured, *(["--cov-report=", "--cov-fail-under=0"] if coverage else []), *left_out,
     ]  # fmt: skip
     started = time.monotonic()
     ok = gates.run(f"{name}: in parallel ({_workers()} workers)", parallel, limit_s=limit_s)
@@ -531,6 +595,7 @@ def _pytest_parts(
         python, "-m", "pytest", *PYTEST, "-m", f"{selected}{QUIET}",
         "-n", str(QUIET_WORKERS), "--dist", "worksteal", f"--junitxml={junit / 'quiet.xml'}",
         *measured, *(["--cov-append", "--cov-report=term-missing"] if coverage else []),
+        *left_out,
     ]  # fmt: skip
     if before_quiet is not None:
         before_quiet()
@@ -568,35 +633,165 @@ def _durations(gates: _Gates, junit: Path) -> None:
     gates.durations = kept
 
 
-def _all_gates(
-    gates: _Gates, python: Path, *, pytest_only: bool, version: str, skip: Sequence[str] = ()
+@dataclass
+class _Beside:
+    """An environment beside the main one (``Apart``) as one run of the gates makes it, from
+    the interpreter ``python``, and tests in it."""
+
+    apart: Apart
+    venv: Path
+    python: str
+    #: Its interpreter, once it is made and the project installed into it.
+    interpreter: Path | None = None
+    #: Whether its tests selected hold quiet ones (they run once the parallel part is done).
+    has_quiet: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"{self.venv.name} ({', '.join(self.apart.imports)})"
+
+    def coverage_file(self, gates: _Gates) -> Path:
+        return gates.scratch.root / f"coverage-{self.apart.name}" / ".coverage"
+
+    def environment(self, gates: _Gates) -> dict[str, str]:
+        """The gates' environment but for coverage's data files, which it adds to the main
+        run's at the end, and mypy's cache, which is of its packages."""
+        self.coverage_file(gates).parent.mkdir(exist_ok=True)
+        return {
+            **gates.env,
+            "COVERAGE_FILE": str(self.coverage_file(gates)),
+            "MYPY_CACHE_DIR": str(gates.scratch.root / f"mypy-cache-{self.apart.name}"),
+        }
+
+    def pytest(self, gates: _Gates, selection: str, part: str, coverage: bool) -> list[str | Path]:
+        assert self.interpreter is not None
+        junit = gates.scratch.root / "junit" / f"{part}.xml"
+        measured = ["--cov", "--cov-branch", "--cov-append", "--cov-report=", "--cov-fail-under=0"]
+        return [
+            self.interpreter, "-m", "pytest", *PYTEST, "-m", selection, f"--junitxml={junit}",
+            *(measured if coverage else []), *self.apart.tests,
+        ]  # fmt: skip
+
+
+def _beside_parallel(
+    gates: _Gates, beside: _Beside, *, name: str, markers: str, coverage: bool, typecheck: bool
 ) -> None:
-    if pytest_only:
-        markers = " and ".join(f"not {marker}" for marker in skip)
-        left_out = f", without {', '.join(skip)}" if skip else ""
-        _pytest_parts(gates, python, name=f"pytest (python {version}{left_out})",
-                      markers=markers, coverage=False, limit_s=PYTEST_LIMIT_S)  # fmt: skip
+    """Beside the parallel part: make the environment, type-check its files there against
+    its libraries' own types (with ``typecheck``), run its tests not marked quiet (one at a
+    time: they are few), and find whether it has quiet ones."""
+    started = time.monotonic()
+    interpreter = _prepare_venv(beside.python, beside.venv, beside.apart.extras)
+    if isinstance(interpreter, str):
+        gates.note(f"install into {beside.venv.name}", interpreter, time.monotonic() - started)
         return
+    beside.interpreter = interpreter
+    _log(f"{beside.venv.name} made and installed in {time.monotonic() - started:.1f} s")
+    env = beside.environment(gates)
+    if typecheck:
+        # Its files alone: the modules they import are checked in the main environment.
+        files = [*beside.apart.sources, *beside.apart.tests]
+        gates.run(f"mypy --strict: in {beside.label}",
+                  [interpreter, "-m", "mypy", "--follow-imports=silent", *files],
+                  limit_s=TOOL_LIMIT_S, env=env)  # fmt: skip
+    selected = f"({markers}) and " if markers else ""
+    listing = _capture(
+        [interpreter, "-m", "pytest", *PYTEST, "--collect-only", "-m", f"{selected}{QUIET}",
+         *beside.apart.tests],
+        cwd=ROOT, env=env,
+    )  # fmt: skip
+    beside.has_quiet = listing.returncode == 0
+    command = beside.pytest(gates, f"{selected}not {QUIET}", beside.apart.name, coverage)
+    gates.run(f"{name}: in {beside.label}", command, limit_s=PYTEST_LIMIT_S, env=env)
+
+
+def _beside_quiet(
+    gates: _Gates, beside: _Beside, *, name: str, markers: str, coverage: bool
+) -> None:
+    """Its quiet tests, if it has any, alone once the parallel part is done."""
+    if beside.interpreter is None or not beside.has_quiet:
+        return
+    selected = f"({markers}) and " if markers else ""
+    command = beside.pytest(gates, f"{selected}{QUIET}", f"{beside.apart.name}-quiet", coverage)
+    gates.run(f"{name}: quiet tests in {beside.label}", command, limit_s=PYTEST_LIMIT_S,
+              env=beside.environment(gates))  # fmt: skip
+
+
+def _add_coverage(gates: _Gates, python: Path, beside: _Beside) -> None:
+    """Its branch coverage added to the main run's, which the quiet part then reports and
+    checks: both environments install the same src/ in place, so their paths agree. The
+    data file its pytest combined, and beside it those of the helpers (a fork server) that
+    ended after pytest had combined."""
+    if beside.interpreter is None:
+        return  # its install failed, and says so
+    data = beside.coverage_file(gates)
+    code, seconds = _run([python, "-m", "coverage", "combine", "--append", data, data.parent],
+                         limit_s=TOOL_LIMIT_S, env=gates.env)  # fmt: skip
+    if code != 0:
+        gates.note(f"coverage of {beside.label} added", f"exit status {code}", seconds)
+
+
+def _start(name: str, target: Callable[[], None]) -> threading.Thread:
+    """``target`` on a thread of its own, started; when the gates are stopped it ends with
+    the gate in flight (the main thread says why)."""
+
+    def body() -> None:
+        with contextlib.suppress(Interrupted):
+            target()
+
+    thread = threading.Thread(target=body, name=name)
+    thread.start()
+    return thread
+
+
+def _all_gates(
+    gates: _Gates,
+    python: Path,
+    *,
+    pytest_only: bool,
+    version: str,
+    skip: Sequence[str] = (),
+    beside: Sequence[_Beside] = (),
+) -> None:
+    markers = " and ".join(f"not {marker}" for marker in skip)
+    left_out = f", without {', '.join(skip)}" if skip else ""
+    name = f"pytest (python {version}{left_out})" if pytest_only else "pytest"
+    coverage = not pytest_only
     # The tools need no quiet machine, and the parallel tests leave a core idle much of the
     # time (they wait on the processes and servers they start): the tools run beside them,
-    # and are done before the quiet tests start, alone.
-    tools = threading.Thread(target=_tool_gates, args=(gates, python), name="tool gates")
-    tools.start()
+    # and so does each environment beside the main one (made, type-checked, its few tests
+    # run); all are done before the quiet tests start, alone.
+    threads = [] if pytest_only else [_start("tool gates", partial(_tool_gates, gates, python))]
+    for environment in beside:
+        threads.append(_start(environment.venv.name, partial(
+            _beside_parallel, gates, environment, name=name, markers=markers,
+            coverage=coverage, typecheck=not pytest_only,
+        )))  # fmt: skip
+
+    def before_quiet() -> None:
+        for thread in threads:
+            thread.join()
+        for environment in beside:
+            _beside_quiet(gates, environment, name=name, markers=markers, coverage=coverage)
+            if coverage:
+                _add_coverage(gates, python, environment)
+
     try:
         _pytest_parts(
             gates,
             python,
-            name="pytest",
-            markers="",
-            coverage=True,
+            name=name,
+            markers=markers,
+            coverage=coverage,
             limit_s=PYTEST_LIMIT_S,
-            before_quiet=tools.join,
+            before_quiet=before_quiet,
+            ignore=[test for environment in beside for test in environment.apart.tests],
         )
     except BaseException:
-        _stop_all()  # an interrupt: the tools' gate in flight too
+        _stop_all()  # an interrupt: the gates in flight on the other threads too
         raise
     finally:
-        tools.join()
+        for thread in threads:
+            thread.join()
 
 
 def _tool_gates(gates: _Gates, python: Path) -> None:
@@ -606,8 +801,10 @@ def _tool_gates(gates: _Gates, python: Path) -> None:
               limit_s=TOOL_LIMIT_S)  # fmt: skip
     gates.run("mypy --strict", [python, "-m", "mypy"], limit_s=TOOL_LIMIT_S)
     dist = gates.scratch.root / "dist"
-    if gates.run("python -m build", [python, "-m", "build", "--outdir", dist, "."],
-                 limit_s=TOOL_LIMIT_S):  # fmt: skip
+    with _TREE_LOCK:
+        built = gates.run("python -m build", [python, "-m", "build", "--outdir", dist, "."],
+                          limit_s=TOOL_LIMIT_S)  # fmt: skip
+    if built:
         started = time.monotonic()
         why = _wheel_round_trip(str(python), dist, gates.env)
         gates.note("wheel in a clean venv: round trip", why, time.monotonic() - started)
@@ -637,6 +834,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.venv
         else ROOT / (".venv" if not args.pytest_only else f".venv-{version}")
     )
+    beside = [_Beside(apart, apart.venv(venv), args.python) for apart in APART]
     signal.signal(signal.SIGINT, _raise_interrupted)
     signal.signal(signal.SIGTERM, _raise_interrupted)
     scratch = Scratch.make()
@@ -648,13 +846,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(python, str):
             gates.note("install into the virtual environment", python, time.monotonic() - started)
         else:
-            _log(f"python {version} in {venv}; scratch directory {scratch.root}")
+            also = "".join(f", {environment.venv} beside it" for environment in beside)
+            _log(f"python {version} in {venv}{also}; scratch directory {scratch.root}")
             _all_gates(
                 gates,
                 python,
                 pytest_only=args.pytest_only,
                 version=version,
                 skip=args.skip_marked,
+                beside=beside,
             )
     except Interrupted as signal_name:
         interrupted = True

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.util
 import io
 import json
 import os
 import shlex
 import sqlite3
+import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,10 +42,76 @@ SHOWCASE_SEED = 20260827
 #: Set by scripts/gates.py: the file each failed test is named in as it fails, so a run the
 #: gates had to stop part-way still names its failures.
 FAILED_TESTS_VARIABLE = "CRASHQUEUELAB_FAILED_TESTS"
+#: The environments beside the main one (pyproject.toml's [tool.crashqueuelab.environments]):
+#: libraries whose dependencies conflict with the main environment's, and their tests, which
+#: scripts/gates.py runs in .venv-<name>.
+ENVIRONMENTS: dict[str, dict[str, Any]] = (
+    tomllib.loads((ROOT / "pyproject.toml").read_text())
+    .get("tool", {})
+    .get("crashqueuelab", {})
+    .get("environments", {})
+)
+
+
+def _missing(environment: dict[str, Any]) -> list[str]:
+    """The modules of ``environment``'s libraries that this environment cannot import."""
+    return [name for name in environment["imports"] if importlib.util.find_spec(name) is None]
+
+
+@functools.cache
+def _not_here() -> frozenset[Path]:
+    """The test files of the environments whose libraries this one lacks."""
+    return frozenset(
+        ROOT / test
+        for environment in ENVIRONMENTS.values()
+        if _missing(environment)
+        for test in environment["tests"]
+    )
+
+
+def pytest_ignore_collect(collection_path: Path) -> bool | None:
+    """The tests of a library that needs an environment of its own are left out where the
+    library is not installed (a plain pytest in .venv): never imported when pytest finds
+    them in a directory, deselected when named (``pytest_collection_modifyitems``). The
+    summary says so, and which command runs them."""
+    return True if collection_path in _not_here() else None
+
+
+def _in_scope(config: pytest.Config, test: Path) -> bool:
+    """Whether the run would have collected ``test``: under one of its paths (or named)
+    and not left out with ``--ignore``."""
+    ignored = {Path(config.invocation_params.dir, path).resolve() for path in
+               config.getoption("ignore") or ()}  # fmt: skip
+    if test in ignored:
+        return False
+    for argument in config.args:
+        path = Path(config.invocation_params.dir, argument.split("::")[0]).resolve()
+        if test == path or path in test.parents:
+            return True
+    return False
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
+    for name, environment in ENVIRONMENTS.items():
+        missing = _missing(environment)
+        left = [test for test in environment["tests"] if _in_scope(config, ROOT / test)]
+        if missing and left:
+            terminalreporter.write_line(
+                f"left out: {', '.join(left)}: {', '.join(missing)} not installed here"
+                f" ({environment['why']}); python3 scripts/gates.py runs them in .venv-{name}"
+            )
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Named on the command line, a file pytest_ignore_collect leaves out is collected all
+    # the same: its tests are deselected here, and the summary says why.
+    not_here = _not_here()
+    if dropped := [item for item in items if item.path in not_here]:
+        items[:] = [item for item in items if item.path not in not_here]
+        config.hook.pytest_deselected(items=dropped)
     # Marked by what they need, so a run can leave the showcase-sized ones out by marker;
     # on several workers they share one, where the showcase runs once (before xdist's own
     # hook reads the groups, hence first), and they come first: the longest piece of work
