@@ -9,6 +9,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from crashqueuelab.systems import JobSpec, JobStatus, OpenRequest, resolve_system
 from tests.conftest import RunCli
 from tests.systems.libraries.served import lines, read, serving, wait_for
@@ -75,6 +77,11 @@ def test_a_job_deferred_with_defer_until_runs_once_and_not_before_it_is_due(
     assert read("arq", store).jobs["s"].status is JobStatus.SUCCEEDED
 
 
+# Quiet: the one stop comes 1 s into the run (the warm-up), and must find arq's worker
+# holding its jobs; on a busy machine (beside the parallel part, with another suite running)
+# the worker process took longer than that to start, took no job before its SIGTERM, and its
+# replacement ran all three to their end (no execution cut: 1 run of 2).
+@pytest.mark.quiet
 def test_a_rolling_deploy_of_arqs_own_worker_cancels_the_jobs_in_hand_and_loses_none(
     tmp_path: Path, redis_socket: str, run_cli: RunCli
 ) -> None:
