@@ -694,6 +694,7 @@ def _beside_parallel(
                   [interpreter, "-m", "mypy", "--follow-imports=silent", *files],
                   limit_s=TOOL_LIMIT_S, env=env)  # fmt: skip
     selected = f"({markers}) and " if markers else ""
+    # Exit 0 when it collects some, 5 when none.
     listing = _capture(
         [interpreter, "-m", "pytest", *PYTEST, "--collect-only", "-m", f"{selected}{QUIET}",
          *beside.apart.tests],
@@ -730,13 +731,19 @@ def _add_coverage(gates: _Gates, python: Path, beside: _Beside) -> None:
         gates.note(f"coverage of {beside.label} added", f"exit status {code}", seconds)
 
 
-def _start(name: str, target: Callable[[], None]) -> threading.Thread:
+def _start(gates: _Gates, name: str, target: Callable[[], None]) -> threading.Thread:
     """``target`` on a thread of its own, started; when the gates are stopped it ends with
-    the gate in flight (the main thread says why)."""
+    the gate in flight (the main thread says why), and should it raise, that is a failed
+    gate, never a gate missing from the summary."""
 
     def body() -> None:
-        with contextlib.suppress(Interrupted):
+        started = time.monotonic()
+        try:
             target()
+        except Interrupted:
+            pass
+        except Exception as error:
+            gates.note(f"{name}: raised", repr(error), time.monotonic() - started)
 
     thread = threading.Thread(target=body, name=name)
     thread.start()
@@ -760,9 +767,11 @@ def _all_gates(
     # time (they wait on the processes and servers they start): the tools run beside them,
     # and so does each environment beside the main one (made, type-checked, its few tests
     # run); all are done before the quiet tests start, alone.
-    threads = [] if pytest_only else [_start("tool gates", partial(_tool_gates, gates, python))]
+    threads = (
+        [] if pytest_only else [_start(gates, "tool gates", partial(_tool_gates, gates, python))]
+    )
     for environment in beside:
-        threads.append(_start(environment.venv.name, partial(
+        threads.append(_start(gates, environment.venv.name, partial(
             _beside_parallel, gates, environment, name=name, markers=markers,
             coverage=coverage, typecheck=not pytest_only,
         )))  # fmt: skip
