@@ -47,7 +47,6 @@ import time
 import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from types import FrameType
 from xml.etree import ElementTree
@@ -277,9 +276,6 @@ _LIVE: set[subprocess.Popen[bytes]] = set()
 _LIVE_LOCK = threading.Lock()
 #: Set once the gates are being stopped: a thread's next gate does not start.
 _STOPPING = threading.Event()
-#: pip's editable install and ``python -m build`` both write src/crashqueuelab.egg-info:
-#: one at a time, whichever thread runs them.
-_TREE_LOCK = threading.Lock()
 
 
 def _stop_all() -> None:
@@ -377,8 +373,7 @@ def _prepare_venv(python: str, venv: Path, extras: Sequence[str] = EXTRAS) -> Pa
             return f"could not create a virtual environment at {venv}"
     interpreter = _venv_python(venv)
     pip: list[str | Path] = [interpreter, "-m", "pip", "--disable-pip-version-check", "-q"]
-    with _TREE_LOCK:
-        code, _ = _run([*pip, "install", "-e", f".[{','.join(extras)}]"], limit_s=INSTALL_LIMIT_S)
+    code, _ = _run([*pip, "install", "-e", f".[{','.join(extras)}]"], limit_s=INSTALL_LIMIT_S)
     if code != 0:
         overran = " (overran its limit)" if code is None else ""
         return f"could not install the project with its extras {', '.join(extras)}{overran}"
@@ -763,22 +758,23 @@ def _all_gates(
     left_out = f", without {', '.join(skip)}" if skip else ""
     name = f"pytest (python {version}{left_out})" if pytest_only else "pytest"
     coverage = not pytest_only
+
+    def lane() -> None:
+        if not pytest_only:
+            _tool_gates(gates, python)
+        for environment in beside:
+            _beside_parallel(gates, environment, name=name, markers=markers,
+                             coverage=coverage, typecheck=not pytest_only)  # fmt: skip
+
     # The tools need no quiet machine, and the parallel tests leave a core idle much of the
     # time (they wait on the processes and servers they start): the tools run beside them,
-    # and so does each environment beside the main one (made, type-checked, its few tests
-    # run); all are done before the quiet tests start, alone.
-    threads = (
-        [] if pytest_only else [_start(gates, "tool gates", partial(_tool_gates, gates, python))]
-    )
-    for environment in beside:
-        threads.append(_start(gates, environment.venv.name, partial(
-            _beside_parallel, gates, environment, name=name, markers=markers,
-            coverage=coverage, typecheck=not pytest_only,
-        )))  # fmt: skip
+    # then each environment beside the main one is made, type-checked and its few tests run,
+    # all in one lane (two lanes would double what runs beside the long tests that start
+    # first, some of them timing-sensitive); the lane ends before the quiet tests start.
+    beside_lane = _start(gates, "beside the parallel part", lane)
 
     def before_quiet() -> None:
-        for thread in threads:
-            thread.join()
+        beside_lane.join()
         for environment in beside:
             _beside_quiet(gates, environment, name=name, markers=markers, coverage=coverage)
             if coverage:
@@ -796,11 +792,10 @@ def _all_gates(
             ignore=[test for environment in beside for test in environment.apart.tests],
         )
     except BaseException:
-        _stop_all()  # an interrupt: the gates in flight on the other threads too
+        _stop_all()  # an interrupt: the gate in flight in the lane beside too
         raise
     finally:
-        for thread in threads:
-            thread.join()
+        beside_lane.join()
 
 
 def _tool_gates(gates: _Gates, python: Path) -> None:
@@ -810,10 +805,8 @@ def _tool_gates(gates: _Gates, python: Path) -> None:
               limit_s=TOOL_LIMIT_S)  # fmt: skip
     gates.run("mypy --strict", [python, "-m", "mypy"], limit_s=TOOL_LIMIT_S)
     dist = gates.scratch.root / "dist"
-    with _TREE_LOCK:
-        built = gates.run("python -m build", [python, "-m", "build", "--outdir", dist, "."],
-                          limit_s=TOOL_LIMIT_S)  # fmt: skip
-    if built:
+    if gates.run("python -m build", [python, "-m", "build", "--outdir", dist, "."],
+                 limit_s=TOOL_LIMIT_S):  # fmt: skip
         started = time.monotonic()
         why = _wheel_round_trip(str(python), dist, gates.env)
         gates.note("wheel in a clean venv: round trip", why, time.monotonic() - started)
