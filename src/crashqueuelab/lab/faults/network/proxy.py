@@ -18,7 +18,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Self
 
@@ -127,6 +127,17 @@ class FaultProxy:
         self._wake()
         return address
 
+    def repoint(self, upstream: Upstream) -> None:
+        """Send every connection made from now on to ``upstream`` (a failover's new
+        primary, as a virtual address or a connection pooler is moved); the open ones stay
+        with the server they reached."""
+        with self._lock:
+            self._upstream = upstream
+
+    @property
+    def upstream(self) -> Upstream:
+        return self._upstream
+
     def address(self, name: str) -> tuple[str, int]:
         return self._addresses[name]
 
@@ -152,6 +163,15 @@ class FaultProxy:
                 self._resets_asked += 1
         self._wake()
         return window
+
+    def end(self, window: FaultWindow) -> None:
+        """End ``window`` now, before its planned end (a link that comes back)."""
+        with self._lock:
+            self._windows = [
+                replace(held, end=max(held.start, self._clock())) if held is window else held
+                for held in self._windows
+            ]
+        self._wake()
 
     def settle(self, timeout_s: float = 5.0) -> bool:
         """Wait (at most ``timeout_s``) until the proxy's thread has taken every reset

@@ -1,0 +1,103 @@
+"""``crashqueuelab failover``: the PostgreSQL queue on a primary with a streaming standby,
+failed over under load while the standby lags (``lab.failover``)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from crashqueuelab.cli.common import EXIT_OK, EXIT_REJECTED, Command, positive, positive_number
+from crashqueuelab.cli.pages import html_report
+from crashqueuelab.cli.progress import progress_for
+from crashqueuelab.lab.failover.cluster import LEVELS
+from crashqueuelab.lab.failover.run import RECORD_FILE, run_failover
+
+
+def _failover(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    record = run_failover(
+        args.output_directory,
+        level=args.synchronous_commit,
+        failovers=args.failovers,
+        jobs=args.jobs,
+        workers=args.workers,
+        rate_per_s=args.rate,
+        lag_s=args.lag_s,
+        lease_ms=args.lease_ms,
+        seed=args.seed,
+        restart_while_waiting=args.restart_while_waiting,
+        deadline_s=args.deadline_s,
+        progress=progress_for(args),
+    )
+    findings = record["findings"]
+    return (EXIT_OK if record["ok"] else EXIT_REJECTED), {
+        "ok": record["ok"],
+        "judged": record["judged"],
+        "headline": record["headline"],
+        "reasons": record["reasons"],
+        "synchronous_commit": args.synchronous_commit,
+        "promise": findings["promise"]["quoted"],
+        "counts": findings["counts"],
+        "documented": findings["documented"],
+        "broken_promises": findings["broken_promises"],
+        "contract_held": findings["contract_held"],
+        "failovers": [
+            {
+                "lag_bytes": one["before"].get("lag_bytes"),
+                "commits_waiting_for_the_standby": one["before"].get(
+                    "commits_waiting_for_the_standby"
+                ),
+                "restarted_first": "restarted_at_s" in one,
+                "promoted_s": one["promoted_s"],
+            }
+            for one in record["failovers"]
+        ],
+        "wall_s": record["wall_s"],
+        "failover_report": str(args.output_directory / RECORD_FILE),
+        "report": html_report(args.output_directory, args.stderr),
+    }
+
+
+def add_failover_command(command: Command) -> None:
+    sub = command(
+        "failover",
+        _failover,
+        "the PostgreSQL queue on a primary and a streaming standby the run starts, under"
+        " load; the primary dies while the standby lags, the standby is promoted and the"
+        " clients move to it: which acknowledged jobs were lost or came back, against what"
+        " the synchronous_commit level promises (exit 4 without PostgreSQL's binaries)",
+        database=False,
+    )
+    sub.add_argument(
+        "--synchronous-commit",
+        choices=LEVELS,
+        default="on",
+        help="the primary's level (synchronous_standby_names is '*': off and local do not"
+        " wait for the standby, the others do)",
+    )
+    sub.add_argument("--failovers", type=positive, default=2, help="failovers over the run")
+    sub.add_argument("--jobs", type=positive, default=300, help="jobs the producer submits")
+    sub.add_argument("--workers", type=positive, default=2, help="worker threads")
+    sub.add_argument(
+        "--rate", type=positive_number, default=100.0, help="jobs the producer submits a second"
+    )
+    sub.add_argument(
+        "--lag-s",
+        type=positive_number,
+        default=0.5,
+        help="how long the replication link is cut before each failover (the lag)",
+    )
+    sub.add_argument(
+        "--lease-ms", type=positive, default=1000, help="how long a claim's lease lasts"
+    )
+    sub.add_argument(
+        "--restart-while-waiting",
+        action="store_true",
+        help="before each failover, the primary restarts while commits wait for the standby"
+        " (PostgreSQL then marks them committed on the primary alone); waiting levels only",
+    )
+    sub.add_argument(
+        "--deadline-s",
+        type=positive_number,
+        default=300.0,
+        help="how long the load may take to drain after the last failover",
+    )

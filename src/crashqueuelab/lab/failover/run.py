@@ -1,0 +1,338 @@
+"""A failover run from end to end: a replicated PostgreSQL at one ``synchronous_commit``
+level, the PostgreSQL queue under a steady load, failovers made while the standby lags,
+and the verdict (``failover.json``).
+
+Each failover: the replication link is partitioned (the standby stops receiving WAL; under
+a waiting level every commit now waits), the load goes on for ``lag_s``; optionally the
+primary restarts while commits wait for the standby (PostgreSQL then marks them committed
+on the primary alone); the primary dies, the standby is promoted and read, the clients
+move to it, a new standby is made. At the end the load drains, the final primary is read,
+and the ledger is held against what the servers kept (``judge``).
+
+Kept in the run's directory: ``ledger.jsonl`` (every answer the queue gave), each
+failover's readings (``failover-N/``, the judges' rows), the final reading (``final/``) and
+``failover.json``, whose figures all come from those files.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from crashqueuelab.core.clock import SystemClock
+from crashqueuelab.core.errors import InvalidInput
+from crashqueuelab.core.ids import RandomIds
+from crashqueuelab.core.retry import RetryPolicy
+from crashqueuelab.judges.readers.postgres import (
+    DESCRIPTOR_FILE,
+    DSN_VARIABLE,
+    read_postgres_store,
+)
+from crashqueuelab.lab.failover.cluster import LEVELS, WAITING_LEVELS, ReplicatedPostgres
+from crashqueuelab.lab.failover.judge import judge_failovers
+from crashqueuelab.lab.failover.workload import ENQUEUED, Ledger, Load, read_ledger
+from crashqueuelab.lab.runs.kinds import FAILOVER
+from crashqueuelab.lab.runs.progress import Progress
+from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
+from crashqueuelab.servers.base import wait_until
+from crashqueuelab.systems.contract import OpenRequest, QueueClient
+from crashqueuelab.systems.postgres import open_postgres_at
+
+RECORD_FILE = FAILOVER.record
+LEDGER_FILE = "ledger.jsonl"
+STORE_DIRECTORY = "store"
+RETRY = RetryPolicy(base_delay_us=10_000, max_delay_us=200_000)
+#: How long the restarted primary may take to show a commit waiting for the standby.
+WAITING_TIMEOUT_S = 30.0
+#: How long the load's threads may take to notice the end (a call may be reconnecting).
+STOP_TIMEOUT_S = 90.0
+
+
+def _reading(directory: Path, store: Path, dsn: str) -> dict[str, Any]:
+    """The store as the server ``dsn`` holds it, read by the judges (rows kept there)."""
+    directory.mkdir(parents=True)
+    shutil.copy(store / DESCRIPTOR_FILE, directory / DESCRIPTOR_FILE)
+    reading = read_postgres_store(directory, {DSN_VARIABLE: dsn})
+    return {
+        "jobs": {key: [state, attempts] for key, (state, attempts) in reading.jobs.items()},
+        "ok": reading.ok,
+        "problems": reading.problems,
+    }
+
+
+def check_parameters(
+    *, level: str, failovers: int, jobs: int, workers: int, restart_while_waiting: bool
+) -> None:
+    """Refuse what a run could not do, before anything starts."""
+    if level not in LEVELS:
+        raise InvalidInput("synchronous_commit", f"one of {', '.join(LEVELS)}, not {level!r}")
+    for name, value in (("failovers", failovers), ("jobs", jobs), ("workers", workers)):
+        if value < 1:
+            raise InvalidInput(name, f"at least 1, not {value}")
+    if restart_while_waiting and level not in WAITING_LEVELS:
+        raise InvalidInput(
+            "restart_while_waiting",
+            f"commits wait for the standby only at {', '.join(sorted(WAITING_LEVELS))},"
+            f" not at {level}",
+        )
+
+
+def run_failover(
+    output_dir: Path,
+    *,
+    level: str,
+    failovers: int = 2,
+    jobs: int = 200,
+    workers: int = 2,
+    rate_per_s: float = 100.0,
+    lag_s: float = 0.5,
+    lease_ms: int = 1000,
+    seed: int = 0,
+    restart_while_waiting: bool = False,
+    deadline_s: float = 300.0,
+    progress: Progress | None = None,
+    cluster_factory: Callable[[str], ReplicatedPostgres] = ReplicatedPostgres,
+) -> dict[str, Any]:
+    """Run the experiment into ``output_dir`` (new or empty); its record."""
+    check_parameters(
+        level=level,
+        failovers=failovers,
+        jobs=jobs,
+        workers=workers,
+        restart_while_waiting=restart_while_waiting,
+    )
+    say = progress or (lambda message: None)
+    prepare_output_directory(output_dir)
+    store = (output_dir / STORE_DIRECTORY).absolute()
+    keys = [f"failover-{index:06d}" for index in range(jobs)]
+    started = time.monotonic()
+    records: list[dict[str, Any]] = []
+    with cluster_factory(level) as cluster:
+        server = cluster.describe()
+
+        def open_client() -> QueueClient:
+            request = OpenRequest(store, SystemClock(), RandomIds(), RETRY)
+            required = {"fsync": "on", "synchronous_commit": level}
+            return open_postgres_at(cluster.client_dsn, request, required_settings=required)
+
+        open_client().close()  # the schema, before any fault
+        ledger = Ledger(started)
+        load = Load(open_client, keys, workers, rate_per_s, lease_ms * 1000, ledger)
+        load.start()
+        shares = _shares(jobs, failovers, seed)
+        try:
+            for index in range(failovers):
+                records.append(
+                    _one_failover(
+                        cluster,
+                        ledger,
+                        index=index,
+                        due=shares[index],
+                        lag_s=lag_s,
+                        restart_while_waiting=restart_while_waiting,
+                        directory=output_dir / f"failover-{index + 1}",
+                        store=store,
+                        stopping=load.stopping,
+                        started=started,
+                    )
+                )
+                say(f"failover {index + 1} of {failovers}: {_said(records[-1])}")
+            drained = _drain(open_client, load, started + deadline_s)
+        finally:
+            still_running = load.stop(STOP_TIMEOUT_S)
+        final = _reading(output_dir / "final", store, cluster.primary_dsn)
+    ledger.write(output_dir / LEDGER_FILE)
+    write_json(output_dir / "failovers.json", records)
+    return _record(
+        output_dir,
+        level=level,
+        server=server,
+        parameters={
+            "failovers": failovers,
+            "jobs": jobs,
+            "workers": workers,
+            "rate_per_s": rate_per_s,
+            "lag_s": lag_s,
+            "lease_ms": lease_ms,
+            "seed": seed,
+            "failover_after_enqueues": shares,
+            "restart_while_waiting": restart_while_waiting,
+            "deadline_s": deadline_s,
+        },
+        keys=keys,
+        final=final,
+        drained=drained,
+        problems=[*load.crashed, *(f"{name}: still running at the end" for name in still_running)],
+        wall_s=time.monotonic() - started,
+    )
+
+
+def _shares(jobs: int, failovers: int, seed: int) -> list[int]:
+    """After how many acknowledged enqueues each failover strikes: evenly spread over the
+    jobs, each moved by up to a quarter of its share either way (the seed says how much)."""
+    chooser = random.Random(seed)
+    share = jobs / (failovers + 1)
+    spread = int(share / 4)
+    return [
+        max(1, min(jobs, round(share * (index + 1)) + chooser.randint(-spread, spread)))
+        for index in range(failovers)
+    ]
+
+
+def _said(record: Mapping[str, Any]) -> str:
+    lag = record["before"].get("lag_bytes")
+    waiting = record["before"].get("commits_waiting_for_the_standby")
+    restarted = " after a restart of the primary" if "restarted_at_s" in record else ""
+    return (
+        f"the primary died{restarted} {lag} bytes of WAL ahead of its standby"
+        f" ({waiting} commits waiting for it); promoted in {record['promoted_s']:.2f} s"
+    )
+
+
+def _one_failover(
+    cluster: ReplicatedPostgres,
+    ledger: Ledger,
+    *,
+    index: int,
+    due: int,
+    lag_s: float,
+    restart_while_waiting: bool,
+    directory: Path,
+    store: Path,
+    stopping: threading.Event,
+    started: float,
+) -> dict[str, Any]:
+    # The failover strikes under load: once its share of the jobs was acknowledged.
+    wait_until(lambda: ledger.count(ENQUEUED) >= due or stopping.is_set(), 120.0, poll_s=0.01)
+    record: dict[str, Any] = {"index": index}
+    record["cut_at_s"] = round(time.monotonic() - started, 6)
+    cluster.cut_replication()
+    stopping.wait(lag_s)
+    if restart_while_waiting:
+        wait_until(
+            lambda: cluster.lag()["commits_waiting_for_the_standby"] > 0,
+            WAITING_TIMEOUT_S,
+            poll_s=0.01,
+        )
+        record["waiting_before_the_restart"] = cluster.lag()["commits_waiting_for_the_standby"]
+        record["restarted_at_s"] = round(time.monotonic() - started, 6)
+        cluster.restart_primary()
+        shown = _reading(directory / "restarted-primary", store, cluster.primary_dsn)
+        record["restarted_primary_showed"] = shown["jobs"]
+        stopping.wait(lag_s)  # clients go on against the restarted primary
+    failing = time.monotonic()
+
+    def read_promoted() -> None:
+        promoted = _reading(directory / "promoted-standby", store, cluster.primary_dsn)
+        record["snapshot"] = promoted["jobs"]
+        record["snapshot_problems"] = promoted["problems"]
+
+    record |= cluster.failover(read_promoted)
+    record["killed_at_s"] = round(failing - started + record["primary_killed_s"], 6)
+    return record
+
+
+def _drain(open_client: Callable[[], QueueClient], load: Load, deadline: float) -> bool:
+    """Wait until every job was submitted and none is left to run; False at the deadline."""
+    monitor = open_client()
+    try:
+        return wait_until(
+            lambda: load.submitted_all.is_set() and monitor.active_count() == 0,
+            max(0.0, deadline - time.monotonic()),
+            poll_s=0.1,
+        )
+    finally:
+        monitor.close()
+
+
+def _record(
+    output_dir: Path,
+    *,
+    level: str,
+    server: dict[str, Any],
+    parameters: dict[str, Any],
+    keys: list[str],
+    final: dict[str, Any],
+    drained: bool,
+    problems: list[str],
+    wall_s: float,
+) -> dict[str, Any]:
+    """The record, every figure computed from the files the run kept."""
+    events = read_ledger(output_dir / LEDGER_FILE)
+    failovers = json.loads((output_dir / "failovers.json").read_text())
+    findings = judge_failovers(
+        level=level, keys=keys, events=events, failovers=failovers, final=final["jobs"]
+    )
+    reasons = list(problems)
+    if not drained:
+        reasons.append(f"the load did not drain within {parameters['deadline_s']:.0f} s")
+    if not final["ok"]:
+        reasons.append("the final store broke the judges' replay or invariants")
+    ran = not reasons
+    counts = findings["counts"]
+    what = (
+        f"{counts['lost_enqueues']} lost enqueues, {counts['resurrected_completions']}"
+        f" resurrected completions, {counts['leases_came_back']} leases back,"
+        f" {counts['duplicate_effects']} duplicate effects"
+    )
+    promise = "allowed by" if findings["promise"]["allows_loss"] else "promised none at"
+    if not ran:
+        headline = f"not judged: {reasons[0]}"
+    elif findings["broken_promises"]:
+        headline = (
+            f"broken promise: {what} over {len(failovers)} failovers at"
+            f" synchronous_commit={level}, which promises none"
+        )
+    elif findings["documented"]:
+        headline = (
+            f"as documented: synchronous_commit={level} lets a failover lose what the standby"
+            f" had not received: {what} over {len(failovers)} failovers (the lab's contract,"
+            " no acknowledged work lost, does not hold at this level)"
+        )
+    else:
+        headline = (
+            f"{what} over {len(failovers)} failovers at synchronous_commit={level}"
+            f" ({promise} the level)"
+        )
+    record = {
+        "kind": FAILOVER.command,
+        "ok": ran and findings["ok"],
+        "judged": ran,
+        "headline": headline,
+        "reasons": reasons,
+        "system": "postgres",
+        "server": server,
+        "parameters": parameters,
+        "failovers": [
+            {
+                key: value
+                for key, value in one.items()
+                if key not in ("snapshot", "restarted_primary_showed")
+            }
+            | {"jobs_on_the_promoted_standby": len(one.get("snapshot", {}))}
+            for one in failovers
+        ],
+        "findings": findings,
+        "final_store": {"ok": final["ok"], "problems": final["problems"]},
+        "drained": drained,
+        "wall_s": round(wall_s, 3),
+        "evidence": {
+            "ledger": LEDGER_FILE,
+            "failovers": "failovers.json",
+            "readings": [
+                *sorted(
+                    str(path.relative_to(output_dir))
+                    for path in output_dir.glob("*/*/judged-rows.json")
+                ),
+                "final/judged-rows.json",
+            ],
+        },
+    }
+    write_json(output_dir / RECORD_FILE, record)
+    return record
