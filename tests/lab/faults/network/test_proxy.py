@@ -264,3 +264,41 @@ def test_the_windows_in_force_add_up_to_one_condition() -> None:
     assert Condition.of(windows, "a", 5.5) == Condition(0.3, 400, True, True, False)
     assert Condition.of(windows, "b", 5.5) == Condition(held=True)
     assert Condition.of(windows, "a", 10.0) == Condition()
+
+
+def test_a_partition_ended_early_lets_held_bytes_through_at_once(
+    proxy: FaultProxy, echo: _EchoServer
+) -> None:
+    with _connect(proxy, "a") as client:
+        window = proxy.apply(WindowKind.PARTITION, ["a"], seconds=3600.0)
+        client.sendall(b"held")
+        assert _nothing_arrives(client, WINDOW_S / 2)
+        proxy.end(window)
+        assert _receive(client, 4) == b"held"
+    assert proxy.windows[0].end - proxy.windows[0].start < 3600.0
+
+
+def test_a_repointed_proxy_sends_new_connections_to_the_new_upstream(
+    proxy: FaultProxy, echo: _EchoServer, tmp_path: Path
+) -> None:
+    other = _EchoServer(str(tmp_path / "other.sock"))
+    thread = threading.Thread(target=other.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    try:
+        with _connect(proxy, "a") as before:
+            before.sendall(b"one")
+            assert _receive(before, 3) == b"one"
+            proxy.repoint(str(other.server_address))
+            assert proxy.upstream == str(other.server_address)
+            with _connect(proxy, "a") as after:
+                after.sendall(b"two")
+                assert _receive(after, 3) == b"two"
+            # The open connection stays with the server it reached.
+            before.sendall(b"three")
+            assert _receive(before, 5) == b"three"
+        assert echo.received == b"onethree"
+        assert other.received == b"two"
+    finally:
+        other.shutdown()
+        other.server_close()
+        thread.join(LIMIT_S)
