@@ -75,7 +75,12 @@ def add_failover_command(command: Command) -> None:
         " wait for the standby, the others do)",
     )
     sub.add_argument("--failovers", type=positive, default=2, help="failovers over the run")
-    sub.add_argument("--jobs", type=positive, default=300, help="jobs the producer submits")
+    sub.add_argument(
+        "--jobs",
+        type=positive,
+        default=600,
+        help="jobs the producer submits (enough that each failover strikes while it still does)",
+    )
     sub.add_argument("--workers", type=positive, default=2, help="worker threads")
     sub.add_argument(
         "--rate", type=positive_number, default=100.0, help="jobs the producer submits a second"

@@ -69,6 +69,9 @@ class ReplicatedPostgres:
         self._settings = dict(SETTINGS) | {
             "synchronous_commit": level,
             "synchronous_standby_names": "'*'",
+            # A standby whose link broke waits this long before it looks for WAL again, and
+            # a promotion waits for that look (PostgreSQL's default is 5 s).
+            "wal_retrieve_retry_interval": "'100ms'",
         }
         self._server_factory = server_factory
         self._stack = ExitStack()

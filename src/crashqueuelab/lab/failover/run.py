@@ -125,7 +125,9 @@ def run_failover(
         ledger = Ledger(started)
         load = Load(open_client, keys, workers, rate_per_s, lease_ms * 1000, ledger)
         load.start()
-        shares = _shares(jobs, failovers, seed)
+        # Each failover's lag (twice with a restart) and about a second to promote.
+        during_each = rate_per_s * (lag_s * (2 if restart_while_waiting else 1) + 1.0)
+        gaps = _gaps(jobs, failovers, seed, during_each)
         try:
             for index in range(failovers):
                 records.append(
@@ -133,7 +135,8 @@ def run_failover(
                         cluster,
                         ledger,
                         index=index,
-                        due=shares[index],
+                        due=min(jobs, ledger.count(ENQUEUED) + gaps[index]),
+                        submitted_all=load.submitted_all,
                         lag_s=lag_s,
                         restart_while_waiting=restart_while_waiting,
                         directory=output_dir / f"failover-{index + 1}",
@@ -161,7 +164,7 @@ def run_failover(
             "lag_s": lag_s,
             "lease_ms": lease_ms,
             "seed": seed,
-            "failover_after_enqueues": shares,
+            "enqueues_before_each_failover": gaps,
             "restart_while_waiting": restart_while_waiting,
             "deadline_s": deadline_s,
         },
@@ -173,16 +176,15 @@ def run_failover(
     )
 
 
-def _shares(jobs: int, failovers: int, seed: int) -> list[int]:
-    """After how many acknowledged enqueues each failover strikes: evenly spread over the
-    jobs, each moved by up to a quarter of its share either way (the seed says how much)."""
+def _gaps(jobs: int, failovers: int, seed: int, during_each: float) -> list[int]:
+    """How many more acknowledged enqueues each failover waits for after the one before
+    it ended (counting from the start would make a failover that held the load up strike
+    the next at once): what the ``failovers`` leave of the jobs, ``during_each`` submitted
+    in each one's lag and promotion, in even shares, moved by up to a quarter either way."""
     chooser = random.Random(seed)
-    share = jobs / (failovers + 1)
+    share = max(1.0, (jobs - failovers * during_each) / (failovers + 1))
     spread = int(share / 4)
-    return [
-        max(1, min(jobs, round(share * (index + 1)) + chooser.randint(-spread, spread)))
-        for index in range(failovers)
-    ]
+    return [max(1, round(share) + chooser.randint(-spread, spread)) for _ in range(failovers)]
 
 
 def _said(record: Mapping[str, Any]) -> str:
@@ -205,13 +207,20 @@ def _one_failover(
     restart_while_waiting: bool,
     directory: Path,
     store: Path,
+    submitted_all: threading.Event,
     stopping: threading.Event,
     started: float,
 ) -> dict[str, Any]:
     # The failover strikes under load: once its share of the jobs was acknowledged.
-    wait_until(lambda: ledger.count(ENQUEUED) >= due or stopping.is_set(), 120.0, poll_s=0.01)
+    wait_until(
+        lambda: ledger.count(ENQUEUED) >= due or submitted_all.is_set() or stopping.is_set(),
+        120.0,
+        poll_s=0.01,
+    )
     record: dict[str, Any] = {"index": index}
     record["cut_at_s"] = round(time.monotonic() - started, 6)
+    # A failover after the last submission strikes a load that only drains: said, not hidden.
+    record["producer_running"] = not submitted_all.is_set()
     cluster.cut_replication()
     stopping.wait(lag_s)
     if restart_while_waiting:
