@@ -25,6 +25,7 @@ def _failover(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         lease_ms=args.lease_ms,
         seed=args.seed,
         restart_while_waiting=args.restart_while_waiting,
+        terminate_waiting=args.terminate_waiting,
         deadline_s=args.deadline_s,
         progress=progress_for(args),
     )
@@ -47,6 +48,7 @@ def _failover(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
                     "commits_waiting_for_the_standby"
                 ),
                 "restarted_first": "restarted_at_s" in one,
+                "sessions_terminated_while_waiting": one.get("sessions_terminated_while_waiting"),
                 "promoted_s": one["promoted_s"],
             }
             for one in record["failovers"]
@@ -99,6 +101,13 @@ def add_failover_command(command: Command) -> None:
         action="store_true",
         help="before each failover, the primary restarts while commits wait for the standby"
         " (PostgreSQL then marks them committed on the primary alone); waiting levels only",
+    )
+    sub.add_argument(
+        "--terminate-waiting",
+        action="store_true",
+        help="before each failover, end the sessions whose COMMIT waits for the standby"
+        " (pg_terminate_backend, as an administrator or a pooler's timeout would): PostgreSQL"
+        " keeps their commits locally, and their clients lose the answer; waiting levels only",
     )
     sub.add_argument(
         "--deadline-s",

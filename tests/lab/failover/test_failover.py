@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
 
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.failover.cluster import ReplicatedPostgres
 from crashqueuelab.lab.failover.run import run_failover
+from crashqueuelab.postgres.queue import PostgresQueue
 from crashqueuelab.servers.postgres import find_binaries
 from tests.conftest import RunCli
 
@@ -114,3 +117,38 @@ def test_a_restart_while_waiting_at_a_level_that_never_waits_is_refused_before_a
     with pytest.raises(ValueError, match="no level"):
         ReplicatedPostgres("sometimes")
     assert not out.exists()
+
+
+class _AnswersFromALocalCommit(PostgresQueue):
+    """A planted bug, the queue as it was: a commit whose answer was lost, found committed,
+    is acknowledged at once, though its session was ended while it waited for the standby
+    (PostgreSQL keeps it "committed locally, but might not have been replicated")."""
+
+    @staticmethod
+    def _barrier(conn: psycopg.Connection[Any]) -> None:
+        return None
+
+
+@pytest.mark.parametrize(
+    ("queue_class", "loses"), [(_AnswersFromALocalCommit, True), (PostgresQueue, False)]
+)
+def test_a_commit_whose_waiting_session_was_ended_is_answered_only_once_the_standby_has_it(
+    tmp_path: Path, queue_class: type[PostgresQueue], loses: bool
+) -> None:
+    record = run_failover(
+        tmp_path / "terminated",
+        level="on",
+        failovers=2,
+        jobs=300,
+        terminate_waiting=True,
+        queue_class=queue_class,
+    )
+    assert all(one["sessions_terminated_while_waiting"] >= 1 for one in record["failovers"])
+    assert record["judged"], record["reasons"]
+    lost = record["findings"]["broken_promises"]
+    if loses:
+        assert lost >= 1
+        assert record["headline"].startswith("broken promise:")
+    else:
+        assert lost == 0, record["headline"]
+        assert record["ok"]

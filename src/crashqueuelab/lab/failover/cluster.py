@@ -170,6 +170,19 @@ class ReplicatedPostgres:
             "commits_waiting_for_the_standby": int(row[3]),
         }
 
+    def terminate_waiting(self) -> int:
+        """End every session whose COMMIT waits for the standby (``pg_terminate_backend``,
+        as an administrator, a pooler's timeout or a health check would): PostgreSQL keeps
+        such a commit, "committed locally, but might not have been replicated to the
+        standby", and its client learns nothing but a dropped connection. How many ended."""
+        assert self.primary is not None
+        with psycopg.connect(self.primary.dsn, autocommit=True, connect_timeout=10) as conn:
+            row = conn.execute(
+                "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))"
+                " FROM pg_stat_activity WHERE wait_event = 'SyncRep'"
+            ).fetchone()
+        return int(row[0]) if row else 0
+
     def restart_primary(self) -> None:
         """The primary dies (SIGKILL of every process) and starts again on its own disk:
         crash recovery marks committed what it finds in its WAL, also what was still waiting

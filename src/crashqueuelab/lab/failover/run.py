@@ -40,6 +40,7 @@ from crashqueuelab.lab.failover.workload import ENQUEUED, Ledger, Load, read_led
 from crashqueuelab.lab.runs.kinds import FAILOVER
 from crashqueuelab.lab.runs.progress import Progress
 from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
+from crashqueuelab.postgres.queue import PostgresQueue
 from crashqueuelab.servers.base import wait_until
 from crashqueuelab.systems.contract import OpenRequest, QueueClient
 from crashqueuelab.systems.postgres import open_postgres_at
@@ -67,7 +68,13 @@ def _reading(directory: Path, store: Path, dsn: str) -> dict[str, Any]:
 
 
 def check_parameters(
-    *, level: str, failovers: int, jobs: int, workers: int, restart_while_waiting: bool
+    *,
+    level: str,
+    failovers: int,
+    jobs: int,
+    workers: int,
+    restart_while_waiting: bool,
+    terminate_waiting: bool = False,
 ) -> None:
     """Refuse what a run could not do, before anything starts."""
     if level not in LEVELS:
@@ -75,12 +82,16 @@ def check_parameters(
     for name, value in (("failovers", failovers), ("jobs", jobs), ("workers", workers)):
         if value < 1:
             raise InvalidInput(name, f"at least 1, not {value}")
-    if restart_while_waiting and level not in WAITING_LEVELS:
-        raise InvalidInput(
-            "restart_while_waiting",
-            f"commits wait for the standby only at {', '.join(sorted(WAITING_LEVELS))},"
-            f" not at {level}",
-        )
+    for name, asked in (
+        ("restart_while_waiting", restart_while_waiting),
+        ("terminate_waiting", terminate_waiting),
+    ):
+        if asked and level not in WAITING_LEVELS:
+            raise InvalidInput(
+                name,
+                f"commits wait for the standby only at {', '.join(sorted(WAITING_LEVELS))},"
+                f" not at {level}",
+            )
 
 
 def run_failover(
@@ -95,17 +106,21 @@ def run_failover(
     lease_ms: int = 1000,
     seed: int = 0,
     restart_while_waiting: bool = False,
+    terminate_waiting: bool = False,
     deadline_s: float = 300.0,
     progress: Progress | None = None,
     cluster_factory: Callable[[str], ReplicatedPostgres] = ReplicatedPostgres,
+    queue_class: type[PostgresQueue] = PostgresQueue,
 ) -> dict[str, Any]:
-    """Run the experiment into ``output_dir`` (new or empty); its record."""
+    """Run the experiment into ``output_dir`` (new or empty); its record. ``cluster_factory``
+    and ``queue_class``: a variant of the server or of the queue (a planted bug)."""
     check_parameters(
         level=level,
         failovers=failovers,
         jobs=jobs,
         workers=workers,
         restart_while_waiting=restart_while_waiting,
+        terminate_waiting=terminate_waiting,
     )
     say = progress or (lambda message: None)
     prepare_output_directory(output_dir)
@@ -119,14 +134,17 @@ def run_failover(
         def open_client() -> QueueClient:
             request = OpenRequest(store, SystemClock(), RandomIds(), RETRY)
             required = {"fsync": "on", "synchronous_commit": level}
-            return open_postgres_at(cluster.client_dsn, request, required_settings=required)
+            return open_postgres_at(
+                cluster.client_dsn, request, required_settings=required, queue_class=queue_class
+            )
 
         open_client().close()  # the schema, before any fault
         ledger = Ledger(started)
         load = Load(open_client, keys, workers, rate_per_s, lease_ms * 1000, ledger)
         load.start()
         # Each failover's lag (twice with a restart) and about a second to promote.
-        during_each = rate_per_s * (lag_s * (2 if restart_while_waiting else 1) + 1.0)
+        lags = 1 + restart_while_waiting + terminate_waiting
+        during_each = rate_per_s * (lag_s * lags + 1.0)
         gaps = _gaps(jobs, failovers, seed, during_each)
         try:
             for index in range(failovers):
@@ -139,6 +157,7 @@ def run_failover(
                         submitted_all=load.submitted_all,
                         lag_s=lag_s,
                         restart_while_waiting=restart_while_waiting,
+                        terminate_waiting=terminate_waiting,
                         directory=output_dir / f"failover-{index + 1}",
                         store=store,
                         stopping=load.stopping,
@@ -166,6 +185,7 @@ def run_failover(
             "seed": seed,
             "enqueues_before_each_failover": gaps,
             "restart_while_waiting": restart_while_waiting,
+            "terminate_waiting": terminate_waiting,
             "deadline_s": deadline_s,
         },
         keys=keys,
@@ -180,9 +200,13 @@ def _gaps(jobs: int, failovers: int, seed: int, during_each: float) -> list[int]
     """How many more acknowledged enqueues each failover waits for after the one before
     it ended (counting from the start would make a failover that held the load up strike
     the next at once): what the ``failovers`` leave of the jobs, ``during_each`` submitted
-    in each one's lag and promotion, in even shares, moved by up to a quarter either way."""
+    in each one's lag and promotion, in even shares (half the jobs at least: with too few,
+    the last failovers strike a load that only drains, and their records say so), moved by
+    up to a quarter either way."""
     chooser = random.Random(seed)
-    share = max(1.0, (jobs - failovers * during_each) / (failovers + 1))
+    share = max(
+        1.0, jobs / (2 * (failovers + 1)), (jobs - failovers * during_each) / (failovers + 1)
+    )
     spread = int(share / 4)
     return [max(1, round(share) + chooser.randint(-spread, spread)) for _ in range(failovers)]
 
@@ -205,6 +229,7 @@ def _one_failover(
     due: int,
     lag_s: float,
     restart_while_waiting: bool,
+    terminate_waiting: bool,
     directory: Path,
     store: Path,
     submitted_all: threading.Event,
@@ -223,12 +248,13 @@ def _one_failover(
     record["producer_running"] = not submitted_all.is_set()
     cluster.cut_replication()
     stopping.wait(lag_s)
+    if terminate_waiting:
+        _commits_waiting(cluster)
+        record["terminated_at_s"] = round(time.monotonic() - started, 6)
+        record["sessions_terminated_while_waiting"] = cluster.terminate_waiting()
+        stopping.wait(lag_s)  # their clients ask the primary what became of their commits
     if restart_while_waiting:
-        wait_until(
-            lambda: cluster.lag()["commits_waiting_for_the_standby"] > 0,
-            WAITING_TIMEOUT_S,
-            poll_s=0.01,
-        )
+        _commits_waiting(cluster)
         record["waiting_before_the_restart"] = cluster.lag()["commits_waiting_for_the_standby"]
         record["restarted_at_s"] = round(time.monotonic() - started, 6)
         cluster.restart_primary()
@@ -245,6 +271,14 @@ def _one_failover(
     record |= cluster.failover(read_promoted)
     record["killed_at_s"] = round(failing - started + record["primary_killed_s"], 6)
     return record
+
+
+def _commits_waiting(cluster: ReplicatedPostgres) -> None:
+    wait_until(
+        lambda: cluster.lag()["commits_waiting_for_the_standby"] > 0,
+        WAITING_TIMEOUT_S,
+        poll_s=0.01,
+    )
 
 
 def _drain(open_client: Callable[[], QueueClient], load: Load, deadline: float) -> bool:

@@ -37,6 +37,8 @@ def _command(record: dict[str, Any], run_dir: Path) -> str:
     ]
     if parameters["restart_while_waiting"]:
         options.append("--restart-while-waiting")
+    if parameters.get("terminate_waiting"):
+        options.append("--terminate-waiting")
     return (
         f"crashqueuelab failover {' '.join(options)} --output-directory {shlex.quote(str(run_dir))}"
     )
