@@ -14,7 +14,10 @@ id committed (``pg_xact_status``), and answers what it did; only when the server
 asked in time does it raise ``OutcomeUnknown``. A server that restarted meanwhile cannot
 say (it may have handed the id out again), and the transaction is tried again as before:
 an acknowledgement whose commit survived the crash then answers stale. Nothing is ever
-applied twice.
+applied twice. An answer that rests on a commit the client did not see end (found committed,
+found by a retry, or a job found under its key) waits until the server's synchronous
+standbys hold it: a session ended while its COMMIT waited for them leaves the commit on the
+primary alone, and a failover would take it away.
 """
 
 from __future__ import annotations
