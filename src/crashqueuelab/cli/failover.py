@@ -9,11 +9,20 @@ from typing import Any
 from crashqueuelab.cli.common import EXIT_OK, EXIT_REJECTED, Command, positive, positive_number
 from crashqueuelab.cli.pages import html_report
 from crashqueuelab.cli.progress import progress_for
-from crashqueuelab.lab.failover.cluster import LEVELS
-from crashqueuelab.lab.failover.run import RECORD_FILE, run_failover
+from crashqueuelab.core.errors import SystemUnavailable
+from crashqueuelab.lab.failover.promises import LEVELS
+from crashqueuelab.lab.runs.kinds import FAILOVER
 
 
 def _failover(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    # The servers' client (psycopg, the postgres extra) is imported only for a run.
+    try:
+        from crashqueuelab.lab.failover.run import run_failover
+    except ImportError as error:
+        raise SystemUnavailable(
+            "postgres", f"a failover run needs the postgres extra (psycopg): {error}"
+        ) from None
+
     record = run_failover(
         args.output_directory,
         level=args.synchronous_commit,
@@ -54,7 +63,7 @@ def _failover(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
             for one in record["failovers"]
         ],
         "wall_s": record["wall_s"],
-        "failover_report": str(args.output_directory / RECORD_FILE),
+        "failover_report": str(args.output_directory / FAILOVER.record),
         "report": html_report(args.output_directory, args.stderr),
     }
 

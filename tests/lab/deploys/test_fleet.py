@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from crashqueuelab.lab.deploys.fleet import Fleet, Worker
-from crashqueuelab.lab.deploys.plan import DeployPlan, Replace, Step
+from crashqueuelab.lab.deploys.plan import DeployPlan, Step
 from crashqueuelab.lab.deploys.rollout import Rollout
 from crashqueuelab.lab.deploys.workers import DeployWorkerSpec, work_for
+from crashqueuelab.lab.faults.deploy import Replace
 from crashqueuelab.lab.faults.signals import session_members
 from crashqueuelab.lab.runs.inheritance import Inherited
 

@@ -5,6 +5,7 @@ the standby promoted under load. Each level's promise held against what the queu
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -152,3 +153,15 @@ def test_a_commit_whose_waiting_session_was_ended_is_answered_only_once_the_stan
     else:
         assert lost == 0, record["headline"]
         assert record["ok"]
+
+
+def test_without_the_postgres_extra_the_command_says_so_in_one_line(
+    run_cli: RunCli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As in an environment without psycopg: the run's module cannot be imported.
+    monkeypatch.setitem(sys.modules, "crashqueuelab.lab.failover.run", None)
+    run = run_cli("failover", "--output-directory", tmp_path / "f")
+    assert run.code == 2
+    assert run.result["error"]["type"] == "SystemUnavailable"
+    assert "postgres extra" in run.result["error"]["message"]
+    assert not (tmp_path / "f").exists()

@@ -30,15 +30,12 @@ from typing import Any, Self
 import psycopg
 
 from crashqueuelab.core.errors import ServerUnavailable
+from crashqueuelab.lab.failover.promises import LEVELS
 from crashqueuelab.lab.faults.network.proxy import FaultProxy
 from crashqueuelab.lab.faults.network.windows import FaultWindow, WindowKind
 from crashqueuelab.servers.base import wait_until
 from crashqueuelab.servers.postgres import SETTINGS, ThrowawayServer, ThrowawayStandby
 
-#: The levels of ``synchronous_commit``, from the one that waits least to the most.
-LEVELS = ("off", "local", "remote_write", "on", "remote_apply")
-#: The levels whose commits wait for the synchronous standby.
-WAITING_LEVELS = frozenset({"remote_write", "on", "remote_apply"})
 CLIENTS = "clients"
 REPLICATION = "replication"
 #: How long a new standby may take to stream (its base backup included).

@@ -9,6 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+#: The levels of ``synchronous_commit``, from the one that waits least to the most.
+LEVELS = ("off", "local", "remote_write", "on", "remote_apply")
+#: The levels whose commits wait for the synchronous standby.
+WAITING_LEVELS = frozenset({"remote_write", "on", "remote_apply"})
+
 WAL_SETTINGS = "https://www.postgresql.org/docs/15/runtime-config-wal.html#GUC-SYNCHRONOUS-COMMIT"
 HA_PLANNING = "https://www.postgresql.org/docs/15/warm-standby.html#SYNCHRONOUS-REPLICATION-HA"
 

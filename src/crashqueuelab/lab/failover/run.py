@@ -34,8 +34,9 @@ from crashqueuelab.judges.readers.postgres import (
     DSN_VARIABLE,
     read_postgres_store,
 )
-from crashqueuelab.lab.failover.cluster import LEVELS, WAITING_LEVELS, ReplicatedPostgres
+from crashqueuelab.lab.failover.cluster import ReplicatedPostgres
 from crashqueuelab.lab.failover.judge import judge_failovers
+from crashqueuelab.lab.failover.promises import LEVELS, WAITING_LEVELS
 from crashqueuelab.lab.failover.workload import ENQUEUED, Ledger, Load, read_ledger
 from crashqueuelab.lab.runs.kinds import FAILOVER
 from crashqueuelab.lab.runs.progress import Progress
