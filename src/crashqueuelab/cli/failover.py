@@ -6,10 +6,17 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from crashqueuelab.cli.common import EXIT_OK, EXIT_REJECTED, Command, positive, positive_number
+from crashqueuelab.cli.common import (
+    EXIT_OK,
+    EXIT_REJECTED,
+    Command,
+    non_negative,
+    positive,
+    positive_number,
+)
 from crashqueuelab.cli.pages import html_report
 from crashqueuelab.cli.progress import progress_for
-from crashqueuelab.core.errors import SystemUnavailable
+from crashqueuelab.core.errors import InvalidInput, SystemUnavailable
 from crashqueuelab.lab.failover.promises import LEVELS
 from crashqueuelab.lab.runs.kinds import FAILOVER
 
@@ -18,14 +25,23 @@ def _failover(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     # The servers' client (psycopg, the postgres extra) is imported only for a run.
     try:
         from crashqueuelab.lab.failover.run import run_failover
+        from crashqueuelab.lab.failover.targets import postgres_target, rq_target
     except ImportError as error:
         raise SystemUnavailable(
-            "postgres", f"a failover run needs the postgres extra (psycopg): {error}"
+            args.system, f"a failover run needs the {args.system} extra: {error}"
         ) from None
 
+    if args.system == "rq":
+        if args.synchronous_commit is not None:
+            raise InvalidInput("synchronous_commit", "a PostgreSQL setting: not for rq")
+        target = rq_target(args.min_replicas_to_write, args.min_replicas_max_lag)
+    else:
+        if args.min_replicas_to_write:
+            raise InvalidInput("min_replicas_to_write", "a Redis setting: not for postgres")
+        target = postgres_target(args.synchronous_commit or "on")
     record = run_failover(
         args.output_directory,
-        level=args.synchronous_commit,
+        target=target,
         failovers=args.failovers,
         jobs=args.jobs,
         workers=args.workers,
@@ -41,10 +57,12 @@ def _failover(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     findings = record["findings"]
     return (EXIT_OK if record["ok"] else EXIT_REJECTED), {
         "ok": record["ok"],
+        "keeps_its_promises": record["keeps_its_promises"],
         "judged": record["judged"],
         "headline": record["headline"],
         "reasons": record["reasons"],
-        "synchronous_commit": args.synchronous_commit,
+        "system": record["system"],
+        "setting": record["setting"],
         "promise": findings["promise"]["quoted"],
         "counts": findings["counts"],
         "documented": findings["documented"],
@@ -72,18 +90,39 @@ def add_failover_command(command: Command) -> None:
     sub = command(
         "failover",
         _failover,
-        "the PostgreSQL queue on a primary and a streaming standby the run starts, under"
-        " load; the primary dies while the standby lags, the standby is promoted and the"
-        " clients move to it: which acknowledged jobs were lost or came back, against what"
-        " the synchronous_commit level promises (exit 4 without PostgreSQL's binaries)",
+        "a queue on a replicated server the run starts (PostgreSQL with a streaming standby,"
+        " or Redis with a replica and Sentinels), under load; the primary dies while the"
+        " standby lags, the standby is promoted and the clients move to it: which"
+        " acknowledged jobs were lost or came back, against what the replication setting"
+        " promises (exit 4 without the server's binaries)",
         database=False,
+    )
+    sub.add_argument(
+        "--system",
+        choices=("postgres", "rq"),
+        default="postgres",
+        help="crashqueuelab's PostgreSQL queue on a primary and a streaming standby, or RQ on"
+        " a Redis primary, a replica and three Sentinels",
     )
     sub.add_argument(
         "--synchronous-commit",
         choices=LEVELS,
-        default="on",
-        help="the primary's level (synchronous_standby_names is '*': off and local do not"
-        " wait for the standby, the others do)",
+        default=None,
+        help="postgres: the primary's level, on by default (synchronous_standby_names is '*':"
+        " off and local do not wait for the standby, the others do)",
+    )
+    sub.add_argument(
+        "--min-replicas-to-write",
+        type=non_negative,
+        default=0,
+        help="rq: the primary refuses writes unless this many replicas acknowledged it within"
+        " --min-replicas-max-lag (0: asynchronous, Redis's default)",
+    )
+    sub.add_argument(
+        "--min-replicas-max-lag",
+        type=positive,
+        default=1,
+        help="rq: seconds (see --min-replicas-to-write)",
     )
     sub.add_argument("--failovers", type=positive, default=2, help="failovers over the run")
     sub.add_argument(

@@ -15,6 +15,7 @@ import pytest
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.failover.cluster import ReplicatedPostgres
 from crashqueuelab.lab.failover.run import run_failover
+from crashqueuelab.lab.failover.targets import postgres_target, rq_target
 from crashqueuelab.postgres.queue import PostgresQueue
 from crashqueuelab.servers.postgres import find_binaries
 from tests.conftest import RunCli
@@ -30,10 +31,12 @@ def test_asynchronous_commits_the_standby_never_received_are_lost_as_documented(
         "failover", "--synchronous-commit", "local", "--failovers", "1", "--jobs", "120",
         "--quiet", "--output-directory", out,
     )  # fmt: skip
-    assert run.code == 0, run.result
-    assert run.result["ok"]
+    # Not ok by the lab's contract (acknowledged work lost), and no promise broken.
+    assert run.code == 1, run.result
+    assert not run.result["ok"]
+    assert run.result["keeps_its_promises"]
     assert not run.result["contract_held"]
-    assert run.result["headline"].startswith("as documented: synchronous_commit=local")
+    assert run.result["headline"].startswith("as documented: postgres at synchronous_commit=local")
     record = json.loads((out / "failover.json").read_text())
     lost = record["findings"]["lost_enqueues"]
     # The producer went on during the half-second cut: every acknowledgement in it is gone.
@@ -64,8 +67,9 @@ def test_a_restart_while_commits_wait_shows_jobs_the_promoted_standby_never_had(
     tmp_path: Path,
 ) -> None:
     record = run_failover(
-        tmp_path / "on", level="on", failovers=1, jobs=120, restart_while_waiting=True
-    )
+        tmp_path / "on", target=postgres_target("on"), failovers=1, jobs=120,
+        restart_while_waiting=True,
+    )  # fmt: skip
     findings = record["findings"]
     # PostgreSQL's documented case: the restarted primary marked the waiting commits
     # committed; the standby never received them, and the failover took them away.
@@ -89,13 +93,13 @@ class _AsynchronousInDisguise(ReplicatedPostgres):
 def test_a_level_that_promises_no_loss_and_loses_is_a_broken_promise(tmp_path: Path) -> None:
     record = run_failover(
         tmp_path / "planted",
-        level="on",
+        target=postgres_target("on", cluster_factory=_AsynchronousInDisguise),
         failovers=1,
         jobs=100,
-        cluster_factory=_AsynchronousInDisguise,
     )
     assert record["judged"]
     assert not record["ok"]
+    assert not record["keeps_its_promises"]
     assert record["findings"]["broken_promises"] >= 10
     assert record["headline"].startswith("broken promise:")
 
@@ -112,9 +116,11 @@ def test_a_restart_while_waiting_at_a_level_that_never_waits_is_refused_before_a
     assert run.result["error"]["field"] == "restart_while_waiting"
     assert not out.exists()
     with pytest.raises(InvalidInput, match="failovers"):
-        run_failover(out, level="on", failovers=0)
+        run_failover(out, target=postgres_target("on"), failovers=0)
     with pytest.raises(InvalidInput, match="synchronous_commit"):
-        run_failover(out, level="sometimes")
+        run_failover(out, target=postgres_target("sometimes"))
+    with pytest.raises(InvalidInput, match="terminate_waiting"):
+        run_failover(out, target=rq_target(), terminate_waiting=True)
     with pytest.raises(ValueError, match="no level"):
         ReplicatedPostgres("sometimes")
     assert not out.exists()
@@ -138,11 +144,10 @@ def test_a_commit_whose_waiting_session_was_ended_is_answered_only_once_the_stan
 ) -> None:
     record = run_failover(
         tmp_path / "terminated",
-        level="on",
+        target=postgres_target("on", queue_class=queue_class),
         failovers=2,
         jobs=300,
         terminate_waiting=True,
-        queue_class=queue_class,
     )
     assert all(one["sessions_terminated_while_waiting"] >= 1 for one in record["failovers"])
     assert record["judged"], record["reasons"]
@@ -153,6 +158,7 @@ def test_a_commit_whose_waiting_session_was_ended_is_answered_only_once_the_stan
     else:
         assert lost == 0, record["headline"]
         assert record["ok"]
+        assert record["keeps_its_promises"]
 
 
 def test_without_the_postgres_extra_the_command_says_so_in_one_line(

@@ -38,8 +38,8 @@ def _events() -> list[dict[str, Any]]:
     ]
 
 
-FAILOVERS = [{"killed_at_s": 2.0, "snapshot": {"a": ["SUCCEEDED", 1], "c": ["LEASED", 1]}}]
-FINAL = {"a": ["SUCCEEDED", 1], "c": ["SUCCEEDED", 2], "d": ["QUEUED", 0]}
+FAILOVERS = [{"killed_at_s": 2.0, "snapshot": {"a": ["succeeded", 1], "c": ["leased", 1]}}]
+FINAL = {"a": ["succeeded", 1], "c": ["succeeded", 2], "d": ["pending", 0]}
 
 
 def test_each_kind_of_finding_is_found_once_and_attributed_to_its_failover() -> None:
@@ -100,9 +100,9 @@ def test_nothing_lost_holds_the_contract_at_every_level() -> None:
 def test_a_completion_never_followed_by_success_is_resurrected_even_without_a_rerun() -> None:
     events = [_event(0.1, "enqueued", "a"), _event(0.2, "completed", "a", 1)]
     found = judge_failovers(
-        level="on", keys=["a"], events=events, failovers=[], final={"a": ["QUEUED", 0]}
+        level="on", keys=["a"], events=events, failovers=[], final={"a": ["pending", 0]}
     )
-    assert found["resurrected_completions"][0]["final_state"] == "QUEUED"
+    assert found["resurrected_completions"][0]["final_state"] == "pending"
     assert found["resurrected_completions"][0]["failover"] is None
     assert found["broken_promises"] == 1
 
@@ -111,8 +111,8 @@ def test_what_a_restarted_primary_showed_and_the_promoted_standby_lacks_is_liste
     failovers = [
         {
             "killed_at_s": 2.0,
-            "restarted_primary_showed": {"a": ["SUCCEEDED", 1], "b": ["QUEUED", 0]},
-            "snapshot": {"a": ["LEASED", 1]},
+            "restarted_primary_showed": {"a": ["succeeded", 1], "b": ["pending", 0]},
+            "snapshot": {"a": ["leased", 1]},
         },
         {"killed_at_s": 4.0, "snapshot": {}},
     ]
@@ -122,20 +122,20 @@ def test_what_a_restarted_primary_showed_and_the_promoted_standby_lacks_is_liste
         keys=["a", "b"],
         events=events,
         failovers=failovers,
-        final={"a": ["SUCCEEDED", 1], "b": ["SUCCEEDED", 1]},
+        final={"a": ["succeeded", 1], "b": ["succeeded", 1]},
     )
     assert found["visible_then_lost"] == [
         {
             "key": "a",
             "failover": 0,
-            "restarted_primary_showed": ["SUCCEEDED", 1],
-            "promoted_standby_has": ["LEASED", 1],
+            "restarted_primary_showed": ["succeeded", 1],
+            "promoted_standby_has": ["leased", 1],
             "acknowledged_enqueue": True,
         },
         {
             "key": "b",
             "failover": 0,
-            "restarted_primary_showed": ["QUEUED", 0],
+            "restarted_primary_showed": ["pending", 0],
             "promoted_standby_has": None,
             "acknowledged_enqueue": False,
         },

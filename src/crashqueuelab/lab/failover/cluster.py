@@ -34,7 +34,12 @@ from crashqueuelab.lab.failover.promises import LEVELS
 from crashqueuelab.lab.faults.network.proxy import FaultProxy
 from crashqueuelab.lab.faults.network.windows import FaultWindow, WindowKind
 from crashqueuelab.servers.base import wait_until
-from crashqueuelab.servers.postgres import SETTINGS, ThrowawayServer, ThrowawayStandby
+from crashqueuelab.servers.postgres import (
+    DSN_VARIABLE,
+    SETTINGS,
+    ThrowawayServer,
+    ThrowawayStandby,
+)
 
 CLIENTS = "clients"
 REPLICATION = "replication"
@@ -130,15 +135,22 @@ class ReplicatedPostgres:
         assert self.primary is not None
         return self.primary.dsn
 
+    def client_environment(self) -> dict[str, str]:
+        """Nothing: the queue's clients are given ``client_dsn`` itself."""
+        return {}
+
+    def reading_environment(self) -> dict[str, str]:
+        """Where the judges read: the primary's own socket."""
+        return {DSN_VARIABLE: self.primary_dsn}
+
     def describe(self) -> dict[str, Any]:
         assert self.primary is not None
         return {
             "server": "postgres (primary + streaming standby)",
             "version": self.primary.version(),
-            "synchronous_commit": self.level,
-            "synchronous_standby_names": "*",
+            "replication": f"synchronous_commit={self.level}, synchronous_standby_names='*'",
             "clients": "through the fault proxy, moved to the promoted standby at a failover",
-            "replication": "streaming through the fault proxy (a partition there is lag)",
+            "link": "streaming through the fault proxy (a partition there is lag)",
         }
 
     # -- faults ---------------------------------------------------------------------------

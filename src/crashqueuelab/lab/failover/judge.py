@@ -28,8 +28,9 @@ from typing import Any
 
 from crashqueuelab.lab.failover.promises import promise_of
 from crashqueuelab.lab.failover.workload import COMPLETED, ENQUEUED, EXECUTED
+from crashqueuelab.systems.contract import JobStatus
 
-#: A store's jobs as a reading gives them: key -> [state, attempts].
+#: A store's jobs as a reading gives them: key -> [status in the lab's words, attempts].
 Rows = Mapping[str, Sequence[Any]]
 KINDS = ("lost_enqueues", "resurrected_completions", "leases_came_back", "duplicate_effects")
 
@@ -78,7 +79,7 @@ def judge_failovers(
         attempt, acknowledged = completions[key][0]
         again = [at for _, at in executions[key] if at > acknowledged]
         state = final[key][0]
-        if again or state != "SUCCEEDED":
+        if again or state != JobStatus.SUCCEEDED:
             found["resurrected_completions"].append(
                 {
                     "key": key,
@@ -96,7 +97,7 @@ def judge_failovers(
         for index, failover in enumerate(failovers):
             row = failover.get("snapshot", {}).get(key)
             done_before = [a for a, at in completions[key] if at <= failover["killed_at_s"]]
-            if row is not None and row[0] == "LEASED" and row[1] in done_before:
+            if row is not None and row[0] == JobStatus.LEASED and row[1] in done_before:
                 found["leases_came_back"].append({"key": key, "attempt": row[1], "failover": index})
 
     visible_then_lost = []

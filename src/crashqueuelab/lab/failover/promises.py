@@ -1,5 +1,7 @@
 """What PostgreSQL 15's documentation promises of each ``synchronous_commit`` level when the
-primary fails over to its synchronous standby, quoted, with the page it says so on.
+primary fails over to its synchronous standby, and what Redis's documentation promises of
+its replication under Sentinel (asynchronous, or with ``min-replicas-to-write``), quoted,
+with the page each says so on.
 
 Every run names its level and is judged against that level's promise: a loss the level
 allows is documented, not a bug; a loss under a level that promises none is a broken promise.
@@ -13,6 +15,9 @@ from typing import Any
 LEVELS = ("off", "local", "remote_write", "on", "remote_apply")
 #: The levels whose commits wait for the synchronous standby.
 WAITING_LEVELS = frozenset({"remote_write", "on", "remote_apply"})
+#: Redis's replication settings under Sentinel.
+ASYNCHRONOUS, MIN_REPLICAS = "asynchronous", "min-replicas"
+REDIS_SETTINGS = (ASYNCHRONOUS, MIN_REPLICAS)
 
 WAL_SETTINGS = "https://www.postgresql.org/docs/15/runtime-config-wal.html#GUC-SYNCHRONOUS-COMMIT"
 HA_PLANNING = "https://www.postgresql.org/docs/15/warm-standby.html#SYNCHRONOUS-REPLICATION-HA"
@@ -69,12 +74,32 @@ WAITING_COMMITS = (
 )
 
 
+REDIS_REPLICATION = "https://redis.io/docs/latest/operate/oss_and_stack/management/replication/"
+_REDIS_PROMISES: dict[str, str] = {
+    ASYNCHRONOUS: "Redis uses by default asynchronous replication ... acknowledged writes can"
+    " still be lost during a failover, depending on the exact configuration of the Redis"
+    " persistence.",
+    MIN_REPLICAS: "because Redis uses asynchronous replication it is not possible to ensure the"
+    " replica actually received a given write, so there is always a window for data loss."
+    " ... You may think of it as a best effort data safety mechanism, where consistency is"
+    " not ensured for a given write, but at least the time window for data loss is restricted"
+    " to a given number of seconds.",
+}
+
+
 def promise_of(level: str) -> dict[str, Any]:
     """The level's promise at a failover: whether it allows an acknowledged commit to be
     lost, the documentation's words, and where they are."""
+    if level in _REDIS_PROMISES:
+        return {
+            "setting": level,
+            "allows_loss": True,
+            "quoted": _REDIS_PROMISES[level],
+            "source": REDIS_REPLICATION,
+        }
     allows_loss, quoted = _PROMISES[level]
     return {
-        "synchronous_commit": level,
+        "setting": f"synchronous_commit={level}",
         "allows_loss": allows_loss,
         "quoted": quoted,
         "source": WAL_SETTINGS,

@@ -10,6 +10,10 @@ from typing import Any
 from crashqueuelab.lab.pages.common import Verdict, View, read_json
 from crashqueuelab.lab.runs.kinds import FAILOVER
 
+_SYSTEMS = {
+    "postgres": "postgres (crashqueuelab's PostgreSQL queue)",
+    "rq": "rq (RQ through Redis Sentinel)",
+}
 #: Rows shown per kind of finding (the record holds them all).
 SHOWN = 50
 _KIND_TEXT = {
@@ -25,8 +29,17 @@ _KIND_TEXT = {
 
 def _command(record: dict[str, Any], run_dir: Path) -> str:
     parameters = record["parameters"]
+    setting = record["findings"]["level"]
+    chosen = (
+        f"--system rq --min-replicas-to-write {record['server'].get('min_replicas', 1)}"
+        f" --min-replicas-max-lag {record['server'].get('max_lag_s', 1)}"
+        if setting == "min-replicas"
+        else "--system rq"
+        if setting == "asynchronous"
+        else f"--synchronous-commit {setting}"
+    )
     options = [
-        f"--synchronous-commit {record['findings']['level']}",
+        chosen,
         f"--failovers {parameters['failovers']}",
         f"--jobs {parameters['jobs']}",
         f"--workers {parameters['workers']}",
@@ -34,6 +47,7 @@ def _command(record: dict[str, Any], run_dir: Path) -> str:
         f"--lag-s {parameters['lag_s']:g}",
         f"--lease-ms {parameters['lease_ms']}",
         f"--seed {parameters['seed']}",
+        f"--deadline-s {parameters['deadline_s']:g}",
     ]
     if parameters["restart_while_waiting"]:
         options.append("--restart-while-waiting")
@@ -50,9 +64,9 @@ def failover_view(run_dir: Path) -> View:
     promise = findings["promise"]
     verdict = Verdict(
         ok=record["ok"],
-        title=f"failover: {len(record['failovers'])} at synchronous_commit={findings['level']}",
-        system="postgres (crashqueuelab's PostgreSQL queue)",
-        durability=f"synchronous_commit={findings['level']}, synchronous_standby_names='*'",
+        title=f"failover: {len(record['failovers'])} at {promise['setting']}",
+        system=_SYSTEMS.get(record["system"], record["system"]),
+        durability=str(record["server"].get("replication", promise["setting"])),
         seed=record["parameters"]["seed"],
         duration=record["wall_s"],
         command=_command(record, run_dir),
@@ -69,17 +83,20 @@ def failover_view(run_dir: Path) -> View:
         ),
         ("jobs affected", str(counts["jobs_affected"]), "distinct jobs with a finding"),
         (
-            "allowed by the level",
+            "allowed by the setting",
             str(findings["documented"]),
-            "findings the level's documentation allows",
+            "findings the setting's documentation allows",
         ),
-        ("broken promises", str(findings["broken_promises"]), "findings the level rules out"),
-        (
-            "shown by a restarted primary, then gone",
-            str(counts["visible_then_lost"]),
-            "PostgreSQL documents it: commits waiting for the standby at a restart",
-        ),
+        ("broken promises", str(findings["broken_promises"]), "findings the setting rules out"),
     ]
+    if "waiting_commits" in promise:
+        figures.append(
+            (
+                "shown by a restarted primary, then gone",
+                str(counts["visible_then_lost"]),
+                "PostgreSQL documents it: commits waiting for the standby at a restart",
+            )
+        )
     sections = [
         {
             "name": kind,
@@ -98,6 +115,8 @@ def failover_view(run_dir: Path) -> View:
         "visible_then_lost": findings["visible_then_lost"][:SHOWN],
         "shown": SHOWN,
         "final_store": record["final_store"],
+        "told_failure": record.get("callers_told_failure", {}),
+        "active": record.get("active_at_the_end", []),
         "evidence": record["evidence"],
     }
     return View("failover.html.j2", verdict, figures, data)
