@@ -124,6 +124,7 @@ class Load:
                     client.submit(JobSpec(key, "synthetic.effect", {"value": value}, MAX_ATTEMPTS))
                 except Exception as error:  # a library's own errors too: the caller told failure
                     self.ledger.note(ENQUEUE_FAILED, key, error=_error(error))
+                    self.stopping.wait(IDLE_S)  # a server being failed over is not hammered
                     continue
                 self.ledger.note(ENQUEUED, key)
                 break
@@ -141,6 +142,7 @@ class Load:
                     claim = client.claim(worker_id, self.lease_us)
                 except Exception as error:  # a library's own errors too: the caller told failure
                     self.ledger.note(CALL_FAILED, None, call="claim", error=_error(error))
+                    self.stopping.wait(IDLE_S)
                     continue
                 if claim is None:
                     self.stopping.wait(IDLE_S)
