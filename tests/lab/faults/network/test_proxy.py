@@ -302,3 +302,36 @@ def test_a_repointed_proxy_sends_new_connections_to_the_new_upstream(
         other.shutdown()
         other.server_close()
         thread.join(LIMIT_S)
+
+
+def test_a_classified_connection_meets_the_faults_of_its_class_alone(
+    echo: _EchoServer, tmp_path: Path
+) -> None:
+    def classify(origin: str, heard: bytes) -> str | None:
+        return f"{origin}/link" if b"REPLCONF" in heard else None
+
+    with FaultProxy(str(echo.server_address), classify=classify) as proxy:
+        proxy.add_path("a")
+        proxy.add_class("a/link")
+        with _connect(proxy, "a") as link, _connect(proxy, "a") as other:
+            link.sendall(b"REPLCONF")
+            assert _receive(link, 8) == b"REPLCONF"
+            proxy.apply(WindowKind.PARTITION, ["a/link"], seconds=3600.0)
+            link.sendall(b"held")
+            other.sendall(b"free")
+            assert _receive(other, 4) == b"free"
+            assert _nothing_arrives(link, WINDOW_S / 2)
+        assert proxy.counts["a/link"]["connections"] == 1
+        assert proxy.counts["a"]["connections"] == 2
+    with FaultProxy("x") as idle, pytest.raises(ValueError, match="no path named"):
+        idle.apply(WindowKind.PARTITION, ["a/link"], seconds=1.0)
+
+
+def test_a_path_of_its_own_upstream_reaches_it_whatever_the_proxys_is(
+    echo: _EchoServer, tmp_path: Path
+) -> None:
+    with FaultProxy(str(tmp_path / "nobody.sock")) as proxy:
+        proxy.add_path("own", upstream=str(echo.server_address))
+        with _connect(proxy, "own") as client:
+            client.sendall(b"mine")
+            assert _receive(client, 4) == b"mine"
