@@ -35,6 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "crashqueuelab.lab.deploys",
         "crashqueuelab.lab.bench",
         "crashqueuelab.lab.versions",
+        "crashqueuelab.lab.failover",
     ),
     ("crashqueuelab.lab.reproducers",),
     ("crashqueuelab.lab.mutants", "crashqueuelab.lab.demo"),

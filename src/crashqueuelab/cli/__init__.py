@@ -38,6 +38,7 @@ from crashqueuelab.cli.experiments import (
     add_experiment_options,
     add_report_command,
 )
+from crashqueuelab.cli.failover import add_failover_command
 from crashqueuelab.cli.heartbeats import add_heartbeats_command
 from crashqueuelab.cli.pages import html_report
 from crashqueuelab.cli.pinned import pins_of, run_pinned
@@ -109,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_heartbeats_command(command)
     add_deploys_command(command)
     add_disk_faults_command(command)
+    add_failover_command(command)
     add_database_commands(command)
     return parser
 

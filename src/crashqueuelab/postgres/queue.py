@@ -14,7 +14,10 @@ id committed (``pg_xact_status``), and answers what it did; only when the server
 asked in time does it raise ``OutcomeUnknown``. A server that restarted meanwhile cannot
 say (it may have handed the id out again), and the transaction is tried again as before:
 an acknowledgement whose commit survived the crash then answers stale. Nothing is ever
-applied twice.
+applied twice. An answer that rests on a commit the client did not see end (found committed,
+found by a retry, or a job found under its key) waits until the server's synchronous
+standbys hold it: a session ended while its COMMIT waited for them leaves the commit on the
+primary alone, and a failover would take it away.
 """
 
 from __future__ import annotations
@@ -217,12 +220,18 @@ class PostgresQueue:
         """Run ``body`` in one transaction; the hook's BEFORE phase fires when it changed
         something (a truthy result), inside the transaction."""
         deadlocks = 0
+        resumed = False
         while True:
             conn = self._connection()
             xid: tuple[str, str] | None = None
             try:
                 with conn.transaction():
                     result = body(conn)
+                    if result and resumed:
+                        # What it finds may be an earlier try's commit that no synchronous
+                        # standby holds yet (its session ended while it waited, or the server
+                        # restarted): this COMMIT waits for them before the answer.
+                        self._barrier(conn)
                     if result:
                         # Named before COMMIT, so a lost answer can be asked about later.
                         xid = self._xid(conn)
@@ -238,6 +247,7 @@ class PostgresQueue:
                 # rolls back and the transaction is tried again; after, it may have happened.
                 if xid is not None and self._committed(xid):
                     return result
+                resumed = resumed or xid is not None
                 self._reconnect()
 
     @staticmethod
@@ -254,7 +264,9 @@ class PostgresQueue:
         commit was not made durable is handed out again, and its status is then another
         transaction's. Across a restart the answer is False, and the transaction is tried
         again: a commit that did survive makes the retry find its work done (an
-        acknowledgement then answers stale), so nothing is applied twice."""
+        acknowledgement then answers stale), so nothing is applied twice. A commit that did
+        happen is answered once the synchronous standbys hold it too
+        (``_wait_for_replication``)."""
         xid, started = named
         give_up = time.monotonic() + RECONNECT_TIMEOUT_S
         while True:
@@ -269,12 +281,35 @@ class PostgresQueue:
                     raise OutcomeUnknown(self.schema, f"transaction {xid}: {error}") from None
                 continue
             status = row[0] if row else None
+            if status == "committed":
+                try:
+                    self._wait_for_replication(conn)
+                except psycopg.OperationalError:
+                    continue  # asked again: on a server that failed over, the answer is no
+                return True
             if status != "in progress":
-                return status == "committed"
+                return False
             # Its session has not yet noticed that the client is gone.
             if time.monotonic() >= give_up:
                 raise OutcomeUnknown(self.schema, f"transaction {xid} still in progress")
             time.sleep(RECONNECT_PAUSE_S)
+
+    @staticmethod
+    def _barrier(conn: psycopg.Connection[Any]) -> None:
+        """Make the open transaction's COMMIT wait for the synchronous standbys."""
+        conn.execute(statements.REPLICATION_BARRIER)
+
+    def _wait_for_replication(self, conn: psycopg.Connection[Any]) -> None:
+        """Return once the server's synchronous standbys hold everything committed so far.
+
+        A commit found committed after its answer was lost may never have reached them: its
+        session was ended while it waited for them (PostgreSQL then keeps it "committed
+        locally, but might not have been replicated to the standby"), and a failover would
+        take it away. A transaction that writes WAL commits after it and waits for the
+        standbys as every commit at the server's level does; on a server without synchronous
+        standbys it returns at once."""
+        with conn.transaction():
+            self._barrier(conn)
 
     def close(self) -> None:
         self._drop()
@@ -288,6 +323,11 @@ class PostgresQueue:
 
         def body(conn: psycopg.Connection[Any]) -> list[tuple[str, bool]]:
             results = [self._submit_one(conn, item, self._ids.job_id(), now) for item in prepared]
+            if not all(created for _, created in results):
+                # A job found under its key is answered as submitted: its row may be a commit
+                # no synchronous standby holds yet (visible once its session ended, or after
+                # a restart); this COMMIT waits for them first.
+                self._barrier(conn)
             if any(created for _, created in results):
                 self._hook(Phase.BEFORE_SUBMIT_COMMIT)
             return results

@@ -196,3 +196,7 @@ ACTIVE_COUNT = _sql(
 CURRENT_XID = _sql("SELECT pg_current_xact_id()::text, pg_postmaster_start_time()::text")
 SERVER_STARTED = _sql("SELECT pg_postmaster_start_time()::text")
 XACT_STATUS = _sql("SELECT pg_xact_status(%s::xid8)")
+#: A write of nothing but WAL (a transactional logical message): the transaction gets an id
+#: and a commit record, so its COMMIT waits for the synchronous standbys as a job's does. A
+#: transaction that only took an id writes no WAL, and PostgreSQL lets it commit at once.
+REPLICATION_BARRIER = _sql("SELECT pg_logical_emit_message(true, 'crashqueuelab', 'barrier')")

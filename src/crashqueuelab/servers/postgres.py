@@ -293,20 +293,28 @@ class ThrowawayStandby(ThrowawayServer):
 
     name = "postgres-standby"
 
-    def __init__(self, primary: ThrowawayServer) -> None:
+    def __init__(self, primary: ThrowawayServer, upstream: str | None = None) -> None:
         # pg_basebackup lives beside the real pg_ctl (a PATH entry may be a link to it).
         real = (primary.bindir / "pg_ctl").resolve().parent
         bindir = primary.bindir if (primary.bindir / "pg_basebackup").is_file() else real
         super().__init__(bindir, primary.settings, primary.initdb_options)
         self.primary = primary
+        #: The connection string the standby streams through, when not the primary's own
+        #: socket (a fault proxy's address, so that a fault can make the standby lag).
+        self.upstream = upstream
 
     def prepare(self) -> None:
         """The base backup, once: the primary's data as of now, streamed WAL included, and
-        ``standby.signal`` with the primary's connection (``-R``)."""
+        ``standby.signal`` with the primary's connection (``-R``), or ``upstream``."""
         self._own(self.root)
         if not self.data.exists():
             backup = ["pg_basebackup", "-D", str(self.data), "-R", "-X", "stream"]
             self._run([*backup, "--checkpoint=fast", "-d", self.primary.dsn])
+            if self.upstream is not None:
+                # The last setting in the file wins over the one -R wrote.
+                conninfo = self.upstream.replace("'", "''")
+                with (self.data / "postgresql.auto.conf").open("a") as conf:
+                    conf.write(f"primary_conninfo = '{conninfo}'\n")
 
     def describe(self) -> Description:
         return {**super().describe(), "standby_of": str(self.primary.root)}

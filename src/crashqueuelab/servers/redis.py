@@ -31,6 +31,10 @@ from crashqueuelab.servers.base import Description, Throwaway, binary_version, w
 
 #: Where the children of a run find the server (the run's parent process sets it).
 SOCKET_VARIABLE = "CRASHQUEUELAB_REDIS_SOCKET"
+#: Where a replicated server's clients find its Sentinels ("host:port,...") instead, and
+#: the name they know the primary by.
+SENTINELS_VARIABLE = "CRASHQUEUELAB_REDIS_SENTINELS"
+MASTER_VARIABLE = "CRASHQUEUELAB_REDIS_MASTER"
 #: A ``redis-server`` to use where it is not on PATH.
 BINARY_VARIABLE = "CRASHQUEUELAB_REDIS_SERVER"
 #: Every wait for the server is bounded.

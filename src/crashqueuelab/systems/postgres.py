@@ -191,7 +191,25 @@ def open_postgres(
 ) -> PostgresClient:
     """The store of ``request.directory`` on the run's server (``session_settings``,
     ``required_settings`` and ``queue_class``: a variant, as the lab's mutants are)."""
-    dsn = server_dsn()
+    return open_postgres_at(
+        server_dsn(),
+        request,
+        session_settings=session_settings,
+        required_settings=required_settings,
+        queue_class=queue_class,
+    )
+
+
+def open_postgres_at(
+    dsn: str,
+    request: OpenRequest,
+    *,
+    session_settings: Mapping[str, str] | None = None,
+    required_settings: Mapping[str, str] = DURABLE_SETTINGS,
+    queue_class: type[PostgresQueue] = PostgresQueue,
+) -> PostgresClient:
+    """The store of ``request.directory`` on the server ``dsn`` names (a run that moves its
+    clients between servers, as a failover does, names it itself)."""
     schema = store_schema(request.directory, dsn)
     create_store(dsn, schema)
     return PostgresClient(

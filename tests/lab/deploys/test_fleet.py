@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 
 from crashqueuelab.lab.deploys.fleet import Fleet, Worker
+from crashqueuelab.lab.deploys.plan import DeployPlan, Step
+from crashqueuelab.lab.deploys.rollout import Rollout
 from crashqueuelab.lab.deploys.workers import DeployWorkerSpec, work_for
+from crashqueuelab.lab.faults.deploy import Replace
 from crashqueuelab.lab.faults.signals import session_members
 from crashqueuelab.lab.runs.inheritance import Inherited
 
@@ -78,3 +81,38 @@ def test_work_the_library_cuts_says_what_cut_it(
     assert start.endswith(f" {os.getpid()}")
     assert cut.startswith("cut a ")
     assert cut.endswith(" KeyboardInterrupt")
+
+
+def test_a_stop_waits_for_its_worker_to_reach_its_loop_at_most_its_startup_time(
+    tmp_path: Path,
+) -> None:
+    now = [0.0]
+    fleet = Fleet(tmp_path, lambda name, ledger: _spec(ledger), lambda: now[0])
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True
+        )
+        for _ in range(2)
+    ]
+    try:
+        for slot, process in enumerate(processes):
+            log = (tmp_path / f"w{slot}.log").open("wb")
+            ledger = tmp_path / f"w{slot}.0.ledger"
+            fleet.workers.append(Worker(f"w{slot}.0", slot, 0, ledger, process, 0.0, log))
+        steps = [Step(0.0, (0,), "rolling", 0), Step(0.0, (1,), "rolling", 1)]
+        plan = DeployPlan(workers=2, replace=Replace.AFTER_EXIT)
+        rollout = Rollout(plan, fleet, steps, [], None, lambda: now[0], startup_s=5.0)  # type: ignore[arg-type]
+        rollout.stop_due()
+        # Still importing: the stop waits.
+        assert (rollout.done_steps, fleet.workers[0].signals) == (0, [])
+        fleet.workers[0].ledger.write_text(f"serving 0.5 {processes[0].pid}\n")
+        now[0] = 1.0
+        rollout.stop_due()
+        assert fleet.workers[0].signals == [(1.0, "SIGTERM")]
+        assert rollout.done_steps == 1  # the second worker never served: it waits on
+        now[0] = 5.0
+        rollout.stop_due()
+        assert fleet.workers[1].signals == [(5.0, "SIGTERM")]
+        assert rollout.done_steps == 2
+    finally:
+        fleet.close(lambda seconds: None)

@@ -73,6 +73,13 @@ class Worker:
     def running(self) -> bool:
         return self.exit_s is None
 
+    def serving(self) -> bool:
+        """Whether the process reached its worker (its ledger's ``serving`` line): before,
+        a stop signal finds an interpreter still importing, not the worker under test."""
+        if not self.ledger.is_file():
+            return False
+        return any(line.startswith("serving ") for line in self.ledger.read_text().splitlines())
+
     def exit_word(self) -> str | None:
         code = self.exit_code
         if code is None:

@@ -46,6 +46,7 @@ class Rollout:
         due: dict[str, float] | None = None,
         wall_origin: float = 0.0,
         deaths: DeathWatch | None = None,
+        startup_s: float = 60.0,
     ) -> None:
         self.plan, self.fleet, self.steps, self.clock = plan, fleet, steps, clock
         #: Executions whose process died under their live worker, not stopped by the lab
@@ -61,6 +62,8 @@ class Rollout:
         self.done_steps = 0
         self.skipped: list[dict[str, Any]] = []
         self.failed: dict[str, str] = {}
+        #: How long a stop waits for a worker that has not reached its loop yet.
+        self.startup_s = startup_s
 
     def submit_due(self) -> None:
         while self.planned and self.planned[0][0] <= self.clock():
@@ -83,6 +86,8 @@ class Rollout:
             self.done_steps < len(self.steps) and self.steps[self.done_steps].at_s <= self.clock()
         ):
             step = self.steps[self.done_steps]
+            if not self._ready(step.slots):
+                return  # asked again on the next turn of the loop
             stopped = []
             for slot in step.slots:
                 worker = self.current(slot)
@@ -100,6 +105,18 @@ class Rollout:
                 for slot in stopped:
                     self.fleet.start(slot)
             self.done_steps += 1
+
+    def _ready(self, slots: Sequence[int]) -> bool:
+        """Whether every worker a step stops serves: a stop falls due on a worker once it
+        reached its worker loop (a busy machine can take seconds to import it), or once it
+        had ``startup_s`` to, after which the stop finds whatever is there."""
+        for slot in slots:
+            worker = self.current(slot)
+            if worker is None or worker.serving():
+                continue
+            if self.clock() - worker.started_s < self.startup_s:
+                return False
+        return True
 
     def enforce_grace(self) -> None:
         now = self.clock()

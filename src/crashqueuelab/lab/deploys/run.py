@@ -356,7 +356,7 @@ def run_deploys(
     scheduler = _scheduler(worker, labs, client, store)
     run = Rollout(
         plan, fleet, steps, ready.planned, client, clock, scheduler, due, wall_origin,
-        DeathWatch(now),
+        DeathWatch(now), STARTUP_S,
     )  # fmt: skip
     try:
         recovered_at, last_stop_end = run.drive(keys, bound, sleep)

@@ -16,6 +16,7 @@ from crashqueuelab.lab.pages.common import View
 from crashqueuelab.lab.pages.demo import demo_view
 from crashqueuelab.lab.pages.deploys import deploys_view
 from crashqueuelab.lab.pages.diskfaults import disk_faults_view
+from crashqueuelab.lab.pages.failover import failover_view
 from crashqueuelab.lab.pages.heartbeats import heartbeats_view
 from crashqueuelab.lab.pages.mutants import mutants_view
 from crashqueuelab.lab.pages.showcase import showcase_view
@@ -28,6 +29,7 @@ from crashqueuelab.lab.runs.kinds import (
     DEMO,
     DEPLOYS,
     DISK_FAULTS,
+    FAILOVER,
     HEARTBEATS,
     KINDS,
     MUTANTS,
@@ -50,6 +52,7 @@ VIEWS: dict[RunKind, Callable[[Path], View]] = {
     HEARTBEATS: heartbeats_view,
     DEPLOYS: deploys_view,
     DISK_FAULTS: disk_faults_view,
+    FAILOVER: failover_view,
 }
 
 

@@ -26,6 +26,7 @@ VERSIONS = RunKind("versions", "versions.json")
 HEARTBEATS = RunKind("heartbeats", "heartbeats.json")
 DEPLOYS = RunKind("deploys", "deploys.json")
 DISK_FAULTS = RunKind("disk-faults", "disk-faults.json")
+FAILOVER = RunKind("failover", "failover.json")
 
 #: Every kind, in the order a directory is recognised by.
 KINDS: tuple[RunKind, ...] = (
@@ -39,6 +40,7 @@ KINDS: tuple[RunKind, ...] = (
     HEARTBEATS,
     DEPLOYS,
     DISK_FAULTS,
+    FAILOVER,
 )
 BY_COMMAND = {kind.command: kind for kind in KINDS}
 

@@ -264,3 +264,74 @@ def test_the_windows_in_force_add_up_to_one_condition() -> None:
     assert Condition.of(windows, "a", 5.5) == Condition(0.3, 400, True, True, False)
     assert Condition.of(windows, "b", 5.5) == Condition(held=True)
     assert Condition.of(windows, "a", 10.0) == Condition()
+
+
+def test_a_partition_ended_early_lets_held_bytes_through_at_once(
+    proxy: FaultProxy, echo: _EchoServer
+) -> None:
+    with _connect(proxy, "a") as client:
+        window = proxy.apply(WindowKind.PARTITION, ["a"], seconds=3600.0)
+        client.sendall(b"held")
+        assert _nothing_arrives(client, WINDOW_S / 2)
+        proxy.end(window)
+        assert _receive(client, 4) == b"held"
+    assert proxy.windows[0].end - proxy.windows[0].start < 3600.0
+
+
+def test_a_repointed_proxy_sends_new_connections_to_the_new_upstream(
+    proxy: FaultProxy, echo: _EchoServer, tmp_path: Path
+) -> None:
+    other = _EchoServer(str(tmp_path / "other.sock"))
+    thread = threading.Thread(target=other.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    try:
+        with _connect(proxy, "a") as before:
+            before.sendall(b"one")
+            assert _receive(before, 3) == b"one"
+            proxy.repoint(str(other.server_address))
+            assert proxy.upstream == str(other.server_address)
+            with _connect(proxy, "a") as after:
+                after.sendall(b"two")
+                assert _receive(after, 3) == b"two"
+            # The open connection stays with the server it reached.
+            before.sendall(b"three")
+            assert _receive(before, 5) == b"three"
+        assert echo.received == b"onethree"
+        assert other.received == b"two"
+    finally:
+        other.shutdown()
+        other.server_close()
+        thread.join(LIMIT_S)
+
+
+def test_a_classified_connection_meets_the_faults_of_its_class_alone(
+    echo: _EchoServer, tmp_path: Path
+) -> None:
+    def classify(origin: str, heard: bytes) -> str | None:
+        return f"{origin}/link" if b"REPLCONF" in heard else None
+
+    with FaultProxy(str(echo.server_address), classify=classify) as proxy:
+        proxy.add_path("a")
+        proxy.add_class("a/link")
+        with _connect(proxy, "a") as link, _connect(proxy, "a") as other:
+            link.sendall(b"REPLCONF")
+            assert _receive(link, 8) == b"REPLCONF"
+            proxy.apply(WindowKind.PARTITION, ["a/link"], seconds=3600.0)
+            link.sendall(b"held")
+            other.sendall(b"free")
+            assert _receive(other, 4) == b"free"
+            assert _nothing_arrives(link, WINDOW_S / 2)
+        assert proxy.counts["a/link"]["connections"] == 1
+        assert proxy.counts["a"]["connections"] == 2
+    with FaultProxy("x") as idle, pytest.raises(ValueError, match="no path named"):
+        idle.apply(WindowKind.PARTITION, ["a/link"], seconds=1.0)
+
+
+def test_a_path_of_its_own_upstream_reaches_it_whatever_the_proxys_is(
+    echo: _EchoServer, tmp_path: Path
+) -> None:
+    with FaultProxy(str(tmp_path / "nobody.sock")) as proxy:
+        proxy.add_path("own", upstream=str(echo.server_address))
+        with _connect(proxy, "own") as client:
+            client.sendall(b"mine")
+            assert _receive(client, 4) == b"mine"

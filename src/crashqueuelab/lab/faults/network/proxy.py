@@ -18,7 +18,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Self
 
@@ -32,6 +32,12 @@ TICK_S = 0.02
 CHUNK = 65536
 #: How long closing waits for the loop thread.
 CLOSE_WAIT_S = 10.0
+#: How much of what a client sends first a classifier sees, at most.
+CLASSIFY_BYTES = 4096
+#: Names a connection by what its client sent first (its listener's path, those bytes): a
+#: class of its own, so a fault can strike it alone (a replica's link to its primary, say),
+#: or None while it cannot tell yet.
+Classifier = Callable[[str, bytes], str | None]
 
 
 @dataclass
@@ -53,14 +59,20 @@ class _Flow:
 
 @dataclass
 class _Connection:
+    #: The path whose faults it meets: the listener's, or the class ``classify`` gave it.
     path: str
     client: socket.socket
     server: socket.socket | None = None
     doomed: bool = False
     up: _Flow = field(init=False)
     down: _Flow = field(init=False)
+    #: The listener's path (its upstream), and what the client sent first (to classify it).
+    origin: str = ""
+    heard: bytes = b""
+    classified: bool = False
 
     def __post_init__(self) -> None:
+        self.origin = self.origin or self.path
         self.up = _Flow(self.client, None)
         self.down = _Flow(None, self.client)
 
@@ -82,8 +94,13 @@ class FaultProxy:
         *,
         clock: Callable[[], float] = time.monotonic,
         connect_timeout_s: float = 5.0,
+        classify: Classifier | None = None,
     ) -> None:
         self._upstream = upstream
+        #: A path's own upstream, where it has one (else ``upstream``).
+        self._upstreams: dict[str, Upstream] = {}
+        self._classify = classify
+        self._classes: set[str] = set()
         self._clock = clock
         self._connect_timeout_s = connect_timeout_s
         self._lock = threading.Lock()
@@ -109,8 +126,9 @@ class FaultProxy:
 
     # -- control (any thread) -------------------------------------------------------------
 
-    def add_path(self, name: str) -> tuple[str, int]:
-        """A new path's address on the loopback interface."""
+    def add_path(self, name: str, upstream: Upstream | None = None) -> tuple[str, int]:
+        """A new path's address on the loopback interface (to ``upstream``, else to the
+        proxy's)."""
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", 0))
@@ -123,9 +141,28 @@ class FaultProxy:
                 raise ValueError(f"the proxy already has a path named {name!r}")
             self._addresses[name] = address
             self.counts[name] = Counter()
+            if upstream is not None:
+                self._upstreams[name] = upstream
             self._new_listeners.append((name, listener))
         self._wake()
         return address
+
+    def add_class(self, name: str) -> None:
+        """A path with no listener of its own: the connections ``classify`` names so."""
+        with self._lock:
+            self._classes.add(name)
+            self.counts.setdefault(name, Counter())
+
+    def repoint(self, upstream: Upstream) -> None:
+        """Send every connection made from now on to ``upstream`` (a failover's new
+        primary, as a virtual address or a connection pooler is moved); the open ones stay
+        with the server they reached."""
+        with self._lock:
+            self._upstream = upstream
+
+    @property
+    def upstream(self) -> Upstream:
+        return self._upstream
 
     def address(self, name: str) -> tuple[str, int]:
         return self._addresses[name]
@@ -139,7 +176,9 @@ class FaultProxy:
     ) -> FaultWindow:
         """Start a fault on ``paths`` now, for ``seconds`` (a reset has no length)."""
         chosen = tuple(paths)
-        unknown = [path for path in chosen if path not in self._addresses]
+        unknown = [
+            path for path in chosen if path not in self._addresses | dict.fromkeys(self._classes)
+        ]
         if unknown:
             raise ValueError(f"the proxy has no path named {', '.join(unknown)}")
         now = self._clock()
@@ -152,6 +191,15 @@ class FaultProxy:
                 self._resets_asked += 1
         self._wake()
         return window
+
+    def end(self, window: FaultWindow) -> None:
+        """End ``window`` now, before its planned end (a link that comes back)."""
+        with self._lock:
+            self._windows = [
+                replace(held, end=max(held.start, self._clock())) if held is window else held
+                for held in self._windows
+            ]
+        self._wake()
 
     def settle(self, timeout_s: float = 5.0) -> bool:
         """Wait (at most ``timeout_s``) until the proxy's thread has taken every reset
@@ -351,6 +399,8 @@ class FaultProxy:
         if not data:
             flow.eof = True
             return
+        if flow is connection.up and not connection.classified:
+            self._classify_by(connection, data)
         condition = self._condition(connection.path, now)
         if flow is connection.down and condition.drops_replies:
             if not connection.doomed:
@@ -358,6 +408,17 @@ class FaultProxy:
                 self.counts[connection.path]["lost_replies"] += 1
             return
         flow.pending.append((now + condition.latency_s, data))
+
+    def _classify_by(self, connection: _Connection, data: bytes) -> None:
+        if self._classify is None:
+            connection.classified = True
+            return
+        connection.heard = (connection.heard + data)[:CLASSIFY_BYTES]
+        name = self._classify(connection.origin, connection.heard)
+        if name is not None:
+            connection.path = name
+            self.counts.setdefault(name, Counter())["connections"] += 1
+        connection.classified = name is not None or len(connection.heard) >= CLASSIFY_BYTES
 
     def _accept(self, listener: socket.socket, path: str) -> None:
         try:
@@ -370,11 +431,12 @@ class FaultProxy:
         self.counts[path]["connections"] += 1
 
     def _connect(self, connection: _Connection) -> bool:
-        family = socket.AF_UNIX if isinstance(self._upstream, str) else socket.AF_INET
+        upstream = self._upstreams.get(connection.origin, self._upstream)
+        family = socket.AF_UNIX if isinstance(upstream, str) else socket.AF_INET
         server = socket.socket(family, socket.SOCK_STREAM)
         server.settimeout(self._connect_timeout_s)
         try:
-            server.connect(self._upstream)
+            server.connect(upstream)
         except OSError:
             # The server is down (a restart in progress): the client's connection ends as
             # it would at a closed port.

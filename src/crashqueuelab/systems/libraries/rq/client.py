@@ -46,6 +46,7 @@ from crashqueuelab.judges.readers.rq import (
     STARTED,
     attempts_made,
 )
+from crashqueuelab.servers.redis import MASTER_VARIABLE, SENTINELS_VARIABLE
 from crashqueuelab.systems.boundary import around
 from crashqueuelab.systems.contract import Claim, JobSpec, JobStatus, JobView, OpenRequest, Verdict
 from crashqueuelab.systems.libraries.skeleton import LibraryClient, tokenless_claim
@@ -205,7 +206,8 @@ class RqClient(LibraryClient):
         from rq.timeouts import TimerDeathPenalty
 
         socket = os.environ.get(SOCKET_VARIABLE)
-        if not socket:
+        sentinels = os.environ.get(SENTINELS_VARIABLE)
+        if not socket and not sentinels:
             raise SystemUnavailable(
                 "rq", f"no Redis server: the command line starts one; {SOCKET_VARIABLE} is unset"
             )
@@ -217,7 +219,21 @@ class RqClient(LibraryClient):
         for name in ("rq", "rq.worker", "rq.queue", "rq.job"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
         self.store = _store(request.directory, request.clock.now_us())
-        self.connection = redis.Redis(unix_socket_path=socket)
+        if sentinels:
+            # A replicated Redis: the primary is whichever the Sentinels name now, as
+            # RQ's documentation has it for Sentinel (redis-py's Sentinel.master_for).
+            from redis.sentinel import Sentinel
+
+            addresses = [
+                (host, int(port))
+                for host, port in (entry.rsplit(":", 1) for entry in sentinels.split(","))
+            ]
+            master = os.environ.get(MASTER_VARIABLE, "mymaster")
+            self.connection = Sentinel(addresses, socket_timeout=5.0).master_for(
+                master, socket_timeout=5.0
+            )
+        else:
+            self.connection = redis.Redis(unix_socket_path=socket)
         self.queue = Queue(self.store["queue"], connection=self.connection)
 
         class LabWorker(SimpleWorker):

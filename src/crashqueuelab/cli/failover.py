@@ -1,0 +1,165 @@
+"""``crashqueuelab failover``: the PostgreSQL queue on a primary with a streaming standby,
+failed over under load while the standby lags (``lab.failover``)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from crashqueuelab.cli.common import (
+    EXIT_OK,
+    EXIT_REJECTED,
+    Command,
+    non_negative,
+    positive,
+    positive_number,
+)
+from crashqueuelab.cli.pages import html_report
+from crashqueuelab.cli.progress import progress_for
+from crashqueuelab.core.errors import InvalidInput, SystemUnavailable
+from crashqueuelab.lab.failover.promises import LEVELS
+from crashqueuelab.lab.runs.kinds import FAILOVER
+
+
+def _failover(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    # The servers' client (psycopg, the postgres extra) is imported only for a run.
+    try:
+        from crashqueuelab.lab.failover.run import run_failover
+        from crashqueuelab.lab.failover.targets import postgres_target, rq_target
+    except ImportError as error:
+        raise SystemUnavailable(
+            args.system, f"a failover run needs the {args.system} extra: {error}"
+        ) from None
+
+    if args.system == "rq":
+        if args.synchronous_commit is not None:
+            raise InvalidInput("synchronous_commit", "a PostgreSQL setting: not for rq")
+        target = rq_target(args.min_replicas_to_write, args.min_replicas_max_lag)
+    else:
+        if args.min_replicas_to_write:
+            raise InvalidInput("min_replicas_to_write", "a Redis setting: not for postgres")
+        target = postgres_target(args.synchronous_commit or "on")
+    record = run_failover(
+        args.output_directory,
+        target=target,
+        failovers=args.failovers,
+        jobs=args.jobs,
+        workers=args.workers,
+        rate_per_s=args.rate,
+        lag_s=args.lag_s,
+        lease_ms=args.lease_ms,
+        seed=args.seed,
+        restart_while_waiting=args.restart_while_waiting,
+        terminate_waiting=args.terminate_waiting,
+        deadline_s=args.deadline_s,
+        progress=progress_for(args),
+    )
+    findings = record["findings"]
+    return (EXIT_OK if record["ok"] else EXIT_REJECTED), {
+        "ok": record["ok"],
+        "keeps_its_promises": record["keeps_its_promises"],
+        "judged": record["judged"],
+        "headline": record["headline"],
+        "reasons": record["reasons"],
+        "system": record["system"],
+        "setting": record["setting"],
+        "promise": findings["promise"]["quoted"],
+        "counts": findings["counts"],
+        "documented": findings["documented"],
+        "broken_promises": findings["broken_promises"],
+        "contract_held": findings["contract_held"],
+        "failovers": [
+            {
+                "lag_bytes": one["before"].get("lag_bytes"),
+                "commits_waiting_for_the_standby": one["before"].get(
+                    "commits_waiting_for_the_standby"
+                ),
+                "restarted_first": "restarted_at_s" in one,
+                "sessions_terminated_while_waiting": one.get("sessions_terminated_while_waiting"),
+                "promoted_s": one["promoted_s"],
+            }
+            for one in record["failovers"]
+        ],
+        "wall_s": record["wall_s"],
+        "failover_report": str(args.output_directory / FAILOVER.record),
+        "report": html_report(args.output_directory, args.stderr),
+    }
+
+
+def add_failover_command(command: Command) -> None:
+    sub = command(
+        "failover",
+        _failover,
+        "a queue on a replicated server the run starts (PostgreSQL with a streaming standby,"
+        " or Redis with a replica and Sentinels), under load; the primary dies while the"
+        " standby lags, the standby is promoted and the clients move to it: which"
+        " acknowledged jobs were lost or came back, against what the replication setting"
+        " promises (exit 4 without the server's binaries)",
+        database=False,
+    )
+    sub.add_argument(
+        "--system",
+        choices=("postgres", "rq"),
+        default="postgres",
+        help="crashqueuelab's PostgreSQL queue on a primary and a streaming standby, or RQ on"
+        " a Redis primary, a replica and three Sentinels",
+    )
+    sub.add_argument(
+        "--synchronous-commit",
+        choices=LEVELS,
+        default=None,
+        help="postgres: the primary's level, on by default (synchronous_standby_names is '*':"
+        " off and local do not wait for the standby, the others do)",
+    )
+    sub.add_argument(
+        "--min-replicas-to-write",
+        type=non_negative,
+        default=0,
+        help="rq: the primary refuses writes unless this many replicas acknowledged it within"
+        " --min-replicas-max-lag (0: asynchronous, Redis's default)",
+    )
+    sub.add_argument(
+        "--min-replicas-max-lag",
+        type=positive,
+        default=1,
+        help="rq: seconds (see --min-replicas-to-write)",
+    )
+    sub.add_argument("--failovers", type=positive, default=2, help="failovers over the run")
+    sub.add_argument(
+        "--jobs",
+        type=positive,
+        default=600,
+        help="jobs the producer submits (enough that each failover strikes while it still does)",
+    )
+    sub.add_argument("--workers", type=positive, default=2, help="worker threads")
+    sub.add_argument(
+        "--rate", type=positive_number, default=100.0, help="jobs the producer submits a second"
+    )
+    sub.add_argument(
+        "--lag-s",
+        type=positive_number,
+        default=0.5,
+        help="how long the replication link is cut before each failover (the lag)",
+    )
+    sub.add_argument(
+        "--lease-ms", type=positive, default=1000, help="how long a claim's lease lasts"
+    )
+    sub.add_argument(
+        "--restart-while-waiting",
+        action="store_true",
+        help="before each failover, the primary restarts while commits wait for the standby"
+        " (PostgreSQL then marks them committed on the primary alone); waiting levels only",
+    )
+    sub.add_argument(
+        "--terminate-waiting",
+        action="store_true",
+        help="before each failover, end the sessions whose COMMIT waits for the standby"
+        " (pg_terminate_backend, as an administrator or a pooler's timeout would): PostgreSQL"
+        " keeps their commits locally, and their clients lose the answer; waiting levels only",
+    )
+    sub.add_argument(
+        "--deadline-s",
+        type=positive_number,
+        default=300.0,
+        help="how long the load may take to drain after the last failover",
+    )

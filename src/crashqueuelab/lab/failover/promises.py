@@ -1,0 +1,108 @@
+"""What PostgreSQL 15's documentation promises of each ``synchronous_commit`` level when the
+primary fails over to its synchronous standby, and what Redis's documentation promises of
+its replication under Sentinel (asynchronous, or with ``min-replicas-to-write``), quoted,
+with the page each says so on.
+
+Every run names its level and is judged against that level's promise: a loss the level
+allows is documented, not a bug; a loss under a level that promises none is a broken promise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: The levels of ``synchronous_commit``, from the one that waits least to the most.
+LEVELS = ("off", "local", "remote_write", "on", "remote_apply")
+#: The levels whose commits wait for the synchronous standby.
+WAITING_LEVELS = frozenset({"remote_write", "on", "remote_apply"})
+#: Redis's replication settings under Sentinel.
+ASYNCHRONOUS, MIN_REPLICAS = "asynchronous", "min-replicas"
+REDIS_SETTINGS = (ASYNCHRONOUS, MIN_REPLICAS)
+
+WAL_SETTINGS = "https://www.postgresql.org/docs/15/runtime-config-wal.html#GUC-SYNCHRONOUS-COMMIT"
+HA_PLANNING = "https://www.postgresql.org/docs/15/warm-standby.html#SYNCHRONOUS-REPLICATION-HA"
+
+_PROMISES: dict[str, tuple[bool, str]] = {
+    "off": (
+        True,
+        "In off mode, there is no waiting, so there can be a delay between when success is"
+        " reported to the client and when the transaction is later guaranteed to be safe"
+        " against a server crash.",
+    ),
+    "local": (
+        True,
+        "The setting local causes commits to wait for local flush to disk, but not for"
+        " replication. This is usually not desirable when synchronous replication is in use,"
+        " but is provided for completeness.",
+    ),
+    "remote_write": (
+        False,
+        "When set to remote_write, commits will wait until replies from the current"
+        " synchronous standby(s) indicate they have received the commit record of the"
+        " transaction and written it to their file systems. This setting ensures data"
+        " preservation if a standby instance of PostgreSQL crashes, but not if the standby"
+        " suffers an operating-system-level crash because the data has not necessarily"
+        " reached durable storage on the standby.",
+    ),
+    "on": (
+        False,
+        "When set to on, commits wait until replies from the current synchronous"
+        " standby(s) indicate they have received the commit record of the transaction and"
+        " flushed it to durable storage. This ensures the transaction will not be lost unless"
+        " both the primary and all synchronous standbys suffer corruption of their database"
+        " storage.",
+    ),
+    "remote_apply": (
+        False,
+        "When set to remote_apply, commits will wait until replies from the current"
+        " synchronous standby(s) indicate they have received the commit record of the"
+        " transaction and applied it, so that it has become visible to queries on the"
+        " standby(s), and also written to durable storage on the standbys.",
+    ),
+}
+
+#: What the documentation says of a primary that restarts while commits wait for the standby.
+WAITING_COMMITS = (
+    "If primary restarts while commits are waiting for acknowledgment, those waiting"
+    " transactions will be marked fully committed once the primary database recovers. There"
+    " is no way to be certain that all standbys have received all outstanding WAL data at"
+    " time of the crash of the primary. Some transactions may not show as committed on the"
+    " standby, even though they show as committed on the primary. The guarantee we offer is"
+    " that the application will not receive explicit acknowledgment of the successful commit"
+    " of a transaction until the WAL data is known to be safely received by all the"
+    " synchronous standbys."
+)
+
+
+REDIS_REPLICATION = "https://redis.io/docs/latest/operate/oss_and_stack/management/replication/"
+_REDIS_PROMISES: dict[str, str] = {
+    ASYNCHRONOUS: "Redis uses by default asynchronous replication ... acknowledged writes can"
+    " still be lost during a failover, depending on the exact configuration of the Redis"
+    " persistence.",
+    MIN_REPLICAS: "because Redis uses asynchronous replication it is not possible to ensure the"
+    " replica actually received a given write, so there is always a window for data loss."
+    " ... You may think of it as a best effort data safety mechanism, where consistency is"
+    " not ensured for a given write, but at least the time window for data loss is restricted"
+    " to a given number of seconds.",
+}
+
+
+def promise_of(level: str) -> dict[str, Any]:
+    """The level's promise at a failover: whether it allows an acknowledged commit to be
+    lost, the documentation's words, and where they are."""
+    if level in _REDIS_PROMISES:
+        return {
+            "setting": level,
+            "allows_loss": True,
+            "quoted": _REDIS_PROMISES[level],
+            "source": REDIS_REPLICATION,
+        }
+    allows_loss, quoted = _PROMISES[level]
+    return {
+        "setting": f"synchronous_commit={level}",
+        "allows_loss": allows_loss,
+        "quoted": quoted,
+        "source": WAL_SETTINGS,
+        "waiting_commits": WAITING_COMMITS,
+        "waiting_commits_source": HA_PLANNING,
+    }

@@ -1,0 +1,122 @@
+"""The page of a failover run: the level and what PostgreSQL promises of it, each failover
+(the lag, the commits waiting, the promotion), and every job it lost or brought back."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+from crashqueuelab.lab.pages.common import Verdict, View, read_json
+from crashqueuelab.lab.runs.kinds import FAILOVER
+
+_SYSTEMS = {
+    "postgres": "postgres (crashqueuelab's PostgreSQL queue)",
+    "rq": "rq (RQ through Redis Sentinel)",
+}
+#: Rows shown per kind of finding (the record holds them all).
+SHOWN = 50
+_KIND_TEXT = {
+    "lost_enqueues": "acknowledged enqueues lost: the final store has no such job",
+    "resurrected_completions": "acknowledged completions that came back: run again, or not"
+    " succeeded at the end",
+    "leases_came_back": "leases that came back: the promoted standby holds the job leased under"
+    " the attempt whose completion was acknowledged",
+    "duplicate_effects": "effects twice: a job executed again after one of its executions was"
+    " acknowledged",
+}
+
+
+def _command(record: dict[str, Any], run_dir: Path) -> str:
+    parameters = record["parameters"]
+    setting = record["findings"]["level"]
+    chosen = (
+        f"--system rq --min-replicas-to-write {record['server'].get('min_replicas', 1)}"
+        f" --min-replicas-max-lag {record['server'].get('max_lag_s', 1)}"
+        if setting == "min-replicas"
+        else "--system rq"
+        if setting == "asynchronous"
+        else f"--synchronous-commit {setting}"
+    )
+    options = [
+        chosen,
+        f"--failovers {parameters['failovers']}",
+        f"--jobs {parameters['jobs']}",
+        f"--workers {parameters['workers']}",
+        f"--rate {parameters['rate_per_s']:g}",
+        f"--lag-s {parameters['lag_s']:g}",
+        f"--lease-ms {parameters['lease_ms']}",
+        f"--seed {parameters['seed']}",
+        f"--deadline-s {parameters['deadline_s']:g}",
+    ]
+    if parameters["restart_while_waiting"]:
+        options.append("--restart-while-waiting")
+    if parameters.get("terminate_waiting"):
+        options.append("--terminate-waiting")
+    return (
+        f"crashqueuelab failover {' '.join(options)} --output-directory {shlex.quote(str(run_dir))}"
+    )
+
+
+def failover_view(run_dir: Path) -> View:
+    record = read_json(run_dir / FAILOVER.record)
+    findings = record["findings"]
+    promise = findings["promise"]
+    verdict = Verdict(
+        ok=record["ok"],
+        title=f"failover: {len(record['failovers'])} at {promise['setting']}",
+        system=_SYSTEMS.get(record["system"], record["system"]),
+        durability=str(record["server"].get("replication", promise["setting"])),
+        seed=record["parameters"]["seed"],
+        duration=record["wall_s"],
+        command=_command(record, run_dir),
+        reasons=record["reasons"],
+    )
+    counts = findings["counts"]
+    figures = [
+        ("jobs", str(findings["jobs"]), "submitted one at a time by the producer"),
+        ("enqueues acknowledged", str(findings["enqueues_acknowledged"]), "as the ledger says"),
+        (
+            "completions acknowledged",
+            str(findings["completions_acknowledged"]),
+            "jobs a worker was told it completed",
+        ),
+        ("jobs affected", str(counts["jobs_affected"]), "distinct jobs with a finding"),
+        (
+            "allowed by the setting",
+            str(findings["documented"]),
+            "findings the setting's documentation allows",
+        ),
+        ("broken promises", str(findings["broken_promises"]), "findings the setting rules out"),
+    ]
+    if "waiting_commits" in promise:
+        figures.append(
+            (
+                "shown by a restarted primary, then gone",
+                str(counts["visible_then_lost"]),
+                "PostgreSQL documents it: commits waiting for the standby at a restart",
+            )
+        )
+    sections = [
+        {
+            "name": kind,
+            "text": text,
+            "count": counts[kind],
+            "rows": findings[kind][:SHOWN],
+        }
+        for kind, text in _KIND_TEXT.items()
+    ]
+    data = {
+        "headline": record["headline"],
+        "promise": promise,
+        "server": record["server"],
+        "failovers": record["failovers"],
+        "sections": sections,
+        "visible_then_lost": findings["visible_then_lost"][:SHOWN],
+        "shown": SHOWN,
+        "final_store": record["final_store"],
+        "told_failure": record.get("callers_told_failure", {}),
+        "active": record.get("active_at_the_end", []),
+        "evidence": record["evidence"],
+    }
+    return View("failover.html.j2", verdict, figures, data)

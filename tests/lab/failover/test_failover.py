@@ -1,0 +1,173 @@
+"""Failover runs on real servers: a PostgreSQL primary and its streaming standby the run
+starts, the replication link partitioned through the fault proxy, the primary killed and
+the standby promoted under load. Each level's promise held against what the queue told."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from crashqueuelab.core.errors import InvalidInput
+from crashqueuelab.lab.failover.cluster import ReplicatedPostgres
+from crashqueuelab.lab.failover.run import run_failover
+from crashqueuelab.lab.failover.targets import postgres_target, rq_target
+from crashqueuelab.postgres.queue import PostgresQueue
+from crashqueuelab.servers.postgres import find_binaries
+from tests.conftest import RunCli
+
+pytestmark = pytest.mark.skipif(find_binaries() is None, reason="no PostgreSQL binaries")
+
+
+def test_asynchronous_commits_the_standby_never_received_are_lost_as_documented(
+    run_cli: RunCli, tmp_path: Path
+) -> None:
+    out = tmp_path / "local"
+    run = run_cli(
+        "failover", "--synchronous-commit", "local", "--failovers", "1", "--jobs", "120",
+        "--quiet", "--output-directory", out,
+    )  # fmt: skip
+    # Not ok by the lab's contract (acknowledged work lost), and no promise broken.
+    assert run.code == 1, run.result
+    assert not run.result["ok"]
+    assert run.result["keeps_its_promises"]
+    assert not run.result["contract_held"]
+    assert run.result["headline"].startswith("as documented: postgres at synchronous_commit=local")
+    record = json.loads((out / "failover.json").read_text())
+    lost = record["findings"]["lost_enqueues"]
+    # The producer went on during the half-second cut: every acknowledgement in it is gone.
+    assert len(lost) >= 10
+    cut, killed = record["failovers"][0]["cut_at_s"], record["failovers"][0]["killed_at_s"]
+    assert all(cut <= item["acknowledged_at_s"] <= killed for item in lost)
+    assert record["failovers"][0]["before"]["lag_bytes"] > 0
+    assert (
+        record["findings"]["documented"]
+        == sum(
+            record["findings"]["counts"][kind]
+            for kind in ("lost_enqueues", "resurrected_completions", "leases_came_back")
+        )
+        + record["findings"]["counts"]["duplicate_effects"]
+    )
+    assert record["final_store"]["ok"]
+    # Every figure comes from the files kept beside the record.
+    ledger = (out / "ledger.jsonl").read_text().splitlines()
+    acknowledged = {json.loads(line)["key"] for line in ledger if '"enqueued"' in line}
+    assert len(acknowledged) == record["findings"]["enqueues_acknowledged"] == 120
+    assert (out / "failover-1" / "promoted-standby" / "judged-rows.json").is_file()
+    page = (out / "report.html").read_text()
+    assert "lets a failover lose what the standby had not received" in page
+    assert "runtime-config-wal.html#GUC-SYNCHRONOUS-COMMIT" in page
+
+
+def test_a_restart_while_commits_wait_shows_jobs_the_promoted_standby_never_had(
+    tmp_path: Path,
+) -> None:
+    record = run_failover(
+        tmp_path / "on", target=postgres_target("on"), failovers=1, jobs=120,
+        restart_while_waiting=True,
+    )  # fmt: skip
+    findings = record["findings"]
+    # PostgreSQL's documented case: the restarted primary marked the waiting commits
+    # committed; the standby never received them, and the failover took them away.
+    assert findings["counts"]["visible_then_lost"] >= 1
+    assert record["failovers"][0]["waiting_before_the_restart"] >= 1
+    # The queue acknowledged none of them: every acknowledged job survived.
+    assert findings["contract_held"], findings["counts"]
+    assert record["ok"]
+    assert record["final_store"]["ok"]
+
+
+class _AsynchronousInDisguise(ReplicatedPostgres):
+    """A planted misconfiguration: the run says synchronous_commit=on, but the primary names
+    no synchronous standby, so its commits wait for none."""
+
+    def __init__(self, level: str) -> None:
+        super().__init__(level)
+        self._settings["synchronous_standby_names"] = "''"
+
+
+def test_a_level_that_promises_no_loss_and_loses_is_a_broken_promise(tmp_path: Path) -> None:
+    record = run_failover(
+        tmp_path / "planted",
+        target=postgres_target("on", cluster_factory=_AsynchronousInDisguise),
+        failovers=1,
+        jobs=100,
+    )
+    assert record["judged"]
+    assert not record["ok"]
+    assert not record["keeps_its_promises"]
+    assert record["findings"]["broken_promises"] >= 10
+    assert record["headline"].startswith("broken promise:")
+
+
+def test_a_restart_while_waiting_at_a_level_that_never_waits_is_refused_before_anything_runs(
+    run_cli: RunCli, tmp_path: Path
+) -> None:
+    out = tmp_path / "refused"
+    run = run_cli(
+        "failover", "--synchronous-commit", "off", "--restart-while-waiting",
+        "--output-directory", out,
+    )  # fmt: skip
+    assert run.code == 2
+    assert run.result["error"]["field"] == "restart_while_waiting"
+    assert not out.exists()
+    with pytest.raises(InvalidInput, match="failovers"):
+        run_failover(out, target=postgres_target("on"), failovers=0)
+    with pytest.raises(InvalidInput, match="synchronous_commit"):
+        run_failover(out, target=postgres_target("sometimes"))
+    with pytest.raises(InvalidInput, match="terminate_waiting"):
+        run_failover(out, target=rq_target(), terminate_waiting=True)
+    with pytest.raises(ValueError, match="no level"):
+        ReplicatedPostgres("sometimes")
+    assert not out.exists()
+
+
+class _AnswersFromALocalCommit(PostgresQueue):
+    """A planted bug, the queue as it was: a commit whose answer was lost, found committed,
+    is acknowledged at once, though its session was ended while it waited for the standby
+    (PostgreSQL keeps it "committed locally, but might not have been replicated")."""
+
+    @staticmethod
+    def _barrier(conn: psycopg.Connection[Any]) -> None:
+        return None
+
+
+@pytest.mark.parametrize(
+    ("queue_class", "loses"), [(_AnswersFromALocalCommit, True), (PostgresQueue, False)]
+)
+def test_a_commit_whose_waiting_session_was_ended_is_answered_only_once_the_standby_has_it(
+    tmp_path: Path, queue_class: type[PostgresQueue], loses: bool
+) -> None:
+    record = run_failover(
+        tmp_path / "terminated",
+        target=postgres_target("on", queue_class=queue_class),
+        failovers=2,
+        jobs=300,
+        terminate_waiting=True,
+    )
+    assert all(one["sessions_terminated_while_waiting"] >= 1 for one in record["failovers"])
+    assert record["judged"], record["reasons"]
+    lost = record["findings"]["broken_promises"]
+    if loses:
+        assert lost >= 1
+        assert record["headline"].startswith("broken promise:")
+    else:
+        assert lost == 0, record["headline"]
+        assert record["ok"]
+        assert record["keeps_its_promises"]
+
+
+def test_without_the_postgres_extra_the_command_says_so_in_one_line(
+    run_cli: RunCli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As in an environment without psycopg: the run's module cannot be imported.
+    monkeypatch.setitem(sys.modules, "crashqueuelab.lab.failover.run", None)
+    run = run_cli("failover", "--output-directory", tmp_path / "f")
+    assert run.code == 2
+    assert run.result["error"]["type"] == "SystemUnavailable"
+    assert "postgres extra" in run.result["error"]["message"]
+    assert not (tmp_path / "f").exists()

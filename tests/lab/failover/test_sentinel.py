@@ -1,0 +1,88 @@
+"""RQ on a replicated Redis the run starts: a primary, a replica and three Sentinels, every
+node behind the fault proxy, the replica's link partitioned before the primary dies. What
+Redis's documentation allows (asynchronous replication loses acknowledged writes; with
+``min-replicas-to-write`` the window is bounded) is what the runs show."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from crashqueuelab.lab.failover.run import run_failover
+from crashqueuelab.lab.failover.targets import rq_target
+from crashqueuelab.servers.redis import find_redis_server
+from tests.conftest import RunCli
+
+pytestmark = pytest.mark.skipif(find_redis_server() is None, reason="no redis-server")
+
+
+def test_rq_through_sentinel_loses_what_the_replica_never_received_as_documented(
+    run_cli: RunCli, tmp_path: Path
+) -> None:
+    out = tmp_path / "async"
+    run = run_cli(
+        "failover", "--system", "rq", "--failovers", "1", "--jobs", "150", "--lag-s", "1",
+        "--deadline-s", "20", "--quiet", "--output-directory", out,
+    )  # fmt: skip
+    assert run.code == 1, run.result
+    assert run.result["keeps_its_promises"]
+    assert run.result["setting"] == "asynchronous"
+    assert run.result["headline"].startswith("as documented: rq at asynchronous")
+    record = json.loads((out / "failover.json").read_text())
+    failover = record["failovers"][0]
+    lost = record["findings"]["lost_enqueues"]
+    # A second of enqueues went to the primary alone: all of them are gone.
+    assert len(lost) >= 20
+    assert all(failover["cut_at_s"] <= item["acknowledged_at_s"] for item in lost)
+    assert all(item["acknowledged_at_s"] <= failover["killed_at_s"] for item in lost)
+    assert failover["before"]["lag_bytes"] > 0
+    # Clients found the new primary through the Sentinels: the work went on after it.
+    assert record["findings"]["enqueues_acknowledged"] == 150
+    assert record["server"]["clients"].startswith("through the Sentinels")
+    page = (out / "report.html").read_text()
+    assert "acknowledged writes can still be lost during a failover" in page
+
+
+def test_min_replicas_to_write_refuses_writes_once_the_replica_lags_and_bounds_the_loss(
+    tmp_path: Path,
+) -> None:
+    record = run_failover(
+        tmp_path / "bounded",
+        target=rq_target(min_replicas=1, max_lag_s=1),
+        failovers=1,
+        jobs=300,
+        lag_s=3.0,
+        deadline_s=25.0,
+    )
+    failover = record["failovers"][0]
+    told = record["callers_told_failure"]
+    # The primary answered NOREPLICAS once its replica had not acknowledged for a second.
+    assert any("ResponseError" in name for name in told), told
+    lost = record["findings"]["lost_enqueues"]
+    assert lost, record["headline"]
+    # Only what was acknowledged before the refusals began is lost: the replica's last
+    # acknowledgement (once a second) plus the allowed lag, never the whole cut.
+    window = failover["cut_at_s"] + 1.0 + 1.0 + 0.5
+    assert all(item["acknowledged_at_s"] <= window for item in lost), (window, lost[-1])
+    assert failover["killed_at_s"] - failover["cut_at_s"] >= 3.0
+    assert record["findings"]["promise"]["allows_loss"]
+    assert record["setting"] == "min-replicas"
+
+
+def test_a_postgres_setting_for_rq_is_refused_before_anything_starts(
+    run_cli: RunCli, tmp_path: Path
+) -> None:
+    run = run_cli(
+        "failover", "--system", "rq", "--synchronous-commit", "on",
+        "--output-directory", tmp_path / "no",
+    )  # fmt: skip
+    assert run.code == 2
+    assert run.result["error"]["field"] == "synchronous_commit"
+    run = run_cli(
+        "failover", "--min-replicas-to-write", "1", "--output-directory", tmp_path / "no",
+    )  # fmt: skip
+    assert run.code == 2
+    assert run.result["error"]["field"] == "min_replicas_to_write"
+    assert not (tmp_path / "no").exists()
