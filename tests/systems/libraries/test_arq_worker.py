@@ -77,10 +77,12 @@ def test_a_job_deferred_with_defer_until_runs_once_and_not_before_it_is_due(
     assert read("arq", store).jobs["s"].status is JobStatus.SUCCEEDED
 
 
-# Quiet: the one stop comes 1 s into the run (the warm-up), and must find arq's worker
-# holding its jobs; on a busy machine (beside the parallel part, with another suite running)
-# the worker process took longer than that to start, took no job before its SIGTERM, and its
-# replacement ran all three to their end (no execution cut: 1 run of 2).
+# Quiet: the one stop must find arq's worker holding its jobs. It falls due 1 s into the run
+# (the warm-up), or later once the worker process writes its serving line, which comes
+# before arq's own imports, its connection and its first poll. On a busy machine (beside
+# the parallel part, with another suite running, before the stop waited for that line) the
+# worker took no job before its SIGTERM and its replacement ran all three to their end (no
+# execution cut: 1 run of 2).
 @pytest.mark.quiet
 def test_a_rolling_deploy_of_arqs_own_worker_cancels_the_jobs_in_hand_and_loses_none(
     tmp_path: Path, redis_socket: str, run_cli: RunCli
