@@ -151,3 +151,10 @@ def test_every_level_quotes_its_documentation() -> None:
         assert promise["source"].startswith("https://www.postgresql.org/docs/15/")
         assert promise["quoted"]
     assert "marked fully committed" in promise_of("on")["waiting_commits"]
+
+
+def test_an_answer_written_down_after_the_kill_and_before_the_promotion_is_that_failovers() -> None:
+    events = [_event(2.1, "enqueued", "a")]
+    failovers = [{"killed_at_s": 2.0, "promoted_at_s": 3.0}, {"killed_at_s": 5.0}]
+    found = judge_failovers(level="local", keys=["a"], events=events, failovers=failovers, final={})
+    assert found["lost_enqueues"][0]["failover"] == 0

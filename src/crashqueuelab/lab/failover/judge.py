@@ -36,9 +36,11 @@ KINDS = ("lost_enqueues", "resurrected_completions", "leases_came_back", "duplic
 
 
 def _failover_at(failovers: Sequence[Mapping[str, Any]], at_s: float) -> int | None:
-    """The failover an acknowledgement at ``at_s`` went into: the first one killed after it."""
+    """The failover an acknowledgement at ``at_s`` went into: the first one whose standby
+    was promoted after it (an answer written down between the kill and the promotion came
+    from the old primary)."""
     for index, failover in enumerate(failovers):
-        if at_s <= failover["killed_at_s"]:
+        if at_s <= failover.get("promoted_at_s", failover["killed_at_s"]):
             return index
     return None
 

@@ -278,6 +278,9 @@ def _one_failover(
 
     record |= cluster.failover(read_promoted)
     record["killed_at_s"] = round(failing - started + record["primary_killed_s"], 6)
+    # An answer the old primary gave just before the kill may be written down just after
+    # it; none can come from the standby before it is promoted.
+    record["promoted_at_s"] = round(failing - started + record["promoted_s"], 6)
     return record
 
 
