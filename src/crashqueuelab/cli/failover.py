@@ -4,6 +4,7 @@ failed over under load while the standby lags (``lab.failover``)."""
 from __future__ import annotations
 
 import argparse
+from functools import partial
 from typing import Any
 
 from crashqueuelab.cli.common import (
@@ -25,7 +26,11 @@ def _failover(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     # The servers' client (psycopg, the postgres extra) is imported only for a run.
     try:
         from crashqueuelab.lab.failover.run import run_failover
-        from crashqueuelab.lab.failover.targets import postgres_target, rq_target
+        from crashqueuelab.lab.failover.targets import (
+            library_target,
+            postgres_target,
+            rq_target,
+        )
     except ImportError as error:
         raise SystemUnavailable(
             args.system, f"a failover run needs the {args.system} extra: {error}"
@@ -38,8 +43,11 @@ def _failover(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         target = rq_target(args.min_replicas_to_write, args.min_replicas_max_lag)
     else:
         if args.min_replicas_to_write:
-            raise InvalidInput("min_replicas_to_write", "a Redis setting: not for postgres")
-        target = postgres_target(
+            raise InvalidInput("min_replicas_to_write", f"a Redis setting: not for {args.system}")
+        make = (
+            postgres_target if args.system == "postgres" else partial(library_target, args.system)
+        )
+        target = make(
             args.synchronous_commit or "on",
             standbys=args.standbys or 1,
             promote=args.promote or MOST_ADVANCED,
@@ -105,10 +113,10 @@ def add_failover_command(command: Command) -> None:
     )
     sub.add_argument(
         "--system",
-        choices=("postgres", "rq"),
+        choices=("postgres", "pgqueuer", "procrastinate", "rq"),
         default="postgres",
-        help="crashqueuelab's PostgreSQL queue on a primary and a streaming standby, or RQ on"
-        " a Redis primary, a replica and three Sentinels",
+        help="crashqueuelab's PostgreSQL queue, pgqueuer or procrastinate on a primary and a"
+        " streaming standby, or RQ on a Redis primary, a replica and three Sentinels",
     )
     sub.add_argument(
         "--synchronous-commit",
