@@ -15,6 +15,7 @@ import sqlite3
 import sys
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -202,6 +203,15 @@ def _verdict_line(args: argparse.Namespace | None, result: dict[str, Any]) -> st
     return verdict_line(result, record=record, experiment=experiment)
 
 
+def _replicated_postgres() -> AbstractContextManager[Any]:
+    """A primary and a streaming standby at ``synchronous_commit=on``, for a run that fails
+    its server over (chaos ``--failovers``)."""
+    # Imported for such a run alone: it needs the postgres extra's client.
+    from crashqueuelab.lab.failover.cluster import ReplicatedPostgres
+
+    return ReplicatedPostgres("on")
+
+
 def main(
     argv: Sequence[str] | None = None,
     *,
@@ -228,7 +238,11 @@ def main(
             return code
         # A command that starts the servers it needs itself (failover) gets none from here.
         needing = [] if getattr(args, "own_servers", False) else named
-        with interruptible(), servers_for(needing, getattr(args, "dsn", None)) as server:
+        replicated = _replicated_postgres if getattr(args, "failovers", 0) else None
+        with (
+            interruptible(),
+            servers_for(needing, getattr(args, "dsn", None), replicated=replicated) as server,
+        ):
             args.server = server
             code, result = handler(args)
     except UsageError as error:

@@ -150,6 +150,8 @@ def _chaos(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         poison_count=args.poison_jobs,
         long_count=args.long_jobs,
         restart_server=None if args.server is None else args.server.restart_after_crash,
+        failovers=args.failovers,
+        fail_over=getattr(args.server, "fail_over_lagging", None),
         progress=progress_for(args),
         schedule=args.schedule,
         replay_of=args.replay_of,
@@ -164,7 +166,8 @@ def _chaos(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         for key in (
             "ok", "reasons", "system", "crash_mode", "notes", "seed", "parameters",
             "kills_delivered", "pauses_delivered", "power_cuts_delivered",
-            "server_restarts_delivered", "session_kills_delivered", "network_faults_delivered",
+            "server_restarts_delivered", "failovers_delivered", "session_kills_delivered",
+            "network_faults_delivered",
             "deploys_delivered", "deploys", "pauses_with_takeover", "pauses_fenced", "respawns",
             "accounting", "anomalies", "timings",
         )
@@ -291,6 +294,31 @@ def add_deploy_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_server_faults(sub: argparse.ArgumentParser) -> None:
+    """chaos's faults of the system's server: restarts, failovers, ended sessions."""
+    sub.add_argument(
+        "--server-restarts",
+        type=non_negative,
+        default=0,
+        help="stop the system's server with pg_ctl stop -m immediate and start it again this"
+        " often (postgres, on the server the run started)",
+    )
+    sub.add_argument(
+        "--failovers",
+        type=non_negative,
+        default=0,
+        help="fail the server over this often (postgres systems): the run starts a primary and"
+        " a streaming standby at synchronous_commit=on, and each failover kills the primary"
+        " while the standby lags, promotes the standby and moves the workers' address to it",
+    )
+    sub.add_argument(
+        "--session-kills",
+        type=non_negative,
+        default=0,
+        help="end a worker's database session with pg_terminate_backend this often (postgres)",
+    )
+
+
 def add_experiment_commands(command: Command) -> None:
     """The experiments: they write an output directory instead of using a database."""
     sub = command(
@@ -390,19 +418,7 @@ def add_experiment_commands(command: Command) -> None:
     )
     sub.set_defaults(schedule=None, replay_of=None)
     add_shrink_seconds(sub)
-    sub.add_argument(
-        "--server-restarts",
-        type=non_negative,
-        default=0,
-        help="stop the system's server with pg_ctl stop -m immediate and start it again this"
-        " often (postgres, on the server the run started)",
-    )
-    sub.add_argument(
-        "--session-kills",
-        type=non_negative,
-        default=0,
-        help="end a worker's database session with pg_terminate_backend this often (postgres)",
-    )
+    _add_server_faults(sub)
     add_deploy_options(sub)
     add_network_faults(sub)
     sub = command(

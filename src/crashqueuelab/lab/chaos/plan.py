@@ -32,6 +32,7 @@ def runnable(
     network: NetworkPlan,
     restart_server: Callable[[], None] | None,
     rollout: Rollout | None = None,
+    fail_over: Callable[[], Any] | None = None,
 ) -> System:
     """The system, once every planned fault is known to be deliverable in this run."""
     network.check()
@@ -54,6 +55,10 @@ def runnable(
     if counts[FaultKind.SERVER_RESTART] and restart_server is None:
         raise InvalidInput(
             "server_restarts", "needs a server this run started (not one given with --dsn)"
+        )
+    if counts.get(FaultKind.FAILOVER, 0) and fail_over is None:
+        raise InvalidInput(
+            "failovers", "needs a primary and a standby this run started (not one given with --dsn)"
         )
     chosen = resolve_system(system)
     if counts[FaultKind.SESSION_KILL] and chosen.terminate_sessions is None:
@@ -87,7 +92,11 @@ def planned_faults(
             cuts=counts[FaultKind.POWER_CUT],
             restarts=counts[FaultKind.SERVER_RESTART],
             session_kills=counts[FaultKind.SESSION_KILL],
-            others={kind: count for kind, count in counts.items() if kind in WINDOW_OF},
+            others={
+                kind: count
+                for kind, count in counts.items()
+                if kind in WINDOW_OF or kind is FaultKind.FAILOVER
+            },
             deploys=counts.get(FaultKind.DEPLOY, 0),
         )
     planned = recorded(schedule)

@@ -32,6 +32,7 @@ def chaos_record(
     power_cuts: int,
     server_restarts: int,
     session_kills: int,
+    failovers: int = 0,
     deploys: tuple[int, Rollout, dict[str, Any]],
     network: NetworkPlan,
     poison_count: int,
@@ -79,6 +80,8 @@ def chaos_record(
             "power_cuts": power_cuts,
             "server_restarts": server_restarts,
             "session_kills": session_kills,
+            # Recorded where the run had them (a replicated server it started).
+            **({"failovers": failovers} if failovers else {}),
             "deploys": deploy_count,
             # How a deploy stops workers, recorded where the run had deploys.
             **(rollout.to_json() if deploy_count else {}),
@@ -97,6 +100,7 @@ def chaos_record(
         "power_cuts_delivered": cuts_delivered,
         "server_restarts_delivered": restarts_delivered,
         "session_kills_delivered": session_kills_delivered,
+        "failovers_delivered": landed_count(delivered, FaultKind.FAILOVER),
         "deploys_delivered": landed_count(delivered, FaultKind.DEPLOY),
         # Each deployed worker's end, and what became of the jobs the SIGKILLed ones held.
         "deploys": deployed,

@@ -59,6 +59,8 @@ def run_chaos(
     server_restarts: int = 0,
     session_kills: int = 0,
     restart_server: Callable[[], None] | None = None,
+    failovers: int = 0,
+    fail_over: Callable[[], dict[str, Any]] | None = None,
     progress: Progress | None = None,
     poison_count: int = DEFAULT_POISON_JOBS,
     long_count: int = DEFAULT_LONG_JOBS,
@@ -71,7 +73,8 @@ def run_chaos(
     """Run one chaos experiment into ``output_dir`` (new or empty) and return its report.
 
     ``restart_server`` crashes and restarts the system's server (the run's own throwaway
-    server); server restarts need it. ``schedule`` (a run's recorded one) is delivered
+    server); server restarts need it. ``fail_over`` fails a replicated server the run started
+    over to its standby; ``failovers`` need it. ``schedule`` (a run's recorded one) is delivered
     instead of the seed's; its faults must be the ones the counts name. ``network`` puts a
     fault proxy between the processes and the server (systems behind a server only).
     ``deploys`` SIGTERM a batch of workers each, stopped as ``rollout`` says (its grace,
@@ -86,10 +89,13 @@ def run_chaos(
         FaultKind.SESSION_KILL: session_kills,
         FaultKind.DEPLOY: deploys,
     } | network.counts()
+    if failovers:
+        # Only a run that asks for them plans them: every other seed's schedule is unchanged.
+        counts[FaultKind.FAILOVER] = failovers
     rollout = rollout or Rollout()
     chosen = runnable(
         system, crash_mode, counts, jobs=jobs, workers=workers, network=network,
-        restart_server=restart_server, rollout=rollout,
+        restart_server=restart_server, rollout=rollout, fail_over=fail_over,
     )  # fmt: skip
     planned = planned_faults(schedule, seed=seed, jobs=jobs, workers=workers, counts=counts)
     schedule_record = [fault.to_json() for fault in planned]
@@ -129,6 +135,7 @@ def run_chaos(
         )
         run.power = power
         run.restart_server = restart_server
+        run.fail_over = fail_over
         run.poison_keys = {job.key for job in poison}
         with contextlib.ExitStack() as proxied:
             if network.active:
@@ -180,6 +187,7 @@ def run_chaos(
         pauses=pauses,
         power_cuts=power_cuts,
         server_restarts=server_restarts,
+        failovers=failovers,
         session_kills=session_kills,
         deploys=(deploys, rollout, deployed),
         network=network,

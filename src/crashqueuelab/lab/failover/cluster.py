@@ -59,6 +59,8 @@ CLIENTS = "clients"
 REPLICATION = "replication"
 #: How long a new standby may take to stream (its base backup included).
 STREAMING_TIMEOUT_S = 60.0
+#: How long a chaos run's failover lets the standby lag before the primary dies.
+CHAOS_LAG_S = 0.3
 #: A partition of the replication link lasts until the failover ends it.
 UNTIL_ENDED_S = 24 * 3600.0
 
@@ -270,6 +272,17 @@ class ReplicatedPostgres:
         for the standby (PostgreSQL's documentation, 27.2.8.4)."""
         assert self.primary is not None
         self.primary.restart_after_crash()
+
+    def restart_after_crash(self) -> None:
+        """A chaos run's server restart: the primary's (``restart_primary``)."""
+        self.restart_primary()
+
+    def fail_over_lagging(self, lag_s: float = CHAOS_LAG_S) -> dict[str, Any]:
+        """A chaos run's failover: the standby's link cut for ``lag_s`` (the commits made
+        meanwhile wait for it), then ``failover``; what it measured, without readings."""
+        self.cut_replication()
+        time.sleep(lag_s)
+        return self.failover()
 
     def failover(self, promoted: Callable[[], None] | None = None) -> dict[str, Any]:
         """The primary dies, a standby is promoted, clients are moved to it, and new

@@ -17,6 +17,9 @@ class FaultKind(StrEnum):
     POWER_CUT = "power cut"
     #: The system's server dies (pg_ctl stop -m immediate) and starts again.
     SERVER_RESTART = "server restart"
+    #: The primary dies while its standby lags and the standby is promoted; the clients
+    #: follow it (``server.py``; a replicated server the run started).
+    FAILOVER = "failover"
     #: A worker's database session is ended by the server (pg_terminate_backend).
     SESSION_KILL = "session terminated"
     #: Network faults on the connections to the server (``network.py``).

@@ -1,11 +1,11 @@
-"""Faults of the system's server: it restarts without a checkpoint, or it ends one
-worker's database sessions."""
+"""Faults of the system's server: it restarts without a checkpoint, it fails over to its
+standby, or it ends one worker's database sessions."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from crashqueuelab.lab.faults.delivery import Fault, Record, Worker
 from crashqueuelab.lab.faults.kinds import FaultKind
@@ -21,6 +21,19 @@ class RestartTarget(Protocol):
     #: Crashes and restarts the server (None: the run did not start one).
     @property
     def restart_server(self) -> Callable[[], None] | None: ...
+
+
+class FailoverTarget(Protocol):
+    """A run on a replicated server it started itself."""
+
+    #: The run's start, on the monotonic clock.
+    @property
+    def started(self) -> float: ...
+
+    #: Fails the primary over to its standby; what it measured (None: the run has no
+    #: standby).
+    @property
+    def fail_over(self) -> Callable[[], dict[str, Any]] | None: ...
 
 
 class SessionTarget(Protocol):
@@ -60,6 +73,27 @@ class ServerRestart:
         return record
 
 
+class Failover:
+    """The primary dies while its standby lags, the standby is promoted, the clients
+    follow it; the workers live on and must reconnect, and every transition they were told
+    was committed must be on the promoted standby (``lab/failover/cluster.py``)."""
+
+    kinds = frozenset({FaultKind.FAILOVER})
+
+    def deliver(self, fault: Fault, target: FailoverTarget) -> Record | None:
+        assert target.fail_over is not None
+        time.sleep(fault.delay_ms / 1000)
+        record: Record = {
+            "index": fault.index,
+            "kind": fault.kind.value,
+            "after_finished": fault.after_finished,
+            "at_s": round(time.monotonic() - target.started, 6),
+        }
+        record["failover"] = target.fail_over()
+        record["back_after_s"] = round(time.monotonic() - target.started - record["at_s"], 6)
+        return record
+
+
 class SessionKill:
     """Ends the database session of the planned worker (or the next one round the table
     that has a session); nothing is struck while no worker has one."""
@@ -90,4 +124,5 @@ class SessionKill:
 
 
 SERVER_RESTART = ServerRestart()
+FAILOVER = Failover()
 SESSION_KILL = SessionKill()

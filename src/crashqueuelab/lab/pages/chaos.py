@@ -54,6 +54,7 @@ def _chaos_command(report: dict[str, Any], run_dir: Path) -> str:
     parameters = report["parameters"]
     cuts = report.get("power_cuts_delivered", 0)
     restarts = report.get("server_restarts_delivered", 0)
+    failovers = report.get("failovers_delivered", 0)
     session_kills = report.get("session_kills_delivered", 0)
     return (
         runnable("crashqueuelab chaos", report)
@@ -62,6 +63,7 @@ def _chaos_command(report: dict[str, Any], run_dir: Path) -> str:
         f" --kills {parameters['kills']} --pauses {parameters['pauses']}"
         + (f" --crash-mode power-loss --power-cuts {cuts}" if cuts else "")
         + (f" --server-restarts {restarts}" if restarts else "")
+        + (f" --failovers {failovers}" if failovers else "")
         + (f" --session-kills {session_kills}" if session_kills else "")
         + f" --lease-ms {parameters['lease_ms']} --batch {parameters['batch']}"
         + (f" --poison-jobs {parameters['poison_jobs']}" if "poison_jobs" in parameters else "")
@@ -139,7 +141,7 @@ def _throughput_charts(
         for f in faults
         if f["kind"] in SHADED
     ]
-    wide = {"power cut", "server restart"}
+    wide = {"power cut", "server restart", "failover"}
     marks = sorted(
         (
             Mark(f["at_s"], fault_title(f), FAULT_COLORS[f["kind"]], f["kind"] in wide)
@@ -150,6 +152,7 @@ def _throughput_charts(
     )
     cuts = report.get("power_cuts_delivered", 0)
     restarts = report.get("server_restarts_delivered", 0)
+    failovers = report.get("failovers_delivered", 0)
     session_kills = report.get("session_kills_delivered", 0)
     throughput = Chart(
         "Acknowledgements per second"
@@ -157,6 +160,7 @@ def _throughput_charts(
         + (", pauses shaded (orange)" if report["pauses_delivered"] else "")
         + (", power cuts (violet)" if cuts else "")
         + (", server restarts (black)" if restarts else "")
+        + (", failovers (blue)" if failovers else "")
         + (", terminated sessions (teal)" if session_kills else "")
         + (", deploys (purple)" if report.get("deploys_delivered") else "")
         + legend(report),
@@ -189,6 +193,7 @@ def _chaos_verdict(
     """The verdict, its title counting every fault delivered."""
     cuts = report.get("power_cuts_delivered", 0)
     restarts = report.get("server_restarts_delivered", 0)
+    failovers = report.get("failovers_delivered", 0)
     session_kills = report.get("session_kills_delivered", 0)
     return Verdict(
         ok=report["ok"],
@@ -196,6 +201,7 @@ def _chaos_verdict(
         f" {report['pauses_delivered']} pauses,"
         + (f" {cuts} power cuts," if cuts else "")
         + (f" {restarts} server restarts," if restarts else "")
+        + (f" {failovers} failovers," if failovers else "")
         + (f" {session_kills} sessions terminated," if session_kills else "")
         + (f" {report['deploys_delivered']} deploys," if report.get("deploys_delivered") else "")
         + "".join(
@@ -221,6 +227,7 @@ def _chaos_figures(
     """The accounting the run was judged by, and the faults it delivered."""
     cuts = report.get("power_cuts_delivered", 0)
     restarts = report.get("server_restarts_delivered", 0)
+    failovers = report.get("failovers_delivered", 0)
     session_kills = report.get("session_kills_delivered", 0)
     return [
         (
@@ -278,6 +285,18 @@ def _chaos_figures(
                 )
             ]
             if restarts or session_kills
+            else []
+        ),
+        *(
+            [
+                (
+                    "failovers",
+                    str(failovers),
+                    "the primary killed while its standby lagged, the standby promoted; the"
+                    " workers lived on and reconnected to it",
+                )
+            ]
+            if failovers
             else []
         ),
         *_deploy_rows(report),

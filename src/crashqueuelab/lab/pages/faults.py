@@ -13,7 +13,7 @@ from crashqueuelab.lab.pages.network import NETWORK_COLORS, WINDOWED, network_ti
 #: Faults shaded for as long as they held (the others are lines at their instant).
 SHADED = ("SIGSTOP", *WINDOWED)
 KILL, PAUSE, POWER_CUT = "#d93025", "#f29900", "#5f2eea"
-SERVER_RESTART, SESSION_KILL = "#202124", "#00897b"
+SERVER_RESTART, SESSION_KILL, FAILOVER = "#202124", "#00897b", "#1a73e8"
 #: A deploy's SIGTERM, its grace window, the SIGKILL at the grace's end, a worker's exit.
 SIGTERM, GRACE, GRACE_KILL, EXIT = "#a142f4", "#fde293", "#202124", "#5f6368"
 FAULT_COLORS = {
@@ -21,6 +21,7 @@ FAULT_COLORS = {
     "SIGSTOP": PAUSE,
     "power cut": POWER_CUT,
     "server restart": SERVER_RESTART,
+    "failover": FAILOVER,
     "session terminated": SESSION_KILL,
     "deploy": SIGTERM,
     **NETWORK_COLORS,
@@ -41,6 +42,14 @@ def fault_title(fault: dict[str, Any], digits: int = 2) -> str:
         return (
             f"server crashed (pg_ctl stop -m immediate) at {fault['at_s']:.{digits}f} s,"
             f" accepting connections again {fault['back_after_s']:.{digits}f} s later"
+        )
+    if fault["kind"] == "failover":
+        measured = fault["failover"]
+        return (
+            f"failover at {fault['at_s']:.{digits}f} s: the primary killed"
+            f" {measured['before'].get('lag_bytes')} bytes ahead of its standby, the standby"
+            f" promoted {measured['promoted_s']:.{digits}f} s later, a new standby streaming"
+            f" after {measured['new_standby_streaming_s']:.{digits}f} s"
         )
     if fault["kind"] in NETWORK_COLORS:
         return network_title(fault, digits)

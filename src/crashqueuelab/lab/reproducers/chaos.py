@@ -121,7 +121,11 @@ def shrink_chaos(
     the record (also in ``reproducers.json``)."""
     started = time.perf_counter()
     parameters = report["parameters"]
-    if parameters.get("server_restarts") or parameters.get("session_kills"):
+    if (
+        parameters.get("server_restarts")
+        or parameters.get("session_kills")
+        or parameters.get("failovers")
+    ):
         refused = {
             "name": "chaos schedule",
             "anomaly": report["reasons"][0],

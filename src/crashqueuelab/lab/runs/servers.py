@@ -1,19 +1,20 @@
 """The servers a run needs: started for the run, named to its children, stopped after it.
 
-A run on a PostgreSQL system gets a throwaway server (``crashqueuelab.servers.postgres``)
-unless ``--dsn`` names one; either way the DSN reaches every child process through the
-environment, where the system's adapter and the judges read it. A run on a Redis system
-gets a throwaway ``redis-server`` (``crashqueuelab.servers.redis``) with the persistence the
-system names; its socket reaches the children the same way. Each server says which
-variables name it (``Throwaway.environment``).
+A run on a PostgreSQL system gets a throwaway server (``crashqueuelab.servers.postgres``),
+or a primary with a streaming standby when the run fails it over, unless ``--dsn`` names
+one; either way the DSN reaches every child process through the environment, where the
+system's adapter and the judges read it. A run on a Redis system gets a throwaway
+``redis-server`` (``crashqueuelab.servers.redis``) with the persistence the system names;
+its socket reaches the children the same way. Each server says which variables name it
+(``Throwaway.environment``).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from crashqueuelab.servers.base import Throwaway
 from crashqueuelab.servers.postgres import DSN_VARIABLE, ThrowawayServer
@@ -29,8 +30,15 @@ Server = TypeVar("Server", bound=Throwaway)
 
 
 @contextmanager
-def servers_for(systems: Iterable[str], dsn: str | None) -> Iterator[Throwaway | None]:
-    """The server handle while the run lasts: a ThrowawayServer or ThrowawayRedis, or None
+def servers_for(
+    systems: Iterable[str],
+    dsn: str | None,
+    *,
+    replicated: Callable[[], AbstractContextManager[Any]] | None = None,
+) -> Iterator[Any]:
+    """The server handle while the run lasts: a ThrowawayServer or ThrowawayRedis, a
+    replicated PostgreSQL (``replicated`` makes it: a primary and a streaming standby,
+    started by entering it, named by its ``client_dsn``, which a failover moves), or None
     (``dsn`` given, or no system needs a server)."""
     resolved = [system for system in map(_resolved, systems) if system is not None]
     redis = next((system for system in resolved if system.server == "redis"), None)
@@ -44,6 +52,9 @@ def servers_for(systems: Iterable[str], dsn: str | None) -> Iterator[Throwaway |
     if dsn is not None:
         with naming_server(dsn):
             yield None
+    elif replicated is not None:
+        with replicated() as cluster, naming_server(cluster.client_dsn):
+            yield cluster
     else:
         with started(ThrowawayServer()) as server:
             yield server
