@@ -46,6 +46,7 @@ from crashqueuelab.judges.readers.dramatiq import (
     DEAD,
     DELAYED,
     FETCHED,
+    NAMESPACE,
     QUEUE_FILE,
     QUEUED,
     SOCKET_VARIABLE,
@@ -188,7 +189,6 @@ class DramatiqClient(LibraryClient):
         self.delay_queue = dq_name(self.queue)
         self.producer = make_broker(self.queue)
         self.workers: dict[str, _Worker] = {}
-        self.done: set[str] = set()
 
     def _record(self, job: JobSpec, identifier: str) -> None:
         with (self.directory / SUBMITTED_FILE).open("a") as handle:
@@ -234,9 +234,10 @@ class DramatiqClient(LibraryClient):
         """dramatiq's ``handle_delayed_messages``: each due delayed message is enqueued on
         its queue again and the delayed one acknowledged."""
         while (delayed := next(worker.delayed)) is not None:
-            if int(delayed.options.get("eta", 0)) > int(time.time() * 1000):
-                worker.delayed.requeue([delayed])
-                return
+            # dramatiq's worker holds a delayed message until its eta; the adapter's
+            # backoff is BACKOFF_MS, so the wait is that at most.
+            early_ms = int(delayed.options.get("eta", 0)) - int(time.time() * 1000)
+            time.sleep(max(0, min(early_ms, BACKOFF_MS)) / 1000)
             moved = delayed.copy(queue_name=self.queue)
             moved.options.pop("eta", None)
             worker.broker.enqueue(moved)
@@ -263,12 +264,14 @@ class DramatiqClient(LibraryClient):
         raise OperationUnsupported("dramatiq", "heartbeat")
 
     def _settled(self, claim: Claim) -> bool:
-        """Whether this claim's outcome was reported already (dramatiq processes a message
-        once per delivery)."""
-        if claim.token in self.done:
-            return True
-        self.done.add(claim.token)
-        return False
+        """Whether the claim's delivery is over: its message is no longer in its worker's
+        acks set (acknowledged, dead-lettered, or put back by the maintenance after the
+        worker's heartbeat timeout). dramatiq's worker reports an outcome only for a
+        message it holds, so such a report reaches nothing of dramatiq's."""
+        worker, message = claim.handle  # type: ignore[misc]
+        acks = f"{NAMESPACE}:__acks__.{worker.broker.broker_id}.{self.queue}"
+        held = worker.broker.client.sismember(acks, message.options["redis_message_id"])
+        return not held
 
     def succeed(self, claim: Claim) -> Verdict:
         if self._settled(claim):
