@@ -126,7 +126,9 @@ def _fetched(connection: RespConnection, name: str) -> set[str]:
     return found
 
 
-def _read(connection: RespConnection, name: str, jobs_submitted: Mapping[str, str]) -> DramatiqReading:
+def _read(
+    connection: RespConnection, name: str, jobs_submitted: Mapping[str, str]
+) -> DramatiqReading:
     base = f"{NAMESPACE}:{name}"
     live = _messages(connection, f"{base}.msgs")
     delayed = _messages(connection, f"{base}.DQ.msgs")

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from crashqueuelab.core.errors import OperationUnsupported, SystemUnavailable
 from crashqueuelab.judges.readers.dramatiq import (
@@ -132,7 +132,10 @@ def message_id(queue: str, key: str) -> str:
 
 
 def make_broker(
-    queue: str, *, maintenance_chance: int | None = None, heartbeat_timeout_ms: int = HEARTBEAT_TIMEOUT_MS
+    queue: str,
+    *,
+    maintenance_chance: int | None = None,
+    heartbeat_timeout_ms: int = HEARTBEAT_TIMEOUT_MS,
 ) -> Any:
     """A ``RedisBroker`` on the run's server with ``Retries`` and ``Results``, and the
     actor ``lab_job`` declared on the store's queue."""
@@ -147,16 +150,18 @@ def make_broker(
     options: dict[str, Any] = {"heartbeat_timeout": heartbeat_timeout_ms}
     if maintenance_chance is not None:
         options["maintenance_chance"] = maintenance_chance
-    broker = RedisBroker(
+    # Untyped in some releases and typed in others.
+    results: Any = Results
+    redis_broker: Any = RedisBroker
+    broker = redis_broker(
         client=connection,
         middleware=[
             Retries(min_backoff=BACKOFF_MS, max_backoff=BACKOFF_MS),
-            Results(backend=RedisBackend(client=connection), store_results=True),
+            results(backend=RedisBackend(client=connection), store_results=True),
         ],
         **options,
     )
-    dramatiq.actor(
-        lab_job,
+    declare = dramatiq.actor(
         actor_name=ACTOR,
         queue_name=queue,
         broker=broker,
@@ -164,6 +169,7 @@ def make_broker(
         store_results=True,
         result_ttl=RESULT_TTL_MS,
     )
+    declare(lab_job)
     return broker
 
 
@@ -172,6 +178,12 @@ class _Worker:
     broker: Any
     consumer: Any
     delayed: Any
+
+
+def _held(claim: Claim) -> tuple[_Worker, Any]:
+    """The worker and the delivered message a claim of this adapter holds."""
+    worker, message = cast(tuple[_Worker, Any], claim.handle)
+    return worker, message
 
 
 class DramatiqClient(LibraryClient):
@@ -208,7 +220,7 @@ class DramatiqClient(LibraryClient):
                 continue
             # Written first: a finished job is found by its id alone.
             self._record(job, identifier)
-            message = Message(
+            message: Any = Message(
                 queue_name=self.queue,
                 actor_name=ACTOR,
                 args=(job.key, job.job_type, dict(job.payload)),
@@ -268,7 +280,7 @@ class DramatiqClient(LibraryClient):
         acks set (acknowledged, dead-lettered, or put back by the maintenance after the
         worker's heartbeat timeout). dramatiq's worker reports an outcome only for a
         message it holds, so such a report reaches nothing of dramatiq's."""
-        worker, message = claim.handle  # type: ignore[misc]
+        worker, message = _held(claim)
         acks = f"{NAMESPACE}:__acks__.{worker.broker.broker_id}.{self.queue}"
         held = worker.broker.client.sismember(acks, message.options["redis_message_id"])
         return not held
@@ -276,7 +288,7 @@ class DramatiqClient(LibraryClient):
     def succeed(self, claim: Claim) -> Verdict:
         if self._settled(claim):
             return Verdict.STALE
-        worker, message = claim.handle  # type: ignore[misc]
+        worker, message = _held(claim)
 
         def finish() -> None:
             worker.broker.emit_after("process_message", message, result=claim.attempt)
@@ -288,7 +300,7 @@ class DramatiqClient(LibraryClient):
     def fail(self, claim: Claim, error: str) -> Verdict:
         if self._settled(claim):
             return Verdict.STALE
-        worker, message = claim.handle  # type: ignore[misc]
+        worker, message = _held(claim)
         failed: list[bool] = []
 
         def finish() -> None:

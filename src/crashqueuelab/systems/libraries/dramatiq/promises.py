@@ -39,12 +39,18 @@ _AT_LEAST_ONCE = Documented(
 )
 _HEARTBEAT_TIMEOUT = Documented(
     '"heartbeat_timeout(int): The amount of time (in ms) that has to pass without a heartbeat'
-    ' for a broker process to be considered offline": a killed worker\'s fetched messages stay'
+    " for a broker process to be considered offline\": a killed worker's fetched messages stay"
     f" in its acks set until its heartbeat is {HEARTBEAT_TIMEOUT_MS} ms old on the wall clock"
     " (the adapter's setting; dramatiq's default is 60 s) and a maintenance runs, which the"
     " lab's clock does not move",
     _REDIS,
-    points=("fetch:after", "BEFORE_EFFECT_COMMIT", "AFTER_EFFECT_COMMIT", "finish:before", "fail:before"),
+    points=(
+        "fetch:after",
+        "BEFORE_EFFECT_COMMIT",
+        "AFTER_EFFECT_COMMIT",
+        "finish:before",
+        "fail:before",
+    ),
     kinds=(Kind.WORK_STALLED, Kind.WORK_NEVER_ENDED),
     when={
         Kind.CLAIM_NOT_OFFERED: {"offered": "nothing"},

@@ -29,7 +29,7 @@ read_store = library_reader(
 def dramatiq_system(name: str = "dramatiq") -> System:
     """dramatiq's Redis broker on a Redis server with Redis's default persistence."""
     # Imported here, once: the lab opens systems from several threads at a time.
-    import dramatiq  # noqa: F401
+    import dramatiq
     import dramatiq.brokers.redis  # noqa: F401
 
     from crashqueuelab.servers.redis import PERSISTENCE_WORDS
