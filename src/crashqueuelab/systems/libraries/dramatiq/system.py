@@ -15,6 +15,7 @@ from crashqueuelab.systems.libraries.dramatiq.client import (
 )
 from crashqueuelab.systems.libraries.dramatiq.points import CRASH_POINTS
 from crashqueuelab.systems.libraries.dramatiq.promises import DOCUMENTED
+from crashqueuelab.systems.libraries.dramatiq.worker import LIBRARY_WORKER, OWN_WORKER
 from crashqueuelab.systems.libraries.skeleton import library_reader
 
 read_store = library_reader(
@@ -42,6 +43,8 @@ def dramatiq_system(name: str = "dramatiq") -> System:
         crash_points=CRASH_POINTS,
         documented=DOCUMENTED,
         persistence="rdb",
+        own_worker=OWN_WORKER,
+        library_worker=LIBRARY_WORKER,
     )
     # A killed worker's messages come back once its heartbeat is older than the timeout.
     return dataclasses.replace(system, recovery_s=HEARTBEAT_TIMEOUT_MS / 1000)
