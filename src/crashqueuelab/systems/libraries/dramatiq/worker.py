@@ -96,11 +96,14 @@ def setup() -> None:
 def serve(directory: Path, worker_id: str, work: Callable[[str], None]) -> None:
     """``dramatiq crashqueuelab.systems.libraries.dramatiq.worker:setup --processes 1
     --threads 1 --queues Q``; returns when the command's main process would exit."""
-    from dramatiq.cli import main, make_argument_parser
+    from dramatiq import cli
+
+    # Untyped in every release.
+    command: Any = cli
 
     os.environ[QUEUE_VARIABLE] = _store_queue(directory)
     _served.append(work)
-    arguments = make_argument_parser().parse_args(
+    arguments = command.make_argument_parser().parse_args(
         [
             f"{__name__}:setup",
             "--processes", "1",
@@ -113,7 +116,7 @@ def serve(directory: Path, worker_id: str, work: Callable[[str], None]) -> None:
     # itself started by a forkserver, whose method its children inherit, and a worker
     # process started so would be a fresh interpreter, not this process's copy.
     multiprocessing.set_start_method("fork", force=True)
-    main(arguments)
+    command.main(arguments)
 
 
 def loop(
