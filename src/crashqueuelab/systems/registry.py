@@ -75,6 +75,10 @@ SERVERS: dict[str, Callable[[], System]] = {
 DISTRIBUTIONS: dict[str, str] = {
     name: library.distribution for library in LIBRARIES for name in library.systems
 }
+#: The distribution's own extras a pinned release is installed with, by system.
+PIP_EXTRAS: dict[str, tuple[str, ...]] = {
+    name: library.pip_extras for library in LIBRARIES for name in library.systems
+}
 DEFAULT_SYSTEM = "sqlite"
 
 
@@ -103,6 +107,11 @@ def distribution_of(name: str) -> str | None:
     if name in SHIPPED | PEERS | SERVERS:
         return None
     return resolve_system(name).distribution
+
+
+def pip_extras_of(name: str) -> tuple[str, ...]:
+    """The extras of its distribution that ``--system name==version`` installs with it."""
+    return PIP_EXTRAS.get(name, ())
 
 
 def _one_line(error: Exception) -> str:

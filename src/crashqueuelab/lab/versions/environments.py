@@ -57,6 +57,9 @@ class Pin:
     system: str
     distribution: str
     version: str
+    #: The distribution's own extras the release is installed with (dramatiq's broker
+    #: clients: ``dramatiq[redis,rabbitmq]``).
+    extras: tuple[str, ...] = ()
 
     @property
     def spec(self) -> str:
@@ -64,12 +67,18 @@ class Pin:
 
     @property
     def requirement(self) -> str:
-        return f"{self.distribution}=={self.version}"
+        extras = f"[{','.join(self.extras)}]" if self.extras else ""
+        return f"{self.distribution}{extras}=={self.version}"
 
 
-def parse_pin(spec: str, distribution_of: Callable[[str], str | None]) -> Pin | None:
+def parse_pin(
+    spec: str,
+    distribution_of: Callable[[str], str | None],
+    extras_of: Callable[[str], tuple[str, ...]] = lambda system: (),
+) -> Pin | None:
     """The pin ``spec`` asks for; None when it names no version. ``distribution_of`` names
-    the distribution of a system that is a released library (None for one that is not)."""
+    the distribution of a system that is a released library (None for one that is not),
+    ``extras_of`` the distribution's extras it is installed with."""
     if "==" not in spec:
         return None
     system, _, wanted = spec.partition("==")
@@ -82,7 +91,7 @@ def parse_pin(spec: str, distribution_of: Callable[[str], str | None]) -> Pin | 
             "only a released library can be pinned: a shipped one, or a system whose"
             " `distribution` names it on the package index",
         )
-    return Pin(system, distribution, wanted)
+    return Pin(system, distribution, wanted, extras_of(system))
 
 
 #: Beside the environments: links to the user adapters pinned runs carry.
@@ -171,7 +180,7 @@ def environment_name(pin: Pin) -> str:
     beside the release. Not the lab's checkout: its code is put on the path at run time."""
     minor = f"{sys.version_info.major}{sys.version_info.minor}"
     python = Path(getattr(sys, "_base_executable", sys.executable)).resolve()
-    built_on = "\n".join([str(python), sys.version, *lab_requirements()])
+    built_on = "\n".join([str(python), sys.version, *lab_requirements(), *pin.extras])
     digest = hashlib.sha256(built_on.encode()).hexdigest()[:10]
     return f"{pin.distribution}-{pin.version}-py{minor}-{digest}"
 
