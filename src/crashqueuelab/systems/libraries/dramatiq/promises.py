@@ -37,6 +37,12 @@ _AT_LEAST_ONCE = Documented(
         Kind.CLAIMED_WHILE_LEASED,
     ),
 )
+_SILENT_WORKER = Documented(
+    "a worker that sends no heartbeat for heartbeat_timeout (frozen, cut off) is a failed"
+    " worker to the others, whose maintenance puts its messages back: " + AT_LEAST_ONCE,
+    _GUIDE,
+    when={Kind.RUN_AGAIN: {"connection_held": True}},
+)
 _HEARTBEAT_TIMEOUT = Documented(
     '"heartbeat_timeout(int): The amount of time (in ms) that has to pass without a heartbeat'
     " for a broker process to be considered offline\": a killed worker's fetched messages stay"
@@ -76,4 +82,4 @@ _RDB = Documented(
     faults=("server restart",),
 )
 
-DOCUMENTED = (_AT_LEAST_ONCE, _HEARTBEAT_TIMEOUT, _POISON_MESSAGE, _RDB)
+DOCUMENTED = (_AT_LEAST_ONCE, _SILENT_WORKER, _HEARTBEAT_TIMEOUT, _POISON_MESSAGE, _RDB)

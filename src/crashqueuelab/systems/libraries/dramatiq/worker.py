@@ -32,6 +32,8 @@ from crashqueuelab.systems.libraries.dramatiq.client import (
 )
 from crashqueuelab.systems.libraries.skeleton import as_started_by_its_users
 
+#: How often the heartbeat loop's main thread wakes to run a signal's handler.
+STOP_POLL_S = 0.05
 #: Where the worker process the command forks finds the store's queue.
 QUEUE_VARIABLE = "CRASHQUEUELAB_DRAMATIQ_QUEUE"
 #: dramatiq's documentation of its worker's signals.
@@ -140,7 +142,11 @@ def loop(
     worker = Worker(broker, worker_threads=1, worker_timeout=100)
     worker.start()
     try:
-        stop.wait()
+        # A signal may be delivered to any of dramatiq's threads; Python runs its handler
+        # (the one that sets ``stop``) only in the main thread, once that thread wakes, and
+        # a wait with no timeout never would.
+        while not stop.wait(STOP_POLL_S):
+            pass
     finally:
         worker.stop()
         broker.close()
