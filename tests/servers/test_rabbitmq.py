@@ -34,7 +34,7 @@ needs_rabbitmq = pytest.mark.skipif(find_binaries() is None, reason="no rabbitmq
 
 
 @needs_rabbitmq
-def test_a_node_starts_ready_keeps_its_vhosts_across_a_crash_and_leaves_nothing() -> None:
+def test_a_node_starts_ready_on_its_own_ports_and_files_and_its_stop_leaves_nothing() -> None:
     with ThrowawayRabbitMQ() as server:
         assert server.root.parent == Path(tempfile.gettempdir())
         assert not amqp_ready(server.amqp_port)
@@ -52,13 +52,9 @@ def test_a_node_starts_ready_keeps_its_vhosts_across_a_crash_and_leaves_nothing(
         assert server.environment()[URL_VARIABLE].endswith(f":{server.amqp_port}/%2F")
         node, port, cookie = control_from(server.environment()[CONTROL_VARIABLE])
         assert (node, port, cookie) == (server.node, server.epmd_port, server.cookie)
-        # Its Mnesia database is in the server's directory, and nowhere else.
+        # Its Mnesia database is in the server's directory, and nowhere else. (What a crash
+        # keeps is shown with dramatiq's durable queues: tests/systems/libraries/.)
         assert (server.data / server.node).is_dir()
-        server.rabbitmqctl("add_vhost", "kept-across-a-crash")
-        before = server.processes()
-        server.restart_after_crash()
-        assert not any(alive(pid) for pid in before)
-        assert "kept-across-a-crash" in server.rabbitmqctl("list_vhosts").split()
         running = server.processes()
         assert server.epmd is not None
         assert server.epmd.pid in running
