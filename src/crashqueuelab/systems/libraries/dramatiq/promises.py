@@ -71,6 +71,8 @@ _POISON_MESSAGE = Documented(
     " worker's message comes back as it was (issue #213, closed as intended)",
     _POISON,
     kinds=(Kind.EXPIRED_LAST_ATTEMPT_NOT_DEAD,),
+    # A job that kills every worker that takes it is never dead-lettered.
+    when={Kind.UNFINISHED: {"poison": True}},
 )
 
 _PERSISTENCE_DOCS = "https://redis.io/docs/latest/operate/oss_and_stack/management/persistence/"
@@ -82,4 +84,4 @@ _RDB = Documented(
     faults=("server restart",),
 )
 
-DOCUMENTED = (_AT_LEAST_ONCE, _SILENT_WORKER, _HEARTBEAT_TIMEOUT, _POISON_MESSAGE, _RDB)
+DOCUMENTED = (_AT_LEAST_ONCE, _SILENT_WORKER, _POISON_MESSAGE, _HEARTBEAT_TIMEOUT, _RDB)
