@@ -38,7 +38,9 @@ def test_a_node_starts_ready_on_its_own_ports_and_files_and_its_stop_leaves_noth
     with ThrowawayRabbitMQ() as server:
         assert server.root.parent == Path(tempfile.gettempdir())
         assert not amqp_ready(server.amqp_port)
+        assert not server.running
         server.start()
+        assert server.running
         assert amqp_ready(server.amqp_port)
         described = server.describe()
         assert described == {
@@ -59,6 +61,7 @@ def test_a_node_starts_ready_on_its_own_ports_and_files_and_its_stop_leaves_noth
         assert server.epmd is not None
         assert server.epmd.pid in running
         server.stop()
+        assert not server.running
         assert server.processes() == []
         assert not any(alive(pid) for pid in running)
         assert not amqp_ready(server.amqp_port)
@@ -128,8 +131,17 @@ def test_a_failing_rabbitmqctl_is_unavailable_with_what_it_said(tmp_path: Path) 
     if found is None:
         pytest.skip("no epmd here")
     refused = r"list_queues failed \(exit 69\): node down"
-    with ThrowawayRabbitMQ(bindir) as server, pytest.raises(ServerUnavailable, match=refused):
-        server.rabbitmqctl("list_queues")
+    with ThrowawayRabbitMQ(bindir) as server:
+        with pytest.raises(ServerUnavailable, match=refused):
+            server.rabbitmqctl("list_queues")
+        # It is run as the node's own: its name, and nothing of the caller's RabbitMQ.
+        (bindir / "rabbitmqctl").write_text('#!/bin/sh\necho "$* $HOME $ERL_EPMD_PORT"\n')
+        said = server.rabbitmqctl("list_queues").split()
+        assert said == ["-n", server.node, "-q", "list_queues", str(server.home),
+                        str(server.epmd_port)]  # fmt: skip
+        (bindir / "rabbitmqctl").write_text("#!/bin/sh\nexec sleep 5\n")
+        with pytest.raises(ServerUnavailable, match="rabbitmqctl status timed out"):
+            server.rabbitmqctl("status", timeout_s=0.2)
 
 
 def test_nothing_answers_amqp_on_a_port_nobody_listens_on() -> None:
