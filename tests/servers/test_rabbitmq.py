@@ -60,7 +60,7 @@ def test_a_node_starts_ready_on_its_own_ports_and_files_and_its_stop_leaves_noth
         assert server.epmd is not None
         assert server.epmd.pid in running
         server.stop()
-        assert not server.running
+        assert server.process is None
         assert server.processes() == []
         assert not any(alive(pid) for pid in running)
         assert not amqp_ready(server.amqp_port)
