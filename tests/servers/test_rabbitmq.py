@@ -1,7 +1,10 @@
-"""The throwaway RabbitMQ node (``servers.rabbitmq``), on Debian's real ``rabbitmq-server``:
-it starts ready on ports and files of its own, names the version its tools report, keeps
-its durable metadata across a crash, stops every process it started (its own ``epmd``
-too), and a start that fails is ``ServerUnavailable`` and leaves no process behind.
+"""The throwaway RabbitMQ node (``servers.rabbitmq``) when it cannot serve: a start that
+fails is ``ServerUnavailable`` with the node's words and leaves no process behind (its own
+``epmd`` included), a machine without ``rabbitmq-server`` or ``epmd`` is named with the
+package to install, and ``rabbitmqctl`` runs as the node's own. A real node's start, its
+version, a crash and a start on the same data, and a stop that leaves nothing are in
+``tests/systems/libraries/test_dramatiq_rabbitmq.py``, beside dramatiq's durable queues:
+one node for both, each start costing seconds.
 
 Every node a test starts is in a ``with`` block: it is stopped and removed also when the
 test fails. No test sleeps: each wait is the server's own bounded one.
@@ -9,63 +12,21 @@ test fails. No test sleeps: each wait is the server's own bounded one.
 
 from __future__ import annotations
 
-import re
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from crashqueuelab.core.errors import ServerUnavailable
 from crashqueuelab.servers import rabbitmq
-from crashqueuelab.servers.base import alive
 from crashqueuelab.servers.rabbitmq import (
-    CONTROL_VARIABLE,
-    SETTINGS,
-    URL_VARIABLE,
     ThrowawayRabbitMQ,
     amqp_ready,
-    control_from,
     find_binaries,
     free_port,
 )
 from tests.servers.test_servers import left_running
 
 needs_rabbitmq = pytest.mark.skipif(find_binaries() is None, reason="no rabbitmq-server here")
-
-
-@needs_rabbitmq
-def test_a_node_starts_ready_on_its_own_ports_and_files_and_its_stop_leaves_nothing() -> None:
-    with ThrowawayRabbitMQ() as server:
-        assert server.root.parent == Path(tempfile.gettempdir())
-        assert not amqp_ready(server.amqp_port)
-        server.start()
-        assert server.running
-        assert amqp_ready(server.amqp_port)
-        described = server.describe()
-        assert described == {
-            "server": "rabbitmq",
-            "version": described["version"],
-            "settings": dict(SETTINGS),
-            "node": server.node,
-        }
-        # What ``rabbitmqctl version`` says: Debian's is 3.10.
-        assert re.fullmatch(r"3\.\d+\.\d+", str(described["version"]))
-        assert server.environment()[URL_VARIABLE].endswith(f":{server.amqp_port}/%2F")
-        node, port, cookie = control_from(server.environment()[CONTROL_VARIABLE])
-        assert (node, port, cookie) == (server.node, server.epmd_port, server.cookie)
-        # Its Mnesia database is in the server's directory, and nowhere else. (What a crash
-        # keeps is shown with dramatiq's durable queues: tests/systems/libraries/.)
-        assert (server.data / server.node).is_dir()
-        running = server.processes()
-        assert server.epmd is not None
-        assert server.epmd.pid in running
-        server.stop()
-        assert server.process is None
-        assert server.processes() == []
-        assert not any(alive(pid) for pid in running)
-        assert not amqp_ready(server.amqp_port)
-    assert not server.root.exists()
-    assert left_running(server.root) == []
 
 
 def _stand_in(directory: Path, server_script: str) -> Path:

@@ -1,8 +1,10 @@
-"""dramatiq's RabbitMQ broker on the lab's throwaway RabbitMQ node: messages published with
-publisher confirms to dramatiq's durable queue survive a crash of the node (SIGKILL of the
-Erlang VM, then a start on the same data), and dramatiq's own ``Worker`` runs each once;
+"""dramatiq's RabbitMQ broker on the lab's throwaway RabbitMQ node: the node starts ready on
+ports and files of its own and says its version; messages published with publisher
+confirms to dramatiq's durable queue survive a crash of the node (SIGKILL of every process
+it started, then a start on the same data), and dramatiq's own ``Worker`` runs each once;
 the queues are read throughout by the judges' reader (``rabbitmqctl list_queues``), which
-imports neither dramatiq nor pika.
+imports neither dramatiq nor pika; the node's stop leaves no process (its ``epmd`` too) and
+its close no directory.
 
 dramatiq and pika come with the ``dramatiq`` extra, and Debian's ``rabbitmq-server`` with
 ``.ci/run``.
@@ -10,6 +12,8 @@ dramatiq and pika come with the ``dramatiq`` extra, and Debian's ``rabbitmq-serv
 
 from __future__ import annotations
 
+import re
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -17,7 +21,17 @@ from typing import Any
 import pytest
 
 from crashqueuelab.judges.readers.dramatiq import QueueCounts, rabbitmq_queues
-from crashqueuelab.servers.rabbitmq import CONTROL_VARIABLE, ThrowawayRabbitMQ, find_binaries
+from crashqueuelab.servers.base import alive
+from crashqueuelab.servers.rabbitmq import (
+    CONTROL_VARIABLE,
+    SETTINGS,
+    URL_VARIABLE,
+    ThrowawayRabbitMQ,
+    amqp_ready,
+    control_from,
+    find_binaries,
+)
+from tests.servers.test_servers import left_running
 
 pytest.importorskip("dramatiq")
 pytest.importorskip("pika")
@@ -36,8 +50,24 @@ def _broker(url: str) -> Any:
     return RabbitmqBroker(url=url, confirm_delivery=True, middleware=[Retries(max_retries=0)])
 
 
+def started_on_its_own(server: ThrowawayRabbitMQ) -> None:
+    """A started node: ready, its version and settings said, its files in its directory."""
+    assert server.running
+    assert amqp_ready(server.amqp_port)
+    described = server.describe()
+    assert described == {
+        "server": "rabbitmq",
+        "version": described["version"],
+        "settings": dict(SETTINGS),
+        "node": server.node,
+    }
+    # What ``rabbitmqctl version`` says: Debian's is 3.10.
+    assert re.fullmatch(r"3\.\d+\.\d+", str(described["version"]))
+    assert server.environment()[URL_VARIABLE] == server.url
+
+
 @pytest.mark.skipif(find_binaries() is None, reason="no rabbitmq-server here")
-def test_confirmed_messages_in_dramatiqs_durable_queue_survive_a_crash_and_run_once(
+def test_a_node_keeps_confirmed_messages_of_dramatiqs_durable_queue_across_a_crash(
     tmp_path: Path,
 ) -> None:
     import dramatiq
@@ -50,8 +80,14 @@ def test_confirmed_messages_in_dramatiqs_durable_queue_survive_a_crash_and_run_o
             ran.append(number)
 
     with ThrowawayRabbitMQ() as server:
+        assert server.root.parent == Path(tempfile.gettempdir())
+        assert not amqp_ready(server.amqp_port)
         server.start()
+        started_on_its_own(server)
         control = server.environment()[CONTROL_VARIABLE]
+        assert control_from(control) == (server.node, server.epmd_port, server.cookie)
+        # Its Mnesia database is in the server's directory, and nowhere else.
+        assert (server.data / server.node).is_dir()
         broker = _broker(server.url)
         actor: Any = dramatiq.actor(actor_name="lab_job", queue_name=QUEUE, broker=broker)
         job = actor(lab_job)
@@ -78,6 +114,16 @@ def test_confirmed_messages_in_dramatiqs_durable_queue_survive_a_crash_and_run_o
         assert sorted(ran) == [0, 1, 2]
         drained = {counts.name: counts for counts in rabbitmq_queues(control, server.bindir)}
         assert drained[QUEUE] == QueueCounts(QUEUE, 0, 0)
+        running = server.processes()
+        assert server.epmd is not None
+        assert server.epmd.pid in running
+        server.stop()
+        assert server.process is None
+        assert server.processes() == []
+        assert not any(alive(pid) for pid in running)
+        assert not amqp_ready(server.amqp_port)
+    assert not server.root.exists()
+    assert left_running(server.root) == []
 
 
 def test_the_reader_says_what_rabbitmqctl_said_when_it_fails(tmp_path: Path) -> None:
