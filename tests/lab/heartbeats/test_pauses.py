@@ -16,7 +16,6 @@ from crashqueuelab.judges.findings import Kind
 from crashqueuelab.lab.heartbeats.faults import Held, Running
 from crashqueuelab.lab.heartbeats.judge import Execution, judge
 from crashqueuelab.lab.heartbeats.pauses import PAUSE, PausesThenStops
-from crashqueuelab.lab.heartbeats.run import run_heartbeats
 from crashqueuelab.systems.contract import JobStatus
 from tests.conftest import RunCli
 
@@ -120,25 +119,27 @@ def test_dramatiq_1_10_0_runs_a_stopped_workers_prefetched_message_twice_and_1_1
 
 
 def test_dramatiqs_installed_release_hands_a_paused_workers_messages_out_as_it_promises(
-    tmp_path: Path, redis_socket: str
+    tmp_path: Path, redis_socket: str, run_cli: RunCli
 ) -> None:
     """On the installed release, the pause's hand-outs are dramatiq's promise for a failed
     worker, and nothing else runs twice: the stopped worker puts back nothing the others'
-    maintenance had put back already."""
+    maintenance had put back already. The page draws the pause beside the executions."""
     pytest.importorskip("dramatiq")
-    record = run_heartbeats(
-        tmp_path / "h",
-        system="dramatiq",
-        jobs=2,
-        workers=2,
-        work_timers=4.0,
-        retry_after_s=0.5,
-        pauses_then_stops=1,
-    )
+    directory = tmp_path / "h"
+    outcome = run_cli(
+        "heartbeats", "--system", "dramatiq", "--jobs", "2", "--workers", "2",
+        "--retry-timer-s", "0.5", "--pauses-then-stops", "1",
+        "--output-directory", str(directory),
+    )  # fmt: skip
+    record = json.loads((directory / "heartbeats.json").read_text())
     assert record["error"] is None
     (pause,) = record["pauses"]["delivered"]
     assert pause["then"] == "SIGTERM"
+    assert outcome.result["pauses_delivered"] == 1
     assert record["promises"]["keeps_its_promises"] is True, record["anomalies"]
     assert all("was paused" in line for line in record["anomalies"])
     assert {job["stored"] for job in record["jobs"].values()} == {"succeeded"}
     assert record["workers"][pause["target"]]["exit"] == 0
+    page = (directory / "report.html").read_text()
+    assert f"{pause['target']} paused" in page
+    assert "--pauses-then-stops 1" in page
