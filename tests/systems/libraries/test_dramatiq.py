@@ -133,8 +133,12 @@ def test_the_reader_reads_without_dramatiq_and_names_what_the_lab_did_not_write(
         connection.command("RPUSH", base, "r2", "r2")
         connection.command("HSET", f"{base}.DQ.msgs", "r3", json.dumps(message))
         reading = read_dramatiq_store(store)
+        connection.command("SADD", f"{NAMESPACE}:__acks__.b1.{queue}", "r4")
+        reading = read_dramatiq_store(store)
         assert reading.problems == (
             "message r2: in the queue 2 times",
+            "message r2: in the queue, its message gone",
+            "message r4: in a worker's acks set, its message gone",
             "job odd: a delayed message in no delay queue",
             "job odd: a message in no queue and fetched by no worker",
         )

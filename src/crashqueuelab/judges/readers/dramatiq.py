@@ -135,7 +135,9 @@ def _read(
     dead = _messages(connection, f"{base}.XQ.msgs")
     listed = _members(connection, "LRANGE", base, 0, -1)
     listed_delayed = set(_members(connection, "LRANGE", f"{base}.DQ", 0, -1))
-    fetched = _fetched(connection, name) | _fetched(connection, f"{name}.DQ")
+    fetched_queued = _fetched(connection, name)
+    fetched_delayed = _fetched(connection, f"{name}.DQ")
+    fetched = fetched_queued | fetched_delayed
     jobs: dict[str, tuple[str, int]] = {}
     problems: list[str] = []
     seen: dict[str, str] = {}
@@ -143,6 +145,19 @@ def _read(
         if listed.count(redis_id) > 1 and redis_id not in seen:
             problems.append(f"message {redis_id}: in the queue {listed.count(redis_id)} times")
         seen[redis_id] = QUEUED
+    # An id whose message is gone: a consumer that fetches it is handed nothing (the
+    # "None" message of dramatiq #266 and #442), and the id stays in its acks set.
+    for ids, messages, where in (
+        (seen, live, "in the queue"),
+        (fetched_queued, live, "in a worker's acks set"),
+        (listed_delayed, delayed, "in the delay queue"),
+        (fetched_delayed, delayed, "in a worker's acks set of the delay queue"),
+    ):
+        problems += [
+            f"message {redis_id}: {where}, its message gone"
+            for redis_id in sorted(ids)
+            if redis_id not in messages
+        ]
     # One lab job is one dramatiq message id; each retry is a copy under a new Redis id.
     for messages, kind in ((dead, DEAD), (delayed, DELAYED), (live, QUEUED)):
         for redis_id, message in messages.items():
