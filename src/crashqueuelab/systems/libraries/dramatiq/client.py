@@ -173,6 +173,13 @@ def make_broker(
     return broker
 
 
+def close_broker(broker: Any) -> None:
+    """dramatiq's ``close`` (which, for its Redis broker, closes nothing), then the Redis
+    connections the broker and its results backend share."""
+    broker.close()
+    broker.client.connection_pool.disconnect()
+
+
 @dataclass
 class _Worker:
     broker: Any
@@ -321,9 +328,14 @@ class DramatiqClient(LibraryClient):
 
     def recover(self) -> int:
         # dramatiq's maintenance, run now rather than at one command in a thousand.
-        before = int(self.producer.client.llen(f"dramatiq:{self.queue}"))
-        make_broker(self.queue, maintenance_chance=MAINTENANCE_EVERY_COMMAND).do_qsize(self.queue)
-        return max(0, int(self.producer.client.llen(f"dramatiq:{self.queue}")) - before)
+        queued = f"{NAMESPACE}:{self.queue}"
+        before = int(self.producer.client.llen(queued))
+        maintenance = make_broker(self.queue, maintenance_chance=MAINTENANCE_EVERY_COMMAND)
+        try:
+            maintenance.do_qsize(self.queue)
+        finally:
+            close_broker(maintenance)
+        return max(0, int(self.producer.client.llen(queued)) - before)
 
     def job(self, key: str) -> JobView | None:
         found = read_dramatiq_store(self.directory).jobs.get(key)
@@ -340,6 +352,6 @@ class DramatiqClient(LibraryClient):
         # A worker that goes away holding a message: its acks set waits for maintenance
         # after its heartbeat timeout, as a killed worker's does.
         for worker in self.workers.values():
-            worker.broker.close()
+            close_broker(worker.broker)
         self.workers.clear()
-        self.producer.close()
+        close_broker(self.producer)

@@ -28,6 +28,7 @@ from crashqueuelab.judges.readers.dramatiq import ACTOR, queue_name
 from crashqueuelab.systems.contract import LibraryWorker, OwnWorker
 from crashqueuelab.systems.libraries.dramatiq.client import (
     MAINTENANCE_EVERY_COMMAND,
+    close_broker,
     make_broker,
 )
 from crashqueuelab.systems.libraries.skeleton import as_started_by_its_users
@@ -149,7 +150,7 @@ def loop(
             pass
     finally:
         worker.stop()
-        broker.close()
+        close_broker(broker)
 
 
 OWN_WORKER = OwnWorker(
