@@ -75,11 +75,16 @@ SERVERS: dict[str, Callable[[], System]] = {
 DISTRIBUTIONS: dict[str, str] = {
     name: library.distribution for library in LIBRARIES for name in library.systems
 }
-#: The distribution's own extras a pinned release is installed with, by system.
-PIP_EXTRAS: dict[str, tuple[str, ...]] = {
-    name: library.pip_extras for library in LIBRARIES for name in library.systems
+#: The extras of a library's distribution its systems need in a pinned release's
+#: environment (dramatiq's ``redis`` and ``rabbitmq``: its broker clients).
+PIN_EXTRAS: dict[str, tuple[str, ...]] = {
+    library.distribution: library.pin_extras for library in LIBRARIES if library.pin_extras
 }
 DEFAULT_SYSTEM = "sqlite"
+
+
+def extras_of(distribution: str) -> tuple[str, ...]:
+    return PIN_EXTRAS.get(distribution, ())
 
 
 def _installed_release(spec: str, distribution: str, wanted: str) -> None:
@@ -107,11 +112,6 @@ def distribution_of(name: str) -> str | None:
     if name in SHIPPED | PEERS | SERVERS:
         return None
     return resolve_system(name).distribution
-
-
-def pip_extras_of(name: str) -> tuple[str, ...]:
-    """The extras of its distribution that ``--system name==version`` installs with it."""
-    return PIP_EXTRAS.get(name, ())
 
 
 def _one_line(error: Exception) -> str:

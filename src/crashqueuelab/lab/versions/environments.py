@@ -57,8 +57,8 @@ class Pin:
     system: str
     distribution: str
     version: str
-    #: The distribution's own extras the release is installed with (dramatiq's broker
-    #: clients: ``dramatiq[redis,rabbitmq]``).
+    #: The library's extras its systems need (dramatiq's ``redis`` and ``rabbitmq``: the
+    #: broker clients it leaves optional).
     extras: tuple[str, ...] = ()
 
     @property
@@ -74,11 +74,11 @@ class Pin:
 def parse_pin(
     spec: str,
     distribution_of: Callable[[str], str | None],
-    extras_of: Callable[[str], tuple[str, ...]] = lambda system: (),
+    extras_of: Callable[[str], tuple[str, ...]] = lambda distribution: (),
 ) -> Pin | None:
     """The pin ``spec`` asks for; None when it names no version. ``distribution_of`` names
     the distribution of a system that is a released library (None for one that is not),
-    ``extras_of`` the distribution's extras it is installed with."""
+    ``extras_of`` the extras of that distribution its systems need."""
     if "==" not in spec:
         return None
     system, _, wanted = spec.partition("==")
@@ -91,7 +91,7 @@ def parse_pin(
             "only a released library can be pinned: a shipped one, or a system whose"
             " `distribution` names it on the package index",
         )
-    return Pin(system, distribution, wanted, extras_of(system))
+    return Pin(system, distribution, wanted, extras=extras_of(distribution))
 
 
 #: Beside the environments: links to the user adapters pinned runs carry.
@@ -180,7 +180,7 @@ def environment_name(pin: Pin) -> str:
     beside the release. Not the lab's checkout: its code is put on the path at run time."""
     minor = f"{sys.version_info.major}{sys.version_info.minor}"
     python = Path(getattr(sys, "_base_executable", sys.executable)).resolve()
-    built_on = "\n".join([str(python), sys.version, *lab_requirements(), *pin.extras])
+    built_on = "\n".join([str(python), sys.version, *lab_requirements()])
     digest = hashlib.sha256(built_on.encode()).hexdigest()[:10]
     return f"{pin.distribution}-{pin.version}-py{minor}-{digest}"
 

@@ -164,9 +164,8 @@ class Library:
     server: str | None = None
     #: What of the library the systems drive, after the release in their version.
     drives: str = ""
-    #: The distribution's own extras a pinned release is installed with (its clients of
-    #: the servers it runs on, where the distribution leaves them optional).
-    pip_extras: tuple[str, ...] = ()
+    #: The distribution's extras a pinned release installs with it (``dramatiq[redis]``).
+    pin_extras: tuple[str, ...] = ()
 
     @property
     def capabilities(self) -> Capabilities:

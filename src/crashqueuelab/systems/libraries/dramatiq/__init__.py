@@ -15,5 +15,5 @@ LIBRARY = Library(
     drives="its Redis broker",
     # dramatiq leaves redis-py and pika to its extras; each release pins the redis-py it
     # takes (1.10.0 to 1.12.0: < 4; 1.12.1: < 5; 1.17: < 6; 2.x: < 9).
-    pip_extras=("redis", "rabbitmq"),
+    pin_extras=("redis", "rabbitmq"),
 )
