@@ -173,6 +173,30 @@ def make_broker(
     return broker
 
 
+def record_submitted(directory: Path, key: str, identifier: str) -> None:
+    """Write the job's message id in the store's directory before its message is enqueued:
+    once acknowledged, a finished job is found by that id alone."""
+    with (directory / SUBMITTED_FILE).open("a") as handle:
+        handle.write(json.dumps({"key": key, "message_id": identifier}) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def lab_message(queue: str, job: JobSpec) -> Any:
+    """The ``Message`` of the actor ``lab_job`` for the lab's job on ``queue``."""
+    from dramatiq import Message
+
+    return Message(
+        queue_name=queue,
+        actor_name=ACTOR,
+        args=(job.key, job.job_type, dict(job.payload)),
+        kwargs={},
+        options={"max_retries": job.max_attempts - 1},
+        message_id=message_id(queue, job.key),
+        message_timestamp=int(time.time() * 1000),
+    )
+
+
 def close_broker(broker: Any) -> None:
     """dramatiq's ``close`` (which, for its Redis broker, closes nothing), then the Redis
     connections the broker and its results backend share."""
@@ -209,15 +233,7 @@ class DramatiqClient(LibraryClient):
         self.producer = make_broker(self.queue)
         self.workers: dict[str, _Worker] = {}
 
-    def _record(self, job: JobSpec, identifier: str) -> None:
-        with (self.directory / SUBMITTED_FILE).open("a") as handle:
-            handle.write(json.dumps({"key": job.key, "message_id": identifier}) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-
     def submit_many(self, jobs: Sequence[JobSpec]) -> list[str]:
-        from dramatiq import Message
-
         held = read_dramatiq_store(self.directory).jobs
         identifiers = []
         for job in jobs:
@@ -225,17 +241,8 @@ class DramatiqClient(LibraryClient):
             identifiers.append(identifier)
             if job.key in held:
                 continue
-            # Written first: a finished job is found by its id alone.
-            self._record(job, identifier)
-            message: Any = Message(
-                queue_name=self.queue,
-                actor_name=ACTOR,
-                args=(job.key, job.job_type, dict(job.payload)),
-                kwargs={},
-                options={"max_retries": job.max_attempts - 1},
-                message_id=identifier,
-                message_timestamp=int(time.time() * 1000),
-            )
+            record_submitted(self.directory, job.key, identifier)
+            message = lab_message(self.queue, job)
             around(self.hook, "enqueue", partial(self.producer.enqueue, message))
         return identifiers
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,9 +30,12 @@ from crashqueuelab.systems.contract import LibraryWorker, OwnWorker
 from crashqueuelab.systems.libraries.dramatiq.client import (
     MAINTENANCE_EVERY_COMMAND,
     close_broker,
+    lab_message,
     make_broker,
+    message_id,
+    record_submitted,
 )
-from crashqueuelab.systems.libraries.skeleton import as_started_by_its_users
+from crashqueuelab.systems.libraries.skeleton import as_started_by_its_users, scheduled_job
 
 #: How often the heartbeat loop's main thread wakes to run a signal's handler.
 STOP_POLL_S = 0.05
@@ -153,6 +157,21 @@ def loop(
         close_broker(broker)
 
 
+def schedule(directory: Path, key: str, due_s: float) -> None:
+    """``RedisBroker.enqueue(message, delay=...)`` of the lab's job ``key``, due at ``due_s``
+    (seconds since the epoch): dramatiq's delay queue, which its worker moves to the queue
+    once the message's eta has passed (``send_with_options(delay=...)`` is this call)."""
+    queue = _store_queue(directory)
+    job = scheduled_job(key)
+    record_submitted(directory, key, message_id(queue, key))
+    broker = make_broker(queue)
+    try:
+        delay_ms = max(0, round(due_s * 1000 - time.time() * 1000))
+        broker.enqueue(lab_message(queue, job), delay=delay_ms)
+    finally:
+        close_broker(broker)
+
+
 OWN_WORKER = OwnWorker(
     serve=serve,
     describe="dramatiq's command (dramatiq.cli.main) with one worker process of one thread:"
@@ -160,6 +179,7 @@ OWN_WORKER = OwnWorker(
     " puts back the ones it prefetched",
     shutdown=SHUTDOWN,
     source=SOURCE,
+    schedule=schedule,
 )
 
 LIBRARY_WORKER = LibraryWorker(
