@@ -46,6 +46,7 @@ def _heartbeats(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
             window_ms=args.network_fault_ms,
         ),
         strike_after_timers=args.network_fault_after_timers,
+        pauses_then_stops=args.pauses_then_stops,
         progress=progress_for(args),
     )
     reasons = list(record["anomalies"])
@@ -64,6 +65,7 @@ def _heartbeats(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
             key: record["promises"][key]
             for key in ("keeps_its_promises", "verdict", "broken_promises")
         },
+        "pauses_delivered": len((record["pauses"] or {}).get("delivered", [])),
         "network_faults_delivered": [
             entry["kind"] for entry in (record["network"] or {}).get("delivered", [])
         ],
@@ -104,6 +106,14 @@ def add_heartbeats_command(command: Command) -> None:
         help="the library's retry timer (pgqueuer: the entrypoint's retry_timer before 1.0,"
         " run's heartbeat_timeout from 1.0), in seconds; default: the lab's setting for the"
         " library (pgqueuer: 1)",
+    )
+    sub.add_argument(
+        "--pauses-then-stops",
+        type=non_negative,
+        default=0,
+        help="freeze (SIGSTOP) the worker running the oldest job for the fault window, then"
+        " thaw it and stop it (SIGTERM, as a deploy does), this often; one at a time, once a"
+        " job has worked --network-fault-after-timers; default 0",
     )
     group = sub.add_argument_group(
         "network faults (postgres: each worker reaches the server through a fault proxy on"

@@ -23,7 +23,7 @@ from crashqueuelab.lab.versions.environments import (
     pinned_environment,
     python_of,
 )
-from crashqueuelab.systems.registry import distribution_of
+from crashqueuelab.systems.registry import distribution_of, extras_of
 
 #: How long a pinned run may go on after its parent was interrupted (it stops itself).
 STOP_GRACE_S = 60.0
@@ -31,7 +31,7 @@ STOP_GRACE_S = 60.0
 
 def pins_of(systems: Sequence[str]) -> list[Pin]:
     """The releases this run must move to an environment of their own: none inside one."""
-    pins = [pin for pin in (parse_pin(spec, distribution_of) for spec in systems) if pin]
+    pins = [pin for pin in (parse_pin(spec, distribution_of, extras_of) for spec in systems) if pin]
     pins = [pin for pin in pins if os.environ.get(PINNED_VARIABLE) != pin.spec]
     if len(pins) > 1:
         raise InvalidInput("system", "one pinned release per run (run `versions` for more)")

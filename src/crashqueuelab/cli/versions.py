@@ -17,7 +17,7 @@ from crashqueuelab.lab.runs.kinds import CAMPAIGN, CHAOS, DEPLOYS, DISK_FAULTS, 
 from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
 from crashqueuelab.lab.versions.environments import parse_pin
 from crashqueuelab.lab.versions.matrix import CRITERIA, VERSIONS_FILE, choose_releases, run_versions
-from crashqueuelab.systems.registry import DISTRIBUTIONS, distribution_of
+from crashqueuelab.systems.registry import DISTRIBUTIONS, distribution_of, extras_of
 
 #: The commands whose evidence a matrix can hold, and the record each writes.
 EVIDENCE = {
@@ -58,7 +58,7 @@ def _versions(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     err = args.stderr
 
     def run_release(release: str, directory: Path) -> dict[str, Any]:
-        pin = parse_pin(f"{args.system}=={release}", distribution_of)
+        pin = parse_pin(f"{args.system}=={release}", distribution_of, extras_of)
         assert pin is not None  # a release number, checked by choose_releases
         seed = [] if "--seed" in evidence else ["--seed", str(args.seed)]
         argv = [*evidence, *seed, "--system", pin.spec, "--output-directory", str(directory)]

@@ -9,7 +9,15 @@ from importlib.metadata import PackageNotFoundError, version
 
 from crashqueuelab.core.errors import SystemUnavailable, install_hint
 from crashqueuelab.systems.contract import System
-from crashqueuelab.systems.libraries import arq, huey, persistqueue, pgqueuer, procrastinate, rq
+from crashqueuelab.systems.libraries import (
+    arq,
+    dramatiq,
+    huey,
+    persistqueue,
+    pgqueuer,
+    procrastinate,
+    rq,
+)
 from crashqueuelab.systems.libraries.skeleton import Library
 
 
@@ -45,6 +53,7 @@ LIBRARIES: tuple[Library, ...] = (
     procrastinate.LIBRARY,
     rq.LIBRARY,
     arq.LIBRARY,
+    dramatiq.LIBRARY,
 )
 
 
@@ -66,7 +75,16 @@ SERVERS: dict[str, Callable[[], System]] = {
 DISTRIBUTIONS: dict[str, str] = {
     name: library.distribution for library in LIBRARIES for name in library.systems
 }
+#: The extras of a library's distribution its systems need in a pinned release's
+#: environment (dramatiq's ``redis`` and ``rabbitmq``: its broker clients).
+PIN_EXTRAS: dict[str, tuple[str, ...]] = {
+    library.distribution: library.pin_extras for library in LIBRARIES if library.pin_extras
+}
 DEFAULT_SYSTEM = "sqlite"
+
+
+def extras_of(distribution: str) -> tuple[str, ...]:
+    return PIN_EXTRAS.get(distribution, ())
 
 
 def _installed_release(spec: str, distribution: str, wanted: str) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 
 from crashqueuelab.judges.findings import Anomaly, Kind
 from crashqueuelab.lab.heartbeats.faults import Held
+from crashqueuelab.lab.heartbeats.pauses import PAUSE
 from crashqueuelab.lab.runs.executions import (
     CUT,
     ENDED,
@@ -118,10 +119,14 @@ def judge(
                 )
                 facts: dict[str, str | bool] = {"how": how, "connection_held": False}
             else:
+                held_how = (
+                    f"{first.worker} was paused"
+                    if window.kind == PAUSE
+                    else f"a {window.kind} held {first.worker}'s connection"
+                )
                 text = (
-                    f"job {key}: run again {how} {first.worker}'s execution while a"
-                    f" {window.kind} held {first.worker}'s connection"
-                    f" ({window.start - origin:.2f} s to {window.end - origin:.2f} s):"
+                    f"job {key}: run again {how} {first.worker}'s execution while"
+                    f" {held_how} ({window.start - origin:.2f} s to {window.end - origin:.2f} s):"
                     f" {_when(first, origin)}, then {_when(again, origin)}"
                 )
                 facts = {"how": how, "connection_held": True, "fault": str(window.kind)}

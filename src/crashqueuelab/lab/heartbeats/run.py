@@ -47,6 +47,7 @@ from crashqueuelab.lab.heartbeats.judge import (
     read_ledgers,
     with_deaths,
 )
+from crashqueuelab.lab.heartbeats.pauses import PausesThenStops
 from crashqueuelab.lab.heartbeats.workers import WorkerSpec, failures, worker_main
 from crashqueuelab.lab.runs.executions import DeathWatch
 from crashqueuelab.lab.runs.inheritance import Inherited
@@ -106,6 +107,7 @@ class _Worked:
     network: dict[str, Any] | None
     #: The executions whose process died under a live worker (the library's own guard).
     deaths: dict[tuple[str, str, float], Death]
+    pauses: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -130,14 +132,16 @@ def run_heartbeats(
     retry_after_s: float | None = None,
     network: NetworkPlan | None = None,
     strike_after_timers: float = STRIKE_AFTER_TIMERS,
+    pauses_then_stops: int = 0,
     progress: Callable[[str], None] | None = None,
     now: Callable[[], float] = time.monotonic,
 ) -> dict[str, Any]:
     """Run ``jobs`` jobs of ``work_timers`` retry timers each on ``workers`` processes of
     the library's own worker loop (its retry timer ``retry_after_s``, by default the
     library worker's), with the ``network`` faults (``faults.py``), each striking once a job
-    has worked ``strike_after_timers`` retry timers; the record,
-    also written to ``heartbeats.json``."""
+    has worked ``strike_after_timers`` retry timers, and ``pauses_then_stops`` pauses of a
+    worker followed by its stop (``pauses.py``); the record, also written to
+    ``heartbeats.json``."""
     resolved = resolve_system(system)
     loop = resolved.library_worker
     if loop is None:
@@ -174,7 +178,14 @@ def run_heartbeats(
     )
     if progress is not None:
         progress(f"heartbeats {resolved.name}: {jobs} jobs of {work_s:g} s on {workers} workers")
-    worked = _work(plan, network, strike_after_timers, origin, now)
+    pauses = (
+        PausesThenStops(
+            pauses_then_stops, retry_after_s=timer, strike_after_timers=strike_after_timers
+        )
+        if pauses_then_stops
+        else None
+    )
+    worked = _work(plan, network, strike_after_timers, origin, now, pauses)
     failed = failures(plan.ledgers, worked.exits)
     finished = now()
     executions = with_deaths(read_ledgers(plan.ledgers), worked.deaths)
@@ -209,6 +220,7 @@ def run_heartbeats(
             "grace_s": plan.grace_s,
         },
         "network": worked.network,
+        "pauses": worked.pauses,
         "executions": [run.to_json(origin) for run in sorted(executions, key=lambda r: r.start_s)],
         "jobs": {
             key: {
@@ -237,6 +249,7 @@ def _work(
     strike_after_timers: float,
     origin: float,
     now: Callable[[], float],
+    pauses: PausesThenStops | None = None,
 ) -> _Worked:
     """Start the workers (behind the fault proxy when there are network faults), strike
     the faults as jobs work, wait for every job to end and the grace after it, stop them."""
@@ -278,19 +291,22 @@ def _work(
             start_owned(process)
         try:
             while now() < plan.deadline:
-                if any(process.exitcode is not None for process in processes.values()):
+                stopped = set() if pauses is None else pauses.stopped
+                if any(
+                    process.exitcode is not None and worker not in stopped
+                    for worker, process in processes.items()
+                ):
                     break  # a worker's loop ended by itself: the run cannot go on as planned
                 executions = read_ledgers(plan.ledgers)
                 deaths.watch(executions, {w: p.pid for w, p in processes.items()})
                 executions = with_deaths(executions, deaths.deaths)
+                running = [
+                    Running(run.worker, run.start_s) for run in executions if run.end_s is None
+                ]
                 if faults is not None:
-                    faults.strike_due(
-                        [
-                            Running(run.worker, run.start_s)
-                            for run in executions
-                            if run.end_s is None
-                        ]
-                    )
+                    faults.strike_due(running)
+                if pauses is not None:
+                    pauses.strike_due(running, {w: p.pid for w, p in processes.items()})
                 if _every_job_ended(plan.keys, executions):
                     all_ended_at = all_ended_at or now()
                     if now() - all_ended_at >= plan.grace_s:
@@ -299,13 +315,19 @@ def _work(
                     all_ended_at = None
                 time.sleep(_POLL_S)
         finally:
+            if pauses is not None:
+                pauses.thaw()
             exits = _stop(processes)
+        held = {} if faults is None else faults.held()
+        for worker, windows in ({} if pauses is None else pauses.windows).items():
+            held.setdefault(worker, []).extend(windows)
         return _Worked(
             exits=exits,
             all_ended_at=all_ended_at,
-            held={} if faults is None else faults.held(),
+            held=held,
             network=None if faults is None else faults.report(),
             deaths=deaths.deaths,
+            pauses=None if pauses is None else pauses.report(origin),
         )
 
 

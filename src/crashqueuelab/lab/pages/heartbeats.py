@@ -18,6 +18,29 @@ _ENDED_BY_LIBRARY = "#202124"
 _HOW = {"cut": "cut by the library's own guard", "killed": "killed by the library's own guard"}
 #: The colours of the chaos page's network windows, for the same faults.
 _HOLDING = {"stall": "#9acd32", "partition": "#8d6e63"}
+#: A worker frozen by a pause, then stopped.
+_PAUSED = "#5f6368"
+
+
+def _paused_lanes(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """One lane per worker a pause froze, its window as a bar."""
+    pauses = report.get("pauses") or {}
+    return [
+        {
+            "label": f"{entry['target']} paused",
+            "spans": [
+                {
+                    "start": entry["start"],
+                    "end": entry["end"],
+                    "color": _PAUSED,
+                    "title": f"{entry['target']} frozen from {entry['start']:.2f} s to"
+                    f" {entry['end']:.2f} s, then sent {entry['then']}",
+                }
+            ],
+            "dots": [],
+        }
+        for entry in pauses.get("delivered", [])
+    ]
 
 
 def _held_lanes(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -92,6 +115,13 @@ def _network_options(network: dict[str, Any] | None) -> str:
     return "".join(options) + f" --network-fault-ms {plan['window_ms']:g}"
 
 
+def _pause_options(pauses: dict[str, Any] | None) -> str:
+    if not pauses:
+        return ""
+    asked = len(pauses["delivered"]) + pauses["not_delivered"]
+    return f" --pauses-then-stops {asked}"
+
+
 def heartbeats_view(run_dir: Path) -> View:
     report = json.loads((run_dir / "heartbeats.json").read_text(encoding="utf-8"))
     parameters = report["parameters"]
@@ -111,7 +141,8 @@ def heartbeats_view(run_dir: Path) -> View:
         command=f"crashqueuelab heartbeats --system {report['spec']} --jobs {parameters['jobs']}"
         f" --workers {parameters['workers']} --work-timers {parameters['work_timers']:g}"
         f" --retry-timer-s {parameters['retry_after_s']:g}"
-        f"{_network_options(report.get('network'))} --output-directory {run_dir}",
+        f"{_network_options(report.get('network'))}{_pause_options(report.get('pauses'))}"
+        f" --output-directory {run_dir}",
         reasons=reasons,
     )
     figures = [
@@ -120,6 +151,7 @@ def heartbeats_view(run_dir: Path) -> View:
             f"{len(report['executions'])} for {parameters['jobs']} jobs",
             "each job must run once: the lab killed or stopped no worker"
             + ("" if not report.get("network") else "; one held by a network fault may run again")
+            + ("" if not report.get("pauses") else "; one a paused worker held may run again")
             + ("" if not by_library else "; one the library's own guard ended is retried"),
         ),
         (
@@ -148,8 +180,18 @@ def heartbeats_view(run_dir: Path) -> View:
                 f" not delivered (the work ended first): {len(network['not_delivered'])}",
             )
         )
+    pauses = report.get("pauses")
+    if pauses:
+        figures.append(
+            (
+                "pauses, then stops",
+                str(len(pauses["delivered"])),
+                f"each worker frozen {pauses['window_s']:g} s, then SIGCONT and SIGTERM;"
+                f" not delivered (the work ended first): {pauses['not_delivered']}",
+            )
+        )
     lanes, end = _lanes(report)
-    lanes = _held_lanes(report) + lanes
+    lanes = _held_lanes(report) + _paused_lanes(report) + lanes
     ticks = [(at, f"{at:g} s") for at in range(0, int(end) + 1, max(1, int(end) // 8 or 1))]
     legend = [
         {"worker": worker, "color": _WORKER_COLOURS[i % len(_WORKER_COLOURS)]}

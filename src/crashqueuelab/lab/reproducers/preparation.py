@@ -40,7 +40,7 @@ from crashqueuelab.lab.versions.environments import (
 from crashqueuelab.servers.postgres import DSN_VARIABLE
 from crashqueuelab.servers.redis import SOCKET_VARIABLE
 from crashqueuelab.systems.contract import System
-from crashqueuelab.systems.registry import distribution_of, resolve_system
+from crashqueuelab.systems.registry import distribution_of, extras_of, resolve_system
 
 #: The module a rerun in a release's environment runs (``python -m``).
 RERUN_MODULE = "crashqueuelab.lab.reproducers.rerun"
@@ -83,7 +83,7 @@ def servers_named(spec: str, system: System) -> Iterator[None]:
 def release_elsewhere(spec: str) -> Pin | None:
     """The release ``spec`` pins when it is not the one installed here (and this is not the
     release's own environment already); None for anything else."""
-    pin = parse_pin(spec, distribution_of)
+    pin = parse_pin(spec, distribution_of, extras_of)
     if pin is None or os.environ.get(PINNED_VARIABLE) == pin.spec:
         return None
     try:

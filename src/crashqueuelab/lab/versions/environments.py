@@ -57,6 +57,9 @@ class Pin:
     system: str
     distribution: str
     version: str
+    #: The library's extras its systems need (dramatiq's ``redis`` and ``rabbitmq``: the
+    #: broker clients it leaves optional).
+    extras: tuple[str, ...] = ()
 
     @property
     def spec(self) -> str:
@@ -64,12 +67,18 @@ class Pin:
 
     @property
     def requirement(self) -> str:
-        return f"{self.distribution}=={self.version}"
+        extras = f"[{','.join(self.extras)}]" if self.extras else ""
+        return f"{self.distribution}{extras}=={self.version}"
 
 
-def parse_pin(spec: str, distribution_of: Callable[[str], str | None]) -> Pin | None:
+def parse_pin(
+    spec: str,
+    distribution_of: Callable[[str], str | None],
+    extras_of: Callable[[str], tuple[str, ...]] = lambda distribution: (),
+) -> Pin | None:
     """The pin ``spec`` asks for; None when it names no version. ``distribution_of`` names
-    the distribution of a system that is a released library (None for one that is not)."""
+    the distribution of a system that is a released library (None for one that is not),
+    ``extras_of`` the extras of that distribution its systems need."""
     if "==" not in spec:
         return None
     system, _, wanted = spec.partition("==")
@@ -82,7 +91,7 @@ def parse_pin(spec: str, distribution_of: Callable[[str], str | None]) -> Pin | 
             "only a released library can be pinned: a shipped one, or a system whose"
             " `distribution` names it on the package index",
         )
-    return Pin(system, distribution, wanted)
+    return Pin(system, distribution, wanted, extras=extras_of(distribution))
 
 
 #: Beside the environments: links to the user adapters pinned runs carry.

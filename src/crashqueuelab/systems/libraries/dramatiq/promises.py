@@ -1,0 +1,87 @@
+"""What dramatiq documents of itself: where it is weaker than the lab's contract.
+
+dramatiq promises at-least-once delivery, in its guide's words, and no more: no token (a
+late outcome of a delivery is accepted), no lease per message and no heartbeat per message,
+only a worker's heartbeat on Redis: a worker silent for ``heartbeat_timeout`` is dead to the
+maintenance that one command in a thousand runs, which puts its fetched messages back, on
+the wall clock, which the lab's clock does not move. A message that kills its worker is
+delivered again without counting against ``max_retries`` (issue #213, closed as intended).
+"""
+
+from __future__ import annotations
+
+from crashqueuelab.judges.findings import Kind
+from crashqueuelab.systems.contract import Documented
+from crashqueuelab.systems.libraries.dramatiq.client import HEARTBEAT_TIMEOUT_MS
+
+_GUIDE = "https://dramatiq.io/guide.html"
+_REDIS = "https://dramatiq.io/reference.html#dramatiq.brokers.redis.RedisBroker"
+_POISON = "https://github.com/Bogdanp/dramatiq/issues/213"
+
+#: dramatiq's guide, on what a message may do.
+AT_LEAST_ONCE = (
+    '"Dramatiq actors may receive the same message multiple times in the event of a worker'
+    " failure (hardware, network or power failure).  This means that, for any given message,"
+    ' running your actor multiple times must be safe." (' + _GUIDE + "#message-delivery)"
+)
+
+_AT_LEAST_ONCE = Documented(
+    "at least once: " + AT_LEAST_ONCE,
+    _GUIDE,
+    kinds=(
+        Kind.LATE_ACKNOWLEDGEMENT_ACCEPTED,
+        Kind.ACKNOWLEDGEMENT_AT_DEADLINE_ACCEPTED,
+        Kind.LATE_FAILURE_REPORT_ACCEPTED,
+        Kind.FAILURE_REPORT_AT_DEADLINE_ACCEPTED,
+        Kind.DEAD_HEARTBEAT_ACCEPTED,
+        Kind.CLAIMED_WHILE_LEASED,
+    ),
+)
+_SILENT_WORKER = Documented(
+    "a worker that sends no heartbeat for heartbeat_timeout (frozen, cut off) is a failed"
+    " worker to the others, whose maintenance puts its messages back: " + AT_LEAST_ONCE,
+    _GUIDE,
+    when={Kind.RUN_AGAIN: {"connection_held": True}},
+)
+_HEARTBEAT_TIMEOUT = Documented(
+    '"heartbeat_timeout(int): The amount of time (in ms) that has to pass without a heartbeat'
+    " for a broker process to be considered offline\": a killed worker's fetched messages stay"
+    f" in its acks set until its heartbeat is {HEARTBEAT_TIMEOUT_MS} ms old on the wall clock"
+    " (the adapter's setting; dramatiq's default is 60 s) and a maintenance runs, which the"
+    " lab's clock does not move",
+    _REDIS,
+    points=(
+        "fetch:after",
+        "BEFORE_EFFECT_COMMIT",
+        "AFTER_EFFECT_COMMIT",
+        "finish:before",
+        "fail:before",
+    ),
+    kinds=(Kind.WORK_STALLED, Kind.WORK_NEVER_ENDED),
+    when={
+        Kind.CLAIM_NOT_OFFERED: {"offered": "nothing"},
+        Kind.RECOVERY_UNFINISHED: ({"effect_state": "fetched"}, {"flaky_state": "fetched"}),
+        Kind.EFFECTS_NOT_ONCE: ({"effect_effects": 0}, {"flaky_effects": 0}),
+        Kind.UNFINISHED: {"state": "fetched"},
+    },
+)
+_POISON_MESSAGE = Documented(
+    "a message that kills its worker is delivered again without counting against"
+    " max_retries: dramatiq's retries count failures its middleware saw, and a killed"
+    " worker's message comes back as it was (issue #213, closed as intended)",
+    _POISON,
+    kinds=(Kind.EXPIRED_LAST_ATTEMPT_NOT_DEAD,),
+    # A job that kills every worker that takes it is never dead-lettered.
+    when={Kind.UNFINISHED: {"poison": True}},
+)
+
+_PERSISTENCE_DOCS = "https://redis.io/docs/latest/operate/oss_and_stack/management/persistence/"
+_RDB = Documented(
+    "RDB snapshots (Redis's default persistence) keep only the last snapshot: a crash of the"
+    " server or a power cut takes back every write since it",
+    _PERSISTENCE_DOCS,
+    crash_modes=("power-loss",),
+    faults=("server restart",),
+)
+
+DOCUMENTED = (_AT_LEAST_ONCE, _SILENT_WORKER, _POISON_MESSAGE, _HEARTBEAT_TIMEOUT, _RDB)

@@ -1,0 +1,108 @@
+"""The throwaway RabbitMQ node (``servers.rabbitmq``) when it cannot serve: a start that
+fails is ``ServerUnavailable`` with the node's words and leaves no process behind (its own
+``epmd`` included), a machine without ``rabbitmq-server`` or ``epmd`` is named with the
+package to install, and ``rabbitmqctl`` runs as the node's own. A real node's start, its
+version, a crash and a start on the same data, and a stop that leaves nothing are in
+``tests/systems/libraries/test_dramatiq_rabbitmq.py``, beside dramatiq's durable queues:
+one node for both, each start costing seconds.
+
+Every node a test starts is in a ``with`` block: it is stopped and removed also when the
+test fails. No test sleeps: each wait is the server's own bounded one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from crashqueuelab.core.errors import ServerUnavailable
+from crashqueuelab.servers import rabbitmq
+from crashqueuelab.servers.rabbitmq import (
+    ThrowawayRabbitMQ,
+    amqp_ready,
+    find_binaries,
+    free_port,
+)
+from tests.servers.test_servers import left_running
+
+needs_rabbitmq = pytest.mark.skipif(find_binaries() is None, reason="no rabbitmq-server here")
+
+
+def _stand_in(directory: Path, server_script: str) -> Path:
+    """A directory of ``rabbitmq-server`` and ``rabbitmqctl`` scripts that stand in for
+    RabbitMQ's (the real ``epmd`` is used beside them)."""
+    directory.mkdir()
+    for name, body in (("rabbitmq-server", server_script), ("rabbitmqctl", "echo 3.10.8")):
+        script = directory / name
+        script.write_text(f"#!/bin/sh\n{body}\n")
+        script.chmod(0o755)
+    return directory
+
+
+@needs_rabbitmq
+def test_a_node_that_exits_at_start_is_unavailable_with_its_words_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    bindir = _stand_in(tmp_path / "bin", "echo 'ERROR: distribution port in use' >&2; exit 1")
+    with ThrowawayRabbitMQ(bindir) as server:
+        with pytest.raises(ServerUnavailable, match="distribution port in use") as raised:
+            server.start()
+        assert raised.value.reason.startswith("rabbitmq-server did not start")
+        assert server.processes() == []
+        assert server.epmd is None
+    assert left_running(server.root) == []
+
+
+@needs_rabbitmq
+def test_a_node_that_never_answers_is_killed_when_its_wait_ends(tmp_path: Path) -> None:
+    bindir = _stand_in(tmp_path / "bin", "exec sleep 60")
+    with ThrowawayRabbitMQ(bindir) as server:
+        server.start_timeout_s = 0.3
+        with pytest.raises(ServerUnavailable, match="no log"):
+            server.start()
+        assert server.processes() == []
+    assert left_running(server.root) == []
+
+
+def test_no_rabbitmq_server_installed_is_named_with_the_package_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(rabbitmq, "DEBIAN_BINARIES", tmp_path / "absent")
+    monkeypatch.delenv(rabbitmq.BIN_VARIABLE, raising=False)
+    assert find_binaries() is None
+    with pytest.raises(ServerUnavailable, match="install Debian's rabbitmq-server") as raised:
+        ThrowawayRabbitMQ()
+    assert str(raised.value).startswith("rabbitmq server: ")
+
+
+def test_no_epmd_is_named_with_the_package_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(rabbitmq, "find_epmd", lambda bindir: None)
+    with pytest.raises(ServerUnavailable, match="erlang-base"):
+        ThrowawayRabbitMQ(_stand_in(tmp_path / "bin", "exit 1"))
+
+
+def test_a_failing_rabbitmqctl_is_unavailable_with_what_it_said(tmp_path: Path) -> None:
+    bindir = _stand_in(tmp_path / "bin", "exit 1")
+    (bindir / "rabbitmqctl").write_text("#!/bin/sh\necho 'node down' >&2\nexit 69\n")
+    found = rabbitmq.find_epmd(bindir)
+    if found is None:
+        pytest.skip("no epmd here")
+    refused = r"list_queues failed \(exit 69\): node down"
+    with ThrowawayRabbitMQ(bindir) as server:
+        with pytest.raises(ServerUnavailable, match=refused):
+            server.rabbitmqctl("list_queues")
+        # It is run as the node's own: its name, and nothing of the caller's RabbitMQ.
+        (bindir / "rabbitmqctl").write_text('#!/bin/sh\necho "$* $HOME $ERL_EPMD_PORT"\n')
+        said = server.rabbitmqctl("list_queues").split()
+        assert said == ["-n", server.node, "-q", "list_queues", str(server.home),
+                        str(server.epmd_port)]  # fmt: skip
+        (bindir / "rabbitmqctl").write_text("#!/bin/sh\nexec sleep 5\n")
+        with pytest.raises(ServerUnavailable, match="rabbitmqctl status timed out"):
+            server.rabbitmqctl("status", timeout_s=0.2)
+
+
+def test_nothing_answers_amqp_on_a_port_nobody_listens_on() -> None:
+    assert not amqp_ready(free_port(), timeout_s=0.5)

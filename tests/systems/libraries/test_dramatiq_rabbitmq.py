@@ -1,0 +1,137 @@
+"""dramatiq's RabbitMQ broker on the lab's throwaway RabbitMQ node: the node starts ready on
+ports and files of its own and says its version; messages published with publisher
+confirms to dramatiq's durable queue survive a crash of the node (SIGKILL of every process
+it started, then a start on the same data), and dramatiq's own ``Worker`` runs each once;
+the queues are read throughout by the judges' reader (``rabbitmqctl list_queues``), which
+imports neither dramatiq nor pika; the node's stop leaves no process (its ``epmd`` too) and
+its close no directory.
+
+dramatiq and pika come with the ``dramatiq`` extra, and Debian's ``rabbitmq-server`` with
+``.ci/run``.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crashqueuelab.judges.readers.dramatiq import QueueCounts, rabbitmq_queues
+from crashqueuelab.servers.base import alive
+from crashqueuelab.servers.rabbitmq import (
+    CONTROL_VARIABLE,
+    SETTINGS,
+    URL_VARIABLE,
+    ThrowawayRabbitMQ,
+    amqp_ready,
+    control_from,
+    find_binaries,
+)
+from tests.servers.test_servers import left_running
+
+pytest.importorskip("dramatiq")
+pytest.importorskip("pika")
+
+QUEUE = "lab-durable"
+#: The longest the test waits for dramatiq's worker to run the messages.
+JOIN_MS = 20_000
+
+
+def _broker(url: str) -> Any:
+    from dramatiq.brokers.rabbitmq import RabbitmqBroker
+    from dramatiq.middleware import Retries
+
+    # Publisher confirms: ``enqueue`` returns once RabbitMQ has the message (on disk, for a
+    # persistent message in a durable queue).
+    return RabbitmqBroker(url=url, confirm_delivery=True, middleware=[Retries(max_retries=0)])
+
+
+def started_on_its_own(server: ThrowawayRabbitMQ) -> None:
+    """A started node: ready, its version and settings said, its files in its directory."""
+    assert server.running
+    assert amqp_ready(server.amqp_port)
+    described = server.describe()
+    assert described == {
+        "server": "rabbitmq",
+        "version": described["version"],
+        "settings": dict(SETTINGS),
+        "node": server.node,
+    }
+    # What ``rabbitmqctl version`` says: Debian's is 3.10.
+    assert re.fullmatch(r"3\.\d+\.\d+", str(described["version"]))
+    assert server.environment()[URL_VARIABLE] == server.url
+
+
+@pytest.mark.skipif(find_binaries() is None, reason="no rabbitmq-server here")
+def test_a_node_keeps_confirmed_messages_of_dramatiqs_durable_queue_across_a_crash(
+    tmp_path: Path,
+) -> None:
+    import dramatiq
+
+    ran: list[int] = []
+    lock = threading.Lock()
+
+    def lab_job(number: int) -> None:
+        with lock:
+            ran.append(number)
+
+    with ThrowawayRabbitMQ() as server:
+        assert server.root.parent == Path(tempfile.gettempdir())
+        assert not amqp_ready(server.amqp_port)
+        server.start()
+        started_on_its_own(server)
+        control = server.environment()[CONTROL_VARIABLE]
+        assert control_from(control) == (server.node, server.epmd_port, server.cookie)
+        # Its Mnesia database is in the server's directory, and nowhere else.
+        assert (server.data / server.node).is_dir()
+        broker = _broker(server.url)
+        actor: Any = dramatiq.actor(actor_name="lab_job", queue_name=QUEUE, broker=broker)
+        job = actor(lab_job)
+        for number in range(3):
+            job.send(number)
+        broker.close()
+        before = {counts.name: counts for counts in rabbitmq_queues(control, server.bindir)}
+        assert before[QUEUE] == QueueCounts(QUEUE, 3, 0)
+        # dramatiq's delay and dead-letter queues are declared beside it.
+        assert {f"{QUEUE}.DQ", f"{QUEUE}.XQ"} <= set(before)
+        server.restart_after_crash()
+        after = {counts.name: counts for counts in rabbitmq_queues(control, server.bindir)}
+        assert after[QUEUE] == QueueCounts(QUEUE, 3, 0)
+        broker = _broker(server.url)
+        actor = dramatiq.actor(actor_name="lab_job", queue_name=QUEUE, broker=broker)
+        actor(lab_job)
+        worker = dramatiq.Worker(broker, worker_threads=1, worker_timeout=100)
+        worker.start()
+        try:
+            broker.join(QUEUE, timeout=JOIN_MS)
+        finally:
+            worker.stop()
+            broker.close()
+        assert sorted(ran) == [0, 1, 2]
+        drained = {counts.name: counts for counts in rabbitmq_queues(control, server.bindir)}
+        assert drained[QUEUE] == QueueCounts(QUEUE, 0, 0)
+        running = server.processes()
+        assert server.epmd is not None
+        assert server.epmd.pid in running
+        server.stop()
+        assert server.process is None
+        assert server.processes() == []
+        assert not any(alive(pid) for pid in running)
+        assert not amqp_ready(server.amqp_port)
+    assert not server.root.exists()
+    assert left_running(server.root) == []
+
+
+def test_the_reader_says_what_rabbitmqctl_said_when_it_fails(tmp_path: Path) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    script = bindir / "rabbitmqctl"
+    script.write_text("#!/bin/sh\necho 'unable to perform an operation on node' >&2\nexit 69\n")
+    script.chmod(0o755)
+    (tmp_path / ".erlang.cookie").write_text("c")
+    with pytest.raises(RuntimeError, match=r"\(exit 69\): unable to perform"):
+        rabbitmq_queues(f"n@localhost,4369,{tmp_path / '.erlang.cookie'}", bindir)
