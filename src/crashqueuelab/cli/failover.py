@@ -17,7 +17,7 @@ from crashqueuelab.cli.common import (
 from crashqueuelab.cli.pages import html_report
 from crashqueuelab.cli.progress import progress_for
 from crashqueuelab.core.errors import InvalidInput, SystemUnavailable
-from crashqueuelab.lab.failover.promises import LEVELS
+from crashqueuelab.lab.failover.promises import LEVELS, MOST_ADVANCED, PROMOTIONS
 from crashqueuelab.lab.runs.kinds import FAILOVER
 
 
@@ -32,13 +32,18 @@ def _failover(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         ) from None
 
     if args.system == "rq":
-        if args.synchronous_commit is not None:
-            raise InvalidInput("synchronous_commit", "a PostgreSQL setting: not for rq")
+        for name in ("synchronous_commit", "standbys", "promote"):
+            if getattr(args, name) is not None:
+                raise InvalidInput(name, "a PostgreSQL setting: not for rq")
         target = rq_target(args.min_replicas_to_write, args.min_replicas_max_lag)
     else:
         if args.min_replicas_to_write:
             raise InvalidInput("min_replicas_to_write", "a Redis setting: not for postgres")
-        target = postgres_target(args.synchronous_commit or "on")
+        target = postgres_target(
+            args.synchronous_commit or "on",
+            standbys=args.standbys or 1,
+            promote=args.promote or MOST_ADVANCED,
+        )
     record = run_failover(
         args.output_directory,
         target=target,
@@ -78,6 +83,7 @@ def _failover(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
                 "sessions_terminated_while_waiting": one.get("sessions_terminated_while_waiting"),
                 "promoted_s": one["promoted_s"],
             }
+            | ({"promoted_slot": one["promoted_slot"]} if "promoted_slot" in one else {})
             for one in record["failovers"]
         ],
         "wall_s": record["wall_s"],
@@ -110,6 +116,20 @@ def add_failover_command(command: Command) -> None:
         default=None,
         help="postgres: the primary's level, on by default (synchronous_standby_names is '*':"
         " off and local do not wait for the standby, the others do)",
+    )
+    sub.add_argument(
+        "--standbys",
+        type=positive,
+        default=None,
+        help="postgres: 1 (synchronous_standby_names '*', the default) or 2 (quorum commit,"
+        " 'ANY 1 (*)': a waiting commit waits for either; the lag is made on the second alone)",
+    )
+    sub.add_argument(
+        "--promote",
+        choices=PROMOTIONS,
+        default=None,
+        help="postgres with --standbys 2: which standby a failover promotes, the one that"
+        f" received the most WAL ({MOST_ADVANCED}, the default) or the one whose link was cut",
     )
     sub.add_argument(
         "--min-replicas-to-write",

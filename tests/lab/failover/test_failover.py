@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from crashqueuelab.core.errors import InvalidInput
-from crashqueuelab.lab.failover.cluster import ReplicatedPostgres
+from crashqueuelab.lab.failover.cluster import ReplicatedPostgres, choose_standby
 from crashqueuelab.lab.failover.run import run_failover
 from crashqueuelab.lab.failover.targets import postgres_target, rq_target
 from crashqueuelab.postgres.queue import PostgresQueue
@@ -59,7 +59,7 @@ def test_asynchronous_commits_the_standby_never_received_are_lost_as_documented(
     assert len(acknowledged) == record["findings"]["enqueues_acknowledged"] == 120
     assert (out / "failover-1" / "promoted-standby" / "judged-rows.json").is_file()
     page = (out / "report.html").read_text()
-    assert "lets a failover lose what the standby had not received" in page
+    assert "lets a failover lose what the promoted standby had not received" in page
     assert "runtime-config-wal.html#GUC-SYNCHRONOUS-COMMIT" in page
 
 
@@ -85,8 +85,8 @@ class _AsynchronousInDisguise(ReplicatedPostgres):
     """A planted misconfiguration: the run says synchronous_commit=on, but the primary names
     no synchronous standby, so its commits wait for none."""
 
-    def __init__(self, level: str) -> None:
-        super().__init__(level)
+    def __init__(self, level: str, **options: Any) -> None:
+        super().__init__(level, **options)
         self._settings["synchronous_standby_names"] = "''"
 
 
@@ -171,3 +171,55 @@ def test_without_the_postgres_extra_the_command_says_so_in_one_line(
     assert run.result["error"]["type"] == "SystemUnavailable"
     assert "postgres extra" in run.result["error"]["message"]
     assert not (tmp_path / "f").exists()
+
+
+def test_choosing_the_standby_to_promote() -> None:
+    assert choose_standby([300, 100], "most-advanced", 1) == 0
+    assert choose_standby([100, 300], "most-advanced", 1) == 1
+    assert choose_standby([None, 100], "most-advanced", 1) == 1
+    assert choose_standby([200, 200], "most-advanced", 1) == 0
+    assert choose_standby([300, 100], "lagging", 1) == 1
+
+
+def test_two_standby_options_the_run_cannot_use_are_refused_before_anything_runs(
+    run_cli: RunCli, tmp_path: Path
+) -> None:
+    out = tmp_path / "refused"
+    for options, field in (
+        (["--promote", "lagging"], "promote"),
+        (["--standbys", "3"], "standbys"),
+        (["--system", "rq", "--standbys", "2"], "standbys"),
+        (["--system", "rq", "--promote", "most-advanced"], "promote"),
+    ):
+        run = run_cli("failover", *options, "--output-directory", out)
+        assert run.code == 2, (options, run.result)
+        assert run.result["error"]["field"] == field
+    assert not out.exists()
+    with pytest.raises(ValueError, match="1 to 2 standbys"):
+        ReplicatedPostgres("on", standbys=0)
+    with pytest.raises(ValueError, match="no promotion rule"):
+        ReplicatedPostgres("on", promote="oldest")
+
+
+def test_quorum_commit_loses_acknowledged_jobs_when_the_failover_promotes_the_lagging_standby(
+    run_cli: RunCli, tmp_path: Path
+) -> None:
+    out = tmp_path / "quorum"
+    run = run_cli(
+        "failover", "--standbys", "2", "--promote", "lagging", "--failovers", "1",
+        "--jobs", "120", "--quiet", "--output-directory", out,
+    )  # fmt: skip
+    # Every commit waited for the standby that kept up; the one promoted had none of the cut.
+    assert run.code == 1, run.result
+    assert run.result["keeps_its_promises"]
+    assert run.result["counts"]["lost_enqueues"] >= 10
+    assert run.result["failovers"][0]["promoted_slot"] == 1
+    record = json.loads((out / "failover.json").read_text())
+    received = record["failovers"][0]["standbys_received"]
+    # The other standby had received more: a failover that compared them would have kept it.
+    assert received[0]["bytes"] > received[1]["bytes"]
+    assert record["server"]["standbys"] == 2
+    assert "'ANY 1 (*)'" in record["server"]["replication"]
+    page = (out / "report.html").read_text()
+    assert "--standbys 2 --promote lagging" in page
+    assert "runtime-config-replication.html#GUC-SYNCHRONOUS-STANDBY-NAMES" in page

@@ -158,3 +158,28 @@ def test_an_answer_written_down_after_the_kill_and_before_the_promotion_is_that_
     failovers = [{"killed_at_s": 2.0, "promoted_at_s": 3.0}, {"killed_at_s": 5.0}]
     found = judge_failovers(level="local", keys=["a"], events=events, failovers=failovers, final={})
     assert found["lost_enqueues"][0]["failover"] == 0
+
+
+def test_two_standbys_make_a_loss_documented_only_when_the_lagging_one_is_promoted() -> None:
+    events = [_event(1.0, "enqueued", "a")]
+    failovers = [{"killed_at_s": 2.0, "promoted_at_s": 2.2}]
+
+    def judged(standbys: int, promote: str) -> dict[str, Any]:
+        return judge_failovers(
+            level="on", keys=["a"], events=events, failovers=failovers, final={},
+            standbys=standbys, promote=promote,
+        )  # fmt: skip
+
+    lagging = judged(2, "lagging")
+    assert lagging["counts"]["lost_enqueues"] == 1
+    assert (lagging["documented"], lagging["broken_promises"]) == (1, 0)
+    assert "ANY 1 (*)" in lagging["promise"]["setting"]
+    assert "waited for the other standby" in lagging["promise"]["why_allowed"]
+    assert "num_sync" in lagging["promise"]["quorum"]
+    # Promoting the standby that received the most keeps the promise: a loss breaks it.
+    advanced = judged(2, "most-advanced")
+    assert (advanced["documented"], advanced["broken_promises"]) == (0, 1)
+    assert "why_allowed" not in advanced["promise"]
+    # A level that never waits allows the loss whichever standby is promoted.
+    assert promise_of("local", 2, "most-advanced")["allows_loss"]
+    assert "quorum" not in promise_of("on")

@@ -18,6 +18,14 @@ Every primary is started with ``synchronous_standby_names = '*'`` and the run's
 ``synchronous_commit`` level: with ``off`` and ``local`` the standby is synchronous in
 name only (PostgreSQL's documentation: commits "wait for local flush to disk, but not for
 replication"), with ``remote_write``, ``on`` and ``remote_apply`` every commit waits for it.
+
+With two standbys (``standbys=2``) the primary has ``synchronous_standby_names = 'ANY 1
+(*)'`` (quorum commit: a waiting commit waits for either), each standby streams through a
+path of its own, and the lag is made on the second one alone while the first keeps up. The
+failover then promotes the standby that received the most WAL (``MOST_ADVANCED``, read from
+each standby after the kill, as an HA manager compares them) or the lagging one
+(``LAGGING``: a standby chosen beforehand); the other is dropped and both are made anew of
+the promoted one.
 """
 
 from __future__ import annotations
@@ -30,7 +38,13 @@ from typing import Any, Self
 import psycopg
 
 from crashqueuelab.core.errors import ServerUnavailable
-from crashqueuelab.lab.failover.promises import LEVELS
+from crashqueuelab.lab.failover.promises import (
+    LAGGING,
+    LEVELS,
+    MAX_STANDBYS,
+    MOST_ADVANCED,
+    PROMOTIONS,
+)
 from crashqueuelab.lab.faults.network.proxy import FaultProxy
 from crashqueuelab.lab.faults.network.windows import FaultWindow, WindowKind
 from crashqueuelab.servers.base import wait_until
@@ -54,23 +68,44 @@ def socket_of(server: ThrowawayServer) -> str:
     return str(server.root / f".s.PGSQL.{server.settings['port']}")
 
 
+def choose_standby(received: list[int | None], promote: str, lagging_slot: int) -> int:
+    """The slot a failover promotes: the lagging one, or the one that received the most WAL
+    (``received``: bytes per slot, None where a standby could not say; the first on a tie)."""
+    if promote == LAGGING:
+        return lagging_slot
+    amounts = [-1 if amount is None else amount for amount in received]
+    return amounts.index(max(amounts))
+
+
+def replication_path(slot: int) -> str:
+    """The proxy path the standby in ``slot`` streams through."""
+    return REPLICATION if slot == 0 else f"{REPLICATION}-{slot + 1}"
+
+
 class ReplicatedPostgres:
-    """A primary and its standby behind a fault proxy; ``failover`` promotes the standby."""
+    """A primary and its standbys behind a fault proxy; ``failover`` promotes one."""
 
     def __init__(
         self,
         level: str,
         *,
+        standbys: int = 1,
+        promote: str = MOST_ADVANCED,
         server_factory: Callable[..., ThrowawayServer] = ThrowawayServer,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if level not in LEVELS:
             raise ValueError(f"synchronous_commit has no level {level!r}: {', '.join(LEVELS)}")
+        if not 1 <= standbys <= MAX_STANDBYS:
+            raise ValueError(f"a primary has 1 to {MAX_STANDBYS} standbys here, not {standbys}")
+        if promote not in PROMOTIONS:
+            raise ValueError(f"no promotion rule {promote!r}: {', '.join(PROMOTIONS)}")
         self.level = level
+        self.promote = promote
         self._clock = clock
         self._settings = dict(SETTINGS) | {
             "synchronous_commit": level,
-            "synchronous_standby_names": "'*'",
+            "synchronous_standby_names": "'*'" if standbys == 1 else "'ANY 1 (*)'",
             # A standby whose link broke waits this long before it looks for WAL again, and
             # a promotion waits for that look (PostgreSQL's default is 5 s).
             "wal_retrieve_retry_interval": "'100ms'",
@@ -79,7 +114,9 @@ class ReplicatedPostgres:
         self._stack = ExitStack()
         self.proxy = FaultProxy("", clock=clock)
         self.primary: ThrowawayServer | None = None
-        self.standby: ThrowawayStandby | None = None
+        self.standbys: list[ThrowawayStandby | None] = [None] * standbys
+        #: Each slot's standby by its ``application_name`` (as pg_stat_replication names it).
+        self.names = [""] * standbys
         self._cut: FaultWindow | None = None
         self.standbys_made = 0
 
@@ -89,12 +126,13 @@ class ReplicatedPostgres:
         try:
             self._stack.enter_context(self.proxy)
             self.proxy.add_path(CLIENTS)
-            self.proxy.add_path(REPLICATION)
+            for slot in range(len(self.standbys)):
+                self.proxy.add_path(replication_path(slot))
             primary = self._server_factory(settings=self._settings)
             self.primary = primary
             primary.start()
             self.proxy.repoint(socket_of(primary))
-            self._new_standby()
+            self._new_standbys()
         except BaseException:
             self.close()
             raise
@@ -103,11 +141,12 @@ class ReplicatedPostgres:
     def close(self) -> None:
         """Every server stopped and removed, then the proxy closed (also after a failure)."""
         try:
-            for server in (self.standby, self.primary):
+            for server in (*self.standbys, self.primary):
                 if server is not None:
                     server.close()
         finally:
-            self.standby = self.primary = None
+            self.standbys = [None] * len(self.standbys)
+            self.primary = None
             self._stack.close()
 
     def __enter__(self) -> Self:
@@ -117,6 +156,16 @@ class ReplicatedPostgres:
         self.close()
 
     # -- what clients see -----------------------------------------------------------------
+
+    @property
+    def standby(self) -> ThrowawayStandby | None:
+        """The standby in the first slot (the only one with ``standbys=1``)."""
+        return self.standbys[0]
+
+    @property
+    def lagging_slot(self) -> int:
+        """The slot whose link a cut partitions: the last (with two, the other keeps up)."""
+        return len(self.standbys) - 1
 
     @property
     def user(self) -> str:
@@ -145,39 +194,55 @@ class ReplicatedPostgres:
 
     def describe(self) -> dict[str, Any]:
         assert self.primary is not None
-        return {
+        names = self._settings["synchronous_standby_names"]
+        described = {
             "server": "postgres (primary + streaming standby)",
             "version": self.primary.version(),
-            "replication": f"synchronous_commit={self.level}, synchronous_standby_names='*'",
+            "replication": f"synchronous_commit={self.level}, synchronous_standby_names={names}",
             "clients": "through the fault proxy, moved to the promoted standby at a failover",
             "link": "streaming through the fault proxy (a partition there is lag)",
+            "standbys": len(self.standbys),
         }
+        if len(self.standbys) > 1:
+            described["server"] = f"postgres (primary + {len(self.standbys)} streaming standbys)"
+            described["link"] = (
+                "each standby through a path of its own; a cut partitions the last one's alone"
+            )
+            described["promotes"] = self.promote
+        return described
 
     # -- faults ---------------------------------------------------------------------------
 
     def cut_replication(self) -> None:
-        """The standby stops receiving WAL (its link partitioned) until the failover."""
+        """The lagging standby stops receiving WAL (its link partitioned) until the
+        failover."""
         if self._cut is None:
-            self._cut = self.proxy.apply(WindowKind.PARTITION, [REPLICATION], UNTIL_ENDED_S)
+            path = replication_path(self.lagging_slot)
+            self._cut = self.proxy.apply(WindowKind.PARTITION, [path], UNTIL_ENDED_S)
 
     def lag(self) -> dict[str, Any]:
-        """How far the standby is behind the primary, as the primary's WAL sender knows."""
+        """How far the standbys are behind the primary, as its WAL senders know: the
+        lagging standby's figures first, then each standby's."""
         assert self.primary is not None
+        lagging = self.names[self.lagging_slot]
         with psycopg.connect(self.primary.dsn, autocommit=True, connect_timeout=10) as conn:
-            row = conn.execute(
+            current, waiting = conn.execute(
                 "SELECT pg_current_wal_lsn()::text,"
-                " (SELECT flush_lsn::text FROM pg_stat_replication LIMIT 1),"
-                " (SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), flush_lsn)::bigint"
-                "  FROM pg_stat_replication LIMIT 1),"
                 " (SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep')"
-            ).fetchone()
-        assert row is not None
+            ).fetchone() or (None, 0)
+            rows = conn.execute(
+                "SELECT application_name, flush_lsn::text,"
+                " pg_wal_lsn_diff(pg_current_wal_lsn(), flush_lsn)::bigint"
+                " FROM pg_stat_replication ORDER BY application_name"
+            ).fetchall()
+        each = {name: {"flush_lsn": lsn, "lag_bytes": behind} for name, lsn, behind in rows}
+        mine = each.get(lagging, {})
         return {
-            "primary_lsn": row[0],
-            "standby_flush_lsn": row[1],
-            "lag_bytes": row[2],
-            "commits_waiting_for_the_standby": int(row[3]),
-        }
+            "primary_lsn": current,
+            "standby_flush_lsn": mine.get("flush_lsn"),
+            "lag_bytes": mine.get("lag_bytes"),
+            "commits_waiting_for_the_standby": int(waiting),
+        } | ({"standbys": each} if len(self.standbys) > 1 else {})
 
     def terminate_waiting(self) -> int:
         """End every session whose COMMIT waits for the standby (``pg_terminate_backend``,
@@ -200,12 +265,11 @@ class ReplicatedPostgres:
         self.primary.restart_after_crash()
 
     def failover(self, promoted: Callable[[], None] | None = None) -> dict[str, Any]:
-        """The primary dies, the standby is promoted, clients are moved to it, and a new
-        standby is made of it. What the old standby had not received is gone.
+        """The primary dies, a standby is promoted, clients are moved to it, and new
+        standbys are made of it. What the promoted standby had not received is gone.
         ``promoted`` is called once the clients reach the promoted standby, before the new
-        standby exists (a reading of what the failover left)."""
+        standbys exist (a reading of what the failover left)."""
         assert self.primary is not None
-        assert self.standby is not None
         started = self._clock()
         record: dict[str, Any] = {}
         try:
@@ -214,34 +278,68 @@ class ReplicatedPostgres:
             record["before"] = {"error": f"{type(error).__name__}: {error}".strip()}
         self.primary.kill()
         record["primary_killed_s"] = round(self._clock() - started, 6)
-        # What the dead machine still had in flight to the standby is gone with it.
-        self.proxy.apply(WindowKind.RESET, [REPLICATION], 0.0)
+        # What the dead machine still had in flight to the standbys is gone with it.
+        paths = [replication_path(slot) for slot in range(len(self.standbys))]
+        self.proxy.apply(WindowKind.RESET, paths, 0.0)
         self.proxy.settle()
         if self._cut is not None:
             self.proxy.end(self._cut)
             self._cut = None
-        standby = self.standby
+        slot = self._chosen(record)
+        standby = self.standbys[slot]
+        assert standby is not None
         standby.promote()
         self.proxy.repoint(socket_of(standby))
         record["promoted_s"] = round(self._clock() - started, 6)
-        old, self.primary, self.standby = self.primary, standby, None
+        old, self.primary = self.primary, standby
+        others = [other for other in self.standbys if other is not None and other is not standby]
+        self.standbys = [None] * len(self.standbys)
         old.close()
+        for other in others:
+            other.close()
         if promoted is not None:
             promoted()
-        self._new_standby()
+        self._new_standbys()
         record["new_standby_streaming_s"] = round(self._clock() - started, 6)
         return record
 
+    def _chosen(self, record: dict[str, Any]) -> int:
+        """The slot of the standby to promote, by the rule; with two, what each had
+        received when the primary died goes into ``record``."""
+        if len(self.standbys) == 1:
+            return 0
+        received: list[dict[str, Any]] = []
+        for slot, standby in enumerate(self.standbys):
+            assert standby is not None
+            with psycopg.connect(standby.dsn, autocommit=True, connect_timeout=10) as conn:
+                row = conn.execute(
+                    "SELECT pg_last_wal_receive_lsn()::text,"
+                    " pg_wal_lsn_diff(pg_last_wal_receive_lsn(), '0/0')::bigint"
+                ).fetchone()
+            lsn, amount = row if row is not None else (None, None)
+            received.append({"slot": slot, "name": self.names[slot], "lsn": lsn, "bytes": amount})
+        record["standbys_received"] = received
+        slot = choose_standby([one["bytes"] for one in received], self.promote, self.lagging_slot)
+        record["promoted_slot"] = slot
+        record["promotes"] = self.promote
+        return slot
+
     # -- standbys -------------------------------------------------------------------------
 
-    def _new_standby(self) -> None:
+    def _new_standbys(self) -> None:
+        """A standby in every slot, each streaming through its own path."""
+        for slot in range(len(self.standbys)):
+            self._new_standby(slot)
+
+    def _new_standby(self, slot: int) -> None:
         assert self.primary is not None
-        host, port = self.proxy.address(REPLICATION)
+        host, port = self.proxy.address(replication_path(slot))
         self.standbys_made += 1
         name = f"standby{self.standbys_made}"
         upstream = f"host={host} port={port} user={self.user} application_name={name}"
         standby = ThrowawayStandby(self.primary, upstream=upstream)
-        self.standby = standby
+        self.standbys[slot] = standby
+        self.names[slot] = name
         standby.start()
         if not wait_until(lambda: self._streaming(name), STREAMING_TIMEOUT_S, poll_s=0.05):
             raise ServerUnavailable(

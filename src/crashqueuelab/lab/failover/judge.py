@@ -26,7 +26,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from crashqueuelab.lab.failover.promises import promise_of
+from crashqueuelab.lab.failover.promises import MOST_ADVANCED, promise_of
 from crashqueuelab.lab.failover.workload import COMPLETED, ENQUEUED, EXECUTED
 from crashqueuelab.systems.contract import JobStatus
 
@@ -52,8 +52,11 @@ def judge_failovers(
     events: Sequence[Mapping[str, Any]],
     failovers: Sequence[Mapping[str, Any]],
     final: Rows,
+    standbys: int = 1,
+    promote: str = MOST_ADVANCED,
 ) -> dict[str, Any]:
-    """The findings, their counts, and the verdict against the level's promise."""
+    """The findings, their counts, and the verdict against the level's promise (with
+    ``standbys`` and the failover's ``promote`` rule, which bound it)."""
     enqueued: dict[str, float] = {}
     completions: dict[str, list[tuple[int, float]]] = defaultdict(list)
     executions: dict[str, list[tuple[int, float]]] = defaultdict(list)
@@ -120,7 +123,7 @@ def judge_failovers(
                     }
                 )
 
-    promise = promise_of(level)
+    promise = promise_of(level, standbys, promote)
     anomalies = sum(len(found[kind]) for kind in KINDS)
     affected = sorted({item["key"] for kind in KINDS for item in found[kind]})
     broken = 0 if promise["allows_loss"] else anomalies

@@ -15,11 +15,22 @@ from typing import Any
 LEVELS = ("off", "local", "remote_write", "on", "remote_apply")
 #: The levels whose commits wait for the synchronous standby.
 WAITING_LEVELS = frozenset({"remote_write", "on", "remote_apply"})
+#: Which standby a failover promotes when the primary has two: the one that received the most
+#: WAL (what an HA manager such as Patroni compares before it promotes), or the one whose
+#: link was cut (a failover that promotes a standby chosen beforehand, whatever it holds).
+MOST_ADVANCED, LAGGING = "most-advanced", "lagging"
+#: How many standbys a primary may have here.
+MAX_STANDBYS = 2
+PROMOTIONS = (MOST_ADVANCED, LAGGING)
 #: Redis's replication settings under Sentinel.
 ASYNCHRONOUS, MIN_REPLICAS = "asynchronous", "min-replicas"
 REDIS_SETTINGS = (ASYNCHRONOUS, MIN_REPLICAS)
 
 WAL_SETTINGS = "https://www.postgresql.org/docs/15/runtime-config-wal.html#GUC-SYNCHRONOUS-COMMIT"
+STANDBY_NAMES = (
+    "https://www.postgresql.org/docs/15/runtime-config-replication.html"
+    "#GUC-SYNCHRONOUS-STANDBY-NAMES"
+)
 HA_PLANNING = "https://www.postgresql.org/docs/15/warm-standby.html#SYNCHRONOUS-REPLICATION-HA"
 
 _PROMISES: dict[str, tuple[bool, str]] = {
@@ -73,6 +84,14 @@ WAITING_COMMITS = (
     " synchronous standbys."
 )
 
+#: What the documentation says a commit waits for when the primary has several standbys.
+QUORUM = (
+    "There will be one or more active synchronous standbys; transactions waiting for commit"
+    " will be allowed to proceed after these standby servers confirm receipt of their data."
+    " ... num_sync is the number of synchronous standbys that transactions need to wait for"
+    " replies from"
+)
+
 
 REDIS_REPLICATION = "https://redis.io/docs/latest/operate/oss_and_stack/management/replication/"
 _REDIS_PROMISES: dict[str, str] = {
@@ -87,9 +106,12 @@ _REDIS_PROMISES: dict[str, str] = {
 }
 
 
-def promise_of(level: str) -> dict[str, Any]:
+def promise_of(level: str, standbys: int = 1, promote: str = MOST_ADVANCED) -> dict[str, Any]:
     """The level's promise at a failover: whether it allows an acknowledged commit to be
-    lost, the documentation's words, and where they are."""
+    lost, the documentation's words, and where they are. With two standbys and
+    ``ANY 1 (*)`` a waiting commit waits for one of them: a failover that promotes the one
+    whose link was cut (``LAGGING``) may promote one the commit never waited for, which the
+    promise does not cover; promoting the one that received the most keeps it."""
     if level in _REDIS_PROMISES:
         return {
             "setting": level,
@@ -98,11 +120,26 @@ def promise_of(level: str) -> dict[str, Any]:
             "source": REDIS_REPLICATION,
         }
     allows_loss, quoted = _PROMISES[level]
-    return {
-        "setting": f"synchronous_commit={level}",
+    setting = f"synchronous_commit={level}"
+    if standbys > 1:
+        setting += f", synchronous_standby_names='ANY 1 (*)' over {standbys} standbys"
+    promise: dict[str, Any] = {
+        "setting": setting,
         "allows_loss": allows_loss,
         "quoted": quoted,
         "source": WAL_SETTINGS,
         "waiting_commits": WAITING_COMMITS,
         "waiting_commits_source": HA_PLANNING,
     }
+    if standbys > 1:
+        promise["promotes"] = promote
+        promise["quorum"] = QUORUM
+        promise["quorum_source"] = STANDBY_NAMES
+        if promote == LAGGING:
+            # The commit waited for one standby; the failover promoted the other.
+            promise["allows_loss"] = True
+            promise["why_allowed"] = (
+                "a commit waited for the other standby, and the promise covers only the"
+                " standbys it waited for"
+            )
+    return promise

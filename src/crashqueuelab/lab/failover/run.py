@@ -28,7 +28,14 @@ from typing import Any
 
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.failover.judge import judge_failovers
-from crashqueuelab.lab.failover.promises import LEVELS, REDIS_SETTINGS, WAITING_LEVELS
+from crashqueuelab.lab.failover.promises import (
+    LAGGING,
+    LEVELS,
+    MAX_STANDBYS,
+    PROMOTIONS,
+    REDIS_SETTINGS,
+    WAITING_LEVELS,
+)
 from crashqueuelab.lab.failover.targets import Target, environment
 from crashqueuelab.lab.failover.workload import ENQUEUED, Ledger, Load, read_ledger
 from crashqueuelab.lab.runs.kinds import FAILOVER
@@ -82,6 +89,14 @@ def check_parameters(
     for name, value in (("failovers", failovers), ("jobs", jobs), ("workers", workers)):
         if value < 1:
             raise InvalidInput(name, f"at least 1, not {value}")
+    if not 1 <= target.standbys <= MAX_STANDBYS:
+        raise InvalidInput("standbys", f"1 to {MAX_STANDBYS}, not {target.standbys}")
+    if target.standbys > 1 and target.system != "postgres":
+        raise InvalidInput("standbys", f"a PostgreSQL setting: not for {target.system}")
+    if target.promote not in PROMOTIONS:
+        raise InvalidInput("promote", f"one of {', '.join(PROMOTIONS)}, not {target.promote!r}")
+    if target.promote == LAGGING and target.standbys < 2:
+        raise InvalidInput("promote", "a choice between standbys: needs two (--standbys 2)")
     for name, asked in (
         ("restart_while_waiting", restart_while_waiting),
         ("terminate_waiting", terminate_waiting),
@@ -181,6 +196,8 @@ def run_failover(
             "restart_while_waiting": restart_while_waiting,
             "terminate_waiting": terminate_waiting,
             "deadline_s": deadline_s,
+            "standbys": target.standbys,
+            "promote": target.promote,
         },
         keys=keys,
         final=final,
@@ -321,7 +338,13 @@ def _record(
     events = read_ledger(output_dir / LEDGER_FILE)
     failovers = json.loads((output_dir / "failovers.json").read_text())
     findings = judge_failovers(
-        level=target.setting, keys=keys, events=events, failovers=failovers, final=final["jobs"]
+        level=target.setting,
+        keys=keys,
+        events=events,
+        failovers=failovers,
+        final=final["jobs"],
+        standbys=target.standbys,
+        promote=target.promote,
     )
     setting = findings["promise"]["setting"]
     reasons = list(problems)
@@ -342,10 +365,13 @@ def _record(
             f" {setting}, which promises none"
         )
     elif findings["documented"]:
+        why = findings["promise"].get("why_allowed", "")
         headline = (
             f"as documented: {target.system} at {setting} lets a failover lose what the"
-            f" standby had not received: {what} over {len(failovers)} failovers (the lab's"
-            " contract, no acknowledged work lost, does not hold there)"
+            f" promoted standby had not received{f' (the lagging one: {why})' if why else ''}:"
+            f" {what} over"
+            f" {len(failovers)} failovers (the lab's contract, no acknowledged work lost,"
+            " does not hold there)"
         )
     else:
         headline = (

@@ -1,9 +1,9 @@
 """What a failover run puts under load: a system, the replicated server it runs on, and
 the replication setting whose promise it is judged against.
 
-- ``postgres``: crashqueuelab's PostgreSQL queue on a primary and a streaming standby
-  (``cluster.ReplicatedPostgres``) at a ``synchronous_commit`` level; the queue is opened
-  accepting that level (at its default it refuses any other than ``on``).
+- ``postgres``: crashqueuelab's PostgreSQL queue on a primary and one or two streaming
+  standbys (``cluster.ReplicatedPostgres``) at a ``synchronous_commit`` level; the queue is
+  opened accepting that level (at its default it refuses any other than ``on``).
 - ``rq``: RQ on a Redis primary, a replica and three Sentinels
   (``sentinel.ReplicatedRedis``), its clients finding the primary through the Sentinels;
   asynchronous, or with ``min-replicas-to-write``.
@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from crashqueuelab.core.clock import SystemClock
 from crashqueuelab.core.ids import RandomIds
 from crashqueuelab.core.retry import RetryPolicy
-from crashqueuelab.lab.failover.promises import ASYNCHRONOUS, MIN_REPLICAS
+from crashqueuelab.lab.failover.promises import ASYNCHRONOUS, MIN_REPLICAS, MOST_ADVANCED
 from crashqueuelab.systems.contract import OpenRequest, QueueClient
 from crashqueuelab.systems.registry import resolve_system
 
@@ -63,6 +63,10 @@ class Target:
     opener: Callable[[Any, Path], QueueClient]
     #: Whether commits can be made to wait for the standby (the waiting-commit faults).
     waits: bool = False
+    #: How many standbys the primary has, and which one a failover promotes
+    #: (``promises.PROMOTIONS``): part of what the setting promises.
+    standbys: int = 1
+    promote: str = MOST_ADVANCED
 
 
 def _request(store: Path) -> OpenRequest:
@@ -72,11 +76,14 @@ def _request(store: Path) -> OpenRequest:
 def postgres_target(
     level: str,
     *,
-    cluster_factory: Callable[[str], AbstractContextManager[Any]] | None = None,
+    standbys: int = 1,
+    promote: str = MOST_ADVANCED,
+    cluster_factory: Callable[..., AbstractContextManager[Any]] | None = None,
     queue_class: type[Any] | None = None,
 ) -> Target:
-    """The PostgreSQL queue at ``level`` (``cluster_factory``, ``queue_class``: a variant of
-    the server or of the queue, a planted bug)."""
+    """The PostgreSQL queue at ``level`` on a primary with ``standbys``, a failover promoting
+    by ``promote`` (``cluster_factory``, ``queue_class``: a variant of the server or of the
+    queue, a planted bug)."""
     from crashqueuelab.lab.failover.cluster import ReplicatedPostgres
     from crashqueuelab.lab.failover.promises import WAITING_LEVELS
     from crashqueuelab.postgres.queue import PostgresQueue
@@ -91,7 +98,15 @@ def postgres_target(
             cluster.client_dsn, _request(store), required_settings=required, queue_class=chosen
         )
 
-    return Target("postgres", level, lambda: factory(level), opener, level in WAITING_LEVELS)
+    return Target(
+        "postgres",
+        level,
+        lambda: factory(level, standbys=standbys, promote=promote),
+        opener,
+        level in WAITING_LEVELS,
+        standbys,
+        promote,
+    )
 
 
 def rq_target(min_replicas: int = 0, max_lag_s: int = 1) -> Target:

@@ -49,6 +49,11 @@ def _command(record: dict[str, Any], run_dir: Path) -> str:
         f"--seed {parameters['seed']}",
         f"--deadline-s {parameters['deadline_s']:g}",
     ]
+    if parameters.get("standbys", 1) > 1:
+        options[1:1] = [
+            f"--standbys {parameters['standbys']}",
+            f"--promote {parameters['promote']}",
+        ]
     if parameters["restart_while_waiting"]:
         options.append("--restart-while-waiting")
     if parameters.get("terminate_waiting"):
