@@ -251,7 +251,10 @@ def add_failover_command(command: Command) -> None:
         help="postgres, rq: how long the replication link is cut before each failover (the lag)",
     )
     sub.add_argument(
-        "--lease-ms", type=positive, default=1000, help="postgres, rq: how long a claim's lease lasts"
+        "--lease-ms",
+        type=positive,
+        default=1000,
+        help="postgres, rq: how long a claim's lease lasts",
     )
     sub.add_argument(
         "--restart-while-waiting",

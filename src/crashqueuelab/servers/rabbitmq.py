@@ -4,11 +4,14 @@ with every file it writes in a temporary directory.
 The node has its own name (``crashqueuelab-<hex>@localhost``), its own AMQP port (on the
 loopback interface only), its own Erlang distribution port and its own ``epmd``, on a port
 of its own (``ERL_EPMD_PORT``), which the lab starts and stops itself: a node started here
-never registers with, nor is stopped by, an ``epmd`` or a ``rabbitmq-server`` service
-anyone else runs. Its database (``RABBITMQ_MNESIA_BASE``), its logs, its configuration file,
-its enabled-plugins file (none: the node starts with no plugin) and its Erlang cookie
-(``HOME``) are under the server's directory; ``/etc/rabbitmq`` is never read
-(``RABBITMQ_CONF_ENV_FILE`` and the configuration files are the server's own).
+never registers with, nor is stopped by, an ``epmd`` or a ``rabbitmq-server`` service anyone
+else runs. The nodes of a cluster find each other through one ``epmd``: given ``epmd_port``,
+a node registers with the one its caller runs there and starts none (the cluster's,
+``lab.failover.rabbitcluster``, which outlives any node it kills). Its database
+(``RABBITMQ_MNESIA_BASE``), its logs, its configuration file, its enabled-plugins file
+(none: the node starts with no plugin) and its Erlang cookie (``HOME``) are under the
+server's directory; ``/etc/rabbitmq`` is never read (``RABBITMQ_CONF_ENV_FILE`` and the
+configuration files are the server's own).
 
 Durability is the clients': a queue survives a restart when it is declared durable, a
 message when it is published persistent (delivery mode 2) to a durable queue, and a

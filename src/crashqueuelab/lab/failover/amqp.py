@@ -153,9 +153,7 @@ class AmqpLoad:
                             "",
                             self.queue,
                             body.encode(),
-                            pika.BasicProperties(
-                                delivery_mode=2, message_id=f"{key}/{copy}", content_type="application/json"
-                            ),
+                            pika.BasicProperties(delivery_mode=2, message_id=f"{key}/{copy}"),
                             mandatory=True,
                         )
                     except Exception as error:  # pika's own errors: the publisher told failure

@@ -44,7 +44,9 @@ def failover_of(failovers: Sequence[Mapping[str, Any]], at_s: float) -> int | No
     return None
 
 
-def _loss_allowed(promise: Mapping[str, Any], failovers: Sequence[Mapping[str, Any]], index: int | None) -> bool:
+def _loss_allowed(
+    promise: Mapping[str, Any], failovers: Sequence[Mapping[str, Any]], index: int | None
+) -> bool:
     """Whether the documentation allows losing a confirmed message at failover ``index``."""
     if not promise["allows_loss"] or index is None:
         return False

@@ -225,7 +225,9 @@ class RabbitCluster:
         """Each node's AMQP port -> its name (what a client's connection says)."""
         return {node.amqp_port: node.node for node in self.nodes}
 
-    def set_mirroring(self, pattern: str, sync_mode: str, promote_on_failure: str) -> dict[str, Any]:
+    def set_mirroring(
+        self, pattern: str, sync_mode: str, promote_on_failure: str
+    ) -> dict[str, Any]:
         """A policy mirroring the queues ``pattern`` matches to every node; its definition."""
         definition = {
             "ha-mode": "all",
@@ -256,7 +258,7 @@ class RabbitCluster:
             "settings": first.settings,
         }
 
-    def kill_leader(self, queue: str, read: Callable[[], None] | None = None) -> dict[str, Any]:
+    def kill_leader(self, queue: str, read: Callable[[], object] | None = None) -> dict[str, Any]:
         """The node hosting ``queue``'s leader is killed; returns once a survivor names a new
         leader (``read`` then runs: the judges' reading), and once the killed node was
         started again and counted running by the others."""
@@ -280,6 +282,7 @@ class RabbitCluster:
             seen.update(now)
             leader = now.get("leader")
             return leader is not None and leader != victim
+
         if not wait_until(elected, WAIT_S, poll_s=0.05):
             raise ServerUnavailable(
                 f"no new leader of {queue} within {WAIT_S:.0f} s: {seen}", "rabbitmq"
@@ -300,4 +303,3 @@ class RabbitCluster:
 
 def mirrored_pattern(queue: str) -> str:
     return f"^{re.escape(queue)}$"
-

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,13 @@ from crashqueuelab.lab.failover.rabbitcluster import (
     mirrored_pattern,
     parse_queues,
 )
-from crashqueuelab.lab.failover.run import LEDGER_FILE, RECORD_FILE, STOP_TIMEOUT_S, _failures, _gaps
+from crashqueuelab.lab.failover.run import (
+    LEDGER_FILE,
+    RECORD_FILE,
+    STOP_TIMEOUT_S,
+    _failures,
+    _gaps,
+)
 from crashqueuelab.lab.failover.workload import ENQUEUED, Ledger, read_ledger
 from crashqueuelab.lab.runs.kinds import FAILOVER
 from crashqueuelab.lab.runs.progress import Progress
@@ -51,7 +58,13 @@ FAILOVER_S = 9.0
 
 
 def check_parameters(
-    *, queue_type: str, sync_mode: str, promote_on_failure: str, failovers: int, jobs: int, workers: int
+    *,
+    queue_type: str,
+    sync_mode: str,
+    promote_on_failure: str,
+    failovers: int,
+    jobs: int,
+    workers: int,
 ) -> None:
     """Refuse what a run could not do, before anything starts."""
     if queue_type not in QUEUE_TYPES:
@@ -159,16 +172,14 @@ def _run(
     try:
         for index in range(failovers):
             due = min(jobs, ledger.count(ENQUEUED) + gaps[index])
-            wait_until(
-                lambda: ledger.count(ENQUEUED) >= due or load.submitted_all.is_set(), 120.0, 0.01
-            )
+            wait_until(partial(_confirmed, ledger, load, due), 120.0, 0.01)
             record: dict[str, Any] = {"index": index}
             struck = time.monotonic()
             record["cut_at_s"] = round(struck - started, 6)
             record["producer_running"] = not load.submitted_all.is_set()
             directory = output_dir / f"failover-{index + 1}"
             record |= cluster.kill_leader(
-                queue, lambda: _read(directory / "after-the-kill", cluster)
+                queue, partial(_read, directory / "after-the-kill", cluster)
             )
             record["killed_at_s"] = round(struck - started + record["primary_killed_s"], 6)
             record["promoted_at_s"] = round(struck - started + record["promoted_s"], 6)
@@ -207,6 +218,11 @@ def _run(
         problems=[*load.crashed, *(f"{name}: still running at the end" for name in still_running)],
         wall_s=time.monotonic() - started,
     )
+
+
+def _confirmed(ledger: Ledger, load: AmqpLoad, due: int) -> bool:
+    """Whether ``due`` jobs were confirmed, or the producer is done."""
+    return ledger.count(ENQUEUED) >= due or load.submitted_all.is_set()
 
 
 def _replicated(entry: dict[str, Any], nodes: int) -> bool:
@@ -307,11 +323,9 @@ def _record(
             "ledger": LEDGER_FILE,
             "failovers": "failovers.json",
             "readings": sorted(
-                str(path.relative_to(output_dir))
-                for path in output_dir.glob(f"**/{QUEUES_FILE}")
+                str(path.relative_to(output_dir)) for path in output_dir.glob(f"**/{QUEUES_FILE}")
             ),
         },
     }
     write_json(output_dir / RECORD_FILE, record)
     return record
-
