@@ -149,6 +149,7 @@ def _rabbitmq(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
                 "synchronised_mirrors_before": one["before"].get("synchronised_mirrors"),
                 "promoted_s": one["promoted_s"],
                 "restarted_s": one["restarted_s"],
+                "rejoined_s": one["rejoined_s"],
             }
             for one in record["failovers"]
         ],

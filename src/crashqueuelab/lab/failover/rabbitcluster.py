@@ -22,6 +22,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Self
 
 from crashqueuelab.core.errors import ServerUnavailable
@@ -116,8 +117,15 @@ def parse_queues(said: str) -> dict[str, dict[str, Any]]:
 class RabbitCluster:
     """Three nodes joined into one cluster; ``kill_leader`` fails a queue over."""
 
-    def __init__(self, size: int = NODES, clock: Callable[[], float] = time.monotonic) -> None:
-        bindir = find_binaries()
+    def __init__(
+        self,
+        size: int = NODES,
+        *,
+        bindir: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``bindir``: where ``rabbitmq-server`` and ``rabbitmqctl`` are (else Debian's)."""
+        bindir = bindir or find_binaries()
         if bindir is None:
             raise ServerUnavailable(
                 "no rabbitmq-server: install Debian's rabbitmq-server package", "rabbitmq"
@@ -131,6 +139,7 @@ class RabbitCluster:
         self._epmd_binary = epmd
         self.epmd: Any = None
         self.down: set[str] = set()
+        self._restarting: _Restart | None = None
 
     def start(self) -> Self:
         try:
@@ -180,8 +189,14 @@ class RabbitCluster:
 
     def close(self) -> None:
         try:
-            for node in self.nodes:
-                node.close()
+            if self._restarting is not None:
+                self._restarting.thread.join(START_TIMEOUT_S * 2)
+            # Side by side: each node's stop waits for its VM to end.
+            closing = [threading.Thread(target=node.close) for node in self.nodes]
+            for thread in closing:
+                thread.start()
+            for thread in closing:
+                thread.join(START_TIMEOUT_S * 2)
         finally:
             if self.epmd is not None:
                 self.epmd.kill()
@@ -260,8 +275,8 @@ class RabbitCluster:
 
     def kill_leader(self, queue: str, read: Callable[[], object] | None = None) -> dict[str, Any]:
         """The node hosting ``queue``'s leader is killed; returns once a survivor names a new
-        leader (``read`` then runs: the judges' reading), and once the killed node was
-        started again and counted running by the others."""
+        leader (``read`` then runs: the judges' reading). The killed node starts again in
+        the background: ``rejoin`` waits for it."""
         started = self._clock()
         before = self.queue(queue)
         victim = before.get("leader")
@@ -292,13 +307,50 @@ class RabbitCluster:
         record["new_leader"] = seen["leader"]
         if read is not None:
             read()
-        node.start_again()
-        self.down.discard(victim)
-        if not wait_until(lambda: self.running() == self.names, WAIT_S, poll_s=0.1):
-            raise ServerUnavailable(f"{victim} did not rejoin the cluster", "rabbitmq")
-        record["restarted_s"] = round(self._clock() - started, 6)
-        record["rejoined"] = self.queue(queue)
+        self._restarting = _Restart(node, started, self._clock)
         return record
+
+    def rejoin(self, queue: str) -> dict[str, Any]:
+        """Wait (bounded) for the node the last ``kill_leader`` killed: started again (in the
+        background, while the load goes on) and counted running by the others; seconds since
+        its kill, and the queue as read then."""
+        restart, self._restarting = self._restarting, None
+        if restart is None:
+            return {}
+        restart.thread.join(START_TIMEOUT_S * 2)
+        if restart.thread.is_alive() or restart.error is not None:
+            raise ServerUnavailable(
+                f"{restart.node.node} did not start again: {restart.error}", "rabbitmq"
+            )
+        self.down.discard(restart.node.node)
+        if not wait_until(lambda: self.running() == self.names, WAIT_S, poll_s=0.1):
+            raise ServerUnavailable(f"{restart.node.node} did not rejoin the cluster", "rabbitmq")
+        return {
+            "restarted_s": round(restart.finished - restart.started, 6),
+            "rejoined_s": round(self._clock() - restart.started, 6),
+            "rejoined": self.queue(queue),
+        }
+
+
+class _Restart:
+    """A killed node started again in a thread of its own (it takes seconds)."""
+
+    def __init__(self, node: ClusterNode, started: float, clock: Callable[[], float]) -> None:
+        self.node = node
+        self.started = started
+        self.finished = started
+        self.error: BaseException | None = None
+        self._clock = clock
+        self.thread = threading.Thread(target=self._run, name=f"restart {node.node}")
+        self.thread.daemon = True
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.node.start_again()
+        except BaseException as error:  # raised by ``rejoin``, in the caller's thread
+            self.error = error
+        self.finished = self._clock()
 
 
 def mirrored_pattern(queue: str) -> str:

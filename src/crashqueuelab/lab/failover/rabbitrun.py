@@ -171,6 +171,8 @@ def _run(
     load.start()
     try:
         for index in range(failovers):
+            if records:
+                records[-1] |= cluster.rejoin(queue)
             due = min(jobs, ledger.count(ENQUEUED) + gaps[index])
             wait_until(partial(_confirmed, ledger, load, due), 120.0, 0.01)
             record: dict[str, Any] = {"index": index}
@@ -183,7 +185,6 @@ def _run(
             )
             record["killed_at_s"] = round(struck - started + record["primary_killed_s"], 6)
             record["promoted_at_s"] = round(struck - started + record["promoted_s"], 6)
-            record["restarted_at_s"] = round(struck - started + record["restarted_s"], 6)
             leader["name"] = record["new_leader"]
             records.append(record)
             say(
@@ -191,6 +192,8 @@ def _run(
                 f" {record['new_leader']} leads after {record['promoted_s']:.2f} s"
             )
         drained = _drain(cluster, queue, load, started + deadline_s)
+        if records:
+            records[-1] |= cluster.rejoin(queue)
     finally:
         still_running = load.stop(STOP_TIMEOUT_S)
     _read(output_dir / "final", cluster)
