@@ -34,7 +34,7 @@ def _failover(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
 
     if args.system == "rabbitmq":
         return _rabbitmq(args)
-    for name in ("queue_type", "ha_sync_mode", "ha_promote_on_failure"):
+    for name in ("queue_type", "ha_sync_mode", "ha_promote_on_failure", "nodes_killed", "work_ms"):
         if getattr(args, name) is not None:
             raise InvalidInput(name, f"a RabbitMQ setting: not for {args.system}")
     if args.system == "rq":
@@ -126,6 +126,8 @@ def _rabbitmq(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         rate_per_s=args.rate,
         seed=args.seed,
         deadline_s=args.deadline_s,
+        nodes_killed=args.nodes_killed or 1,
+        work_ms=args.work_ms or 0,
         progress=progress_for(args),
     )
     findings = record["findings"]
@@ -144,7 +146,8 @@ def _rabbitmq(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         "contract_held": findings["contract_held"],
         "failovers": [
             {
-                "killed_node": one["killed_node"],
+                "killed": one["killed"],
+                "survivor_took_over": one["survivor_took_over"],
                 "new_leader": one["new_leader"],
                 "synchronised_mirrors_before": one["before"].get("synchronised_mirrors"),
                 "promoted_s": one["promoted_s"],
@@ -199,6 +202,22 @@ def add_failover_command(command: Command) -> None:
         default=None,
         help="rabbitmq --queue-type mirrored: the policy's ha-promote-on-failure (RabbitMQ's"
         " default, always, by default)",
+    )
+    sub.add_argument(
+        "--nodes-killed",
+        type=int,
+        choices=(1, 2),
+        default=None,
+        help="rabbitmq: the nodes each failover kills: the leader's (1, the default), or with"
+        " it a synchronised mirror (a quorum queue's other member): a mirrored queue is left"
+        " with an unsynchronised mirror where there is one, a quorum queue without a majority",
+    )
+    sub.add_argument(
+        "--work-ms",
+        type=non_negative,
+        default=None,
+        help="rabbitmq: how long a worker executes each job before acknowledging it (0 by"
+        " default; slower than the producer, the queue grows a backlog)",
     )
     sub.add_argument(
         "--synchronous-commit",

@@ -98,6 +98,8 @@ class AmqpLoad:
     workers: int
     rate_per_s: float
     ledger: Ledger
+    #: How long a worker executes each job before it acknowledges it.
+    work_s: float = 0.0
     stopping: threading.Event = field(default_factory=threading.Event)
     submitted_all: threading.Event = field(default_factory=threading.Event)
     threads: list[threading.Thread] = field(default_factory=list)
@@ -199,6 +201,8 @@ class AmqpLoad:
                             "node": self._node(connection),
                         }
                         self.ledger.note(EXECUTED, key, **fields)
+                        if self.work_s:
+                            self.stopping.wait(self.work_s)
                         call = "ack"
                         channel.basic_ack(method.delivery_tag)
                         # Answered only after the channel read the acknowledgement.

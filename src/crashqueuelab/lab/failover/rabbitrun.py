@@ -17,7 +17,7 @@ import secrets
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.failover.amqp import AmqpLoad, declare
@@ -55,6 +55,19 @@ EMPTY_FOR_S = 1.0
 #: How long each failover takes (the kill, the election, the rejoin; measured 7 to 10 s):
 #: the producer goes on meanwhile.
 FAILOVER_S = 9.0
+
+
+class Shape(NamedTuple):
+    """The load and the faults a run makes."""
+
+    failovers: int
+    jobs: int
+    workers: int
+    rate_per_s: float
+    seed: int
+    deadline_s: float
+    nodes_killed: int
+    work_ms: int
 
 
 def check_parameters(
@@ -101,6 +114,8 @@ def run_rabbit_failover(
     rate_per_s: float = 100.0,
     seed: int = 0,
     deadline_s: float = 120.0,
+    nodes_killed: int = 1,
+    work_ms: int = 0,
     progress: Progress | None = None,
     cluster: RabbitCluster | None = None,
 ) -> dict[str, Any]:
@@ -114,14 +129,17 @@ def run_rabbit_failover(
         jobs=jobs,
         workers=workers,
     )
+    if nodes_killed not in (1, 2):
+        raise InvalidInput("nodes_killed", f"1 or 2 of the 3 nodes, not {nodes_killed}")
+    if work_ms < 0:
+        raise InvalidInput("work_ms", f"at least 0, not {work_ms}")
+    shape = Shape(failovers, jobs, workers, rate_per_s, seed, deadline_s, nodes_killed, work_ms)
     say = progress or (lambda message: None)
     prepare_output_directory(output_dir)
     if cluster is None:
         with RabbitCluster() as started:
-            return _run(output_dir, started, queue_type, sync_mode, promote_on_failure,
-                        failovers, jobs, workers, rate_per_s, seed, deadline_s, say)  # fmt: skip
-    return _run(output_dir, cluster, queue_type, sync_mode, promote_on_failure,
-                failovers, jobs, workers, rate_per_s, seed, deadline_s, say)  # fmt: skip
+            return _run(output_dir, started, queue_type, sync_mode, promote_on_failure, shape, say)
+    return _run(output_dir, cluster, queue_type, sync_mode, promote_on_failure, shape, say)
 
 
 def _run(
@@ -130,14 +148,10 @@ def _run(
     queue_type: str,
     sync_mode: str,
     promote_on_failure: str,
-    failovers: int,
-    jobs: int,
-    workers: int,
-    rate_per_s: float,
-    seed: int,
-    deadline_s: float,
+    shape: Shape,
     say: Progress,
 ) -> dict[str, Any]:
+    failovers, jobs, workers, rate_per_s, seed, deadline_s, nodes_killed, work_ms = shape
     started = time.monotonic()
     keys = [f"failover-{index:06d}" for index in range(jobs)]
     queue = f"crashqueuelab-{queue_type}-{secrets.token_hex(3)}"
@@ -165,6 +179,7 @@ def _run(
         workers,
         rate_per_s,
         ledger,
+        work_s=work_ms / 1000,
     )
     records: list[dict[str, Any]] = []
     gaps = _gaps(jobs, failovers, seed, rate_per_s * FAILOVER_S)
@@ -181,14 +196,14 @@ def _run(
             record["producer_running"] = not load.submitted_all.is_set()
             directory = output_dir / f"failover-{index + 1}"
             record |= cluster.kill_leader(
-                queue, partial(_read, directory / "after-the-kill", cluster)
+                queue, partial(_read, directory / "after-the-kill", cluster), nodes_killed
             )
             record["killed_at_s"] = round(struck - started + record["primary_killed_s"], 6)
             record["promoted_at_s"] = round(struck - started + record["promoted_s"], 6)
             leader["name"] = record["new_leader"]
             records.append(record)
             say(
-                f"failover {index + 1} of {failovers}: {record['killed_node']} killed,"
+                f"failover {index + 1} of {failovers}: {', '.join(record['killed'])} killed,"
                 f" {record['new_leader']} leads after {record['promoted_s']:.2f} s"
             )
         drained = _drain(cluster, queue, load, started + deadline_s)
@@ -215,6 +230,8 @@ def _run(
             "seed": seed,
             "enqueues_before_each_failover": gaps,
             "deadline_s": deadline_s,
+            "nodes_killed": nodes_killed,
+            "work_ms": work_ms,
         },
         keys=keys,
         drained=drained,

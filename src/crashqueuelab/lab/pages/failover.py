@@ -53,6 +53,10 @@ def _rabbit_command(record: dict[str, Any], run_dir: Path) -> str:
         f"--seed {parameters['seed']}",
         f"--deadline-s {parameters['deadline_s']:g}",
     ]
+    if parameters.get("nodes_killed", 1) > 1:
+        options.append(f"--nodes-killed {parameters['nodes_killed']}")
+    if parameters.get("work_ms"):
+        options.append(f"--work-ms {parameters['work_ms']}")
     return (
         f"crashqueuelab failover {' '.join(options)} --output-directory {shlex.quote(str(run_dir))}"
     )
