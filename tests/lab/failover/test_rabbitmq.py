@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from crashqueuelab.core.errors import ServerUnavailable
+from crashqueuelab.core.errors import InvalidInput, ServerUnavailable
 from crashqueuelab.lab.failover.rabbitcluster import RabbitCluster
 from crashqueuelab.lab.failover.rabbitrun import run_rabbit_failover
 from crashqueuelab.lab.pages.render import write_report
@@ -141,8 +142,29 @@ def test_rabbitmq_options_are_refused_where_they_mean_nothing(
         (["--system", "rabbitmq", "--ha-sync-mode", "automatic"], "ha_sync_mode"),
         (["--queue-type", "quorum"], "queue_type"),
         (["--system", "rq", "--ha-promote-on-failure", "always"], "ha_promote_on_failure"),
+        (["--nodes-killed", "2"], "nodes_killed"),
     ):
         run = run_cli("failover", *argv, "--output-directory", tmp_path / "no")
         assert run.code == 2, run.result
         assert run.result["error"]["field"] == field
+    assert not (tmp_path / "no").exists()
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"queue_type": "classic"}, "queue_type"),
+        ({"sync_mode": "eager"}, "ha_sync_mode"),
+        ({"promote_on_failure": "never"}, "ha_promote_on_failure"),
+        ({"failovers": 0}, "failovers"),
+        ({"nodes_killed": 3}, "nodes_killed"),
+        ({"work_ms": -1}, "work_ms"),
+    ],
+)
+def test_a_run_it_could_not_make_is_refused_before_anything_starts(
+    options: dict[str, Any], field: str, tmp_path: Path
+) -> None:
+    with pytest.raises(InvalidInput) as refused:
+        run_rabbit_failover(tmp_path / "no", **options)
+    assert refused.value.field == field
     assert not (tmp_path / "no").exists()
