@@ -5,7 +5,8 @@ three-node RabbitMQ cluster whose leader's node is killed (``lab.failover``)."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from pathlib import Path
+from typing import Any, TextIO
 
 from crashqueuelab.cli.common import (
     EXIT_OK,
@@ -23,6 +24,11 @@ from crashqueuelab.lab.runs.kinds import FAILOVER
 
 
 def _failover(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    if args.system == "rabbitmq":
+        return _rabbitmq(args)
+    for name in ("queue_type", "ha_sync_mode", "ha_promote_on_failure", "nodes_killed", "work_ms"):
+        if getattr(args, name) is not None:
+            raise InvalidInput(name, f"a RabbitMQ setting: not for {args.system}")
     # The servers' client (psycopg, the postgres extra) is imported only for a run.
     try:
         from crashqueuelab.lab.failover.run import run_failover
@@ -32,11 +38,6 @@ def _failover(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
             args.system, f"a failover run needs the {args.system} extra: {error}"
         ) from None
 
-    if args.system == "rabbitmq":
-        return _rabbitmq(args)
-    for name in ("queue_type", "ha_sync_mode", "ha_promote_on_failure", "nodes_killed", "work_ms"):
-        if getattr(args, name) is not None:
-            raise InvalidInput(name, f"a RabbitMQ setting: not for {args.system}")
     if args.system == "rq":
         for name in ("synchronous_commit", "standbys", "promote"):
             if getattr(args, name) is not None:
@@ -130,6 +131,13 @@ def _rabbitmq(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         work_ms=args.work_ms or 0,
         progress=progress_for(args),
     )
+    return rabbitmq_result(record, args.output_directory, args.stderr)
+
+
+def rabbitmq_result(
+    record: dict[str, Any], output_directory: Path, stderr: TextIO | None = None
+) -> tuple[int, dict[str, Any]]:
+    """The exit code and JSON of a RabbitMQ failover run, from its record."""
     findings = record["findings"]
     return (EXIT_OK if record["ok"] else EXIT_REJECTED), {
         "ok": record["ok"],
@@ -158,8 +166,8 @@ def _rabbitmq(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         ],
         "callers_told_failure": record["callers_told_failure"],
         "wall_s": record["wall_s"],
-        "failover_report": str(args.output_directory / FAILOVER.record),
-        "report": html_report(args.output_directory, args.stderr),
+        "failover_report": str(output_directory / FAILOVER.record),
+        "report": html_report(output_directory, stderr),
     }
 
 

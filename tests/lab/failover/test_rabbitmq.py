@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from crashqueuelab.cli.failover import rabbitmq_result
 from crashqueuelab.core.errors import InvalidInput, ServerUnavailable
 from crashqueuelab.lab.failover.rabbitcluster import RabbitCluster
 from crashqueuelab.lab.failover.rabbitrun import run_rabbit_failover
@@ -92,6 +93,13 @@ def test_a_quorum_and_a_mirrored_queue_each_lose_no_confirmed_job_when_the_leade
         "ha-promote-on-failure": "always",
         "ha-promote-on-shutdown": "when-synced",
     }
+    # What the command prints for such a run, from its record.
+    code, result = rabbitmq_result(quorum, tmp_path / "quorum")
+    assert code == (0 if quorum["ok"] else 1)
+    assert result["counts"]["lost_enqueues"] == 0
+    assert result["failovers"][0]["killed"] == [quorum["failovers"][0]["killed_node"]]
+    assert result["failovers"][0]["survivor_took_over"]
+    assert result["report"] == str(tmp_path / "quorum" / "report.html")
     page = write_report(tmp_path / "mirrored").read_text()
     assert "If there is no mirror that is synchronised with the leader" in page
     assert "https://www.rabbitmq.com/docs/3.13/ha#behaviour" in page
