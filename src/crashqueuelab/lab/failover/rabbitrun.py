@@ -19,7 +19,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from crashqueuelab.core.errors import InvalidInput
+from crashqueuelab.core.errors import InvalidInput, ServerUnavailable
 from crashqueuelab.lab.failover.amqp import AmqpLoad, declare
 from crashqueuelab.lab.failover.deliveries import KINDS, judge_deliveries
 from crashqueuelab.lab.failover.promises import rabbit_promise
@@ -257,7 +257,11 @@ def _drain(cluster: RabbitCluster, queue: str, load: AmqpLoad, deadline: float) 
     empty_since: list[float] = []
 
     def drained() -> bool:
-        if not load.submitted_all.is_set() or cluster.queue(queue).get("messages") != 0:
+        try:
+            messages = cluster.queue(queue).get("messages")
+        except ServerUnavailable:  # a reading that failed says nothing: asked again
+            messages = None
+        if not load.submitted_all.is_set() or messages != 0:
             empty_since.clear()
             return False
         empty_since.append(time.monotonic())
