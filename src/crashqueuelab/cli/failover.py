@@ -5,6 +5,7 @@ three-node RabbitMQ cluster whose leader's node is killed (``lab.failover``)."""
 from __future__ import annotations
 
 import argparse
+from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -32,7 +33,11 @@ def _failover(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     # The servers' client (psycopg, the postgres extra) is imported only for a run.
     try:
         from crashqueuelab.lab.failover.run import run_failover
-        from crashqueuelab.lab.failover.targets import postgres_target, rq_target
+        from crashqueuelab.lab.failover.targets import (
+            library_target,
+            postgres_target,
+            rq_target,
+        )
     except ImportError as error:
         raise SystemUnavailable(
             args.system, f"a failover run needs the {args.system} extra: {error}"
@@ -45,8 +50,11 @@ def _failover(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         target = rq_target(args.min_replicas_to_write, args.min_replicas_max_lag)
     else:
         if args.min_replicas_to_write:
-            raise InvalidInput("min_replicas_to_write", "a Redis setting: not for postgres")
-        target = postgres_target(
+            raise InvalidInput("min_replicas_to_write", f"a Redis setting: not for {args.system}")
+        make = (
+            postgres_target if args.system == "postgres" else partial(library_target, args.system)
+        )
+        target = make(
             args.synchronous_commit or "on",
             standbys=args.standbys or 1,
             promote=args.promote or MOST_ADVANCED,
@@ -184,11 +192,11 @@ def add_failover_command(command: Command) -> None:
     )
     sub.add_argument(
         "--system",
-        choices=("postgres", "rq", "rabbitmq"),
+        choices=("postgres", "pgqueuer", "procrastinate", "rq", "rabbitmq"),
         default="postgres",
-        help="crashqueuelab's PostgreSQL queue on a primary and a streaming standby, RQ on"
-        " a Redis primary, a replica and three Sentinels, or a queue on a three-node RabbitMQ"
-        " cluster whose leader's node is killed (--queue-type)",
+        help="crashqueuelab's PostgreSQL queue, pgqueuer or procrastinate on a primary and a"
+        " streaming standby, RQ on a Redis primary, a replica and three Sentinels, or a queue"
+        " on a three-node RabbitMQ cluster whose leader's node is killed (--queue-type)",
     )
     sub.add_argument(
         "--queue-type",

@@ -24,6 +24,7 @@ from crashqueuelab.postgres.queue import (
     PostgresQueue,
     create_store,
 )
+from crashqueuelab.postgres.statements import REPLICATION_BARRIER
 from crashqueuelab.servers.postgres import DSN_VARIABLE
 from crashqueuelab.systems.contract import (
     Capabilities,
@@ -170,6 +171,16 @@ def store_schema(directory: Path, dsn: str) -> str:
         finally:
             os.close(handle_fd)
     return str(json.loads(descriptor.read_text())["schema"])
+
+
+#: Run, in a transaction of its own, before an answer read from a row that another
+#: session's commit made (a job found under its key, a duplicate key refused): a commit that
+#: writes WAL, so that at a waiting ``synchronous_commit`` level it returns only once the
+#: synchronous standbys hold everything committed before it. That row may be committed on
+#: the primary alone: a session ended while its COMMIT waited for the standbys leaves it so
+#: ("committed locally, but might not have been replicated"), other sessions see it at
+#: once, and a failover takes it away. A read writes no WAL and waits for nothing.
+WAIT_FOR_STANDBYS = REPLICATION_BARRIER
 
 
 def server_dsn() -> str:

@@ -185,8 +185,9 @@ class ReplicatedPostgres:
         return self.primary.dsn
 
     def client_environment(self) -> dict[str, str]:
-        """Nothing: the queue's clients are given ``client_dsn`` itself."""
-        return {}
+        """Where a library's adapter finds its server (the lab's own queue is given
+        ``client_dsn`` itself): the primary as clients reach it."""
+        return {DSN_VARIABLE: self.client_dsn}
 
     def reading_environment(self) -> dict[str, str]:
         """Where the judges read: the primary's own socket."""
@@ -219,6 +220,12 @@ class ReplicatedPostgres:
         if self._cut is None:
             path = replication_path(self.lagging_slot)
             self._cut = self.proxy.apply(WindowKind.PARTITION, [path], UNTIL_ENDED_S)
+
+    def heal_replication(self) -> None:
+        """The cut link comes back: the lagging standby catches up."""
+        if self._cut is not None:
+            self.proxy.end(self._cut)
+            self._cut = None
 
     def lag(self) -> dict[str, Any]:
         """How far the standbys are behind the primary, as its WAL senders know: the
@@ -282,9 +289,7 @@ class ReplicatedPostgres:
         paths = [replication_path(slot) for slot in range(len(self.standbys))]
         self.proxy.apply(WindowKind.RESET, paths, 0.0)
         self.proxy.settle()
-        if self._cut is not None:
-            self.proxy.end(self._cut)
-            self._cut = None
+        self.heal_replication()
         slot = self._chosen(record)
         standby = self.standbys[slot]
         assert standby is not None

@@ -91,7 +91,7 @@ def check_parameters(
             raise InvalidInput(name, f"at least 1, not {value}")
     if not 1 <= target.standbys <= MAX_STANDBYS:
         raise InvalidInput("standbys", f"1 to {MAX_STANDBYS}, not {target.standbys}")
-    if target.standbys > 1 and target.system != "postgres":
+    if target.standbys > 1 and target.setting in REDIS_SETTINGS:
         raise InvalidInput("standbys", f"a PostgreSQL setting: not for {target.system}")
     if target.promote not in PROMOTIONS:
         raise InvalidInput("promote", f"one of {', '.join(PROMOTIONS)}, not {target.promote!r}")
@@ -148,7 +148,9 @@ def run_failover(
 
         open_client().close()  # the store, before any fault
         ledger = Ledger(started)
-        load = Load(open_client, keys, workers, rate_per_s, lease_ms * 1000, ledger)
+        load = Load(
+            open_client, keys, workers, rate_per_s, lease_ms * 1000, ledger, reopen=target.reopens
+        )
         load.start()
         # Each failover's lag (twice with a restart) and about a second to promote.
         lags = 1 + restart_while_waiting + terminate_waiting

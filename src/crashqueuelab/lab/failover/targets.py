@@ -4,6 +4,10 @@ the replication setting whose promise it is judged against.
 - ``postgres``: crashqueuelab's PostgreSQL queue on a primary and one or two streaming
   standbys (``cluster.ReplicatedPostgres``) at a ``synchronous_commit`` level; the queue is
   opened accepting that level (at its default it refuses any other than ``on``).
+- ``pgqueuer``, ``procrastinate``: the library through its adapter (its own queries and
+  job manager) on the same replicated PostgreSQL, finding the primary where the clients
+  reach it; their clients hold their connections and do not come back after a failover, so
+  the load opens a client anew after a call that raised (``workload.Reopening``);
 - ``rq``: RQ on a Redis primary, a replica and three Sentinels
   (``sentinel.ReplicatedRedis``), its clients finding the primary through the Sentinels;
   asynchronous, or with ``min-replicas-to-write``.
@@ -67,6 +71,8 @@ class Target:
     #: (``promises.PROMOTIONS``): part of what the setting promises.
     standbys: int = 1
     promote: str = MOST_ADVANCED
+    #: Whether the load opens a client anew after a call that raised.
+    reopens: bool = False
 
 
 def _request(store: Path) -> OpenRequest:
@@ -106,6 +112,40 @@ def postgres_target(
         level in WAITING_LEVELS,
         standbys,
         promote,
+    )
+
+
+#: The libraries on PostgreSQL a failover run can put under load.
+POSTGRES_LIBRARIES = ("pgqueuer", "procrastinate")
+
+
+def library_target(
+    system: str,
+    level: str,
+    *,
+    standbys: int = 1,
+    promote: str = MOST_ADVANCED,
+    cluster_factory: Callable[..., AbstractContextManager[Any]] | None = None,
+) -> Target:
+    """A library on PostgreSQL (``POSTGRES_LIBRARIES``) at ``level``: its adapter finds
+    the primary where the cluster's clients reach it (``client_environment``)."""
+    from crashqueuelab.lab.failover.cluster import ReplicatedPostgres
+    from crashqueuelab.lab.failover.promises import WAITING_LEVELS
+
+    factory = cluster_factory or ReplicatedPostgres
+
+    def opener(cluster: Any, store: Path) -> QueueClient:
+        return resolve_system(system).open(_request(store))
+
+    return Target(
+        system,
+        level,
+        lambda: factory(level, standbys=standbys, promote=promote),
+        opener,
+        level in WAITING_LEVELS,
+        standbys,
+        promote,
+        reopens=True,
     )
 
 

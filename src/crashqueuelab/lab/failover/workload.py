@@ -14,16 +14,17 @@ its type, and the record counts them: none is hidden.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from crashqueuelab.core.errors import CrashQueueLabError
-from crashqueuelab.systems.contract import JobSpec, QueueClient, Verdict
+from crashqueuelab.systems.contract import Claim, JobSpec, QueueClient, Verdict
 
 #: How long an idle worker or the sweeper waits before it asks again.
 IDLE_S = 0.01
@@ -69,6 +70,75 @@ def _error(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"[:300]
 
 
+class Calls(Protocol):
+    """What the load calls on a client."""
+
+    def submit(self, job: JobSpec) -> str: ...
+
+    def claim(self, worker_id: str, lease_us: int) -> Claim | None: ...
+
+    def succeed(self, claim: Claim) -> Verdict: ...
+
+    def recover(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class Reopening:
+    """A client opened anew before the call that follows one that raised: what an
+    application does with a library whose client holds one connection and never
+    reconnects (its pool replaces the connection, or its supervisor restarts the process).
+    The failed call is still the caller's failure; the next one runs on a new session."""
+
+    def __init__(self, open_client: Callable[[], QueueClient]) -> None:
+        self._open = open_client
+        self._client: QueueClient | None = open_client()
+
+    def _current(self) -> QueueClient:
+        if self._client is None:
+            self._client = self._open()  # an error here is the call's: it stays to reopen
+        return self._client
+
+    def _failed(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):  # its connection is what failed
+                client.close()
+
+    def submit(self, job: JobSpec) -> str:
+        try:
+            return self._current().submit(job)
+        except Exception:
+            self._failed()
+            raise
+
+    def claim(self, worker_id: str, lease_us: int) -> Claim | None:
+        try:
+            return self._current().claim(worker_id, lease_us)
+        except Exception:
+            self._failed()
+            raise
+
+    def succeed(self, claim: Claim) -> Verdict:
+        try:
+            return self._current().succeed(claim)
+        except Exception:
+            self._failed()
+            raise
+
+    def recover(self) -> int:
+        try:
+            return self._current().recover()
+        except Exception:
+            self._failed()
+            raise
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
 @dataclass
 class Load:
     """The run's threads; ``start`` them, ``stop`` them (bounded), then read ``ledger``."""
@@ -84,9 +154,11 @@ class Load:
     threads: list[threading.Thread] = field(default_factory=list)
     #: Threads that ended on an error the load does not expect (their last words).
     crashed: list[str] = field(default_factory=list)
+    #: Whether each thread opens its client anew after a call that raised (``Reopening``).
+    reopen: bool = False
 
     def start(self) -> None:
-        bodies: list[tuple[str, Callable[[QueueClient], None]]] = [("producer", self._produce)]
+        bodies: list[tuple[str, Callable[[Calls], None]]] = [("producer", self._produce)]
         bodies += [(f"worker-{n}", self._worker(f"worker-{n}")) for n in range(self.workers)]
         bodies.append(("sweeper", self._sweep))
         for name, body in bodies:
@@ -102,9 +174,9 @@ class Load:
             thread.join(max(0.0, deadline - time.monotonic()))
         return [thread.name for thread in self.threads if thread.is_alive()]
 
-    def _guarded(self, name: str, body: Callable[[QueueClient], None]) -> None:
+    def _guarded(self, name: str, body: Callable[[Calls], None]) -> None:
         try:
-            client = self.open_client()
+            client: Calls = Reopening(self.open_client) if self.reopen else self.open_client()
         except CrashQueueLabError as error:
             self.crashed.append(f"{name}: could not open the queue: {_error(error)}")
             return
@@ -115,7 +187,7 @@ class Load:
         finally:
             client.close()
 
-    def _produce(self, client: QueueClient) -> None:
+    def _produce(self, client: Calls) -> None:
         interval = 1.0 / self.rate_per_s
         due = time.monotonic()
         for value, key in enumerate(self.keys):
@@ -135,8 +207,8 @@ class Load:
                 return
         self.submitted_all.set()
 
-    def _worker(self, worker_id: str) -> Callable[[QueueClient], None]:
-        def work(client: QueueClient) -> None:
+    def _worker(self, worker_id: str) -> Callable[[Calls], None]:
+        def work(client: Calls) -> None:
             while not self.stopping.is_set():
                 try:
                     claim = client.claim(worker_id, self.lease_us)
@@ -159,7 +231,7 @@ class Load:
 
         return work
 
-    def _sweep(self, client: QueueClient) -> None:
+    def _sweep(self, client: Calls) -> None:
         while not self.stopping.wait(SWEEP_EVERY_S):
             try:
                 client.recover()

@@ -12,6 +12,8 @@ from crashqueuelab.lab.runs.kinds import FAILOVER
 
 _SYSTEMS = {
     "postgres": "postgres (crashqueuelab's PostgreSQL queue)",
+    "pgqueuer": "pgqueuer (through its own queries)",
+    "procrastinate": "procrastinate (through its own job manager)",
     "rq": "rq (RQ through Redis Sentinel)",
     "rabbitmq": "rabbitmq (a three-node RabbitMQ cluster, pika clients)",
 }
@@ -73,6 +75,8 @@ def _command(record: dict[str, Any], run_dir: Path) -> str:
         if setting == "min-replicas"
         else "--system rq"
         if setting == "asynchronous"
+        else f"--system {record['system']} --synchronous-commit {setting}"
+        if record["system"] != "postgres"
         else f"--synchronous-commit {setting}"
     )
     options = [

@@ -33,7 +33,7 @@ from crashqueuelab.judges.readers.pgqueuer import FINAL, KEYS_FILE
 from crashqueuelab.systems.boundary import around
 from crashqueuelab.systems.contract import Claim, JobSpec, JobStatus, JobView, OpenRequest, Verdict
 from crashqueuelab.systems.libraries.skeleton import LibraryClient, tokenless_claim
-from crashqueuelab.systems.postgres import server_dsn, store_schema
+from crashqueuelab.systems.postgres import WAIT_FOR_STANDBYS, server_dsn, store_schema
 
 T = TypeVar("T")
 ENTRYPOINT = "crashqueuelab"
@@ -183,13 +183,28 @@ class PgQueuerClient(LibraryClient):
                     self.queries.enqueue(ENTRYPOINT, payload, dedupe_key=job.key, **later)
                 )
             except DuplicateJobError:
-                # Queued or picked under this key already, by a producer that died
-                # before it noted the id: pgqueuer says no more than that.
-                return job.key
+                # Queued or picked under this key already, by a producer that died or lost
+                # its answer before it noted the id: pgqueuer says no more than that, and
+                # the row it saw may not be on the standbys yet (WAIT_FOR_STANDBYS).
+                self._run(self.connection.execute(WAIT_FOR_STANDBYS))
+                found = self._run(self._queued_under(job.key))
+                if found is None:
+                    return job.key  # finished meanwhile: its id is no longer by its key
+                _append_synced(self.keys_file, {"key": job.key, "id": found})
+                return found
             _append_synced(self.keys_file, {"key": job.key, "id": str(created[0])})
             return str(created[0])
 
         return around(self.hook, "enqueue", enqueue)
+
+    async def _queued_under(self, key: str) -> str | None:
+        """The id of the job queued or picked under ``key`` (the judges' reader finds a
+        finished job's key by its id, in the keys file)."""
+        cursor = await self.connection.execute(
+            "SELECT id FROM pgqueuer WHERE dedupe_key = %s", (key,)
+        )
+        row = await cursor.fetchone()
+        return None if row is None else str(row[0])
 
     def _manager(self, worker_id: str) -> uuid.UUID:
         return self.managers.setdefault(worker_id, uuid.uuid4())

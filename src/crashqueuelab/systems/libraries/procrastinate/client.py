@@ -33,7 +33,7 @@ from crashqueuelab.judges.readers.procrastinate import attempts_made
 from crashqueuelab.systems.boundary import around
 from crashqueuelab.systems.contract import Claim, JobSpec, JobStatus, JobView, OpenRequest, Verdict
 from crashqueuelab.systems.libraries.skeleton import LibraryClient, tokenless_claim
-from crashqueuelab.systems.postgres import server_dsn, store_schema
+from crashqueuelab.systems.postgres import WAIT_FOR_STANDBYS, server_dsn, store_schema
 
 T = TypeVar("T")
 TASK = "crashqueuelab"
@@ -123,6 +123,9 @@ class ProcrastinateClient(LibraryClient):
 
     def submit_many(self, jobs: Sequence[JobSpec]) -> list[str]:
         known = self._jobs()
+        if any(job.key in known for job in jobs):
+            # Found under its key: its row may not be on the standbys yet (WAIT_FOR_STANDBYS).
+            self._run(self.app.connector.execute_query_async(WAIT_FOR_STANDBYS.decode()))
         ids = []
         for job in jobs:
             if job.key in known:
