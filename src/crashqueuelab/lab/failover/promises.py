@@ -189,8 +189,9 @@ REDELIVERY = (
 
 def rabbit_promise(queue_type: str, sync_mode: str, promote_on_failure: str) -> dict[str, Any]:
     """What RabbitMQ's documentation promises of ``queue_type`` when the node hosting its
-    leader dies: a confirmed message is never lost from a quorum queue while a majority of
-    its nodes lives (one of three dies here); a mirrored queue loses only what its promoted
+    leader dies: a confirmed message is never lost from a quorum queue unless a majority of
+    its nodes is gone for good (every killed node is started again here); a mirrored queue
+    loses only what its promoted
     mirror lacked, which a synchronised mirror does not (``lost_only_unsynchronised``). A
     delivery acknowledged and delivered again is documented for both: AMQP 0-9-1 answers
     no acknowledgement, and consumers must be idempotent."""
