@@ -226,7 +226,9 @@ def main(
             out.write(json.dumps(_verdict_first(result), indent=2) + "\n")
             out.flush()
             return code
-        with interruptible(), servers_for(named, getattr(args, "dsn", None)) as server:
+        # A command that starts the servers it needs itself (failover) gets none from here.
+        needing = [] if getattr(args, "own_servers", False) else named
+        with interruptible(), servers_for(needing, getattr(args, "dsn", None)) as server:
             args.server = server
             code, result = handler(args)
     except UsageError as error:

@@ -190,6 +190,8 @@ def add_failover_command(command: Command) -> None:
         " promises (exit 4 without the server's binaries)",
         database=False,
     )
+    # It starts its replicated servers itself: the command line starts none for it.
+    sub.set_defaults(own_servers=True)
     sub.add_argument(
         "--system",
         choices=("postgres", "pgqueuer", "procrastinate", "rq", "rabbitmq"),
