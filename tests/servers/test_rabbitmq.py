@@ -106,3 +106,16 @@ def test_a_failing_rabbitmqctl_is_unavailable_with_what_it_said(tmp_path: Path) 
 
 def test_nothing_answers_amqp_on_a_port_nobody_listens_on() -> None:
     assert not amqp_ready(free_port(), timeout_s=0.5)
+
+
+def test_a_node_given_an_epmd_port_uses_that_epmd_and_starts_none(tmp_path: Path) -> None:
+    bindir = _stand_in(tmp_path / "bin", "exit 1")
+    if rabbitmq.find_epmd(bindir) is None:
+        pytest.skip("no epmd here")
+    port = free_port()
+    with ThrowawayRabbitMQ(bindir, epmd_port=port) as server:
+        assert not server.own_epmd
+        assert server.control_environment()["ERL_EPMD_PORT"] == str(port)
+        with pytest.raises(ServerUnavailable):
+            server.start()
+        assert server.epmd is None

@@ -1,11 +1,13 @@
 """``crashqueuelab failover``: the PostgreSQL queue on a primary with a streaming standby,
-failed over under load while the standby lags (``lab.failover``)."""
+or RQ on Redis with Sentinel, failed over under load while the standby lags; or a queue on a
+three-node RabbitMQ cluster whose leader's node is killed (``lab.failover``)."""
 
 from __future__ import annotations
 
 import argparse
 from functools import partial
-from typing import Any
+from pathlib import Path
+from typing import Any, TextIO
 
 from crashqueuelab.cli.common import (
     EXIT_OK,
@@ -23,6 +25,11 @@ from crashqueuelab.lab.runs.kinds import FAILOVER
 
 
 def _failover(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    if args.system == "rabbitmq":
+        return _rabbitmq(args)
+    for name in ("queue_type", "ha_sync_mode", "ha_promote_on_failure", "nodes_killed", "work_ms"):
+        if getattr(args, name) is not None:
+            raise InvalidInput(name, f"a RabbitMQ setting: not for {args.system}")
     # The servers' client (psycopg, the postgres extra) is imported only for a run.
     try:
         from crashqueuelab.lab.failover.run import run_failover
@@ -100,6 +107,78 @@ def _failover(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     }
 
 
+def _rabbitmq(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    """A queue on a three-node RabbitMQ cluster, the node hosting its leader killed."""
+    for name in ("synchronous_commit", "standbys", "promote"):
+        if getattr(args, name) is not None:
+            raise InvalidInput(name, "a PostgreSQL setting: not for rabbitmq")
+    for name in ("min_replicas_to_write", "restart_while_waiting", "terminate_waiting"):
+        if getattr(args, name):
+            raise InvalidInput(name, "not a RabbitMQ setting")
+    queue_type = args.queue_type or "quorum"
+    if queue_type == "quorum":
+        for name in ("ha_sync_mode", "ha_promote_on_failure"):
+            if getattr(args, name) is not None:
+                raise InvalidInput(name, "a mirrored queue's policy: not for a quorum queue")
+    try:
+        from crashqueuelab.lab.failover.rabbitrun import run_rabbit_failover
+    except ImportError as error:  # pragma: no cover - pika comes with the dramatiq extra
+        raise SystemUnavailable("rabbitmq", f"a failover run needs pika: {error}") from None
+    record = run_rabbit_failover(
+        args.output_directory,
+        queue_type=queue_type,
+        sync_mode=args.ha_sync_mode or "manual",
+        promote_on_failure=args.ha_promote_on_failure or "always",
+        failovers=args.failovers,
+        jobs=args.jobs,
+        workers=args.workers,
+        rate_per_s=args.rate,
+        seed=args.seed,
+        deadline_s=args.deadline_s,
+        nodes_killed=args.nodes_killed or 1,
+        work_ms=args.work_ms or 0,
+        progress=progress_for(args),
+    )
+    return rabbitmq_result(record, args.output_directory, args.stderr)
+
+
+def rabbitmq_result(
+    record: dict[str, Any], output_directory: Path, stderr: TextIO | None = None
+) -> tuple[int, dict[str, Any]]:
+    """The exit code and JSON of a RabbitMQ failover run, from its record."""
+    findings = record["findings"]
+    return (EXIT_OK if record["ok"] else EXIT_REJECTED), {
+        "ok": record["ok"],
+        "keeps_its_promises": record["keeps_its_promises"],
+        "judged": record["judged"],
+        "headline": record["headline"],
+        "reasons": record["reasons"],
+        "system": record["system"],
+        "setting": findings["promise"]["setting"],
+        "promise": findings["promise"]["quoted"],
+        "counts": findings["counts"],
+        "documented": findings["documented"],
+        "broken_promises": findings["broken_promises"],
+        "contract_held": findings["contract_held"],
+        "failovers": [
+            {
+                "killed": one["killed"],
+                "survivor_took_over": one["survivor_took_over"],
+                "new_leader": one["new_leader"],
+                "synchronised_mirrors_before": one["before"].get("synchronised_mirrors"),
+                "promoted_s": one["promoted_s"],
+                "restarted_s": one["restarted_s"],
+                "rejoined_s": one["rejoined_s"],
+            }
+            for one in record["failovers"]
+        ],
+        "callers_told_failure": record["callers_told_failure"],
+        "wall_s": record["wall_s"],
+        "failover_report": str(output_directory / FAILOVER.record),
+        "report": html_report(output_directory, stderr),
+    }
+
+
 def add_failover_command(command: Command) -> None:
     sub = command(
         "failover",
@@ -115,10 +194,48 @@ def add_failover_command(command: Command) -> None:
     sub.set_defaults(own_servers=True)
     sub.add_argument(
         "--system",
-        choices=("postgres", "pgqueuer", "procrastinate", "rq"),
+        choices=("postgres", "pgqueuer", "procrastinate", "rq", "rabbitmq"),
         default="postgres",
         help="crashqueuelab's PostgreSQL queue, pgqueuer or procrastinate on a primary and a"
-        " streaming standby, or RQ on a Redis primary, a replica and three Sentinels",
+        " streaming standby, RQ on a Redis primary, a replica and three Sentinels, or a queue"
+        " on a three-node RabbitMQ cluster whose leader's node is killed (--queue-type)",
+    )
+    sub.add_argument(
+        "--queue-type",
+        choices=("quorum", "mirrored"),
+        default=None,
+        help="rabbitmq: a quorum queue (the default) or a classic queue mirrored to every node"
+        " (policy ha-mode all)",
+    )
+    sub.add_argument(
+        "--ha-sync-mode",
+        choices=("manual", "automatic"),
+        default=None,
+        help="rabbitmq --queue-type mirrored: the policy's ha-sync-mode (RabbitMQ's default,"
+        " manual, by default)",
+    )
+    sub.add_argument(
+        "--ha-promote-on-failure",
+        choices=("always", "when-synced"),
+        default=None,
+        help="rabbitmq --queue-type mirrored: the policy's ha-promote-on-failure (RabbitMQ's"
+        " default, always, by default)",
+    )
+    sub.add_argument(
+        "--nodes-killed",
+        type=int,
+        choices=(1, 2),
+        default=None,
+        help="rabbitmq: the nodes each failover kills: the leader's (1, the default), or with"
+        " it a synchronised mirror (a quorum queue's other member): a mirrored queue is left"
+        " with an unsynchronised mirror where there is one, a quorum queue without a majority",
+    )
+    sub.add_argument(
+        "--work-ms",
+        type=non_negative,
+        default=None,
+        help="rabbitmq: how long a worker executes each job before acknowledging it (0 by"
+        " default; slower than the producer, the queue grows a backlog)",
     )
     sub.add_argument(
         "--synchronous-commit",
@@ -169,10 +286,13 @@ def add_failover_command(command: Command) -> None:
         "--lag-s",
         type=positive_number,
         default=0.5,
-        help="how long the replication link is cut before each failover (the lag)",
+        help="postgres, rq: how long the replication link is cut before each failover (the lag)",
     )
     sub.add_argument(
-        "--lease-ms", type=positive, default=1000, help="how long a claim's lease lasts"
+        "--lease-ms",
+        type=positive,
+        default=1000,
+        help="postgres, rq: how long a claim's lease lasts",
     )
     sub.add_argument(
         "--restart-while-waiting",

@@ -4,11 +4,14 @@ with every file it writes in a temporary directory.
 The node has its own name (``crashqueuelab-<hex>@localhost``), its own AMQP port (on the
 loopback interface only), its own Erlang distribution port and its own ``epmd``, on a port
 of its own (``ERL_EPMD_PORT``), which the lab starts and stops itself: a node started here
-never registers with, nor is stopped by, an ``epmd`` or a ``rabbitmq-server`` service
-anyone else runs. Its database (``RABBITMQ_MNESIA_BASE``), its logs, its configuration file,
-its enabled-plugins file (none: the node starts with no plugin) and its Erlang cookie
-(``HOME``) are under the server's directory; ``/etc/rabbitmq`` is never read
-(``RABBITMQ_CONF_ENV_FILE`` and the configuration files are the server's own).
+never registers with, nor is stopped by, an ``epmd`` or a ``rabbitmq-server`` service anyone
+else runs. The nodes of a cluster find each other through one ``epmd``: given ``epmd_port``,
+a node registers with the one its caller runs there and starts none (the cluster's,
+``lab.failover.rabbitcluster``, which outlives any node it kills). Its database
+(``RABBITMQ_MNESIA_BASE``), its logs, its configuration file, its enabled-plugins file
+(none: the node starts with no plugin) and its Erlang cookie (``HOME``) are under the
+server's directory; ``/etc/rabbitmq`` is never read (``RABBITMQ_CONF_ENV_FILE`` and the
+configuration files are the server's own).
 
 Durability is the clients': a queue survives a restart when it is declared durable, a
 message when it is published persistent (delivery mode 2) to a durable queue, and a
@@ -135,7 +138,9 @@ class ThrowawayRabbitMQ(Throwaway):
     name = "rabbitmq"
     start_timeout_s = START_TIMEOUT_S
 
-    def __init__(self, bindir: Path | None = None) -> None:
+    def __init__(self, bindir: Path | None = None, *, epmd_port: int | None = None) -> None:
+        """``epmd_port``: an ``epmd`` the caller runs there (the nodes of a cluster find each
+        other through one); the node then starts none of its own."""
         found = bindir if bindir is not None else find_binaries()
         if found is None:
             raise ServerUnavailable(
@@ -152,7 +157,8 @@ class ThrowawayRabbitMQ(Throwaway):
         self.node = f"crashqueuelab-{secrets.token_hex(4)}@localhost"
         self.amqp_port = free_port()
         self.dist_port = free_port()
-        self.epmd_port = free_port()
+        self.own_epmd = epmd_port is None
+        self.epmd_port = free_port() if epmd_port is None else epmd_port
         self.home = self.root / "home"
         self.logs = self.root / "logs"
         self.config = self.root / "rabbitmq.conf"
@@ -257,14 +263,8 @@ class ThrowawayRabbitMQ(Throwaway):
         """Start ``epmd``, then the node; returns once the node answers on its AMQP port. A
         node that exits or does not answer in time is ``ServerUnavailable``."""
         environment = self.control_environment()
-        self.epmd = subprocess.Popen(
-            [str(self.epmd_binary), "-port", str(self.epmd_port)],
-            env=environment,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        if self.own_epmd:
+            self.epmd = self.start_epmd(self.epmd_binary, self.epmd_port, environment)
         with self.log.open("ab") as log:
             process = self.process = subprocess.Popen(
                 [str(self.bindir / "rabbitmq-server")],
@@ -285,6 +285,20 @@ class ThrowawayRabbitMQ(Throwaway):
             return
         self.kill()
         raise ServerUnavailable(f"rabbitmq-server did not start: {self.last_words()}", self.name)
+
+    @staticmethod
+    def start_epmd(
+        binary: Path, port: int, environment: Mapping[str, str]
+    ) -> subprocess.Popen[bytes]:
+        """An ``epmd`` on ``port``, in a session of its own."""
+        return subprocess.Popen(
+            [str(binary), "-port", str(port)],
+            env=dict(environment),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
     def last_words(self) -> str:
         """The end of the node's own log, else of what its script printed, or "no log"."""

@@ -143,3 +143,81 @@ def promise_of(level: str, standbys: int = 1, promote: str = MOST_ADVANCED) -> d
                 " standbys it waited for"
             )
     return promise
+
+
+#: RabbitMQ's queue types on a cluster, and what its documentation promises of each. The
+#: 3.13 guides are the last to document classic mirroring (removed in 4.0); their text of
+#: these promises is 3.10's.
+QUORUM_QUEUES = "https://www.rabbitmq.com/docs/3.13/quorum-queues#data-safety"
+MIRRORING = "https://www.rabbitmq.com/docs/3.13/ha#behaviour"
+UNSYNCHRONISED_PROMOTION = "https://www.rabbitmq.com/docs/3.13/ha#promoting-unsynchronised-mirrors"
+REQUEUEING = "https://www.rabbitmq.com/docs/3.13/confirms#automatic-requeueing"
+QUORUM_PROMISE = (
+    "Quorum queues are designed to provide data safety under network partition and failure"
+    " scenarios. A message that was successfully confirmed back to the publisher using the"
+    " publisher confirms feature should not be lost as long as at least a majority of"
+    " RabbitMQ nodes hosting the quorum queue are not permanently made unavailable."
+)
+MIRRORED_PROMISE = (
+    "The longest running mirror is promoted to leader, the assumption being that it is most"
+    " likely to be fully synchronised with the leader. If there is no mirror that is"
+    " synchronised with the leader, messages that only existed on leader will be lost."
+    " ... in the case of publisher confirms, a message will only be confirmed to the"
+    " publisher when it has been accepted by all of the mirrors."
+)
+UNSYNCHRONISED_PROMISE = (
+    "By default if a queue's leader node fails, loses connection to its peers or is removed"
+    " from the cluster, the oldest mirror will be promoted to be the new leader. In some"
+    " circumstances this mirror can be unsynchronised, which will cause data loss. ... When"
+    " set to when-synced, it will make sure that unsynchronised mirrors are not promoted."
+)
+MIRRORED_REDELIVERY = (
+    "It requeues all messages that have been delivered to clients but are pending"
+    " acknowledgement. This can include messages for which a client has issued"
+    " acknowledgements, say, if an acknowledgement was either lost on the wire before reaching"
+    " the node hosting queue leader, or it was lost when broadcast from the leader to the"
+    " mirrors. ... clients that re-consume from the queue must be aware that they are likely"
+    " to subsequently receive messages that they have already received."
+)
+REDELIVERY = (
+    "When manual acknowledgements are used, any delivery (message) that was not acked is"
+    " automatically requeued when the channel (or connection) on which the delivery happened"
+    " is closed. ... Due to this behavior, consumers must be prepared to handle redeliveries"
+    " and otherwise be implemented with idempotence in mind."
+)
+
+
+def rabbit_promise(queue_type: str, sync_mode: str, promote_on_failure: str) -> dict[str, Any]:
+    """What RabbitMQ's documentation promises of ``queue_type`` when the node hosting its
+    leader dies: a confirmed message is never lost from a quorum queue unless a majority of
+    its nodes is gone for good (every killed node is started again here); a mirrored queue
+    loses only what its promoted
+    mirror lacked, which a synchronised mirror does not (``lost_only_unsynchronised``). A
+    delivery acknowledged and delivered again is documented for both: AMQP 0-9-1 answers
+    no acknowledgement, and consumers must be idempotent."""
+    if queue_type == "quorum":
+        return {
+            "setting": "quorum queue (x-queue-type: quorum), 3 members",
+            "allows_loss": False,
+            "quoted": QUORUM_PROMISE,
+            "source": QUORUM_QUEUES,
+            "redelivery": REDELIVERY,
+            "redelivery_source": REQUEUEING,
+        }
+    setting = (
+        f"classic mirrored queue (ha-mode: all, ha-sync-mode: {sync_mode},"
+        f" ha-promote-on-failure: {promote_on_failure}, ha-promote-on-shutdown: when-synced)"
+    )
+    return {
+        "setting": setting,
+        # Only where no mirror was synchronised at the failover, and only if RabbitMQ may
+        # promote such a mirror: the judge decides per failover.
+        "allows_loss": promote_on_failure == "always",
+        "lost_only_unsynchronised": True,
+        "quoted": MIRRORED_PROMISE,
+        "source": MIRRORING,
+        "unsynchronised": UNSYNCHRONISED_PROMISE,
+        "unsynchronised_source": UNSYNCHRONISED_PROMOTION,
+        "redelivery": MIRRORED_REDELIVERY,
+        "redelivery_source": MIRRORING,
+    }

@@ -15,6 +15,7 @@ _SYSTEMS = {
     "pgqueuer": "pgqueuer (through its own queries)",
     "procrastinate": "procrastinate (through its own job manager)",
     "rq": "rq (RQ through Redis Sentinel)",
+    "rabbitmq": "rabbitmq (a three-node RabbitMQ cluster, pika clients)",
 }
 #: Rows shown per kind of finding (the record holds them all).
 SHOWN = 50
@@ -27,9 +28,45 @@ _KIND_TEXT = {
     "duplicate_effects": "effects twice: a job executed again after one of its executions was"
     " acknowledged",
 }
+#: A RabbitMQ run's findings (``lab.failover.deliveries``): a message queue keeps no row per
+#: job, so no lease can come back; a completion comes back as a delivery.
+_RABBIT_TEXT = {
+    "lost_enqueues": "confirmed enqueues lost: never delivered, and the queue empty at the end",
+    "resurrected_completions": "acknowledged deliveries that came back: the same message"
+    " delivered again after its acknowledgement was answered",
+    "duplicate_effects": "effects twice: a job delivered again after one of its deliveries was"
+    " acknowledged (the same message, or a copy published again after a lost confirm)",
+}
+
+
+def _rabbit_command(record: dict[str, Any], run_dir: Path) -> str:
+    parameters = record["parameters"]
+    options = [f"--system rabbitmq --queue-type {parameters['queue_type']}"]
+    if parameters["queue_type"] == "mirrored":
+        options.append(
+            f"--ha-sync-mode {parameters['ha_sync_mode']}"
+            f" --ha-promote-on-failure {parameters['ha_promote_on_failure']}"
+        )
+    options += [
+        f"--failovers {parameters['failovers']}",
+        f"--jobs {parameters['jobs']}",
+        f"--workers {parameters['workers']}",
+        f"--rate {parameters['rate_per_s']:g}",
+        f"--seed {parameters['seed']}",
+        f"--deadline-s {parameters['deadline_s']:g}",
+    ]
+    if parameters.get("nodes_killed", 1) > 1:
+        options.append(f"--nodes-killed {parameters['nodes_killed']}")
+    if parameters.get("work_ms"):
+        options.append(f"--work-ms {parameters['work_ms']}")
+    return (
+        f"crashqueuelab failover {' '.join(options)} --output-directory {shlex.quote(str(run_dir))}"
+    )
 
 
 def _command(record: dict[str, Any], run_dir: Path) -> str:
+    if record["system"] == "rabbitmq":
+        return _rabbit_command(record, run_dir)
     parameters = record["parameters"]
     setting = record["findings"]["level"]
     chosen = (
@@ -73,7 +110,11 @@ def failover_view(run_dir: Path) -> View:
     promise = findings["promise"]
     verdict = Verdict(
         ok=record["ok"],
-        title=f"failover: {len(record['failovers'])} at {promise['setting']}",
+        title=(
+            f"failover: {len(record['failovers'])} leader kills of a {promise['setting']}"
+            if record["system"] == "rabbitmq"
+            else f"failover: {len(record['failovers'])} at {promise['setting']}"
+        ),
         system=_SYSTEMS.get(record["system"], record["system"]),
         durability=str(record["server"].get("replication", promise["setting"])),
         seed=record["parameters"]["seed"],
@@ -106,6 +147,7 @@ def failover_view(run_dir: Path) -> View:
                 "PostgreSQL documents it: commits waiting for the standby at a restart",
             )
         )
+    kinds = _RABBIT_TEXT if record["system"] == "rabbitmq" else _KIND_TEXT
     sections = [
         {
             "name": kind,
@@ -113,7 +155,7 @@ def failover_view(run_dir: Path) -> View:
             "count": counts[kind],
             "rows": findings[kind][:SHOWN],
         }
-        for kind, text in _KIND_TEXT.items()
+        for kind, text in kinds.items()
     ]
     data = {
         "headline": record["headline"],
@@ -121,11 +163,13 @@ def failover_view(run_dir: Path) -> View:
         "server": record["server"],
         "failovers": record["failovers"],
         "sections": sections,
-        "visible_then_lost": findings["visible_then_lost"][:SHOWN],
+        "visible_then_lost": findings.get("visible_then_lost", [])[:SHOWN],
         "shown": SHOWN,
         "final_store": record["final_store"],
         "told_failure": record.get("callers_told_failure", {}),
         "active": record.get("active_at_the_end", []),
         "evidence": record["evidence"],
+        "rabbitmq": record["system"] == "rabbitmq",
+        "parameters": record["parameters"],
     }
     return View("failover.html.j2", verdict, figures, data)

@@ -1,0 +1,392 @@
+"""A three-node RabbitMQ cluster the run starts: three throwaway nodes (``servers.rabbitmq``),
+each its own name, ports and directory, one ``epmd`` they share (the cluster's: a node's
+death does not take the others' port mapper with it), one Erlang cookie, joined with
+``rabbitmqctl join_cluster``; a queue on it, either a quorum queue or a classic queue
+mirrored to every node by a policy, and read by ``rabbitmqctl`` alone.
+
+A failover: the node hosting the queue's leader (a quorum queue's Raft leader, a mirrored
+queue's master) is killed (SIGKILL of its Erlang VM and every process below its script),
+the survivors elect or promote a new leader, which a survivor's ``rabbitmqctl
+list_queues`` then names; the killed node is started again on its own data directory and
+rejoins the cluster (a quorum member catches up from the Raft log; a mirror comes back
+empty, unsynchronised until the messages it lacks are consumed, as RabbitMQ documents),
+ready for the next failover. Every wait is bounded; ``close`` stops every node and the
+``epmd``, also when a start fails half way.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Self
+
+from crashqueuelab.core.errors import ServerUnavailable
+from crashqueuelab.servers.base import wait_until
+from crashqueuelab.servers.rabbitmq import (
+    START_TIMEOUT_S,
+    ThrowawayRabbitMQ,
+    find_binaries,
+    find_epmd,
+    free_port,
+)
+
+NODES = 3
+QUORUM, MIRRORED = "quorum", "mirrored"
+QUEUE_TYPES = (QUORUM, MIRRORED)
+#: ``ha-sync-mode`` and ``ha-promote-on-failure``'s values (RabbitMQ's defaults first).
+SYNC_MODES = ("manual", "automatic")
+PROMOTE_ON_FAILURE = ("always", "when-synced")
+#: RabbitMQ's default for a controlled shutdown; the run's faults are failures, never
+#: shutdowns, so it is stated, not varied.
+PROMOTE_ON_SHUTDOWN = "when-synced"
+POLICY = "crashqueuelab-ha"
+#: Every wait for the cluster (a join, an election, a rejoin) is bounded by this.
+WAIT_S = 60.0
+#: How long the survivors of a kill get to name a new leader before the run counts the
+#: queue without one (RabbitMQ took 1 to 4.4 s where it could, measured).
+ELECTION_S = 15.0
+#: A quorum queue's message counts are the node's statistics, emitted every
+#: ``collect_statistics_interval`` (5 s by default): the judges' reading waits less.
+STATISTICS_MS = 500
+#: A node's name inside an Erlang process id as ``rabbitmqctl`` prints it:
+#: ``<crashqueuelab-1a2b3c4d@localhost.1796449251.708.0>``.
+_PID_NODE = re.compile(r"<([\w-]+@[\w-]+)\.[\d.]+>")
+#: The columns the judges read, by queue type.
+COLUMNS = (
+    "name", "type", "durable", "policy", "messages", "messages_ready",
+    "messages_unacknowledged", "consumers", "pid", "slave_pids", "synchronised_slave_pids",
+    "leader", "members", "online",
+)  # fmt: skip
+
+
+class ClusterNode(ThrowawayRabbitMQ):
+    """A node of the cluster: the shared ``epmd``, and statistics often enough to read."""
+
+    name = "rabbitmq-node"
+
+    @property
+    def settings(self) -> dict[str, str]:
+        return {**super().settings, "collect_statistics_interval": str(STATISTICS_MS)}
+
+    def prepare(self) -> None:
+        super().prepare()
+        with self.config.open("a") as config:
+            config.write(f"collect_statistics_interval = {STATISTICS_MS}\n")
+
+
+def nodes_in(said: str) -> list[str]:
+    """The node of each Erlang process id in ``said``, in order."""
+    return _PID_NODE.findall(said)
+
+
+def parse_queues(said: str) -> dict[str, dict[str, Any]]:
+    """``rabbitmqctl list_queues`` of ``COLUMNS`` (tab-separated, no headers): per queue, its
+    type, counts, and where it lives: ``leader`` (the node of a quorum queue's leader or of
+    a classic queue's master), ``members`` and ``online`` (quorum), ``mirrors`` and
+    ``synchronised_mirrors`` (classic)."""
+    found: dict[str, dict[str, Any]] = {}
+    for line in said.splitlines():
+        fields = line.split("\t")
+        if len(fields) != len(COLUMNS):
+            continue
+        row = dict(zip(COLUMNS, fields, strict=True))
+        entry: dict[str, Any] = {
+            "type": row["type"],
+            "durable": row["durable"] == "true",
+            "policy": row["policy"],
+            **{
+                key: int(row[key]) if row[key].isdigit() else None
+                for key in ("messages", "messages_ready", "messages_unacknowledged", "consumers")
+            },
+        }
+        if row["type"] == "quorum":
+            entry["leader"] = row["leader"] or None
+            entry["members"] = re.findall(r"[\w-]+@[\w-]+", row["members"])
+            entry["online"] = re.findall(r"[\w-]+@[\w-]+", row["online"])
+        else:
+            masters = nodes_in(row["pid"])
+            entry["leader"] = masters[0] if masters else None
+            entry["mirrors"] = nodes_in(row["slave_pids"])
+            entry["synchronised_mirrors"] = nodes_in(row["synchronised_slave_pids"])
+        found[row["name"]] = entry
+    return found
+
+
+class RabbitCluster:
+    """Three nodes joined into one cluster; ``kill_leader`` fails a queue over."""
+
+    def __init__(
+        self,
+        size: int = NODES,
+        *,
+        bindir: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``bindir``: where ``rabbitmq-server`` and ``rabbitmqctl`` are (else Debian's)."""
+        bindir = bindir or find_binaries()
+        if bindir is None:
+            raise ServerUnavailable(
+                "no rabbitmq-server: install Debian's rabbitmq-server package", "rabbitmq"
+            )
+        epmd = find_epmd(bindir)
+        if epmd is None:
+            raise ServerUnavailable("no epmd: install Debian's erlang-base package", "rabbitmq")
+        self._clock = clock
+        self.epmd_port = free_port()
+        self.nodes = [ClusterNode(bindir, epmd_port=self.epmd_port) for _ in range(size)]
+        self._epmd_binary = epmd
+        self.epmd: Any = None
+        self.down: set[str] = set()
+        self._restarting: list[_Restart] = []
+
+    def start(self) -> Self:
+        try:
+            self.epmd = ThrowawayRabbitMQ.start_epmd(
+                self._epmd_binary, self.epmd_port, self.nodes[0].control_environment()
+            )
+            cookie = secrets.token_hex(16)
+            for node in self.nodes:
+                node.home.mkdir(parents=True, exist_ok=True)
+                node.cookie.write_text(cookie)
+                # Erlang refuses a cookie others can read.
+                node.cookie.chmod(0o400)
+            self._start_all()
+            first = self.nodes[0]
+            for node in self.nodes[1:]:
+                node.rabbitmqctl("stop_app")
+                node.rabbitmqctl("join_cluster", first.node)
+                node.rabbitmqctl("start_app")
+            if not wait_until(lambda: self.running() == self.names, WAIT_S, poll_s=0.1):
+                raise ServerUnavailable(
+                    f"the nodes did not form one cluster: {self.running()}", "rabbitmq"
+                )
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _start_all(self) -> None:
+        """The nodes boot side by side (each takes seconds); the first failure is raised."""
+        failures: list[BaseException] = []
+
+        def boot(node: ClusterNode) -> None:
+            try:
+                node.start()
+            except BaseException as error:  # raised below, in the caller's thread
+                failures.append(error)
+
+        threads = [threading.Thread(target=boot, args=(node,)) for node in self.nodes]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(START_TIMEOUT_S * 2)
+        if failures:
+            raise failures[0]
+        if any(thread.is_alive() for thread in threads):
+            raise ServerUnavailable("a node did not boot in time", "rabbitmq")
+
+    def close(self) -> None:
+        try:
+            for restart in self._restarting:
+                restart.thread.join(START_TIMEOUT_S * 2)
+            # Side by side: each node's stop waits for its VM to end.
+            closing = [threading.Thread(target=node.close) for node in self.nodes]
+            for thread in closing:
+                thread.start()
+            for thread in closing:
+                thread.join(START_TIMEOUT_S * 2)
+        finally:
+            if self.epmd is not None:
+                self.epmd.kill()
+                self.epmd.wait(timeout=START_TIMEOUT_S)
+                self.epmd = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(node.node for node in self.nodes)
+
+    def node(self, name: str) -> ClusterNode:
+        return next(node for node in self.nodes if node.node == name)
+
+    def alive(self) -> list[ClusterNode]:
+        return [node for node in self.nodes if node.node not in self.down and node.running]
+
+    def ctl(self, *arguments: str) -> str:
+        """``rabbitmqctl`` on the first node that runs."""
+        return self.alive()[0].rabbitmqctl(*arguments, timeout_s=WAIT_S)
+
+    def running(self) -> list[str]:
+        """The nodes a running node counts as running in its cluster."""
+        try:
+            said = json.loads(self.ctl("cluster_status", "--formatter", "json"))
+        except (ServerUnavailable, IndexError, ValueError):
+            return []
+        return sorted(said.get("running_nodes", []))
+
+    def urls(self, first: str | None = None) -> list[str]:
+        """Every node's AMQP URL, ``first``'s (a node name) at the head."""
+        ordered = sorted(self.nodes, key=lambda node: node.node != first)
+        return [node.url for node in ordered]
+
+    def port_names(self) -> dict[int, str]:
+        """Each node's AMQP port -> its name (what a client's connection says)."""
+        return {node.amqp_port: node.node for node in self.nodes}
+
+    def set_mirroring(
+        self, pattern: str, sync_mode: str, promote_on_failure: str
+    ) -> dict[str, Any]:
+        """A policy mirroring the queues ``pattern`` matches to every node; its definition."""
+        definition = {
+            "ha-mode": "all",
+            "ha-sync-mode": sync_mode,
+            "ha-promote-on-failure": promote_on_failure,
+            "ha-promote-on-shutdown": PROMOTE_ON_SHUTDOWN,
+        }
+        self.ctl("set_policy", POLICY, pattern, json.dumps(definition), "--apply-to", "queues")
+        return definition
+
+    def queues(self) -> dict[str, dict[str, Any]]:
+        """Every queue as a running node lists it (``parse_queues``)."""
+        return parse_queues(self.queues_text())
+
+    def queues_text(self) -> str:
+        """``rabbitmqctl list_queues`` of ``COLUMNS``, as it printed them."""
+        # Bounded: a mirrored queue without a master does not answer.
+        return self.ctl("list_queues", "--no-table-headers", "--timeout", "10", *COLUMNS)
+
+    def queue(self, name: str) -> dict[str, Any]:
+        return self.queues().get(name, {})
+
+    def describe(self) -> dict[str, Any]:
+        first = self.nodes[0]
+        return {
+            "server": f"rabbitmq ({len(self.nodes)}-node cluster)",
+            "version": first.version(),
+            "nodes": [node.node for node in self.nodes],
+            "settings": first.settings,
+        }
+
+    def kill_leader(
+        self, queue: str, read: Callable[[], object] | None = None, nodes: int = 1
+    ) -> dict[str, Any]:
+        """The node hosting ``queue``'s leader is killed, with ``nodes`` - 1 more: the
+        synchronised mirrors first (a mirrored queue: what is left may be only an
+        unsynchronised one), else other members. Returns once a survivor names a new leader
+        (``read`` then runs: the judges' reading), the killed nodes starting again in the
+        background (``rejoin`` waits for them). Where no survivor takes over within
+        ``ELECTION_S`` (a quorum queue without a majority; a mirrored queue that may not
+        promote an unsynchronised mirror), that is recorded, the killed nodes are started
+        again, and the leader they bring back is awaited."""
+        started = self._clock()
+        before = self.queue(queue)
+        leader = before.get("leader")
+        if leader is None or leader not in self.names:
+            raise ServerUnavailable(f"no leader to kill for {queue}: {before}", "rabbitmq")
+        others = [*before.get("synchronised_mirrors", []), *before.get("mirrors", [])]
+        others += [name for name in self.names if name not in others]
+        victims = [leader, *[name for name in dict.fromkeys(others) if name != leader]][:nodes]
+        record: dict[str, Any] = {"before": before, "killed_node": leader, "killed": victims}
+        for name in victims:
+            self.node(name).kill()
+            self.down.add(name)
+        record["primary_killed_s"] = round(self._clock() - started, 6)
+        seen: dict[str, Any] = {}
+
+        def elected() -> bool:
+            try:
+                now = self.queue(queue)
+            except ServerUnavailable:
+                return False
+            seen.update(now)
+            return now.get("leader") is not None and now.get("leader") not in victims
+
+        record["survivor_took_over"] = wait_until(elected, ELECTION_S, poll_s=0.05)
+        if not record["survivor_took_over"]:
+            record["no_leader_while_down"] = dict(seen)
+            self._restarting = [_Restart(self.node(name), started, self._clock) for name in victims]
+            restarted = self.rejoin(queue)
+            if not wait_until(_leader_in(self, queue, seen), WAIT_S, 0.05):
+                raise ServerUnavailable(
+                    f"no leader of {queue} after the restart: {seen}", "rabbitmq"
+                )
+            record |= restarted
+        record["promoted_s"] = round(self._clock() - started, 6)
+        record["after"] = dict(seen)
+        record["new_leader"] = seen["leader"]
+        if read is not None:
+            read()
+        if record["survivor_took_over"]:
+            self._restarting = [_Restart(self.node(name), started, self._clock) for name in victims]
+        return record
+
+    def rejoin(self, queue: str) -> dict[str, Any]:
+        """Wait (bounded) for the nodes the last ``kill_leader`` killed: started again (in
+        the background, while the load goes on) and counted running by the others; seconds
+        since their kill, and the queue as read then."""
+        restarts, self._restarting = self._restarting, []
+        if not restarts:
+            return {}
+        for restart in restarts:
+            restart.thread.join(START_TIMEOUT_S * 2)
+            if restart.thread.is_alive() or restart.error is not None:
+                raise ServerUnavailable(
+                    f"{restart.node.node} did not start again: {restart.error}", "rabbitmq"
+                )
+            self.down.discard(restart.node.node)
+        if not wait_until(lambda: self.running() == self.names, WAIT_S, poll_s=0.1):
+            raise ServerUnavailable(f"{restarts[0].node.node} did not rejoin", "rabbitmq")
+        return {
+            "restarted_s": round(max(each.finished for each in restarts) - restarts[0].started, 6),
+            "rejoined_s": round(self._clock() - restarts[0].started, 6),
+            "rejoined": self.queue(queue),
+        }
+
+
+class _Restart:
+    """A killed node started again in a thread of its own (it takes seconds)."""
+
+    def __init__(self, node: ClusterNode, started: float, clock: Callable[[], float]) -> None:
+        self.node = node
+        self.started = started
+        self.finished = started
+        self.error: BaseException | None = None
+        self._clock = clock
+        self.thread = threading.Thread(target=self._run, name=f"restart {node.node}")
+        self.thread.daemon = True
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.node.start_again()
+        except BaseException as error:  # raised by ``rejoin``, in the caller's thread
+            self.error = error
+        self.finished = self._clock()
+
+
+def _leader_in(cluster: RabbitCluster, queue: str, seen: dict[str, Any]) -> Callable[[], bool]:
+    """Whether a running node names a leader of ``queue`` (what it said kept in ``seen``)."""
+
+    def named() -> bool:
+        try:
+            now = cluster.queue(queue)
+        except ServerUnavailable:
+            return False
+        seen.update(now)
+        return now.get("leader") is not None
+
+    return named
+
+
+def mirrored_pattern(queue: str) -> str:
+    return f"^{re.escape(queue)}$"

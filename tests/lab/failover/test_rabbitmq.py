@@ -1,0 +1,178 @@
+"""A queue on a real three-node RabbitMQ cluster (Debian's rabbitmq-server), the node hosting
+its leader killed under a pika load with publisher confirms and manual acknowledgements:
+a quorum queue and a classic mirrored queue side by side on one cluster (it takes seconds
+to start, so both runs share it), each judged from the files its run kept.
+
+Skipped only without rabbitmq-server (or pika, which the dramatiq extra brings). The cluster
+is stopped when the module's tests end, also when one fails; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crashqueuelab.cli.failover import rabbitmq_result
+from crashqueuelab.core.errors import InvalidInput, ServerUnavailable
+from crashqueuelab.lab.failover.rabbitcluster import RabbitCluster
+from crashqueuelab.lab.failover.rabbitrun import run_rabbit_failover
+from crashqueuelab.lab.pages.render import write_report
+from crashqueuelab.servers.base import alive
+from crashqueuelab.servers.rabbitmq import find_binaries
+from tests.conftest import RunCli
+
+pytest.importorskip("pika", reason="pika (the dramatiq extra) drives the load")
+pytestmark = pytest.mark.skipif(find_binaries() is None, reason="no rabbitmq-server here")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RabbitCluster]:
+    with RabbitCluster() as started:
+        yield started
+    assert not any(alive(pid) for node in started.nodes for pid in node.processes())
+
+
+def test_three_nodes_form_one_cluster_sharing_an_epmd_and_a_cookie(cluster: RabbitCluster) -> None:
+    assert len(cluster.nodes) == 3
+    assert cluster.running() == cluster.names
+    assert {node.epmd_port for node in cluster.nodes} == {cluster.epmd_port}
+    assert len({node.cookie.read_text() for node in cluster.nodes}) == 1
+    assert len({node.amqp_port for node in cluster.nodes}) == 3
+    assert all(not node.own_epmd and node.epmd is None for node in cluster.nodes)
+    described = cluster.describe()
+    assert str(described["version"]).startswith("3.")
+    assert described["nodes"] == [node.node for node in cluster.nodes]
+
+
+def test_a_quorum_and_a_mirrored_queue_each_lose_no_confirmed_job_when_the_leader_dies(
+    cluster: RabbitCluster, tmp_path: Path
+) -> None:
+    records = {}
+    for queue_type in ("quorum", "mirrored"):
+        out = tmp_path / queue_type
+        records[queue_type] = record = run_rabbit_failover(
+            out, queue_type=queue_type, failovers=1, jobs=150, deadline_s=30.0, cluster=cluster
+        )
+        failover = record["failovers"][0]
+        # The node killed was the one hosting the leader, and a survivor leads after it.
+        assert failover["killed_node"] == failover["before"]["leader"]
+        assert failover["new_leader"] != failover["killed_node"]
+        assert failover["producer_running"]
+        assert failover["cut_at_s"] <= failover["killed_at_s"] <= failover["promoted_at_s"]
+        # The killed node was started again and rejoined: the next run finds three nodes.
+        assert cluster.running() == cluster.names
+        assert failover["promoted_s"] < failover["restarted_s"] <= failover["rejoined_s"]
+        findings = record["findings"]
+        # Every job confirmed, and (the queue drained empty) every one delivered.
+        assert findings["enqueues_acknowledged"] == 150, record["headline"]
+        assert record["drained"]
+        assert record["final_store"]["queue"]["messages"] == 0
+        # Neither promise allows losing a confirmed message here (a majority lived; a
+        # synchronised mirror was there): none lost.
+        assert findings["counts"]["lost_enqueues"] == 0, findings["lost_enqueues"]
+        assert findings["broken_promises"] == 0
+        assert record["keeps_its_promises"], record["headline"]
+        # Every figure comes from the files kept beside the record.
+        ledger = [json.loads(line) for line in (out / "ledger.jsonl").read_text().splitlines()]
+        confirmed = {event["key"] for event in ledger if event["event"] == "enqueued"}
+        assert len(confirmed) == 150
+        assert (out / "failover-1" / "after-the-kill" / "queues.txt").is_file()
+        assert record["server"]["queue"] in (out / "final" / "queues.txt").read_text()
+        # The clients of the killed node were told, and reconnected to a survivor.
+        assert any("StreamLostError" in name for name in record["callers_told_failure"])
+    quorum, mirrored = records["quorum"], records["mirrored"]
+    assert quorum["failovers"][0]["before"]["online"] == quorum["failovers"][0]["before"]["members"]
+    assert len(mirrored["failovers"][0]["before"]["synchronised_mirrors"]) == 2
+    assert mirrored["server"]["policy"] == {
+        "ha-mode": "all",
+        "ha-sync-mode": "manual",
+        "ha-promote-on-failure": "always",
+        "ha-promote-on-shutdown": "when-synced",
+    }
+    # What the command prints for such a run, from its record.
+    code, result = rabbitmq_result(quorum, tmp_path / "quorum")
+    assert code == (0 if quorum["ok"] else 1)
+    assert result["counts"]["lost_enqueues"] == 0
+    assert result["failovers"][0]["killed"] == [quorum["failovers"][0]["killed_node"]]
+    assert result["failovers"][0]["survivor_took_over"]
+    assert result["report"] == str(tmp_path / "quorum" / "report.html")
+    page = write_report(tmp_path / "mirrored").read_text()
+    assert "If there is no mirror that is synchronised with the leader" in page
+    assert "https://www.rabbitmq.com/docs/3.13/ha#behaviour" in page
+    assert "--system rabbitmq --queue-type mirrored --ha-sync-mode manual" in page
+    page = write_report(tmp_path / "quorum").read_text()
+    assert "quorum-queues#data-safety" in page
+
+
+def test_a_queue_with_no_leader_is_refused_and_each_node_named_by_its_port(
+    cluster: RabbitCluster,
+) -> None:
+    with pytest.raises(ServerUnavailable, match="no leader to kill"):
+        cluster.kill_leader("no-such-queue")
+    assert sorted(cluster.port_names().values()) == cluster.names
+    first = cluster.nodes[1].node
+    assert cluster.urls(first)[0] == cluster.nodes[1].url
+
+
+def test_a_node_that_cannot_start_leaves_no_process_and_no_directory(tmp_path: Path) -> None:
+    # Scripts standing in for RabbitMQ's: the second node's exits at once, as a node whose
+    # port is taken does; the first's waits to be stopped.
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    failing = (
+        'case "$RABBITMQ_NODENAME" in *) [ -e "$HOME/../fail" ] && exit 1; exec sleep 60;; esac'
+    )
+    for name, body in (("rabbitmq-server", failing), ("rabbitmqctl", "echo 3.10.8")):
+        (bindir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bindir / name).chmod(0o755)
+    cluster = RabbitCluster(size=2, bindir=bindir)
+    for node in cluster.nodes:
+        node.start_timeout_s = 1.0
+    (cluster.nodes[1].root / "fail").touch()
+    with pytest.raises(ServerUnavailable, match="did not start"):
+        cluster.start()
+    assert all(node.processes() == [] for node in cluster.nodes)
+    assert cluster.epmd is None
+    assert not any(node.root.exists() for node in cluster.nodes)
+
+
+def test_rabbitmq_options_are_refused_where_they_mean_nothing(
+    run_cli: RunCli, tmp_path: Path
+) -> None:
+    for argv, field in (
+        (["--system", "rabbitmq", "--synchronous-commit", "on"], "synchronous_commit"),
+        (["--system", "rabbitmq", "--min-replicas-to-write", "1"], "min_replicas_to_write"),
+        (["--system", "rabbitmq", "--terminate-waiting"], "terminate_waiting"),
+        (["--system", "rabbitmq", "--ha-sync-mode", "automatic"], "ha_sync_mode"),
+        (["--queue-type", "quorum"], "queue_type"),
+        (["--system", "rq", "--ha-promote-on-failure", "always"], "ha_promote_on_failure"),
+        (["--nodes-killed", "2"], "nodes_killed"),
+    ):
+        run = run_cli("failover", *argv, "--output-directory", tmp_path / "no")
+        assert run.code == 2, run.result
+        assert run.result["error"]["field"] == field
+    assert not (tmp_path / "no").exists()
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"queue_type": "classic"}, "queue_type"),
+        ({"sync_mode": "eager"}, "ha_sync_mode"),
+        ({"promote_on_failure": "never"}, "ha_promote_on_failure"),
+        ({"failovers": 0}, "failovers"),
+        ({"nodes_killed": 3}, "nodes_killed"),
+        ({"work_ms": -1}, "work_ms"),
+    ],
+)
+def test_a_run_it_could_not_make_is_refused_before_anything_starts(
+    options: dict[str, Any], field: str, tmp_path: Path
+) -> None:
+    with pytest.raises(InvalidInput) as refused:
+        run_rabbit_failover(tmp_path / "no", **options)
+    assert refused.value.field == field
+    assert not (tmp_path / "no").exists()
