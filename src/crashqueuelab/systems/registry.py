@@ -78,6 +78,15 @@ DISTRIBUTIONS: dict[str, str] = {
 DEFAULT_SYSTEM = "sqlite"
 
 
+def companions_of(name: str, release: str) -> tuple[str, ...]:
+    """What a pinned run of the shipped library system ``name`` installs beside ``release``
+    (``Library.companions``); nothing for any other system."""
+    for library in LIBRARIES:
+        if name in library.systems:
+            return library.companions_for(release)
+    return ()
+
+
 def _installed_release(spec: str, distribution: str, wanted: str) -> None:
     """Refuse ``name==version`` unless that release is the one installed (in the environment
     the command line made for it)."""

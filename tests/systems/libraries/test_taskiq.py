@@ -8,7 +8,6 @@ taskiq and taskiq-redis come with the ``taskiq`` extra, and Debian's ``redis-ser
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from pathlib import Path
@@ -36,6 +35,7 @@ from crashqueuelab.systems import (
     Verdict,
     resolve_system,
 )
+from crashqueuelab.systems.libraries.taskiq.points import CRASH_POINTS
 from crashqueuelab.systems.libraries.taskiq.worker import lab_job
 
 
@@ -49,7 +49,10 @@ def open_taskiq(directory: Path) -> QueueClient:
 def test_every_crash_point_passes_but_those_a_pending_entry_explains(
     tmp_path: Path, redis_socket: str
 ) -> None:
-    report = run_campaign(tmp_path / "c", seed=3, system="taskiq")
+    # The crash cases alone: the probes and the model workload add 30 s of claims that
+    # wait for nothing (CLAIM_WAIT_S each) and find what the probes below find.
+    points = [point.name for point in CRASH_POINTS]
+    report = run_campaign(tmp_path / "c", seed=3, system="taskiq", crash_points=points, probes=[])
     failed = {case["fault_point"] for case in report["cases"] if not case["passed"]}
     # A consumer that dies holding entries leaves them pending until idle_timeout passed on
     # Redis's clock: the recovery, on the lab's clock, does not wait for it.
@@ -160,4 +163,15 @@ def test_a_job_runs_only_under_the_labs_worker(tmp_path: Path, redis_socket: str
         own.serve(tmp_path / "none", "w1", lambda key: None)
     with pytest.raises(SystemUnavailable, match="runs only under crashqueuelab"):
         lab_job("k", "t", {})
-    assert asyncio  # the adapter's loop is its own: nothing here runs one
+
+
+def test_a_pinned_release_before_1_2_gets_the_taskiq_it_can_import() -> None:
+    from crashqueuelab.systems.libraries.taskiq import LIBRARY
+    from crashqueuelab.systems.registry import companions_of
+
+    assert companions_of("taskiq", "1.0.5") == ("taskiq<0.13",)
+    assert companions_of("taskiq", "1.1.2") == ("taskiq<0.13",)
+    assert companions_of("taskiq", "1.2.0") == ()
+    assert LIBRARY.companions_for("1.2.4") == ()
+    # Only a library's declaration names companions.
+    assert companions_of("sqlite", "1.0") == ()

@@ -67,7 +67,7 @@ IDLE_TIMEOUT_MS = 5_000
 XREAD_BLOCK_MS = 2_000
 #: How long a claim waits for the broker's next message before it says there is none: an
 #: entry kicked before the claim wakes the waiting ``XREADGROUP`` at once.
-CLAIM_WAIT_S = 0.3
+CLAIM_WAIT_S = 0.1
 #: How long a call waits for taskiq (a kick, a completion) before the adapter says so.
 CALL_TIMEOUT_S = 30.0
 #: Where a job stands (the reader's states), in the lab's words.
