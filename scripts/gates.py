@@ -53,7 +53,17 @@ from xml.etree import ElementTree
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The main environment's extras: every library the lab drives but those of ``APART``.
-EXTRAS = ("dev", "peers", "reports", "powerloss", "postgres", "pgqueuer", "procrastinate", "rq", "taskiq")
+EXTRAS = (
+    "dev",
+    "peers",
+    "reports",
+    "powerloss",
+    "postgres",
+    "pgqueuer",
+    "procrastinate",
+    "rq",
+    "taskiq",
+)
 #: A pip step may not wait on a registry for ever.
 INSTALL_LIMIT_S = 900
 #: What each gate may take before it is stopped and named as overrun: a backstop well above

@@ -295,9 +295,7 @@ ERROR_LINE = 200
 def _build(pin: Pin, directory: Path, log: Path) -> dict[str, Any]:
     venv.EnvBuilder(with_pip=True, symlinks=True, clear=True).create(directory)
     beside = companions(pin)
-    installed = _pip(
-        directory, "install", "--quiet", pin.requirement, *beside, *lab_requirements()
-    )
+    installed = _pip(directory, "install", "--quiet", pin.requirement, *beside, *lab_requirements())
     if installed.returncode != 0:
         raise SystemUnavailable(pin.spec, _refusal(pin, installed, log))
     frozen = _pip(directory, "list", "--format", "json")

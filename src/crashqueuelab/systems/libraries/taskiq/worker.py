@@ -6,8 +6,9 @@
 in this process's main thread. ``start_listen`` installs taskiq's SIGINT, SIGTERM and SIGHUP
 handler (the first signal starts the shutdown: no new message is taken and the tasks in hand
 are awaited; past ``--hardkill-count`` signals it raises ``KeyboardInterrupt``), imports the
-broker named ``module:variable`` (``BROKER`` here: taskiq-redis's stream broker on the
-store's stream, ``client.stream_broker``) and runs taskiq's ``Receiver.listen``. The process
+broker named ``module:factory`` (``served_broker`` here, a broker factory as taskiq's
+command line takes one: taskiq-redis's stream broker on the store's stream,
+``client.stream_broker``) and runs taskiq's ``Receiver.listen``. The process
 manager ``taskiq worker`` puts above its worker processes is left out: it only forwards a
 SIGTERM to them as SIGINT, and one worker process is what the deploy experiment stops.
 
@@ -33,10 +34,8 @@ from crashqueuelab.systems.libraries.taskiq.client import (
     stream_broker,
 )
 
-#: The broker the worker serves, named to taskiq's command line as ``worker:BROKER``.
-BROKER: Any = None
-#: The work of this worker process, which each job runs.
-_WORK: list[Callable[[str], None]] = []
+#: The store's stream and the work of this worker process, which each job runs.
+_SERVED: list[tuple[str, Callable[[str], None]]] = []
 
 SOURCE = "https://taskiq-python.github.io/guide/cli.html#worker"
 _SHUTDOWN = (
@@ -48,7 +47,7 @@ _SHUTDOWN = (
 SHUTDOWN = {
     "SIGTERM": _SHUTDOWN,
     "SIGINT": _SHUTDOWN,
-    "second SIGTERM": "counted towards --hardkill-count (3): \"Number of termination signals"
+    "second SIGTERM": 'counted towards --hardkill-count (3): "Number of termination signals'
     ' to the main process before performing a hardkill." (read in taskiq.cli.worker.args)',
     "SIGKILL": '"This broker **supports** acknowledgements and therefore is fine to use in'
     ' cases when data durability is required." (https://github.com/taskiq-python/'
@@ -60,16 +59,23 @@ SHUTDOWN = {
 
 def lab_job(key: str, job_type: str, payload: dict[str, Any]) -> int:
     """The task every lab job names, as taskiq's own worker runs it: the process's work."""
-    if not _WORK:
+    if not _SERVED:
         raise SystemUnavailable("taskiq", f"job {key} runs only under crashqueuelab's worker")
-    _WORK[0](key)
+    _SERVED[0][1](key)
     return 0
+
+
+def served_broker() -> Any:
+    """The broker factory taskiq's command line is named (``worker:served_broker``)."""
+    queue, _ = _SERVED[0]
+    broker = stream_broker(redis_socket(), queue)
+    broker.register_task(lab_job, task_name=TASK_NAME)
+    return broker
 
 
 def serve(directory: Path, worker_id: str, work: Callable[[str], None]) -> None:
     """``taskiq worker`` 's worker process on the store's stream, with ``work`` as each
     job's work; returns when taskiq's worker exits."""
-    global BROKER
     from taskiq.cli.worker.args import WorkerArgs
     from taskiq.cli.worker.run import start_listen
 
@@ -78,11 +84,10 @@ def serve(directory: Path, worker_id: str, work: Callable[[str], None]) -> None:
         raise SystemUnavailable(
             "taskiq", f"no taskiq store in {directory}: open it (System.open) first"
         )
-    BROKER = stream_broker(redis_socket(), name)
-    BROKER.register_task(lab_job, task_name=TASK_NAME)
-    _WORK[:] = [work]
+    redis_socket()  # no server named: said here, before taskiq starts
+    _SERVED[:] = [(name, work)]
     as_started_by_its_users()
-    start_listen(WorkerArgs.from_cli([f"{__name__}:BROKER"]))
+    start_listen(WorkerArgs.from_cli([f"{__name__}:served_broker"]))
 
 
 OWN_WORKER = OwnWorker(
