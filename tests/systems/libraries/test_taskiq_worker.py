@@ -1,15 +1,21 @@
 """taskiq's own worker process (``taskiq worker module:broker``'s ``start_listen``) in a real
 process on the test's Redis server: SIGTERM lets the task in hand finish and acknowledges it
 (taskiq's shutdown awaits running tasks), and SIGKILL leaves its entry pending in the
-consumer group, where the reader finds it held by the dead consumer."""
+consumer group, where the reader finds it held by the dead consumer; and taskiq-redis pull
+request 82 reproduced in one release matrix of the deploy experiment."""
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from crashqueuelab.judges.readers.taskiq import read_taskiq_store
 from crashqueuelab.systems import JobStatus
+from tests.conftest import RunCli
 from tests.systems.libraries.served import lines, read, serving, submit, wait_for
 
 
@@ -44,3 +50,43 @@ def test_sigkill_leaves_the_entry_pending_for_the_dead_consumer(
     assert (entry.key, entry.state, entry.deliveries) == ("a", "pending", 1)
     assert reading.consumers == {entry.consumer: 1}
     assert reading.jobs == {"a": ("pending", 1)}
+
+
+# Quiet: the one stop must find the worker holding both jobs (each longer than the grace),
+# and the fixed release must have reclaimed them within the recovery wait, which counts
+# on the replacement worker's XAUTOCLAIM running every xread_block (2 s) once the entries
+# were idle idle_timeout (5 s): 6 to 9 s after the kill, measured, of the 15 s waited.
+@pytest.mark.releases
+@pytest.mark.quiet
+def test_taskiq_redis_82_a_killed_workers_entry_stays_pending_on_1_0_5_not_on_1_0_6(
+    tmp_path: Path, release_cache: Path, run_cli: RunCli
+) -> None:
+    """taskiq-redis pull request 82: a worker SIGKILLed between reading a stream entry and
+    acknowledging it leaves the entry pending for its dead consumer; 1.0.5 never reads the
+    pending entries list, 1.0.6 reclaims an entry idle past ``idle_timeout``."""
+    outcome = run_cli(
+        "versions", "--system", "taskiq", "--releases", "1.0.5,1.0.6",
+        "--output-directory", str(tmp_path / "v"), "--at-once", "2",
+        "deploys", "--workers", "1", "--deploys", "1", "--grace-s", "1", "--jobs", "2",
+        "--long-share", "1", "--warmup-s", "2", "--recovery-wait-s", "15",
+    )  # fmt: skip
+    assert outcome.code == 1, outcome.stderr
+
+    def record(release: str) -> dict[str, Any]:
+        kept: dict[str, Any] = json.loads((tmp_path / "v" / release / "deploys.json").read_text())
+        return kept
+
+    old, fixed = record("1.0.5"), record("1.0.6")
+    assert old["system"]["version"].startswith("taskiq-redis 1.0.5 ")
+    assert "no idle_timeout" in old["system"]["version"]
+    lost = [f for f in old["findings"] if f["kind"] == "lost_in_deploy"]
+    assert {f["facts"]["stored"] for f in lost} == {"pending"}
+    assert {f["facts"]["last_end"] for f in lost} == {"killed"}
+    assert old["promises"]["keeps_its_promises"] is False
+    assert fixed["system"]["version"].startswith("taskiq-redis 1.0.6 ")
+    assert "idle_timeout 5000 ms" in fixed["system"]["version"]
+    assert fixed["findings"] == []
+    assert fixed["promises"]["keeps_its_promises"] is True
+    assert {job["stored"] for job in fixed["jobs"].values()} == {"succeeded"}
+    # Run again by the replacement, each the one execution that ran to completion.
+    assert {job["redelivered"] for job in fixed["jobs"].values()} == {1}
