@@ -165,13 +165,14 @@ def test_a_job_runs_only_under_the_labs_worker(tmp_path: Path, redis_socket: str
         lab_job("k", "t", {})
 
 
-def test_a_pinned_release_before_1_2_gets_the_taskiq_it_can_import() -> None:
+def test_a_pinned_release_before_1_2_4_gets_the_taskiq_it_can_import() -> None:
     from crashqueuelab.systems.libraries.taskiq import LIBRARY
     from crashqueuelab.systems.registry import companions_of
 
     assert companions_of("taskiq", "1.0.5") == ("taskiq<0.13",)
     assert companions_of("taskiq", "1.1.2") == ("taskiq<0.13",)
-    assert companions_of("taskiq", "1.2.0") == ()
+    assert companions_of("taskiq", "1.2.3") == ("taskiq<0.13",)
     assert LIBRARY.companions_for("1.2.4") == ()
+    assert LIBRARY.companions_for("1.10.0") == ()
     # Only a library's declaration names companions.
     assert companions_of("sqlite", "1.0") == ()

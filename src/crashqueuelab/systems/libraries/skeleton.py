@@ -171,7 +171,7 @@ class Library:
     drives: str = ""
     #: Dependencies a pinned release needs and its own metadata does not say: each
     #: ``(release, requirement)`` is installed beside every release before ``release``
-    #: (taskiq-redis 1.0.x allows any taskiq below 1, and imports what taskiq 0.13 removed).
+    #: (taskiq-redis before 1.2.4 allows taskiq 0.13 and imports what taskiq 0.13 removed).
     companions: tuple[tuple[str, str], ...] = ()
 
     def companions_for(self, release: str) -> tuple[str, ...]:

@@ -5,7 +5,7 @@ without importing taskiq.
 The system is named ``taskiq`` and its distribution is ``taskiq-redis``, where the stream
 broker and its acknowledgements live: ``--system taskiq==1.0.5`` pins taskiq-redis 1.0.5,
 with the newest taskiq that release runs with (the run's version line names both):
-releases before 1.2.0 get taskiq below 0.13 (``companions``).
+releases before 1.2.4 get taskiq below 0.13 (``companions``).
 """
 
 from crashqueuelab.systems.libraries.skeleton import Library
@@ -19,7 +19,7 @@ LIBRARY = Library(
     heartbeats=False,
     server="redis",
     drives="RedisStreamBroker on Redis",
-    # taskiq-redis before 1.2.0 allows any taskiq below 1 but imports taskiq.compat's
-    # model_dump, which taskiq 0.13.0 removed.
-    companions=(("1.2.0", "taskiq<0.13"),),
+    # taskiq-redis before 1.2.4 allows taskiq 0.13 (any below 1, or from 0.12.0) but
+    # imports taskiq.compat's model_dump, which taskiq 0.13.0 removed.
+    companions=(("1.2.4", "taskiq<0.13"),),
 )

@@ -250,7 +250,7 @@ class TaskiqClient(LibraryClient):
         if self.messages is None:
             self.messages = self.broker.listen()
         if self.waiting is None:
-            self.waiting = asyncio.ensure_future(anext(self.messages))  # type: ignore[arg-type]
+            self.waiting = asyncio.ensure_future(anext(self.messages))
         done, _ = await asyncio.wait({self.waiting}, timeout=CLAIM_WAIT_S)
         if not done:
             return None
