@@ -104,6 +104,7 @@ def test_the_adapter_drives_taskiq_and_the_reader_finds_each_job_where_taskiq_le
         assert again is not None
         assert again.attempt == 2
         assert client.fail(again, "boom") is Verdict.DEAD
+        assert client.fail(again, "boom") is Verdict.STALE
         assert client.claim("w1", 5_000_000) is None
         assert client.job("missing") is None
         dead = client.job("k/flaky")
@@ -136,6 +137,37 @@ def test_the_reader_reports_what_the_lab_did_not_write(tmp_path: Path, redis_soc
     assert reading.jobs == {"odd": ("acknowledged", 1)}
     assert reading.problems[0].endswith("not a message of the lab's")
     assert reading.problems[1] == "job odd: acknowledged, with no result"
+
+
+def test_a_claim_reported_through_another_client_is_acknowledged_and_closes_its_connection(
+    tmp_path: Path, redis_socket: str
+) -> None:
+    store = tmp_path / "store"
+    first = open_taskiq(store)
+    try:
+        first.submit(JobSpec("a", "t", {}))
+        claim = first.claim("w1", 5_000_000)
+        assert claim is not None
+    finally:
+        first.close()
+    second = open_taskiq(store)
+    try:
+        # The entry is acknowledged through the consumer that read it, its client closed.
+        assert second.succeed(claim) is Verdict.SUCCEEDED
+    finally:
+        second.close()
+    assert read_taskiq_store(store).jobs == {"a": ("succeeded", 1)}
+
+
+def test_a_stream_no_group_has_read_is_all_queued(tmp_path: Path, redis_socket: str) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / QUEUE_FILE).write_text('{"queue": "taskiq-lab-nogroup"}')
+    assert read_taskiq_store(store).jobs == {}
+    message = {"task_id": task_id("taskiq-lab-nogroup", "k"), "args": ["k"], "labels": {}}
+    with RespConnection(redis_socket) as connection:
+        connection.command("XADD", "taskiq-lab-nogroup", "*", "data", json.dumps(message))
+    assert read_taskiq_store(store).jobs == {"k": ("queued", 0)}
 
 
 def test_without_a_server_the_reader_and_the_adapter_say_so(tmp_path: Path) -> None:

@@ -45,7 +45,6 @@ from crashqueuelab.judges.readers.taskiq import (
     QUEUED,
     SOCKET_VARIABLE,
     SUCCEEDED,
-    queue_name,
     read_taskiq_store,
     task_id,
 )
@@ -362,6 +361,3 @@ class _LoopThread:
         self.thread.join(CALL_TIMEOUT_S)
         self.loop.close()
 
-
-def store_exists(directory: Path) -> bool:
-    return queue_name(directory) is not None
