@@ -360,4 +360,3 @@ class _LoopThread:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(CALL_TIMEOUT_S)
         self.loop.close()
-
