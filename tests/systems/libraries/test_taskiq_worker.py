@@ -68,10 +68,12 @@ def test_sigkill_leaves_the_entry_pending_until_new_work_arrives(
     assert read_taskiq_store(store).jobs == {"a": ("succeeded", 1), "b": ("succeeded", 1)}
 
 
-# Quiet: the one stop must find the worker holding both jobs (each longer than the grace),
-# and the fixed release must have reclaimed them within the recovery wait, which counts
-# on the replacement worker's XAUTOCLAIM running every xread_block (2 s) once the entries
-# were idle idle_timeout (5 s): 6 to 9 s after the kill, measured, of the 15 s waited.
+# Quiet: a stop must find the worker holding jobs (each longer than the grace): two stops,
+# the second as a job is submitted, so that a first worker slow to start on a busy machine
+# (one run beside the showcase's took no job before its one stop) leaves the second to cut
+# one. The fixed release must have reclaimed them within the recovery wait, which counts on
+# the replacement's XAUTOCLAIM every xread_block (2 s) once the entries were idle
+# idle_timeout (5 s): 5 to 7 s after the kill, measured, of the 15 s waited.
 @pytest.mark.releases
 @pytest.mark.quiet
 def test_taskiq_redis_82_a_killed_workers_entry_stays_pending_on_1_0_5_not_on_1_0_6(
@@ -83,8 +85,8 @@ def test_taskiq_redis_82_a_killed_workers_entry_stays_pending_on_1_0_5_not_on_1_
     outcome = run_cli(
         "versions", "--system", "taskiq", "--releases", "1.0.5,1.0.6",
         "--output-directory", str(tmp_path / "v"), "--at-once", "2",
-        "deploys", "--workers", "1", "--deploys", "1", "--grace-s", "1", "--jobs", "2",
-        "--long-share", "1", "--warmup-s", "2", "--recovery-wait-s", "15",
+        "deploys", "--workers", "1", "--deploys", "2", "--grace-s", "1", "--jobs", "4",
+        "--long-share", "1", "--warmup-s", "3", "--interval-s", "3", "--recovery-wait-s", "15",
     )  # fmt: skip
     assert outcome.code == 1, outcome.stderr
 
@@ -96,6 +98,7 @@ def test_taskiq_redis_82_a_killed_workers_entry_stays_pending_on_1_0_5_not_on_1_
     assert old["system"]["version"].startswith("taskiq-redis 1.0.5 ")
     assert "no idle_timeout" in old["system"]["version"]
     lost = [f for f in old["findings"] if f["kind"] == "lost_in_deploy"]
+    assert lost, old["executions"]
     assert {f["facts"]["stored"] for f in lost} == {"pending"}
     assert {f["facts"]["last_end"] for f in lost} == {"killed"}
     assert old["promises"]["keeps_its_promises"] is False
@@ -104,5 +107,5 @@ def test_taskiq_redis_82_a_killed_workers_entry_stays_pending_on_1_0_5_not_on_1_
     assert fixed["findings"] == []
     assert fixed["promises"]["keeps_its_promises"] is True
     assert {job["stored"] for job in fixed["jobs"].values()} == {"succeeded"}
-    # Run again by the replacement, each the one execution that ran to completion.
-    assert {job["redelivered"] for job in fixed["jobs"].values()} == {1}
+    # A job the kill cut ran again, in the replacement, to its end.
+    assert {job["redelivered"] for job in fixed["jobs"].values()} - {0} == {1}

@@ -62,7 +62,8 @@ TASK_NAME = "crashqueuelab.job"
 #: enough that a run waits for it.
 IDLE_TIMEOUT_MS = 5_000
 #: taskiq-redis's ``xread_block`` here (ms): how long one ``XREADGROUP`` waits for a new entry,
-#: and so how long at most between two ``XAUTOCLAIM`` (1.0.6's default).
+#: and so, from 1.0.6 to 1.2.2, how long at most between two ``XAUTOCLAIM`` (1.0.6's
+#: default; from 1.2.3 an ``XAUTOCLAIM`` follows only a read that delivered new entries).
 XREAD_BLOCK_MS = 2_000
 #: How long a claim waits for the broker's next message before it says there is none: an
 #: entry kicked before the claim wakes the waiting ``XREADGROUP`` at once.
@@ -236,10 +237,13 @@ class TaskiqClient(LibraryClient):
             ) from None
 
     def submit_many(self, jobs: Sequence[JobSpec]) -> list[str]:
+        # One read of the stream per batch: a stream has no index by task id.
+        kicked = set(read_taskiq_store(self.directory).jobs)
         for job in jobs:
-            if job.key in read_taskiq_store(self.directory).jobs:
+            if job.key in kicked:
                 continue
             around(self.hook, "kiq", partial(self._call, kick, self.broker, self.queue, job))
+            kicked.add(job.key)
         return [task_id(self.queue, job.key) for job in jobs]
 
     async def _next_message(self) -> Any | None:
