@@ -68,12 +68,12 @@ def test_sigkill_leaves_the_entry_pending_until_new_work_arrives(
     assert read_taskiq_store(store).jobs == {"a": ("succeeded", 1), "b": ("succeeded", 1)}
 
 
-# Quiet: a stop must find the worker holding jobs (each longer than the grace): two stops,
-# the second as a job is submitted, so that a first worker slow to start on a busy machine
-# (one run beside the showcase's took no job before its one stop) leaves the second to cut
-# one. The fixed release must have reclaimed them within the recovery wait, which counts on
-# the replacement's XAUTOCLAIM every xread_block (2 s) once the entries were idle
-# idle_timeout (5 s): 5 to 7 s after the kill, measured, of the 15 s waited.
+# Quiet: a stop must find the worker holding jobs (each longer than the grace). Two stops,
+# 6 s apart: a job is submitted at each stop, which the worker started at the stop before
+# takes, once it is up; taskiq's imports took it 4 s on a machine loaded 9 on its 2 cores,
+# where one stop 2 s in (and stops 3 s apart) found no job in hand and both releases passed.
+# The fixed release must reclaim within the recovery wait: idle_timeout (5 s) and at most
+# one xread_block (2 s) after the kill, of the 15 s waited.
 @pytest.mark.releases
 @pytest.mark.quiet
 def test_taskiq_redis_82_a_killed_workers_entry_stays_pending_on_1_0_5_not_on_1_0_6(
@@ -86,7 +86,7 @@ def test_taskiq_redis_82_a_killed_workers_entry_stays_pending_on_1_0_5_not_on_1_
         "versions", "--system", "taskiq", "--releases", "1.0.5,1.0.6",
         "--output-directory", str(tmp_path / "v"), "--at-once", "2",
         "deploys", "--workers", "1", "--deploys", "2", "--grace-s", "1", "--jobs", "4",
-        "--long-share", "1", "--warmup-s", "3", "--interval-s", "3", "--recovery-wait-s", "15",
+        "--long-share", "1", "--warmup-s", "3", "--interval-s", "6", "--recovery-wait-s", "15",
     )  # fmt: skip
     assert outcome.code == 1, outcome.stderr
 
@@ -107,5 +107,5 @@ def test_taskiq_redis_82_a_killed_workers_entry_stays_pending_on_1_0_5_not_on_1_
     assert fixed["findings"] == []
     assert fixed["promises"]["keeps_its_promises"] is True
     assert {job["stored"] for job in fixed["jobs"].values()} == {"succeeded"}
-    # A job the kill cut ran again, in the replacement, to its end.
-    assert {job["redelivered"] for job in fixed["jobs"].values()} - {0} == {1}
+    # A job a kill cut ran again, reclaimed by a later worker, to its end.
+    assert any(job["redelivered"] for job in fixed["jobs"].values())
