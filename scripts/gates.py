@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: The main environment's extras: every library the lab drives but those of ``APART``.
 EXTRAS = (
     "dev", "peers", "reports", "powerloss", "postgres", "pgqueuer", "procrastinate", "rq",
-    "dramatiq",
+    "dramatiq", "taskiq",
 )  # fmt: skip
 #: A pip step may not wait on a registry for ever.
 INSTALL_LIMIT_S = 900

@@ -17,6 +17,7 @@ from crashqueuelab.systems.libraries import (
     pgqueuer,
     procrastinate,
     rq,
+    taskiq,
 )
 from crashqueuelab.systems.libraries.skeleton import Library
 
@@ -54,6 +55,7 @@ LIBRARIES: tuple[Library, ...] = (
     rq.LIBRARY,
     arq.LIBRARY,
     dramatiq.LIBRARY,
+    taskiq.LIBRARY,
 )
 
 
@@ -85,6 +87,15 @@ DEFAULT_SYSTEM = "sqlite"
 
 def extras_of(distribution: str) -> tuple[str, ...]:
     return PIN_EXTRAS.get(distribution, ())
+
+
+def companions_of(name: str, release: str) -> tuple[str, ...]:
+    """What a pinned run of the shipped library system ``name`` installs beside ``release``
+    (``Library.companions``); nothing for any other system."""
+    for library in LIBRARIES:
+        if name in library.systems:
+            return library.companions_for(release)
+    return ()
 
 
 def _installed_release(spec: str, distribution: str, wanted: str) -> None:

@@ -174,13 +174,21 @@ def lab_requirements() -> list[str]:
     return sorted(pinned)
 
 
+def companions(pin: Pin) -> tuple[str, ...]:
+    """What the library's declaration installs beside the pinned release
+    (``Library.companions``)."""
+    from crashqueuelab.systems.registry import companions_of
+
+    return companions_of(pin.system, pin.version)
+
+
 def environment_name(pin: Pin) -> str:
     """The release, and the Python it runs on: the base interpreter (a virtual environment
     built from this one is built on it), its version, and the lab's dependencies installed
     beside the release. Not the lab's checkout: its code is put on the path at run time."""
     minor = f"{sys.version_info.major}{sys.version_info.minor}"
     python = Path(getattr(sys, "_base_executable", sys.executable)).resolve()
-    built_on = "\n".join([str(python), sys.version, *lab_requirements()])
+    built_on = "\n".join([str(python), sys.version, *lab_requirements(), *companions(pin)])
     digest = hashlib.sha256(built_on.encode()).hexdigest()[:10]
     return f"{pin.distribution}-{pin.version}-py{minor}-{digest}"
 
@@ -295,7 +303,8 @@ ERROR_LINE = 200
 
 def _build(pin: Pin, directory: Path, log: Path) -> dict[str, Any]:
     venv.EnvBuilder(with_pip=True, symlinks=True, clear=True).create(directory)
-    installed = _pip(directory, "install", "--quiet", pin.requirement, *lab_requirements())
+    beside = companions(pin)
+    installed = _pip(directory, "install", "--quiet", pin.requirement, *beside, *lab_requirements())
     if installed.returncode != 0:
         raise SystemUnavailable(pin.spec, _refusal(pin, installed, log))
     frozen = _pip(directory, "list", "--format", "json")
@@ -303,6 +312,7 @@ def _build(pin: Pin, directory: Path, log: Path) -> dict[str, Any]:
     return {
         "pin": pin.spec,
         "requirement": pin.requirement,
+        "companions": list(beside),
         "installed": packages,
         "python": sys.version.split()[0],
     }

@@ -11,6 +11,7 @@ documents of itself), ``worker.py`` where the lab runs the library's own worker 
 from __future__ import annotations
 
 import importlib
+import re
 import signal
 from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -141,6 +142,10 @@ def library_reader(
     return read_store
 
 
+def _release_key(release: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"[0-9]+", release))
+
+
 @dataclass(frozen=True)
 class Library:
     """A third-party queue under the lab, as its package declares it: data only, so that
@@ -166,6 +171,15 @@ class Library:
     drives: str = ""
     #: The distribution's extras a pinned release installs with it (``dramatiq[redis]``).
     pin_extras: tuple[str, ...] = ()
+    #: Dependencies a pinned release needs and its own metadata does not say: each
+    #: ``(release, requirement)`` is installed beside every release before ``release``
+    #: (taskiq-redis before 1.2.4 allows taskiq 0.13 and imports what taskiq 0.13 removed).
+    companions: tuple[tuple[str, str], ...] = ()
+
+    def companions_for(self, release: str) -> tuple[str, ...]:
+        """The requirements installed beside ``release`` of the distribution."""
+        wanted = _release_key(release)
+        return tuple(need for before, need in self.companions if wanted < _release_key(before))
 
     @property
     def capabilities(self) -> Capabilities:

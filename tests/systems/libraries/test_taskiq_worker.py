@@ -1,0 +1,111 @@
+"""taskiq's own worker process (``taskiq worker module:broker``'s ``start_listen``) in a real
+process on the test's Redis server: SIGTERM lets the task in hand finish and acknowledges it
+(taskiq's shutdown awaits running tasks), and SIGKILL leaves its entry pending in the
+consumer group, where the reader finds it held by the dead consumer; and taskiq-redis pull
+request 82 reproduced in one release matrix of the deploy experiment."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crashqueuelab.judges.readers.taskiq import read_taskiq_store
+from crashqueuelab.systems import JobStatus
+from crashqueuelab.systems.libraries.taskiq.client import IDLE_TIMEOUT_MS, XREAD_BLOCK_MS
+from tests.conftest import RunCli
+from tests.systems.libraries.served import lines, read, serving, submit, wait_for
+
+
+def test_sigterm_lets_the_task_in_hand_finish_and_acknowledges_it(
+    tmp_path: Path, redis_socket: str
+) -> None:
+    store, ledger = tmp_path / "store", tmp_path / "ledger"
+    submit("taskiq", store, "a")
+    with serving("taskiq", store, ledger, work_s=1.0) as worker:
+        wait_for(ledger, "start", "a")
+        termed = worker.signal(signal.SIGTERM)
+        code, exited = worker.join()
+    assert code == 0
+    # The task's one second of work, then the exit: nothing waits for a poll or a timeout.
+    assert exited - termed < 5.0
+    assert [line.what for line in lines(ledger)] == ["start", "end", "exit"]
+    job = read("taskiq", store).jobs["a"]
+    assert (job.native_state, job.attempts, job.status) == ("succeeded", 1, JobStatus.SUCCEEDED)
+
+
+def test_sigkill_leaves_the_entry_pending_until_new_work_arrives(
+    tmp_path: Path, redis_socket: str
+) -> None:
+    """The killed worker's entry stays pending for its dead consumer. The newest
+    taskiq-redis (1.2.3 on) runs its XAUTOCLAIM only after an XREADGROUP that delivered new
+    entries: past idle_timeout on an idle queue a fresh worker leaves the entry where it is,
+    and takes it with the next submission (a finding of the lab's: docs/real-queues.md)."""
+    store, ledger, again = tmp_path / "store", tmp_path / "ledger", tmp_path / "again"
+    submit("taskiq", store, "a")
+    with serving("taskiq", store, ledger, work_s=30.0) as worker:
+        wait_for(ledger, "start", "a")
+        worker.signal(signal.SIGKILL)
+        worker.join()
+    reading = read_taskiq_store(store)
+    (entry,) = reading.entries
+    assert (entry.key, entry.state, entry.deliveries) == ("a", "pending", 1)
+    assert reading.consumers == {entry.consumer: 1}
+    assert reading.jobs == {"a": ("pending", 1)}
+    with serving("taskiq", store, again, work_s=0.0):
+        # idle_timeout (5 s) and one xread_block (2 s) past, and a second more: a reclaiming
+        # loop would have taken it by now.
+        time.sleep((IDLE_TIMEOUT_MS + XREAD_BLOCK_MS) / 1000 + 1.0)
+        (entry,) = read_taskiq_store(store).entries
+        assert (entry.state, entry.deliveries) == ("pending", 1)
+        assert entry.idle_ms > IDLE_TIMEOUT_MS
+        submit("taskiq", store, "b")
+        wait_for(again, "end", "a")
+    assert read_taskiq_store(store).jobs == {"a": ("succeeded", 1), "b": ("succeeded", 1)}
+
+
+# Quiet: a stop must find the worker holding jobs (each longer than the grace). Two stops,
+# 6 s apart: a job is submitted at each stop, which the worker started at the stop before
+# takes, once it is up; taskiq's imports took it 4 s on a machine loaded 9 on its 2 cores,
+# where one stop 2 s in (and stops 3 s apart) found no job in hand and both releases passed.
+# The fixed release must reclaim within the recovery wait: idle_timeout (5 s) and at most
+# one xread_block (2 s) after the kill, of the 15 s waited.
+@pytest.mark.releases
+@pytest.mark.quiet
+def test_taskiq_redis_82_a_killed_workers_entry_stays_pending_on_1_0_5_not_on_1_0_6(
+    tmp_path: Path, release_cache: Path, run_cli: RunCli
+) -> None:
+    """taskiq-redis pull request 82: a worker SIGKILLed between reading a stream entry and
+    acknowledging it leaves the entry pending for its dead consumer; 1.0.5 never reads the
+    pending entries list, 1.0.6 reclaims an entry idle past ``idle_timeout``."""
+    outcome = run_cli(
+        "versions", "--system", "taskiq", "--releases", "1.0.5,1.0.6",
+        "--output-directory", str(tmp_path / "v"), "--at-once", "2",
+        "deploys", "--workers", "1", "--deploys", "2", "--grace-s", "1", "--jobs", "4",
+        "--long-share", "1", "--warmup-s", "3", "--interval-s", "6", "--recovery-wait-s", "15",
+    )  # fmt: skip
+    assert outcome.code == 1, outcome.stderr
+
+    def record(release: str) -> dict[str, Any]:
+        kept: dict[str, Any] = json.loads((tmp_path / "v" / release / "deploys.json").read_text())
+        return kept
+
+    old, fixed = record("1.0.5"), record("1.0.6")
+    assert old["system"]["version"].startswith("taskiq-redis 1.0.5 ")
+    assert "no idle_timeout" in old["system"]["version"]
+    lost = [f for f in old["findings"] if f["kind"] == "lost_in_deploy"]
+    assert lost, old["executions"]
+    assert {f["facts"]["stored"] for f in lost} == {"pending"}
+    assert {f["facts"]["last_end"] for f in lost} == {"killed"}
+    assert old["promises"]["keeps_its_promises"] is False
+    assert fixed["system"]["version"].startswith("taskiq-redis 1.0.6 ")
+    assert "idle_timeout 5000 ms" in fixed["system"]["version"]
+    assert fixed["findings"] == []
+    assert fixed["promises"]["keeps_its_promises"] is True
+    assert {job["stored"] for job in fixed["jobs"].values()} == {"succeeded"}
+    # A job a kill cut ran again, reclaimed by a later worker, to its end.
+    assert any(job["redelivered"] for job in fixed["jobs"].values())
