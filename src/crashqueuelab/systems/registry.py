@@ -9,7 +9,15 @@ from importlib.metadata import PackageNotFoundError, version
 
 from crashqueuelab.core.errors import SystemUnavailable, install_hint
 from crashqueuelab.systems.contract import System
-from crashqueuelab.systems.libraries import arq, huey, persistqueue, pgqueuer, procrastinate, rq
+from crashqueuelab.systems.libraries import (
+    arq,
+    celery,
+    huey,
+    persistqueue,
+    pgqueuer,
+    procrastinate,
+    rq,
+)
 from crashqueuelab.systems.libraries.skeleton import Library
 
 
@@ -45,6 +53,7 @@ LIBRARIES: tuple[Library, ...] = (
     procrastinate.LIBRARY,
     rq.LIBRARY,
     arq.LIBRARY,
+    celery.LIBRARY,
 )
 
 
