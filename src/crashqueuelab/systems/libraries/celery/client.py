@@ -41,6 +41,7 @@ from crashqueuelab.judges.readers.celery import (
     QUEUE_FILE,
     QUEUED,
     RESERVED,
+    RESULT_PREFIX,
     RETRIED,
     SOCKET_VARIABLE,
     STARTED,
@@ -100,6 +101,12 @@ class JobFailed(Exception):
     last attempt, or when it runs outside the lab."""
 
 
+class Abandoned(BaseException):
+    """Raised inside the task of an execution whose client closed before the lab reported
+    its outcome: its process is taken for gone, and Celery's trace lets a BaseException
+    through without storing a result or acknowledging (its process would have died)."""
+
+
 #: The work of the worker process Celery's own worker runs in (``worker.serve`` sets it):
 #: a prefork pool's children are forked from that process after it is set, and Celery hands
 #: a task nothing of the worker that runs it, so a holder the task reads is the only way in.
@@ -120,11 +127,14 @@ class Execution(threading.Thread):
         self.failure: str | None = None
         self.retry = False
         self.attempt = 0
+        self.abandoned = False
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
             self.request.execute()
+        except Abandoned:
+            pass
         except BaseException as error:  # reported to the claim or the completion
             self.error = error
         finally:
@@ -135,7 +145,18 @@ class Execution(threading.Thread):
         self.entered.set()
         if not self.decided.wait(CALL_TIMEOUT_S * 10):
             raise JobFailed("the lab never reported how the work ended")
+        if self.abandoned:
+            raise Abandoned()
         return self.failure
+
+    def abandon(self) -> None:
+        """End the execution as its process's death would: nothing recorded, nothing
+        acknowledged."""
+        if self.decided.is_set():
+            return
+        self.abandoned = True
+        self.decided.set()
+        self.join(CALL_TIMEOUT_S)
 
     def finish(self, failure: str | None, retry: bool) -> bool:
         if self.decided.is_set() or not self.is_alive():
@@ -315,7 +336,7 @@ class CeleryClient(LibraryClient):
             message,
             app=self.app,
             task=self.task,
-            on_ack=lambda logger, errors: message.ack_log_error(logger, errors),
+            on_ack=message.ack_log_error,
             on_reject=lambda logger, errors, requeue: message.reject_log_error(
                 logger, errors, requeue=requeue
             ),
@@ -398,11 +419,21 @@ class CeleryClient(LibraryClient):
         return None
 
     def active_count(self) -> int:
-        return int(self.redis.llen(self.queue_key)) + int(self.redis.hlen(self.unacked_key))
+        # Messages and started or retried results, less those with a result: an acknowledged
+        # running task is in no queue, and acks_late's result is stored before its ack.
+        unfinished, finished = {headers["id"] for _, headers in self._messages()}, set()
+        for name in self.redis.scan_iter(match=f"{RESULT_PREFIX}{self.queue}-*", count=1000):
+            meta = json.loads(self.redis.get(name) or "{}")
+            finished_now = meta.get("status") in ("SUCCESS", "FAILURE")
+            (finished if finished_now else unfinished).add(meta.get("task_id"))
+        return len(unfinished - finished)
 
     def close(self) -> None:
-        # kombu's own close: the channel puts back what it received and did not acknowledge
-        # (restore_unacked), as a worker's does at a warm shutdown.
+        # A closed client is a process gone: the executions it held end unrecorded, then
+        # kombu's own close puts back what the channel received and did not acknowledge
+        # (restore_unacked), as a worker's connection does when it closes.
+        for execution in list(self.executions.values()):
+            execution.abandon()
         try:
             self.connection.release()
         finally:
