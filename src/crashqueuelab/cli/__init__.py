@@ -219,7 +219,7 @@ def main(
         handler: Handler = args.handler
         systems = getattr(args, "system", None)
         named = [systems] if isinstance(systems, str) else list(systems or ())
-        pins = pins_of(named)
+        pins = pins_of(named, getattr(args, "with_", None) or ())
         if pins:
             # The pinned run prints its own verdict line; this one only passes it on.
             code, result = run_pinned(pins[0], sys.argv[1:] if argv is None else argv, err)

@@ -75,7 +75,16 @@ SERVERS: dict[str, Callable[[], System]] = {
 DISTRIBUTIONS: dict[str, str] = {
     name: library.distribution for library in LIBRARIES for name in library.systems
 }
+#: The extras of a library's distribution its systems need in a pinned release's
+#: environment (Celery's ``redis``: the Redis client its broker transport imports).
+PIN_EXTRAS: dict[str, tuple[str, ...]] = {
+    library.distribution: library.pin_extras for library in LIBRARIES if library.pin_extras
+}
 DEFAULT_SYSTEM = "sqlite"
+
+
+def extras_of(distribution: str) -> tuple[str, ...]:
+    return PIN_EXTRAS.get(distribution, ())
 
 
 def _installed_release(spec: str, distribution: str, wanted: str) -> None:

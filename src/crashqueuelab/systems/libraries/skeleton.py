@@ -164,6 +164,8 @@ class Library:
     server: str | None = None
     #: What of the library the systems drive, after the release in their version.
     drives: str = ""
+    #: The distribution's extras a pinned release installs with it (``celery[redis]``).
+    pin_extras: tuple[str, ...] = ()
 
     @property
     def capabilities(self) -> Capabilities:

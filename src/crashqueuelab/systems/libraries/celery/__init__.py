@@ -15,4 +15,6 @@ LIBRARY = Library(
     heartbeats=False,
     server="redis",
     drives="on its Redis broker",
+    # kombu's Redis transport imports redis-py, which only this extra installs.
+    pin_extras=("redis",),
 )

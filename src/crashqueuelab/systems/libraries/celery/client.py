@@ -243,7 +243,14 @@ def make_app(queue: str, socket: str, settings: Settings) -> Any:
     what the result backend records (a started task, its retries), so that a task
     acknowledged at its start is still seen; nothing of delivery changes with them."""
     from celery import Celery
+    from celery.result import _set_task_join_will_block
 
+    # As Celery's worker does for its pool (``worker.components.Pool``): no result is ever
+    # waited for here, so a publish subscribes to none. Otherwise the Redis backend
+    # subscribes to each task's result channel as it is sent, and an AsyncResult collected
+    # during that subscription unsubscribes on the same pubsub connection: measured, a
+    # model workload hung for good (1 run in 4) inside redis-py's subscribe.
+    _set_task_join_will_block(True)
     app = Celery(f"crashqueuelab-{queue}", set_as_current=False)
     transport: dict[str, Any] = {"global_keyprefix": key_prefix(queue)}
     if settings.visibility_timeout_s is not None:
