@@ -163,7 +163,7 @@ def add_with(sub: argparse.ArgumentParser) -> None:
         metavar="DIST==VERSION",
         help="with --system NAME==VERSION: install this release of one of the library's"
         " dependencies beside it (repeat for several), as in --system celery==5.3.1 --with"
-        " kombu==5.3.1",
+        " kombu==5.3.1; by default none",
     )
 
 
