@@ -290,7 +290,8 @@ class CeleryClient(LibraryClient):
         # prefixes only the commands kombu itself sends).
         import redis
 
-        self.redis = redis.Redis(unix_socket_path=socket)
+        # Any: redis-py's types answer every command with a sync-or-async union.
+        self.redis: Any = redis.Redis(unix_socket_path=socket)
         prefix = key_prefix(self.queue)
         self.queue_key, self.unacked_key = f"{prefix}{self.queue}", f"{prefix}unacked"
         self.connection = self.app.connection_for_read()
@@ -428,11 +429,12 @@ class CeleryClient(LibraryClient):
     def active_count(self) -> int:
         # Messages and started or retried results, less those with a result: an acknowledged
         # running task is in no queue, and acks_late's result is stored before its ack.
-        unfinished, finished = {headers["id"] for _, headers in self._messages()}, set()
+        unfinished = {str(headers["id"]) for _, headers in self._messages()}
+        finished: set[str] = set()
         for name in self.redis.scan_iter(match=f"{RESULT_PREFIX}{self.queue}-*", count=1000):
             meta = json.loads(self.redis.get(name) or "{}")
             finished_now = meta.get("status") in ("SUCCESS", "FAILURE")
-            (finished if finished_now else unfinished).add(meta.get("task_id"))
+            (finished if finished_now else unfinished).add(str(meta.get("task_id")))
         return len(unfinished - finished)
 
     def close(self) -> None:
