@@ -247,6 +247,11 @@ def test_a_task_runs_only_under_the_lab_and_the_own_worker_needs_a_store(
         own.serve(tmp_path / "none", "w1", lambda key: None)
     with pytest.raises(SystemUnavailable, match="no Celery store"):
         own.schedule(tmp_path / "none", "k", 0.0)
+    # apply_async(eta=...): a message in the queue, which the worker holds until it is due.
+    store = tmp_path / "store"
+    open_celery(store).close()
+    own.schedule(store, "s", 2e9)
+    assert read_celery_store(store).jobs == {"s": ("queued", 0)}
 
     class Request:
         id, retries = "x", 0

@@ -121,7 +121,7 @@ def _results(connection: RespConnection, name: str) -> dict[str, dict[str, Any]]
         assert isinstance(reply, list)
         cursor = text(reply[0])
         for key in reply[1] if isinstance(reply[1], list) else []:
-            value = connection.command("GET", key)
+            value = connection.command("GET", text(key))
             if value is not None:
                 found[text(key)[len(RESULT_PREFIX) :]] = json.loads(text(value))
         if cursor == "0":
