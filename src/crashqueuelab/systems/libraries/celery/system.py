@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from functools import partial
+from importlib.metadata import version
 
 from crashqueuelab.judges.readers.celery import queue_name, read_celery_store
 from crashqueuelab.systems.contract import System
@@ -50,6 +51,11 @@ def celery_system(name: str = "celery", settings: Settings | None = None) -> Sys
         documented=documented_for(chosen),
         persistence="rdb",
         own_worker=own_worker(chosen),
+    )
+    # Celery's bugs of this kind live in kombu: its release is named beside Celery's.
+    system = dataclasses.replace(
+        system,
+        version=f"celery {LIBRARY.installed()} (kombu {version('kombu')}, on its Redis broker)",
     )
     if chosen.visibility_timeout_s is None:
         # An hour, kombu's default: the lab does not wait for it (what it would bring back
