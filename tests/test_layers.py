@@ -152,23 +152,3 @@ def test_no_module_imports_itself_through_others() -> None:
         if module not in index:
             visit(module)
     assert circles == []
-
-
-#: The libraries the lab judges, and the clients they bring: a judge reads their stores
-#: with its own code, so that a bug of theirs cannot hide in the judgement.
-JUDGED = {"arq", "celery", "kombu", "redis", "rq", "huey", "pgqueuer", "procrastinate"}
-
-
-@pytest.mark.parametrize(
-    "path",
-    sorted((SRC / "crashqueuelab" / "judges").rglob("*.py")),
-    ids=lambda path: str(path.relative_to(SRC)),
-)
-def test_a_judge_imports_no_library_it_judges(path: Path) -> None:
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and not node.level:
-            found.append(node.module or "")
-    assert not {name.split(".")[0] for name in found} & JUDGED

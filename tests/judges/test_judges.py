@@ -31,8 +31,8 @@ def test_the_judges_import_nothing_of_the_queue_they_judge() -> None:
                 if name.startswith("crashqueuelab"):
                     assert name.startswith(allowed), f"{source.name} imports {name}"
                 # Nor the other systems they read: walqueue's, persist-queue's, huey's,
-                # pgqueuer's, procrastinate's, RQ's and arq's code, nor the Redis client RQ
-                # and arq bring.
+                # pgqueuer's, procrastinate's, RQ's, arq's and Celery's code (kombu is its
+                # messaging library), nor the Redis client RQ, arq and kombu bring.
                 judged = (
                     "walqueue",
                     "persistqueue",
@@ -41,6 +41,8 @@ def test_the_judges_import_nothing_of_the_queue_they_judge() -> None:
                     "procrastinate",
                     "rq",
                     "arq",
+                    "celery",
+                    "kombu",
                     "redis",
                 )
                 assert not name.startswith(judged), source.name
