@@ -6,6 +6,7 @@ defaults (acknowledged at its start: never run again) and with ``task_acks_late`
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -45,25 +46,30 @@ def test_sigterm_is_a_warm_shutdown_the_task_in_hand_finishes_then_the_worker_ex
 def test_a_killed_pool_child_loses_its_task_at_the_defaults_and_not_with_reject_on_worker_lost(
     tmp_path: Path, redis_socket: str
 ) -> None:
-    found = {}
-    for system in ("celery", "celery-acks-late"):
-        store, ledger = tmp_path / system, tmp_path / f"{system}.ledger"
-        submit(system, store, "a")
-        with serving(system, store, ledger, work_s=1.0):
-            child = wait_for(ledger, "start", "a")
+    systems = ("celery", "celery-acks-late")
+    for system in systems:
+        submit(system, tmp_path / system, "a")
+    # Both workers at once: each on a store of its own.
+    with contextlib.ExitStack() as stack:
+        for system in systems:
+            ledger = tmp_path / f"{system}.ledger"
+            stack.enter_context(serving(system, tmp_path / system, ledger, work_s=1.0))
+        for system in systems:
+            child = wait_for(tmp_path / f"{system}.ledger", "start", "a")
             os.kill(child.pid, signal.SIGKILL)
-            if system == "celery-acks-late":
-                # Rejected with requeue: the main process's next child runs it again.
-                wait_for(ledger, "end", "a")
-            else:
-                # Celery records the child's death as the task's failure (WorkerLostError).
-                wait_for_state(system, store, "a", "failed")
-        found[system] = (
-            [line.what for line in lines(ledger) if line.key == "a"],
-            read(system, store).jobs["a"].native_state,
+        # Rejected with requeue: the main process's next child runs it again.
+        wait_for(tmp_path / "celery-acks-late.ledger", "end", "a")
+        # Celery records the child's death as the task's failure (WorkerLostError).
+        wait_for_state("celery", tmp_path / "celery", "a", "failed")
+    found = {
+        system: (
+            [line.what for line in lines(tmp_path / f"{system}.ledger") if line.key == "a"],
+            read(system, tmp_path / system).jobs["a"].native_state,
         )
+        for system in systems
+    }
     # "the task won't be redelivered to another worker if [...] the worker instance is
-    # abruptly killed, mid-execution": acknowledged at its start, it ends failed (Celery's
-    # WorkerLostError) and never runs again.
+    # abruptly killed, mid-execution": acknowledged at its start, it ends failed and never
+    # runs again.
     assert found["celery"] == (["start"], "failed")
     assert found["celery-acks-late"] == (["start", "start", "end"], "succeeded")
