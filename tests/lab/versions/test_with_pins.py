@@ -115,3 +115,17 @@ def test_a_matrix_over_a_dependency_refuses_what_it_cannot_run_and_builds_nothin
     assert said in outcome.result["error"]["message"]
     assert not empty_cache.exists()
     assert not (tmp_path / "v").exists()
+
+
+def test_a_dependency_release_the_index_lacks_is_named_as_the_dependency_s() -> None:
+    from crashqueuelab.lab.versions.environments import _releases_text
+
+    pin = parse_with(["kombu==9.9.9"], CELERY)
+    assert pin is not None
+    said = _releases_text(pin, "kombu==9.9.9", "5.3.0, 5.3.1, 5.3.2")
+    assert said == (
+        "the index has no release 9.9.9 of kombu; it has 3, 5.3.0 to 5.3.2,"
+        " the newest 5.3.0, 5.3.1, 5.3.2"
+    )
+    # The library's own release, refused, is still named as the library's.
+    assert "no release 5.3.1 of celery" in _releases_text(pin, "celery==5.3.1", "5.3.0")
