@@ -243,6 +243,9 @@ def test_a_task_runs_only_under_the_lab_and_the_own_worker_needs_a_store(
     own = resolve_system("celery").own_worker
     assert own is not None
     assert own.schedule is not None
+    solo = resolve_system("celery-solo").own_worker
+    assert solo is not None
+    assert "`celery worker --pool solo`" in solo.describe
     with pytest.raises(SystemUnavailable, match="no Celery store"):
         own.serve(tmp_path / "none", "w1", lambda key: None)
     with pytest.raises(SystemUnavailable, match="no Celery store"):

@@ -10,8 +10,9 @@ LIBRARY = Library(
     distribution="celery",
     extra="celery",
     # At Celery's defaults (early acknowledgement), and at its documented reliable
-    # configuration (task_acks_late, task_reject_on_worker_lost, a stated visibility_timeout).
-    systems=("celery", "celery-acks-late"),
+    # configuration (task_acks_late, task_reject_on_worker_lost, a stated visibility_timeout);
+    # its own worker with the prefork pool, or the solo pool (celery-solo).
+    systems=("celery", "celery-acks-late", "celery-solo"),
     heartbeats=False,
     server="redis",
     drives="on its Redis broker",

@@ -30,18 +30,26 @@ read_store = library_reader(
         f"crashqueuelab.judges.readers.celery (reads queue {queue_name(directory)} with RESP)"
     ),
 )
-#: Each system's settings, by its name.
-SETTINGS = {"celery": DEFAULTS, "celery-acks-late": RELIABLE}
+#: Each system's settings and its own worker's pool, by its name.
+SETTINGS = {
+    "celery": (DEFAULTS, "prefork"),
+    "celery-acks-late": (RELIABLE, "prefork"),
+    "celery-solo": (DEFAULTS, "solo"),
+}
 
 
-def celery_system(name: str = "celery", settings: Settings | None = None) -> System:
-    """Celery on its Redis broker with ``settings`` (by default the name's)."""
+def celery_system(
+    name: str = "celery", settings: Settings | None = None, pool: str | None = None
+) -> System:
+    """Celery on its Redis broker with ``settings`` and its worker's ``pool`` (by default
+    the name's)."""
     # Imported here, once: the lab opens systems from several threads at a time.
     import celery  # noqa: F401
 
     from crashqueuelab.servers.redis import PERSISTENCE_WORDS
 
-    chosen = settings or SETTINGS[name]
+    named, named_pool = SETTINGS.get(name, (DEFAULTS, "prefork"))
+    chosen = settings or named
     system = LIBRARY.system(
         name,
         durability=f"{chosen.words}; Redis persistence rdb: {PERSISTENCE_WORDS['rdb']}",
@@ -50,7 +58,7 @@ def celery_system(name: str = "celery", settings: Settings | None = None) -> Sys
         crash_points=CRASH_POINTS,
         documented=documented_for(chosen),
         persistence="rdb",
-        own_worker=own_worker(chosen),
+        own_worker=own_worker(chosen, pool or named_pool),
     )
     # Celery's bugs of this kind live in kombu: its release is named beside Celery's.
     system = dataclasses.replace(
