@@ -17,6 +17,7 @@ from crashqueuelab.core.clock import ManualClock
 from crashqueuelab.core.errors import OperationUnsupported, SystemUnavailable
 from crashqueuelab.core.ids import SeededIds
 from crashqueuelab.core.retry import RetryPolicy
+from crashqueuelab.judges.findings import Anomaly, Kind
 from crashqueuelab.judges.readers.celery import (
     QUEUE_FILE,
     key_prefix,
@@ -26,6 +27,7 @@ from crashqueuelab.judges.readers.celery import (
 )
 from crashqueuelab.judges.resp import RespConnection
 from crashqueuelab.lab.campaign.run import run_campaign
+from crashqueuelab.lab.runs.promises import classify
 from crashqueuelab.servers.redis import SOCKET_VARIABLE
 from crashqueuelab.systems import (
     JobSpec,
@@ -264,3 +266,41 @@ def test_a_task_runs_only_under_the_lab_and_the_own_worker_needs_a_store(
 
     with pytest.raises(JobFailed, match="runs only under crashqueuelab"):
         lab_task(Task(), "k", "t", {}, 1)
+
+
+def _lost(stored: str, last_end: str) -> Anomaly:
+    return Anomaly(
+        Kind.LOST_IN_DEPLOY,
+        f"job job-01: lost: 1 execution(s), none ran to completion (the last: {last_end}),"
+        f" and the store holds it {stored}",
+        job="job-01",
+        facts={"executions": 1, "stored": stored, "last_end": last_end, "signal": "SIGTERM"},
+    )
+
+
+@pytest.mark.parametrize(
+    ("system", "documented", "broken"),
+    [
+        # Acknowledged as it started and cut by the SIGKILL; prefetched and never acknowledged.
+        (
+            "celery",
+            [("started", "killed"), ("reserved", "never ran")],
+            [("nowhere", "never ran"), ("queued", "never ran"), ("started", "abandoned")],
+        ),
+        # Late acknowledgement: whatever was held waits for the visibility timeout.
+        (
+            "celery-acks-late",
+            [("started", "killed"), ("reserved", "never ran")],
+            [("nowhere", "never ran"), ("queued", "never ran")],
+        ),
+    ],
+)
+def test_a_deploys_loss_is_documented_only_as_celery_states_it(
+    system: str, documented: list[tuple[str, str]], broken: list[tuple[str, str]]
+) -> None:
+    findings = [_lost(*case) for case in documented + broken]
+    verdict = classify(resolve_system(system), "deploys", findings)
+    # A task Redis holds nowhere (kombu #1733's loss) is never a documented one.
+    assert verdict["broken_promises"] == [_lost(*case).text for case in broken]
+    explained = sum(entry["lines"] for entry in verdict["weaker_as_documented"])
+    assert explained == len(documented)
