@@ -31,8 +31,9 @@ def test_the_judges_import_nothing_of_the_queue_they_judge() -> None:
                 if name.startswith("crashqueuelab"):
                     assert name.startswith(allowed), f"{source.name} imports {name}"
                 # Nor the other systems they read: walqueue's, persist-queue's, huey's,
-                # pgqueuer's, procrastinate's, RQ's, arq's, dramatiq's and taskiq's code, nor
-                # the Redis and AMQP clients they bring.
+                # pgqueuer's, procrastinate's, RQ's, arq's, dramatiq's, taskiq's and Celery's
+                # code (kombu is its messaging library), nor the Redis and AMQP clients they
+                # bring.
                 judged = (
                     "walqueue",
                     "persistqueue",
@@ -43,6 +44,8 @@ def test_the_judges_import_nothing_of_the_queue_they_judge() -> None:
                     "arq",
                     "dramatiq",
                     "taskiq",
+                    "celery",
+                    "kombu",
                     "redis",
                     "pika",
                 )

@@ -229,7 +229,10 @@ def main(
         handler: Handler = args.handler
         systems = getattr(args, "system", None)
         named = [systems] if isinstance(systems, str) else list(systems or ())
-        pins = pins_of(named)
+        # ``versions`` pins each of its releases itself (its --system may pin the library
+        # whose dependency it varies).
+        matrix = args.command == "versions"
+        pins = [] if matrix else pins_of(named, getattr(args, "with_", None) or ())
         if pins:
             # The pinned run prints its own verdict line; this one only passes it on.
             code, result = run_pinned(pins[0], sys.argv[1:] if argv is None else argv, err)

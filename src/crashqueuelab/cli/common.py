@@ -154,8 +154,22 @@ def add_dsn(sub: argparse.ArgumentParser) -> None:
     )
 
 
+def add_with(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument(
+        "--with",
+        dest="with_",
+        action="append",
+        default=[],
+        metavar="DIST==VERSION",
+        help="with --system NAME==VERSION: install this release of one of the library's"
+        " dependencies beside it (repeat for several), as in --system celery==5.3.1 --with"
+        " kombu==5.3.1; by default none",
+    )
+
+
 def add_system(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--system", default=DEFAULT_SYSTEM, help=SYSTEM_HELP)
+    add_with(sub)
     add_dsn(sub)
 
 

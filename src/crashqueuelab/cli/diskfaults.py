@@ -11,6 +11,7 @@ from crashqueuelab.cli.common import (
     EXIT_REJECTED,
     SYSTEM_HELP,
     Command,
+    add_with,
     positive,
 )
 from crashqueuelab.cli.experiments import library_verdict
@@ -66,6 +67,7 @@ def add_disk_faults_command(command: Command) -> None:
         database=False,
     )
     sub.add_argument("--system", default=DEFAULT_SYSTEM, help=SYSTEM_HELP)
+    add_with(sub)
     sub.add_argument(
         "--disk-fault",
         action="append",

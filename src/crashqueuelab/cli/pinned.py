@@ -20,6 +20,7 @@ from crashqueuelab.lab.versions.environments import (
     Pin,
     ensure_environment,
     parse_pin,
+    parse_with,
     pinned_environment,
     python_of,
 )
@@ -29,13 +30,14 @@ from crashqueuelab.systems.registry import distribution_of, extras_of
 STOP_GRACE_S = 60.0
 
 
-def pins_of(systems: Sequence[str]) -> list[Pin]:
-    """The releases this run must move to an environment of their own: none inside one."""
+def pins_of(systems: Sequence[str], fixed: Sequence[str] = ()) -> list[Pin]:
+    """The releases this run must move to an environment of their own (with the
+    dependencies ``fixed`` by ``--with`` beside them): none inside one."""
     pins = [pin for pin in (parse_pin(spec, distribution_of, extras_of) for spec in systems) if pin]
-    pins = [pin for pin in pins if os.environ.get(PINNED_VARIABLE) != pin.spec]
     if len(pins) > 1:
         raise InvalidInput("system", "one pinned release per run (run `versions` for more)")
-    return pins
+    pin = parse_with(fixed, pins[0] if pins else None)
+    return [pin] if pin is not None and os.environ.get(PINNED_VARIABLE) != pin.label else []
 
 
 def _pass_on(stream: Any, err: TextIO, prefix: str) -> None:
@@ -87,9 +89,10 @@ def run_pinned(
         }
     if not isinstance(result, dict):
         result = {"ok": False, "result": result}
+    installed = marker["installed"]
     result["environment"] = {
-        "pin": pin.spec,
+        "pin": pin.label,
         "directory": str(directory),
-        "installed": {pin.distribution: marker["installed"].get(pin.distribution.lower())},
+        "installed": {name: installed.get(name.lower()) for name in pin.distributions},
     }
     return code, result

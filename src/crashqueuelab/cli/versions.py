@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from crashqueuelab.cli.common import positive
+from crashqueuelab.cli.common import add_with, positive
 from crashqueuelab.cli.pages import html_report
 from crashqueuelab.cli.pinned import run_pinned
 from crashqueuelab.cli.verdict import exit_code
@@ -15,7 +15,7 @@ from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.runs.commands import import_path
 from crashqueuelab.lab.runs.kinds import CAMPAIGN, CHAOS, DEPLOYS, DISK_FAULTS, HEARTBEATS
 from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
-from crashqueuelab.lab.versions.environments import parse_pin
+from crashqueuelab.lab.versions.environments import Pin, parse_pin, parse_with
 from crashqueuelab.lab.versions.matrix import CRITERIA, VERSIONS_FILE, choose_releases, run_versions
 from crashqueuelab.systems.registry import DISTRIBUTIONS, distribution_of, extras_of
 
@@ -26,7 +26,7 @@ EVIDENCE = {
 #: What the printed result keeps of each row (the whole rows are in versions.json).
 _ROW_KEYS = ("release", "ok", "not_judged", "keeps_its_promises", "passes", "first_reason")
 #: Options the matrix sets for each release itself.
-_SET_BY_THE_MATRIX = ("--system", "--output-directory")
+_SET_BY_THE_MATRIX = ("--system", "--with", "--output-directory")
 
 
 def _evidence(arguments: list[str]) -> list[str]:
@@ -42,9 +42,40 @@ def _evidence(arguments: list[str]) -> list[str]:
     return arguments
 
 
-def _versions(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+def _pin_of(args: argparse.Namespace, release: str) -> Pin:
+    """The pin one release of the matrix runs: the library's release (or, with ``--vary``,
+    the pinned library with that release of the dependency), with ``--with`` beside it."""
+    if args.vary is None:
+        pin = parse_pin(f"{args.system}=={release}", distribution_of, extras_of)
+        fixed = list(args.with_)
+    else:
+        pin = parse_pin(args.system, distribution_of, extras_of)
+        fixed = [*args.with_, f"{args.vary}=={release}"]
+    with_fixed = parse_with(fixed, pin)
+    assert with_fixed is not None  # a release number, checked by choose_releases
+    return with_fixed
 
-    distribution = distribution_of(args.system)
+
+def _library(args: argparse.Namespace) -> str | None:
+    """What ``--system`` names, its pin checked: ``NAME==VERSION`` only with ``--vary``."""
+    name, pinned, _ = args.system.partition("==")
+    if args.vary is None and pinned:
+        raise InvalidInput(
+            "system",
+            f"{args.system}: the matrix pins each release itself; to vary a dependency under"
+            f" one release, add --vary DIST (as --system {args.system} --vary kombu)",
+        )
+    if args.vary is not None and not pinned:
+        raise InvalidInput(
+            "vary",
+            f"--vary {args.vary} runs the releases of a dependency under one release of the"
+            f" library: pin it, as --system {name}==5.3.1",
+        )
+    return distribution_of(name)
+
+
+def _versions(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    distribution = _library(args)
     if distribution is None:
         raise InvalidInput(
             "system",
@@ -52,16 +83,28 @@ def _versions(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
             " package.module:factory whose System names its distribution",
         )
     evidence = _evidence(list(args.evidence))
-    releases = choose_releases(args.releases, distribution)
+    releases = choose_releases(args.releases, args.vary or distribution)
+    # Every pin checked before anything runs: a bad --with is one line, nothing started.
+    _pin_of(args, releases[0])
     output: Path = args.output_directory
     prepare_output_directory(output)
     err = args.stderr
 
     def run_release(release: str, directory: Path) -> dict[str, Any]:
-        pin = parse_pin(f"{args.system}=={release}", distribution_of, extras_of)
-        assert pin is not None  # a release number, checked by choose_releases
+        pin = _pin_of(args, release)
         seed = [] if "--seed" in evidence else ["--seed", str(args.seed)]
-        argv = [*evidence, *seed, "--system", pin.spec, "--output-directory", str(directory)]
+        fixed = [
+            argument for name, version in pin.also for argument in ("--with", f"{name}=={version}")
+        ]
+        argv = [
+            *evidence,
+            *seed,
+            "--system",
+            pin.spec,
+            *fixed,
+            "--output-directory",
+            str(directory),
+        ]
         print(f"versions {args.system}: {release} ...", file=err, flush=True)
         # Side by side, each line a release's run prints says which release it is.
         _, result = run_pinned(pin, argv, err, f"[{release}] " if args.at_once > 1 else "")
@@ -71,6 +114,9 @@ def _versions(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
             return record
         return result
 
+    library = distribution if ":" in args.system else args.system.partition("==")[0]
+    if args.vary is not None:
+        library = f"{library} {args.system.partition('==')[2]} with {args.vary}"
     report = run_versions(
         releases,
         run_release,
@@ -78,12 +124,14 @@ def _versions(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         criterion=args.bisect_on,
         bisect=args.bisect,
         system=args.system,
-        library=distribution if ":" in args.system else args.system,
+        library=library,
         at_once=args.at_once,
     )
     # The seed each release ran with: the evidence's own, where it names one.
     given = evidence[evidence.index("--seed") + 1] if "--seed" in evidence[:-1] else None
     report |= {
+        "vary": args.vary,
+        "with": list(args.with_),
         "evidence": evidence,
         "seed": args.seed if given is None else given,
         "system_import_path": import_path(args.system),
@@ -121,11 +169,20 @@ def add_versions_command(command: Any) -> None:
         help=f"the library: {', '.join(sorted(DISTRIBUTIONS))}, or package.module:factory"
         " whose System names its distribution",
     )
+    add_with(sub)
+    sub.add_argument(
+        "--vary",
+        default=None,
+        metavar="DIST",
+        help="run the releases of this dependency of the library, under the one release"
+        " --system NAME==VERSION pins (as --system celery==5.3.1 --vary kombu --releases"
+        " 5.3.1,5.3.2); by default the releases are the library's",
+    )
     sub.add_argument(
         "--releases",
         required=True,
         help="A,B,C (those releases) or A..B (every release the package index has from A"
-        " to B, both included)",
+        " to B, both included): the library's, or with --vary the dependency's",
     )
     sub.add_argument(
         "--bisect",

@@ -11,6 +11,7 @@ from crashqueuelab.core.errors import SystemUnavailable, install_hint
 from crashqueuelab.systems.contract import System
 from crashqueuelab.systems.libraries import (
     arq,
+    celery,
     dramatiq,
     huey,
     persistqueue,
@@ -54,6 +55,7 @@ LIBRARIES: tuple[Library, ...] = (
     procrastinate.LIBRARY,
     rq.LIBRARY,
     arq.LIBRARY,
+    celery.LIBRARY,
     dramatiq.LIBRARY,
     taskiq.LIBRARY,
 )
@@ -78,7 +80,8 @@ DISTRIBUTIONS: dict[str, str] = {
     name: library.distribution for library in LIBRARIES for name in library.systems
 }
 #: The extras of a library's distribution its systems need in a pinned release's
-#: environment (dramatiq's ``redis`` and ``rabbitmq``: its broker clients).
+#: environment (dramatiq's ``redis`` and ``rabbitmq``: its broker clients; Celery's ``redis``:
+#: the Redis client its broker transport imports).
 PIN_EXTRAS: dict[str, tuple[str, ...]] = {
     library.distribution: library.pin_extras for library in LIBRARIES if library.pin_extras
 }

@@ -375,3 +375,49 @@ def test_scheduled_jobs_through_a_librarys_own_scheduling_call_across_a_deploy(
         "Scheduled jobs: due beside when they ran"
         in (tmp_path / system / "report.html").read_text()
     )
+
+
+# Quiet and releases: two environments (Celery 5.3.1 with kombu 5.3.1, and with 5.3.2),
+# two rolling deploys side by side, each on a Redis server of its own; mostly waits.
+@pytest.mark.releases
+@pytest.mark.quiet
+def test_kombu_1733_a_warm_shutdown_during_the_poll_loses_a_task_on_5_3_1_not_on_5_3_2(
+    tmp_path: Path, release_cache: Path, run_cli: RunCli
+) -> None:
+    """kombu #1733 (Celery #7950): a worker's warm shutdown can leave its last BRPOP pending;
+    a task Redis pops for it before the connection closes is never read, never restored.
+    From kombu 5.3.2 the channel reads the pending reply as it closes, and the task goes
+    back. The window is a matter of timing: what a run finds on 5.3.1 is asserted when it
+    finds it, and said (a skip, never a pass) when it does not."""
+    outcome = run_cli(
+        "versions", "--system", "celery==5.3.1", "--vary", "kombu",
+        "--releases", "5.3.1,5.3.2", "--bisect", "--bisect-on", "promises",
+        "--output-directory", str(tmp_path / "v"), "--at-once", "2",
+        # Both workers stopped at once (their replacements take a second to poll), a stop
+        # every 3 s, and tasks submitted all along, none longer than the grace: a task can
+        # only be lost to a stopped worker's pending BRPOP (or, SIGKILLed, as documented).
+        "deploys", "--workers", "2", "--surge", "2", "--deploys", "6", "--interval-s", "3",
+        "--jobs", "40", "--long-share", "0", "--grace-s", "5", "--recovery-wait-s", "10",
+        "--seed", "3",
+    )  # fmt: skip
+
+    def record(release: str) -> dict[str, Any]:
+        kept: dict[str, Any] = json.loads((tmp_path / "v" / release / "deploys.json").read_text())
+        return kept
+
+    old, fixed = record("5.3.1"), record("5.3.2")
+    assert old["system"]["version"].startswith("celery 5.3.1 (kombu 5.3.1,")
+    assert fixed["system"]["version"].startswith("celery 5.3.1 (kombu 5.3.2,")
+    # The fixed release never loses a task to a warm shutdown.
+    assert fixed["promises"]["keeps_its_promises"] is True, fixed["anomalies"]
+    nowhere = [
+        f
+        for f in old["findings"]
+        if f["kind"] == "lost_in_deploy" and f["facts"]["stored"] == "nowhere"
+    ]
+    assert {f["facts"]["last_end"] for f in nowhere} <= {"never ran"}
+    if not nowhere:
+        pytest.skip("kombu 5.3.1: no task fell into a stopped worker's pending BRPOP this run")
+    assert outcome.code == 1, outcome.stderr
+    assert outcome.result["bisection"]["found"] == "5.3.2"
+    assert old["promises"]["keeps_its_promises"] is False

@@ -15,6 +15,7 @@ uses it; building one is locked, so two runs never build the same one twice.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import hashlib
 import importlib.util
@@ -26,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import venv
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, packages_distributions, requires
 from importlib.metadata import version as installed_version
@@ -52,13 +53,16 @@ _REQUIREMENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*")
 
 @dataclass(frozen=True)
 class Pin:
-    """``--system name==version``: a system of the lab at one release of its library."""
+    """``--system name==version``: a system of the lab at one release of its library, and
+    the releases of its dependencies that ``--with`` fixes beside it."""
 
     system: str
     distribution: str
     version: str
-    #: The library's extras its systems need (dramatiq's ``redis`` and ``rabbitmq``: the
-    #: broker clients it leaves optional).
+    #: ``--with DIST==VERSION``: (distribution, version), each installed beside the release.
+    also: tuple[tuple[str, str], ...] = ()
+    #: The library's extras its systems need (Celery's ``redis``: kombu's Redis client;
+    #: dramatiq's ``redis`` and ``rabbitmq``: the broker clients it leaves optional).
     extras: tuple[str, ...] = ()
 
     @property
@@ -66,9 +70,23 @@ class Pin:
         return f"{self.system}=={self.version}"
 
     @property
+    def label(self) -> str:
+        """The pin and what it fixes beside it: ``celery==5.3.1 with kombu==5.3.1``."""
+        return self.spec + "".join(f" with {name}=={version}" for name, version in self.also)
+
+    @property
     def requirement(self) -> str:
         extras = f"[{','.join(self.extras)}]" if self.extras else ""
         return f"{self.distribution}{extras}=={self.version}"
+
+    @property
+    def requirements(self) -> list[str]:
+        return [self.requirement, *(f"{name}=={version}" for name, version in self.also)]
+
+    @property
+    def distributions(self) -> list[str]:
+        """The distributions the pin fixes, the library's first."""
+        return [self.distribution, *(name for name, _ in self.also)]
 
 
 def parse_pin(
@@ -92,6 +110,41 @@ def parse_pin(
             " `distribution` names it on the package index",
         )
     return Pin(system, distribution, wanted, extras=extras_of(distribution))
+
+
+def parse_with(texts: Sequence[str], pin: Pin | None) -> Pin | None:
+    """``pin`` with the dependencies ``--with DIST==VERSION`` fixes beside it (each text
+    one of them); an error of one line for anything else."""
+    if not texts:
+        return pin
+    if pin is None:
+        raise InvalidInput(
+            "with",
+            "--with fixes a dependency of a pinned release: pin the system too, as in"
+            " --system celery==5.3.1 --with kombu==5.3.1",
+        )
+    also: list[tuple[str, str]] = []
+    for text in texts:
+        name, equals, wanted = text.partition("==")
+        found = _REQUIREMENT_NAME.match(name)
+        if not equals or found is None or found.group(0) != name:
+            raise InvalidInput("with", f"{text!r} is not DISTRIBUTION==VERSION, as kombu==5.3.1")
+        if not _VERSION.match(wanted):
+            raise InvalidInput("with", f"{wanted!r} is not a release number such as 5.3.1")
+        key = _canonical(name)
+        if key == _canonical(pin.distribution):
+            raise InvalidInput(
+                "with", f"{name} is the pinned library itself: its release is --system's"
+            )
+        if key in (_canonical(each) for each, _ in also):
+            raise InvalidInput("with", f"{name} is named twice")
+        also.append((name, wanted))
+    return dataclasses.replace(pin, also=tuple(also))
+
+
+def _canonical(name: str) -> str:
+    """A distribution's name as the package index compares it (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 #: Beside the environments: links to the user adapters pinned runs carry.
@@ -188,9 +241,12 @@ def environment_name(pin: Pin) -> str:
     beside the release. Not the lab's checkout: its code is put on the path at run time."""
     minor = f"{sys.version_info.major}{sys.version_info.minor}"
     python = Path(getattr(sys, "_base_executable", sys.executable)).resolve()
-    built_on = "\n".join([str(python), sys.version, *lab_requirements(), *companions(pin)])
+    built_on = "\n".join(
+        [str(python), sys.version, *pin.requirements, *lab_requirements(), *companions(pin)]
+    )
     digest = hashlib.sha256(built_on.encode()).hexdigest()[:10]
-    return f"{pin.distribution}-{pin.version}-py{minor}-{digest}"
+    fixed = "".join(f"+{name}-{version}" for name, version in pin.also)
+    return f"{pin.distribution}-{pin.version}{fixed}-py{minor}-{digest}"
 
 
 #: Beside the environments: one directory of links to the lab's packages per checkout.
@@ -226,7 +282,7 @@ def pinned_environment(pin: Pin) -> dict[str, str]:
     environment."""
     carried = [lab_code(), adapter_code(pin)]
     path = os.pathsep.join(str(entry) for entry in carried if entry is not None)
-    return dict(os.environ, **{PINNED_VARIABLE: pin.spec, "PYTHONPATH": path})
+    return dict(os.environ, **{PINNED_VARIABLE: pin.label, "PYTHONPATH": path})
 
 
 def read_marker(directory: Path) -> dict[str, Any] | None:
@@ -251,7 +307,7 @@ def _pip(directory: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
 #: environment it was building (the next failure of the same one replaces it).
 PIP_LOGS = ".pip-logs"
 #: pip's refusal of a release it cannot find, listing the releases the index has.
-_NOT_FOUND = re.compile(r"requirement \S+ \(from versions: ([^)]*)\)")
+_NOT_FOUND = re.compile(r"requirement (\S+) \(from versions: ([^)]*)\)")
 #: A refusal names this many of the newest releases.
 NEWEST_NAMED = 4
 
@@ -260,14 +316,19 @@ def _release_key(release: str) -> tuple[int, ...]:
     return tuple(int(number) for number in re.findall(r"[0-9]+", release))
 
 
-def _releases_text(pin: Pin, listed: str) -> str:
+def _releases_text(pin: Pin, asked: str, listed: str) -> str:
     """What the index has, in a few words: how many releases, the first and the last, and
-    the two either side of the one asked for (or, past them all, the newest)."""
+    the two either side of the one asked for (or, past them all, the newest). ``asked`` is
+    the requirement pip refused: the library's, or one ``--with`` fixes."""
+    name, version = pin.distribution, pin.version
+    for each, wanted_there in pin.also:
+        if _canonical(asked.partition("==")[0]) == _canonical(each):
+            name, version = each, wanted_there
     releases = [release.strip() for release in listed.split(",") if release.strip()]
-    missing = f"the index has no release {pin.version} of {pin.distribution}"
+    missing = f"the index has no release {version} of {name}"
     if not releases or releases == ["none"]:
         return f"{missing}, nor any other"
-    wanted = _release_key(pin.version)
+    wanted = _release_key(version)
     below = [r for r in releases if _release_key(r) < wanted]
     above = [r for r in releases if _release_key(r) > wanted]
     around = (
@@ -287,14 +348,14 @@ def _refusal(pin: Pin, installed: subprocess.CompletedProcess[str], log: Path) -
     found = _NOT_FOUND.search(output)
     errors = [line.strip() for line in output.splitlines() if line.strip()]
     said = (
-        _releases_text(pin, found.group(1))
+        _releases_text(pin, found.group(1), found.group(2))
         if found
         else next((line for line in reversed(errors) if line.startswith("ERROR")), None)
         or (errors[-1] if errors else f"pip exited {installed.returncode}, saying nothing")
     )
     if len(said) > ERROR_LINE:
         said = said[: ERROR_LINE - 1] + "…"
-    return f"pip could not install {pin.requirement}: {said}; pip's output: {log}"
+    return f"pip could not install {' '.join(pin.requirements)}: {said}; pip's output: {log}"
 
 
 #: pip's last error, in a refusal, is cut to this many characters (the file has it all).
@@ -304,14 +365,17 @@ ERROR_LINE = 200
 def _build(pin: Pin, directory: Path, log: Path) -> dict[str, Any]:
     venv.EnvBuilder(with_pip=True, symlinks=True, clear=True).create(directory)
     beside = companions(pin)
-    installed = _pip(directory, "install", "--quiet", pin.requirement, *beside, *lab_requirements())
+    installed = _pip(
+        directory, "install", "--quiet", *pin.requirements, *beside, *lab_requirements()
+    )
     if installed.returncode != 0:
         raise SystemUnavailable(pin.spec, _refusal(pin, installed, log))
     frozen = _pip(directory, "list", "--format", "json")
     packages = {row["name"].lower(): row["version"] for row in json.loads(frozen.stdout or "[]")}
     return {
-        "pin": pin.spec,
+        "pin": pin.label,
         "requirement": pin.requirement,
+        "with": [f"{name}=={version}" for name, version in pin.also],
         "companions": list(beside),
         "installed": packages,
         "python": sys.version.split()[0],

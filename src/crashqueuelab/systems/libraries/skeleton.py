@@ -169,7 +169,8 @@ class Library:
     server: str | None = None
     #: What of the library the systems drive, after the release in their version.
     drives: str = ""
-    #: The distribution's extras a pinned release installs with it (``dramatiq[redis]``).
+    #: The distribution's extras a pinned release installs with it (``celery[redis]``,
+    #: ``dramatiq[redis,rabbitmq]``).
     pin_extras: tuple[str, ...] = ()
     #: Dependencies a pinned release needs and its own metadata does not say: each
     #: ``(release, requirement)`` is installed beside every release before ``release``

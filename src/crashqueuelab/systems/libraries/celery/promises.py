@@ -1,0 +1,133 @@
+"""What Celery documents of itself: where it is weaker than the lab's contract.
+
+Celery has no lease per claim, no token and no heartbeat: a message is "acknowledged" or
+not, and on Redis a message received and never acknowledged is redelivered only after the
+``visibility_timeout`` (one hour by default), measured on the wall clock by kombu's
+``restore_visible``. At its default a task is acknowledged as it starts (early
+acknowledgement), so a worker killed during it loses it, as the glossary says; with
+``task_acks_late`` it is acknowledged after it ran, so it may run again.
+"""
+
+from __future__ import annotations
+
+from crashqueuelab.judges.findings import Kind
+from crashqueuelab.systems.contract import Documented
+from crashqueuelab.systems.libraries.celery.client import Settings
+
+_DOCS = "https://docs.celeryq.dev/en/stable/"
+GLOSSARY = _DOCS + "glossary.html"
+_VISIBILITY = _DOCS + "getting-started/backends-and-brokers/redis.html#visibility-timeout"
+_REDIS_PERSISTENCE = "https://redis.io/docs/latest/operate/oss_and_stack/management/persistence/"
+
+#: The points after which a task has been acknowledged at its start (early ack) and not
+#: finished: a death there loses it.
+_ACKNOWLEDGED_RUNNING = (
+    "execute:after",
+    "BEFORE_EFFECT_COMMIT",
+    "AFTER_EFFECT_COMMIT",
+    "finish:before",
+    "retry:before",
+)
+#: The points after which a message was received and not yet acknowledged.
+_RECEIVED = ("receive:after", "execute:before")
+
+_NO_TOKEN = Documented(
+    "no lease and no token: a task's outcome is whatever the worker running it reports,"
+    ' whenever it reports it ("Workers acknowledge messages to signify that a message has'
+    ' been handled"), so a late acknowledgement is accepted',
+    GLOSSARY,
+    kinds=(
+        Kind.LATE_ACKNOWLEDGEMENT_ACCEPTED,
+        Kind.ACKNOWLEDGEMENT_AT_DEADLINE_ACCEPTED,
+        Kind.LATE_FAILURE_REPORT_ACCEPTED,
+        Kind.FAILURE_REPORT_AT_DEADLINE_ACCEPTED,
+        Kind.DEAD_HEARTBEAT_ACCEPTED,
+    ),
+    when={
+        Kind.CONTRACT_RULE_FAILED: {
+            "point": "an_acknowledgement_at_the_deadline_is_refused",
+            "assertion": "an acknowledgement exactly at the deadline answered succeeded*",
+        },
+    },
+)
+
+
+def _visibility(
+    timeout_s: int | None, points: tuple[str, ...], held: tuple[str, ...]
+) -> Documented:
+    """The visibility timeout's weakness, for tasks the reader finds ``held`` (unacknowledged)."""
+    stated = "one hour, kombu's default" if timeout_s is None else f"{timeout_s} s here"
+    return Documented(
+        "\"If a task isn't acknowledged within the Visibility Timeout the task will be"
+        ' redelivered to another worker and executed" ("The default visibility timeout for'
+        f" Redis is 1 hour\"; {stated}, on the wall clock, which the lab's clock does not"
+        " move): a message received and not acknowledged when its worker died waits that"
+        " long in the unacked hash",
+        _VISIBILITY,
+        points=points,
+        kinds=(Kind.WORK_STALLED, Kind.WORK_NEVER_ENDED),
+        when={
+            Kind.CLAIM_NOT_OFFERED: {
+                "point": ("stale_holder_after_expiry", "batched_acknowledgement_fences_each_item"),
+                "offered": "nothing",
+            },
+            Kind.EXPIRED_LAST_ATTEMPT_NOT_DEAD: {"state": held},
+            Kind.RECOVERY_UNFINISHED: ({"effect_state": held}, {"flaky_state": held}),
+            Kind.EFFECTS_NOT_ONCE: ({"effect_effects": 0}, {"flaky_effects": 0}),
+            Kind.UNFINISHED: {"state": held},
+            Kind.LOST_IN_DEPLOY: {"stored": held},
+        },
+    )
+
+
+_EARLY_ACK = Documented(
+    '"early acknowledgment": "Task is acknowledged just-in-time before being executed,'
+    " meaning the task won't be redelivered to another worker if the machine loses power,"
+    " or the worker instance is abruptly killed, mid-execution\" (Celery's default: a task"
+    " whose worker died while it ran stays started, and never runs again)",
+    GLOSSARY,
+    points=_ACKNOWLEDGED_RUNNING,
+    when={
+        Kind.CLAIM_NOT_OFFERED: {
+            "point": ("stale_holder_after_expiry", "batched_acknowledgement_fences_each_item"),
+            "offered": "nothing",
+        },
+        Kind.EXPIRED_LAST_ATTEMPT_NOT_DEAD: {"state": "started"},
+        Kind.RECOVERY_UNFINISHED: ({"effect_state": "started"}, {"flaky_state": "started"}),
+        Kind.EFFECTS_NOT_ONCE: ({"effect_effects": 0}, {"flaky_effects": 0}),
+        Kind.UNFINISHED: {"state": "started"},
+        Kind.LOST: {"last_seen": "held"},
+        Kind.LOST_IN_DEPLOY: {"last_end": "killed", "stored": "started"},
+    },
+)
+_LATE_ACK = Documented(
+    '"late acknowledgment": "Task is acknowledged after execution (both if successful, or'
+    " if the task is raising an error), which means the task will be redelivered to another"
+    " worker in the event of the machine losing power, or the worker instance being killed"
+    ' mid-execution": a task may run again after it ran, and a message its worker held when'
+    " it closed its connection goes back to the queue while the task still runs",
+    GLOSSARY,
+    when={
+        Kind.CLAIMED_AFTER_ACKNOWLEDGEMENT: {},
+        Kind.CLAIMED_WHILE_LEASED: {},
+        Kind.RAN_TWICE: {"acknowledged": ("no", "unknown")},
+    },
+)
+_RDB = Documented(
+    "RDB snapshots (Redis's default persistence) keep only the last snapshot: a crash of the"
+    " server or a power cut takes back every write since it",
+    _REDIS_PERSISTENCE,
+    crash_modes=("power-loss",),
+    faults=("server restart",),
+)
+
+
+def documented_for(settings: Settings) -> tuple[Documented, ...]:
+    """What Celery documents of itself at ``settings``."""
+    if settings.acks_late:
+        # Unacknowledged until it ends: a death anywhere after the receipt is redelivered.
+        running = _RECEIVED + _ACKNOWLEDGED_RUNNING
+        held = _visibility(settings.visibility_timeout_s, running, ("reserved", "started"))
+        return (_NO_TOKEN, held, _LATE_ACK, _RDB)
+    # Early acknowledgement first: a case that lost a started task is its.
+    return (_NO_TOKEN, _EARLY_ACK, _visibility(None, _RECEIVED, ("reserved",)), _RDB)

@@ -1,0 +1,78 @@
+"""Celery's systems, on the shared skeleton, on its Redis broker (a Redis server with its
+default persistence): ``celery`` at Celery's defaults, ``celery-acks-late`` at the
+configuration its documentation gives for tasks that must not be lost."""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+from importlib.metadata import version
+
+from crashqueuelab.judges.readers.celery import queue_name, read_celery_store
+from crashqueuelab.systems.contract import System
+from crashqueuelab.systems.libraries.celery import LIBRARY
+from crashqueuelab.systems.libraries.celery.client import (
+    DEFAULTS,
+    RELIABLE,
+    STATUS,
+    CeleryClient,
+    Settings,
+)
+from crashqueuelab.systems.libraries.celery.points import CRASH_POINTS
+from crashqueuelab.systems.libraries.celery.promises import documented_for
+from crashqueuelab.systems.libraries.celery.worker import own_worker
+from crashqueuelab.systems.libraries.skeleton import library_reader
+
+read_store = library_reader(
+    read_celery_store,
+    STATUS,
+    lambda directory: (
+        f"crashqueuelab.judges.readers.celery (reads queue {queue_name(directory)} with RESP)"
+    ),
+)
+#: Each system's settings and its own worker's pool, by its name.
+SETTINGS = {
+    "celery": (DEFAULTS, "prefork"),
+    "celery-acks-late": (RELIABLE, "prefork"),
+    "celery-solo": (DEFAULTS, "solo"),
+}
+
+
+def celery_system(
+    name: str = "celery", settings: Settings | None = None, pool: str | None = None
+) -> System:
+    """Celery on its Redis broker with ``settings`` and its worker's ``pool`` (by default
+    the name's)."""
+    # Imported here, once: the lab opens systems from several threads at a time.
+    import celery  # noqa: F401
+
+    from crashqueuelab.servers.redis import PERSISTENCE_WORDS
+
+    named, named_pool = SETTINGS.get(name, (DEFAULTS, "prefork"))
+    chosen = settings or named
+    system = LIBRARY.system(
+        name,
+        durability=f"{chosen.words}; Redis persistence rdb: {PERSISTENCE_WORDS['rdb']}",
+        open=partial(CeleryClient, settings=chosen),
+        reader=read_store,
+        crash_points=CRASH_POINTS,
+        documented=documented_for(chosen),
+        persistence="rdb",
+        own_worker=own_worker(chosen, pool or named_pool),
+    )
+    # Celery's bugs of this kind live in kombu: its release is named beside Celery's.
+    system = dataclasses.replace(
+        system,
+        version=f"celery {LIBRARY.installed()} (kombu {version('kombu')}, on its Redis broker)",
+    )
+    if chosen.visibility_timeout_s is None:
+        # An hour, kombu's default: the lab does not wait for it (what it would bring back
+        # is named by the documented weakness instead).
+        return system
+    # A message received and never acknowledged comes back after the stated timeout.
+    return dataclasses.replace(system, recovery_s=float(chosen.visibility_timeout_s))
+
+
+def build(name: str) -> System:
+    """The system of that name (the registry's call)."""
+    return celery_system(name)
