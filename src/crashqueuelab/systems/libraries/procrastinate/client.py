@@ -258,11 +258,20 @@ class ProcrastinateClient(LibraryClient):
             return
         try:
             self.beats.stop()
-            for pk in self.workers.values():
-                self._run(self.manager.unregister_worker(pk))
-            self.workers.clear()
-            self._run(self.app.close_async())
+            try:
+                for pk in self.workers.values():
+                    self._run(self.manager.unregister_worker(pk))
+                self.workers.clear()
+            finally:
+                # Also when the server went away (a failover, a restart): the pool's tasks
+                # end with the loop, never later in whatever code collects them.
+                self._run(self.app.close_async())
         finally:
+            pending = asyncio.all_tasks(self.loop)
+            for task in pending:
+                task.cancel()
+            if pending:
+                self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             self.loop.close()
 
 
