@@ -23,12 +23,9 @@ channel that received it closes (``restore_unacked``): the lab's clock moves not
 from __future__ import annotations
 
 import contextvars
-import hashlib
 import json
 import logging
-import os
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -43,7 +40,6 @@ from crashqueuelab.judges.readers.celery import (
     RESERVED,
     RESULT_PREFIX,
     RETRIED,
-    SOCKET_VARIABLE,
     STARTED,
     SUCCEEDED,
     key_prefix,
@@ -51,6 +47,8 @@ from crashqueuelab.judges.readers.celery import (
 )
 from crashqueuelab.systems.boundary import around
 from crashqueuelab.systems.contract import Claim, JobSpec, JobStatus, JobView, OpenRequest, Verdict
+from crashqueuelab.systems.libraries.redisstore import kept_once, unique_suffix
+from crashqueuelab.systems.libraries.redisstore import redis_socket as shared_socket
 from crashqueuelab.systems.libraries.skeleton import LibraryClient, tokenless_claim
 
 #: The one task every lab job is.
@@ -191,43 +189,16 @@ def lab_task(task: Any, key: str, job_type: str, payload: dict[str, Any], limit:
     return 0
 
 
-def _synced_json(path: Path, content: dict[str, Any]) -> None:
-    draft = path.with_name(f".{path.name}.{os.getpid()}")
-    with draft.open("w") as handle:
-        json.dump(content, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    try:
-        os.link(draft, path)  # the first writer's content wins
-    except FileExistsError:
-        pass
-    finally:
-        draft.unlink()
-    descriptor = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
 def store_queue(directory: Path) -> str:
     """The store's queue name, named in its directory (made on the first open)."""
-    path = directory / QUEUE_FILE
-    if not path.exists():
-        directory.mkdir(parents=True, exist_ok=True)
-        seed = f"{directory.resolve()}{time.time_ns()}{os.getpid()}"
-        digest = hashlib.sha256(seed.encode()).hexdigest()[:16]
-        _synced_json(path, {"queue": f"celery-lab-{digest}"})
-    return str(json.loads(path.read_text())["queue"])
+    kept = kept_once(
+        directory / QUEUE_FILE, lambda: {"queue": f"celery-lab-{unique_suffix(directory)}"}
+    )
+    return str(kept["queue"])
 
 
 def redis_socket() -> str:
-    socket = os.environ.get(SOCKET_VARIABLE)
-    if not socket:
-        raise SystemUnavailable(
-            "celery", f"no Redis server: the command line starts one; {SOCKET_VARIABLE} is unset"
-        )
-    return socket
+    return shared_socket("celery")
 
 
 def quiet_celery() -> None:

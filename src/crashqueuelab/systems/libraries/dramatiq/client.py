@@ -27,7 +27,6 @@ moves nothing of dramatiq's (``promises``).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -39,7 +38,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
-from crashqueuelab.core.errors import OperationUnsupported, SystemUnavailable
+from crashqueuelab.core.errors import OperationUnsupported
 from crashqueuelab.judges.readers.dramatiq import (
     ACKED,
     ACTOR,
@@ -49,12 +48,13 @@ from crashqueuelab.judges.readers.dramatiq import (
     NAMESPACE,
     QUEUE_FILE,
     QUEUED,
-    SOCKET_VARIABLE,
     SUBMITTED_FILE,
     read_dramatiq_store,
 )
 from crashqueuelab.systems.boundary import around
 from crashqueuelab.systems.contract import Claim, JobSpec, JobStatus, JobView, OpenRequest, Verdict
+from crashqueuelab.systems.libraries.redisstore import kept_once, unique_suffix
+from crashqueuelab.systems.libraries.redisstore import redis_socket as shared_socket
 from crashqueuelab.systems.libraries.skeleton import LibraryClient, tokenless_claim
 
 #: The adapter's ``heartbeat_timeout``: how long a worker's silence makes it dead to the
@@ -89,41 +89,13 @@ def lab_job(key: str, job_type: str, payload: dict[str, Any]) -> int:
 
 
 def redis_socket() -> str:
-    socket = os.environ.get(SOCKET_VARIABLE)
-    if not socket:
-        raise SystemUnavailable(
-            "dramatiq", f"no Redis server: the command line starts one; {SOCKET_VARIABLE} is unset"
-        )
-    return socket
-
-
-def _synced_json(path: Path, content: dict[str, Any]) -> None:
-    draft = path.with_name(f".{path.name}.{os.getpid()}")
-    with draft.open("w") as handle:
-        json.dump(content, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    try:
-        os.link(draft, path)  # the first writer's content wins
-    except FileExistsError:
-        pass
-    finally:
-        draft.unlink()
-    descriptor = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
+    return shared_socket("dramatiq")
 
 
 def store_queue(directory: Path) -> str:
     """The store's queue name, made on first open."""
-    path = directory / QUEUE_FILE
-    if not path.exists():
-        directory.mkdir(parents=True, exist_ok=True)
-        digest = hashlib.sha256(f"{directory.resolve()}{time.time_ns()}".encode()).hexdigest()
-        _synced_json(path, {"queue": f"lab-{digest[:16]}"})
-    return str(json.loads(path.read_text())["queue"])
+    kept = kept_once(directory / QUEUE_FILE, lambda: {"queue": f"lab-{unique_suffix(directory)}"})
+    return str(kept["queue"])
 
 
 def message_id(queue: str, key: str) -> str:

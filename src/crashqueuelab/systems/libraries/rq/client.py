@@ -49,6 +49,7 @@ from crashqueuelab.judges.readers.rq import (
 from crashqueuelab.servers.redis import MASTER_VARIABLE, SENTINELS_VARIABLE
 from crashqueuelab.systems.boundary import around
 from crashqueuelab.systems.contract import Claim, JobSpec, JobStatus, JobView, OpenRequest, Verdict
+from crashqueuelab.systems.libraries.redisstore import kept_once, unique_suffix
 from crashqueuelab.systems.libraries.skeleton import LibraryClient, tokenless_claim
 
 #: RQ's job timeout for the lab's jobs: the longest a claim may be held before RQ's death
@@ -139,37 +140,16 @@ def lab_job(key: str, job_type: str, payload: dict[str, Any]) -> int:
     return 0
 
 
-def _synced_json(path: Path, content: dict[str, Any]) -> None:
-    draft = path.with_name(f".{path.name}.{os.getpid()}")
-    with draft.open("w") as handle:
-        json.dump(content, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    try:
-        os.link(draft, path)  # the first writer's content wins
-    except FileExistsError:
-        pass
-    finally:
-        draft.unlink()
-    descriptor = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
 def _store(directory: Path, now_us: int) -> dict[str, Any]:
     """The store's queue name and the time it was first opened on both clocks."""
-    path = directory / QUEUE_FILE
-    if not path.exists():
-        directory.mkdir(parents=True, exist_ok=True)
-        digest = hashlib.sha256(f"{directory.resolve()}{time.time_ns()}".encode()).hexdigest()
-        _synced_json(
-            path,
-            {"queue": f"lab-{digest[:16]}", "lab_us": now_us, "wall_s": time.time()},
-        )
-    stored: dict[str, Any] = json.loads(path.read_text())
-    return stored
+    return kept_once(
+        directory / QUEUE_FILE,
+        lambda: {
+            "queue": f"lab-{unique_suffix(directory)}",
+            "lab_us": now_us,
+            "wall_s": time.time(),
+        },
+    )
 
 
 def job_id(queue: str, key: str) -> str:

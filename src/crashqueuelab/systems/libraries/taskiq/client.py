@@ -24,12 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import hashlib
 import inspect
-import json
 import logging
-import os
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -43,13 +39,14 @@ from crashqueuelab.judges.readers.taskiq import (
     PENDING,
     QUEUE_FILE,
     QUEUED,
-    SOCKET_VARIABLE,
     SUCCEEDED,
     read_taskiq_store,
     task_id,
 )
 from crashqueuelab.systems.boundary import around
 from crashqueuelab.systems.contract import Claim, JobSpec, JobStatus, JobView, OpenRequest, Verdict
+from crashqueuelab.systems.libraries.redisstore import kept_once, unique_suffix
+from crashqueuelab.systems.libraries.redisstore import redis_socket as shared_socket
 from crashqueuelab.systems.libraries.skeleton import LibraryClient, tokenless_claim
 
 T = TypeVar("T")
@@ -97,43 +94,16 @@ class Delivery:
     reported: bool = False
 
 
-def _synced_json(path: Path, content: dict[str, Any]) -> None:
-    draft = path.with_name(f".{path.name}.{os.getpid()}")
-    with draft.open("w") as handle:
-        json.dump(content, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    try:
-        os.link(draft, path)  # the first writer's content wins
-    except FileExistsError:
-        pass
-    finally:
-        draft.unlink()
-    descriptor = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
 def store_queue(directory: Path) -> str:
     """The store's stream, named in its directory (made on the first open)."""
-    path = directory / QUEUE_FILE
-    if not path.exists():
-        directory.mkdir(parents=True, exist_ok=True)
-        seed = f"{directory.resolve()}{time.time_ns()}{os.getpid()}"
-        digest = hashlib.sha256(seed.encode()).hexdigest()[:16]
-        _synced_json(path, {"queue": f"taskiq-lab-{digest}"})
-    return str(json.loads(path.read_text())["queue"])
+    kept = kept_once(
+        directory / QUEUE_FILE, lambda: {"queue": f"taskiq-lab-{unique_suffix(directory)}"}
+    )
+    return str(kept["queue"])
 
 
 def redis_socket() -> str:
-    socket = os.environ.get(SOCKET_VARIABLE)
-    if not socket:
-        raise SystemUnavailable(
-            "taskiq", f"no Redis server: the command line starts one; {SOCKET_VARIABLE} is unset"
-        )
-    return socket
+    return shared_socket("taskiq")
 
 
 def quiet_taskiq() -> None:

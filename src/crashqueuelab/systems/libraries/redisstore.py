@@ -1,0 +1,62 @@
+"""What the libraries on the Redis server a run starts share: the server's socket, named in
+the environment, and a store's own names (its queue, its keys' prefix) kept in a file of its
+directory, written by the store's first open and read by every later one."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from crashqueuelab.core.errors import SystemUnavailable
+from crashqueuelab.servers.redis import SOCKET_VARIABLE
+
+
+def redis_socket(system: str) -> str:
+    """The run's Redis server's socket; ``system`` is named when there is none."""
+    socket = os.environ.get(SOCKET_VARIABLE)
+    if not socket:
+        raise SystemUnavailable(
+            system, f"no Redis server: the command line starts one; {SOCKET_VARIABLE} is unset"
+        )
+    return socket
+
+
+def unique_suffix(directory: Path) -> str:
+    """A name no other store on the server has (the directory, the time, the process)."""
+    seed = f"{directory.resolve()}{time.time_ns()}{os.getpid()}"
+    return hashlib.sha256(seed.encode()).hexdigest()[:16]
+
+
+def synced_json(path: Path, content: dict[str, Any]) -> None:
+    """``content`` in ``path`` unless it is there already (of two processes opening one new
+    store at once, the first one's content wins), synced with its directory."""
+    draft = path.with_name(f".{path.name}.{os.getpid()}")
+    with draft.open("w") as handle:
+        json.dump(content, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    try:
+        os.link(draft, path)
+    except FileExistsError:
+        pass
+    finally:
+        draft.unlink()
+    descriptor = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def kept_once(path: Path, make: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The store's names in ``path``: ``make``'s, written by the store's first open."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        synced_json(path, make())
+    kept: dict[str, Any] = json.loads(path.read_text())
+    return kept
