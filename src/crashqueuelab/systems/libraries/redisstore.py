@@ -1,6 +1,7 @@
 """What the libraries on the Redis server a run starts share: the server's socket, named in
-the environment, and a store's own names (its queue, its keys' prefix) kept in a file of its
-directory, written by the store's first open and read by every later one."""
+the environment, a store's own names (its queue, its keys' prefix) kept in a file of its
+directory, written by the store's first open and read by every later one, and what Redis
+documents of its default persistence."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 
 from crashqueuelab.core.errors import SystemUnavailable
 from crashqueuelab.servers.redis import SOCKET_VARIABLE
+from crashqueuelab.systems.contract import Documented
 
 
 def redis_socket(system: str) -> str:
@@ -60,3 +62,14 @@ def kept_once(path: Path, make: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         synced_json(path, make())
     kept: dict[str, Any] = json.loads(path.read_text())
     return kept
+
+
+PERSISTENCE_DOCS = "https://redis.io/docs/latest/operate/oss_and_stack/management/persistence/"
+#: Redis's default persistence, as every library on the run's server at its defaults meets it.
+RDB_SNAPSHOTS = Documented(
+    "RDB snapshots (Redis's default persistence) keep only the last snapshot: a crash of the"
+    " server or a power cut takes back every write since it",
+    PERSISTENCE_DOCS,
+    crash_modes=("power-loss",),
+    faults=("server restart",),
+)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from crashqueuelab.judges.findings import Kind
 from crashqueuelab.systems.contract import Documented
 from crashqueuelab.systems.libraries.arq.client import IN_PROGRESS_MARGIN_S, JOB_TIMEOUT_S
+from crashqueuelab.systems.libraries.redisstore import RDB_SNAPSHOTS
 
 _DOCS = "https://arq-docs.helpmanual.io/"
 _USAGE = _DOCS + "#usage"
@@ -97,13 +98,5 @@ _RETRY_AT_ONCE = Documented(
     },
 )
 
-_PERSISTENCE_DOCS = "https://redis.io/docs/latest/operate/oss_and_stack/management/persistence/"
-_RDB = Documented(
-    "RDB snapshots (Redis's default persistence) keep only the last snapshot: a crash of the"
-    " server or a power cut takes back every write since it",
-    _PERSISTENCE_DOCS,
-    crash_modes=("power-loss",),
-    faults=("server restart",),
-)
 
-DOCUMENTED = (_NO_TOKEN, _PESSIMISTIC, _SHUTDOWN_REQUEUES, _RETRY_AT_ONCE, _RDB)
+DOCUMENTED = (_NO_TOKEN, _PESSIMISTIC, _SHUTDOWN_REQUEUES, _RETRY_AT_ONCE, RDB_SNAPSHOTS)

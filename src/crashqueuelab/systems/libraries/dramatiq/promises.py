@@ -13,6 +13,7 @@ from __future__ import annotations
 from crashqueuelab.judges.findings import Kind
 from crashqueuelab.systems.contract import Documented
 from crashqueuelab.systems.libraries.dramatiq.client import HEARTBEAT_TIMEOUT_MS
+from crashqueuelab.systems.libraries.redisstore import RDB_SNAPSHOTS
 
 _GUIDE = "https://dramatiq.io/guide.html"
 _REDIS = "https://dramatiq.io/reference.html#dramatiq.brokers.redis.RedisBroker"
@@ -75,13 +76,5 @@ _POISON_MESSAGE = Documented(
     when={Kind.UNFINISHED: {"poison": True}},
 )
 
-_PERSISTENCE_DOCS = "https://redis.io/docs/latest/operate/oss_and_stack/management/persistence/"
-_RDB = Documented(
-    "RDB snapshots (Redis's default persistence) keep only the last snapshot: a crash of the"
-    " server or a power cut takes back every write since it",
-    _PERSISTENCE_DOCS,
-    crash_modes=("power-loss",),
-    faults=("server restart",),
-)
 
-DOCUMENTED = (_AT_LEAST_ONCE, _SILENT_WORKER, _POISON_MESSAGE, _HEARTBEAT_TIMEOUT, _RDB)
+DOCUMENTED = (_AT_LEAST_ONCE, _SILENT_WORKER, _POISON_MESSAGE, _HEARTBEAT_TIMEOUT, RDB_SNAPSHOTS)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from crashqueuelab.judges.findings import Kind
 from crashqueuelab.systems.contract import Documented
+from crashqueuelab.systems.libraries.redisstore import RDB_SNAPSHOTS
 from crashqueuelab.systems.libraries.taskiq.client import IDLE_TIMEOUT_MS
 
 _README = "https://github.com/taskiq-python/taskiq-redis#stream"
@@ -103,18 +104,9 @@ _RETRY_AT_ONCE = Documented(
     },
 )
 
-_PERSISTENCE_DOCS = "https://redis.io/docs/latest/operate/oss_and_stack/management/persistence/"
-_RDB = Documented(
-    "RDB snapshots (Redis's default persistence) keep only the last snapshot: a crash of the"
-    " server or a power cut takes back every write since it",
-    _PERSISTENCE_DOCS,
-    crash_modes=("power-loss",),
-    faults=("server restart",),
-)
-
 
 def documented(reclaims: bool) -> tuple[Documented, ...]:
     """taskiq's documented weaknesses at a release: ``idle_timeout``'s only where the
     release has it (taskiq-redis 1.0.6 on)."""
-    always = (_NO_TOKEN, _RETRY_AT_ONCE, _RDB)
+    always = (_NO_TOKEN, _RETRY_AT_ONCE, RDB_SNAPSHOTS)
     return (*always, _IDLE_TIMEOUT, _RECLAIMS_LIVE_HOLDERS) if reclaims else always
