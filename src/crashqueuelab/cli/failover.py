@@ -27,7 +27,15 @@ from crashqueuelab.lab.runs.kinds import FAILOVER
 def _failover(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     if args.system == "rabbitmq":
         return _rabbitmq(args)
-    for name in ("queue_type", "ha_sync_mode", "ha_promote_on_failure", "nodes_killed", "work_ms"):
+    for name in (
+        "queue_type",
+        "ha_sync_mode",
+        "ha_promote_on_failure",
+        "nodes_killed",
+        "work_ms",
+        "partition_s",
+        "partition_handling",
+    ):
         if getattr(args, name) is not None:
             raise InvalidInput(name, f"a RabbitMQ setting: not for {args.system}")
     # The servers' client (psycopg, the postgres extra) is imported only for a run.
@@ -116,6 +124,12 @@ def _rabbitmq(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         if getattr(args, name):
             raise InvalidInput(name, "not a RabbitMQ setting")
     queue_type = args.queue_type or "quorum"
+    if (args.partition_s is None) != (args.partition_handling is None):
+        raise InvalidInput(
+            "partition_s", "a partition needs both --partition-s and --partition-handling"
+        )
+    if args.partition_s is not None and args.nodes_killed is not None:
+        raise InvalidInput("nodes_killed", "a partition kills no node")
     if queue_type == "quorum":
         for name in ("ha_sync_mode", "ha_promote_on_failure"):
             if getattr(args, name) is not None:
@@ -137,6 +151,8 @@ def _rabbitmq(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         deadline_s=args.deadline_s,
         nodes_killed=args.nodes_killed or 1,
         work_ms=args.work_ms or 0,
+        partition_handling=args.partition_handling,
+        partition_s=args.partition_s or 0.0,
         progress=progress_for(args),
     )
     return rabbitmq_result(record, args.output_directory, args.stderr)
@@ -163,6 +179,7 @@ def rabbitmq_result(
         "failovers": [
             {
                 "killed": one["killed"],
+                "partitioned": one.get("partitioned", []),
                 "survivor_took_over": one["survivor_took_over"],
                 "new_leader": one["new_leader"],
                 "synchronised_mirrors_before": one["before"].get("synchronised_mirrors"),
@@ -170,6 +187,15 @@ def rabbitmq_result(
                 "restarted_s": one["restarted_s"],
                 "rejoined_s": one["rejoined_s"],
             }
+            | (
+                {
+                    "minority_answered": "unanswered" not in one["minority_view"],
+                    "partitions_seen": sorted(one["partitions_seen"]),
+                    "restarted_by_the_lab": one["restarted"],
+                }
+                if one.get("fault") == "partition"
+                else {}
+            )
             for one in record["failovers"]
         ],
         "callers_told_failure": record["callers_told_failure"],
@@ -229,6 +255,22 @@ def add_failover_command(command: Command) -> None:
         help="rabbitmq: the nodes each failover kills: the leader's (1, the default), or with"
         " it a synchronised mirror (a quorum queue's other member): a mirrored queue is left"
         " with an unsynchronised mirror where there is one, a quorum queue without a majority",
+    )
+    sub.add_argument(
+        "--partition-s",
+        type=positive_number,
+        default=None,
+        help="rabbitmq: instead of killing the leader's node, each failover cuts it from the"
+        " other two for this many seconds (every Erlang distribution connection between them"
+        " held by the lab's fault proxy); with --partition-handling",
+    )
+    sub.add_argument(
+        "--partition-handling",
+        choices=("ignore", "pause_minority", "autoheal"),
+        default=None,
+        help="rabbitmq --partition-s: the cluster's cluster_partition_handling (RabbitMQ's"
+        " default is ignore; the lab then recovers as RabbitMQ's guide says: the minority's"
+        " node stopped and started again)",
     )
     sub.add_argument(
         "--work-ms",

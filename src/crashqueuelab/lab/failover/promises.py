@@ -221,3 +221,71 @@ def rabbit_promise(queue_type: str, sync_mode: str, promote_on_failure: str) -> 
         "redelivery": MIRRORED_REDELIVERY,
         "redelivery_source": MIRRORING,
     }
+
+
+#: RabbitMQ's guide to partitions, as of 3.10 (its text unchanged through 3.13).
+PARTITIONS = "https://www.rabbitmq.com/docs/3.13/partitions"
+PARTITION_DETECTED = (
+    "Nodes determine if its peer is down if another node is unable to contact it for a"
+    " period of time, 60 seconds by default. If two nodes come back into contact, both having"
+    " thought the other is down, the nodes will determine that a partition has occurred."
+)
+QUORUM_PARTITION = (
+    "Quorum queues will elect a new leader on the majority side. Quorum queue replicas on the"
+    " minority side will no longer make progress (i.e. accept new messages, deliver to"
+    " consumers, etc), all this work will be done by the new leader."
+)
+#: What each ``cluster_partition_handling`` does, and what it says of a mirrored queue's data.
+PARTITION_HANDLING_WORDS = {
+    "ignore": (
+        "Classic mirrored queues which are split across the partition will end up with one"
+        " leader on each side of the partition, again with both sides acting independently."
+        " ... Unless a partition handling strategy, such as pause_minority, is configured to"
+        " be used, the split will continue even after network connectivity is restored. ..."
+        " To recover from a split-brain, first choose one partition which you trust the most."
+        " This partition will become the authority for the state of the system (schema,"
+        " messages) to use; any changes which have occurred on other partitions will be lost."
+        " ... Stop all nodes in the other partitions, then start them all up again."
+    ),
+    "pause_minority": (
+        "In pause-minority mode RabbitMQ will automatically pause cluster nodes which"
+        " determine themselves to be in a minority (i.e. fewer or equal than half the total"
+        " number of nodes) after seeing other nodes go down. ... This configuration prevents"
+        " split-brain and is therefore able to automatically recover from network partitions"
+        " without inconsistencies."
+    ),
+    "autoheal": (
+        "In autoheal mode RabbitMQ will automatically decide on a winning partition if a"
+        " partition is deemed to have occurred, and will restart all nodes that are not in the"
+        " winning partition. ... autoheal: appropriate when are more concerned with continuity"
+        " of service than with data consistency across nodes."
+    ),
+}
+
+
+def rabbit_partition_promise(
+    queue_type: str, sync_mode: str, promote_on_failure: str, handling: str
+) -> dict[str, Any]:
+    """What RabbitMQ's documentation promises of ``queue_type`` when the node hosting its
+    leader is cut from the others and the cluster handles the partition by ``handling``.
+
+    A quorum queue: no confirmed message lost (the majority elects a leader, the minority
+    makes no progress). A mirrored queue: with ``ignore`` and ``autoheal`` the documentation
+    gives up the other side's changes (a leader on each side; the losers restarted), so a
+    loss is documented; with ``pause_minority`` it promises no split brain, so only what a
+    promoted unsynchronised mirror lacked may go, as at a node's death."""
+    promise = rabbit_promise(queue_type, sync_mode, promote_on_failure)
+    promise["setting"] += f", cluster_partition_handling: {handling}"
+    promise["partition"] = f"{PARTITION_DETECTED} {PARTITION_HANDLING_WORDS[handling]}"
+    promise["partition_source"] = PARTITIONS
+    if queue_type == "quorum":
+        promise["quoted"] = f"{promise['quoted']} {QUORUM_PARTITION}"
+        return promise
+    if handling in ("ignore", "autoheal"):
+        promise["allows_loss"] = True
+        promise["lost_only_unsynchronised"] = False
+        promise["why_allowed"] = (
+            "a leader on each side of the partition, and the changes of the side that loses"
+            " are given up when it rejoins"
+        )
+    return promise

@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -26,8 +28,16 @@ from pathlib import Path
 from typing import Any, Self
 
 from crashqueuelab.core.errors import ServerUnavailable
+from crashqueuelab.lab.failover.distribution import (
+    TICKTIME_S,
+    DistributionProxy,
+    compile_module,
+    find_erlc,
+    node_arguments,
+)
 from crashqueuelab.servers.base import wait_until
 from crashqueuelab.servers.rabbitmq import (
+    SETTINGS,
     START_TIMEOUT_S,
     ThrowawayRabbitMQ,
     find_binaries,
@@ -41,6 +51,8 @@ QUEUE_TYPES = (QUORUM, MIRRORED)
 #: ``ha-sync-mode`` and ``ha-promote-on-failure``'s values (RabbitMQ's defaults first).
 SYNC_MODES = ("manual", "automatic")
 PROMOTE_ON_FAILURE = ("always", "when-synced")
+#: ``cluster_partition_handling``'s values (RabbitMQ's default first).
+PARTITION_HANDLING = ("ignore", "pause_minority", "autoheal")
 #: RabbitMQ's default for a controlled shutdown; the run's faults are failures, never
 #: shutdowns, so it is stated, not varied.
 PROMOTE_ON_SHUTDOWN = "when-synced"
@@ -65,18 +77,41 @@ COLUMNS = (
 
 
 class ClusterNode(ThrowawayRabbitMQ):
-    """A node of the cluster: the shared ``epmd``, and statistics often enough to read."""
+    """A node of the cluster: the shared ``epmd``, statistics often enough to read, and,
+    in a partitionable cluster, its distribution through the lab's proxy
+    (``distribution``) with the partition handling the run states."""
 
     name = "rabbitmq-node"
 
+    def __init__(self, bindir: Path, *, epmd_port: int) -> None:
+        super().__init__(bindir, epmd_port=epmd_port)
+        #: Set by a partitionable cluster before the first start.
+        self.partition_handling: str | None = None
+        self.distribution: dict[str, str] = {}
+
     @property
     def settings(self) -> dict[str, str]:
-        return {**super().settings, "collect_statistics_interval": str(STATISTICS_MS)}
+        extra = {"collect_statistics_interval": str(STATISTICS_MS)}
+        if self.partition_handling is not None:
+            extra |= {
+                "cluster_partition_handling": self.partition_handling,
+                "net_ticktime": str(TICKTIME_S),
+            }
+        return {**super().settings, **extra}
+
+    def control_environment(self) -> dict[str, str]:
+        environment = super().control_environment()
+        if self.distribution:
+            environment |= self.distribution
+            # rabbitmqctl's own node must tick as often as the nodes expect.
+            environment["RABBITMQ_CTL_ERL_ARGS"] = f"-kernel net_ticktime {TICKTIME_S}"
+        return environment
 
     def prepare(self) -> None:
         super().prepare()
+        own = {key: value for key, value in self.settings.items() if key not in SETTINGS}
         with self.config.open("a") as config:
-            config.write(f"collect_statistics_interval = {STATISTICS_MS}\n")
+            config.writelines(f"{key} = {value}\n" for key, value in own.items())
 
 
 def nodes_in(said: str) -> list[str]:
@@ -126,8 +161,11 @@ class RabbitCluster:
         *,
         bindir: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
+        partition_handling: str | None = None,
     ) -> None:
-        """``bindir``: where ``rabbitmq-server`` and ``rabbitmqctl`` are (else Debian's)."""
+        """``bindir``: where ``rabbitmq-server`` and ``rabbitmqctl`` are (else Debian's);
+        ``partition_handling``: a cluster whose nodes can be partitioned, with that
+        ``cluster_partition_handling`` (None: the nodes talk directly)."""
         bindir = bindir or find_binaries()
         if bindir is None:
             raise ServerUnavailable(
@@ -136,19 +174,44 @@ class RabbitCluster:
         epmd = find_epmd(bindir)
         if epmd is None:
             raise ServerUnavailable("no epmd: install Debian's erlang-base package", "rabbitmq")
+        if partition_handling is not None and partition_handling not in PARTITION_HANDLING:
+            raise ValueError(f"no partition handling {partition_handling!r}")
         self._clock = clock
         self.epmd_port = free_port()
         self.nodes = [ClusterNode(bindir, epmd_port=self.epmd_port) for _ in range(size)]
         self._epmd_binary = epmd
         self.epmd: Any = None
         self.down: set[str] = set()
+        #: The nodes a partition cuts off now, until the cluster is whole again.
+        self.cut: set[str] = set()
         self._restarting: list[_Restart] = []
+        self.partition_handling = partition_handling
+        self.distribution: DistributionProxy | None = None
+        self._modules: Path | None = None
+        if partition_handling is not None:
+            erlc = find_erlc(epmd)
+            if erlc is None:
+                raise ServerUnavailable("no erlc: install Debian's erlang-base package", "rabbitmq")
+            self._erlc = erlc
+            ports = {node.node: node.dist_port for node in self.nodes}
+            self.distribution = DistributionProxy(ports)
 
     def start(self) -> Self:
         try:
             self.epmd = ThrowawayRabbitMQ.start_epmd(
                 self._epmd_binary, self.epmd_port, self.nodes[0].control_environment()
             )
+            if self.distribution is not None:
+                self._modules = compile_module(
+                    Path(tempfile.mkdtemp(prefix="crashqueuelab-erlang-")), self._erlc
+                )
+                self.distribution.start()
+                for node in self.nodes:
+                    node.partition_handling = self.partition_handling
+                    node.distribution = {
+                        **self.distribution.environment(node.node),
+                        "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": node_arguments(self._modules),
+                    }
             cookie = secrets.token_hex(16)
             for node in self.nodes:
                 node.home.mkdir(parents=True, exist_ok=True)
@@ -205,6 +268,11 @@ class RabbitCluster:
                 self.epmd.kill()
                 self.epmd.wait(timeout=START_TIMEOUT_S)
                 self.epmd = None
+            if self.distribution is not None:
+                self.distribution.close()
+            if self._modules is not None:
+                shutil.rmtree(self._modules, ignore_errors=True)
+                self._modules = None
 
     def __enter__(self) -> Self:
         return self.start()
@@ -222,17 +290,32 @@ class RabbitCluster:
     def alive(self) -> list[ClusterNode]:
         return [node for node in self.nodes if node.node not in self.down and node.running]
 
-    def ctl(self, *arguments: str) -> str:
-        """``rabbitmqctl`` on the first node that runs."""
-        return self.alive()[0].rabbitmqctl(*arguments, timeout_s=WAIT_S)
+    def ctl(self, *arguments: str, on: str | None = None) -> str:
+        """``rabbitmqctl`` on node ``on``, else on the first node that runs."""
+        if on is None:
+            # A node cut off by a partition is asked only by name (it may be paused).
+            node = sorted(self.alive(), key=lambda each: each.node in self.cut)[0]
+        else:
+            node = self.node(on)
+        return node.rabbitmqctl(*arguments, timeout_s=WAIT_S)
 
-    def running(self) -> list[str]:
-        """The nodes a running node counts as running in its cluster."""
+    def status(self, on: str | None = None) -> dict[str, Any]:
+        """``cluster_status`` as node ``on`` (else the first that runs) says it; {} where it
+        did not answer."""
         try:
-            said = json.loads(self.ctl("cluster_status", "--formatter", "json"))
+            said = json.loads(self.ctl("cluster_status", "--formatter", "json", on=on))
         except (ServerUnavailable, IndexError, ValueError):
-            return []
-        return sorted(said.get("running_nodes", []))
+            return {}
+        return said if isinstance(said, dict) else {}
+
+    def running(self, on: str | None = None) -> list[str]:
+        """The nodes a running node counts as running in its cluster."""
+        return sorted(self.status(on).get("running_nodes", []))
+
+    def partitions(self, on: str | None = None) -> dict[str, Any]:
+        """The partitions node ``on`` has seen and not yet healed (``cluster_status``)."""
+        found = self.status(on).get("partitions") or {}
+        return dict(found) if isinstance(found, dict) else {"reported": found}
 
     def urls(self, first: str | None = None) -> list[str]:
         """Every node's AMQP URL, ``first``'s (a node name) at the head."""
@@ -260,13 +343,13 @@ class RabbitCluster:
         """Every queue as a running node lists it (``parse_queues``)."""
         return parse_queues(self.queues_text())
 
-    def queues_text(self) -> str:
+    def queues_text(self, on: str | None = None) -> str:
         """``rabbitmqctl list_queues`` of ``COLUMNS``, as it printed them."""
         # Bounded: a mirrored queue without a master does not answer.
-        return self.ctl("list_queues", "--no-table-headers", "--timeout", "10", *COLUMNS)
+        return self.ctl("list_queues", "--no-table-headers", "--timeout", "10", *COLUMNS, on=on)
 
-    def queue(self, name: str) -> dict[str, Any]:
-        return self.queues().get(name, {})
+    def queue(self, name: str, on: str | None = None) -> dict[str, Any]:
+        return parse_queues(self.queues_text(on)).get(name, {})
 
     def describe(self) -> dict[str, Any]:
         first = self.nodes[0]
@@ -329,6 +412,97 @@ class RabbitCluster:
         if record["survivor_took_over"]:
             self._restarting = [_Restart(self.node(name), started, self._clock) for name in victims]
         return record
+
+    def partition_leader(
+        self, queue: str, seconds: float, read: Callable[[], object] | None = None
+    ) -> dict[str, Any]:
+        """The node hosting ``queue``'s leader is cut from the other two for ``seconds``: every
+        distribution connection between them held, none made anew, until the window ends.
+        The majority's view is read while the window lasts (``read`` runs on it once its
+        nodes name a leader of their own, or at the window's end); the minority's view is
+        read too (a paused node does not answer). After the window the cluster is awaited
+        whole again: with ``ignore``, RabbitMQ's guide's recovery is the lab's (the nodes of
+        the minority stopped and started again, the majority trusted); ``pause_minority``
+        and ``autoheal`` heal it themselves."""
+        if self.distribution is None:
+            raise ValueError("a cluster started without a partition handling cannot be cut")
+        started = self._clock()
+        before = self.queue(queue)
+        leader = before.get("leader")
+        if leader is None or leader not in self.names:
+            raise ServerUnavailable(f"no leader to cut off for {queue}: {before}", "rabbitmq")
+        majority = [name for name in self.names if name != leader]
+        record: dict[str, Any] = {
+            "fault": "partition",
+            "before": before,
+            "partitioned": [leader],
+            "killed": [],
+            "killed_node": None,
+            "partition_handling": self.partition_handling,
+            "partition_s": seconds,
+        }
+        window = self.distribution.partition([leader], seconds)
+        self.cut = {leader}
+        record["primary_killed_s"] = round(self._clock() - started, 6)
+        seen: dict[str, Any] = {}
+
+        def elected() -> bool:
+            try:
+                now = self.queue(queue, on=majority[0])
+            except ServerUnavailable:
+                return False
+            seen.update(now)
+            return now.get("leader") not in (None, leader)
+
+        record["survivor_took_over"] = wait_until(elected, seconds, poll_s=0.1)
+        record["promoted_s"] = round(self._clock() - started, 6)
+        record["majority_view"] = dict(seen)
+        record["majority_running"] = self.running(on=majority[0])
+        try:
+            record["minority_view"] = self.queue(queue, on=leader)
+        except ServerUnavailable as error:
+            record["minority_view"] = {"unanswered": str(error)[:200]}
+        if read is not None:
+            read()
+        wait_until(lambda: self._clock() >= started + seconds, seconds + 1.0, poll_s=0.05)
+        record["healed_s"] = round(self._clock() - started, 6)
+        record["window"] = window.to_json(started)
+        record |= self._heal(queue, [leader], started)
+        return record
+
+    def _heal(self, queue: str, minority: list[str], started: float) -> dict[str, Any]:
+        """Once the partition ended: the cluster whole again (bounded), and how it got so."""
+        seen_partitions: dict[str, Any] = {}
+
+        def noticed() -> bool:
+            # Both sides must have met again and said so, or rejoined without a word.
+            seen_partitions.update(self.partitions(on=minority[0]))
+            return bool(seen_partitions) or self.running(on=minority[0]) == self.names
+
+        wait_until(noticed, WAIT_S, poll_s=0.25)
+        healed: dict[str, Any] = {"partitions_seen": dict(seen_partitions), "restarted": []}
+        if self.partition_handling == "ignore" and seen_partitions:
+            # RabbitMQ's guide: trust one partition, stop every node of the others, start
+            # them again; they restore their state from the trusted one.
+            for name in minority:
+                node = self.node(name)
+                node.stop()
+                node.start_again()
+                healed["restarted"].append(name)
+            healed["restarted_s"] = round(self._clock() - started, 6)
+        whole = wait_until(
+            lambda: self.running() == self.names and not self.partitions(), WAIT_S, poll_s=0.25
+        )
+        if not whole:
+            raise ServerUnavailable(
+                f"the cluster was not whole after the partition: {self.status()}", "rabbitmq"
+            )
+        healed.setdefault("restarted_s", None)
+        self.cut = set()
+        healed["rejoined_s"] = round(self._clock() - started, 6)
+        healed["rejoined"] = self.queue(queue)
+        healed["new_leader"] = healed["rejoined"].get("leader")
+        return healed
 
     def rejoin(self, queue: str) -> dict[str, Any]:
         """Wait (bounded) for the nodes the last ``kill_leader`` killed: started again (in

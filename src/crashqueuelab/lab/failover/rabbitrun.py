@@ -22,9 +22,10 @@ from typing import Any, NamedTuple
 from crashqueuelab.core.errors import InvalidInput, ServerUnavailable
 from crashqueuelab.lab.failover.amqp import AmqpLoad, declare
 from crashqueuelab.lab.failover.deliveries import KINDS, judge_deliveries
-from crashqueuelab.lab.failover.promises import rabbit_promise
+from crashqueuelab.lab.failover.promises import rabbit_partition_promise, rabbit_promise
 from crashqueuelab.lab.failover.rabbitcluster import (
     MIRRORED,
+    PARTITION_HANDLING,
     PROMOTE_ON_FAILURE,
     QUEUE_TYPES,
     QUORUM,
@@ -68,6 +69,8 @@ class Shape(NamedTuple):
     deadline_s: float
     nodes_killed: int
     work_ms: int
+    #: Seconds each fault cuts the leader's node from the others; 0: the node is killed.
+    partition_s: float = 0.0
 
 
 def check_parameters(
@@ -78,8 +81,19 @@ def check_parameters(
     failovers: int,
     jobs: int,
     workers: int,
+    partition_handling: str | None = None,
+    partition_s: float = 0.0,
 ) -> None:
     """Refuse what a run could not do, before anything starts."""
+    if partition_handling is not None and partition_handling not in PARTITION_HANDLING:
+        raise InvalidInput(
+            "partition_handling",
+            f"one of {', '.join(PARTITION_HANDLING)}, not {partition_handling!r}",
+        )
+    if partition_s < 0 or (partition_s > 0) != (partition_handling is not None):
+        raise InvalidInput(
+            "partition_s", "a partition's seconds (> 0) go with its handling, and only with it"
+        )
     if queue_type not in QUEUE_TYPES:
         raise InvalidInput("queue_type", f"one of {', '.join(QUEUE_TYPES)}, not {queue_type!r}")
     if sync_mode not in SYNC_MODES:
@@ -116,11 +130,15 @@ def run_rabbit_failover(
     deadline_s: float = 120.0,
     nodes_killed: int = 1,
     work_ms: int = 0,
+    partition_handling: str | None = None,
+    partition_s: float = 0.0,
     progress: Progress | None = None,
     cluster: RabbitCluster | None = None,
 ) -> dict[str, Any]:
     """Run the experiment into ``output_dir`` (new or empty); its record. ``cluster``: one
-    already running (a test's, shared by several runs), else the run starts its own."""
+    already running (a test's, shared by several runs), else the run starts its own.
+    ``partition_s`` > 0: each fault cuts the leader's node from the others for that long
+    instead of killing it, on a cluster with ``partition_handling``."""
     check_parameters(
         queue_type=queue_type,
         sync_mode=sync_mode,
@@ -128,16 +146,24 @@ def run_rabbit_failover(
         failovers=failovers,
         jobs=jobs,
         workers=workers,
+        partition_handling=partition_handling,
+        partition_s=partition_s,
     )
-    if nodes_killed not in (1, 2):
-        raise InvalidInput("nodes_killed", f"1 or 2 of the 3 nodes, not {nodes_killed}")
+    if nodes_killed not in (1, 2) or (partition_s and nodes_killed != 1):
+        raise InvalidInput(
+            "nodes_killed", f"1 or 2 of the 3 nodes (1 for a partition), not {nodes_killed}"
+        )
     if work_ms < 0:
         raise InvalidInput("work_ms", f"at least 0, not {work_ms}")
-    shape = Shape(failovers, jobs, workers, rate_per_s, seed, deadline_s, nodes_killed, work_ms)
+    if cluster is not None and cluster.partition_handling != partition_handling:
+        raise InvalidInput("partition_handling", "not the one the given cluster runs with")
+    shape = Shape(
+        failovers, jobs, workers, rate_per_s, seed, deadline_s, nodes_killed, work_ms, partition_s
+    )
     say = progress or (lambda message: None)
     prepare_output_directory(output_dir)
     if cluster is None:
-        with RabbitCluster() as started:
+        with RabbitCluster(partition_handling=partition_handling) as started:
             return _run(output_dir, started, queue_type, sync_mode, promote_on_failure, shape, say)
     return _run(output_dir, cluster, queue_type, sync_mode, promote_on_failure, shape, say)
 
@@ -151,7 +177,7 @@ def _run(
     shape: Shape,
     say: Progress,
 ) -> dict[str, Any]:
-    failovers, jobs, workers, rate_per_s, seed, deadline_s, nodes_killed, work_ms = shape
+    failovers, jobs, workers, rate_per_s, seed, deadline_s, nodes_killed, work_ms, cut_s = shape
     started = time.monotonic()
     keys = [f"failover-{index:06d}" for index in range(jobs)]
     queue = f"crashqueuelab-{queue_type}-{secrets.token_hex(3)}"
@@ -182,7 +208,7 @@ def _run(
         work_s=work_ms / 1000,
     )
     records: list[dict[str, Any]] = []
-    gaps = _gaps(jobs, failovers, seed, rate_per_s * FAILOVER_S)
+    gaps = _gaps(jobs, failovers, seed, rate_per_s * max(FAILOVER_S, cut_s + FAILOVER_S))
     load.start()
     try:
         for index in range(failovers):
@@ -195,15 +221,25 @@ def _run(
             record["cut_at_s"] = round(struck - started, 6)
             record["producer_running"] = not load.submitted_all.is_set()
             directory = output_dir / f"failover-{index + 1}"
-            record |= cluster.kill_leader(
-                queue, partial(_read, directory / "after-the-kill", cluster), nodes_killed
-            )
+            if cut_s:
+                record |= cluster.partition_leader(
+                    queue, cut_s, partial(_read, directory / "during-the-partition", cluster)
+                )
+            else:
+                record |= cluster.kill_leader(
+                    queue, partial(_read, directory / "after-the-kill", cluster), nodes_killed
+                )
             record["killed_at_s"] = round(struck - started + record["primary_killed_s"], 6)
             record["promoted_at_s"] = round(struck - started + record["promoted_s"], 6)
             leader["name"] = record["new_leader"]
             records.append(record)
+            struck_what = (
+                f"{', '.join(record['partitioned'])} cut off for {cut_s:g} s"
+                if cut_s
+                else f"{', '.join(record['killed'])} killed"
+            )
             say(
-                f"failover {index + 1} of {failovers}: {', '.join(record['killed'])} killed,"
+                f"failover {index + 1} of {failovers}: {struck_what},"
                 f" {record['new_leader']} leads after {record['promoted_s']:.2f} s"
             )
         drained = _drain(cluster, queue, load, started + deadline_s)
@@ -217,7 +253,11 @@ def _run(
     return _record(
         output_dir,
         queue=queue,
-        promise=rabbit_promise(queue_type, sync_mode, promote_on_failure),
+        promise=(
+            rabbit_partition_promise(queue_type, sync_mode, promote_on_failure, cluster_handling)
+            if (cluster_handling := cluster.partition_handling) is not None and cut_s
+            else rabbit_promise(queue_type, sync_mode, promote_on_failure)
+        ),
         server=server,
         parameters={
             "queue_type": queue_type,
@@ -230,8 +270,11 @@ def _run(
             "seed": seed,
             "enqueues_before_each_failover": gaps,
             "deadline_s": deadline_s,
-            "nodes_killed": nodes_killed,
+            "nodes_killed": 0 if cut_s else nodes_killed,
             "work_ms": work_ms,
+            "fault": "partition" if cut_s else "kill",
+            "partition_s": cut_s or None,
+            "partition_handling": cluster.partition_handling,
         },
         keys=keys,
         drained=drained,
@@ -305,20 +348,22 @@ def _record(
     ran = not reasons
     what = ", ".join(f"{counts[kind]} {kind.replace('_', ' ')}" for kind in KINDS)
     setting = promise["setting"]
+    faults = (
+        f"{len(failovers)} partitions of the leader's node"
+        if parameters.get("fault") == "partition"
+        else f"{len(failovers)} leader kills"
+    )
     if not ran:
         headline = f"not judged: {reasons[0]}"
     elif findings["broken_promises"]:
-        headline = f"broken promise: {what} over {len(failovers)} leader kills of a {setting}"
+        headline = f"broken promise: {what} over {faults} of a {setting}"
     elif findings["documented"]:
         headline = (
-            f"as documented: {what} over {len(failovers)} leader kills of a {setting} (the"
+            f"as documented: {what} over {faults} of a {setting} (the"
             " lab's contract, no acknowledged work lost or brought back, does not hold there)"
         )
     else:
-        headline = (
-            f"no acknowledged job lost or brought back over {len(failovers)} leader kills of"
-            f" a {setting}"
-        )
+        headline = f"no acknowledged job lost or brought back over {faults} of a {setting}"
     if not drained:
         headline += f"; the queue had not drained at the {parameters['deadline_s']:.0f} s deadline"
     record = {

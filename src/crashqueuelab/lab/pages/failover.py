@@ -55,7 +55,12 @@ def _rabbit_command(record: dict[str, Any], run_dir: Path) -> str:
         f"--seed {parameters['seed']}",
         f"--deadline-s {parameters['deadline_s']:g}",
     ]
-    if parameters.get("nodes_killed", 1) > 1:
+    if parameters.get("fault") == "partition":
+        options.append(
+            f"--partition-s {parameters['partition_s']:g}"
+            f" --partition-handling {parameters['partition_handling']}"
+        )
+    elif parameters.get("nodes_killed", 1) > 1:
         options.append(f"--nodes-killed {parameters['nodes_killed']}")
     if parameters.get("work_ms"):
         options.append(f"--work-ms {parameters['work_ms']}")
@@ -104,6 +109,12 @@ def _command(record: dict[str, Any], run_dir: Path) -> str:
     )
 
 
+def _rabbit_faults(record: dict[str, Any]) -> str:
+    if record["parameters"].get("fault") == "partition":
+        return "partitions of the leader's node"
+    return "leader kills"
+
+
 def failover_view(run_dir: Path) -> View:
     record = read_json(run_dir / FAILOVER.record)
     findings = record["findings"]
@@ -111,7 +122,8 @@ def failover_view(run_dir: Path) -> View:
     verdict = Verdict(
         ok=record["ok"],
         title=(
-            f"failover: {len(record['failovers'])} leader kills of a {promise['setting']}"
+            f"failover: {len(record['failovers'])} {_rabbit_faults(record)} of a"
+            f" {promise['setting']}"
             if record["system"] == "rabbitmq"
             else f"failover: {len(record['failovers'])} at {promise['setting']}"
         ),
@@ -171,5 +183,6 @@ def failover_view(run_dir: Path) -> View:
         "evidence": record["evidence"],
         "rabbitmq": record["system"] == "rabbitmq",
         "parameters": record["parameters"],
+        "partition": record["parameters"].get("fault") == "partition",
     }
     return View("failover.html.j2", verdict, figures, data)
