@@ -31,7 +31,10 @@ pytestmark = pytest.mark.skipif(find_binaries() is None, reason="no rabbitmq-ser
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[RabbitCluster]:
-    with RabbitCluster() as started:
+    # Partitionable, with RabbitMQ's default handling: the kills and the partitions share
+    # one cluster start (the nodes' distribution through the proxy changes nothing a kill
+    # does: the dead node's connections end either way).
+    with RabbitCluster(partition_handling="ignore") as started:
         yield started
     assert not any(alive(pid) for node in started.nodes for pid in node.processes())
 
@@ -43,6 +46,18 @@ def test_three_nodes_form_one_cluster_sharing_an_epmd_and_a_cookie(cluster: Rabb
     assert len({node.cookie.read_text() for node in cluster.nodes}) == 1
     assert len({node.amqp_port for node in cluster.nodes}) == 3
     assert all(not node.own_epmd and node.epmd is None for node in cluster.nodes)
+    # Every connection between two nodes went through the proxy: each node dialled the
+    # proxy's path to a peer, never the peer's own port.
+    assert cluster.distribution is not None
+    dialled = cluster.distribution.connections()
+    assert len(dialled) == 6
+    for node in cluster.nodes:
+        peers = [other.node for other in cluster.nodes if other is not node]
+        assert any(
+            dialled[f"{node.node}->{peer}"] or dialled[f"{peer}->{node.node}"] for peer in peers
+        )
+        assert node.settings["cluster_partition_handling"] == "ignore"
+        assert "net_ticktime = 4" in node.config.read_text()
     described = cluster.describe()
     assert str(described["version"]).startswith("3.")
     assert described["nodes"] == [node.node for node in cluster.nodes]
@@ -151,6 +166,22 @@ def test_rabbitmq_options_are_refused_where_they_mean_nothing(
         (["--queue-type", "quorum"], "queue_type"),
         (["--system", "rq", "--ha-promote-on-failure", "always"], "ha_promote_on_failure"),
         (["--nodes-killed", "2"], "nodes_killed"),
+        (["--partition-s", "5"], "partition_s"),
+        (["--system", "rabbitmq", "--partition-s", "5"], "partition_s"),
+        (["--system", "rabbitmq", "--partition-handling", "autoheal"], "partition_s"),
+        (
+            [
+                "--system",
+                "rabbitmq",
+                "--partition-s",
+                "5",
+                "--partition-handling",
+                "ignore",
+                "--nodes-killed",
+                "1",
+            ],
+            "nodes_killed",
+        ),
     ):
         run = run_cli("failover", *argv, "--output-directory", tmp_path / "no")
         assert run.code == 2, run.result
@@ -167,6 +198,11 @@ def test_rabbitmq_options_are_refused_where_they_mean_nothing(
         ({"failovers": 0}, "failovers"),
         ({"nodes_killed": 3}, "nodes_killed"),
         ({"work_ms": -1}, "work_ms"),
+        ({"partition_handling": "heal", "partition_s": 5.0}, "partition_handling"),
+        ({"partition_s": 5.0}, "partition_s"),
+        ({"partition_handling": "ignore"}, "partition_s"),
+        ({"partition_handling": "ignore", "partition_s": -1.0}, "partition_s"),
+        ({"partition_handling": "ignore", "partition_s": 5.0, "nodes_killed": 2}, "nodes_killed"),
     ],
 )
 def test_a_run_it_could_not_make_is_refused_before_anything_starts(
@@ -176,3 +212,67 @@ def test_a_run_it_could_not_make_is_refused_before_anything_starts(
         run_rabbit_failover(tmp_path / "no", **options)
     assert refused.value.field == field
     assert not (tmp_path / "no").exists()
+
+
+def test_a_partition_splits_a_mirrored_queue_in_two_and_a_quorum_queue_keeps_one_leader(
+    cluster: RabbitCluster, tmp_path: Path
+) -> None:
+    """The leader's node cut from the other two under load (the workers slower than the
+    producer, so the queue holds a backlog): a mirrored queue gets a leader on each side, as
+    RabbitMQ's guide says of ``ignore``, and the lab recovers as the guide says (the
+    minority's node stopped and started again), giving up what that side held; a quorum
+    queue's minority makes no progress and nothing confirmed is lost."""
+    records = {}
+    for queue_type in ("quorum", "mirrored"):
+        out = tmp_path / queue_type
+        records[queue_type] = record = run_rabbit_failover(
+            out,
+            queue_type=queue_type,
+            failovers=1,
+            jobs=600,
+            work_ms=30,
+            partition_handling="ignore",
+            partition_s=8.0,
+            deadline_s=60.0,
+            cluster=cluster,
+        )
+        failover = record["failovers"][0]
+        cut = failover["before"]["leader"]
+        assert failover["fault"] == "partition"
+        assert failover["partitioned"] == [cut]
+        assert failover["killed"] == []
+        # The majority named a leader of its own while the window lasted.
+        assert failover["survivor_took_over"], failover["majority_view"]
+        assert failover["majority_view"]["leader"] != cut
+        assert cut not in failover["majority_running"]
+        assert failover["promoted_s"] < failover["healed_s"] <= failover["rejoined_s"]
+        assert (out / "failover-1" / "during-the-partition" / "queues.txt").is_file()
+        # Both sides met again and said they had been partitioned; the lab restarted the
+        # minority's node, and the next run finds three nodes.
+        assert failover["partitions_seen"], failover
+        assert failover["restarted"] == [cut]
+        assert cluster.running() == cluster.names
+        assert not cluster.cut
+        assert record["parameters"]["fault"] == "partition"
+        assert record["findings"]["broken_promises"] == 0, record["headline"]
+        assert record["judged"], record["reasons"]
+    quorum, mirrored = records["quorum"], records["mirrored"]
+    assert quorum["findings"]["counts"]["lost_enqueues"] == 0, quorum["findings"]["lost_enqueues"]
+    assert "partition_handling: ignore" in quorum["findings"]["promise"]["setting"]
+    # The cut-off node kept a leader of its own: the split brain the guide describes.
+    minority = mirrored["failovers"][0]["minority_view"]
+    assert minority["leader"] == mirrored["failovers"][0]["partitioned"][0], minority
+    promise = mirrored["findings"]["promise"]
+    assert promise["allows_loss"]
+    assert not promise["lost_only_unsynchronised"]
+    assert "one leader on each side of the partition" in promise["partition"]
+    code, result = rabbitmq_result(mirrored, tmp_path / "mirrored")
+    assert code == (0 if mirrored["ok"] else 1)
+    assert result["failovers"][0]["partitioned"] == mirrored["failovers"][0]["partitioned"]
+    assert result["failovers"][0]["restarted_by_the_lab"] == [minority["leader"]]
+    assert result["failovers"][0]["minority_answered"]
+    page = write_report(tmp_path / "mirrored").read_text()
+    assert "--partition-s 8 --partition-handling ignore" in page
+    assert (
+        "partitions of the leader&#39;s node" in page or "partitions of the leader's node" in page
+    )

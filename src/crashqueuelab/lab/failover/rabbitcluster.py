@@ -176,6 +176,10 @@ class RabbitCluster:
             raise ServerUnavailable("no epmd: install Debian's erlang-base package", "rabbitmq")
         if partition_handling is not None and partition_handling not in PARTITION_HANDLING:
             raise ValueError(f"no partition handling {partition_handling!r}")
+        erlc = find_erlc(epmd) if partition_handling is not None else None
+        if partition_handling is not None and erlc is None:
+            raise ServerUnavailable("no erlc: install Debian's erlang-base package", "rabbitmq")
+        self._erlc = erlc
         self._clock = clock
         self.epmd_port = free_port()
         self.nodes = [ClusterNode(bindir, epmd_port=self.epmd_port) for _ in range(size)]
@@ -189,10 +193,6 @@ class RabbitCluster:
         self.distribution: DistributionProxy | None = None
         self._modules: Path | None = None
         if partition_handling is not None:
-            erlc = find_erlc(epmd)
-            if erlc is None:
-                raise ServerUnavailable("no erlc: install Debian's erlang-base package", "rabbitmq")
-            self._erlc = erlc
             ports = {node.node: node.dist_port for node in self.nodes}
             self.distribution = DistributionProxy(ports)
 
@@ -201,7 +201,7 @@ class RabbitCluster:
             self.epmd = ThrowawayRabbitMQ.start_epmd(
                 self._epmd_binary, self.epmd_port, self.nodes[0].control_environment()
             )
-            if self.distribution is not None:
+            if self.distribution is not None and self._erlc is not None:
                 self._modules = compile_module(
                     Path(tempfile.mkdtemp(prefix="crashqueuelab-erlang-")), self._erlc
                 )

@@ -155,7 +155,7 @@ def run_rabbit_failover(
         )
     if work_ms < 0:
         raise InvalidInput("work_ms", f"at least 0, not {work_ms}")
-    if cluster is not None and cluster.partition_handling != partition_handling:
+    if cluster is not None and partition_s and cluster.partition_handling != partition_handling:
         raise InvalidInput("partition_handling", "not the one the given cluster runs with")
     shape = Shape(
         failovers, jobs, workers, rate_per_s, seed, deadline_s, nodes_killed, work_ms, partition_s
@@ -230,7 +230,10 @@ def _run(
                     queue, partial(_read, directory / "after-the-kill", cluster), nodes_killed
                 )
             record["killed_at_s"] = round(struck - started + record["primary_killed_s"], 6)
-            record["promoted_at_s"] = round(struck - started + record["promoted_s"], 6)
+            # A message confirmed on either side until the cluster is whole again may be
+            # given up by this partition's healing: it belongs to this fault.
+            ended = record["rejoined_s"] if cut_s else record["promoted_s"]
+            record["promoted_at_s"] = round(struck - started + ended, 6)
             leader["name"] = record["new_leader"]
             records.append(record)
             struck_what = (
