@@ -201,9 +201,10 @@ def test_a_killed_main_process_takes_its_pool_child_and_acks_late_waits_for_the_
     # With acks_late the message waits unacknowledged in kombu's unacked hash.
     assert redis_holds(tmp_path / "late").jobs == {"a": ("started", 1)}
     assert unacked(tmp_path / "late", "a")
-    # kombu puts back messages received longer ago than the visibility timeout when a
-    # consumer starts (and every 10th of its 10 s maintenance ticks after): the message was
-    # received before its child's start, so a worker started after this finds it due.
+    # kombu puts back messages received longer ago than the visibility timeout as a consumer
+    # starts, and then only on every 10th of its 10 s maintenance ticks (a worker already
+    # running put one back 90.8 s after its start, measured once): the message was received
+    # before its child's start, so a worker started after this finds it due at once.
     time.sleep(max(0.0, children["late"].at + VISIBILITY_S + 0.2 - time.time()))
     with serving(ACKS_LATE_SHORT, tmp_path / "late", tmp_path / "again.ledger", work_s=0.5):
         again = wait_for(tmp_path / "again.ledger", "end", "a")
@@ -228,8 +229,8 @@ def test_a_task_longer_than_the_visibility_timeout_runs_again_beside_itself(
 
     with serving(ACKS_LATE_SHORT, store, first_ledger, work_s=7.0):
         first = wait_for(first_ledger, "start", "a")
-        # A running worker looks for overdue messages again only 100 s after it started
-        # (kombu's restore runs on every 10th of its 10 s ticks): a second worker, started
+        # The running worker looks for overdue messages again only some 90 s after its start
+        # (kombu's restore acts on every 10th of its 10 s ticks): a second worker, started
         # once the message is overdue, puts it back as it starts.
         time.sleep(max(0.0, first.at + VISIBILITY_S + 0.2 - time.time()))
         with serving(ACKS_LATE_SHORT, store, second_ledger, work_s=7.0):
