@@ -18,6 +18,8 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+import pytest
+
 from crashqueuelab.judges.readers.celery import (
     CeleryReading,
     queue_name,
@@ -72,6 +74,10 @@ def unacked(store: Path, key: str) -> bool:
     name = queue_name(store)
     assert name is not None
     return task_id(name, key) in redis_holds(store).unacked
+
+
+def acknowledged(store: Path, key: str) -> bool:
+    return not unacked(store, key)
 
 
 def dead(pid: int) -> bool:
@@ -150,6 +156,10 @@ def test_a_killed_pool_child_fails_its_task_unless_reject_on_worker_lost_requeue
         # Celery records the child's death as the task's failure (WorkerLostError).
         wait_for_state("celery", tmp_path / "defaults", "a", "failed")
         wait_for_state(ACKS_LATE_ALONE, tmp_path / "late", "a", "failed")
+        # With task_acks_late the acknowledgement follows the stored result: the worker
+        # lives until it is in Redis.
+        for store in ("late", "reject"):
+            wait_until(f"{store} acknowledged", partial(acknowledged, tmp_path / store, "a"))
     found = {
         store: (what_ran(tmp_path / f"{store}.ledger", "a"), redis_holds(tmp_path / store))
         for store in stores.values()
@@ -185,7 +195,7 @@ def test_a_killed_main_process_takes_its_pool_child_and_acks_late_waits_for_the_
             children[store] = wait_for(tmp_path / f"{store}.ledger", "start", "a")
         # Killed after Celery's early acknowledgement (sent by the main process when its
         # child accepted the task), so that the cell is the documented one.
-        wait_until("the task acknowledged", lambda: not unacked(tmp_path / "defaults", "a"))
+        wait_until("the task acknowledged", partial(acknowledged, tmp_path / "defaults", "a"))
         for worker in workers.values():
             worker.signal(signal.SIGKILL)
             assert worker.join()[0] == -signal.SIGKILL
@@ -208,11 +218,15 @@ def test_a_killed_main_process_takes_its_pool_child_and_acks_late_waits_for_the_
     time.sleep(max(0.0, children["late"].at + VISIBILITY_S + 0.2 - time.time()))
     with serving(ACKS_LATE_SHORT, tmp_path / "late", tmp_path / "again.ledger", work_s=0.5):
         again = wait_for(tmp_path / "again.ledger", "end", "a")
+        wait_until("acknowledged", partial(acknowledged, tmp_path / "late", "a"))
     assert again.pid != children["late"].pid
     assert what_ran(tmp_path / "again.ledger", "a") == ["start", "end"]
     assert redis_holds(tmp_path / "late") == CeleryReading(True, {"a": ("succeeded", 1)})
 
 
+# Timing-sensitive: the second worker must start, and put the message back, while the first
+# run of the 7 s task still goes on.
+@pytest.mark.quiet
 def test_a_task_longer_than_the_visibility_timeout_runs_again_beside_itself(
     tmp_path: Path, redis_socket: str
 ) -> None:
