@@ -12,7 +12,8 @@ import pytest
 from crashqueuelab import cli
 from crashqueuelab.cli.replay import replayed
 from crashqueuelab.core.errors import InvalidInput
-from crashqueuelab.lab.faults.network.plan import NetworkPlan, upstream_of
+from crashqueuelab.lab.faults.network.plan import NetworkPlan, RunNetwork, run_server, upstream_of
+from crashqueuelab.servers.redis import SOCKET_VARIABLE
 from tests.conftest import RunCli
 
 
@@ -122,6 +123,26 @@ def test_a_proxy_path_is_named_as_a_dsn_the_client_can_use(postgres_dsn: str) ->
     assert "port=40001" in dsn
     tcp, _ = upstream_of("host=db.example port=6543 dbname=q")
     assert tcp == ("db.example", 6543)
+
+
+def test_a_redis_server_is_reached_through_unix_socket_paths(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv(SOCKET_VARIABLE, raising=False)
+    with pytest.raises(InvalidInput, match="the run's Redis server"):
+        run_server("redis")
+    monkeypatch.setenv(SOCKET_VARIABLE, str(tmp_path / "redis.sock"))
+    server = run_server("redis")
+    assert (server.variable, server.upstream, server.unix) == (
+        SOCKET_VARIABLE, str(tmp_path / "redis.sock"), True,
+    )  # fmt: skip
+    assert server.through(("/tmp/x/worker-0.sock", 0)) == "/tmp/x/worker-0.sock"
+    # Each path's listener is a socket file in a directory of the run's own, gone after it.
+    with RunNetwork(NetworkPlan(stalls=1), server=server, lease_ms=400, started=0.0) as network:
+        named = dict(network.inherited("worker-0").environment)[SOCKET_VARIABLE]
+        assert named.endswith("/worker-0.sock")
+        assert Path(named).is_socket()
+    assert not Path(named).parent.exists()
 
 
 def test_a_network_plan_checks_itself_and_reads_back_what_it_wrote() -> None:

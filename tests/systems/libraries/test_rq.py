@@ -299,6 +299,37 @@ def test_chaos_with_kills_pauses_and_a_server_restart_loses_nothing_aof_always_k
     assert (outcome.code, outcome.result["ok"]) == (1, False)
 
 
+def test_chaos_with_network_faults_between_rqs_workers_and_redis_loses_nothing(
+    tmp_path: Path,
+    run_cli: RunCli,
+) -> None:
+    """Every worker (and the maintenance process) reaches Redis through a fault proxy path
+    of its own, a Unix socket the run names to it in place of the server's: a stall, a
+    partition, a lost answer and a reset strike those connections, as they do PostgreSQL's."""
+    outcome = run_cli(
+        "chaos",
+        "--system", "rq",
+        "--jobs", "80", "--workers", "2", "--kills", "0", "--poison-jobs", "0",
+        "--stalls", "1", "--partitions", "1", "--lost-replies", "1", "--connection-resets", "1",
+        "--seed", "3", "--output-directory", str(tmp_path / "chaos"), "--shrink-seconds", "0",
+    )  # fmt: skip
+    report = json.loads((tmp_path / "chaos" / "chaos.json").read_text())
+    network = report["network"]
+    assert sorted(window["kind"] for window in network["windows"]) == [
+        "lost-replies", "partition", "reset", "stall",
+    ]  # fmt: skip
+    paths = network["paths"]
+    assert {"maintenance", "worker-0", "worker-1"} <= set(paths)
+    # The workers' connections went through the proxy, and the faults reached them.
+    assert all(paths[name]["connections"] >= 1 for name in ("worker-0", "worker-1"))
+    assert sum(counts.get("lost_replies", 0) for counts in paths.values()) == 1
+    assert sum(counts.get("reset", 0) for counts in paths.values()) >= 1
+    # Nothing lost: what RQ does with an answer it never got is what it documents.
+    assert not [line for line in report["anomalies"] if "missing from the store" in line]
+    assert report["promises"]["keeps_its_promises"] is True, report["promises"]
+    assert outcome.result["ok"] is report["ok"]
+
+
 def test_a_refusal_quotes_what_the_server_said_last() -> None:
     with ThrowawayRedis() as server:
         assert server.last_words() == "no log"

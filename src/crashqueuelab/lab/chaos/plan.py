@@ -63,7 +63,7 @@ def runnable(
     chosen = resolve_system(system)
     if counts[FaultKind.SESSION_KILL] and chosen.terminate_sessions is None:
         raise InvalidInput("session_kills", f"{chosen.name} has no server sessions to end")
-    if network.active and chosen.server != "postgres":
+    if network.active and chosen.server not in ("postgres", "redis"):
         raise InvalidInput(
             "network", f"{chosen.name} talks to no server: there is no connection to fault"
         )

@@ -28,7 +28,7 @@ from crashqueuelab.lab.chaos.verdict import judge_deploys, judge_pauses
 from crashqueuelab.lab.chaos.worklog import read_logs
 from crashqueuelab.lab.faults.deploy import Rollout
 from crashqueuelab.lab.faults.kinds import FaultKind
-from crashqueuelab.lab.faults.network.plan import NetworkPlan, RunNetwork, run_dsn
+from crashqueuelab.lab.faults.network.plan import NetworkPlan, RunNetwork, run_server
 from crashqueuelab.lab.runs.kinds import CHAOS
 from crashqueuelab.lab.runs.modes import POWER_LOSS, PROCESS
 from crashqueuelab.lab.runs.progress import Progress, labelled
@@ -140,7 +140,12 @@ def run_chaos(
         with contextlib.ExitStack() as proxied:
             if network.active:
                 run.network = proxied.enter_context(
-                    RunNetwork(network, dsn=run_dsn(), lease_ms=lease_ms, started=run.state.started)
+                    RunNetwork(
+                        network,
+                        server=run_server(chosen.server),
+                        lease_ms=lease_ms,
+                        started=run.state.started,
+                    )
                 )
             finished_in_time = run_workers(
                 run,

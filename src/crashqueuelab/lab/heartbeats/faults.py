@@ -23,7 +23,7 @@ from typing import Any, Self
 
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.faults.kinds import FaultKind
-from crashqueuelab.lab.faults.network.plan import NetworkPlan, RunNetwork, run_dsn
+from crashqueuelab.lab.faults.network.plan import NetworkPlan, RunNetwork, run_server
 from crashqueuelab.lab.faults.network.windows import WindowKind
 from crashqueuelab.lab.runs.inheritance import Inherited
 
@@ -76,7 +76,11 @@ class HeartbeatFaults:
         self.strike_after_timers = strike_after_timers
         self._clock = clock
         self.network = RunNetwork(
-            self.plan, dsn=run_dsn(), lease_ms=round(retry_ms), started=started, clock=clock
+            self.plan,
+            server=run_server("postgres"),
+            lease_ms=round(retry_ms),
+            started=started,
+            clock=clock,
         )
         self.pending = [FaultKind.STALL] * plan.stalls + [FaultKind.PARTITION] * plan.partitions
         self.delivered: list[dict[str, Any]] = []

@@ -19,9 +19,13 @@ systems behind a server have a connection to fault.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Self
 
 from crashqueuelab.core.errors import InvalidInput
@@ -144,12 +148,36 @@ class NetworkPlan:
 
 def run_dsn() -> str:
     """The DSN of the server this run's processes use (the command line names it)."""
-    import os
-
     dsn = os.environ.get(SERVER_VARIABLES[0])
     if not dsn:
         raise InvalidInput("network", "network faults need the run's server, and none is named")
     return dsn
+
+
+@dataclass(frozen=True)
+class ServerAddress:
+    """How the run's processes reach its server, and how a proxy path is named to them in
+    its place: the variable that names the server, where it listens, and the value that
+    names a path's address; ``unix``: the paths are Unix sockets (a Redis server, which the
+    lab's clients reach by its socket file), else TCP ports."""
+
+    variable: str
+    upstream: Upstream
+    through: Callable[[tuple[str, int]], str]
+    unix: bool = False
+
+
+def run_server(kind: str | None) -> ServerAddress:
+    """The run's server of ``kind`` ("postgres" or "redis"), as its processes are told it."""
+    if kind == "redis":
+        socket_path = os.environ.get(SERVER_VARIABLES[1])
+        if not socket_path:
+            raise InvalidInput(
+                "network", "network faults need the run's Redis server, and none is named"
+            )
+        return ServerAddress(SERVER_VARIABLES[1], socket_path, lambda address: address[0], True)
+    upstream, through = upstream_of(run_dsn())
+    return ServerAddress(SERVER_VARIABLES[0], upstream, through)
 
 
 def upstream_of(dsn: str) -> tuple[Upstream, Callable[[tuple[str, int]], str]]:
@@ -174,7 +202,7 @@ class RunNetwork:
         self,
         plan: NetworkPlan,
         *,
-        dsn: str,
+        server: ServerAddress,
         lease_ms: int,
         started: float,
         clock: Callable[[], float] = time.monotonic,
@@ -183,9 +211,11 @@ class RunNetwork:
         self.lease_ms = lease_ms
         self.window_s = plan.window_s(lease_ms)
         self.started = started
-        upstream, self._through = upstream_of(dsn)
-        self.proxy = FaultProxy(upstream, clock=clock)
+        self.server = server
+        self.proxy = FaultProxy(server.upstream, clock=clock)
         self._clock = clock
+        #: Where a Unix socket path's listener lives (short: a socket's path has a limit).
+        self._sockets = Path(tempfile.mkdtemp(prefix="crashqueuelab-net-")) if server.unix else None
 
     def __enter__(self) -> Self:
         self.proxy.start()
@@ -193,12 +223,15 @@ class RunNetwork:
 
     def __exit__(self, *exc: object) -> None:
         self.proxy.close()
+        if self._sockets is not None:
+            shutil.rmtree(self._sockets, ignore_errors=True)
 
     def inherited(self, path: str) -> Inherited:
         """What a process on ``path`` inherits: the run's, with the server's DSN replaced
         by the path's address on the proxy (made on first use, with the run's latency)."""
         if path not in self.proxy.paths:
-            self.proxy.add_path(path)
+            unix = None if self._sockets is None else str(self._sockets / f"{path}.sock")
+            self.proxy.add_path(path, unix=unix)
             # For as long as any run may last: the proxy closes with the run.
             if self.plan.latency_ms:
                 self.proxy.apply(
@@ -212,10 +245,10 @@ class RunNetwork:
                     amount=self.plan.bandwidth_bytes_s,
                 )
         base = Inherited.capture()
-        variable = SERVER_VARIABLES[0]
+        variable = self.server.variable
         environment = tuple((n, v) for n, v in base.environment if n != variable)
-        dsn = self._through(self.proxy.address(path))
-        return replace(base, environment=(*environment, (variable, dsn)))
+        named = self.server.through(self.proxy.address(path))
+        return replace(base, environment=(*environment, (variable, named)))
 
     def strike(self, kind: FaultKind, paths: list[str] | None) -> dict[str, Any]:
         """Start a scheduled network fault on ``paths`` (None: every path); what the run

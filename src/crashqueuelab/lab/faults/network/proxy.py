@@ -126,15 +126,23 @@ class FaultProxy:
 
     # -- control (any thread) -------------------------------------------------------------
 
-    def add_path(self, name: str, upstream: Upstream | None = None) -> tuple[str, int]:
+    def add_path(
+        self, name: str, upstream: Upstream | None = None, *, unix: str | None = None
+    ) -> tuple[str, int]:
         """A new path's address on the loopback interface (to ``upstream``, else to the
-        proxy's)."""
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", 0))
+        proxy's); with ``unix``, a Unix socket at that path instead, named ``(unix, 0)``
+        (for a client that reaches its server by a socket file, as the lab's Redis
+        clients do)."""
+        if unix is None:
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(("127.0.0.1", 0))
+        else:
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener.bind(unix)
         listener.listen(64)
         listener.setblocking(False)
-        address: tuple[str, int] = listener.getsockname()
+        address: tuple[str, int] = listener.getsockname() if unix is None else (unix, 0)
         with self._lock:
             if name in self._addresses:
                 listener.close()
@@ -426,7 +434,8 @@ class FaultProxy:
         except BlockingIOError:
             return
         client.setblocking(False)
-        client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if client.family == socket.AF_INET:
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._connections.append(_Connection(path, client))
         self.counts[path]["connections"] += 1
 
