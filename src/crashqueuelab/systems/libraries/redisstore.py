@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from crashqueuelab.core.errors import SystemUnavailable
+from crashqueuelab.judges.findings import Kind
 from crashqueuelab.servers.redis import SOCKET_VARIABLE
 from crashqueuelab.systems.contract import Documented
 
@@ -72,4 +73,23 @@ RDB_SNAPSHOTS = Documented(
     PERSISTENCE_DOCS,
     crash_modes=("power-loss",),
     faults=("server restart",),
+)
+
+#: redis-py's own words on its errors.
+CLIENT_ERRORS_DOCS = "https://redis.io/docs/latest/develop/clients/redis-py/error-handling"
+#: Every Redis-backed library calls Redis through redis-py, which signals a connection that
+#: broke under a call by raising: the caller is told failure, which the lab's contract
+#: allows; the lab's chaos worker that made the call exits and is respawned.
+CONNECTION_RAISES = Documented(
+    'a call whose connection to Redis breaks (reset, or its answer lost) raises ("redis-py'
+    ' uses exceptions to signal errors"; redis.ConnectionError: "Network or connection'
+    " issues\"): the caller is told failure, and the lab's chaos worker that made the call"
+    " exits and is respawned",
+    CLIENT_ERRORS_DOCS,
+    when={
+        Kind.WORKER_EXITED: {
+            "status": 3,
+            "error": ("redis.exceptions.ConnectionError*", "redis.exceptions.TimeoutError*"),
+        }
+    },
 )

@@ -13,7 +13,7 @@ from __future__ import annotations
 from crashqueuelab.judges.findings import Kind
 from crashqueuelab.systems.contract import Documented
 from crashqueuelab.systems.libraries.arq.client import IN_PROGRESS_MARGIN_S, JOB_TIMEOUT_S
-from crashqueuelab.systems.libraries.redisstore import RDB_SNAPSHOTS
+from crashqueuelab.systems.libraries.redisstore import CONNECTION_RAISES, RDB_SNAPSHOTS
 
 _DOCS = "https://arq-docs.helpmanual.io/"
 _USAGE = _DOCS + "#usage"
@@ -99,4 +99,11 @@ _RETRY_AT_ONCE = Documented(
 )
 
 
-DOCUMENTED = (_NO_TOKEN, _PESSIMISTIC, _SHUTDOWN_REQUEUES, _RETRY_AT_ONCE, RDB_SNAPSHOTS)
+DOCUMENTED = (
+    _NO_TOKEN,
+    _PESSIMISTIC,
+    _SHUTDOWN_REQUEUES,
+    _RETRY_AT_ONCE,
+    RDB_SNAPSHOTS,
+    CONNECTION_RAISES,
+)

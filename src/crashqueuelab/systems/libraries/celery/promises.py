@@ -13,6 +13,7 @@ from __future__ import annotations
 from crashqueuelab.judges.findings import Kind
 from crashqueuelab.systems.contract import Documented
 from crashqueuelab.systems.libraries.celery.client import Settings
+from crashqueuelab.systems.libraries.redisstore import CONNECTION_RAISES
 
 _DOCS = "https://docs.celeryq.dev/en/stable/"
 GLOSSARY = _DOCS + "glossary.html"
@@ -128,6 +129,12 @@ def documented_for(settings: Settings) -> tuple[Documented, ...]:
         # Unacknowledged until it ends: a death anywhere after the receipt is redelivered.
         running = _RECEIVED + _ACKNOWLEDGED_RUNNING
         held = _visibility(settings.visibility_timeout_s, running, ("reserved", "started"))
-        return (_NO_TOKEN, held, _LATE_ACK, _RDB)
+        return (_NO_TOKEN, held, _LATE_ACK, _RDB, CONNECTION_RAISES)
     # Early acknowledgement first: a case that lost a started task is its.
-    return (_NO_TOKEN, _EARLY_ACK, _visibility(None, _RECEIVED, ("reserved",)), _RDB)
+    return (
+        _NO_TOKEN,
+        _EARLY_ACK,
+        _visibility(None, _RECEIVED, ("reserved",)),
+        _RDB,
+        CONNECTION_RAISES,
+    )

@@ -13,7 +13,7 @@ from __future__ import annotations
 from crashqueuelab.judges.findings import Kind
 from crashqueuelab.systems.contract import Documented
 from crashqueuelab.systems.libraries.dramatiq.client import HEARTBEAT_TIMEOUT_MS
-from crashqueuelab.systems.libraries.redisstore import RDB_SNAPSHOTS
+from crashqueuelab.systems.libraries.redisstore import CONNECTION_RAISES, RDB_SNAPSHOTS
 
 _GUIDE = "https://dramatiq.io/guide.html"
 _REDIS = "https://dramatiq.io/reference.html#dramatiq.brokers.redis.RedisBroker"
@@ -77,4 +77,11 @@ _POISON_MESSAGE = Documented(
 )
 
 
-DOCUMENTED = (_AT_LEAST_ONCE, _SILENT_WORKER, _POISON_MESSAGE, _HEARTBEAT_TIMEOUT, RDB_SNAPSHOTS)
+DOCUMENTED = (
+    _AT_LEAST_ONCE,
+    _SILENT_WORKER,
+    _POISON_MESSAGE,
+    _HEARTBEAT_TIMEOUT,
+    RDB_SNAPSHOTS,
+    CONNECTION_RAISES,
+)

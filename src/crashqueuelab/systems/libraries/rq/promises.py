@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from crashqueuelab.judges.findings import Kind
 from crashqueuelab.systems.contract import Documented
+from crashqueuelab.systems.libraries.redisstore import CONNECTION_RAISES
 from crashqueuelab.systems.libraries.rq.client import JOB_TIMEOUT_S
 
 _DOCS = "https://python-rq.org/docs/"
@@ -141,6 +142,7 @@ def documented_for(persistence: str) -> tuple[Documented, ...]:
         _RETRY_AT_ONCE,
         _KILLED_NOT_RUN_AGAIN,
         _ONE_ACTIVE_SCHEDULER,
+        CONNECTION_RAISES,
     ]
     if persistence in _PERSISTENCE_LOSSES:
         what, on_restart = _PERSISTENCE_LOSSES[persistence]
