@@ -77,6 +77,7 @@ from crashqueuelab.lab.runs.progress import Progress, labelled
 from crashqueuelab.lab.runs.promises import classify
 from crashqueuelab.lab.runs.readings import read_store
 from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
+from crashqueuelab.lab.runs.servers import naming
 from crashqueuelab.lab.workloads.model import run_model_workload
 from crashqueuelab.lab.workloads.observe import observe_ledger
 from crashqueuelab.lab.workloads.scenario import (
@@ -85,7 +86,8 @@ from crashqueuelab.lab.workloads.scenario import (
     effect_key,
     scenario_jobs,
 )
-from crashqueuelab.systems.contract import CrashPoint, System
+from crashqueuelab.servers.syncpair import SynchronousPair
+from crashqueuelab.systems.contract import CrashPoint, System, open_commit_phases
 from crashqueuelab.systems.registry import DEFAULT_SYSTEM, resolve_system
 
 #: How each mode kills, as reports name it.
@@ -464,6 +466,54 @@ def _run_cases(
     return cases
 
 
+def held_open_last(order: list[CrashPoint], crash_mode: str) -> list[CrashPoint]:
+    """``order`` with its open-commit points last (they run on a server of their own, after
+    the others); a power-loss campaign has none (its server per case has no standby)."""
+    held = [point for point in order if open_commit_phases(point.name) is not None]
+    if held and crash_mode == POWER_LOSS:
+        return [point for point in order if point not in held]
+    return [point for point in order if point not in held] + held
+
+
+def _run_held_open(
+    output_dir: Path,
+    order: list[CrashPoint],
+    first: int,
+    seed: int,
+    chosen: System,
+    spec: str,
+    progress: Progress | None,
+) -> list[dict[str, Any]]:
+    """The open-commit cases (``order[first:]``), on a primary with a synchronous standby of
+    their own, named to this process and its children while they run: the standby they hold
+    would stall every other case's COMMIT on a shared server."""
+    with SynchronousPair() as pair, ExitStack() as naming_it:
+        for variable, value in pair.environment().items():
+            naming_it.enter_context(naming(variable, value))
+
+        def runner(
+            output_dir: Path,
+            index: int,
+            point: CrashPoint,
+            seed: int,
+            *,
+            system: System,
+            spec: str,
+            stop: threading.Event | None = None,
+        ) -> dict[str, Any]:
+            try:
+                return run_case(
+                    output_dir, first + index, point, seed, system=system, spec=spec, stop=stop
+                )
+            finally:
+                # A child killed while it held the standby would stall every later COMMIT.
+                pair.release()
+
+        return _run_cases(
+            output_dir, order[first:], seed, chosen, spec, runner, progress, CASES_AT_ONCE
+        )
+
+
 def run_campaign(
     output_dir: Path,
     *,
@@ -483,7 +533,7 @@ def run_campaign(
     check_crash_mode(crash_mode, chosen)
     if probes is not None and crash_points is None:
         crash_points = []
-    order = campaign_order(chosen, seed, crash_points)
+    order = held_open_last(campaign_order(chosen, seed, crash_points), crash_mode)
     check_probe_names(probes)
     prepare_output_directory(output_dir)
     started = time.perf_counter()
@@ -504,7 +554,11 @@ def run_campaign(
         elif crash_mode == POWER_LOSS:
             runner = run_power_loss_case
         named = labelled(progress, f"campaign {system} ({crash_mode})")
-        cases = _run_cases(output_dir, order, seed, chosen, system, runner, named, at_once)
+        shared = [point for point in order if open_commit_phases(point.name) is None]
+        cases = _run_cases(output_dir, shared, seed, chosen, system, runner, named, at_once)
+        if len(shared) < len(order):
+            held = labelled(named, "on a primary with a synchronous standby")
+            cases += _run_held_open(output_dir, order, len(shared), seed, chosen, system, held)
     probed = run_probes(chosen, output_dir / "probes", only=probes)
     model = (
         run_model_workload(chosen, output_dir / "model", seed=seed)
