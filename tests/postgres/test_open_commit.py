@@ -16,7 +16,7 @@ import pytest
 
 from crashqueuelab import cli
 from crashqueuelab.core.errors import ServerUnavailable
-from crashqueuelab.lab.campaign.run import held_open_last
+from crashqueuelab.lab.campaign.run import HELD_OPEN, ID_REUSED, own_server, own_servers_last
 from crashqueuelab.lab.faults import opencommits
 from crashqueuelab.lab.runs.modes import POWER_LOSS, PROCESS
 from crashqueuelab.servers import syncpair
@@ -49,14 +49,13 @@ def test_each_queue_transition_has_an_open_commit_point_with_its_after_points_st
     )
 
 
-def test_open_commit_points_run_last_and_not_under_power_loss() -> None:
+def test_points_with_a_server_of_their_own_run_last_and_not_under_power_loss() -> None:
     points = list(resolve_system("postgres").crash_points)
-    names = [point.name for point in held_open_last(points, PROCESS)]
-    assert [name.endswith(OPEN_COMMIT_SUFFIX) for name in names] == [False] * 20 + [True] * 7
-    assert names[:20] == [p.name for p in points if not p.name.endswith(OPEN_COMMIT_SUFFIX)]
-    power = held_open_last(points, POWER_LOSS)
-    assert len(power) == 20
-    assert not any(point.name.endswith(OPEN_COMMIT_SUFFIX) for point in power)
+    families = [own_server(point) for point in own_servers_last(points, PROCESS)]
+    assert families == [None] * 20 + [HELD_OPEN] * 7 + [ID_REUSED] * 6
+    ordered = own_servers_last(points, PROCESS)
+    assert ordered[:20] == [p for p in points if own_server(p) is None]
+    assert own_servers_last(points, POWER_LOSS) == ordered[:20]
 
 
 def test_an_open_commit_point_needs_its_name_and_a_pair(monkeypatch: pytest.MonkeyPatch) -> None:

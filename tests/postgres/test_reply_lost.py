@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from crashqueuelab import cli
+from crashqueuelab.lab.campaign.run import own_server
 from crashqueuelab.lab.faults import lostreplies
 from crashqueuelab.lab.runs.servers import SERVER_VARIABLES
 from crashqueuelab.systems import resolve_system
 from crashqueuelab.systems.contract import (
     REPLY_LOST_SUFFIX,
-    open_commit_phases,
     reply_lost_phases,
     reply_lost_point,
 )
@@ -52,11 +52,12 @@ def test_each_queue_transition_has_a_reply_lost_point_with_its_after_points_stat
 def test_a_queue_that_never_asks_is_caught_only_where_a_commit_answer_was_lost(
     postgres_dsn: str, tmp_path: Path, run_cli: RunCli
 ) -> None:
-    # The open-commit points (tests/postgres/test_open_commit.py) need a standby of their own.
+    # The open-commit and id-reused points need a server of their own
+    # (tests/postgres/test_open_commit.py, test_id_reuse.py).
     points = [
         argument
         for point in resolve_system("postgres").crash_points
-        if open_commit_phases(point.name) is None
+        if own_server(point) is None
         for argument in ("--crash-point", point.name)
     ]
     outcome = run_cli(

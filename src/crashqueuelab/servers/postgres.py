@@ -123,6 +123,7 @@ class ThrowawayServer(Throwaway):
         bindir: Path | None = None,
         settings: Mapping[str, str] = SETTINGS,
         initdb_options: Sequence[str] = (),
+        root: Path | None = None,
     ):
         found = bindir if bindir is not None else find_binaries()
         if found is None:
@@ -134,8 +135,17 @@ class ThrowawayServer(Throwaway):
         self._settings = dict(settings)
         self.initdb_options = tuple(initdb_options)
         self.account = _server_account()
-        super().__init__()
+        super().__init__(root)
         self._running = False
+
+    @classmethod
+    def running_at(cls, root: Path) -> ThrowawayServer:
+        """The server another process of the run started in ``root`` (its socket's
+        directory), for this one to crash and start again: never to close, which would
+        remove the other's directory."""
+        server = cls(root=root)
+        server._running = True
+        return server
 
     @property
     def running(self) -> bool:

@@ -38,6 +38,7 @@ from crashqueuelab.systems.contract import (
     StoreReading,
     System,
     Verdict,
+    id_reused_point,
     open_commit_point,
     reply_lost_point,
 )
@@ -315,7 +316,24 @@ OPEN_COMMIT_POINTS = tuple(
     )
     for point in _COMMITTED
 )
-CRASH_POINTS = SQLITE_CRASH_POINTS + REPLY_LOST_POINTS + OPEN_COMMIT_POINTS
+#: The server crashes as the COMMIT is on its way (not yet durable), starts again and hands
+#: the transaction's id to another session, which commits, before the queue asks
+#: (``lab.faults.idreuse``): the queue must not take that commit for its own, and the death
+#: after the transition must leave what its AFTER point does. Not for a submission: its
+#: BEFORE phase comes before the queue names its transaction, so its COMMIT is never asked
+#: about. They run one at a time on a server of their own, which each crashes.
+ID_REUSED_POINTS = tuple(
+    CrashPoint(
+        id_reused_point(point.name),
+        f"{point.where}, the server crashed as its COMMIT was sent and gave its transaction id"
+        " to another session before the queue asked",
+        point.expected,
+        unacknowledged=point.unacknowledged,
+    )
+    for point in _COMMITTED
+    if point.name != "AFTER_SUBMIT_COMMIT"
+)
+CRASH_POINTS = SQLITE_CRASH_POINTS + REPLY_LOST_POINTS + OPEN_COMMIT_POINTS + ID_REUSED_POINTS
 
 CAPABILITIES = Capabilities(
     fencing_tokens=True,

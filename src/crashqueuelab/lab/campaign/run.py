@@ -26,11 +26,11 @@ import shutil
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.judges.findings import (
@@ -68,6 +68,7 @@ from crashqueuelab.lab.faults.children import (
     CHILD_STDERR,
 )
 from crashqueuelab.lab.faults.crashmodes import check_crash_mode
+from crashqueuelab.lab.faults.idreuse import CRASHABLE_VARIABLE
 from crashqueuelab.lab.faults.powerloss.serverdisk import ClusterTemplate
 from crashqueuelab.lab.runs.commands import import_path
 from crashqueuelab.lab.runs.interrupts import Interrupted
@@ -86,8 +87,14 @@ from crashqueuelab.lab.workloads.scenario import (
     effect_key,
     scenario_jobs,
 )
+from crashqueuelab.servers.postgres import SETTINGS, ThrowawayServer
 from crashqueuelab.servers.syncpair import SynchronousPair
-from crashqueuelab.systems.contract import CrashPoint, System, open_commit_phases
+from crashqueuelab.systems.contract import (
+    CrashPoint,
+    System,
+    id_reused_phases,
+    open_commit_phases,
+)
 from crashqueuelab.systems.registry import DEFAULT_SYSTEM, resolve_system
 
 #: How each mode kills, as reports name it.
@@ -466,16 +473,91 @@ def _run_cases(
     return cases
 
 
-def held_open_last(order: list[CrashPoint], crash_mode: str) -> list[CrashPoint]:
-    """``order`` with its open-commit points last (they run on a server of their own, after
-    the others); a power-loss campaign has none (its server per case has no standby)."""
-    held = [point for point in order if open_commit_phases(point.name) is not None]
-    if held and crash_mode == POWER_LOSS:
-        return [point for point in order if point not in held]
-    return [point for point in order if point not in held] + held
+#: The families of crash points that run on a server of their own, after the others, in
+#: this order: the open-commit points hold a standby, which would stall every other case's
+#: COMMIT on a shared server; the id-reused points crash their server.
+HELD_OPEN = "held-open"
+ID_REUSED = "id-reused"
+OWN_SERVERS = (HELD_OPEN, ID_REUSED)
 
 
-def _run_held_open(
+def own_server(point: CrashPoint) -> str | None:
+    """The family of a point that runs on a server of its own (None: the run's server)."""
+    if open_commit_phases(point.name) is not None:
+        return HELD_OPEN
+    if id_reused_phases(point.name) is not None:
+        return ID_REUSED
+    return None
+
+
+def own_servers_last(order: list[CrashPoint], crash_mode: str) -> list[CrashPoint]:
+    """``order`` with the points that need a server of their own last, family by family; a
+    power-loss campaign has none (its server per case has no standby, and is the one the
+    power cut crashes)."""
+    shared = [point for point in order if own_server(point) is None]
+    if crash_mode == POWER_LOSS:
+        return shared
+    return shared + [
+        point for family in OWN_SERVERS for point in order if own_server(point) == family
+    ]
+
+
+def _crashable_server() -> ThrowawayServer:
+    # The WAL writer otherwise flushes a transaction's records within 200 ms, and a crash
+    # after that leaves its id known to the restarted server.
+    return ThrowawayServer(settings=dict(SETTINGS) | {"wal_writer_delay": "'10s'"})
+
+
+class OwnServers:
+    """The servers of the families ``order`` needs, started in the background as the block
+    begins (the other cases run meanwhile), and closed as it ends, also after a failure."""
+
+    def __init__(self, order: Sequence[CrashPoint]) -> None:
+        families = {own_server(point) for point in order}
+        self.pair = SynchronousPair() if HELD_OPEN in families else None
+        self.crashable = _crashable_server() if ID_REUSED in families else None
+        starts: list[Callable[[], object]] = []
+        if self.pair is not None:
+            starts.append(self.pair.start)
+        if self.crashable is not None:
+            starts.append(self.crashable.start)
+        self._errors: list[BaseException] = []
+        self._starting = [
+            threading.Thread(target=self._start, args=(start,), daemon=True) for start in starts
+        ]
+
+    def _start(self, start: Callable[[], object]) -> None:
+        try:
+            start()
+        except BaseException as error:  # raised again by ``ready``, in the run's thread
+            self._errors.append(error)
+
+    def ready(self) -> None:
+        """Wait until every server has started; a start that failed raises here."""
+        for thread in self._starting:
+            thread.join()
+        if self._errors:
+            raise self._errors[0]
+
+    def __enter__(self) -> Self:
+        for thread in self._starting:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # A start still under way finishes first, so that what it started is closed.
+        for thread in self._starting:
+            if thread.ident is not None:
+                thread.join()
+        try:
+            if self.pair is not None:
+                self.pair.close()
+        finally:
+            if self.crashable is not None:
+                self.crashable.close()
+
+
+def _run_on_own_servers(
     output_dir: Path,
     order: list[CrashPoint],
     first: int,
@@ -483,35 +565,63 @@ def _run_held_open(
     chosen: System,
     spec: str,
     progress: Progress | None,
+    servers: OwnServers,
 ) -> list[dict[str, Any]]:
-    """The open-commit cases (``order[first:]``), on a primary with a synchronous standby of
-    their own, named to this process and its children while they run: the standby they hold
-    would stall every other case's COMMIT on a shared server."""
-    with SynchronousPair() as pair, ExitStack() as naming_it:
-        for variable, value in pair.environment().items():
-            naming_it.enter_context(naming(variable, value))
-
-        def runner(
-            output_dir: Path,
-            index: int,
-            point: CrashPoint,
-            seed: int,
-            *,
-            system: System,
-            spec: str,
-            stop: threading.Event | None = None,
-        ) -> dict[str, Any]:
-            try:
-                return run_case(
-                    output_dir, first + index, point, seed, system=system, spec=spec, stop=stop
-                )
-            finally:
+    """The cases of ``order[first:]`` (``own_servers_last`` put them there), family by
+    family, each family on its server, named to this process and its children while they
+    run."""
+    servers.ready()
+    cases: list[dict[str, Any]] = []
+    for family in OWN_SERVERS:
+        points = [point for point in order[first:] if own_server(point) == family]
+        if not points:
+            continue
+        with ExitStack() as naming_it:
+            if family == HELD_OPEN:
+                assert servers.pair is not None
+                environment = servers.pair.environment()
                 # A child killed while it held the standby would stall every later COMMIT.
-                pair.release()
+                after_each: Callable[[], None] = servers.pair.release
+                at_once = CASES_AT_ONCE
+                said = "on a primary with a synchronous standby"
+            else:
+                server = servers.crashable
+                assert server is not None
+                environment = server.environment() | {CRASHABLE_VARIABLE: str(server.root)}
+                after_each, at_once = _nothing, 1  # each case crashes the server
+                said = "on a server each case crashes"
+            for variable, value in environment.items():
+                naming_it.enter_context(naming(variable, value))
+            runner = functools.partial(_numbered, first + len(cases), after_each)
+            cases += _run_cases(
+                output_dir, points, seed, chosen, spec, runner, labelled(progress, said), at_once
+            )
+    return cases
 
-        return _run_cases(
-            output_dir, order[first:], seed, chosen, spec, runner, progress, CASES_AT_ONCE
+
+def _nothing() -> None:
+    return None
+
+
+def _numbered(
+    offset: int,
+    after_each: Callable[[], None],
+    output_dir: Path,
+    index: int,
+    point: CrashPoint,
+    seed: int,
+    *,
+    system: System,
+    spec: str,
+    stop: threading.Event | None = None,
+) -> dict[str, Any]:
+    """``run_case``, numbered after the cases run before (``offset``), then ``after_each``."""
+    try:
+        return run_case(
+            output_dir, offset + index, point, seed, system=system, spec=spec, stop=stop
         )
+    finally:
+        after_each()
 
 
 def run_campaign(
@@ -533,7 +643,7 @@ def run_campaign(
     check_crash_mode(crash_mode, chosen)
     if probes is not None and crash_points is None:
         crash_points = []
-    order = held_open_last(campaign_order(chosen, seed, crash_points), crash_mode)
+    order = own_servers_last(campaign_order(chosen, seed, crash_points), crash_mode)
     check_probe_names(probes)
     prepare_output_directory(output_dir)
     started = time.perf_counter()
@@ -554,11 +664,13 @@ def run_campaign(
         elif crash_mode == POWER_LOSS:
             runner = run_power_loss_case
         named = labelled(progress, f"campaign {system} ({crash_mode})")
-        shared = [point for point in order if open_commit_phases(point.name) is None]
+        shared = [point for point in order if own_server(point) is None]
+        servers = resources.enter_context(OwnServers(order))
         cases = _run_cases(output_dir, shared, seed, chosen, system, runner, named, at_once)
         if len(shared) < len(order):
-            held = labelled(named, "on a primary with a synchronous standby")
-            cases += _run_held_open(output_dir, order, len(shared), seed, chosen, system, held)
+            cases += _run_on_own_servers(
+                output_dir, order, len(shared), seed, chosen, system, named, servers
+            )
     probed = run_probes(chosen, output_dir / "probes", only=probes)
     model = (
         run_model_workload(chosen, output_dir / "model", seed=seed)

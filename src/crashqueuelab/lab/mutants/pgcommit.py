@@ -14,9 +14,13 @@ queue asks, the COMMIT has ended), the open-commit points do: the COMMIT is stil
 for a synchronous standby when the queue asks, its retry finds the rows the first try holds,
 and the first try then commits too.
 
+A third trusts ``pg_xact_status`` across a server restart (``trusts_restarts_system``):
+the id-reused points catch it, where the restarted server gave the queue's transaction id
+to another session, which committed, and the queue takes that commit for its own.
+
 Resolved by import path (``crashqueuelab.lab.mutants.pgcommit:never_asks_system``,
-``...:in_progress_as_no_system``); they need the ``postgres`` extra, as ``pgfencing``
-does.
+``...:in_progress_as_no_system``, ``...:trusts_restarts_system``); they need the
+``postgres`` extra, as ``pgfencing`` does.
 """
 
 from __future__ import annotations
@@ -62,4 +66,21 @@ def in_progress_as_no_system() -> System:
         postgres_system(),
         name="postgres-in-progress-as-no",
         open=functools.partial(open_postgres, queue_class=InProgressAsNo),
+    )
+
+
+class TrustsRestarts(PostgresQueue):
+    """A lost COMMIT answer asked about as if the server had not restarted since."""
+
+    def _committed(self, named: tuple[str, str]) -> bool:
+        conn = self._reconnect()
+        row = conn.execute(statements.SERVER_STARTED).fetchone()
+        return super()._committed((named[0], str(row[0]) if row else named[1]))
+
+
+def trusts_restarts_system() -> System:
+    return replace(
+        postgres_system(),
+        name="postgres-trusts-restarts",
+        open=functools.partial(open_postgres, queue_class=TrustsRestarts),
     )
