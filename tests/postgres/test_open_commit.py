@@ -9,13 +9,14 @@ import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import psycopg
 import pytest
 
 from crashqueuelab import cli
 from crashqueuelab.core.errors import ServerUnavailable
+from crashqueuelab.lab.campaign import run
 from crashqueuelab.lab.campaign.run import HELD_OPEN, ID_REUSED, own_server, own_servers_last
 from crashqueuelab.lab.faults import opencommits
 from crashqueuelab.lab.runs.modes import POWER_LOSS, PROCESS
@@ -56,6 +57,33 @@ def test_points_with_a_server_of_their_own_run_last_and_not_under_power_loss() -
     ordered = own_servers_last(points, PROCESS)
     assert ordered[:20] == [p for p in points if own_server(p) is None]
     assert own_servers_last(points, POWER_LOSS) == ordered[:20]
+
+
+class _Refused:
+    """A server whose start fails, and which says it was closed."""
+
+    closed: ClassVar[list[str]] = []
+
+    def start(self) -> None:
+        raise ServerUnavailable("no start here", "postgres")
+
+    def close(self) -> None:
+        self.closed.append(type(self).__name__)
+
+
+def test_a_server_of_their_own_that_cannot_start_fails_the_run_and_is_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(run, "SynchronousPair", _Refused)
+    monkeypatch.setattr(run, "_crashable_server", _Refused)
+    _Refused.closed.clear()
+    points = list(resolve_system("postgres").crash_points)
+    with run.OwnServers(points) as servers, pytest.raises(ServerUnavailable, match="no start"):
+        servers.ready()
+    assert _Refused.closed == ["_Refused", "_Refused"]
+    with run.OwnServers(points[:1]) as none:
+        none.ready()
+        assert (none.pair, none.crashable) == (None, None)
 
 
 def test_an_open_commit_point_needs_its_name_and_a_pair(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -547,8 +547,7 @@ class OwnServers:
     def __exit__(self, *exc: object) -> None:
         # A start still under way finishes first, so that what it started is closed.
         for thread in self._starting:
-            if thread.ident is not None:
-                thread.join()
+            thread.join()
         try:
             if self.pair is not None:
                 self.pair.close()
