@@ -79,6 +79,21 @@ def test_the_child_dies_as_the_point_only_when_the_id_was_handed_out_again(
     assert json.loads((tmp_path / idreuse.EVIDENCE_FILE).read_text()) == saw
 
 
+def test_a_child_without_last_words_still_dies_at_the_point(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    said: list[str] = []
+    monkeypatch.setattr(idreuse, "die_with_last_words", lambda text, _: said.append(text))
+    monkeypatch.setattr(idreuse, "crash_and_hand_out", lambda *arguments: {"reused": True})
+    monkeypatch.setenv(DSN_VARIABLE, "host=/nonexistent port=5432 dbname=x")
+    monkeypatch.setenv(idreuse.CRASHABLE_VARIABLE, str(tmp_path))
+    with idreuse.id_reused_at("CLAIM_COMMIT_ID_REUSED", None) as hook:
+        hook("BEFORE_CLAIM_COMMIT")
+        hook("AFTER_CLAIM_COMMIT")
+    assert said == ["CLAIM_COMMIT_ID_REUSED"]
+    assert not (tmp_path / idreuse.EVIDENCE_FILE).exists()
+
+
 @pytest.fixture
 def crashable() -> Iterator[ThrowawayServer]:
     try:

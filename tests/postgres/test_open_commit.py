@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from crashqueuelab import cli
-from crashqueuelab.core.errors import ServerUnavailable
+from crashqueuelab.core.errors import InvalidInput, ServerUnavailable
 from crashqueuelab.lab.campaign import run
 from crashqueuelab.lab.campaign.run import HELD_OPEN, ID_REUSED, own_server, own_servers_last
 from crashqueuelab.lab.faults import opencommits
@@ -86,6 +86,22 @@ def test_a_server_of_their_own_that_cannot_start_fails_the_run_and_is_closed(
         assert (none.pair, none.crashable) == (None, None)
 
 
+def test_a_power_loss_campaign_refuses_a_point_on_a_server_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Whether this machine can cut the power is beside the point here.
+    monkeypatch.setattr(run, "check_crash_mode", lambda mode, system: None)
+    with pytest.raises(InvalidInput, match="process crash mode only"):
+        run.run_campaign(
+            tmp_path / "c",
+            seed=3,
+            system="postgres",
+            crash_mode=POWER_LOSS,
+            crash_points=["CLAIM_COMMIT_OPEN", "AFTER_CLAIM_COMMIT"],
+        )
+    assert not (tmp_path / "c").exists()
+
+
 def test_an_open_commit_point_needs_its_name_and_a_pair(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="not an open-commit"):  # noqa: SIM117
         with opencommits.commits_held_open_at("CLAIM_COMMIT_REPLY_LOST", None):
@@ -135,6 +151,23 @@ def test_the_child_dies_as_the_point_only_when_the_commit_was_seen_open(
     # Released again as the block ends: a child that never reached the point holds nothing.
     assert released == [4242]
     assert (tmp_path / syncpair.HOLD_LOCK).exists()
+
+
+def test_a_child_without_last_words_still_dies_at_the_point(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    said: list[str] = []
+    monkeypatch.setattr(opencommits, "die_with_last_words", lambda text, _: said.append(text))
+    monkeypatch.setattr(opencommits, "hold_standby", lambda dsn: 4242)
+    monkeypatch.setattr(opencommits, "release_standby", lambda pid: None)
+    monkeypatch.setattr(opencommits, "watch", lambda *arguments: None)
+    monkeypatch.setenv(DSN_VARIABLE, "host=/nonexistent port=5432 dbname=x")
+    monkeypatch.setenv(STANDBY_VARIABLE, f"host={tmp_path} port=5432 dbname=x")
+    with opencommits.commits_held_open_at("CLAIM_COMMIT_OPEN", None) as hook:
+        hook("BEFORE_CLAIM_COMMIT")
+        hook("AFTER_CLAIM_COMMIT")
+    assert said == ["CLAIM_COMMIT_OPEN: the connection was not reset while the COMMIT waited"]
+    assert not (tmp_path / opencommits.EVIDENCE_FILE).exists()
 
 
 @pytest.fixture(scope="module")
@@ -229,6 +262,7 @@ def test_a_pair_whose_standby_never_streams_is_stopped_and_said(
         made.start()
     assert made.primary is None
     assert made.standby is None
+    made.close()  # again: nothing left to stop
 
 
 @pytest.mark.slow

@@ -642,7 +642,15 @@ def run_campaign(
     check_crash_mode(crash_mode, chosen)
     if probes is not None and crash_points is None:
         crash_points = []
-    order = own_servers_last(campaign_order(chosen, seed, crash_points), crash_mode)
+    drawn = campaign_order(chosen, seed, crash_points)
+    order = own_servers_last(drawn, crash_mode)
+    left_out = sorted(point.name for point in drawn if point not in order)
+    if crash_points is not None and left_out:
+        raise InvalidInput(
+            "crash_point",
+            f"{', '.join(left_out)}: a point on a server of its own runs in the process crash"
+            " mode only",
+        )
     check_probe_names(probes)
     prepare_output_directory(output_dir)
     started = time.perf_counter()
