@@ -16,8 +16,9 @@ import pytest
 
 from crashqueuelab import cli
 from crashqueuelab.core.errors import ServerUnavailable
+from crashqueuelab.lab.campaign.run import CRASHABLE_SETTINGS
 from crashqueuelab.lab.faults import idreuse
-from crashqueuelab.servers.postgres import DSN_VARIABLE, SETTINGS, ThrowawayServer
+from crashqueuelab.servers.postgres import DSN_VARIABLE, ThrowawayServer
 from crashqueuelab.systems import resolve_system
 from crashqueuelab.systems.contract import ID_REUSED_SUFFIX, id_reused_phases, id_reused_point
 from tests.conftest import RunCli
@@ -97,7 +98,7 @@ def test_a_child_without_last_words_still_dies_at_the_point(
 @pytest.fixture
 def crashable() -> Iterator[ThrowawayServer]:
     try:
-        server = ThrowawayServer(settings=dict(SETTINGS) | {"wal_writer_delay": "'10s'"})
+        server = ThrowawayServer(settings=CRASHABLE_SETTINGS)
     except ServerUnavailable as error:
         pytest.skip(f"no PostgreSQL server can run here: {error.reason}")
     with server:
