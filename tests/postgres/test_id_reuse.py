@@ -158,3 +158,17 @@ def test_an_id_reused_point_passes_and_a_queue_that_trusts_restarts_fails_it(
     # It took the other transaction's commit for its claim: the store has no claim.
     assert case["died_at_fault_point"]
     assert case["crash_state"]["signature"]["effect_job"] == ["QUEUED", 0]
+
+
+def test_the_pytest_plugin_skips_them_under_power_loss_and_runs_them_otherwise() -> None:
+    from crashqueuelab.suite.checks import lab_checks
+
+    system = resolve_system("postgres")
+    for mode, expected in (("power-loss", 13), ("process", 0)):
+        skipped = [
+            check.parts[1]
+            for check in lab_checks("postgres", system, seed=7, crash_mode=mode)
+            if check.parts[0] == "crash-point" and check.skip is not None
+        ]
+        assert len(skipped) == expected
+        assert all(name.endswith(("_COMMIT_OPEN", ID_REUSED_SUFFIX)) for name in skipped)
