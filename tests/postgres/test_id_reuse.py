@@ -18,7 +18,7 @@ from crashqueuelab import cli
 from crashqueuelab.core.errors import ServerUnavailable
 from crashqueuelab.lab.campaign.run import CRASHABLE_SETTINGS
 from crashqueuelab.lab.faults import idreuse
-from crashqueuelab.servers.postgres import DSN_VARIABLE, ThrowawayServer
+from crashqueuelab.servers.postgres import CRASHABLE_VARIABLE, DSN_VARIABLE, ThrowawayServer
 from crashqueuelab.systems import resolve_system
 from crashqueuelab.systems.contract import ID_REUSED_SUFFIX, id_reused_phases, id_reused_point
 from tests.conftest import RunCli
@@ -45,7 +45,7 @@ def test_an_id_reused_point_needs_its_name_and_a_server_it_may_crash(
         with idreuse.id_reused_at("CLAIM_COMMIT_OPEN", None):
             pass
     monkeypatch.setenv(DSN_VARIABLE, "host=/nonexistent port=5432 dbname=x")
-    monkeypatch.delenv(idreuse.CRASHABLE_VARIABLE, raising=False)
+    monkeypatch.delenv(CRASHABLE_VARIABLE, raising=False)
     with pytest.raises(RuntimeError, match="may crash"):  # noqa: SIM117
         with idreuse.id_reused_at("CLAIM_COMMIT_ID_REUSED", None):
             pass
@@ -69,7 +69,7 @@ def test_the_child_dies_as_the_point_only_when_the_id_was_handed_out_again(
     monkeypatch.setattr(idreuse, "die_with_last_words", lambda text, _: said.append(text))
     monkeypatch.setattr(idreuse, "crash_and_hand_out", lambda dsn, root, name: dict(saw))
     monkeypatch.setenv(DSN_VARIABLE, "host=/nonexistent port=5432 dbname=x")
-    monkeypatch.setenv(idreuse.CRASHABLE_VARIABLE, str(tmp_path))
+    monkeypatch.setenv(CRASHABLE_VARIABLE, str(tmp_path))
     last_words = tmp_path / "crash-point.json"
     with idreuse.id_reused_at("CLAIM_COMMIT_ID_REUSED", str(last_words)) as hook:
         hook("AFTER_CLAIM_COMMIT")  # nothing crashed yet: nothing
@@ -87,7 +87,7 @@ def test_a_child_without_last_words_still_dies_at_the_point(
     monkeypatch.setattr(idreuse, "die_with_last_words", lambda text, _: said.append(text))
     monkeypatch.setattr(idreuse, "crash_and_hand_out", lambda *arguments: {"reused": True})
     monkeypatch.setenv(DSN_VARIABLE, "host=/nonexistent port=5432 dbname=x")
-    monkeypatch.setenv(idreuse.CRASHABLE_VARIABLE, str(tmp_path))
+    monkeypatch.setenv(CRASHABLE_VARIABLE, str(tmp_path))
     with idreuse.id_reused_at("CLAIM_COMMIT_ID_REUSED", None) as hook:
         hook("BEFORE_CLAIM_COMMIT")
         hook("AFTER_CLAIM_COMMIT")

@@ -26,6 +26,7 @@ from crashqueuelab.servers.base import Description, Throwaway, binary_version, s
 
 __all__ = [
     "BIN_VARIABLE",
+    "CRASHABLE_VARIABLE",
     "DEBIAN_BINARIES",
     "DSN_VARIABLE",
     "SERVER_ACCOUNTS",
@@ -39,6 +40,8 @@ __all__ = [
 
 #: Where the children of a run find the server (the run's parent process sets it).
 DSN_VARIABLE = "CRASHQUEUELAB_POSTGRES_DSN"
+#: Names the directory of a server a run lets its crash children crash and start again.
+CRASHABLE_VARIABLE = "CRASHQUEUELAB_POSTGRES_CRASHABLE"
 #: A directory holding ``initdb`` and ``pg_ctl``, where they are not on PATH.
 BIN_VARIABLE = "CRASHQUEUELAB_POSTGRES_BIN"
 #: Where Debian installs the server binaries (one directory per major version).

@@ -21,9 +21,6 @@ from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from typing import Self
 
-import psycopg
-from psycopg.conninfo import conninfo_to_dict
-
 from crashqueuelab.core.errors import ServerUnavailable
 from crashqueuelab.servers.base import wait_until
 from crashqueuelab.servers.postgres import (
@@ -33,6 +30,8 @@ from crashqueuelab.servers.postgres import (
     ThrowawayStandby,
 )
 
+#: psycopg (the ``postgres`` extra) is imported where it is used: the campaign imports this
+#: module for every system.
 #: Names the pair's standby to a run's children (the primary is ``DSN_VARIABLE``'s).
 STANDBY_VARIABLE = "CRASHQUEUELAB_POSTGRES_STANDBY_DSN"
 #: The file in the standby's directory whose lock a holder takes (``fcntl.flock``).
@@ -44,6 +43,8 @@ SYNCHRONOUS_SETTINGS = dict(SETTINGS) | {"synchronous_standby_names": "'*'"}
 
 def hold_lock_path(standby_dsn: str) -> Path:
     """The lock file of the standby ``standby_dsn`` names (in its socket's directory)."""
+    from psycopg.conninfo import conninfo_to_dict
+
     return Path(str(conninfo_to_dict(standby_dsn)["host"])) / HOLD_LOCK
 
 
@@ -61,6 +62,8 @@ def taking_turns(standby_dsn: str) -> Iterator[None]:
 
 def wal_receiver(standby_dsn: str) -> int | None:
     """The process id of the standby's WAL receiver, None while it has none."""
+    import psycopg
+
     with psycopg.connect(standby_dsn, autocommit=True, connect_timeout=10) as conn:
         row = conn.execute("SELECT pid FROM pg_stat_wal_receiver").fetchone()
     return int(row[0]) if row and row[0] else None
@@ -107,6 +110,8 @@ class SynchronousPair:
         return self
 
     def _streaming(self) -> bool:
+        import psycopg
+
         assert self.primary is not None
         with psycopg.connect(self.primary.dsn, autocommit=True, connect_timeout=10) as conn:
             row = conn.execute(
@@ -132,6 +137,8 @@ class SynchronousPair:
 
     def close(self) -> None:
         """Both servers stopped and removed (also after a failed start)."""
+        import psycopg
+
         try:
             if self.standby is not None and self.standby.running:
                 # A stopped receiver would not see the standby's own shutdown either.

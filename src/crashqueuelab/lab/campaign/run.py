@@ -68,7 +68,6 @@ from crashqueuelab.lab.faults.children import (
     CHILD_STDERR,
 )
 from crashqueuelab.lab.faults.crashmodes import check_crash_mode
-from crashqueuelab.lab.faults.idreuse import CRASHABLE_VARIABLE
 from crashqueuelab.lab.faults.powerloss.serverdisk import ClusterTemplate
 from crashqueuelab.lab.runs.commands import import_path
 from crashqueuelab.lab.runs.interrupts import Interrupted
@@ -87,7 +86,7 @@ from crashqueuelab.lab.workloads.scenario import (
     effect_key,
     scenario_jobs,
 )
-from crashqueuelab.servers.postgres import SETTINGS, ThrowawayServer
+from crashqueuelab.servers.postgres import CRASHABLE_VARIABLE, SETTINGS, ThrowawayServer
 from crashqueuelab.servers.syncpair import SynchronousPair
 from crashqueuelab.systems.contract import (
     CrashPoint,

@@ -27,14 +27,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
 from crashqueuelab.lab.faults.children import die_with_last_words
-from crashqueuelab.servers.postgres import DSN_VARIABLE, ThrowawayServer
+from crashqueuelab.servers.postgres import CRASHABLE_VARIABLE, DSN_VARIABLE, ThrowawayServer
 from crashqueuelab.systems.contract import id_reused_phases
 
-#: Names the directory of a server the run lets its crash children crash and restart.
-CRASHABLE_VARIABLE = "CRASHQUEUELAB_POSTGRES_CRASHABLE"
 EVIDENCE_FILE = "id-reuse.json"
 #: The most ids taken after the restart before giving up (the gap is a handful).
 MAX_IDS = 10_000
@@ -45,16 +41,12 @@ OWN_XID = (
 )
 
 
-def client_name() -> str:
-    """The application_name of this process's sessions (``systems.postgres.session_name``
-    gives the same: faults import no system)."""
-    return f"crashqueuelab:{os.getpid()}"
-
-
 def crash_and_hand_out(dsn: str, root: Path, name: str) -> dict[str, Any]:
     """Crash the server in ``root`` under the open transaction of the session ``name``,
     start it again, and commit transactions until one has that transaction's id (the
     server's first epoch: ids are 32 bits there). What happened, as evidence."""
+    import psycopg  # the postgres extra: a child of another system never gets here
+
     with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
         row = conn.execute(OWN_XID, (name,)).fetchone()
     if row is None:
@@ -93,7 +85,9 @@ def id_reused_at(point: str, last_words: str | None) -> Iterator[Callable[[str],
 
     def hook(phase: str) -> None:
         if phase == before and not seen:
-            seen.update(crash_and_hand_out(dsn, Path(root), client_name()))
+            from crashqueuelab.systems.postgres import session_name
+
+            seen.update(crash_and_hand_out(dsn, Path(root), session_name(os.getpid())))
         elif phase == after and seen:
             if last_words is not None:
                 evidence = Path(last_words).parent / EVIDENCE_FILE

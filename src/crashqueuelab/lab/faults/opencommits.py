@@ -32,8 +32,6 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
 from crashqueuelab.lab.faults.children import die_with_last_words
 from crashqueuelab.lab.faults.network.plan import upstream_of
 from crashqueuelab.lab.faults.network.proxy import FaultProxy
@@ -63,18 +61,14 @@ OBSERVED = (
 )
 
 
-def client_name() -> str:
-    """The application_name of this process's sessions (``systems.postgres.session_name``
-    gives the same: faults import no system)."""
-    return f"crashqueuelab:{os.getpid()}"
-
-
 def watch(
     primary_dsn: str, name: str, receiver: int, reset: Callable[[], None], seen: dict[str, Any]
 ) -> None:
     """Reset the client's connection once its COMMIT is seen waiting for the held standby
     ``receiver``; let the standby go on once the COMMIT was seen still waiting after the
     client asked about it (or after ``HOLD_LIMIT_S``). What it saw goes into ``seen``."""
+    import psycopg  # the postgres extra: a child of another system never gets here
+
     started = time.monotonic()
     readings = 0
     try:
@@ -123,6 +117,8 @@ def commits_held_open_at(point: str, last_words: str | None) -> Iterator[Callabl
         stack.callback(os.environ.__setitem__, DSN_VARIABLE, dsn)
 
         def hold() -> None:
+            from crashqueuelab.systems.postgres import session_name
+
             # Taken until this process ends: another holder waits for it.
             stack.enter_context(taking_turns(standby))
             receiver = hold_standby(standby)
@@ -132,7 +128,9 @@ def commits_held_open_at(point: str, last_words: str | None) -> Iterator[Callabl
                 proxy.apply(WindowKind.RESET, [_PATH], 0.0)
 
             watcher = threading.Thread(
-                target=watch, args=(dsn, client_name(), receiver, reset, seen), daemon=True
+                target=watch,
+                args=(dsn, session_name(os.getpid()), receiver, reset, seen),
+                daemon=True,
             )
             watchers.append(watcher)
             watcher.start()
