@@ -12,10 +12,15 @@ from pathlib import Path
 import pytest
 
 from crashqueuelab import cli
+from crashqueuelab.lab.campaign.run import own_server
 from crashqueuelab.lab.faults import lostreplies
 from crashqueuelab.lab.runs.servers import SERVER_VARIABLES
 from crashqueuelab.systems import resolve_system
-from crashqueuelab.systems.contract import REPLY_LOST_SUFFIX, reply_lost_phases, reply_lost_point
+from crashqueuelab.systems.contract import (
+    REPLY_LOST_SUFFIX,
+    reply_lost_phases,
+    reply_lost_point,
+)
 from tests.conftest import RunCli
 
 
@@ -47,9 +52,17 @@ def test_each_queue_transition_has_a_reply_lost_point_with_its_after_points_stat
 def test_a_queue_that_never_asks_is_caught_only_where_a_commit_answer_was_lost(
     postgres_dsn: str, tmp_path: Path, run_cli: RunCli
 ) -> None:
+    # The open-commit and id-reused points need a server of their own
+    # (tests/postgres/test_open_commit.py, test_id_reuse.py).
+    points = [
+        argument
+        for point in resolve_system("postgres").crash_points
+        if own_server(point) is None
+        for argument in ("--crash-point", point.name)
+    ]
     outcome = run_cli(
         "campaign", "--system", "crashqueuelab.lab.mutants.pgcommit:never_asks_system",
-        "--dsn", postgres_dsn, "--seed", "7", "--shrink-seconds", "0", "--quiet",
+        "--dsn", postgres_dsn, "--seed", "7", "--shrink-seconds", "0", "--quiet", *points,
         "--output-directory", str(tmp_path / "c"),
     )  # fmt: skip
     assert outcome.code == cli.EXIT_REJECTED

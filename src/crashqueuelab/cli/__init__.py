@@ -205,7 +205,7 @@ def _verdict_line(args: argparse.Namespace | None, result: dict[str, Any]) -> st
 
 def _replicated_postgres() -> AbstractContextManager[Any]:
     """A primary and a streaming standby at ``synchronous_commit=on``, for a run that fails
-    its server over (chaos ``--failovers``)."""
+    its server over (chaos ``--failovers``) or holds its COMMITs open (``--held-commits``)."""
     # Imported for such a run alone: it needs the postgres extra's client.
     from crashqueuelab.lab.failover.cluster import ReplicatedPostgres
 
@@ -241,7 +241,11 @@ def main(
             return code
         # A command that starts the servers it needs itself (failover) gets none from here.
         needing = [] if getattr(args, "own_servers", False) else named
-        replicated = _replicated_postgres if getattr(args, "failovers", 0) else None
+        replicated = (
+            _replicated_postgres
+            if getattr(args, "failovers", 0) or getattr(args, "held_commits", 0)
+            else None
+        )
         with (
             interruptible(),
             servers_for(needing, getattr(args, "dsn", None), replicated=replicated) as server,

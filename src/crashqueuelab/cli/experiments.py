@@ -152,6 +152,8 @@ def _chaos(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         restart_server=None if args.server is None else args.server.restart_after_crash,
         failovers=args.failovers,
         fail_over=getattr(args.server, "fail_over_lagging", None),
+        held_commits=args.held_commits,
+        hold_commits=getattr(args.server, "hold_commits", None),
         progress=progress_for(args),
         schedule=args.schedule,
         replay_of=args.replay_of,
@@ -176,6 +178,8 @@ def _chaos(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         "reproducers": reproducer_lines(report.get("shrink")),
         "report": html_report(args.output_directory),
         **library_verdict(report),
+        # Where the run had them.
+        **{key: report[key] for key in ("held_commits_delivered",) if key in report},
     }  # fmt: skip
 
 
@@ -310,6 +314,14 @@ def _add_server_faults(sub: argparse.ArgumentParser) -> None:
         help="fail the server over this often (postgres systems): the run starts a primary and"
         " a streaming standby at synchronous_commit=on, and each failover kills the primary"
         " while the standby lags, promotes the standby and moves the workers' address to it",
+    )
+    sub.add_argument(
+        "--held-commits",
+        type=non_negative,
+        default=0,
+        help="hold the COMMITs open this often (postgres systems): the run starts a primary and"
+        " a streaming standby at synchronous_commit=on; each time the standby stops answering,"
+        " every worker's connection is reset while COMMITs wait for it, then it catches up",
     )
     sub.add_argument(
         "--session-kills",

@@ -39,6 +39,7 @@ _OPTIONAL_PARAMETERS = {
     "bandwidth_bytes_s": ("bandwidth_bytes_s", 0),
     "deploys": ("deploys", 0),
     "failovers": ("failovers", 0),
+    "held_commits": ("held_commits", 0),
     "grace_s": ("grace_s", Rollout.grace_s),
     "surge": ("surge", Rollout.surge),
     "replace": ("replace", str(Rollout.replace)),

@@ -101,8 +101,9 @@ class Throwaway(ABC):
     #: The bound on each wait for this server (a test may shorten it).
     start_timeout_s: float = START_TIMEOUT_S
 
-    def __init__(self) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix=f"crashqueuelab-{self.name}-"))
+    def __init__(self, root: Path | None = None) -> None:
+        # ``root``: the directory of a server another process made (see its subclass).
+        self.root = root or Path(tempfile.mkdtemp(prefix=f"crashqueuelab-{self.name}-"))
         self.data = self.root / "data"
         self.log = self.root / "server.log"
         self._version: str | None = None

@@ -26,6 +26,7 @@ from crashqueuelab.servers.base import Description, Throwaway, binary_version, s
 
 __all__ = [
     "BIN_VARIABLE",
+    "CRASHABLE_VARIABLE",
     "DEBIAN_BINARIES",
     "DSN_VARIABLE",
     "SERVER_ACCOUNTS",
@@ -39,6 +40,8 @@ __all__ = [
 
 #: Where the children of a run find the server (the run's parent process sets it).
 DSN_VARIABLE = "CRASHQUEUELAB_POSTGRES_DSN"
+#: Names the directory of a server a run lets its crash children crash and start again.
+CRASHABLE_VARIABLE = "CRASHQUEUELAB_POSTGRES_CRASHABLE"
 #: A directory holding ``initdb`` and ``pg_ctl``, where they are not on PATH.
 BIN_VARIABLE = "CRASHQUEUELAB_POSTGRES_BIN"
 #: Where Debian installs the server binaries (one directory per major version).
@@ -123,6 +126,7 @@ class ThrowawayServer(Throwaway):
         bindir: Path | None = None,
         settings: Mapping[str, str] = SETTINGS,
         initdb_options: Sequence[str] = (),
+        root: Path | None = None,
     ):
         found = bindir if bindir is not None else find_binaries()
         if found is None:
@@ -134,8 +138,17 @@ class ThrowawayServer(Throwaway):
         self._settings = dict(settings)
         self.initdb_options = tuple(initdb_options)
         self.account = _server_account()
-        super().__init__()
+        super().__init__(root)
         self._running = False
+
+    @classmethod
+    def running_at(cls, root: Path) -> ThrowawayServer:
+        """The server another process of the run started in ``root`` (its socket's
+        directory), for this one to crash and start again: never to close, which would
+        remove the other's directory."""
+        server = cls(root=root)
+        server._running = True
+        return server
 
     @property
     def running(self) -> bool:

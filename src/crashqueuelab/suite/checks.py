@@ -16,7 +16,8 @@ from pathlib import Path
 
 from crashqueuelab.judges.findings import Anomaly, Kind
 from crashqueuelab.lab.campaign.probes import PROBES
-from crashqueuelab.lab.campaign.run import MODEL_LINE
+from crashqueuelab.lab.campaign.run import MODEL_LINE, own_server
+from crashqueuelab.lab.runs.modes import POWER_LOSS
 from crashqueuelab.lab.runs.promises import Finding, classify
 from crashqueuelab.regression import Outcome, run_crash_point, run_probe
 from crashqueuelab.suite.behaviour import CHECKS, Check
@@ -72,7 +73,12 @@ def lab_checks(spec: str, system: System, *, seed: int, crash_mode: str) -> list
         checks.append(LabCheck(("probe", name), _probe(spec, system, name), skip))
     for point in system.crash_points:
         crash = _crash(spec, system, point.name, seed, crash_mode)
-        checks.append(LabCheck(("crash-point", point.name), crash))
+        skip = (
+            "it runs on a server of its own, in the process crash mode only"
+            if crash_mode == POWER_LOSS and own_server(point) is not None
+            else None
+        )
+        checks.append(LabCheck(("crash-point", point.name), crash, skip))
     checks.append(LabCheck(("model-workload",), _model(spec, system, seed)))
     return checks
 

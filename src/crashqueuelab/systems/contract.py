@@ -354,6 +354,50 @@ def reply_lost_phases(point: str) -> tuple[str, str] | None:
     return f"BEFORE_{transition}_COMMIT", f"AFTER_{transition}_COMMIT"
 
 
+#: A crash point named ``<T>_COMMIT_OPEN`` is the death at ``AFTER_<T>_COMMIT`` of a child
+#: whose COMMIT was still in progress on the server (waiting for a synchronous standby that
+#: did not answer) when its connection was reset, and went on once the standby did: the
+#: system must have waited for the outcome before it told its caller.
+OPEN_COMMIT_SUFFIX = "_COMMIT_OPEN"
+
+
+def open_commit_point(after: str) -> str:
+    """The open-commit crash point of the phase ``AFTER_<T>_COMMIT``."""
+    return after.removeprefix("AFTER_").removesuffix("_COMMIT") + OPEN_COMMIT_SUFFIX
+
+
+def open_commit_phases(point: str) -> tuple[str, str] | None:
+    """For an open-commit crash point, the phase before its COMMIT (where the standby is
+    held and the answers start being dropped) and the one after it (where the child dies);
+    None for any other point."""
+    if not point.endswith(OPEN_COMMIT_SUFFIX):
+        return None
+    transition = point.removesuffix(OPEN_COMMIT_SUFFIX)
+    return f"BEFORE_{transition}_COMMIT", f"AFTER_{transition}_COMMIT"
+
+
+#: A crash point named ``<T>_COMMIT_ID_REUSED`` is the death at ``AFTER_<T>_COMMIT`` of a
+#: child whose server crashed as the transition's COMMIT was on its way (before it was
+#: durable), started again, and handed the transaction's id to another session, which
+#: committed, before the system asked about it: the system must not take the other's
+#: outcome for its own.
+ID_REUSED_SUFFIX = "_COMMIT_ID_REUSED"
+
+
+def id_reused_point(after: str) -> str:
+    """The id-reused crash point of the phase ``AFTER_<T>_COMMIT``."""
+    return after.removeprefix("AFTER_").removesuffix("_COMMIT") + ID_REUSED_SUFFIX
+
+
+def id_reused_phases(point: str) -> tuple[str, str] | None:
+    """For an id-reused crash point, the phase before its COMMIT (where the server crashes)
+    and the one after it (where the child dies); None for any other point."""
+    if not point.endswith(ID_REUSED_SUFFIX):
+        return None
+    transition = point.removesuffix(ID_REUSED_SUFFIX)
+    return f"BEFORE_{transition}_COMMIT", f"AFTER_{transition}_COMMIT"
+
+
 @dataclass(frozen=True)
 class StoredJob:
     """One job as an independent reader found it in the retained files; a leased job's

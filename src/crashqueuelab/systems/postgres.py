@@ -38,6 +38,8 @@ from crashqueuelab.systems.contract import (
     StoreReading,
     System,
     Verdict,
+    id_reused_point,
+    open_commit_point,
     reply_lost_point,
 )
 from crashqueuelab.systems.sqlite import CRASH_POINTS as SQLITE_CRASH_POINTS
@@ -284,6 +286,12 @@ def terminate_sessions(pid: int) -> int:
 #: also has a point where its COMMIT reached the server and the answer was lost on the way
 #: back (the child's connection goes through a fault proxy): the queue must ask the server
 #: what happened, and the death after it must leave what the transition's AFTER point does.
+_COMMITTED = tuple(
+    point
+    for point in SQLITE_CRASH_POINTS
+    # The effect's COMMIT is the ledger's, which no connection to the server carries.
+    if point.name.startswith("AFTER_") and point.name != "AFTER_EFFECT_COMMIT"
+)
 REPLY_LOST_POINTS = tuple(
     CrashPoint(
         reply_lost_point(point.name),
@@ -291,11 +299,41 @@ REPLY_LOST_POINTS = tuple(
         point.expected,
         unacknowledged=point.unacknowledged,
     )
-    for point in SQLITE_CRASH_POINTS
-    # The effect's COMMIT is the ledger's, which no connection to the server carries.
-    if point.name.startswith("AFTER_") and point.name != "AFTER_EFFECT_COMMIT"
+    for point in _COMMITTED
 )
-CRASH_POINTS = SQLITE_CRASH_POINTS + REPLY_LOST_POINTS
+#: The same transitions, with the COMMIT still in progress on the server when the answer
+#: is lost (waiting for a synchronous standby the child holds, ``lab.faults.opencommits``):
+#: the queue is told "in progress", must wait for the outcome, and the death after it must
+#: leave what the transition's AFTER point does. They run on a primary with a synchronous
+#: standby of their own (``servers.syncpair``), never on the run's shared server.
+OPEN_COMMIT_POINTS = tuple(
+    CrashPoint(
+        open_commit_point(point.name),
+        f"{point.where}, its COMMIT still waiting for a synchronous standby when the answer"
+        " was lost",
+        point.expected,
+        unacknowledged=point.unacknowledged,
+    )
+    for point in _COMMITTED
+)
+#: The server crashes as the COMMIT is on its way (not yet durable), starts again and hands
+#: the transaction's id to another session, which commits, before the queue asks
+#: (``lab.faults.idreuse``): the queue must not take that commit for its own, and the death
+#: after the transition must leave what its AFTER point does. Not for a submission: its
+#: BEFORE phase comes before the queue names its transaction, so its COMMIT is never asked
+#: about. They run one at a time on a server of their own, which each crashes.
+ID_REUSED_POINTS = tuple(
+    CrashPoint(
+        id_reused_point(point.name),
+        f"{point.where}, the server crashed as its COMMIT was sent and gave its transaction id"
+        " to another session before the queue asked",
+        point.expected,
+        unacknowledged=point.unacknowledged,
+    )
+    for point in _COMMITTED
+    if point.name != "AFTER_SUBMIT_COMMIT"
+)
+CRASH_POINTS = SQLITE_CRASH_POINTS + REPLY_LOST_POINTS + OPEN_COMMIT_POINTS + ID_REUSED_POINTS
 
 CAPABILITIES = Capabilities(
     fencing_tokens=True,

@@ -48,3 +48,39 @@ def test_failovers_need_a_replicated_server_the_run_starts(run_cli: RunCli, tmp_
     assert run.code == 2, run.result
     assert run.result["error"]["field"] == "failovers"
     assert not out.exists()
+
+
+@pytest.mark.skipif(find_binaries() is None, reason="no PostgreSQL binaries")
+def test_chaos_holds_commits_open_while_the_workers_lose_them_and_every_answer_holds(
+    run_cli: RunCli, tmp_path: Path
+) -> None:
+    out = tmp_path / "held"
+    run = run_cli(
+        "chaos", "--system", "postgres", "--jobs", "150", "--workers", "2", "--kills", "0",
+        "--pauses", "0", "--held-commits", "2", "--seed", "7", "--quiet",
+        "--output-directory", out,
+    )  # fmt: skip
+    assert run.code == 0, run.result
+    assert run.result["held_commits_delivered"] == 2
+    report = json.loads((out / "chaos.json").read_text())
+    assert report["parameters"]["held_commits"] == 2
+    held = [fault["held_commits"] for fault in report["faults"] if "held_commits" in fault]
+    assert len(held) == 2
+    # COMMITs waited for the standby when the workers' connections were reset.
+    assert sum(one["commits_waiting_at_the_reset"] for one in held) > 0
+    assert report["accounting"]["lost"] == 0
+    assert report["accounting"]["succeeded"] == 150
+    assert "commits held open" in (out / "report.html").read_text()
+
+
+def test_held_commits_need_a_replicated_server_the_run_starts(
+    run_cli: RunCli, tmp_path: Path
+) -> None:
+    out = tmp_path / "refused"
+    run = run_cli(
+        "chaos", "--system", "sqlite", "--jobs", "50", "--kills", "1", "--held-commits", "1",
+        "--output-directory", out,
+    )  # fmt: skip
+    assert run.code == 2, run.result
+    assert run.result["error"]["field"] == "held_commits"
+    assert not out.exists()

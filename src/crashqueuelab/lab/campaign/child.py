@@ -5,7 +5,10 @@ crashqueuelab.lab.campaign.child ...`` by hand.
 It runs one scripted workload on the named system with a hook that calls ``os._exit`` at the
 chosen crash point, so the parent sees a real process death: no ``finally`` block, no
 ``atexit`` handler and no connection close runs after the crash point. At a reply-lost
-point the answer to the transition's COMMIT is lost first (``lostreplies.py``).
+point the answer to the transition's COMMIT is lost first (``lostreplies.py``); at an
+open-commit point the COMMIT is also still waiting for a held standby then
+(``opencommits.py``); at an id-reused point the server crashes first and hands the
+transaction's id to another session (``idreuse.py``).
 
 Exit status: 86 (``CRASH_EXIT_CODE``) when it died at its crash point; 0 when the workload
 finished without reaching it (a failed case); 1 on any error (traceback on stderr, which
@@ -25,11 +28,20 @@ from pathlib import Path
 
 from crashqueuelab.lab.faults.children import LAST_WORDS_FILE, POINTS_REACHED_FILE
 from crashqueuelab.lab.faults.hooks import exit_at
+from crashqueuelab.lab.faults.idreuse import id_reused_at
 from crashqueuelab.lab.faults.lostreplies import replies_lost_at
+from crashqueuelab.lab.faults.opencommits import commits_held_open_at
 from crashqueuelab.lab.runs.systemcalls import NamedCalls
 from crashqueuelab.lab.workloads.effects import Destination
 from crashqueuelab.lab.workloads.scenario import run_campaign_workload, run_single_worker_workload
-from crashqueuelab.systems.contract import OpenRequest, QueueClient, System, reply_lost_phases
+from crashqueuelab.systems.contract import (
+    OpenRequest,
+    QueueClient,
+    System,
+    id_reused_phases,
+    open_commit_phases,
+    reply_lost_phases,
+)
 from crashqueuelab.systems.registry import DEFAULT_SYSTEM, resolve_system
 
 
@@ -49,11 +61,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     system = named_calls(resolve_system(args.system))
     last_words = str(args.case_dir / LAST_WORDS_FILE)
     with ExitStack() as stack:
-        die = (
-            stack.enter_context(replies_lost_at(args.fault_point, last_words))
-            if reply_lost_phases(args.fault_point) is not None
-            else exit_at(args.fault_point, last_words=last_words)
-        )
+        if reply_lost_phases(args.fault_point) is not None:
+            die = stack.enter_context(replies_lost_at(args.fault_point, last_words))
+        elif open_commit_phases(args.fault_point) is not None:
+            die = stack.enter_context(commits_held_open_at(args.fault_point, last_words))
+        elif id_reused_phases(args.fault_point) is not None:
+            die = stack.enter_context(id_reused_at(args.fault_point, last_words))
+        else:
+            die = exit_at(args.fault_point, last_words=last_words)
         return _run(args, system, die)
 
 

@@ -26,11 +26,11 @@ import shutil
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.judges.findings import (
@@ -77,6 +77,7 @@ from crashqueuelab.lab.runs.progress import Progress, labelled
 from crashqueuelab.lab.runs.promises import classify
 from crashqueuelab.lab.runs.readings import read_store
 from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
+from crashqueuelab.lab.runs.servers import naming
 from crashqueuelab.lab.workloads.model import run_model_workload
 from crashqueuelab.lab.workloads.observe import observe_ledger
 from crashqueuelab.lab.workloads.scenario import (
@@ -85,7 +86,14 @@ from crashqueuelab.lab.workloads.scenario import (
     effect_key,
     scenario_jobs,
 )
-from crashqueuelab.systems.contract import CrashPoint, System
+from crashqueuelab.servers.postgres import CRASHABLE_VARIABLE, SETTINGS, ThrowawayServer
+from crashqueuelab.servers.syncpair import SynchronousPair
+from crashqueuelab.systems.contract import (
+    CrashPoint,
+    System,
+    id_reused_phases,
+    open_commit_phases,
+)
 from crashqueuelab.systems.registry import DEFAULT_SYSTEM, resolve_system
 
 #: How each mode kills, as reports name it.
@@ -464,6 +472,166 @@ def _run_cases(
     return cases
 
 
+#: The families of crash points that run on a server of their own, after the others, in
+#: this order: the open-commit points hold a standby, which would stall every other case's
+#: COMMIT on a shared server; the id-reused points crash their server.
+HELD_OPEN = "held-open"
+ID_REUSED = "id-reused"
+OWN_SERVERS = (HELD_OPEN, ID_REUSED)
+
+
+def own_server(point: CrashPoint) -> str | None:
+    """The family of a point that runs on a server of its own (None: the run's server)."""
+    if open_commit_phases(point.name) is not None:
+        return HELD_OPEN
+    if id_reused_phases(point.name) is not None:
+        return ID_REUSED
+    return None
+
+
+def own_servers_last(order: list[CrashPoint], crash_mode: str) -> list[CrashPoint]:
+    """``order`` with the points that need a server of their own last, family by family; a
+    power-loss campaign has none (its server per case has no standby, and is the one the
+    power cut crashes)."""
+    shared = [point for point in order if own_server(point) is None]
+    if crash_mode == POWER_LOSS:
+        return shared
+    return shared + [
+        point for family in OWN_SERVERS for point in order if own_server(point) == family
+    ]
+
+
+#: What a server whose open transactions' ids a crash must be able to hand out again runs
+#: with: whatever flushes the WAL of an open transaction before the crash (the WAL writer
+#: within 200 ms by default; the background writer, which flushes the WAL up to a dirty
+#: page it writes; an autovacuum worker's commit) leaves its id known to the restarted
+#: server. None of it changes what a COMMIT makes durable.
+CRASHABLE_SETTINGS = dict(SETTINGS) | {
+    "wal_writer_delay": "'10s'",
+    "bgwriter_lru_maxpages": "0",
+    "autovacuum": "off",
+}
+
+
+def _crashable_server() -> ThrowawayServer:
+    return ThrowawayServer(settings=CRASHABLE_SETTINGS)
+
+
+class OwnServers:
+    """The servers of the families ``order`` needs, started in the background as the block
+    begins (the other cases run meanwhile), and closed as it ends, also after a failure."""
+
+    def __init__(self, order: Sequence[CrashPoint]) -> None:
+        families = {own_server(point) for point in order}
+        self.pair = SynchronousPair() if HELD_OPEN in families else None
+        self.crashable = _crashable_server() if ID_REUSED in families else None
+        starts: list[Callable[[], object]] = []
+        if self.pair is not None:
+            starts.append(self.pair.start)
+        if self.crashable is not None:
+            starts.append(self.crashable.start)
+        self._errors: list[BaseException] = []
+        self._starting = [
+            threading.Thread(target=self._start, args=(start,), daemon=True) for start in starts
+        ]
+
+    def _start(self, start: Callable[[], object]) -> None:
+        try:
+            start()
+        except BaseException as error:  # raised again by ``ready``, in the run's thread
+            self._errors.append(error)
+
+    def ready(self) -> None:
+        """Wait until every server has started; a start that failed raises here."""
+        for thread in self._starting:
+            thread.join()
+        if self._errors:
+            raise self._errors[0]
+
+    def __enter__(self) -> Self:
+        for thread in self._starting:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # A start still under way finishes first, so that what it started is closed.
+        for thread in self._starting:
+            thread.join()
+        try:
+            if self.pair is not None:
+                self.pair.close()
+        finally:
+            if self.crashable is not None:
+                self.crashable.close()
+
+
+def _run_on_own_servers(
+    output_dir: Path,
+    order: list[CrashPoint],
+    first: int,
+    seed: int,
+    chosen: System,
+    spec: str,
+    progress: Progress | None,
+    servers: OwnServers,
+) -> list[dict[str, Any]]:
+    """The cases of ``order[first:]`` (``own_servers_last`` put them there), family by
+    family, each family on its server, named to this process and its children while they
+    run."""
+    servers.ready()
+    cases: list[dict[str, Any]] = []
+    for family in OWN_SERVERS:
+        points = [point for point in order[first:] if own_server(point) == family]
+        if not points:
+            continue
+        with ExitStack() as naming_it:
+            if family == HELD_OPEN:
+                assert servers.pair is not None
+                environment = servers.pair.environment()
+                # A child killed while it held the standby would stall every later COMMIT.
+                after_each: Callable[[], None] = servers.pair.release
+                at_once = CASES_AT_ONCE
+                said = "on a primary with a synchronous standby"
+            else:
+                server = servers.crashable
+                assert server is not None
+                environment = server.environment() | {CRASHABLE_VARIABLE: str(server.root)}
+                after_each, at_once = _nothing, 1  # each case crashes the server
+                said = "on a server each case crashes"
+            for variable, value in environment.items():
+                naming_it.enter_context(naming(variable, value))
+            runner = functools.partial(_numbered, first + len(cases), after_each)
+            cases += _run_cases(
+                output_dir, points, seed, chosen, spec, runner, labelled(progress, said), at_once
+            )
+    return cases
+
+
+def _nothing() -> None:
+    return None
+
+
+def _numbered(
+    offset: int,
+    after_each: Callable[[], None],
+    output_dir: Path,
+    index: int,
+    point: CrashPoint,
+    seed: int,
+    *,
+    system: System,
+    spec: str,
+    stop: threading.Event | None = None,
+) -> dict[str, Any]:
+    """``run_case``, numbered after the cases run before (``offset``), then ``after_each``."""
+    try:
+        return run_case(
+            output_dir, offset + index, point, seed, system=system, spec=spec, stop=stop
+        )
+    finally:
+        after_each()
+
+
 def run_campaign(
     output_dir: Path,
     *,
@@ -483,7 +651,15 @@ def run_campaign(
     check_crash_mode(crash_mode, chosen)
     if probes is not None and crash_points is None:
         crash_points = []
-    order = campaign_order(chosen, seed, crash_points)
+    drawn = campaign_order(chosen, seed, crash_points)
+    order = own_servers_last(drawn, crash_mode)
+    left_out = sorted(point.name for point in drawn if point not in order)
+    if crash_points is not None and left_out:
+        raise InvalidInput(
+            "crash_point",
+            f"{', '.join(left_out)}: a point on a server of its own runs in the process crash"
+            " mode only",
+        )
     check_probe_names(probes)
     prepare_output_directory(output_dir)
     started = time.perf_counter()
@@ -504,7 +680,13 @@ def run_campaign(
         elif crash_mode == POWER_LOSS:
             runner = run_power_loss_case
         named = labelled(progress, f"campaign {system} ({crash_mode})")
-        cases = _run_cases(output_dir, order, seed, chosen, system, runner, named, at_once)
+        shared = [point for point in order if own_server(point) is None]
+        servers = resources.enter_context(OwnServers(order))
+        cases = _run_cases(output_dir, shared, seed, chosen, system, runner, named, at_once)
+        if len(shared) < len(order):
+            cases += _run_on_own_servers(
+                output_dir, order, len(shared), seed, chosen, system, named, servers
+            )
     probed = run_probes(chosen, output_dir / "probes", only=probes)
     model = (
         run_model_workload(chosen, output_dir / "model", seed=seed)

@@ -23,7 +23,7 @@ from crashqueuelab.lab.faults.kinds import FaultKind
 from crashqueuelab.lab.faults.network.deliverer import NETWORK_FAULT
 from crashqueuelab.lab.faults.network.plan import RunNetwork
 from crashqueuelab.lab.faults.powercut import POWER_CUT
-from crashqueuelab.lab.faults.server import FAILOVER, SERVER_RESTART, SESSION_KILL
+from crashqueuelab.lab.faults.server import FAILOVER, HELD_COMMITS, SERVER_RESTART, SESSION_KILL
 from crashqueuelab.lab.faults.signals import SIGNALS
 from crashqueuelab.lab.runs.interrupts import Interrupted
 from crashqueuelab.lab.runs.progress import Progress
@@ -70,6 +70,10 @@ class _Target:
         return self.run.fail_over
 
     @property
+    def hold_commits(self) -> Callable[[], dict[str, Any]] | None:
+        return self.run.hold_commits
+
+    @property
     def terminate_sessions(self) -> Callable[[int], int] | None:
         return self.run.system.terminate_sessions
 
@@ -107,7 +111,14 @@ class _Target:
 
 #: Every kind of fault a chaos run plans, to the deliverer that delivers it.
 DELIVERERS: dict[FaultKind, Deliverer[_Target]] = by_kind(
-    SIGNALS, DEPLOY, POWER_CUT, SERVER_RESTART, FAILOVER, SESSION_KILL, NETWORK_FAULT
+    SIGNALS,
+    DEPLOY,
+    POWER_CUT,
+    SERVER_RESTART,
+    FAILOVER,
+    HELD_COMMITS,
+    SESSION_KILL,
+    NETWORK_FAULT,
 )
 
 

@@ -136,6 +136,9 @@ class ChaosRun:
         self.restart_server: Callable[[], None] | None = None
         #: Fails the replicated server over to its standby, where the run started one.
         self.fail_over: Callable[[], dict[str, Any]] | None = None
+        #: Holds COMMITs open while every client connection is reset, where the run started
+        #: a replicated server.
+        self.hold_commits: Callable[[], dict[str, Any]] | None = None
         #: The fault proxy between the processes and the server, where the run has one.
         self.network: RunNetwork | None = None
         #: How deploys stop workers (None: the run has none), and the workers being stopped.

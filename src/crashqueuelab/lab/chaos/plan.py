@@ -33,6 +33,7 @@ def runnable(
     restart_server: Callable[[], None] | None,
     rollout: Rollout | None = None,
     fail_over: Callable[[], Any] | None = None,
+    hold_commits: Callable[[], Any] | None = None,
 ) -> System:
     """The system, once every planned fault is known to be deliverable in this run."""
     network.check()
@@ -59,6 +60,11 @@ def runnable(
     if counts.get(FaultKind.FAILOVER, 0) and fail_over is None:
         raise InvalidInput(
             "failovers", "needs a primary and a standby this run started (not one given with --dsn)"
+        )
+    if counts.get(FaultKind.HELD_COMMITS, 0) and hold_commits is None:
+        raise InvalidInput(
+            "held_commits",
+            "needs a primary and a standby this run started (not one given with --dsn)",
         )
     chosen = resolve_system(system)
     if counts[FaultKind.SESSION_KILL] and chosen.terminate_sessions is None:
@@ -95,7 +101,7 @@ def planned_faults(
             others={
                 kind: count
                 for kind, count in counts.items()
-                if kind in WINDOW_OF or kind is FaultKind.FAILOVER
+                if kind in WINDOW_OF or kind in (FaultKind.FAILOVER, FaultKind.HELD_COMMITS)
             },
             deploys=counts.get(FaultKind.DEPLOY, 0),
         )

@@ -33,6 +33,7 @@ def chaos_record(
     server_restarts: int,
     session_kills: int,
     failovers: int = 0,
+    held_commits: int = 0,
     deploys: tuple[int, Rollout, dict[str, Any]],
     network: NetworkPlan,
     poison_count: int,
@@ -82,6 +83,7 @@ def chaos_record(
             "session_kills": session_kills,
             # Recorded where the run had them (a replicated server it started).
             **({"failovers": failovers} if failovers else {}),
+            **({"held_commits": held_commits} if held_commits else {}),
             "deploys": deploy_count,
             # How a deploy stops workers, recorded where the run had deploys.
             **(rollout.to_json() if deploy_count else {}),
@@ -101,6 +103,11 @@ def chaos_record(
         "server_restarts_delivered": restarts_delivered,
         "session_kills_delivered": session_kills_delivered,
         "failovers_delivered": landed_count(delivered, FaultKind.FAILOVER),
+        **(
+            {"held_commits_delivered": landed_count(delivered, FaultKind.HELD_COMMITS)}
+            if held_commits
+            else {}
+        ),
         "deploys_delivered": landed_count(delivered, FaultKind.DEPLOY),
         # Each deployed worker's end, and what became of the jobs the SIGKILLed ones held.
         "deploys": deployed,

@@ -61,6 +61,8 @@ def run_chaos(
     restart_server: Callable[[], None] | None = None,
     failovers: int = 0,
     fail_over: Callable[[], dict[str, Any]] | None = None,
+    held_commits: int = 0,
+    hold_commits: Callable[[], dict[str, Any]] | None = None,
     progress: Progress | None = None,
     poison_count: int = DEFAULT_POISON_JOBS,
     long_count: int = DEFAULT_LONG_JOBS,
@@ -74,9 +76,11 @@ def run_chaos(
 
     ``restart_server`` crashes and restarts the system's server (the run's own throwaway
     server); server restarts need it. ``fail_over`` fails a replicated server the run started
-    over to its standby; ``failovers`` need it. ``schedule`` (a run's recorded one) is delivered
-    instead of the seed's; its faults must be the ones the counts name. ``network`` puts a
-    fault proxy between the processes and the server (systems behind a server only).
+    over to its standby; ``failovers`` need it. ``hold_commits`` holds the COMMITs made on
+    that server open while every client connection is reset; ``held_commits`` need it.
+    ``schedule`` (a run's recorded one) is delivered instead of the seed's; its faults must
+    be the ones the counts name. ``network`` puts a fault proxy between the processes and the
+    server (systems behind a server only).
     ``deploys`` SIGTERM a batch of workers each, stopped as ``rollout`` says (its grace,
     surge and replacement; the defaults when None).
     """
@@ -92,10 +96,13 @@ def run_chaos(
     if failovers:
         # Only a run that asks for them plans them: every other seed's schedule is unchanged.
         counts[FaultKind.FAILOVER] = failovers
+    if held_commits:
+        counts[FaultKind.HELD_COMMITS] = held_commits
     rollout = rollout or Rollout()
     chosen = runnable(
         system, crash_mode, counts, jobs=jobs, workers=workers, network=network,
         restart_server=restart_server, rollout=rollout, fail_over=fail_over,
+        hold_commits=hold_commits,
     )  # fmt: skip
     planned = planned_faults(schedule, seed=seed, jobs=jobs, workers=workers, counts=counts)
     schedule_record = [fault.to_json() for fault in planned]
@@ -136,6 +143,7 @@ def run_chaos(
         run.power = power
         run.restart_server = restart_server
         run.fail_over = fail_over
+        run.hold_commits = hold_commits
         run.poison_keys = {job.key for job in poison}
         with contextlib.ExitStack() as proxied:
             if network.active:
@@ -193,6 +201,7 @@ def run_chaos(
         power_cuts=power_cuts,
         server_restarts=server_restarts,
         failovers=failovers,
+        held_commits=held_commits,
         session_kills=session_kills,
         deploys=(deploys, rollout, deployed),
         network=network,

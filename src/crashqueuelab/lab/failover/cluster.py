@@ -284,6 +284,32 @@ class ReplicatedPostgres:
         time.sleep(lag_s)
         return self.failover()
 
+    def hold_commits(self, hold_s: float = CHAOS_LAG_S) -> dict[str, Any]:
+        """A chaos run's held commits: the lagging standby's link cut, so the COMMITs made
+        meanwhile wait for it, still in progress for every other session; once one waits
+        (or after ``hold_s``) every client connection is reset, as a pooler's or a load
+        balancer's timeout would end it; ``hold_s`` later the link comes back, the standby
+        catches up and the waiting COMMITs end. What it measured."""
+        started = self._clock()
+        self.cut_replication()
+        try:
+            wait_until(lambda: self._waiting() > 0, hold_s, poll_s=0.01)
+            waiting = self._waiting()
+            self.proxy.apply(WindowKind.RESET, [CLIENTS], 0.0)
+            self.proxy.settle()
+            time.sleep(hold_s)
+            still = self._waiting()
+        finally:
+            self.heal_replication()
+        return {
+            "commits_waiting_at_the_reset": waiting,
+            "commits_still_waiting_before_the_standby_came_back": still,
+            "held_s": round(self._clock() - started, 6),
+        }
+
+    def _waiting(self) -> int:
+        return int(self.lag()["commits_waiting_for_the_standby"])
+
     def failover(self, promoted: Callable[[], None] | None = None) -> dict[str, Any]:
         """The primary dies, a standby is promoted, clients are moved to it, and new
         standbys are made of it. What the promoted standby had not received is gone.

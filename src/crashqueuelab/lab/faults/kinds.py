@@ -20,6 +20,10 @@ class FaultKind(StrEnum):
     #: The primary dies while its standby lags and the standby is promoted; the clients
     #: follow it (``server.py``; a replicated server the run started).
     FAILOVER = "failover"
+    #: The standby stops answering, so every COMMIT made meanwhile waits (still in
+    #: progress); every client connection is reset while they wait, then the standby comes
+    #: back and they end (``server.py``; a replicated server the run started).
+    HELD_COMMITS = "commits held open"
     #: A worker's database session is ended by the server (pg_terminate_backend).
     SESSION_KILL = "session terminated"
     #: Network faults on the connections to the server (``network.py``).

@@ -36,6 +36,19 @@ class FailoverTarget(Protocol):
     def fail_over(self) -> Callable[[], dict[str, Any]] | None: ...
 
 
+class HoldTarget(Protocol):
+    """A run on a replicated server it started itself."""
+
+    #: The run's start, on the monotonic clock.
+    @property
+    def started(self) -> float: ...
+
+    #: Holds the COMMITs made meanwhile open and resets every client connection while they
+    #: wait; what it measured (None: the run has no standby).
+    @property
+    def hold_commits(self) -> Callable[[], dict[str, Any]] | None: ...
+
+
 class SessionTarget(Protocol):
     """A run whose workers hold sessions on the system's server."""
 
@@ -94,6 +107,28 @@ class Failover:
         return record
 
 
+class HeldCommits:
+    """COMMITs still in progress when their clients lose them: the standby stops answering,
+    every client connection is reset while COMMITs wait for it, then it catches up. The
+    workers live on and must reconnect; a queue that asks about its lost COMMIT is told "in
+    progress", and every answer must match what the store then holds."""
+
+    kinds = frozenset({FaultKind.HELD_COMMITS})
+
+    def deliver(self, fault: Fault, target: HoldTarget) -> Record | None:
+        assert target.hold_commits is not None
+        time.sleep(fault.delay_ms / 1000)
+        record: Record = {
+            "index": fault.index,
+            "kind": fault.kind.value,
+            "after_finished": fault.after_finished,
+            "at_s": round(time.monotonic() - target.started, 6),
+        }
+        record["held_commits"] = target.hold_commits()
+        record["back_after_s"] = round(time.monotonic() - target.started - record["at_s"], 6)
+        return record
+
+
 class SessionKill:
     """Ends the database session of the planned worker (or the next one round the table
     that has a session); nothing is struck while no worker has one."""
@@ -125,4 +160,5 @@ class SessionKill:
 
 SERVER_RESTART = ServerRestart()
 FAILOVER = Failover()
+HELD_COMMITS = HeldCommits()
 SESSION_KILL = SessionKill()

@@ -55,6 +55,7 @@ def _chaos_command(report: dict[str, Any], run_dir: Path) -> str:
     cuts = report.get("power_cuts_delivered", 0)
     restarts = report.get("server_restarts_delivered", 0)
     failovers = report.get("failovers_delivered", 0)
+    held = report.get("held_commits_delivered", 0)
     session_kills = report.get("session_kills_delivered", 0)
     return (
         runnable("crashqueuelab chaos", report)
@@ -64,6 +65,7 @@ def _chaos_command(report: dict[str, Any], run_dir: Path) -> str:
         + (f" --crash-mode power-loss --power-cuts {cuts}" if cuts else "")
         + (f" --server-restarts {restarts}" if restarts else "")
         + (f" --failovers {failovers}" if failovers else "")
+        + (f" --held-commits {held}" if held else "")
         + (f" --session-kills {session_kills}" if session_kills else "")
         + f" --lease-ms {parameters['lease_ms']} --batch {parameters['batch']}"
         + (f" --poison-jobs {parameters['poison_jobs']}" if "poison_jobs" in parameters else "")
@@ -141,7 +143,7 @@ def _throughput_charts(
         for f in faults
         if f["kind"] in SHADED
     ]
-    wide = {"power cut", "server restart", "failover"}
+    wide = {"power cut", "server restart", "failover", "commits held open"}
     marks = sorted(
         (
             Mark(f["at_s"], fault_title(f), FAULT_COLORS[f["kind"]], f["kind"] in wide)
@@ -153,6 +155,7 @@ def _throughput_charts(
     cuts = report.get("power_cuts_delivered", 0)
     restarts = report.get("server_restarts_delivered", 0)
     failovers = report.get("failovers_delivered", 0)
+    held = report.get("held_commits_delivered", 0)
     session_kills = report.get("session_kills_delivered", 0)
     throughput = Chart(
         "Acknowledgements per second"
@@ -161,6 +164,7 @@ def _throughput_charts(
         + (", power cuts (violet)" if cuts else "")
         + (", server restarts (black)" if restarts else "")
         + (", failovers (blue)" if failovers else "")
+        + (", commits held open (green)" if held else "")
         + (", terminated sessions (teal)" if session_kills else "")
         + (", deploys (purple)" if report.get("deploys_delivered") else "")
         + legend(report),
@@ -194,6 +198,7 @@ def _chaos_verdict(
     cuts = report.get("power_cuts_delivered", 0)
     restarts = report.get("server_restarts_delivered", 0)
     failovers = report.get("failovers_delivered", 0)
+    held = report.get("held_commits_delivered", 0)
     session_kills = report.get("session_kills_delivered", 0)
     return Verdict(
         ok=report["ok"],
@@ -202,6 +207,7 @@ def _chaos_verdict(
         + (f" {cuts} power cuts," if cuts else "")
         + (f" {restarts} server restarts," if restarts else "")
         + (f" {failovers} failovers," if failovers else "")
+        + (f" {held} times commits held open," if held else "")
         + (f" {session_kills} sessions terminated," if session_kills else "")
         + (f" {report['deploys_delivered']} deploys," if report.get("deploys_delivered") else "")
         + "".join(
@@ -228,6 +234,7 @@ def _chaos_figures(
     cuts = report.get("power_cuts_delivered", 0)
     restarts = report.get("server_restarts_delivered", 0)
     failovers = report.get("failovers_delivered", 0)
+    held = report.get("held_commits_delivered", 0)
     session_kills = report.get("session_kills_delivered", 0)
     return [
         (
@@ -297,6 +304,18 @@ def _chaos_figures(
                 )
             ]
             if failovers
+            else []
+        ),
+        *(
+            [
+                (
+                    "commits held open",
+                    str(held),
+                    "the standby stopped answering and every worker's connection was reset"
+                    " while COMMITs waited for it; the workers reconnected and asked",
+                )
+            ]
+            if held
             else []
         ),
         *_deploy_rows(report),

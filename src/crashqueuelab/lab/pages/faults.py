@@ -14,6 +14,7 @@ from crashqueuelab.lab.pages.network import NETWORK_COLORS, WINDOWED, network_ti
 SHADED = ("SIGSTOP", *WINDOWED)
 KILL, PAUSE, POWER_CUT = "#d93025", "#f29900", "#5f2eea"
 SERVER_RESTART, SESSION_KILL, FAILOVER = "#202124", "#00897b", "#1a73e8"
+HELD_COMMITS = "#0b8043"
 #: A deploy's SIGTERM, its grace window, the SIGKILL at the grace's end, a worker's exit.
 SIGTERM, GRACE, GRACE_KILL, EXIT = "#a142f4", "#fde293", "#202124", "#5f6368"
 FAULT_COLORS = {
@@ -22,6 +23,7 @@ FAULT_COLORS = {
     "power cut": POWER_CUT,
     "server restart": SERVER_RESTART,
     "failover": FAILOVER,
+    "commits held open": HELD_COMMITS,
     "session terminated": SESSION_KILL,
     "deploy": SIGTERM,
     **NETWORK_COLORS,
@@ -50,6 +52,14 @@ def fault_title(fault: dict[str, Any], digits: int = 2) -> str:
             f" {measured['before'].get('lag_bytes')} bytes ahead of its standby, the standby"
             f" promoted {measured['promoted_s']:.{digits}f} s later, a new standby streaming"
             f" after {measured['new_standby_streaming_s']:.{digits}f} s"
+        )
+    if fault["kind"] == "commits held open":
+        held = fault["held_commits"]
+        return (
+            f"commits held open at {fault['at_s']:.{digits}f} s: the standby stopped answering,"
+            f" every client connection was reset with {held['commits_waiting_at_the_reset']}"
+            f" COMMITs waiting for it, {held['commits_still_waiting_before_the_standby_came_back']}"
+            f" waiting when it came back {held['held_s']:.{digits}f} s later"
         )
     if fault["kind"] in NETWORK_COLORS:
         return network_title(fault, digits)

@@ -125,6 +125,7 @@ def shrink_chaos(
         parameters.get("server_restarts")
         or parameters.get("session_kills")
         or parameters.get("failovers")
+        or parameters.get("held_commits")
     ):
         refused = {
             "name": "chaos schedule",
