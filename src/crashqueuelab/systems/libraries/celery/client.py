@@ -306,7 +306,20 @@ class CeleryClient(LibraryClient):
         return [self._id(job.key) for job in jobs]
 
     def _receive(self) -> Any:
-        return self.entity.get(no_ack=False, accept=["json"])
+        qos = self.channel.qos
+        hold = qos.append
+
+        def append(message: Any, delivery_tag: Any) -> Any:
+            # kombu's basic_get has taken the message off its queue (RPOP) and keeps it in
+            # the unacked hash only now, in a call of its own: a death between is the point
+            # ``unacked:before``. kombu's own method runs; the hook only sees it begin.
+            return around(self.hook, "unacked", partial(hold, message, delivery_tag))
+
+        qos.append = append
+        try:
+            return self.entity.get(no_ack=False, accept=["json"])
+        finally:
+            del qos.append
 
     def _start(self, message: Any) -> Execution:
         from celery.worker.request import Request
