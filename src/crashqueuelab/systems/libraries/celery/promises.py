@@ -104,13 +104,17 @@ _LATE_ACK = Documented(
     '"late acknowledgment": "Task is acknowledged after execution (both if successful, or'
     " if the task is raising an error), which means the task will be redelivered to another"
     " worker in the event of the machine losing power, or the worker instance being killed"
-    ' mid-execution": a task may run again after it ran, and a message its worker held when'
-    " it closed its connection goes back to the queue while the task still runs",
+    ' mid-execution": a task may run again after it ran when its worker was killed before'
+    " it acknowledged, and a message its worker held when it closed its connection goes"
+    " back to the queue while the task still runs",
     GLOSSARY,
     when={
         Kind.CLAIMED_AFTER_ACKNOWLEDGEMENT: {},
         Kind.CLAIMED_WHILE_LEASED: {},
-        Kind.RAN_TWICE: {"acknowledged": ("no", "unknown")},
+        # Only a worker killed: one that exited by itself after a warm shutdown "will finish
+        # all currently executing tasks" and acknowledges each after it ran, so a finished
+        # task run again after it is no redelivery Celery documents (Celery #5663).
+        Kind.RAN_TWICE: {"acknowledged": ("no", "unknown"), "worker_then": "sigkilled"},
     },
 )
 _RDB = Documented(
