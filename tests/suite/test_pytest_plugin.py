@@ -133,7 +133,7 @@ def _one_line_usage_error(result: pytest.RunResult) -> str:
         ("tiny_adapter:no_such_factory", "tiny_adapter has no callable no_such_factory"),
         ("tiny_queue:TinyQueue", "TinyQueue() raised TypeError"),
         ("uuid:uuid4", "uuid4() returned UUID, not a crashqueuelab System"),
-        ("oracle", "not one of arq, celery, celery-acks-late, celery-solo, dramatiq, huey, "),
+        ("oracle", "not one of arq, celery, celery-acks-late, celery-gevent-acks-late, "),
     ],
 )
 def test_a_system_the_lab_cannot_use_is_one_line_of_usage_error(

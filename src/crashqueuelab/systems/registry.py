@@ -97,7 +97,7 @@ def companions_of(name: str, release: str) -> tuple[str, ...]:
     (``Library.companions``); nothing for any other system."""
     for library in LIBRARIES:
         if name in library.systems:
-            return library.companions_for(release)
+            return library.companions_for(release, name)
     return ()
 
 

@@ -421,3 +421,46 @@ def test_kombu_1733_a_warm_shutdown_during_the_poll_loses_a_task_on_5_3_1_not_on
     assert outcome.code == 1, outcome.stderr
     assert outcome.result["bisection"]["found"] == "5.3.2"
     assert old["promises"]["keeps_its_promises"] is False
+
+
+# Quiet and releases: two environments (Celery 5.4.0 and 5.5.0, the same kombu, gevent beside
+# each), two rolling deploys side by side, each on a Redis server of its own; mostly waits.
+@pytest.mark.releases
+@pytest.mark.quiet
+def test_celery_5663_a_task_finished_in_a_gevent_warm_shutdown_runs_again_on_5_4_0_not_5_5_0(
+    tmp_path: Path, release_cache: Path, run_cli: RunCli
+) -> None:
+    """Celery #5663 (fixed by PR #9348, first in 5.5.0): under the gevent pool a late
+    acknowledgement waits for the consumer loop's next turn, and before 5.5.0 a warm shutdown
+    ends that loop without it, so the connection's close puts the finished task's message
+    back and a replacement runs it again. The window (a task ending between the loop's last
+    turn and the worker's exit) is a matter of timing: what a run finds on 5.4.0 is asserted
+    when it finds it, and said (a skip, never a pass) when it does not."""
+    outcome = run_cli(
+        "versions", "--system", "celery-gevent-acks-late", "--releases", "5.4.0,5.5.0",
+        # The same kombu under both: the releases differ by Celery alone.
+        "--with", "kombu==5.5.4",
+        "--output-directory", str(tmp_path / "v"), "--at-once", "2",
+        # Every task shorter than the grace: a worker exits by itself after each SIGTERM,
+        # so nothing it ran may run again (a SIGKILL's redelivery is documented).
+        "deploys", "--workers", "2", "--deploys", "2", "--jobs", "20", "--long-share", "0",
+        "--grace-s", "3", "--recovery-wait-s", "10", "--seed", "3",
+    )  # fmt: skip
+
+    def record(release: str) -> dict[str, Any]:
+        kept: dict[str, Any] = json.loads((tmp_path / "v" / release / "deploys.json").read_text())
+        return kept
+
+    old, fixed = record("5.4.0"), record("5.5.0")
+    assert old["system"]["version"].startswith("celery 5.4.0 (kombu 5.5.4,")
+    assert fixed["system"]["version"].startswith("celery 5.5.0 (kombu 5.5.4,")
+    # The fixed release acknowledges every task it finished before its worker exits.
+    assert fixed["promises"]["keeps_its_promises"] is True, fixed["anomalies"]
+    again = [f for f in old["findings"] if f["kind"] == "ran_twice"]
+    # Each run again after a worker that exited by itself: no SIGKILL's redelivery.
+    assert {f["facts"]["worker_then"] for f in again} <= {"exited"}
+    assert all(f["text"] in old["promises"]["broken_promises"] for f in again)
+    if not again:
+        pytest.skip("Celery 5.4.0: no task finished inside a warm shutdown's window this run")
+    assert outcome.code == 1, outcome.stderr
+    assert old["promises"]["keeps_its_promises"] is False

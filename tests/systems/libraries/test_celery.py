@@ -38,6 +38,7 @@ from crashqueuelab.systems import (
     resolve_system,
 )
 from crashqueuelab.systems.libraries.celery.client import JobFailed, lab_task
+from crashqueuelab.systems.libraries.celery.promises import GLOSSARY, VISIBILITY
 
 
 def open_celery(directory: Path, system: str = "celery") -> QueueClient:
@@ -311,3 +312,48 @@ def test_a_deploys_loss_is_documented_only_as_celery_states_it(
     assert verdict["broken_promises"] == [_lost(*case).text for case in broken]
     explained = sum(entry["lines"] for entry in verdict["weaker_as_documented"])
     assert explained == len(documented)
+
+
+def _ran_twice(worker_then: str) -> Anomaly:
+    return Anomaly(
+        Kind.RAN_TWICE,
+        f"job job-01: ran again after an execution that ran to completion: by w0.0 from 1.00 s"
+        f" to 2.00 s (ended) (its worker then {worker_then}, acknowledged: unknown), then by"
+        " w0.1 from 5.00 s to 6.00 s (ended)",
+        job="job-01",
+        facts={"times": 2, "worker_then": worker_then, "acknowledged": "unknown"},
+    )
+
+
+def test_a_finished_task_run_again_is_documented_only_while_its_worker_did_not_exit() -> None:
+    """With late acknowledgement a task "will be redelivered [...] in the event of [...] the
+    worker instance being killed mid-execution", and one not acknowledged within the
+    visibility timeout while its worker runs on is redelivered; a worker that exited by
+    itself after a warm shutdown finished its task and acknowledges it, so a second run is a
+    broken promise (Celery #5663, the gevent pool's lost acknowledgement)."""
+    findings = [_ran_twice("sigkilled"), _ran_twice("exited"), _ran_twice("alive")]
+    verdict = classify(resolve_system("celery-acks-late"), "deploys", findings)
+    assert verdict["broken_promises"] == [_ran_twice("exited").text]
+    explained = {entry["first"]: entry["source"] for entry in verdict["weaker_as_documented"]}
+    # The killed worker's: late acknowledgement; the live worker's: the visibility timeout.
+    assert explained == {
+        _ran_twice("sigkilled").text: GLOSSARY,
+        _ran_twice("alive").text: VISIBILITY,
+    }
+
+
+def test_the_gevent_system_needs_gevent_which_its_pinned_releases_install_beside_them() -> None:
+    from importlib.util import find_spec
+
+    from crashqueuelab.systems.registry import companions_of
+
+    # What Celery's own gevent extra requires, beside that system's releases alone.
+    assert companions_of("celery-gevent-acks-late", "5.4.0") == ("gevent>=1.5.0",)
+    assert companions_of("celery-acks-late", "5.4.0") == ()
+    if find_spec("gevent") is None:
+        with pytest.raises(SystemUnavailable, match="gevent is not installed"):
+            resolve_system("celery-gevent-acks-late")
+    else:
+        own = resolve_system("celery-gevent-acks-late").own_worker
+        assert own is not None
+        assert "`celery worker --pool gevent`" in own.describe

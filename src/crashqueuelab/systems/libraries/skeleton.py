@@ -176,11 +176,16 @@ class Library:
     #: ``(release, requirement)`` is installed beside every release before ``release``
     #: (taskiq-redis before 1.2.4 allows taskiq 0.13 and imports what taskiq 0.13 removed).
     companions: tuple[tuple[str, str], ...] = ()
+    #: What one of its systems needs beside every release: each ``(system, requirement)``
+    #: (``celery-gevent-acks-late`` runs Celery's gevent pool, which needs gevent).
+    system_companions: tuple[tuple[str, str], ...] = ()
 
-    def companions_for(self, release: str) -> tuple[str, ...]:
-        """The requirements installed beside ``release`` of the distribution."""
+    def companions_for(self, release: str, system: str | None = None) -> tuple[str, ...]:
+        """The requirements installed beside ``release`` of the distribution (for
+        ``system``, with what that system needs)."""
         wanted = _release_key(release)
-        return tuple(need for before, need in self.companions if wanted < _release_key(before))
+        before = tuple(need for until, need in self.companions if wanted < _release_key(until))
+        return before + tuple(need for name, need in self.system_companions if name == system)
 
     @property
     def capabilities(self) -> Capabilities:

@@ -11,11 +11,15 @@ LIBRARY = Library(
     extra="celery",
     # At Celery's defaults (early acknowledgement), and at its documented reliable
     # configuration (task_acks_late, task_reject_on_worker_lost, a stated visibility_timeout);
-    # its own worker with the prefork pool, or the solo pool (celery-solo).
-    systems=("celery", "celery-acks-late", "celery-solo"),
+    # its own worker with the prefork pool, the solo pool (celery-solo), or the gevent pool
+    # at the reliable configuration (celery-gevent-acks-late).
+    systems=("celery", "celery-acks-late", "celery-solo", "celery-gevent-acks-late"),
     heartbeats=False,
     server="redis",
     drives="on its Redis broker",
     # kombu's Redis transport imports redis-py, which only this extra installs.
     pin_extras=("redis",),
+    # What Celery's own gevent extra requires (the same in 5.4.0 and 5.5.0), beside the
+    # release of the one system whose worker runs that pool.
+    system_companions=(("celery-gevent-acks-late", "gevent>=1.5.0"),),
 )

@@ -22,7 +22,6 @@ channel that received it closes (``restore_unacked``): the lab's clock moves not
 
 from __future__ import annotations
 
-import contextvars
 import json
 import logging
 import threading
@@ -105,12 +104,12 @@ class Abandoned(BaseException):
     through without storing a result or acknowledging (its process would have died)."""
 
 
-#: The work of the worker process Celery's own worker runs in (``worker.serve`` sets it):
-#: a prefork pool's children are forked from that process after it is set, and Celery hands
-#: a task nothing of the worker that runs it, so a holder the task reads is the only way in.
-SERVED_WORK: contextvars.ContextVar[Callable[[str], None]] = contextvars.ContextVar(
-    "crashqueuelab_celery_served_work"
-)
+#: The work of the worker process Celery's own worker runs in (``worker.serve`` sets it,
+#: under ``"work"``): a prefork pool's children are forked from that process after it is
+#: set, and Celery hands a task nothing of the worker that runs it, so a holder the task
+#: reads is the only way in. Process-wide, not a context variable: each greenlet of the
+#: gevent pool starts with an empty context.
+SERVED_WORK: dict[str, Callable[[str], None]] = {}
 
 
 class Execution(threading.Thread):
@@ -182,7 +181,7 @@ def lab_task(task: Any, key: str, job_type: str, payload: dict[str, Any], limit:
             # Celery's retry: the message published again, its retries counted, at once.
             raise task.retry(exc=JobFailed(failure), countdown=0, max_retries=limit - 1)
         raise JobFailed(failure)
-    work = SERVED_WORK.get(None)
+    work = SERVED_WORK.get("work")
     if work is None:
         raise JobFailed(f"job {key} runs only under crashqueuelab (its adapter or its worker)")
     work(key)

@@ -10,6 +10,8 @@ acknowledgement), so a worker killed during it loses it, as the glossary says; w
 
 from __future__ import annotations
 
+from typing import Any
+
 from crashqueuelab.judges.findings import Kind
 from crashqueuelab.systems.contract import Documented
 from crashqueuelab.systems.libraries.celery.client import Settings
@@ -17,7 +19,7 @@ from crashqueuelab.systems.libraries.redisstore import CONNECTION_RAISES
 
 _DOCS = "https://docs.celeryq.dev/en/stable/"
 GLOSSARY = _DOCS + "glossary.html"
-_VISIBILITY = _DOCS + "getting-started/backends-and-brokers/redis.html#visibility-timeout"
+VISIBILITY = _DOCS + "getting-started/backends-and-brokers/redis.html#visibility-timeout"
 _REDIS_PERSISTENCE = "https://redis.io/docs/latest/operate/oss_and_stack/management/persistence/"
 
 #: The points after which a task has been acknowledged at its start (early ack) and not
@@ -54,17 +56,20 @@ _NO_TOKEN = Documented(
 
 
 def _visibility(
-    timeout_s: int | None, points: tuple[str, ...], held: tuple[str, ...]
+    timeout_s: int | None, points: tuple[str, ...], held: tuple[str, ...], late: bool = False
 ) -> Documented:
-    """The visibility timeout's weakness, for tasks the reader finds ``held`` (unacknowledged)."""
+    """The visibility timeout's weakness, for tasks the reader finds ``held`` (unacknowledged);
+    with late acknowledgement (``late``), a task that ran to its end past the timeout, its
+    worker still running, runs again."""
     stated = "one hour, kombu's default" if timeout_s is None else f"{timeout_s} s here"
+    again: dict[str, Any] = {Kind.RAN_TWICE: {"worker_then": "alive"}} if late else {}
     return Documented(
         "\"If a task isn't acknowledged within the Visibility Timeout the task will be"
         ' redelivered to another worker and executed" ("The default visibility timeout for'
         f" Redis is 1 hour\"; {stated}, on the wall clock, which the lab's clock does not"
         " move): a message received and not acknowledged when its worker died waits that"
         " long in the unacked hash",
-        _VISIBILITY,
+        VISIBILITY,
         points=points,
         kinds=(Kind.WORK_STALLED, Kind.WORK_NEVER_ENDED),
         when={
@@ -77,6 +82,7 @@ def _visibility(
             Kind.EFFECTS_NOT_ONCE: ({"effect_effects": 0}, {"flaky_effects": 0}),
             Kind.UNFINISHED: {"state": held},
             Kind.LOST_IN_DEPLOY: {"stored": held},
+            **again,
         },
     )
 
@@ -105,13 +111,18 @@ _LATE_ACK = Documented(
     '"late acknowledgment": "Task is acknowledged after execution (both if successful, or'
     " if the task is raising an error), which means the task will be redelivered to another"
     " worker in the event of the machine losing power, or the worker instance being killed"
-    ' mid-execution": a task may run again after it ran, and a message its worker held when'
-    " it closed its connection goes back to the queue while the task still runs",
+    ' mid-execution": a task may run again after it ran when its worker was killed before'
+    " it acknowledged, and a message its worker held when it closed its connection goes"
+    " back to the queue while the task still runs",
     GLOSSARY,
     when={
         Kind.CLAIMED_AFTER_ACKNOWLEDGEMENT: {},
         Kind.CLAIMED_WHILE_LEASED: {},
-        Kind.RAN_TWICE: {"acknowledged": ("no", "unknown")},
+        # Only a worker killed (a live one's is the visibility timeout's): one that exited by
+        # itself after a warm shutdown "will finish all currently executing tasks" and
+        # acknowledges each after it ran, so a finished task run again after it is no
+        # redelivery Celery documents (Celery #5663).
+        Kind.RAN_TWICE: {"acknowledged": ("no", "unknown"), "worker_then": "sigkilled"},
     },
 )
 _RDB = Documented(
@@ -128,7 +139,9 @@ def documented_for(settings: Settings) -> tuple[Documented, ...]:
     if settings.acks_late:
         # Unacknowledged until it ends: a death anywhere after the receipt is redelivered.
         running = _RECEIVED + _ACKNOWLEDGED_RUNNING
-        held = _visibility(settings.visibility_timeout_s, running, ("reserved", "started"))
+        held = _visibility(
+            settings.visibility_timeout_s, running, ("reserved", "started"), late=True
+        )
         return (_NO_TOKEN, held, _LATE_ACK, _RDB, CONNECTION_RAISES)
     # Early acknowledgement first: a case that lost a started task is its.
     return (

@@ -1,13 +1,16 @@
 """Celery's systems, on the shared skeleton, on its Redis broker (a Redis server with its
 default persistence): ``celery`` at Celery's defaults, ``celery-acks-late`` at the
-configuration its documentation gives for tasks that must not be lost."""
+configuration its documentation gives for tasks that must not be lost, ``celery-solo`` and
+``celery-gevent-acks-late`` with their own worker's solo and gevent pools."""
 
 from __future__ import annotations
 
 import dataclasses
 from functools import partial
 from importlib.metadata import version
+from importlib.util import find_spec
 
+from crashqueuelab.core.errors import SystemUnavailable
 from crashqueuelab.judges.readers.celery import queue_name, read_celery_store
 from crashqueuelab.systems.contract import System
 from crashqueuelab.systems.libraries.celery import LIBRARY
@@ -35,6 +38,7 @@ SETTINGS = {
     "celery": (DEFAULTS, "prefork"),
     "celery-acks-late": (RELIABLE, "prefork"),
     "celery-solo": (DEFAULTS, "solo"),
+    "celery-gevent-acks-late": (RELIABLE, "gevent"),
 }
 
 
@@ -50,6 +54,13 @@ def celery_system(
 
     named, named_pool = SETTINGS.get(name, (DEFAULTS, "prefork"))
     chosen = settings or named
+    if (pool or named_pool) == "gevent" and find_spec("gevent") is None:
+        # Celery's gevent pool imports gevent only as the worker starts: say it now.
+        raise SystemUnavailable(
+            name,
+            "gevent is not installed: its worker runs Celery's gevent pool"
+            " (pip install 'celery[gevent]'; a pinned release installs it beside)",
+        )
     system = LIBRARY.system(
         name,
         durability=f"{chosen.words}; Redis persistence rdb: {PERSISTENCE_WORDS['rdb']}",

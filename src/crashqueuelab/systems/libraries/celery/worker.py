@@ -7,7 +7,9 @@ settings; everything else at Celery's defaults (the prefork pool, one child per 
 ``worker_prefetch_multiplier`` 4, mingle, gossip and heartbeats on). Celery installs its
 own SIGTERM, SIGINT and SIGQUIT handlers (``celery.apps.worker``) in this process's main
 thread; the pool's children are forked after ``serve`` set the process's work, which each
-task runs (``client.lab_task``). ``schedule`` is ``apply_async(eta=...)``.
+task runs (``client.lab_task``). With the gevent pool ``serve`` first monkey-patches the
+process as the ``celery`` command does for ``--pool gevent``, and each task runs in a
+greenlet of the main process. ``schedule`` is ``apply_async(eta=...)``.
 """
 
 from __future__ import annotations
@@ -67,19 +69,23 @@ def serve(
 ) -> None:
     """``celery worker --pool POOL -Q <queue>`` on the store's queue, with ``work`` as each
     task's work; returns when Celery's worker exits."""
+    arguments = [
+        "worker",
+        f"--pool={pool}",
+        "--loglevel=WARNING",
+        f"--hostname={worker_id}@crashqueuelab",
+    ]
+    if pool in ("gevent", "eventlet"):
+        # What the `celery` command does first (celery.__main__): a green pool's
+        # monkey-patching, before kombu captures the blocking select and socket calls.
+        from celery import maybe_patch_concurrency
+
+        maybe_patch_concurrency(arguments)
     name, app = _app(directory, settings)
     quiet_celery()
-    SERVED_WORK.set(work)
+    SERVED_WORK["work"] = work
     as_started_by_its_users()
-    app.worker_main(  # type: ignore[attr-defined]
-        [
-            "worker",
-            f"--pool={pool}",
-            "--loglevel=WARNING",
-            f"--hostname={worker_id}@crashqueuelab",
-            f"--queues={name}",
-        ]
-    )
+    app.worker_main([*arguments, f"--queues={name}"])  # type: ignore[attr-defined]
 
 
 def schedule(settings: Settings, directory: Path, key: str, due_s: float) -> None:
