@@ -11,11 +11,12 @@ _point = LIBRARY.point
 _NEW, _RECEIVED, _RUNNING, _DONE = (QUEUED, 0), (RESERVED, 1), (STARTED, 1), (SUCCEEDED, 1)
 #: The first occurrence of each point in the lab's workload: publish both jobs
 #: (``apply_async``), run the effect job (``receive``: kombu moves its message from the
-#: queue to the ``unacked`` hash, ``unacked`` being its second half; ``execute``: Celery's ``Request.execute`` acknowledges it
-#: at Celery's default and ``trace_task`` stores ``STARTED``; the work; ``finish``: the task
-#: returns, Celery stores ``SUCCESS`` and, with ``task_acks_late``, acknowledges), run the
-#: flaky job once (``retry``: ``Task.retry`` publishes the message again, its retries counted,
-#: and the first is acknowledged).
+#: queue to the ``unacked`` hash, ``unacked`` being the second half of that move;
+#: ``execute``: Celery's ``Request.execute`` acknowledges it at Celery's default and
+#: ``trace_task`` stores ``STARTED``; the work; ``finish``: the task returns, Celery stores
+#: ``SUCCESS`` and, with ``task_acks_late``, acknowledges), run the flaky job once
+#: (``retry``: ``Task.retry`` publishes the message again, its retries counted, and the first
+#: is acknowledged).
 CRASH_POINTS = (
     _point("apply_async:before", None, None, 0),
     _point("apply_async:after", _NEW, None, 0),
