@@ -115,7 +115,7 @@ def test_sigterm_is_a_warm_shutdown_the_task_in_hand_finishes_then_the_worker_ex
     with contextlib.ExitStack() as stack:
         workers = {
             system: stack.enter_context(
-                serving(system, tmp_path / system, tmp_path / f"{system}.ledger", work_s=1.5)
+                serving(system, tmp_path / system, tmp_path / f"{system}.ledger", work_s=3.0)
             )
             for system in systems
         }
@@ -147,10 +147,23 @@ def test_a_killed_pool_child_fails_its_task_unless_reject_on_worker_lost_requeue
     with contextlib.ExitStack() as stack:
         for system, store in stores.items():
             ledger = tmp_path / f"{store}.ledger"
-            stack.enter_context(serving(system, tmp_path / store, ledger, work_s=1.0))
-        for store in stores.values():
-            child = wait_for(tmp_path / f"{store}.ledger", "start", "a")
-            os.kill(child.pid, signal.SIGKILL)
+            # Long enough that each child is killed mid-task on a busy machine too.
+            stack.enter_context(serving(system, tmp_path / store, ledger, work_s=3.0))
+        # Each child killed as soon as its own task starts, whichever starts first.
+        waiting = set(stores.values())
+        deadline = time.monotonic() + WAIT_S
+        while waiting and time.monotonic() < deadline:
+            for store in sorted(waiting):
+                started = [
+                    line
+                    for line in lines(tmp_path / f"{store}.ledger")
+                    if (line.what, line.key) == ("start", "a")
+                ]
+                if started:
+                    os.kill(started[0].pid, signal.SIGKILL)
+                    waiting.discard(store)
+            time.sleep(0.02)
+        assert not waiting, f"no task started in {sorted(waiting)}"
         # Rejected with requeue: the main process's next child runs it again.
         wait_for(tmp_path / "reject.ledger", "end", "a")
         # Celery records the child's death as the task's failure (WorkerLostError).
