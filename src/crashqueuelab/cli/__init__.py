@@ -42,7 +42,7 @@ from crashqueuelab.cli.experiments import (
 from crashqueuelab.cli.failover import add_failover_command
 from crashqueuelab.cli.heartbeats import add_heartbeats_command
 from crashqueuelab.cli.pages import html_report
-from crashqueuelab.cli.pinned import pins_of, run_pinned
+from crashqueuelab.cli.pinned import pinned_label, pins_of, run_pinned
 from crashqueuelab.cli.shrink import add_shrink_command
 from crashqueuelab.cli.verdict import verdict_line
 from crashqueuelab.cli.versions import add_versions_command
@@ -232,7 +232,12 @@ def main(
         # ``versions`` pins each of its releases itself (its --system may pin the library
         # whose dependency it varies).
         matrix = args.command == "versions"
-        pins = [] if matrix else pins_of(named, getattr(args, "with_", None) or ())
+        fixed = getattr(args, "with_", None) or ()
+        pins = [] if matrix else pins_of(named, fixed)
+        if not matrix and not pins and fixed and isinstance(systems, str):
+            # Inside the pinned environment: the run records its system with what --with
+            # fixed beside it, so that its reruns and reproducers go to this environment.
+            args.system = pinned_label(systems, fixed)
         if pins:
             # The pinned run prints its own verdict line; this one only passes it on.
             code, result = run_pinned(pins[0], sys.argv[1:] if argv is None else argv, err)

@@ -40,6 +40,13 @@ def pins_of(systems: Sequence[str], fixed: Sequence[str] = ()) -> list[Pin]:
     return [pin] if pin is not None and os.environ.get(PINNED_VARIABLE) != pin.label else []
 
 
+def pinned_label(system: str, fixed: Sequence[str]) -> str:
+    """The spec a run inside a pinned environment records: the pin and what ``--with``
+    fixed beside it (``Pin.label``)."""
+    pin = parse_with(fixed, parse_pin(system, distribution_of, extras_of))
+    return system if pin is None else pin.label
+
+
 def _pass_on(stream: Any, err: TextIO, prefix: str) -> None:
     for line in stream:
         # One write a line: runs side by side (``versions --at-once``) share ``err``.

@@ -101,6 +101,11 @@ def companions_of(name: str, release: str) -> tuple[str, ...]:
     return ()
 
 
+#: What joins a pinned release and each dependency ``--with`` fixes beside it in a run's
+#: spec (``celery==5.3.1 with kombu==5.3.1``), as the run records it.
+PIN_WITH = " with "
+
+
 def _installed_release(spec: str, distribution: str, wanted: str) -> None:
     """Refuse ``name==version`` unless that release is the one installed (in the environment
     the command line made for it)."""
@@ -139,6 +144,14 @@ def resolve_system(spec: str) -> System:
     known_systems = SHIPPED | PEERS | SERVERS
     if spec in known_systems:
         return known_systems[spec]()
+    if PIN_WITH in spec:
+        # A pin with the dependencies fixed beside it (``Pin.label``): each must be the
+        # release installed here too.
+        pinned_spec, *fixed = spec.split(PIN_WITH)
+        for each in fixed:
+            dependency, _, release = each.partition("==")
+            _installed_release(spec, dependency, release)
+        return resolve_system(pinned_spec)
     name, pinned, wanted = spec.partition("==")
     if pinned and name in DISTRIBUTIONS:
         _installed_release(spec, DISTRIBUTIONS[name], wanted)

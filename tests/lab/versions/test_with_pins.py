@@ -5,6 +5,7 @@ is built or written."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -129,3 +130,57 @@ def test_a_dependency_release_the_index_lacks_is_named_as_the_dependency_s() -> 
     )
     # The library's own release, refused, is still named as the library's.
     assert "no release 5.3.1 of celery" in _releases_text(pin, "celery==5.3.1", "5.3.0")
+
+
+def _installed_label(redis_release: str | None = None) -> str:
+    from importlib.metadata import version
+
+    return f"dramatiq=={version('dramatiq')} with redis=={redis_release or version('redis')}"
+
+
+def test_a_run_made_with_a_dependency_pinned_is_named_so_and_resolves_only_where_both_are(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from crashqueuelab.cli.pinned import pinned_label
+    from crashqueuelab.core.errors import SystemUnavailable
+    from crashqueuelab.lab.reproducers.preparation import release_elsewhere
+    from crashqueuelab.lab.versions.environments import parse_label
+    from crashqueuelab.systems.registry import distribution_of, extras_of, resolve_system
+
+    label = _installed_label()
+    base = label.split(" with ")[0]
+    redis = label.rsplit("==", 1)[1]
+    assert pinned_label(base, [f"redis=={redis}"]) == label
+    pin = parse_label(label, distribution_of, extras_of)
+    assert pin is not None
+    assert (pin.label, pin.also) == (label, (("redis", redis),))
+    # Both releases installed here: the system resolves, and a reproducer reruns here.
+    assert resolve_system(label).name == "dramatiq"
+    assert release_elsewhere(label) is None
+    # Another release of the dependency: not this environment's.
+    other = _installed_label("0.0.1")
+    with pytest.raises(SystemUnavailable, match=f"redis {redis} is installed here, not 0.0.1"):
+        resolve_system(other)
+    elsewhere = release_elsewhere(other)
+    assert elsewhere is not None
+    assert elsewhere.also == (("redis", "0.0.1"),)
+    # Inside that release's own environment it runs where it is.
+    monkeypatch.setenv(PINNED_VARIABLE, other)
+    assert release_elsewhere(other) is None
+
+
+def test_inside_its_environment_a_run_with_a_dependency_pinned_records_both(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_cli: RunCli
+) -> None:
+    label = _installed_label()
+    base, fixed = label.split(" with ")
+    monkeypatch.setenv(PINNED_VARIABLE, label)
+    outcome = run_cli(
+        "campaign", "--system", base, "--with", fixed, "--crash-point", "enqueue:after",
+        "--probe", "idempotent_submit", "--seed", "3", "--shrink-seconds", "0",
+        "--output-directory", str(tmp_path / "c"),
+    )  # fmt: skip
+    assert "error" not in outcome.result, outcome.result
+    record = json.loads((tmp_path / "c" / "campaign.json").read_text())
+    # Its reruns and reproducers go to this environment, the dependency's release with it.
+    assert record["system_spec"] == label

@@ -33,7 +33,7 @@ from crashqueuelab.lab.versions.environments import (
     PINNED_VARIABLE,
     Pin,
     ensure_environment,
-    parse_pin,
+    parse_label,
     pinned_environment,
     python_of,
 )
@@ -83,14 +83,18 @@ def servers_named(spec: str, system: System) -> Iterator[None]:
 def release_elsewhere(spec: str) -> Pin | None:
     """The release ``spec`` pins when it is not the one installed here (and this is not the
     release's own environment already); None for anything else."""
-    pin = parse_pin(spec, distribution_of, extras_of)
-    if pin is None or os.environ.get(PINNED_VARIABLE) == pin.spec:
+    pin = parse_label(spec, distribution_of, extras_of)
+    if pin is None or os.environ.get(PINNED_VARIABLE) == pin.label:
         return None
+    wanted = [(pin.distribution, pin.version), *pin.also]
+    return None if all(_installed(name) == release for name, release in wanted) else pin
+
+
+def _installed(distribution: str) -> str | None:
     try:
-        installed = version(pin.distribution)
+        return version(distribution)
     except PackageNotFoundError:
-        installed = None
-    return None if installed == pin.version else pin
+        return None
 
 
 def rerun_elsewhere(pin: Pin, function: str, keywords: Mapping[str, Any]) -> dict[str, Any]:

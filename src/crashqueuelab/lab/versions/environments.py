@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from crashqueuelab.core.errors import InvalidInput, SystemUnavailable
+from crashqueuelab.systems.registry import PIN_WITH
 
 CACHE_VARIABLE = "CRASHQUEUELAB_CACHE"
 #: Set in a pinned run's environment: the ``name==version`` it was started for.
@@ -71,8 +72,9 @@ class Pin:
 
     @property
     def label(self) -> str:
-        """The pin and what it fixes beside it: ``celery==5.3.1 with kombu==5.3.1``."""
-        return self.spec + "".join(f" with {name}=={version}" for name, version in self.also)
+        """The pin and what it fixes beside it: ``celery==5.3.1 with kombu==5.3.1`` (a run
+        made with ``--with`` records it as its system, and ``resolve_system`` reads it)."""
+        return self.spec + "".join(f"{PIN_WITH}{name}=={version}" for name, version in self.also)
 
     @property
     def requirement(self) -> str:
@@ -110,6 +112,17 @@ def parse_pin(
             " `distribution` names it on the package index",
         )
     return Pin(system, distribution, wanted, extras=extras_of(distribution))
+
+
+def parse_label(
+    spec: str,
+    distribution_of: Callable[[str], str | None],
+    extras_of: Callable[[str], tuple[str, ...]] = lambda distribution: (),
+) -> Pin | None:
+    """The pin a run's spec names, with what ``--with`` fixed beside it where the spec is a
+    ``Pin.label`` (``celery==5.3.1 with kombu==5.3.1``); None when it names no version."""
+    pinned, *fixed = spec.split(PIN_WITH)
+    return parse_with(fixed, parse_pin(pinned, distribution_of, extras_of))
 
 
 def parse_with(texts: Sequence[str], pin: Pin | None) -> Pin | None:
