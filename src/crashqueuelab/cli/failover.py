@@ -55,10 +55,16 @@ def _failover(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         for name in ("synchronous_commit", "standbys", "promote"):
             if getattr(args, name) is not None:
                 raise InvalidInput(name, "a PostgreSQL setting: not for rq")
-        target = rq_target(args.min_replicas_to_write, args.min_replicas_max_lag)
+        target = rq_target(
+            args.min_replicas_to_write,
+            args.min_replicas_max_lag,
+            args.wait_replicas,
+            args.wait_timeout_ms,
+        )
     else:
-        if args.min_replicas_to_write:
-            raise InvalidInput("min_replicas_to_write", f"a Redis setting: not for {args.system}")
+        for name in ("min_replicas_to_write", "wait_replicas"):
+            if getattr(args, name):
+                raise InvalidInput(name, f"a Redis setting: not for {args.system}")
         make = (
             postgres_target if args.system == "postgres" else partial(library_target, args.system)
         )
@@ -120,7 +126,12 @@ def _rabbitmq(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     for name in ("synchronous_commit", "standbys", "promote"):
         if getattr(args, name) is not None:
             raise InvalidInput(name, "a PostgreSQL setting: not for rabbitmq")
-    for name in ("min_replicas_to_write", "restart_while_waiting", "terminate_waiting"):
+    for name in (
+        "min_replicas_to_write",
+        "wait_replicas",
+        "restart_while_waiting",
+        "terminate_waiting",
+    ):
         if getattr(args, name):
             raise InvalidInput(name, "not a RabbitMQ setting")
     queue_type = args.queue_type or "quorum"
@@ -306,6 +317,20 @@ def add_failover_command(command: Command) -> None:
         default=0,
         help="rq: the primary refuses writes unless this many replicas acknowledged it within"
         " --min-replicas-max-lag (0: asynchronous, Redis's default)",
+    )
+    sub.add_argument(
+        "--wait-replicas",
+        type=non_negative,
+        default=0,
+        help="rq: after each enqueue its client sends Redis's WAIT for this many replicas on"
+        " the same connection, and tells the caller the outcome is unknown when fewer"
+        " acknowledged within --wait-timeout-ms (0: no WAIT)",
+    )
+    sub.add_argument(
+        "--wait-timeout-ms",
+        type=positive,
+        default=1000,
+        help="rq: WAIT's timeout (see --wait-replicas)",
     )
     sub.add_argument(
         "--min-replicas-max-lag",

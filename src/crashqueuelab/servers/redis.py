@@ -35,6 +35,8 @@ SOCKET_VARIABLE = "CRASHQUEUELAB_REDIS_SOCKET"
 #: the name they know the primary by.
 SENTINELS_VARIABLE = "CRASHQUEUELAB_REDIS_SENTINELS"
 MASTER_VARIABLE = "CRASHQUEUELAB_REDIS_MASTER"
+#: Redis's WAIT after each write a client acknowledges: "REPLICAS,TIMEOUT_MS".
+WAIT_VARIABLE = "CRASHQUEUELAB_REDIS_WAIT"
 #: A ``redis-server`` to use where it is not on PATH.
 BINARY_VARIABLE = "CRASHQUEUELAB_REDIS_SERVER"
 #: Every wait for the server is bounded.

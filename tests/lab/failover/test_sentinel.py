@@ -1,7 +1,8 @@
 """RQ on a replicated Redis the run starts: a primary, a replica and three Sentinels, every
 node behind the fault proxy, the replica's link partitioned before the primary dies. What
 Redis's documentation allows (asynchronous replication loses acknowledged writes; with
-``min-replicas-to-write`` the window is bounded) is what the runs show."""
+``min-replicas-to-write`` the window is bounded; the clients' ``WAIT`` improves "the real
+world data safety") is what the runs show."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.failover.run import run_failover
 from crashqueuelab.lab.failover.targets import rq_target
+from crashqueuelab.lab.pages.render import write_report
 from crashqueuelab.servers.redis import find_redis_server
 from tests.conftest import RunCli
 
@@ -88,4 +91,42 @@ def test_a_postgres_setting_for_rq_is_refused_before_anything_starts(
     )  # fmt: skip
     assert run.code == 2
     assert run.result["error"]["field"] == "min_replicas_to_write"
+    assert not (tmp_path / "no").exists()
+
+
+def test_a_wait_after_each_enqueue_tells_the_cut_s_submissions_unknown_and_loses_none(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "wait"
+    record = run_failover(
+        out,
+        target=rq_target(wait_replicas=1, wait_timeout_ms=300),
+        failovers=1,
+        jobs=150,
+        lag_s=1.0,
+        deadline_s=20.0,
+    )
+    assert record["setting"] == "wait"
+    assert record["server"]["replication"] == (
+        "asynchronous, the clients' WAIT 1 300 after each enqueue"
+    )
+    # Every submission the replica did not acknowledge in time was told so, never "done".
+    told = record["callers_told_failure"]
+    assert told.get("submit: OutcomeUnknown", 0) >= 1, told
+    # What was acknowledged had reached the replica the Sentinels promoted.
+    assert record["findings"]["lost_enqueues"] == [], record["headline"]
+    assert record["findings"]["enqueues_acknowledged"] == 150
+    assert record["findings"]["promise"]["source"] == "https://redis.io/docs/latest/commands/wait/"
+    page = write_report(out).read_text()
+    assert "--system rq --wait-replicas 1 --wait-timeout-ms 300" in page
+
+
+def test_wait_and_min_replicas_are_one_setting_each(run_cli: RunCli, tmp_path: Path) -> None:
+    with pytest.raises(InvalidInput, match="WAIT or min-replicas-to-write"):
+        rq_target(min_replicas=1, wait_replicas=1)
+    run = run_cli(
+        "failover", "--wait-replicas", "1", "--output-directory", tmp_path / "no",
+    )  # fmt: skip
+    assert run.code == 2
+    assert run.result["error"]["field"] == "wait_replicas"
     assert not (tmp_path / "no").exists()

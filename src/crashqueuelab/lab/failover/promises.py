@@ -23,8 +23,8 @@ MOST_ADVANCED, LAGGING = "most-advanced", "lagging"
 MAX_STANDBYS = 2
 PROMOTIONS = (MOST_ADVANCED, LAGGING)
 #: Redis's replication settings under Sentinel.
-ASYNCHRONOUS, MIN_REPLICAS = "asynchronous", "min-replicas"
-REDIS_SETTINGS = (ASYNCHRONOUS, MIN_REPLICAS)
+ASYNCHRONOUS, MIN_REPLICAS, WAIT = "asynchronous", "min-replicas", "wait"
+REDIS_SETTINGS = (ASYNCHRONOUS, MIN_REPLICAS, WAIT)
 
 WAL_SETTINGS = "https://www.postgresql.org/docs/15/runtime-config-wal.html#GUC-SYNCHRONOUS-COMMIT"
 STANDBY_NAMES = (
@@ -103,7 +103,17 @@ _REDIS_PROMISES: dict[str, str] = {
     " ... You may think of it as a best effort data safety mechanism, where consistency is"
     " not ensured for a given write, but at least the time window for data loss is restricted"
     " to a given number of seconds.",
+    WAIT: "Note that WAIT does not make Redis a strongly consistent store: while synchronous"
+    " replication is part of a replicated state machine, it is not the only thing needed."
+    " However in the context of Sentinel or Redis Cluster failover, WAIT improves the real"
+    " world data safety. Specifically if a given write is transferred to one or more"
+    " replicas, it is more likely (but not guaranteed) that if the master fails, we'll be able"
+    " to promote, during a failover, a replica that received the write ... However this is"
+    " just a best-effort attempt so it is possible to still lose a write synchronously"
+    " replicated to multiple replicas.",
 }
+#: Where each Redis setting's words are.
+_REDIS_SOURCES = {WAIT: "https://redis.io/docs/latest/commands/wait/"}
 
 
 def promise_of(level: str, standbys: int = 1, promote: str = MOST_ADVANCED) -> dict[str, Any]:
@@ -117,7 +127,7 @@ def promise_of(level: str, standbys: int = 1, promote: str = MOST_ADVANCED) -> d
             "setting": level,
             "allows_loss": True,
             "quoted": _REDIS_PROMISES[level],
-            "source": REDIS_REPLICATION,
+            "source": _REDIS_SOURCES.get(level, REDIS_REPLICATION),
         }
     allows_loss, quoted = _PROMISES[level]
     setting = f"synchronous_commit={level}"

@@ -38,6 +38,7 @@ from crashqueuelab.servers.redis import (
     MASTER_VARIABLE,
     SENTINELS_VARIABLE,
     SOCKET_VARIABLE,
+    WAIT_VARIABLE,
     ThrowawayRedis,
 )
 
@@ -191,10 +192,15 @@ class ReplicatedRedis:
         *,
         min_replicas: int = 0,
         max_lag_s: int = 1,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 1000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.min_replicas = min_replicas
         self.max_lag_s = max_lag_s
+        #: The clients' WAIT after each enqueue (0: none).
+        self.wait_replicas = wait_replicas
+        self.wait_timeout_ms = wait_timeout_ms
         self._clock = clock
         self._stack = ExitStack()
         self.proxy = FaultProxy(("127.0.0.1", 0), clock=clock, classify=_replica_link)
@@ -208,6 +214,11 @@ class ReplicatedRedis:
     @property
     def level(self) -> str:
         """The run's replication setting, in Redis's words."""
+        if self.wait_replicas:
+            return (
+                f"asynchronous, the clients' WAIT {self.wait_replicas} {self.wait_timeout_ms}"
+                " after each enqueue"
+            )
         if not self.min_replicas:
             return "asynchronous"
         return f"min-replicas-to-write {self.min_replicas}, min-replicas-max-lag {self.max_lag_s}"
@@ -264,7 +275,10 @@ class ReplicatedRedis:
     def client_environment(self) -> dict[str, str]:
         """What the run's clients are given: the Sentinels, never the primary itself."""
         addresses = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
-        return {SENTINELS_VARIABLE: addresses, MASTER_VARIABLE: MASTER_NAME}
+        found = {SENTINELS_VARIABLE: addresses, MASTER_VARIABLE: MASTER_NAME}
+        if self.wait_replicas:
+            found[WAIT_VARIABLE] = f"{self.wait_replicas},{self.wait_timeout_ms}"
+        return found
 
     def reading_environment(self) -> dict[str, str]:
         """Where the judges read: the primary's own socket."""
@@ -279,6 +293,8 @@ class ReplicatedRedis:
             "replication": self.level,
             "min_replicas": self.min_replicas,
             "max_lag_s": self.max_lag_s,
+            "wait_replicas": self.wait_replicas,
+            "wait_timeout_ms": self.wait_timeout_ms,
             "persistence": "appendonly yes, appendfsync always, on every node",
             "sentinels": {"count": SENTINELS, "quorum": QUORUM, **self.sentinels[0].settings},
             "clients": "through the Sentinels (redis-py's Sentinel.master_for)",

@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from crashqueuelab.core.clock import SystemClock
+from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.core.ids import RandomIds
 from crashqueuelab.core.retry import RetryPolicy
-from crashqueuelab.lab.failover.promises import ASYNCHRONOUS, MIN_REPLICAS, MOST_ADVANCED
+from crashqueuelab.lab.failover.promises import ASYNCHRONOUS, MIN_REPLICAS, MOST_ADVANCED, WAIT
 from crashqueuelab.systems.contract import OpenRequest, QueueClient
 from crashqueuelab.systems.registry import resolve_system
 
@@ -149,18 +150,31 @@ def library_target(
     )
 
 
-def rq_target(min_replicas: int = 0, max_lag_s: int = 1) -> Target:
-    """RQ through Sentinel, asynchronous or with ``min-replicas-to-write``."""
+def rq_target(
+    min_replicas: int = 0, max_lag_s: int = 1, wait_replicas: int = 0, wait_timeout_ms: int = 1000
+) -> Target:
+    """RQ through Sentinel: asynchronous, with ``min-replicas-to-write``, or with its
+    clients' ``WAIT`` after each enqueue."""
     from crashqueuelab.lab.failover.sentinel import ReplicatedRedis
+
+    if min_replicas and wait_replicas:
+        raise InvalidInput(
+            "wait_replicas", "one Redis setting a run: WAIT or min-replicas-to-write, not both"
+        )
 
     def opener(cluster: Any, store: Path) -> QueueClient:
         return resolve_system("rq").open(_request(store))
 
-    setting = MIN_REPLICAS if min_replicas else ASYNCHRONOUS
+    setting = WAIT if wait_replicas else MIN_REPLICAS if min_replicas else ASYNCHRONOUS
     return Target(
         "rq",
         setting,
-        lambda: ReplicatedRedis(min_replicas=min_replicas, max_lag_s=max_lag_s),
+        lambda: ReplicatedRedis(
+            min_replicas=min_replicas,
+            max_lag_s=max_lag_s,
+            wait_replicas=wait_replicas,
+            wait_timeout_ms=wait_timeout_ms,
+        ),
         opener,
     )
 

@@ -34,7 +34,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from crashqueuelab.core.errors import OperationUnsupported, SystemUnavailable
+from crashqueuelab.core.errors import OperationUnsupported, OutcomeUnknown, SystemUnavailable
 from crashqueuelab.judges.readers.rq import (
     DEQUEUED,
     DESCRIPTION_PREFIX,
@@ -46,7 +46,7 @@ from crashqueuelab.judges.readers.rq import (
     STARTED,
     attempts_made,
 )
-from crashqueuelab.servers.redis import MASTER_VARIABLE, SENTINELS_VARIABLE
+from crashqueuelab.servers.redis import MASTER_VARIABLE, SENTINELS_VARIABLE, WAIT_VARIABLE
 from crashqueuelab.systems.boundary import around
 from crashqueuelab.systems.contract import Claim, JobSpec, JobStatus, JobView, OpenRequest, Verdict
 from crashqueuelab.systems.libraries.redisstore import kept_once, unique_suffix
@@ -177,6 +177,18 @@ def enqueue_options(queue: str, job: JobSpec) -> dict[str, Any]:
     }
 
 
+#: The key each WAIT follows (one per store's queue; the judges' reader reads no other).
+WAIT_BARRIER_PREFIX = "crashqueuelab:wait-barrier:"
+
+
+def _wait_setting(text: str | None) -> tuple[int, int] | None:
+    """``WAIT_VARIABLE``'s "REPLICAS,TIMEOUT_MS", or None."""
+    if not text:
+        return None
+    replicas, timeout_ms = (int(part) for part in text.split(","))
+    return replicas, timeout_ms
+
+
 class RqClient(LibraryClient):
     """``QueueClient`` over one RQ queue."""
 
@@ -215,6 +227,8 @@ class RqClient(LibraryClient):
         else:
             self.connection = redis.Redis(unix_socket_path=socket)
         self.queue = Queue(self.store["queue"], connection=self.connection)
+        #: Redis's WAIT after each enqueue (replicas, timeout in ms), where the run asks.
+        self.wait = _wait_setting(os.environ.get(WAIT_VARIABLE))
 
         class LabWorker(SimpleWorker):
             death_penalty_class = TimerDeathPenalty
@@ -237,21 +251,48 @@ class RqClient(LibraryClient):
 
     def submit_many(self, jobs: Sequence[JobSpec]) -> list[str]:
         for job in jobs:
-            if self._fetch(job.key) is not None:
-                continue
-            around(
-                self.hook,
-                "enqueue",
-                partial(
-                    self.queue.enqueue,
-                    lab_job,
-                    job.key,
-                    job.job_type,
-                    job.payload,
-                    **enqueue_options(self.store["queue"], job),
-                ),
-            )
+            if self._fetch(job.key) is None:
+                around(
+                    self.hook,
+                    "enqueue",
+                    partial(
+                        self.queue.enqueue,
+                        lab_job,
+                        job.key,
+                        job.job_type,
+                        job.payload,
+                        **enqueue_options(self.store["queue"], job),
+                    ),
+                )
+            # A job found already (a retry of a submission whose answer was lost) is
+            # answered as submitted too: it waits for the replicas the same way.
+            self._replicated(job.key)
         return [self._job_id(job.key) for job in jobs]
+
+    def _replicated(self, key: str) -> None:
+        """Redis's WAIT, where the run asks for it, before a submission is acknowledged.
+
+        WAIT waits for the writes its own connection made, and RQ writes a job through
+        whichever of its pool's connections (a Lua script for a job with an id); so a
+        barrier key is written first, on WAIT's own connection, in the same batch (not a
+        transaction: WAIT inside MULTI does not block). The replication stream is the
+        primary's order of execution: a replica that acknowledged the barrier holds the job
+        written before it. Fewer replicas than asked within the timeout: the caller is told
+        the outcome is unknown (the job may be on the primary alone, which a failover can
+        take away)."""
+        if self.wait is None:
+            return
+        replicas, timeout_ms = self.wait
+        pipe = self.connection.pipeline(transaction=False)
+        pipe.set(f"{WAIT_BARRIER_PREFIX}{self.store['queue']}", key)
+        pipe.execute_command("WAIT", replicas, timeout_ms)
+        acknowledged = int(pipe.execute()[-1])
+        if acknowledged < replicas:
+            raise OutcomeUnknown(
+                "rq",
+                f"WAIT {replicas} {timeout_ms}: {acknowledged} replica(s) acknowledged job"
+                f" {key} in time",
+            )
 
     def _worker(self, worker_id: str) -> Any:
         if worker_id not in self.workers:
