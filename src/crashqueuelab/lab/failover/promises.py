@@ -187,8 +187,8 @@ REDELIVERY = (
 )
 
 
-#: When RabbitMQ confirms a publish (3.10's guide says the same; the 3.13 guide is cited, as
-#: above).
+#: When RabbitMQ confirms a publish: the 3.13 guide, as above (the unversioned guide of the
+#: 3.10 era has the same sentences).
 CONFIRMS = "https://www.rabbitmq.com/docs/3.13/confirms#when-publishes-are-confirmed"
 CONFIRMS_LATENCY = "https://www.rabbitmq.com/docs/3.13/confirms#publisher-confirms-latency"
 CONFIRM_PROMISE = (

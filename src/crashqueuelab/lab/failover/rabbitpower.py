@@ -189,7 +189,9 @@ def run_rabbit_power_loss(
                             name: judge_queue(counts.get(name), sent[name]) for name in QUEUES
                         }
                         record.update(
-                            queues=queues, passed=all(q["passed"] for q in queues.values())
+                            listed=counts,
+                            queues=queues,
+                            passed=all(q["passed"] for q in queues.values()),
                         )
                 record["seconds"] = round(time.perf_counter() - state_started, 1)
                 write_json(state_dir / "state.json", {**record, "fate": placed.state.fate})

@@ -16,7 +16,8 @@ the settling one and the ones started on crash states (one after another), runs 
 node name of the case's node and on the path of its data directory, as a machine that
 reboots does: a node of another name would find no database and start empty, a node on
 another path would have its quorum queues read and write at the old one (measured: a node
-started on a copy at another path wrote its quorum queue's log into the backing tree).
+started on a copy at another path ran its quorum queue with the backing tree's path as its
+data directory, its log says).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ __all__ = ["SERVER_LOG", "STATE_SERVER_LOG", "STATISTICS_MS", "RabbitOnDisk", "S
 #: ``rabbitmqctl list_queues`` says a quorum queue's messages as its last tick counted them
 #: (every ``quorum_tick_interval``, 5 s by default; 0 before the first): a crash state's
 #: queues are read so, so every node of a case ticks often (measured: a node killed with
-#: 25 messages in its quorum queue listed 0 for its first 6 s after the restart).
+#: 25 messages in its quorum queue still listed 0 three seconds after its restart).
 STATISTICS_MS = 500
 #: What a case does on the settling node before it is stopped (it declares its queues).
 Settle = Callable[[ThrowawayRabbitMQ], None]
