@@ -40,6 +40,7 @@ from crashqueuelab.lab.faults.powerloss.crashstate import (
 )
 from crashqueuelab.lab.faults.powerloss.journal import Journal
 from crashqueuelab.lab.faults.powerloss.rabbitdisk import STATISTICS_MS, RabbitOnDisk
+from crashqueuelab.lab.faults.powerloss.targets import PlacedState
 from crashqueuelab.lab.runs.records import write_json
 from crashqueuelab.servers.rabbitmq import CONTROL_VARIABLE, ThrowawayRabbitMQ
 
@@ -138,6 +139,23 @@ def judge_queue(found: int | None, sent: Mapping[str, int]) -> dict[str, Any]:
     return judged
 
 
+def judge_placed(
+    placed: PlacedState, sent: Mapping[str, Mapping[str, int]], bindir: Path
+) -> dict[str, Any]:
+    """One crash state, its node started (and named to this process) or refused: a node
+    that refused to start, or whose queues could not be read, is reported with its words
+    and never passes."""
+    record: dict[str, Any] = {**placed.state.summary()}
+    if placed.problem is not None:
+        return {**record, "passed": False, "refused": placed.problem}
+    counts, unread = read_queues(os.environ[CONTROL_VARIABLE], bindir)
+    if unread is not None:
+        return {**record, "passed": False, "unread": unread}
+    queues = {name: judge_queue(counts.get(name), sent[name]) for name in QUEUES}
+    passed = all(queue["passed"] for queue in queues.values())
+    return {**record, "listed": counts, "queues": queues, "passed": passed}
+
+
 def run_rabbit_power_loss(
     output_dir: Path,
     *,
@@ -177,22 +195,7 @@ def run_rabbit_power_loss(
             with target.place(journal, choice, state_dir, distinct) as placed:
                 if placed.repeated:
                     continue
-                record: dict[str, Any] = {**placed.state.summary()}
-                if placed.problem is not None:
-                    record.update(passed=False, refused=placed.problem)
-                else:
-                    counts, unread = read_queues(os.environ[CONTROL_VARIABLE], target.server.bindir)
-                    if unread is not None:
-                        record.update(passed=False, refused=unread)
-                    else:
-                        queues = {
-                            name: judge_queue(counts.get(name), sent[name]) for name in QUEUES
-                        }
-                        record.update(
-                            listed=counts,
-                            queues=queues,
-                            passed=all(q["passed"] for q in queues.values()),
-                        )
+                record = judge_placed(placed, sent, target.server.bindir)
                 record["seconds"] = round(time.perf_counter() - state_started, 1)
                 write_json(state_dir / "state.json", {**record, "fate": placed.state.fate})
                 judged.append(record)
@@ -232,6 +235,7 @@ def run_rabbit_power_loss(
         },
         "crash_states": judged,
         "refused": sum(1 for state in judged if "refused" in state),
+        "unread": sum(1 for state in judged if "unread" in state),
         "verdict": verdict,
         "passed": bool(judged) and all(state["passed"] for state in judged),
         "timings": {

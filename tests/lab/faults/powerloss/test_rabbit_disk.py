@@ -51,6 +51,20 @@ def test_a_bounded_run_starts_lose_all_first_then_every_name_kept_then_the_other
     ]  # fmt: skip
 
 
+def test_a_node_that_refuses_a_crash_state_is_reported_with_its_words_and_never_passes(
+    tmp_path: Path,
+) -> None:
+    from crashqueuelab.lab.failover.rabbitpower import judge_placed
+    from crashqueuelab.lab.faults.powerloss.crashstate import CrashState
+    from crashqueuelab.lab.faults.powerloss.targets import Placed
+
+    said = "the server did not start on the crash state: rabbitmq-server did not start: ..."
+    placed = Placed(CrashState(LOSE_ALL, tmp_path), said)
+    sent = {"classic": {"confirmed": 1, "unconfirmed": 0}}
+    judged = judge_placed(placed, sent, tmp_path)
+    assert judged == {"choice": "lose-all", "pending": 0, "passed": False, "refused": said}
+
+
 @needs_the_disk
 @needs_a_node
 def test_a_node_keeps_what_it_confirmed_only_where_its_new_files_names_reached_the_disk(
@@ -83,7 +97,7 @@ def test_a_node_keeps_what_it_confirmed_only_where_its_new_files_names_reached_t
     assert (run / "crash-states" / "lose-all" / "recovery-server.node.log").is_file()
     # Every node of the run is gone (the settling one, the case's, one per crash state).
     node = str(report["node"]["node"])
-    assert not [pid for pid in _command_lines() if node in _command_lines()[pid]]
+    assert not [pid for pid, line in _command_lines().items() if node in line]
 
 
 def _command_lines() -> dict[str, str]:
