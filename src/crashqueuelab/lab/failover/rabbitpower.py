@@ -15,11 +15,12 @@ queue after persisting it to disk: ``promises.CONFIRM_PROMISE``) and at most eve
 published to it; a queue gone is every confirmed message lost. A node that refuses to
 start on a crash state is reported with its words, never as passed.
 
-A node boots in 6 to 9 s and ``rabbitmqctl`` answers in 2 to 4 s, so a run starts at most
+A node boots in 6 to 9 s and ``rabbitmqctl`` answers in up to 4 s, so a run starts at most
 ``states`` nodes on crash states: ``lose-all`` (every unsynced operation lost, the state a
 confirm must survive) first, then the state that keeps every pending directory change, the
 zeroed tails, the seeded states, and the other subsets in ``crash_choices``'s order; the
-record names every choice left unstarted.
+record names every choice left unstarted. Measured: 2 states in 27 to 38 s, 12 (of the 37
+choices a cut leaves) in 181 and 187 s, on 2 shared cores.
 """
 
 from __future__ import annotations
