@@ -138,9 +138,18 @@ class ThrowawayRabbitMQ(Throwaway):
     name = "rabbitmq"
     start_timeout_s = START_TIMEOUT_S
 
-    def __init__(self, bindir: Path | None = None, *, epmd_port: int | None = None) -> None:
+    def __init__(
+        self,
+        bindir: Path | None = None,
+        *,
+        epmd_port: int | None = None,
+        settings: Mapping[str, str] | None = None,
+        advanced: str = "",
+    ) -> None:
         """``epmd_port``: an ``epmd`` the caller runs there (the nodes of a cluster find each
-        other through one); the node then starts none of its own."""
+        other through one); the node then starts none of its own. ``settings``: added to
+        ``SETTINGS`` in the node's configuration file; ``advanced``: the Erlang terms of its
+        ``advanced.config``, for what ``rabbitmq.conf`` cannot say."""
         found = bindir if bindir is not None else find_binaries()
         if found is None:
             raise ServerUnavailable(
@@ -164,6 +173,8 @@ class ThrowawayRabbitMQ(Throwaway):
         self.config = self.root / "rabbitmq.conf"
         self.process: subprocess.Popen[bytes] | None = None
         self.epmd: subprocess.Popen[bytes] | None = None
+        self.own_settings = dict(settings or {})
+        self.advanced = advanced
 
     @property
     def url(self) -> str:
@@ -181,7 +192,7 @@ class ThrowawayRabbitMQ(Throwaway):
 
     @property
     def settings(self) -> dict[str, str]:
-        return dict(SETTINGS)
+        return {**SETTINGS, **self.own_settings}
 
     def environment(self) -> dict[str, str]:
         return {
@@ -250,9 +261,11 @@ class ThrowawayRabbitMQ(Throwaway):
         for directory in (self.data, self.home, self.logs):
             directory.mkdir(parents=True, exist_ok=True)
         lines = [f"listeners.tcp.default = 127.0.0.1:{self.amqp_port}"]
-        lines += [f"{key} = {value}" for key, value in SETTINGS.items()]
+        lines += [f"{key} = {value}" for key, value in {**SETTINGS, **self.own_settings}.items()]
         self.config.write_text("\n".join(lines) + "\n")
         (self.root / "enabled_plugins").write_text("[].\n")
+        if self.advanced:
+            (self.root / "advanced.config").write_text(self.advanced)
         (self.root / "rabbitmq-env.conf").write_text("")
         if not self.cookie.exists():
             self.cookie.write_text(secrets.token_hex(16))

@@ -197,6 +197,19 @@ REDELIVERY = (
 )
 
 
+#: When RabbitMQ confirms a publish: the 3.13 guide, as above (the unversioned guide of the
+#: 3.10 era has the same sentences).
+CONFIRMS = "https://www.rabbitmq.com/docs/3.13/confirms#when-publishes-are-confirmed"
+CONFIRMS_LATENCY = "https://www.rabbitmq.com/docs/3.13/confirms#publisher-confirms-latency"
+CONFIRM_PROMISE = (
+    "For routable messages, the basic.ack is sent when a message has been accepted by all the"
+    " queues. For persistent messages routed to durable queues, this means persisting to"
+    " disk. For quorum queues, this means that a quorum replicas have accepted and confirmed"
+    " the message to the elected leader. ... basic.ack for a persistent message routed to a"
+    " durable queue will be sent after persisting the message to disk."
+)
+
+
 def rabbit_promise(queue_type: str, sync_mode: str, promote_on_failure: str) -> dict[str, Any]:
     """What RabbitMQ's documentation promises of ``queue_type`` when the node hosting its
     leader dies: a confirmed message is never lost from a quorum queue unless a majority of

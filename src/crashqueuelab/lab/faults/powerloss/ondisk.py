@@ -72,6 +72,11 @@ class OnDisk(ABC, Generic[Server]):
     def lay_state(self, journal: Journal, choice: Choice, server: Server) -> CrashState:
         """The crash state ``choice`` of the disk as ``server``'s data directory."""
 
+    def keep_logs(self, server: Server, log: Path) -> None:
+        """What ``server`` said, kept at ``log`` (a server that keeps a log of its own
+        beside what it prints keeps that too)."""
+        keep_log(server, log)
+
     def __enter__(self) -> Self:
         try:
             self.lay_tree()
@@ -94,7 +99,7 @@ class OnDisk(ABC, Generic[Server]):
             if self.server.running:
                 self.server.kill()
             self.disk.__exit__(kind, error, traceback)
-            keep_log(self.server, self.case_dir / SERVER_LOG)
+            self.keep_logs(self.server, self.case_dir / SERVER_LOG)
         finally:
             self.server.close()
 
@@ -133,7 +138,7 @@ class OnDisk(ABC, Generic[Server]):
             with named(server):
                 yield Placed(state)
         finally:
-            keep_log(server, state_dir / STATE_SERVER_LOG)
+            self.keep_logs(server, state_dir / STATE_SERVER_LOG)
             # The state is thrown away: no checkpoint to wait for.
             server.crash()
             server.close()
