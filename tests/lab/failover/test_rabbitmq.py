@@ -70,7 +70,14 @@ def test_a_quorum_and_a_mirrored_queue_each_lose_no_confirmed_job_when_the_leade
     for queue_type in ("quorum", "mirrored"):
         out = tmp_path / queue_type
         records[queue_type] = record = run_rabbit_failover(
-            out, queue_type=queue_type, failovers=1, jobs=150, deadline_s=30.0, cluster=cluster
+            # The deadline bounds a drain that ends once the queue reads empty: a busy
+            # machine's slower election and rejoin take no more than this.
+            out,
+            queue_type=queue_type,
+            failovers=1,
+            jobs=150,
+            deadline_s=90.0,
+            cluster=cluster,
         )
         failover = record["failovers"][0]
         # The node killed was the one hosting the leader, and a survivor leads after it.

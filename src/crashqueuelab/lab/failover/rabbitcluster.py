@@ -87,7 +87,13 @@ class ClusterNode(ThrowawayRabbitMQ):
     name = "rabbitmq-node"
 
     def __init__(self, bindir: Path, *, epmd_port: int) -> None:
-        super().__init__(bindir, epmd_port=epmd_port)
+        # A quorum queue's counts are as of its last tick (quorum_tick_interval, 5 s by
+        # default), which rabbitmq.conf cannot set: as often as the statistics here.
+        super().__init__(
+            bindir,
+            epmd_port=epmd_port,
+            advanced=f"[{{rabbit, [{{quorum_tick_interval, {STATISTICS_MS}}}]}}].\n",
+        )
         #: Set by a partitionable cluster before the first start.
         self.partition_handling: str | None = None
         self.distribution: dict[str, str] = {}
