@@ -340,18 +340,29 @@ class CrashPoint:
 REPLY_LOST_SUFFIX = "_COMMIT_REPLY_LOST"
 
 
+def _family_point(after: str, suffix: str) -> str:
+    """The crash point of a COMMIT family (``suffix``) at the phase ``AFTER_<T>_COMMIT``."""
+    return after.removeprefix("AFTER_").removesuffix("_COMMIT") + suffix
+
+
+def _family_phases(point: str, suffix: str) -> tuple[str, str] | None:
+    """For a crash point of a COMMIT family (``suffix``), the phases before and after its
+    transition's COMMIT; None for any other point."""
+    if not point.endswith(suffix):
+        return None
+    transition = point.removesuffix(suffix)
+    return f"BEFORE_{transition}_COMMIT", f"AFTER_{transition}_COMMIT"
+
+
 def reply_lost_point(after: str) -> str:
     """The reply-lost crash point of the phase ``AFTER_<T>_COMMIT``."""
-    return after.removeprefix("AFTER_").removesuffix("_COMMIT") + REPLY_LOST_SUFFIX
+    return _family_point(after, REPLY_LOST_SUFFIX)
 
 
 def reply_lost_phases(point: str) -> tuple[str, str] | None:
     """For a reply-lost crash point, the phase before its COMMIT (where the answers start
     being dropped) and the one after it (where the child dies); None for any other point."""
-    if not point.endswith(REPLY_LOST_SUFFIX):
-        return None
-    transition = point.removesuffix(REPLY_LOST_SUFFIX)
-    return f"BEFORE_{transition}_COMMIT", f"AFTER_{transition}_COMMIT"
+    return _family_phases(point, REPLY_LOST_SUFFIX)
 
 
 #: A crash point named ``<T>_COMMIT_OPEN`` is the death at ``AFTER_<T>_COMMIT`` of a child
@@ -363,17 +374,14 @@ OPEN_COMMIT_SUFFIX = "_COMMIT_OPEN"
 
 def open_commit_point(after: str) -> str:
     """The open-commit crash point of the phase ``AFTER_<T>_COMMIT``."""
-    return after.removeprefix("AFTER_").removesuffix("_COMMIT") + OPEN_COMMIT_SUFFIX
+    return _family_point(after, OPEN_COMMIT_SUFFIX)
 
 
 def open_commit_phases(point: str) -> tuple[str, str] | None:
     """For an open-commit crash point, the phase before its COMMIT (where the standby is
     held and the answers start being dropped) and the one after it (where the child dies);
     None for any other point."""
-    if not point.endswith(OPEN_COMMIT_SUFFIX):
-        return None
-    transition = point.removesuffix(OPEN_COMMIT_SUFFIX)
-    return f"BEFORE_{transition}_COMMIT", f"AFTER_{transition}_COMMIT"
+    return _family_phases(point, OPEN_COMMIT_SUFFIX)
 
 
 #: A crash point named ``<T>_COMMIT_ID_REUSED`` is the death at ``AFTER_<T>_COMMIT`` of a
@@ -386,16 +394,13 @@ ID_REUSED_SUFFIX = "_COMMIT_ID_REUSED"
 
 def id_reused_point(after: str) -> str:
     """The id-reused crash point of the phase ``AFTER_<T>_COMMIT``."""
-    return after.removeprefix("AFTER_").removesuffix("_COMMIT") + ID_REUSED_SUFFIX
+    return _family_point(after, ID_REUSED_SUFFIX)
 
 
 def id_reused_phases(point: str) -> tuple[str, str] | None:
     """For an id-reused crash point, the phase before its COMMIT (where the server crashes)
     and the one after it (where the child dies); None for any other point."""
-    if not point.endswith(ID_REUSED_SUFFIX):
-        return None
-    transition = point.removesuffix(ID_REUSED_SUFFIX)
-    return f"BEFORE_{transition}_COMMIT", f"AFTER_{transition}_COMMIT"
+    return _family_phases(point, ID_REUSED_SUFFIX)
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,21 @@ class SessionTarget(Protocol):
     def terminate_sessions(self) -> Callable[[int], int] | None: ...
 
 
+def _struck(fault: Fault, started: float, strike: Callable[[], Record]) -> Record:
+    """What every server fault does around its strike: wait the fault's delay, strike, and
+    keep when it struck and how long the server took to come back."""
+    time.sleep(fault.delay_ms / 1000)
+    record: Record = {
+        "index": fault.index,
+        "kind": fault.kind.value,
+        "after_finished": fault.after_finished,
+        "at_s": round(time.monotonic() - started, 6),
+    }
+    record |= strike()
+    record["back_after_s"] = round(time.monotonic() - started - record["at_s"], 6)
+    return record
+
+
 class ServerRestart:
     """The server dies without a checkpoint and starts again; the workers live on and must
     reconnect, and every transition they were told was committed must still be there."""
@@ -73,17 +88,14 @@ class ServerRestart:
     kinds = frozenset({FaultKind.SERVER_RESTART})
 
     def deliver(self, fault: Fault, target: RestartTarget) -> Record | None:
-        assert target.restart_server is not None
-        time.sleep(fault.delay_ms / 1000)
-        record: Record = {
-            "index": fault.index,
-            "kind": fault.kind.value,
-            "after_finished": fault.after_finished,
-            "at_s": round(time.monotonic() - target.started, 6),
-        }
-        target.restart_server()
-        record["back_after_s"] = round(time.monotonic() - target.started - record["at_s"], 6)
-        return record
+        restart = target.restart_server
+        assert restart is not None
+
+        def strike() -> Record:
+            restart()
+            return {}
+
+        return _struck(fault, target.started, strike)
 
 
 class Failover:
@@ -94,17 +106,9 @@ class Failover:
     kinds = frozenset({FaultKind.FAILOVER})
 
     def deliver(self, fault: Fault, target: FailoverTarget) -> Record | None:
-        assert target.fail_over is not None
-        time.sleep(fault.delay_ms / 1000)
-        record: Record = {
-            "index": fault.index,
-            "kind": fault.kind.value,
-            "after_finished": fault.after_finished,
-            "at_s": round(time.monotonic() - target.started, 6),
-        }
-        record["failover"] = target.fail_over()
-        record["back_after_s"] = round(time.monotonic() - target.started - record["at_s"], 6)
-        return record
+        fail_over = target.fail_over
+        assert fail_over is not None
+        return _struck(fault, target.started, lambda: {"failover": fail_over()})
 
 
 class HeldCommits:
@@ -116,17 +120,9 @@ class HeldCommits:
     kinds = frozenset({FaultKind.HELD_COMMITS})
 
     def deliver(self, fault: Fault, target: HoldTarget) -> Record | None:
-        assert target.hold_commits is not None
-        time.sleep(fault.delay_ms / 1000)
-        record: Record = {
-            "index": fault.index,
-            "kind": fault.kind.value,
-            "after_finished": fault.after_finished,
-            "at_s": round(time.monotonic() - target.started, 6),
-        }
-        record["held_commits"] = target.hold_commits()
-        record["back_after_s"] = round(time.monotonic() - target.started - record["at_s"], 6)
-        return record
+        hold_commits = target.hold_commits
+        assert hold_commits is not None
+        return _struck(fault, target.started, lambda: {"held_commits": hold_commits()})
 
 
 class SessionKill:
