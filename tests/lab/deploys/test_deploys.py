@@ -458,9 +458,14 @@ def test_celery_5663_a_task_finished_in_a_gevent_warm_shutdown_runs_again_on_5_4
     assert fixed["system"]["version"].startswith("celery 5.5.0 (kombu 5.5.4,")
     # The fixed release acknowledges every task it finished before its worker exits.
     assert fixed["promises"]["keeps_its_promises"] is True, fixed["anomalies"]
-    again = [f for f in old["findings"] if f["kind"] == "ran_twice"]
-    # Each run again after a worker that exited by itself: no SIGKILL's redelivery.
-    assert {f["facts"]["worker_then"] for f in again} <= {"exited"}
+    runs_again = [f for f in old["findings"] if f["kind"] == "ran_twice"]
+    # A worker that did not exit within the grace on a busy machine was SIGKILLed: its
+    # redelivery is documented. Each run again after a worker that exited by itself is #5663,
+    # a broken promise.
+    again = [f for f in runs_again if f["facts"]["worker_then"] == "exited"]
+    killed = [f for f in runs_again if f["facts"]["worker_then"] != "exited"]
+    assert {f["facts"]["worker_then"] for f in killed} <= {"sigkilled"}
+    assert not any(f["text"] in old["promises"]["broken_promises"] for f in killed)
     assert all(f["text"] in old["promises"]["broken_promises"] for f in again)
     if not again:
         pytest.skip("Celery 5.4.0: no task finished inside a warm shutdown's window this run")
