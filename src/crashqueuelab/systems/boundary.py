@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from crashqueuelab.systems.contract import (
     Capabilities,
@@ -69,6 +69,7 @@ def library_reading(
     problems: Sequence[str],
     statuses: Mapping[str, JobStatus],
     judge: str,
+    facts: Mapping[str, Any] | None = None,
 ) -> StoreReading:
     """A reader's findings (each job's native state and attempts) in the lab's words; a
     state the reader knows and the lab does not count is pending."""
@@ -78,7 +79,7 @@ def library_reading(
             key: StoredJob(state, statuses.get(state, JobStatus.PENDING), attempts)
             for key, (state, attempts) in jobs.items()
         },
-        facts={},
+        facts=dict(facts or {}),
         ok=not problems,
         problems=tuple(problems),
         judge=judge,

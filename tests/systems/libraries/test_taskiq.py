@@ -36,6 +36,7 @@ from crashqueuelab.systems import (
     resolve_system,
 )
 from crashqueuelab.systems.libraries.taskiq.points import CRASH_POINTS
+from crashqueuelab.systems.libraries.taskiq.system import read_store
 from crashqueuelab.systems.libraries.taskiq.worker import lab_job
 
 
@@ -137,6 +138,29 @@ def test_the_reader_reports_what_the_lab_did_not_write(tmp_path: Path, redis_soc
     assert reading.jobs == {"odd": ("acknowledged", 1)}
     assert reading.problems[0].endswith("not a message of the lab's")
     assert reading.problems[1] == "job odd: acknowledged, with no result"
+
+
+def test_the_reader_says_whether_the_reclaim_lock_is_held_and_when_it_expires(
+    tmp_path: Path, redis_socket: str
+) -> None:
+    """The lock is redis-py's: a token set only when absent, with or without a timeout."""
+    store = tmp_path / "store"
+    open_taskiq(store).close()
+    queue = queue_name(store)
+    key = f"autoclaim:taskiq:{queue}"
+    facts = read_store(store).facts
+    assert facts == {"reclaim_lock": {"key": key, "held": False}}
+    with RespConnection(redis_socket) as connection:
+        connection.command("SET", key, "a-dead-holders-token", "NX")
+        assert read_taskiq_store(store).facts["reclaim_lock"] == {
+            "key": key,
+            "held": True,
+            "expires_in_ms": None,
+        }
+        connection.command("PEXPIRE", key, 60_000)
+        lock = read_store(store).facts["reclaim_lock"]
+    assert lock["held"] is True
+    assert 0 < lock["expires_in_ms"] <= 60_000
 
 
 def test_a_claim_reported_through_another_client_is_acknowledged_and_closes_its_connection(

@@ -15,6 +15,12 @@ The adapter gives each job the task id ``<queue>-<key>`` and the lab's key, job 
 payload as its arguments. A retry (taskiq's ``SimpleRetryMiddleware``) adds a new entry with
 the same task id and the label ``_retries``: the newest entry of a task id is where it
 stands, and its attempts are the retries before it, plus one once it was delivered.
+
+From 1.0.6 a consumer runs its ``XAUTOCLAIM`` holding a lock, the key
+``autoclaim:<group>:<stream>`` (redis-py's lock: the holder's random token as its value, set
+only when absent, deleted by its holder), and a consumer that finds the key set skips its
+reclaim. The reader says whether the key is set and when it expires (never, without a
+timeout): a lock its holder died with stops every consumer's reclaim.
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ QUEUED, PENDING, SUCCEEDED, FAILED, ACKNOWLEDGED = (
 )
 #: The most pending entries one read lists (XPENDING's count).
 PENDING_LISTED = 100_000
+#: The key of the lock a consumer holds while it reclaims a stream's pending entries.
+RECLAIM_LOCK = "autoclaim:{group}:{stream}"
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,8 @@ class TaskiqReading:
     entries: tuple[Entry, ...] = ()
     #: The group's consumers, by name: their pending entries (XINFO CONSUMERS).
     consumers: Mapping[str, int] = field(default_factory=dict)
+    #: What else the reader found that explains where jobs stand: ``reclaim_lock``.
+    facts: Mapping[str, Any] = field(default_factory=dict)
 
 
 def queue_name(directory: Path) -> str | None:
@@ -191,4 +201,17 @@ def _read(connection: RespConnection, name: str) -> TaskiqReading:
         outcome = unpickle(result)
         failed = bool(outcome.get("is_err")) if isinstance(outcome, dict) else True
         jobs[entry.key] = (FAILED if failed else SUCCEEDED, entry.retries + 1)
-    return TaskiqReading(True, jobs, tuple(problems), tuple(entries), consumers)
+    facts = {"reclaim_lock": _reclaim_lock(connection, name)}
+    return TaskiqReading(True, jobs, tuple(problems), tuple(entries), consumers, facts)
+
+
+def _reclaim_lock(connection: RespConnection, name: str) -> dict[str, Any]:
+    """Whether a consumer holds the stream's reclaim lock, and for how long more (None: the
+    key never expires, so it is held until its holder deletes it)."""
+    key = RECLAIM_LOCK.format(group=GROUP, stream=name)
+    held = connection.command("GET", key)
+    if not isinstance(held, bytes):
+        return {"key": key, "held": False}
+    remaining = connection.command("PTTL", key)
+    expires = int(remaining) if isinstance(remaining, int) and remaining >= 0 else None
+    return {"key": key, "held": True, "expires_in_ms": expires}

@@ -434,6 +434,7 @@ def run_deploys(
             "judge": reading.judge,
             "ok": reading.ok,
             "problems": list(reading.problems),
+            "facts": dict(reading.facts),
             "independent": resolved.reader is not None,
         },
         "checks": {

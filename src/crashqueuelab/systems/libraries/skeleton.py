@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from crashqueuelab.core.errors import SystemUnavailable, install_hint
 from crashqueuelab.systems.boundary import (
@@ -118,14 +118,22 @@ class NativeReading(Protocol):
     def problems(self) -> Sequence[str]: ...
 
 
+ReadingT = TypeVar("ReadingT", bound=NativeReading)
+
+
+def _no_facts(reading: NativeReading) -> Mapping[str, Any]:
+    return {}
+
+
 def library_reader(
-    read: Callable[[Path], NativeReading],
+    read: Callable[[Path], ReadingT],
     statuses: Mapping[str, JobStatus],
     judge: str | Callable[[Path], str],
+    facts: Callable[[ReadingT], Mapping[str, Any]] = _no_facts,
 ) -> Reader:
     """The system's reader: the judges' ``read`` (which imports nothing of the library), its
-    states in the lab's words, and the judge named in the reading (or what names it, from
-    the store's directory)."""
+    states in the lab's words, the judge named in the reading (or what names it, from the
+    store's directory), and the reading's facts beyond the jobs' states, where it has some."""
 
     def read_store(directory: Path) -> StoreReading:
         reading = read(directory)
@@ -135,6 +143,7 @@ def library_reader(
             problems=reading.problems,
             statuses=statuses,
             judge=judge if isinstance(judge, str) else judge(directory),
+            facts=facts(reading),
         )
 
     # A reading that raises is reported under the reader's module: the judges' one.

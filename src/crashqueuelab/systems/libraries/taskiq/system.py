@@ -27,6 +27,7 @@ read_store = library_reader(
     lambda directory: (
         f"crashqueuelab.judges.readers.taskiq (reads stream {queue_name(directory)} with RESP)"
     ),
+    facts=lambda reading: reading.facts,
 )
 #: Beyond ``idle_timeout``: the ``XREADGROUP`` wait before the next ``XAUTOCLAIM``, and a
 #: margin for the replacement worker's start.
