@@ -43,6 +43,7 @@ from crashqueuelab.cli.failover import add_failover_command
 from crashqueuelab.cli.heartbeats import add_heartbeats_command
 from crashqueuelab.cli.pages import html_report
 from crashqueuelab.cli.pinned import pinned_label, pins_of, run_pinned
+from crashqueuelab.cli.powercut import add_power_cut_command
 from crashqueuelab.cli.shrink import add_shrink_command
 from crashqueuelab.cli.verdict import verdict_line
 from crashqueuelab.cli.versions import add_versions_command
@@ -112,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_deploys_command(command)
     add_disk_faults_command(command)
     add_failover_command(command)
+    add_power_cut_command(command)
     add_database_commands(command)
     return parser
 

@@ -130,4 +130,8 @@ def _pair_82(directory: Path, run_cli: RunCli) -> dict[str, Any]:
     assert old["promises"]["keeps_its_promises"] is False
     assert fixed["system"]["version"].startswith("taskiq-redis 1.0.6 ")
     assert "idle_timeout 5000 ms" in fixed["system"]["version"]
+    # The page says what the reader found of the reclaim lock, held or not.
+    assert (
+        "Found beside the jobs, reclaim_lock" in (directory / "1.0.6" / "report.html").read_text()
+    )
     return fixed

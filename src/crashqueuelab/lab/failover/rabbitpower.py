@@ -42,13 +42,14 @@ from crashqueuelab.lab.faults.powerloss.crashstate import (
 from crashqueuelab.lab.faults.powerloss.journal import Journal
 from crashqueuelab.lab.faults.powerloss.rabbitdisk import STATISTICS_MS, RabbitOnDisk
 from crashqueuelab.lab.faults.powerloss.targets import PlacedState
+from crashqueuelab.lab.runs.kinds import POWER_CUT
 from crashqueuelab.lab.runs.records import write_json
 from crashqueuelab.servers.rabbitmq import CONTROL_VARIABLE, ThrowawayRabbitMQ
 
 #: The queues every run declares, by name: their type.
 QUEUES: Mapping[str, str] = {"classic": "classic", "quorum": "quorum"}
 #: The record of a run, in its output directory.
-RECORD_FILE = "rabbit-power-loss.json"
+RECORD_FILE = POWER_CUT.record
 STATES_DIRECTORY = "crash-states"
 #: Reading the queues on a node just started: a quorum queue's counts are statistics
 #: (``rabbitdisk.STATISTICS_MS``), so the reading waits two intervals, then is taken again
@@ -157,6 +158,47 @@ def judge_placed(
     return {**record, "listed": counts, "queues": queues, "passed": passed}
 
 
+def headline(
+    node: Mapping[str, Any], verdict: Mapping[str, Mapping[str, int]], judged: list[dict[str, Any]]
+) -> str:
+    """One line: per queue, the crash states that kept every message it confirmed."""
+    if not judged:
+        return f"RabbitMQ {node.get('version')}: no crash state was started"
+    queues = "; ".join(
+        f"{name} queue: {counts['states_kept_every_confirmed']} of {len(judged)} kept every"
+        f" one of {counts['confirmed']} confirmed messages,"
+        f" {counts['states_losing_confirmed']} lost confirmed messages"
+        for name, counts in verdict.items()
+    )
+    refused = sum(1 for state in judged if "refused" in state)
+    unread = sum(1 for state in judged if "unread" in state)
+    return (
+        f"RabbitMQ {node.get('version')}, one node, a power cut: {queues}; {refused} crash"
+        f" state(s) the node refused to start on, {unread} it could not be read on"
+    )
+
+
+def reasons(judged: list[dict[str, Any]]) -> list[str]:
+    """Each crash state that did not pass, and why, in the words of its judging."""
+    found = []
+    for state in judged:
+        if "refused" in state:
+            found.append(
+                f"crash state {state['choice']}: the node refused to start: {state['refused']}"
+            )
+        elif "unread" in state:
+            found.append(
+                f"crash state {state['choice']}: the queues could not be read: {state['unread']}"
+            )
+        else:
+            found.extend(
+                f"crash state {state['choice']}: {name} queue: {queue['why']}"
+                for name, queue in state["queues"].items()
+                if not queue["passed"]
+            )
+    return found
+
+
 def run_rabbit_power_loss(
     output_dir: Path,
     *,
@@ -215,7 +257,18 @@ def run_rabbit_power_loss(
         }
         for name in QUEUES
     }
+    passed = bool(judged) and all(state["passed"] for state in judged)
     report = {
+        "ok": passed,
+        "headline": headline(node, verdict, judged),
+        "reasons": reasons(judged),
+        "parameters": {
+            "server": "rabbitmq",
+            "confirmed": confirmed,
+            "unconfirmed": unconfirmed,
+            "states": states,
+        },
+        "seed": seed,
         "question": (
             "does a single RabbitMQ node keep every message it confirmed (persistent,"
             " durable queue, publisher confirms) across a power cut?"
@@ -238,7 +291,7 @@ def run_rabbit_power_loss(
         "refused": sum(1 for state in judged if "refused" in state),
         "unread": sum(1 for state in judged if "unread" in state),
         "verdict": verdict,
-        "passed": bool(judged) and all(state["passed"] for state in judged),
+        "passed": passed,
         "timings": {
             "node_on_disk_s": round(booted_s, 1),
             "cut_s": round(cut_s, 1),

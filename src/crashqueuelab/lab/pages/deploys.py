@@ -233,7 +233,8 @@ def deploys_view(run_dir: Path) -> View:
         "held": report["held_when_killed"],
         "jobs": jobs,
         "checks": report["checks"],
-        "store": report["store"],
+        # Records before the store's facts were kept have none.
+        "store": {"facts": {}, **report["store"]},
         "scheduled": scheduled,
         "scheduled_lanes": None
         if not scheduled or not scheduled["jobs"]

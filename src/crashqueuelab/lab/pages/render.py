@@ -19,6 +19,7 @@ from crashqueuelab.lab.pages.diskfaults import disk_faults_view
 from crashqueuelab.lab.pages.failover import failover_view
 from crashqueuelab.lab.pages.heartbeats import heartbeats_view
 from crashqueuelab.lab.pages.mutants import mutants_view
+from crashqueuelab.lab.pages.powercut import power_cut_view
 from crashqueuelab.lab.pages.showcase import showcase_view
 from crashqueuelab.lab.pages.stopped import stopped_view
 from crashqueuelab.lab.pages.versions import versions_view
@@ -33,6 +34,7 @@ from crashqueuelab.lab.runs.kinds import (
     HEARTBEATS,
     KINDS,
     MUTANTS,
+    POWER_CUT,
     SHOWCASE,
     VERSIONS,
     RunKind,
@@ -53,6 +55,7 @@ VIEWS: dict[RunKind, Callable[[Path], View]] = {
     DEPLOYS: deploys_view,
     DISK_FAULTS: disk_faults_view,
     FAILOVER: failover_view,
+    POWER_CUT: power_cut_view,
 }
 
 

@@ -27,6 +27,7 @@ HEARTBEATS = RunKind("heartbeats", "heartbeats.json")
 DEPLOYS = RunKind("deploys", "deploys.json")
 DISK_FAULTS = RunKind("disk-faults", "disk-faults.json")
 FAILOVER = RunKind("failover", "failover.json")
+POWER_CUT = RunKind("power-cut", "power-cut.json")
 
 #: Every kind, in the order a directory is recognised by.
 KINDS: tuple[RunKind, ...] = (
@@ -41,6 +42,7 @@ KINDS: tuple[RunKind, ...] = (
     DEPLOYS,
     DISK_FAULTS,
     FAILOVER,
+    POWER_CUT,
 )
 BY_COMMAND = {kind.command: kind for kind in KINDS}
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from crashqueuelab.lab.faults.powerloss.crashstate import LOSE_ALL, Choice
 from crashqueuelab.lab.faults.powerloss.journal import JOURNAL_FILE, Journal, load_journal
 from crashqueuelab.servers.rabbitmq import find_binaries
+from tests.conftest import RunCli
 
 needs_the_disk = pytest.mark.skipif(
     not sys.platform.startswith("linux") or not Path("/dev/fuse").exists(),
@@ -65,20 +67,47 @@ def test_a_node_that_refuses_a_crash_state_is_reported_with_its_words_and_never_
     assert judged == {"choice": "lose-all", "pending": 0, "passed": False, "refused": said}
 
 
+def test_power_cut_refuses_a_machine_without_the_disk_or_the_server_before_making_anything(
+    tmp_path: Path, run_cli: RunCli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from crashqueuelab.cli import powercut
+
+    run = tmp_path / "run"
+    monkeypatch.setattr(powercut, "find_binaries", lambda: None)
+    monkeypatch.setattr(powercut, "require_power_loss", lambda: None)
+    refused = run_cli("power-cut", "--output-directory", run)
+    assert refused.code == 4
+    assert refused.result["error"]["type"] == "ServerUnavailable"
+    assert "rabbitmq-server is not installed here" in refused.result["error"]["message"]
+    assert not run.exists()
+    bad = run_cli("power-cut", "--output-directory", run, "--states", "0")
+    assert bad.code == 2
+    assert not run.exists()
+
+
 @needs_the_disk
 @needs_a_node
 def test_a_node_keeps_what_it_confirmed_only_where_its_new_files_names_reached_the_disk(
-    tmp_path: Path,
+    tmp_path: Path, run_cli: RunCli
 ) -> None:
     # RabbitMQ 3.10 syncs the files that hold a confirmed message before it confirms (the
     # classic queue's message store and index journal, the quorum queue's Ra WAL), and never
     # a directory: the index journal (and its queue's directory) and the WAL file a node
     # makes at its boot are new names that no fsync covers. With them lost (lose-all), every
     # confirmed message is gone from both queues; with every pending name kept, all are there.
-    from crashqueuelab.lab.failover.rabbitpower import QUEUES, run_rabbit_power_loss
+    from crashqueuelab.lab.failover.rabbitpower import QUEUES
 
     run = tmp_path / "run"
-    report = run_rabbit_power_loss(run, confirmed=10, unconfirmed=3, states=2)
+    outcome = run_cli(
+        "power-cut", "--output-directory", run, "--confirmed", "10", "--unconfirmed", "3",
+        "--states", "2", "--quiet",
+    )  # fmt: skip
+    assert outcome.code == 1, outcome.stderr
+    assert outcome.result["reasons"][0] == (
+        "crash state lose-all: classic queue: 10 of 10 confirmed messages lost"
+    )
+    report = json.loads((run / "power-cut.json").read_text())
+    assert outcome.result["verdict"] == report["verdict"]
     cut = report["power_cut"]
     assert (cut["directory_syncs"], cut["crash_states"], report["refused"]) == (0, 2, 0)
     lose_all, every_name = report["crash_states"]
@@ -95,6 +124,11 @@ def test_a_node_keeps_what_it_confirmed_only_where_its_new_files_names_reached_t
     # The evidence: each state's fates and what its node said of its recovery.
     assert (run / "crash-states" / "lose-all" / "state.json").is_file()
     assert (run / "crash-states" / "lose-all" / "recovery-server.node.log").is_file()
+    # The page says it per state and per queue, from the record.
+    page = (run / "report.html").read_text()
+    assert "FAILED" in page
+    assert "0 listed, 10 confirmed" in page
+    assert "kept every confirmed message" in page
     # Every node of the run is gone (the settling one, the case's, one per crash state).
     node = str(report["node"]["node"])
     assert not [pid for pid, line in _command_lines().items() if node in line]
