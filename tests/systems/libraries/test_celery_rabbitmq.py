@@ -79,6 +79,8 @@ SYSTEMS = {
 }
 #: RabbitMQ's consumer_timeout in the cells that exceed it (its default: 30 minutes).
 CONSUMER_TIMEOUT_MS = 2000
+#: What the node logs as it closes a channel whose delivery was not acknowledged in time.
+TIMED_OUT = "caused a channel exception precondition_failed: delivery acknowledgement on channel"
 #: How often each channel checks its consumer_timeout (RabbitMQ's ``channel_tick_interval``,
 #: one minute by default: "Whether the timeout should be enforced is evaluated periodically,
 #: at one minute intervals"), so that the timeout acts inside the test's bounded wait.
@@ -385,6 +387,9 @@ def test_a_task_longer_than_the_consumer_timeout_is_requeued_its_worker_stops_it
                 assert served[store].join()[0] == 0, store
             assert served["defaults"].process.exitcode is None
             held = queues(server, tmp_path)
+        # The node's own log: a channel closed for each late-acknowledged message.
+        said = (server.logs / f"{server.node}.log").read_text()
+        assert said.count(TIMED_OUT) == 2, said[-2000:]
         # Each ran once and succeeded; the late ones' messages wait in the queue all the same.
         assert results(tmp_path) == all_succeeded_once()
         assert held == {"defaults": (0, 0), "late": (1, 0), "reject": (1, 0)}
