@@ -2,16 +2,19 @@
 acknowledgement matrix, each cell judged by readers that import neither Celery nor kombu:
 the node's queue by ``rabbitmqctl list_queues`` (``judges.readers.rabbitmq``) and the
 task's state in the Redis result backend by the lab's RESP client
-(``judges.readers.celery``). Each test starts its own throwaway RabbitMQ node (stopped also
-on failure) and runs the three settings at once, each on a store (a queue) of its own:
-Celery's defaults (early acknowledgement), ``task_acks_late`` alone, and ``task_acks_late``
-with ``task_reject_on_worker_lost``.
+(``judges.readers.celery``). The tests start throwaway RabbitMQ nodes, stopped and removed
+also on failure: one for the module at RabbitMQ's defaults, and one of its own for the cell
+past ``consumer_timeout``. Each test runs the three settings at once, each on a store (a
+queue) of its own: Celery's defaults (early acknowledgement), ``task_acks_late`` alone, and
+``task_acks_late`` with ``task_reject_on_worker_lost``.
 
 Where Redis keeps a received message in kombu's ``unacked`` hash until a visibility timeout
 passes, RabbitMQ puts an unacknowledged message back as the channel that received it
 closes: the death of the worker's main process requeues a late-acknowledged task at once,
 and a task held longer than the node's ``consumer_timeout`` has its channel closed by
-RabbitMQ (``PRECONDITION_FAILED``) and comes back.
+RabbitMQ (``PRECONDITION_FAILED``) and comes back, while Celery's worker, taking the closed
+channel for an unrecoverable error, finishes the task and stops; the next worker runs the
+succeeded task again.
 """
 
 from __future__ import annotations
