@@ -263,7 +263,7 @@ def test_sigterm_is_a_warm_shutdown_the_task_in_hand_finishes_acknowledged_once(
 ) -> None:
     submitted(tmp_path)
     with contextlib.ExitStack() as stack:
-        served = workers(stack, tmp_path, work_s=2.0)
+        served = workers(stack, tmp_path, work_s=3.0)
         started_lines(tmp_path)
         signalled = {store: worker.signal(signal.SIGTERM) for store, worker in served.items()}
         stopped = {store: worker.join() for store, worker in served.items()}
