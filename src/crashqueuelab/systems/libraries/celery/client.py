@@ -18,6 +18,10 @@ submission of a key is refused by the adapter when the store holds the task alre
 message received and not acknowledged comes back when kombu's ``restore_visible`` finds it
 older than ``visibility_timeout`` on the wall clock (one hour by default), or when the
 channel that received it closes (``restore_unacked``): the lab's clock moves nothing of it.
+
+On RabbitMQ (``Settings.broker``, kombu's AMQP transport; the results still in Redis) the
+client submits and reads results, and only Celery's own worker consumes: the adapter's claim
+and restore, and its look at waiting messages, are kombu's Redis transport's.
 """
 
 from __future__ import annotations
