@@ -32,7 +32,9 @@ def _append(ledger: str, line: str) -> None:
         os.close(descriptor)
 
 
-def serve_main(system: str, store: str, ledger: str, work_s: float, inherited: Inherited) -> None:
+def serve_main(
+    system: str, store: str, ledger: str, work_s: float, inherited: Inherited, worker_id: str = "w1"
+) -> None:
     inherited.adopt()
     # A worker that does not exit when the test expects it to leaves its threads' stacks
     # (and those of the processes it forked, which inherit this) beside the ledger.
@@ -46,7 +48,7 @@ def serve_main(system: str, store: str, ledger: str, work_s: float, inherited: I
         time.sleep(work_s)
         _append(ledger, f"end {key} {time.time():.6f} {os.getpid()}\n")
 
-    own.serve(Path(store), "w1", work)
+    own.serve(Path(store), worker_id, work)
     _append(ledger, f"exit - {time.time():.6f} {os.getpid()}\n")
 
 
@@ -123,11 +125,16 @@ class Served:
 
 
 @contextmanager
-def serving(system: str, store: Path, ledger: Path, work_s: float) -> Iterator[Served]:
+def serving(
+    system: str, store: Path, ledger: Path, work_s: float, worker_id: str = "w1"
+) -> Iterator[Served]:
+    """The system's own worker serving ``store`` as ``worker_id`` (workers on one broker at
+    once, each on its own store, are named apart where the broker shares their names:
+    Celery's worker's node name on a RabbitMQ vhost)."""
     context = forkserver_context(())
     process = context.Process(
         target=serve_main,
-        args=(system, str(store), str(ledger), work_s, Inherited.capture()),
+        args=(system, str(store), str(ledger), work_s, Inherited.capture(), worker_id),
         # RQ's worker starts its scheduler as a multiprocessing child, which a daemonic
         # process may not have.
         daemon=False,

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from crashqueuelab.judges.readers.dramatiq import QueueCounts, rabbitmq_queues
+from crashqueuelab.judges.readers.rabbitmq import QueueCounts, rabbitmq_queues
 from crashqueuelab.servers.base import alive
 from crashqueuelab.servers.rabbitmq import (
     CONTROL_VARIABLE,

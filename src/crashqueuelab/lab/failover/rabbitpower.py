@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from crashqueuelab.judges.readers.dramatiq import rabbitmq_queues
+from crashqueuelab.judges.readers.rabbitmq import rabbitmq_queues
 from crashqueuelab.lab.failover.amqp import _close, connect, declare
 from crashqueuelab.lab.failover.promises import CONFIRM_PROMISE, CONFIRMS, CONFIRMS_LATENCY
 from crashqueuelab.lab.faults.powerloss.crashstate import (

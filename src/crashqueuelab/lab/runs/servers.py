@@ -18,13 +18,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from crashqueuelab.servers.base import Throwaway
 from crashqueuelab.servers.postgres import DSN_VARIABLE, ThrowawayServer
+from crashqueuelab.servers.rabbitmq import URL_VARIABLE as RABBITMQ_URL_VARIABLE
 from crashqueuelab.servers.redis import SOCKET_VARIABLE, ThrowawayRedis
 
 if TYPE_CHECKING:
     from crashqueuelab.systems.contract import System
 
-#: The environment variables through which a run names its servers to its children.
-SERVER_VARIABLES = (DSN_VARIABLE, SOCKET_VARIABLE)
+#: The environment variables through which a run names its servers to its children (a
+#: RabbitMQ node's AMQP URL: one a test started, for Celery's RabbitMQ broker).
+SERVER_VARIABLES = (DSN_VARIABLE, SOCKET_VARIABLE, RABBITMQ_URL_VARIABLE)
 
 Server = TypeVar("Server", bound=Throwaway)
 

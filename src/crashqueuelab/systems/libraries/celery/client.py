@@ -18,12 +18,17 @@ submission of a key is refused by the adapter when the store holds the task alre
 message received and not acknowledged comes back when kombu's ``restore_visible`` finds it
 older than ``visibility_timeout`` on the wall clock (one hour by default), or when the
 channel that received it closes (``restore_unacked``): the lab's clock moves nothing of it.
+
+On RabbitMQ (``Settings.broker``, kombu's AMQP transport; the results still in Redis) the
+client submits and reads results, and only Celery's own worker consumes: the adapter's claim
+and restore, and its look at waiting messages, are kombu's Redis transport's.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -44,6 +49,7 @@ from crashqueuelab.judges.readers.celery import (
     key_prefix,
     task_id,
 )
+from crashqueuelab.servers.rabbitmq import URL_VARIABLE
 from crashqueuelab.systems.boundary import around
 from crashqueuelab.systems.contract import Claim, JobSpec, JobStatus, JobView, OpenRequest, Verdict
 from crashqueuelab.systems.libraries.redisstore import kept_once, unique_suffix
@@ -67,6 +73,8 @@ STATUS = {
 }
 #: The attribute of a client's Celery app holding the executions it runs.
 EXECUTIONS = "crashqueuelab_executions"
+#: ``Settings.broker`` of Celery on RabbitMQ.
+RABBITMQ = "rabbitmq"
 
 
 @dataclass(frozen=True)
@@ -77,15 +85,22 @@ class Settings:
     reject_on_worker_lost: bool = False
     #: None: kombu's default (3600 s).
     visibility_timeout_s: int | None = None
+    #: ``"redis"``: kombu's Redis transport on the run's Redis server; ``"rabbitmq"``: its
+    #: AMQP transport (py-amqp) on the RabbitMQ node ``URL_VARIABLE`` names, which the test
+    #: starts (a run of the lab starts none). Results are in Redis either way.
+    broker: str = "redis"
 
     @property
     def words(self) -> str:
+        on = " (broker RabbitMQ)" if self.broker == RABBITMQ else ""
         if not self.acks_late:
-            return "Celery's defaults: early acknowledgement (task_acks_late off)"
-        timeout = self.visibility_timeout_s or 3600
+            return f"Celery's defaults: early acknowledgement (task_acks_late off){on}"
+        # RabbitMQ has no visibility timeout: a message comes back when the channel that
+        # received it closes.
+        timeout = f", visibility_timeout {self.visibility_timeout_s or 3600} s" if not on else ""
         return (
             "task_acks_late, task_reject_on_worker_lost"
-            f" {'on' if self.reject_on_worker_lost else 'off'}, visibility_timeout {timeout} s"
+            f" {'on' if self.reject_on_worker_lost else 'off'}{timeout}{on}"
         )
 
 
@@ -200,6 +215,18 @@ def redis_socket() -> str:
     return shared_socket("celery")
 
 
+def broker_url(settings: Settings, socket: str) -> str:
+    """The broker's URL: the run's Redis server, or the RabbitMQ node it names."""
+    if settings.broker != RABBITMQ:
+        return f"redis+socket://{socket}"
+    url = os.environ.get(URL_VARIABLE)
+    if not url:
+        raise SystemUnavailable(
+            "celery", f"no RabbitMQ node: Celery's RabbitMQ broker needs {URL_VARIABLE} set"
+        )
+    return url
+
+
 def quiet_celery() -> None:
     """Celery logs every task and the traceback of every failure: the lab's own logs say
     what happened, and a crash child's stderr is for its errors."""
@@ -222,13 +249,15 @@ def make_app(queue: str, socket: str, settings: Settings) -> Any:
     # model workload hung for good (1 run in 4) inside redis-py's subscribe.
     _set_task_join_will_block(True)
     app = Celery(f"crashqueuelab-{queue}", set_as_current=False)
-    transport: dict[str, Any] = {"global_keyprefix": key_prefix(queue)}
-    if settings.visibility_timeout_s is not None:
-        transport["visibility_timeout"] = settings.visibility_timeout_s
-    url = f"redis+socket://{socket}"
+    # kombu's Redis transport's options (its AMQP transport has neither).
+    transport: dict[str, Any] = {}
+    if settings.broker != RABBITMQ:
+        transport["global_keyprefix"] = key_prefix(queue)
+        if settings.visibility_timeout_s is not None:
+            transport["visibility_timeout"] = settings.visibility_timeout_s
     app.conf.update(
-        broker_url=url,
-        result_backend=url,
+        broker_url=broker_url(settings, socket),
+        result_backend=f"redis+socket://{socket}",
         broker_transport_options=transport,
         task_default_queue=queue,
         task_track_started=True,
@@ -251,6 +280,7 @@ class CeleryClient(LibraryClient):
         socket = redis_socket()
         quiet_celery()
         self.hook = request.hook
+        self.settings = settings
         self.queue = store_queue(request.directory)
         self.executions: dict[str, Execution] = {}
         self.app = make_app(self.queue, socket, settings)
@@ -342,7 +372,16 @@ class CeleryClient(LibraryClient):
             raise execution.error
         return execution
 
+    def _on_redis(self, operation: str) -> None:
+        """The adapter's own steps of a worker (a claim, kombu's restore) are kombu's Redis
+        transport's: on RabbitMQ only Celery's own worker (``worker.py``) consumes."""
+        if self.settings.broker == RABBITMQ:
+            from crashqueuelab.core.errors import OperationUnsupported
+
+            raise OperationUnsupported("celery", f"{operation} of its own on RabbitMQ")
+
     def claim(self, worker_id: str, lease_us: int) -> Claim | None:
+        self._on_redis("claim")
         message = around(self.hook, "receive", self._receive)
         if message is None:
             return None
@@ -383,6 +422,7 @@ class CeleryClient(LibraryClient):
     def recover(self) -> int:
         # kombu's own maintenance, which a consumer runs as it polls: messages received
         # longer ago than visibility_timeout (on the wall clock) go back to their queue.
+        self._on_redis("recover")
         before = int(self.redis.hlen(self.unacked_key))
         self.channel.qos.restore_visible(start=0, num=1000, interval=1)
         return before - int(self.redis.hlen(self.unacked_key))

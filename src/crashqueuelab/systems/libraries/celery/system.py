@@ -16,6 +16,7 @@ from crashqueuelab.systems.contract import System
 from crashqueuelab.systems.libraries.celery import LIBRARY
 from crashqueuelab.systems.libraries.celery.client import (
     DEFAULTS,
+    RABBITMQ,
     RELIABLE,
     STATUS,
     CeleryClient,
@@ -54,6 +55,7 @@ def celery_system(
 
     named, named_pool = SETTINGS.get(name, (DEFAULTS, "prefork"))
     chosen = settings or named
+    on_rabbitmq = chosen.broker == RABBITMQ
     if (pool or named_pool) == "gevent" and find_spec("gevent") is None:
         # Celery's gevent pool imports gevent only as the worker starts: say it now.
         raise SystemUnavailable(
@@ -63,7 +65,8 @@ def celery_system(
         )
     system = LIBRARY.system(
         name,
-        durability=f"{chosen.words}; Redis persistence rdb: {PERSISTENCE_WORDS['rdb']}",
+        durability=f"{chosen.words}; Redis persistence rdb: {PERSISTENCE_WORDS['rdb']}"
+        + (" (its results; the messages in Celery's durable queue)" if on_rabbitmq else ""),
         open=partial(CeleryClient, settings=chosen),
         reader=read_store,
         crash_points=CRASH_POINTS,
@@ -74,11 +77,12 @@ def celery_system(
     # Celery's bugs of this kind live in kombu: its release is named beside Celery's.
     system = dataclasses.replace(
         system,
-        version=f"celery {LIBRARY.installed()} (kombu {version('kombu')}, on its Redis broker)",
+        version=f"celery {LIBRARY.installed()} (kombu {version('kombu')}, on its"
+        f" {'RabbitMQ' if on_rabbitmq else 'Redis'} broker)",
     )
-    if chosen.visibility_timeout_s is None:
+    if chosen.visibility_timeout_s is None or on_rabbitmq:
         # An hour, kombu's default: the lab does not wait for it (what it would bring back
-        # is named by the documented weakness instead).
+        # is named by the documented weakness instead). RabbitMQ has no such timeout.
         return system
     # A message received and never acknowledged comes back after the stated timeout.
     return dataclasses.replace(system, recovery_s=float(chosen.visibility_timeout_s))

@@ -23,6 +23,7 @@ from crashqueuelab.core.errors import SystemUnavailable
 from crashqueuelab.judges.readers.celery import queue_name, task_id
 from crashqueuelab.systems.contract import OwnWorker
 from crashqueuelab.systems.libraries.celery.client import (
+    RABBITMQ,
     SERVED_WORK,
     TASK_NAME,
     Settings,
@@ -109,7 +110,8 @@ def own_worker(settings: Settings, pool: str = "prefork") -> OwnWorker:
     return OwnWorker(
         serve=partial(serve, settings, pool),
         describe=f"Celery's worker as `celery worker --pool {pool}` runs it (worker_main):"
-        f" {settings.words}; the main process consumes from Redis, each task runs in a"
+        f" {settings.words}; the main process consumes from"
+        f" {'RabbitMQ' if settings.broker == RABBITMQ else 'Redis'}, each task runs in a"
         " pool child",
         shutdown=SHUTDOWN,
         source=SOURCE,

@@ -1,0 +1,408 @@
+"""Celery's own worker (``celery worker``, prefork pool) on its RabbitMQ broker: Celery's
+acknowledgement matrix, each cell judged by readers that import neither Celery nor kombu:
+the node's queue by ``rabbitmqctl list_queues`` (``judges.readers.rabbitmq``) and the
+task's state in the Redis result backend by the lab's RESP client
+(``judges.readers.celery``). The tests start throwaway RabbitMQ nodes, stopped and removed
+also on failure: one for the module at RabbitMQ's defaults, and one of its own for the cell
+past ``consumer_timeout``. Each test runs the three settings at once, each on a store (a
+queue) of its own: Celery's defaults (early acknowledgement), ``task_acks_late`` alone, and
+``task_acks_late`` with ``task_reject_on_worker_lost``.
+
+Where Redis keeps a received message in kombu's ``unacked`` hash until a visibility timeout
+passes, RabbitMQ puts an unacknowledged message back as the channel that received it
+closes: the death of the worker's main process requeues a late-acknowledged task at once,
+and a task held longer than the node's ``consumer_timeout`` has its channel closed by
+RabbitMQ (``PRECONDITION_FAILED``) and comes back, while Celery's worker, taking the closed
+channel for an unrecoverable error, finishes the task and stops; the next worker runs the
+succeeded task again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+from crashqueuelab.core.clock import ManualClock
+from crashqueuelab.core.errors import OperationUnsupported, SystemUnavailable
+from crashqueuelab.core.ids import SeededIds
+from crashqueuelab.core.retry import RetryPolicy
+from crashqueuelab.judges.readers.celery import CeleryReading, queue_name, read_celery_store
+from crashqueuelab.judges.readers.rabbitmq import rabbitmq_queues
+from crashqueuelab.lab.runs.servers import started
+from crashqueuelab.servers.rabbitmq import (
+    CONTROL_VARIABLE,
+    URL_VARIABLE,
+    ThrowawayRabbitMQ,
+    find_binaries,
+)
+from crashqueuelab.systems import JobSpec, OpenRequest, resolve_system
+from crashqueuelab.systems.contract import System
+from crashqueuelab.systems.libraries.celery.client import RABBITMQ, Settings, broker_url
+from crashqueuelab.systems.libraries.celery.system import celery_system
+from tests.systems.libraries.served import (
+    WAIT_S,
+    Line,
+    Served,
+    lines,
+    serving,
+    submit,
+    wait_for,
+)
+
+pytest.importorskip("celery")
+pytestmark = pytest.mark.skipif(find_binaries() is None, reason="no rabbitmq-server here")
+
+
+def defaults() -> System:
+    return celery_system("celery-rabbitmq", Settings(broker=RABBITMQ))
+
+
+def acks_late_alone() -> System:
+    return celery_system("celery-rabbitmq-acks-late-alone", Settings(True, broker=RABBITMQ))
+
+
+def acks_late_reject() -> System:
+    return celery_system("celery-rabbitmq-acks-late", Settings(True, True, broker=RABBITMQ))
+
+
+#: Each cell's settings, by the name of its store, as a user's own factory is named
+#: (module:factory), so that the worker's process builds the same system.
+SYSTEMS = {
+    "defaults": f"{__name__}:defaults",
+    "late": f"{__name__}:acks_late_alone",
+    "reject": f"{__name__}:acks_late_reject",
+}
+#: RabbitMQ's consumer_timeout in the cells that exceed it (its default: 30 minutes).
+CONSUMER_TIMEOUT_MS = 2000
+#: What the node logs as it closes a channel whose delivery was not acknowledged in time.
+TIMED_OUT = "caused a channel exception precondition_failed: delivery acknowledgement on channel"
+#: How often each channel checks its consumer_timeout (RabbitMQ's ``channel_tick_interval``,
+#: one minute by default: "Whether the timeout should be enforced is evaluated periodically,
+#: at one minute intervals"), so that the timeout acts inside the test's bounded wait.
+TICK_MS = 500
+
+
+@pytest.fixture(scope="module")
+def rabbitmq() -> Iterator[ThrowawayRabbitMQ]:
+    """The node of the cells that keep RabbitMQ's default consumer_timeout (30 minutes):
+    one start for the module's tests, each on queues of its own; stopped and removed also
+    on failure."""
+    with started(ThrowawayRabbitMQ()) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def short_consumer_timeout() -> Iterator[ThrowawayRabbitMQ]:
+    """A node of its own whose consumer_timeout is ``CONSUMER_TIMEOUT_MS``, checked every
+    ``TICK_MS``; named to this process and the workers it starts while it runs."""
+    with started(
+        ThrowawayRabbitMQ(
+            settings={"consumer_timeout": str(CONSUMER_TIMEOUT_MS)},
+            advanced=f"[{{rabbit, [{{channel_tick_interval, {TICK_MS}}}]}}].\n",
+        )
+    ) as server:
+        yield server
+
+
+def queues(server: ThrowawayRabbitMQ, tmp_path: Path) -> dict[str, tuple[int, int] | None]:
+    """Each store's queue as ``rabbitmqctl list_queues`` reads it now: its ready and its
+    unacknowledged messages (None: no such queue)."""
+    listed = {
+        counts.name: (counts.ready, counts.unacknowledged)
+        for counts in rabbitmq_queues(server.environment()[CONTROL_VARIABLE], server.bindir)
+    }
+    return {store: listed.get(str(queue_name(tmp_path / store))) for store in SYSTEMS}
+
+
+@dataclass(frozen=True)
+class Reading:
+    queues: dict[str, tuple[int, int] | None]
+    #: When ``rabbitmqctl`` was started, and when it had answered (wall clock).
+    began: float
+    answered: float
+    #: How many readings it took.
+    readings: int
+
+
+def wait_for_queues(
+    server: ThrowawayRabbitMQ, tmp_path: Path, wanted: Mapping[str, tuple[int, int]]
+) -> Reading:
+    """The first reading in which each store named has the (ready, unacknowledged)
+    messages ``wanted`` says (each reading is one ``rabbitmqctl``, for every queue)."""
+    deadline = time.monotonic() + WAIT_S
+    for readings in range(1, 10_000):
+        began = time.time()
+        found = queues(server, tmp_path)
+        if all(found[store] == counts for store, counts in wanted.items()):
+            return Reading(found, began, time.time(), readings)
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    raise AssertionError(f"not within {WAIT_S} s: {found}, wanted {wanted}")
+
+
+def results(tmp_path: Path) -> dict[str, CeleryReading]:
+    """What the results backend holds of each store's task (the lab's RESP reader)."""
+    return {store: read_celery_store(tmp_path / store) for store in SYSTEMS}
+
+
+def wait_for_results(tmp_path: Path, wanted: Mapping[str, tuple[str, int]]) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        found = results(tmp_path)
+        if all(found[store].jobs.get("a") == state for store, state in wanted.items()):
+            return
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"not within {WAIT_S} s: {found}")
+        time.sleep(0.05)
+
+
+def all_succeeded_once() -> dict[str, CeleryReading]:
+    return dict.fromkeys(SYSTEMS, CeleryReading(True, {"a": ("succeeded", 1)}))
+
+
+def what_ran(tmp_path: Path, *ledgers: str) -> list[str]:
+    """What the ledgers named say of the task, in their order."""
+    return [
+        line.what
+        for ledger in ledgers
+        for line in lines(tmp_path / f"{ledger}.ledger")
+        if line.key == "a"
+    ]
+
+
+def dead(pid: int) -> bool:
+    """Gone, or a zombie: nothing of it runs."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+def wait_until(what: str, condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"not within {WAIT_S} s: {what}")
+        time.sleep(0.02)
+
+
+def submitted(tmp_path: Path) -> None:
+    for store, system in SYSTEMS.items():
+        submit(system, tmp_path / store, "a")
+
+
+def workers(
+    stack: contextlib.ExitStack,
+    tmp_path: Path,
+    work_s: float,
+    stores: Iterable[str] = tuple(SYSTEMS),
+    suffix: str = "",
+) -> dict[str, Served]:
+    """Celery's worker on each store named, each with a node name of its own (the workers
+    share the node's vhost), its ledger ``<store><suffix>.ledger``."""
+    return {
+        store: stack.enter_context(
+            serving(
+                SYSTEMS[store],
+                tmp_path / store,
+                tmp_path / f"{store}{suffix}.ledger",
+                work_s=work_s,
+                worker_id=f"{store}{suffix}",
+            )
+        )
+        for store in stores
+    }
+
+
+def started_lines(tmp_path: Path) -> dict[str, Line]:
+    return {store: wait_for(tmp_path / f"{store}.ledger", "start", "a") for store in SYSTEMS}
+
+
+def test_the_adapter_submits_to_rabbitmq_and_leaves_consuming_to_celerys_worker(
+    tmp_path: Path, redis_socket: str, rabbitmq: ThrowawayRabbitMQ
+) -> None:
+    system = resolve_system(SYSTEMS["reject"])
+    assert "on its RabbitMQ broker" in system.version
+    assert "visibility_timeout" not in system.durability
+    request = OpenRequest(
+        tmp_path / "reject", clock=ManualClock(10**9), ids=SeededIds(1, "t"), retry=RetryPolicy()
+    )
+    client = system.open(request)
+    try:
+        client.submit_many([JobSpec("a", "t", {}, max_attempts=1)])
+        # The adapter's own claim and restore are kombu's Redis transport's.
+        with pytest.raises(OperationUnsupported, match="claim of its own on RabbitMQ"):
+            client.claim("w1", 10**6)
+        with pytest.raises(OperationUnsupported, match="recover of its own on RabbitMQ"):
+            client.recover()
+    finally:
+        client.close()
+    # Celery declared the store's queue on the node (durable), and the message waits there.
+    assert queues(rabbitmq, tmp_path)["reject"] == (1, 0)
+
+
+def test_celery_on_rabbitmq_needs_a_node_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(URL_VARIABLE, raising=False)
+    with pytest.raises(SystemUnavailable, match=URL_VARIABLE):
+        broker_url(Settings(broker=RABBITMQ), "/nowhere")
+    assert broker_url(Settings(), "/run/redis.sock") == "redis+socket:///run/redis.sock"
+
+
+def test_sigterm_is_a_warm_shutdown_the_task_in_hand_finishes_acknowledged_once(
+    tmp_path: Path, redis_socket: str, rabbitmq: ThrowawayRabbitMQ
+) -> None:
+    submitted(tmp_path)
+    with contextlib.ExitStack() as stack:
+        served = workers(stack, tmp_path, work_s=3.0)
+        started_lines(tmp_path)
+        signalled = {store: worker.signal(signal.SIGTERM) for store, worker in served.items()}
+        stopped = {store: worker.join() for store, worker in served.items()}
+    for store, (code, exited) in stopped.items():
+        # "the worker will finish all currently executing tasks before it actually
+        # terminates"
+        assert code == 0, store
+        ended = wait_for(tmp_path / f"{store}.ledger", "end", "a", timeout_s=0.0)
+        assert signalled[store] < ended.at <= exited, store
+        assert what_ran(tmp_path, store) == ["start", "end"], store
+    assert results(tmp_path) == all_succeeded_once()
+    # Acknowledged once, early or late: no copy left ready or unacknowledged to run again.
+    assert queues(rabbitmq, tmp_path) == dict.fromkeys(SYSTEMS, (0, 0))
+
+
+def test_a_killed_pool_child_fails_its_task_unless_reject_on_worker_lost_requeues_it(
+    tmp_path: Path, redis_socket: str, rabbitmq: ThrowawayRabbitMQ
+) -> None:
+    submitted(tmp_path)
+    with contextlib.ExitStack() as stack:
+        workers(stack, tmp_path, work_s=3.0)
+        # Each child killed as soon as its own task starts, whichever starts first.
+        waiting = set(SYSTEMS)
+        deadline = time.monotonic() + WAIT_S
+        while waiting and time.monotonic() < deadline:
+            for store in sorted(waiting):
+                begun = [
+                    line
+                    for line in lines(tmp_path / f"{store}.ledger")
+                    if (line.what, line.key) == ("start", "a")
+                ]
+                if begun:
+                    os.kill(begun[0].pid, signal.SIGKILL)
+                    waiting.discard(store)
+            time.sleep(0.02)
+        assert not waiting, f"no task started in {sorted(waiting)}"
+        # Rejected with requeue: RabbitMQ delivers it again, and the main process's next
+        # child runs it to its end.
+        wait_for(tmp_path / "reject.ledger", "end", "a")
+        # Celery records the child's death as the task's failure (WorkerLostError).
+        wait_for_results(
+            tmp_path,
+            {"defaults": ("failed", 1), "late": ("failed", 1), "reject": ("succeeded", 1)},
+        )
+        # Each message acknowledged (with task_acks_late, after the stored result): none
+        # left ready or unacknowledged, read while the workers still run.
+        wait_for_queues(rabbitmq, tmp_path, dict.fromkeys(SYSTEMS, (0, 0)))
+        ran = {store: what_ran(tmp_path, store) for store in SYSTEMS}
+    # "the task won't be redelivered to another worker if [...] the worker instance is
+    # abruptly killed, mid-execution"; "the worker will acknowledge the message if the child
+    # process executing the task is terminated [...] even when acks_late is enabled";
+    # "will be redelivered to another worker in the event of [...] the worker instance
+    # being killed mid-execution".
+    assert ran == {"defaults": ["start"], "late": ["start"], "reject": ["start", "start", "end"]}
+
+
+def test_a_killed_main_process_takes_its_pool_child_and_rabbitmq_requeues_at_once(
+    tmp_path: Path, redis_socket: str, rabbitmq: ThrowawayRabbitMQ
+) -> None:
+    submitted(tmp_path)
+    with contextlib.ExitStack() as stack:
+        served = workers(stack, tmp_path, work_s=8.0)
+        children = started_lines(tmp_path)
+        # Killed once RabbitMQ has the early acknowledgement (sent by the main process when
+        # its child accepted the task), so that the defaults' cell is the documented one;
+        # the late-acknowledged messages are held unacknowledged by the consumer.
+        wait_for_queues(rabbitmq, tmp_path, {"defaults": (0, 0), "late": (0, 1), "reject": (0, 1)})
+        killed = time.time()
+        for worker in served.values():
+            worker.signal(signal.SIGKILL)
+        for worker in served.values():
+            assert worker.join()[0] == -signal.SIGKILL
+        # Celery's pool children die with their main process (PR_SET_PDEATHSIG, SIGKILL).
+        for store, child in children.items():
+            wait_until(f"{store}'s pool child dead", partial(dead, child.pid))
+        requeued = wait_for_queues(
+            rabbitmq, tmp_path, {"defaults": (0, 0), "late": (1, 0), "reject": (1, 0)}
+        )
+    # The kernel closed the dead consumer's connection, and RabbitMQ put each unacknowledged
+    # message back: in the first reading after the kill, no timeout waited for.
+    assert requeued.readings == 1, requeued
+    print(f"requeued: read {requeued.answered - killed:.2f} s after the kill")
+    assert {store: what_ran(tmp_path, store) for store in SYSTEMS} == {
+        store: ["start"] for store in SYSTEMS
+    }
+    # "currently executing tasks will be lost (i.e., unless the tasks have the acks_late
+    # option set)": acknowledged as it started, the defaults' task is started for good, and
+    # RabbitMQ holds no copy of it.
+    assert results(tmp_path) == dict.fromkeys(SYSTEMS, CeleryReading(True, {"a": ("started", 1)}))
+    with contextlib.ExitStack() as stack:
+        workers(stack, tmp_path, work_s=0.5, stores=("late", "reject"), suffix="-again")
+        wait_for_results(tmp_path, {"late": ("succeeded", 1), "reject": ("succeeded", 1)})
+        wait_for_queues(rabbitmq, tmp_path, dict.fromkeys(SYSTEMS, (0, 0)))
+    for store in ("late", "reject"):
+        assert what_ran(tmp_path, store, f"{store}-again") == ["start", "start", "end"], store
+    assert results(tmp_path) == {
+        "defaults": CeleryReading(True, {"a": ("started", 1)}),
+        "late": CeleryReading(True, {"a": ("succeeded", 1)}),
+        "reject": CeleryReading(True, {"a": ("succeeded", 1)}),
+    }
+
+
+# Timing-sensitive: RabbitMQ's timeout must act while the 6 s task still runs.
+@pytest.mark.quiet
+def test_a_task_longer_than_the_consumer_timeout_is_requeued_its_worker_stops_it_runs_again(
+    tmp_path: Path, redis_socket: str
+) -> None:
+    with short_consumer_timeout() as server:
+        submitted(tmp_path)
+        with contextlib.ExitStack() as stack:
+            served = workers(stack, tmp_path, work_s=6.0)
+            started_lines(tmp_path)
+            # RabbitMQ closed the channel holding each late-acknowledged message
+            # (PRECONDITION_FAILED) and put the message back, while the task still ran.
+            requeued = wait_for_queues(
+                server, tmp_path, {"defaults": (0, 0), "late": (1, 0), "reject": (1, 0)}
+            )
+            ended = {store: wait_for(tmp_path / f"{store}.ledger", "end", "a") for store in SYSTEMS}
+            # Celery's worker takes the closed channel for an unrecoverable error and stops
+            # (a warm shutdown: the task in hand finishes first); the defaults' worker, whose
+            # message was acknowledged as it started, goes on serving.
+            for store in ("late", "reject"):
+                assert requeued.answered < ended[store].at, store
+                assert served[store].join()[0] == 0, store
+            assert served["defaults"].process.exitcode is None
+            held = queues(server, tmp_path)
+        # The node's own log: a channel closed for each late-acknowledged message.
+        said = (server.logs / f"{server.node}.log").read_text()
+        assert said.count(TIMED_OUT) == 2, said[-2000:]
+        # Each ran once and succeeded; the late ones' messages wait in the queue all the same.
+        assert results(tmp_path) == all_succeeded_once()
+        assert held == {"defaults": (0, 0), "late": (1, 0), "reject": (1, 0)}
+        # The next worker runs the succeeded task again.
+        with contextlib.ExitStack() as stack:
+            workers(stack, tmp_path, work_s=0.5, stores=("late", "reject"), suffix="-again")
+            for store in ("late", "reject"):
+                wait_for(tmp_path / f"{store}-again.ledger", "end", "a")
+            wait_for_queues(server, tmp_path, dict.fromkeys(SYSTEMS, (0, 0)))
+    assert what_ran(tmp_path, "defaults") == ["start", "end"]
+    for store in ("late", "reject"):
+        assert what_ran(tmp_path, store, f"{store}-again") == ["start", "end", "start", "end"]
+    assert results(tmp_path) == all_succeeded_once()
