@@ -86,8 +86,11 @@ def test_sigquit_kills_the_lab_worker_at_once_and_its_job_runs_again(
     stopped = [w for w in record["workers"] if w["stopped_by"] == "deploy"]
     assert {w["exit"] for w in stopped} == {"SIGQUIT"}
     assert all(w["killed_s"] is None for w in stopped)
-    # Each stop found the worker at a long job, which ran again elsewhere.
-    assert sum(job["redelivered"] for job in record["jobs"].values()) == 2
+    # Each job a stop cut (a stop finds the worker at a long job, unless a loaded machine
+    # kept it from taking one yet) ran again elsewhere.
+    abandoned = [run for run in record["executions"] if run["how"] == "abandoned"]
+    assert 1 <= len(abandoned) <= 2
+    assert sum(job["redelivered"] for job in record["jobs"].values()) == len(abandoned)
     assert {run["how"] for run in record["executions"]} == {"ended", "abandoned"}
 
 
