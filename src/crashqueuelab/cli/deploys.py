@@ -47,6 +47,8 @@ def _deploys(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         warmup_s=args.warmup_s,
         scheduled=args.scheduled,
         due_tolerance_s=args.due_tolerance_s,
+        failovers=args.failovers,
+        promote_after_s=args.promote_after_s,
     )
     record = run_deploys(
         args.output_directory,
@@ -55,6 +57,8 @@ def _deploys(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         lease_s=args.lease_s,
         recovery_wait_s=args.recovery_wait_s,
         progress=progress_for(args),
+        # A replicated server the command line started for --failovers, or none.
+        fail_over=getattr(args.server, "failover", None),
     )
     reasons = list(record["anomalies"])
     if record["error"]:
@@ -97,6 +101,14 @@ def _deploys(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         if promises is None
         else {key: promises[key] for key in ("keeps_its_promises", "verdict", "broken_promises")},
         "timings": record["timings"],
+        **(
+            {
+                "failovers": record["failovers"],
+                "restarted_after_exit": record["restarted_after_exit"],
+            }
+            if "failovers" in record
+            else {}
+        ),
         "deploys_report": str(args.output_directory / DEPLOYS_FILE),
         "report": html_report(args.output_directory, args.stderr),
     }
@@ -195,6 +207,23 @@ def add_deploys_command(command: Command) -> None:
         default=None,
         help="the lab's own worker's lease (a system without a worker of its own);"
         f" default {DEFAULT_LEASE_S:g} s where it heartbeats, else longer than the longest job",
+    )
+    sub.add_argument(
+        "--failovers",
+        type=non_negative,
+        default=0,
+        help="failovers of the system's PostgreSQL server, each half an interval after a stop"
+        " (or, without deploys, an interval apart): a primary and a streaming standby at"
+        " synchronous_commit=on the run starts, the primary killed, the standby promoted, the"
+        " clients moved to it; a worker that exits by itself is started again, as a process"
+        " manager does",
+    )
+    sub.add_argument(
+        "--promote-after-s",
+        type=seconds,
+        default=0.0,
+        help="--failovers: how long no server answers between the primary's death and the"
+        " standby's promotion (an HA manager's time to notice and decide; 0 by default)",
     )
     sub.add_argument(
         "--recovery-wait-s",

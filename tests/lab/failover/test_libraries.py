@@ -18,7 +18,7 @@ from crashqueuelab.core.ids import RandomIds
 from crashqueuelab.judges.readers.pgqueuer import KEYS_FILE
 from crashqueuelab.lab.failover.cluster import ReplicatedPostgres
 from crashqueuelab.lab.failover.targets import RETRY, environment
-from crashqueuelab.lab.failover.workload import Reopening
+from crashqueuelab.lab.runs.reopening import Reopening
 from crashqueuelab.servers.postgres import find_binaries
 from crashqueuelab.systems.contract import Claim, JobSpec, OpenRequest, Verdict
 from crashqueuelab.systems.registry import resolve_system

@@ -56,6 +56,8 @@ class WorkerFate:
     held_when_killed: tuple[str, ...] = ()
     #: Whether it ran the lab's own worker (which writes ``ack`` lines).
     acknowledges_in_ledger: bool = False
+    #: Whether it exited before the lab sent it any signal (its own error).
+    crashed: bool = False
 
 
 def with_fates(executions: Sequence[Execution], fates: Mapping[str, WorkerFate]) -> list[Execution]:
@@ -82,10 +84,13 @@ def _at(run: Execution) -> str:
 
 
 def _worker_then(run: Execution, fate: WorkerFate | None) -> str:
+    """How the worker of ``run`` ended: SIGKILLed, exited after a stop signal, exited with
+    no signal (``crashed``: its own error, such as a lost connection in a run that fails
+    its server over), or not at all."""
     if fate is not None and fate.killed_s is not None:
         return "sigkilled"
     if fate is not None and fate.exit_s is not None:
-        return "exited"
+        return "crashed" if fate.crashed else "exited"
     return "alive"
 
 

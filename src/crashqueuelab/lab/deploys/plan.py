@@ -94,17 +94,24 @@ class DeployPlan:
     #: How late a scheduled job may start; None: ``SCHEDULER_POLL_S`` + the grace + the
     #: longest job's work (``due_tolerance``).
     due_tolerance_s: float | None = None
+    #: Failovers of the system's PostgreSQL server (its primary killed, its standby
+    #: promoted), each half an interval after a stop (``failover_times``).
+    failovers: int = 0
+    #: How long no server answers the clients between a failover's kill and its promotion.
+    promote_after_s: float = 0.0
 
     def check(self) -> None:
         """Refuse what cannot be run, naming the option."""
         for name in ("workers", "jobs", "surge"):
             if getattr(self, name) < 1:
                 raise InvalidInput(name, "must be at least 1")
-        for name in ("deploys", "fleet_restarts"):
+        for name in ("deploys", "fleet_restarts", "failovers"):
             if getattr(self, name) < 0:
                 raise InvalidInput(name, "must be 0 or more")
-        if self.deploys + self.fleet_restarts == 0:
-            raise InvalidInput("deploys", "a deploy run makes at least one deploy or restart")
+        if self.deploys + self.fleet_restarts + self.failovers == 0:
+            raise InvalidInput(
+                "deploys", "a deploy run makes at least one deploy, restart or failover"
+            )
         if self.surge > self.workers:
             raise InvalidInput("surge", f"at most the {self.workers} workers")
         if not self.grace_s > 0:
@@ -119,6 +126,10 @@ class DeployPlan:
             raise InvalidInput("scheduled", "must be 0 or more")
         if self.scheduled > self.jobs:
             raise InvalidInput("scheduled", f"at most the {self.jobs} jobs")
+        if not self.promote_after_s >= 0:
+            raise InvalidInput("promote_after_s", "must be 0 or more seconds")
+        if self.promote_after_s and not self.failovers:
+            raise InvalidInput("promote_after_s", "a failover's: needs --failovers")
         if self.due_tolerance_s is not None and not self.due_tolerance_s > 0:
             raise InvalidInput("due_tolerance_s", "must be a positive number of seconds")
 
@@ -142,6 +153,8 @@ class DeployPlan:
             "warmup_s": self.warmup_s,
             "scheduled": self.scheduled,
             "due_tolerance_s": self.due_tolerance_s,
+            "failovers": self.failovers,
+            "promote_after_s": self.promote_after_s,
         }
 
 
@@ -176,6 +189,13 @@ def schedule(plan: DeployPlan) -> list[Step]:
     ]
 
 
+def failover_times(plan: DeployPlan) -> list[float]:
+    """When each failover strikes, on the run's clock: half an interval after each stop in
+    turn (after the first stop's time without stops), so that a failover never lands on a
+    stop and the workers a stop started have had time to start."""
+    return [plan.warmup_s + (index + 0.5) * plan.interval for index in range(plan.failovers)]
+
+
 def job_keys(jobs: int) -> list[str]:
     width = max(2, len(str(jobs - 1)))
     return [f"job-{index:0{width}d}" for index in range(jobs)]
@@ -200,12 +220,15 @@ def durations(keys: Sequence[str], plan: DeployPlan) -> dict[str, float]:
     return chosen
 
 
-def submissions(keys: Sequence[str], steps: Sequence[Step]) -> list[tuple[float, str]]:
+def submissions(
+    keys: Sequence[str], steps: Sequence[Step], until_s: float = 0.0
+) -> list[tuple[float, str]]:
     """When each job is submitted (seconds from the start): half at once, the rest evenly
-    until the last stop signal, so that jobs are waiting and running at every deploy."""
+    until the last stop signal (or ``until_s``, if later: past the last failover), so that
+    jobs are waiting and running at every deploy."""
     if not keys:
         return []  # every job is scheduled
-    end = steps[-1].at_s if steps else 0.0
+    end = max(steps[-1].at_s if steps else 0.0, until_s)
     first = max(1, len(keys) // 2)
     rest = len(keys) - first
     times = [0.0] * first + [end * (index + 1) / rest for index in range(rest)]

@@ -21,10 +21,13 @@ from crashqueuelab.lab.runs.executions import (
     read_ledger,
     with_deaths,
 )
-from crashqueuelab.systems.contract import JobSpec, QueueClient
+from crashqueuelab.lab.runs.reopening import Calls
+from crashqueuelab.systems.contract import JobSpec
 
 #: Every job's attempts: a long job may be SIGKILLed at several deploys.
 MAX_ATTEMPTS = 25
+#: How long a run that fails its server over keeps submitting a job whose calls raise.
+SUBMIT_RETRY_S = 60.0
 _POLL_S = 0.02
 #: Once every job ran to completion, the workers run on this long (the last
 #: acknowledgements reach the store) before they are stopped.
@@ -40,13 +43,15 @@ class Rollout:
         fleet: Fleet,
         steps: Sequence[Step],
         planned: Sequence[tuple[float, str]],
-        client: QueueClient,
+        client: Calls,
         clock: Callable[[], float],
         schedule_at: Callable[[str, float], None] | None = None,
         due: dict[str, float] | None = None,
         wall_origin: float = 0.0,
         deaths: DeathWatch | None = None,
         startup_s: float = 60.0,
+        fail_over: Callable[..., dict[str, Any]] | None = None,
+        failovers_at: Sequence[float] = (),
     ) -> None:
         self.plan, self.fleet, self.steps, self.clock = plan, fleet, steps, clock
         #: Executions whose process died under their live worker, not stopped by the lab
@@ -64,15 +69,49 @@ class Rollout:
         self.failed: dict[str, str] = {}
         #: How long a stop waits for a worker that has not reached its loop yet.
         self.startup_s = startup_s
+        #: Fails the system's server over (its record); when each failover is due.
+        self.fail_over = fail_over
+        self.pending_failovers = list(failovers_at)
+        #: Each failover done: when it began and when the clients reached the promoted
+        #: standby (the run's clock), with the cluster's record of it.
+        self.failovers: list[dict[str, Any]] = []
+        #: Each worker that exited by itself while the run fails its server over, restarted
+        #: at once as a process manager restarts a service that exited.
+        self.restarted: list[dict[str, Any]] = []
+        #: The jobs whose submission raised while the server failed over (made again on
+        #: the next turn): when first, how many calls, the last error.
+        self.submit_failures: dict[str, dict[str, Any]] = {}
+        #: Past this many restarts of one slot, an exit is a worker that cannot run.
+        self.restarts_per_slot = 2 * len(failovers_at) + 2
 
     def submit_due(self) -> None:
         while self.planned and self.planned[0][0] <= self.clock():
-            _, key = self.planned.pop(0)
+            _, key = self.planned[0]
             if key in self.due and self.schedule_at is not None:
                 self.schedule_at(key, self.wall_origin + self.due[key])
-            else:
-                self.client.submit(JobSpec(key, "work", {}, max_attempts=MAX_ATTEMPTS))
+            elif not self._submitted(JobSpec(key, "work", {}, max_attempts=MAX_ATTEMPTS)):
+                return  # tried again on the next turn of the loop
+            self.planned.pop(0)
             self.submitted[key] = self.clock()
+
+    def _submitted(self, job: JobSpec) -> bool:
+        """Whether the submission was acknowledged. In a run that fails its server over, a
+        call that raised is made again with the same key on the loop's next turn (the key
+        makes a repeat find the job if the first call committed it), for at most
+        ``SUBMIT_RETRY_S``, and each job's failed calls are written down; otherwise it is
+        the run's failure."""
+        try:
+            self.client.submit(job)
+        except Exception as error:
+            failed = self.submit_failures.setdefault(
+                job.key, {"first_at_s": round(self.clock(), 3), "calls": 0}
+            )
+            failed["calls"] += 1
+            failed["error"] = f"{type(error).__name__}: {error}"[:300]
+            if self.fail_over is None or self.clock() - failed["first_at_s"] > SUBMIT_RETRY_S:
+                raise
+            return False
+        return True
 
     def current(self, slot: int) -> Worker | None:
         """The slot's worker not yet asked to stop."""
@@ -130,9 +169,40 @@ class Rollout:
             if now >= worker.grace_end_s and worker.killed_s is None:
                 self.fleet.kill(worker)
 
+    def fail_over_due(self) -> None:
+        while self.pending_failovers and self.pending_failovers[0] <= self.clock():
+            self.pending_failovers.pop(0)
+            assert self.fail_over is not None
+            began = self.clock()
+            record = self.fail_over(promote_after_s=self.plan.promote_after_s)
+            promoted = began + record["promoted_s"]
+            self.failovers.append(
+                {"at_s": round(began, 3), "promoted_at_s": round(promoted, 3), **record}
+            )
+
     def note_exits(self) -> None:
         for worker in self.fleet.poll():
-            if worker.stop_s is None:
+            restarts = sum(1 for one in self.restarted if one["slot"] == worker.slot)
+            if (
+                worker.stop_s is None
+                and self.fail_over is not None
+                and restarts < self.restarts_per_slot
+            ):
+                # The worker's server went away under it: a process manager starts it again.
+                error = Path(f"{worker.ledger}.error")
+                self.restarted.append(
+                    {
+                        "worker": worker.name,
+                        "slot": worker.slot,
+                        "exit_s": None if worker.exit_s is None else round(worker.exit_s, 3),
+                        "exit": worker.exit_word(),
+                        "said": error.read_text().strip().splitlines()[-1]
+                        if error.is_file()
+                        else None,
+                    }
+                )
+                self.fleet.start(worker.slot)
+            elif worker.stop_s is None:
                 error = Path(f"{worker.ledger}.error")
                 told = (
                     error.read_text().strip().splitlines()[-1]
@@ -186,9 +256,11 @@ class Rollout:
             self.submit_due()
             self.note_exits()
             self.stop_due()
+            self.fail_over_due()
             self.enforce_grace()
             self.watch_deaths()
-            if self.done_steps == len(self.steps) and not self.draining():
+            done = self.done_steps == len(self.steps) and not self.pending_failovers
+            if done and not self.draining():
                 last_stop_end = last_stop_end if last_stop_end is not None else self.clock()
                 if self.every_job_completed(keys):
                     completed = self.clock()

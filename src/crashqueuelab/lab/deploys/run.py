@@ -14,6 +14,7 @@ then it stops the workers, reads the store with the system's independent reader 
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from crashqueuelab.lab.deploys.plan import (
     Step,
     due_tolerance,
     durations,
+    failover_times,
     job_keys,
     schedule,
     scheduled_jobs,
@@ -57,6 +59,7 @@ from crashqueuelab.lab.runs.kinds import DEPLOYS
 from crashqueuelab.lab.runs.promises import classify
 from crashqueuelab.lab.runs.readings import read_store
 from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
+from crashqueuelab.lab.runs.reopening import Calls, Reopening
 from crashqueuelab.systems.contract import JobSpec, OpenRequest, OwnWorker, QueueClient, System
 from crashqueuelab.systems.registry import resolve_system
 
@@ -103,6 +106,16 @@ def _headline(
         f"{plan.deploys} rolling deploy(s) and {plan.fleet_restarts} fleet restart(s) of"
         f" {plan.workers} worker(s), {plan.signal.value}, grace {plan.grace_s:g} s"
     )
+    if plan.failovers:
+        waits = [f["wait_s"]["max"] for f in record["failovers"]["failovers"] if f["wait_s"]]
+        baseline = record["failovers"]["before_the_first"]["wait_s"]
+        before = "none submitted" if baseline is None else f"{baseline['max']:g} s"
+        shape += (
+            f"; {plan.failovers} failover(s) of its PostgreSQL server, after which"
+            f" {len(record['restarted_after_exit'])} worker(s) exited and were restarted and"
+            f" a job waited at most {max(waits, default=0.0):g} s for a worker (before the"
+            f" first: {before})"
+        )
     if record["error"]:
         return f"{system.version}: not judged: {record['error']['type']}"
     timed = record["scheduled"]["jobs"]
@@ -159,6 +172,80 @@ def _executions(run: Rollout, origin: float) -> list[Execution]:
     ]
 
 
+def _waits(
+    keys: Sequence[str],
+    submitted: dict[str, float],
+    executions: Sequence[Execution],
+) -> dict[str, Any]:
+    """How long each of ``keys`` waited from its submission to its first start (those
+    never started counted apart): the median and the longest."""
+    waits, never = [], 0
+    for key in keys:
+        at = submitted[key]
+        starts = [run.start_s for run in executions if run.key == key and run.start_s >= at]
+        if starts:
+            waits.append(min(starts) - at)
+        else:
+            never += 1
+    return {
+        "jobs": len(keys),
+        "never_started": never,
+        "wait_s": None
+        if not waits
+        else {"median": round(statistics.median(waits), 3), "max": round(max(waits), 3)},
+    }
+
+
+def failover_wakeups(
+    failovers: Sequence[dict[str, Any]],
+    submitted: dict[str, float],
+    executions: Sequence[Execution],
+    spread: Sequence[str] = (),
+) -> dict[str, Any]:
+    """How soon the workers took a job before the first failover and after each promotion
+    (until the next failover): a worker woken by LISTEN/NOTIFY takes a job at once, one
+    that lost its wake-ups waits for its poll. Only the jobs submitted one by one
+    (``spread``: not the burst at the run's start, which waits behind itself) are
+    counted."""
+    first_at = failovers[0]["at_s"] if failovers else float("inf")
+    before = [key for key in spread if key in submitted and submitted[key] < first_at]
+    after = []
+    for index, failover in enumerate(failovers):
+        promoted = failover["promoted_at_s"]
+        until = failovers[index + 1]["at_s"] if index + 1 < len(failovers) else float("inf")
+        keys = [key for key in spread if key in submitted and promoted <= submitted[key] < until]
+        first = [run.start_s for run in executions if run.start_s >= promoted]
+        after.append(
+            {
+                "at_s": failover["at_s"],
+                "promoted_at_s": promoted,
+                "promoted_s": failover["promoted_s"],
+                "lag_before": failover.get("before", {}),
+                **_waits(keys, submitted, executions),
+                "first_start_after_promotion_s": None
+                if not first
+                else round(min(first) - promoted, 3),
+            }
+        )
+    return {"before_the_first": _waits(before, submitted, executions), "failovers": after}
+
+
+def _clients(system: System, store: Path, *, failing_over: bool) -> tuple[QueueClient, Calls]:
+    """The run's client (for scheduled jobs), and its producer's: across a failover one
+    that opens its client anew after a call that raised."""
+    request = OpenRequest(store, SystemClock(), RandomIds(), _RETRY)
+    client = system.open(request)
+    return client, Reopening(lambda: system.open(request)) if failing_over else client
+
+
+def _worker_failed(run: Rollout) -> dict[str, str] | None:
+    """The run's error when a worker could not run: what each such worker said."""
+    if not run.failed:
+        return None
+    told = "; ".join(f"{name}: {message}" for name, message in run.failed.items())
+    return {"type": "WorkerFailed", "message": told}
+
+
 def _fates(fleet: Fleet, labs: bool) -> dict[str, WorkerFate]:
     """What the deploy did to each worker. A worker the end of the run stopped is not part
     of the deploy (its stop is the lab's cleanup, after every job ran or the bound passed):
@@ -171,17 +258,29 @@ def _fates(fleet: Fleet, labs: bool) -> dict[str, WorkerFate]:
             w.exit_s if w.stop_s is not None or w.killed_s is None else None,
             tuple(w.held_when_killed) if w.stop_s is not None else (),
             acknowledges_in_ledger=labs,
+            crashed=w.exit_s is not None and not w.signals,
         )
         for w in fleet.workers
     }
 
 
-def _check(plan: DeployPlan, lease_s: float | None, recovery_wait_s: float | None) -> None:
+def _check(
+    plan: DeployPlan,
+    lease_s: float | None,
+    recovery_wait_s: float | None,
+    fail_over: Callable[..., dict[str, Any]] | None = None,
+) -> None:
     plan.check()
     if lease_s is not None and not lease_s > 0:
         raise InvalidInput("lease_s", "must be a positive number of seconds")
     if recovery_wait_s is not None and not recovery_wait_s >= 0:
         raise InvalidInput("recovery_wait_s", "must be 0 or more seconds")
+    if plan.failovers and fail_over is None:
+        raise InvalidInput(
+            "failovers",
+            "needs a primary and a standby this run started: a system on PostgreSQL, run"
+            " without --dsn",
+        )
 
 
 def _lease(system: System, given: float | None, longest: float) -> float:
@@ -264,8 +363,12 @@ def _submissions(
     """The scheduled jobs, and when every job is submitted, in order."""
     later = scheduled_jobs(keys, steps, plan)
     due = {job.key for job in later}
+    failovers = failover_times(plan)
+    # Jobs are submitted past the last failover too: those after a promotion show how soon
+    # the workers are woken again.
+    until = failovers[-1] + plan.interval / 2 if failovers else 0.0
     planned = sorted(
-        submissions([key for key in keys if key not in due], steps)
+        submissions([key for key in keys if key not in due], steps, until)
         + [(job.submit_s, job.key) for job in later]
     )
     return later, planned
@@ -319,10 +422,12 @@ def run_deploys(
     progress: Callable[[str], None] | None = None,
     now: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    fail_over: Callable[..., dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Run ``plan`` against ``system``; the record, also written to ``deploys.json``."""
+    """Run ``plan`` against ``system``; the record, also written to ``deploys.json``.
+    ``fail_over`` fails the system's server over (the plan's ``failovers`` need it)."""
     resolved = resolve_system(system)
-    _check(plan, lease_s, recovery_wait_s)
+    _check(plan, lease_s, recovery_wait_s, fail_over)
     ready = _prepare(resolved, plan, lease_s, recovery_wait_s)
     keys, work, lease_s, worker, labs = (
         ready.keys,
@@ -351,23 +456,21 @@ def run_deploys(
 
     if progress is not None:
         progress(f"deploys {resolved.name}: {len(steps)} stops of {plan.workers} workers")
-    client = resolved.open(OpenRequest(store, SystemClock(), RandomIds(), _RETRY))
+    client, producer = _clients(resolved, store, failing_over=fail_over is not None)
     fleet = Fleet(output_dir, spec_for, clock)
     scheduler = _scheduler(worker, labs, client, store)
     run = Rollout(
-        plan, fleet, steps, ready.planned, client, clock, scheduler, due, wall_origin,
-        DeathWatch(now), STARTUP_S,
+        plan, fleet, steps, ready.planned, producer, clock, scheduler, due, wall_origin,
+        DeathWatch(now), STARTUP_S, fail_over, failover_times(plan),
     )  # fmt: skip
     try:
         recovered_at, last_stop_end = run.drive(keys, bound, sleep)
     finally:
         fleet.close(sleep)
-        client.close()
+        for each in {id(client): client, id(producer): producer}.values():
+            each.close()
     finished = clock()
-    error: dict[str, str] | None = None
-    if run.failed:
-        told = "; ".join(f"{name}: {message}" for name, message in run.failed.items())
-        error = {"type": "WorkerFailed", "message": told}
+    error = _worker_failed(run)
     judged_fates = _fates(fleet, labs)
     executions = with_fates(_executions(run, origin), judged_fates)
     acks = {
@@ -445,6 +548,17 @@ def run_deploys(
         "promises": promises,
         "timings": {"run_s": round(finished, 3)},
     }
+    if plan.failovers:
+        record |= {
+            "failovers": failover_wakeups(
+                run.failovers,
+                run.submitted,
+                executions,
+                [key for at, key in ready.planned if at > 0],
+            ),
+            "restarted_after_exit": run.restarted,
+            "submissions_that_raised": run.submit_failures,
+        }
     record["headline"] = _headline(resolved, plan, jobs, record)
     write_json(output_dir / DEPLOYS_FILE, record)
     return record

@@ -310,11 +310,15 @@ class ReplicatedPostgres:
     def _waiting(self) -> int:
         return int(self.lag()["commits_waiting_for_the_standby"])
 
-    def failover(self, promoted: Callable[[], None] | None = None) -> dict[str, Any]:
+    def failover(
+        self, promoted: Callable[[], None] | None = None, *, promote_after_s: float = 0.0
+    ) -> dict[str, Any]:
         """The primary dies, a standby is promoted, clients are moved to it, and new
         standbys are made of it. What the promoted standby had not received is gone.
         ``promoted`` is called once the clients reach the promoted standby, before the new
-        standbys exist (a reading of what the failover left)."""
+        standbys exist (a reading of what the failover left). ``promote_after_s``: how long
+        no server answers the clients between the kill and the promotion (an HA manager's
+        time to notice the primary is gone and decide)."""
         assert self.primary is not None
         started = self._clock()
         record: dict[str, Any] = {}
@@ -329,6 +333,8 @@ class ReplicatedPostgres:
         self.proxy.apply(WindowKind.RESET, paths, 0.0)
         self.proxy.settle()
         self.heal_replication()
+        if promote_after_s > 0:
+            time.sleep(promote_after_s)
         slot = self._chosen(record)
         standby = self.standbys[slot]
         assert standby is not None

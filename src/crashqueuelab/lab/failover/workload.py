@@ -14,17 +14,17 @@ its type, and the record counts them: none is hidden.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from crashqueuelab.core.errors import CrashQueueLabError
-from crashqueuelab.systems.contract import Claim, JobSpec, QueueClient, Verdict
+from crashqueuelab.lab.runs.reopening import Calls, Reopening
+from crashqueuelab.systems.contract import JobSpec, QueueClient, Verdict
 
 #: How long an idle worker or the sweeper waits before it asks again.
 IDLE_S = 0.01
@@ -68,75 +68,6 @@ def read_ledger(path: Path) -> list[dict[str, Any]]:
 
 def _error(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"[:300]
-
-
-class Calls(Protocol):
-    """What the load calls on a client."""
-
-    def submit(self, job: JobSpec) -> str: ...
-
-    def claim(self, worker_id: str, lease_us: int) -> Claim | None: ...
-
-    def succeed(self, claim: Claim) -> Verdict: ...
-
-    def recover(self) -> int: ...
-
-    def close(self) -> None: ...
-
-
-class Reopening:
-    """A client opened anew before the call that follows one that raised: what an
-    application does with a library whose client holds one connection and never
-    reconnects (its pool replaces the connection, or its supervisor restarts the process).
-    The failed call is still the caller's failure; the next one runs on a new session."""
-
-    def __init__(self, open_client: Callable[[], QueueClient]) -> None:
-        self._open = open_client
-        self._client: QueueClient | None = open_client()
-
-    def _current(self) -> QueueClient:
-        if self._client is None:
-            self._client = self._open()  # an error here is the call's: it stays to reopen
-        return self._client
-
-    def _failed(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            with contextlib.suppress(Exception):  # its connection is what failed
-                client.close()
-
-    def submit(self, job: JobSpec) -> str:
-        try:
-            return self._current().submit(job)
-        except Exception:
-            self._failed()
-            raise
-
-    def claim(self, worker_id: str, lease_us: int) -> Claim | None:
-        try:
-            return self._current().claim(worker_id, lease_us)
-        except Exception:
-            self._failed()
-            raise
-
-    def succeed(self, claim: Claim) -> Verdict:
-        try:
-            return self._current().succeed(claim)
-        except Exception:
-            self._failed()
-            raise
-
-    def recover(self) -> int:
-        try:
-            return self._current().recover()
-        except Exception:
-            self._failed()
-            raise
-
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
 
 
 @dataclass

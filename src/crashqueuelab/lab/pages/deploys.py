@@ -55,6 +55,10 @@ def command_of(report: dict[str, Any], run_dir: Path) -> str:
         words.append(f"--scheduled {plan['scheduled']}")
     if plan.get("due_tolerance_s") is not None:
         words.append(f"--due-tolerance-s {plan['due_tolerance_s']:g}")
+    if plan.get("failovers"):
+        words.append(f"--failovers {plan['failovers']}")
+        if plan.get("promote_after_s"):
+            words.append(f"--promote-after-s {plan['promote_after_s']:g}")
     if report.get("lease_s") is not None:
         words.append(f"--lease-s {report['lease_s']:g}")
     if report["recovery"]["basis"] == "given by the run":
@@ -201,6 +205,20 @@ def deploys_view(run_dir: Path) -> View:
         ),
         ("recovery bound", f"{recovery['wait_s']:g} s", recovery["basis"]),
     ]
+    failing_over = report.get("failovers")
+    if failing_over:
+        worst = [f["wait_s"]["max"] for f in failing_over["failovers"] if f["wait_s"]]
+        before = failing_over["before_the_first"]["wait_s"]
+        figures.append(
+            (
+                "failovers",
+                f"{len(failing_over['failovers'])}, then a job waited up to"
+                f" {max(worst, default=0.0):g} s",
+                f"before the first: up to {0.0 if before is None else before['max']:g} s;"
+                f" {len(report['restarted_after_exit'])} worker(s) exited by themselves and"
+                " were started again",
+            )
+        )
     if scheduled and scheduled["jobs"]:
         figures.append(
             (
@@ -212,7 +230,8 @@ def deploys_view(run_dir: Path) -> View:
     verdict = Verdict(
         ok=report["ok"],
         title=f"deploys: {plan['workers']} workers, {len(report['steps'])} stops,"
-        f" {plan['signal']} then SIGKILL after {plan['grace_s']:g} s",
+        f" {plan['signal']} then SIGKILL after {plan['grace_s']:g} s"
+        + (f", {plan['failovers']} failovers" if plan.get("failovers") else ""),
         system=system_label(report["system"]),
         durability=report["worker"]["describe"],
         seed=plan["seed"],
@@ -241,5 +260,8 @@ def deploys_view(run_dir: Path) -> View:
         else LaneChart(_scheduled_lanes(scheduled, report["executions"], end), end, ticks),
         "due": _DUE,
         "tolerance": _TOLERANCE,
+        "failovers": report.get("failovers"),
+        "promote_after_s": plan.get("promote_after_s", 0.0),
+        "restarted": report.get("restarted_after_exit", []),
     }
     return View("deploys.html.j2", verdict, figures, data)

@@ -174,9 +174,15 @@ _KILLED_MID_JOB = Documented(
     ' job runs again from the start (reliability guide: "If a worker process crashes'
     ' mid-job, the job remains in `picked` state with a stale heartbeat"; "A recovered job'
     ' will run again from the start"): one whose handler returned but whose completion was'
-    " not yet logged when the deploy's SIGKILL came runs twice",
+    " not yet logged (pgqueuer buffers completions) when the deploy's SIGKILL came, or when"
+    " the worker crashed on its lost connection, runs twice",
     _RELIABILITY_DOCS,
-    when={Kind.RAN_TWICE: {"worker_then": "sigkilled", "acknowledged": "unknown"}},
+    when={
+        Kind.RAN_TWICE: (
+            {"worker_then": "sigkilled", "acknowledged": "unknown"},
+            {"worker_then": "crashed", "acknowledged": "unknown"},
+        )
+    },
 )
 
 _EARLIEST = Documented(
