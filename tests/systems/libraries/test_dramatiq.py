@@ -152,12 +152,6 @@ def test_the_reader_reads_without_dramatiq_and_names_what_the_lab_did_not_write(
     reading = read_dramatiq_store(store)
     assert reading.jobs == {"gone": ("dead", 0), "odd": ("acked", 1)}
     assert "job odd: a result, yet a message still live" in reading.problems
-    # An id that is a submitted job's message id names that job.
-    with RespConnection(redis_socket) as connection:
-        connection.command("RPUSH", base, "m1")
-    assert "message m1 (job gone): in the queue, its message gone" in (
-        read_dramatiq_store(store).problems
-    )
 
 
 def test_without_a_server_the_reader_and_the_adapter_say_so(tmp_path: Path) -> None:

@@ -141,16 +141,9 @@ def _read(
     jobs: dict[str, tuple[str, int]] = {}
     problems: list[str] = []
     seen: dict[str, str] = {}
-    # A first attempt's Redis id is its dramatiq message id: the job it was is named.
-    owners = {message_id: key for key, message_id in jobs_submitted.items()}
-
-    def message(redis_id: str) -> str:
-        owner = owners.get(redis_id)
-        return f"message {redis_id}" + ("" if owner is None else f" (job {owner})")
-
     for redis_id in listed:
         if listed.count(redis_id) > 1 and redis_id not in seen:
-            problems.append(f"{message(redis_id)}: in the queue {listed.count(redis_id)} times")
+            problems.append(f"message {redis_id}: in the queue {listed.count(redis_id)} times")
         seen[redis_id] = QUEUED
     # An id whose message is gone: a consumer that fetches it is handed nothing (the
     # "None" message of dramatiq #266 and #442), and the id stays in its acks set.
@@ -161,15 +154,15 @@ def _read(
         (fetched_delayed, delayed, "in a worker's acks set of the delay queue"),
     ):
         problems += [
-            f"{message(redis_id)}: {where}, its message gone"
+            f"message {redis_id}: {where}, its message gone"
             for redis_id in sorted(ids)
             if redis_id not in messages
         ]
     # One lab job is one dramatiq message id; each retry is a copy under a new Redis id.
     for messages, kind in ((dead, DEAD), (delayed, DELAYED), (live, QUEUED)):
-        for redis_id, held in messages.items():
-            key = str(held["args"][0])
-            retries = int(held.get("options", {}).get("retries", 0))
+        for redis_id, message in messages.items():
+            key = str(message["args"][0])
+            retries = int(message.get("options", {}).get("retries", 0))
             if kind == QUEUED and redis_id in fetched:
                 state, attempts = FETCHED, retries + 1
             elif kind == QUEUED and redis_id not in listed:

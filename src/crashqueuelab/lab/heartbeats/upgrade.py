@@ -38,8 +38,9 @@ from crashqueuelab.systems.contract import StoreReading, System
 NOT_EXERCISED = "NotExercised"
 #: Files of the first run's store that stay behind: its workers' logs are its own.
 LEFT_BEHIND = ("*.log",)
-#: What a reader's problem is about: "message ID (job KEY): ..." or "job KEY: ...".
-_SUBJECT = re.compile(r"^(?P<subject>(message|job) [^:( ]+)( \(job (?P<job>[^)]+)\))?:")
+#: What a reader's problem is about: "message ID: ..." or "job KEY: ..." (a reader's words
+#: for one of its messages or jobs).
+_SUBJECT = re.compile(r"^(?P<what>message|job) (?P<name>[^: ]+):")
 
 
 @dataclass(frozen=True)
@@ -99,15 +100,13 @@ def next_keys(before: Before, jobs: int) -> list[str]:
 
 
 def subject_of(problem: str) -> tuple[str, str | None]:
-    """What a reader's problem is about (``message ID`` or ``job KEY``), and the job it
-    names, if any."""
+    """What a reader's problem is about (``message ID`` or ``job KEY``; else the whole
+    problem), and the job it names, if any."""
     found = _SUBJECT.match(problem)
     if found is None:
         return problem, None
-    job = found.group("job")
-    if job is None and found.group("subject").startswith("job "):
-        job = found.group("subject").removeprefix("job ")
-    return found.group("subject"), job
+    job = found.group("name") if found.group("what") == "job" else None
+    return f"{found.group('what')} {found.group('name')}", job
 
 
 def accounted(

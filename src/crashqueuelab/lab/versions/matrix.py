@@ -128,6 +128,10 @@ def cell(release: str, record: dict[str, Any], criterion: str) -> dict[str, Any]
     if error:
         reasons.insert(0, f"{error.get('type')}: {error.get('message')}")
     promises = record.get("promises") or {}
+    broken = list(promises.get("broken_promises") or [])
+    if criterion == "promises" and broken and not error:
+        # What fails the criterion comes first: a broken promise, not a documented weakness.
+        reasons = [broken[0], *(reason for reason in reasons if reason != broken[0])]
     unjudged = not_judged(record, reasons)
     return {
         "release": release,
