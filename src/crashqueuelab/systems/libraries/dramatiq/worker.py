@@ -136,7 +136,8 @@ KEPT_LOG_LEVEL = logging.WARNING
 
 
 def _keep_log(path: Path) -> None:
-    """dramatiq's warnings and errors, in ``path`` as well as where they went before."""
+    """dramatiq's warnings and errors in ``path`` (the run's page shows them), instead of
+    on the worker's stderr, where Python's last-resort handler put them."""
     handler = logging.FileHandler(path, delay=True)
     handler.setLevel(KEPT_LOG_LEVEL)
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
