@@ -107,9 +107,15 @@ def test_what_the_first_run_left_stays_its_own_and_what_the_second_made_is_its(
 
 
 def test_a_workers_library_log_is_counted_and_its_first_lines_kept(tmp_path: Path) -> None:
-    (tmp_path / "worker-1.dramatiq.log").write_text("WARNING a\nWARNING a\n\nERROR b\n")
+    (tmp_path / "worker-1.dramatiq.log").write_text(
+        "WARNING a\nWARNING a\n\nERROR b\nTraceback (most recent call last):\n"
+        '  File "x.py", line 1, in run\nAttributeError: c\n'
+    )
     assert library_logs(tmp_path) == {
-        "worker-1.dramatiq.log": {"lines": 4, "first": ["WARNING a", "ERROR b"]}
+        "worker-1.dramatiq.log": {
+            "lines": 7,
+            "first": ["WARNING a", "ERROR b", "AttributeError: c"],
+        }
     }
     assert library_logs(tmp_path / "nothing") == {}
 

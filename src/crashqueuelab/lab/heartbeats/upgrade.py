@@ -142,6 +142,8 @@ def accounted(
     }
 
 
+#: The first line of a traceback, which a log's summary leaves out with its frames.
+_TRACEBACK = "Traceback (most recent call last)"
 #: Who left a problem the second run still finds, in its finding's facts.
 THIS_RUN = "this run"
 
@@ -183,10 +185,16 @@ def problems(reading: StoreReading | None) -> list[str]:
 
 def library_logs(store: Path, lines: int = 3) -> dict[str, dict[str, Any]]:
     """What the library logged in each worker's log in the store directory (a worker loop
-    that keeps one, as dramatiq's): how many lines, and the first distinct ones."""
+    that keeps one, as dramatiq's): how many lines, and the first distinct ones that say
+    something (a traceback's frames left out, its last line kept)."""
     found: dict[str, dict[str, Any]] = {}
     for path in sorted(store.glob("*.log")):
         text = path.read_text(errors="replace").splitlines()
-        distinct = list(dict.fromkeys(line for line in text if line.strip()))
+        said = (
+            line
+            for line in text
+            if line.strip() and not line[0].isspace() and not line.startswith(_TRACEBACK)
+        )
+        distinct = list(dict.fromkeys(said))
         found[path.name] = {"lines": len(text), "first": distinct[:lines]}
     return found
