@@ -326,3 +326,58 @@ def test_dramatiq_1_12_0_puts_back_an_id_whose_message_1_10_0_deleted_and_1_12_1
     assert not any(
         NONE_MESSAGE in line for log in fixed["library_logs"].values() for line in log["first"]
     )
+
+
+def test_each_release_runs_after_the_release_upgraded_from_on_one_server_kept_for_both(
+    tmp_path: Path, redis_socket: str, run_cli: RunCli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The matrix starts one Redis server per release under test and names it to both of
+    its runs; the second is told the first's directory. A first run that kept no record
+    leaves the release with an error of its own, and nothing run after it."""
+    from crashqueuelab.cli import versions
+
+    calls: list[tuple[str, list[str], dict[str, str]]] = []
+
+    def run_pinned(
+        pin: Any, argv: list[str], err: Any, prefix: str = "", extra: Any = None
+    ) -> tuple[int, dict[str, Any]]:
+        calls.append((pin.version, list(argv), dict(extra or {})))
+        directory = Path(argv[argv.index("--output-directory") + 1])
+        if pin.version == "1.10.0" and "1.12.1" in directory.name:
+            return 2, {"ok": False, "error": {"type": "Refused", "message": "no store"}}
+        directory.mkdir(parents=True)
+        record = {"ok": True, "anomalies": [], "promises": {"keeps_its_promises": True}}
+        if pin.version != "1.10.0":
+            record["upgrade"] = {"from": {"directory": f"1.10.0-before-{directory.name}"}}
+        (directory / "heartbeats.json").write_text(json.dumps(record))
+        return 0, record
+
+    monkeypatch.setattr(versions, "run_pinned", run_pinned)
+    directory = tmp_path / "m"
+    outcome = run_cli(
+        "versions", "--system", "dramatiq", "--releases", "1.12.0,1.12.1",
+        "--upgrade-from", "1.10.0", "--output-directory", str(directory), "heartbeats",
+    )  # fmt: skip
+    assert [(version, argv.count("--after-run")) for version, argv, _ in calls] == [
+        ("1.10.0", 0),
+        ("1.12.0", 1),
+        ("1.10.0", 0),
+    ]
+    first, second = calls[0][1], calls[1][1]
+    assert first[first.index("--output-directory") + 1] == str(directory / "1.10.0-before-1.12.0")
+    assert second[second.index("--after-run") + 1] == str(directory / "1.10.0-before-1.12.0")
+    # One server per release under test, the same for both of its runs.
+    sockets = [environment[KEPT_REDIS_VARIABLE] for _, _, environment in calls]
+    assert sockets[0] == sockets[1] != sockets[2]
+    rows = {row["release"]: row for row in outcome.result["rows"]}
+    assert rows["1.12.0"]["passes"] is True
+    assert rows["1.12.1"]["first_reason"] == (
+        "UpgradeFromFailed: the run of 1.10.0 kept no record: no store"
+    )
+    assert outcome.code == 1
+    report = json.loads((directory / "versions.json").read_text())
+    assert report["upgrade_from"] == "1.10.0"
+    assert [row["after"] for row in report["rows"]] == ["1.10.0-before-1.12.0", None]
+    page = (directory / "report.html").read_text()
+    assert "--upgrade-from 1.10.0" in page
+    assert 'href="1.10.0-before-1.12.0/report.html"' in page
