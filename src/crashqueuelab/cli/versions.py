@@ -41,6 +41,8 @@ EVIDENCE = {
 _ROW_KEYS = ("release", "ok", "not_judged", "keeps_its_promises", "passes", "first_reason")
 #: The evidence an upgrade can run: a second run goes on from the first's store.
 UPGRADABLE_EVIDENCE = (HEARTBEATS.command,)
+#: The libraries an upgrade is built for (``lab.heartbeats.upgrade``).
+UPGRADABLE_LIBRARIES = ("dramatiq",)
 #: Options the matrix sets for each release itself.
 _SET_BY_THE_MATRIX = ("--system", "--with", "--output-directory")
 
@@ -90,7 +92,7 @@ def _library(args: argparse.Namespace) -> str | None:
     return distribution_of(name)
 
 
-def _upgrade_from(args: argparse.Namespace, evidence: list[str]) -> str | None:
+def _upgrade_from(args: argparse.Namespace, evidence: list[str], distribution: str) -> str | None:
     """``--upgrade-from``'s release, checked: an upgrade runs the heartbeat experiment of a
     library on a Redis server (whose store a later release can be started on), and the
     release is the library's own; an error of one line for anything else."""
@@ -121,6 +123,15 @@ def _upgrade_from(args: argparse.Namespace, evidence: list[str]) -> str | None:
             f"{args.system} {kept}: an upgrade starts the next release on the Redis server"
             " and store the first left, which only a system on a Redis server has",
         )
+    if distribution not in UPGRADABLE_LIBRARIES:
+        raise InvalidInput(
+            "upgrade-from",
+            f"{args.system}: an upgrade is built for {', '.join(UPGRADABLE_LIBRARIES)} alone"
+            " (the second run goes on from its Redis broker's queue, and ends by waiting for"
+            " its recovery: dramatiq's maintenance, a heartbeat timeout after its workers"
+            " stopped); the other libraries on a Redis server recover on timers of their own"
+            " (Celery's visibility timeout is an hour by default)",
+        )
     return release
 
 
@@ -133,7 +144,7 @@ def _versions(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
             " package.module:factory whose System names its distribution",
         )
     evidence = _evidence(list(args.evidence))
-    upgrade_from = _upgrade_from(args, evidence)
+    upgrade_from = _upgrade_from(args, evidence, distribution)
     releases = choose_releases(args.releases, args.vary or distribution)
     # Every pin checked before anything runs: a bad --with is one line, nothing started.
     _pin_of(args, releases[0])
@@ -301,8 +312,8 @@ def add_versions_command(command: Any) -> None:
         default=None,
         metavar="RELEASE",
         help="for each release: run the evidence first on RELEASE, then the release on the"
-        " very Redis server and store that run left (heartbeats only, a library on a Redis"
-        " server); each release's row is the second run's, the first's record beside it",
+        " very Redis server and store that run left (heartbeats only, dramatiq only); each"
+        " release's row is the second run's, the first's record beside it",
     )
     sub.add_argument(
         "evidence",

@@ -187,15 +187,23 @@ def test_an_upgrade_that_makes_no_sense_is_refused_before_anything_runs(
     assert not (tmp_path / "m").exists()
 
 
-def test_an_upgrade_of_a_library_off_a_redis_server_is_refused(
-    tmp_path: Path, run_cli: RunCli
+@pytest.mark.parametrize(
+    ("system", "releases", "said"),
+    [
+        ("huey", "3.1.0,3.2.0", "only a system on a Redis server has"),
+        ("rq", "1.16.2,2.0.0", "an upgrade is built for dramatiq alone"),
+    ],
+)
+def test_an_upgrade_of_a_library_it_is_not_built_for_is_refused(
+    tmp_path: Path, run_cli: RunCli, system: str, releases: str, said: str
 ) -> None:
     outcome = run_cli(
-        "versions", "--system", "huey", "--releases", "3.2.0,3.2.1", "--upgrade-from", "3.1.0",
+        "versions", "--system", system, "--releases", releases, "--upgrade-from", "1.0.0",
         "--output-directory", str(tmp_path / "m"), "heartbeats",
     )  # fmt: skip
     assert outcome.code == 2, outcome.stderr
-    assert "only a system on a Redis server has" in outcome.result["error"]["message"]
+    assert outcome.result["error"]["field"] == "upgrade-from"
+    assert said in outcome.result["error"]["message"]
 
 
 def test_a_run_after_one_that_left_nothing_is_not_exercised_and_its_page_says_so(
