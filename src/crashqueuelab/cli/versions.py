@@ -13,6 +13,7 @@ from crashqueuelab.cli.pages import html_report
 from crashqueuelab.cli.pinned import run_pinned
 from crashqueuelab.cli.verdict import exit_code
 from crashqueuelab.core.errors import InvalidInput
+from crashqueuelab.lab.heartbeats.upgrade import UPGRADABLE_LIBRARIES
 from crashqueuelab.lab.runs.commands import import_path
 from crashqueuelab.lab.runs.kinds import CAMPAIGN, CHAOS, DEPLOYS, DISK_FAULTS, HEARTBEATS
 from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
@@ -41,8 +42,6 @@ EVIDENCE = {
 _ROW_KEYS = ("release", "ok", "not_judged", "keeps_its_promises", "passes", "first_reason")
 #: The evidence an upgrade can run: a second run goes on from the first's store.
 UPGRADABLE_EVIDENCE = (HEARTBEATS.command,)
-#: The libraries an upgrade is built for (``lab.heartbeats.upgrade``).
-UPGRADABLE_LIBRARIES = ("dramatiq",)
 #: Options the matrix sets for each release itself.
 _SET_BY_THE_MATRIX = ("--system", "--with", "--output-directory")
 

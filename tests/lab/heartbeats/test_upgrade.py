@@ -150,6 +150,9 @@ def test_a_system_without_a_server_has_no_store_to_go_on_from(tmp_path: Path) ->
     directory = before_run(tmp_path, system="walqueue")
     with pytest.raises(InvalidInput, match="keeps no store on a server"):
         load_before(directory, resolve_system("walqueue"))
+    directory = before_run(tmp_path / "rq", system="rq")
+    with pytest.raises(InvalidInput, match="built for dramatiq alone"):
+        load_before(directory, resolve_system("rq"))
 
 
 def test_the_phases_of_an_upgrade_are_kept_side_by_side() -> None:

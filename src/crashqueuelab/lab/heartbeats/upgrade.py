@@ -34,6 +34,9 @@ from crashqueuelab.judges.findings import Anomaly, Kind
 from crashqueuelab.lab.runs.kinds import HEARTBEATS
 from crashqueuelab.systems.contract import StoreReading, System
 
+#: The libraries a run after another is built for: dramatiq's store is its Redis broker's
+#: queue, and its recovery (the maintenance) comes a heartbeat timeout after its workers.
+UPGRADABLE_LIBRARIES = ("dramatiq",)
 #: The type of a run's error when the first run left nothing for the second to meet.
 NOT_EXERCISED = "NotExercised"
 #: Files of the first run's store that stay behind: its workers' logs are its own.
@@ -75,6 +78,13 @@ def load_before(directory: Path, system: System) -> Before:
     if system.server != "redis":
         raise InvalidInput(
             "after", f"{system.name} keeps no store on a server a run after it could share"
+        )
+    if system.distribution not in UPGRADABLE_LIBRARIES:
+        raise InvalidInput(
+            "after",
+            f"{system.name}: a run after another is built for {', '.join(UPGRADABLE_LIBRARIES)}"
+            " alone (its end waits for the library's recovery, a heartbeat timeout for"
+            " dramatiq, an hour's visibility timeout for Celery by default)",
         )
     before = Before(directory, record, tuple(str(key) for key in record["jobs"]))
     if not before.store.is_dir():
