@@ -70,6 +70,9 @@ def test_the_second_run_takes_the_stores_names_not_its_logs_and_numbers_its_jobs
     store.mkdir(parents=True)
     assert take_over(before, store) == ["dramatiq-queue.json"]
     assert next_keys(before, 2) == ["job-03", "job-04"]
+    # A run after a run that came after another: numbered after the last of the chain.
+    chained = Before(tmp_path, {}, ("job-09", "job-10"))
+    assert next_keys(chained, 1) == ["job-11"]
 
 
 def test_what_the_first_run_left_stays_its_own_and_what_the_second_made_is_its(

@@ -104,8 +104,10 @@ def take_over(before: Before, store: Path) -> list[str]:
 
 
 def next_keys(before: Before, jobs: int) -> list[str]:
-    """This run's jobs, numbered after the first run's."""
-    first = len(before.keys)
+    """This run's jobs, numbered after the first run's (itself, maybe, a run after another,
+    whose numbers did not start at 0)."""
+    numbers = [int(key[4:]) for key in before.keys if re.fullmatch(r"job-[0-9]+", key)]
+    first = max([*numbers, len(before.keys) - 1]) + 1
     return [f"job-{index:02d}" for index in range(first, first + jobs)]
 
 
