@@ -88,7 +88,7 @@ def releases(monkeypatch: pytest.MonkeyPatch) -> dict[str, dict[str, Any]]:
     records: dict[str, dict[str, Any]] = {}
 
     def run_pinned(
-        pin: Any, argv: list[str], err: Any, prefix: str = ""
+        pin: Any, argv: list[str], err: Any, prefix: str = "", extra: Any = None
     ) -> tuple[int, dict[str, Any]]:
         directory = Path(argv[argv.index("--output-directory") + 1])
         directory.mkdir(parents=True)

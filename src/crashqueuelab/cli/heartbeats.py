@@ -4,6 +4,7 @@ library's own worker loop (``lab.heartbeats``)?"""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from crashqueuelab.cli.common import (
@@ -47,6 +48,7 @@ def _heartbeats(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         ),
         strike_after_timers=args.network_fault_after_timers,
         pauses_then_stops=args.pauses_then_stops,
+        after=args.after_run,
         progress=progress_for(args),
     )
     reasons = list(record["anomalies"])
@@ -69,6 +71,9 @@ def _heartbeats(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         "network_faults_delivered": [
             entry["kind"] for entry in (record["network"] or {}).get("delivered", [])
         ],
+        "upgrade": None
+        if record["upgrade"] is None
+        else {key: record["upgrade"][key] for key in ("from", "exercised", "left", "left_jobs")},
         "timings": record["timings"],
         "heartbeats_report": str(args.output_directory / HEARTBEATS_FILE),
         "report": html_report(args.output_directory, args.stderr),
@@ -114,6 +119,16 @@ def add_heartbeats_command(command: Command) -> None:
         help="freeze (SIGSTOP) the worker running the oldest job for the fault window, then"
         " thaw it and stop it (SIGTERM, as a deploy does), this often; one at a time, once a"
         " job has worked --network-fault-after-timers; default 0",
+    )
+    sub.add_argument(
+        "--after-run",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="run on the store the heartbeat run in DIR left (a system on a Redis server:"
+        " the same server, which the run that started both keeps, and the same queue); this"
+        " run's jobs are numbered after that run's, and what that run left in the store is"
+        " read first and named as its own (versions --upgrade-from passes it)",
     )
     group = sub.add_argument_group(
         "network faults (postgres: each worker reaches the server through a fault proxy on"

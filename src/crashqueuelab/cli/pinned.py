@@ -11,7 +11,7 @@ import json
 import os
 import subprocess
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from crashqueuelab.core.errors import InvalidInput
@@ -55,13 +55,17 @@ def _pass_on(stream: Any, err: TextIO, prefix: str) -> None:
 
 
 def run_pinned(
-    pin: Pin, argv: Sequence[str], err: TextIO, prefix: str = ""
+    pin: Pin,
+    argv: Sequence[str],
+    err: TextIO,
+    prefix: str = "",
+    extra: Mapping[str, str] | None = None,
 ) -> tuple[int, dict[str, Any]]:
-    """Build (or reuse) the release's environment and run the command in it: its exit code
-    and its JSON result, with the environment named; each line it prints to stderr is
-    passed on with ``prefix`` before it."""
+    """Build (or reuse) the release's environment and run the command in it (``extra``:
+    variables set for it alone): its exit code and its JSON result, with the environment
+    named; each line it prints to stderr is passed on with ``prefix`` before it."""
     directory, marker = ensure_environment(pin)
-    environment = pinned_environment(pin)
+    environment = pinned_environment(pin) | dict(extra or {})
     # The same arguments: the run records and reruns ``name==version``, which resolves
     # there (where that release is the one installed) to the system itself.
     command = [str(python_of(directory)), "-m", "crashqueuelab", *argv]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -12,12 +13,26 @@ from crashqueuelab.cli.pages import html_report
 from crashqueuelab.cli.pinned import run_pinned
 from crashqueuelab.cli.verdict import exit_code
 from crashqueuelab.core.errors import InvalidInput
+from crashqueuelab.lab.heartbeats.upgrade import UPGRADABLE_LIBRARIES
 from crashqueuelab.lab.runs.commands import import_path
 from crashqueuelab.lab.runs.kinds import CAMPAIGN, CHAOS, DEPLOYS, DISK_FAULTS, HEARTBEATS
 from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
+from crashqueuelab.lab.runs.servers import KEPT_REDIS_VARIABLE
 from crashqueuelab.lab.versions.environments import Pin, parse_pin, parse_with
-from crashqueuelab.lab.versions.matrix import CRITERIA, VERSIONS_FILE, choose_releases, run_versions
-from crashqueuelab.systems.registry import DISTRIBUTIONS, distribution_of, extras_of
+from crashqueuelab.lab.versions.matrix import (
+    CRITERIA,
+    VERSIONS_FILE,
+    choose_releases,
+    run_versions,
+    upgrade_directory,
+)
+from crashqueuelab.servers.redis import ThrowawayRedis
+from crashqueuelab.systems.registry import (
+    DISTRIBUTIONS,
+    distribution_of,
+    extras_of,
+    resolve_system,
+)
 
 #: The commands whose evidence a matrix can hold, and the record each writes.
 EVIDENCE = {
@@ -25,6 +40,8 @@ EVIDENCE = {
 }
 #: What the printed result keeps of each row (the whole rows are in versions.json).
 _ROW_KEYS = ("release", "ok", "not_judged", "keeps_its_promises", "passes", "first_reason")
+#: The evidence an upgrade can run: a second run goes on from the first's store.
+UPGRADABLE_EVIDENCE = (HEARTBEATS.command,)
 #: Options the matrix sets for each release itself.
 _SET_BY_THE_MATRIX = ("--system", "--with", "--output-directory")
 
@@ -74,6 +91,49 @@ def _library(args: argparse.Namespace) -> str | None:
     return distribution_of(name)
 
 
+def _upgrade_from(args: argparse.Namespace, evidence: list[str], distribution: str) -> str | None:
+    """``--upgrade-from``'s release, checked: an upgrade runs the heartbeat experiment of a
+    library on a Redis server (whose store a later release can be started on), and the
+    release is the library's own; an error of one line for anything else."""
+    release: str | None = args.upgrade_from
+    if release is None:
+        return None
+    if args.vary is not None:
+        raise InvalidInput(
+            "upgrade-from", "an upgrade moves the library to a release: not with --vary"
+        )
+    if evidence[0] not in UPGRADABLE_EVIDENCE:
+        raise InvalidInput(
+            "upgrade-from",
+            f"{evidence[0]} starts each run on a store of its own: an upgrade runs"
+            f" {', '.join(UPGRADABLE_EVIDENCE)}, whose second run goes on from the first's store",
+        )
+    if "--after-run" in (argument.split("=")[0] for argument in evidence):
+        raise InvalidInput(
+            "upgrade-from", "the upgrade names the run before itself: no --after-run"
+        )
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+)*", release):
+        raise InvalidInput("upgrade-from", f"{release!r} is not a release number such as 1.10.0")
+    server = resolve_system(args.system).server
+    if server != "redis":
+        kept = "keeps its store in files of the run's own" if server is None else f"is on {server}"
+        raise InvalidInput(
+            "upgrade-from",
+            f"{args.system} {kept}: an upgrade starts the next release on the Redis server"
+            " and store the first left, which only a system on a Redis server has",
+        )
+    if distribution not in UPGRADABLE_LIBRARIES:
+        raise InvalidInput(
+            "upgrade-from",
+            f"{args.system}: an upgrade is built for {', '.join(UPGRADABLE_LIBRARIES)} alone"
+            " (the second run goes on from its Redis broker's queue, and ends by waiting for"
+            " its recovery: dramatiq's maintenance, a heartbeat timeout after its workers"
+            " stopped); the other libraries on a Redis server recover on timers of their own"
+            " (Celery's visibility timeout is an hour by default)",
+        )
+    return release
+
+
 def _versions(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     distribution = _library(args)
     if distribution is None:
@@ -83,14 +143,19 @@ def _versions(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
             " package.module:factory whose System names its distribution",
         )
     evidence = _evidence(list(args.evidence))
+    upgrade_from = _upgrade_from(args, evidence, distribution)
     releases = choose_releases(args.releases, args.vary or distribution)
     # Every pin checked before anything runs: a bad --with is one line, nothing started.
     _pin_of(args, releases[0])
+    if upgrade_from is not None:
+        _pin_of(args, upgrade_from)
     output: Path = args.output_directory
     prepare_output_directory(output)
     err = args.stderr
 
-    def run_release(release: str, directory: Path) -> dict[str, Any]:
+    def run_one(
+        release: str, directory: Path, after: list[str], environment: dict[str, str]
+    ) -> dict[str, Any]:
         pin = _pin_of(args, release)
         seed = [] if "--seed" in evidence else ["--seed", str(args.seed)]
         fixed = [
@@ -99,20 +164,54 @@ def _versions(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         argv = [
             *evidence,
             *seed,
+            *after,
             "--system",
             pin.spec,
             *fixed,
             "--output-directory",
             str(directory),
         ]
-        print(f"versions {args.system}: {release} ...", file=err, flush=True)
         # Side by side, each line a release's run prints says which release it is.
-        _, result = run_pinned(pin, argv, err, f"[{release}] " if args.at_once > 1 else "")
+        prefix = f"[{directory.name}] " if args.at_once > 1 else ""
+        _, result = run_pinned(pin, argv, err, prefix, environment)
         record_file = directory / EVIDENCE[evidence[0]]
         if record_file.is_file():
             record: dict[str, Any] = json.loads(record_file.read_text())
             return record
         return result
+
+    def run_release(release: str, directory: Path) -> dict[str, Any]:
+        print(f"versions {args.system}: {release} ...", file=err, flush=True)
+        if upgrade_from is None:
+            return run_one(release, directory, [], {})
+        return run_upgrade(release, directory)
+
+    def run_upgrade(release: str, directory: Path) -> dict[str, Any]:
+        """The evidence on ``upgrade_from``, then on ``release`` on the very server and
+        store it left: the second run's record, naming the first."""
+        assert upgrade_from is not None
+        first = upgrade_directory(directory, upgrade_from)
+        persistence = resolve_system(args.system).persistence or "rdb"
+        with ThrowawayRedis(persistence) as server:
+            server.start()
+            kept = {KEPT_REDIS_VARIABLE: str(server.socket)}
+            print(
+                f"versions {args.system}: {upgrade_from} first, on the server {release} then"
+                " runs on ...",
+                file=err,
+                flush=True,
+            )
+            before = run_one(upgrade_from, first, [], kept)
+            if not (first / EVIDENCE[evidence[0]]).is_file():
+                return {
+                    "ok": False,
+                    "error": {
+                        "type": "UpgradeFromFailed",
+                        "message": f"the run of {upgrade_from} kept no record: "
+                        + str((before.get("error") or {}).get("message")),
+                    },
+                }
+            return run_one(release, directory, ["--after-run", str(first)], kept)
 
     library = distribution if ":" in args.system else args.system.partition("==")[0]
     if args.vary is not None:
@@ -135,6 +234,7 @@ def _versions(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         "evidence": evidence,
         "seed": args.seed if given is None else given,
         "system_import_path": import_path(args.system),
+        "upgrade_from": upgrade_from,
     }
     write_json(output / VERSIONS_FILE, report)
     rows = report["rows"]
@@ -205,6 +305,14 @@ def add_versions_command(command: Any) -> None:
         help="run up to N releases side by side (a matrix's releases, a bisection's two"
         " ends); each has its own environment, directory and server unless the evidence"
         " names one (--dsn); default 1",
+    )
+    sub.add_argument(
+        "--upgrade-from",
+        default=None,
+        metavar="RELEASE",
+        help="for each release: run the evidence first on RELEASE, then the release on the"
+        " very Redis server and store that run left (heartbeats only, dramatiq only); each"
+        " release's row is the second run's, the first's record beside it",
     )
     sub.add_argument(
         "evidence",

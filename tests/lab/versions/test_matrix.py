@@ -57,6 +57,20 @@ def test_the_matrix_runs_every_release_and_keeps_the_first_reason(tmp_path: Path
     assert rows["1.2"]["report"] == "1.2/report.html"
 
 
+def test_on_its_own_promises_a_releases_first_reason_is_its_first_broken_promise(
+    tmp_path: Path,
+) -> None:
+    record = {
+        "ok": False,
+        "anomalies": ["run again while paused (documented)", "an id put back (a bug)"],
+        "promises": {"keeps_its_promises": False, "broken_promises": ["an id put back (a bug)"]},
+    }
+    report = run_versions(["1.0"], lambda release, _: record, tmp_path, criterion="promises")
+    (row,) = report["rows"]
+    assert row["first_reason"] == "an id put back (a bug)"
+    assert row["anomalies"] == 2
+
+
 def test_a_release_that_never_opened_here_or_whose_server_is_missing_is_not_judged(
     tmp_path: Path,
 ) -> None:

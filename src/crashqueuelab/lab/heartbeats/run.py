@@ -29,7 +29,7 @@ from crashqueuelab.core.clock import SystemClock
 from crashqueuelab.core.errors import InvalidInput, SystemUnavailable
 from crashqueuelab.core.ids import RandomIds
 from crashqueuelab.core.retry import RetryPolicy
-from crashqueuelab.judges.findings import texts, to_json
+from crashqueuelab.judges.findings import Anomaly, texts, to_json
 from crashqueuelab.lab.faults.kinds import FaultKind
 from crashqueuelab.lab.faults.network.plan import NetworkPlan
 from crashqueuelab.lab.heartbeats.faults import (
@@ -48,6 +48,17 @@ from crashqueuelab.lab.heartbeats.judge import (
     with_deaths,
 )
 from crashqueuelab.lab.heartbeats.pauses import PausesThenStops
+from crashqueuelab.lab.heartbeats.upgrade import (
+    Before,
+    accounted,
+    leftovers,
+    library_logs,
+    load_before,
+    next_keys,
+    not_exercised,
+    problems,
+    take_over,
+)
 from crashqueuelab.lab.heartbeats.workers import WorkerSpec, failures, worker_main
 from crashqueuelab.lab.runs.executions import DeathWatch
 from crashqueuelab.lab.runs.inheritance import Inherited
@@ -55,7 +66,7 @@ from crashqueuelab.lab.runs.interrupts import forkserver_context, start_owned
 from crashqueuelab.lab.runs.kinds import HEARTBEATS
 from crashqueuelab.lab.runs.promises import classify
 from crashqueuelab.lab.runs.records import prepare_output_directory, write_json
-from crashqueuelab.systems.contract import JobSpec, JobStatus, OpenRequest, System
+from crashqueuelab.systems.contract import JobSpec, JobStatus, OpenRequest, StoreReading, System
 from crashqueuelab.systems.registry import resolve_system
 
 HEARTBEATS_FILE = HEARTBEATS.record
@@ -72,6 +83,8 @@ STARTUP_S = 60.0
 STOP_S = 30.0
 _RETRY = RetryPolicy(base_delay_us=10_000, max_delay_us=200_000)
 _POLL_S = 0.1
+#: Past the system's ``recovery_s``, before its recovery runs at the end of an upgrade.
+RECOVERY_MARGIN_S = 0.5
 #: Each job's attempts: a library whose own guard ends its executions may retry it so often.
 MAX_ATTEMPTS = 3
 
@@ -84,10 +97,48 @@ def _submit(system: System, store: Path, keys: Sequence[str]) -> None:
         client.close()
 
 
-def _stored(system: System, store: Path) -> dict[str, JobStatus] | None:
-    if system.reader is None:
-        return None
-    return {key: job.status for key, job in system.reader(store.absolute()).jobs.items()}
+def _recover(system: System, store: Path, sleep: Callable[[float], None] = time.sleep) -> None:
+    """The library's own recovery once the workers stopped: after ``recovery_s`` (dramatiq:
+    a stopped worker's heartbeat is then older than the timeout), ``recover``."""
+    sleep(system.recovery_s + RECOVERY_MARGIN_S)
+    client = system.open(OpenRequest(store, SystemClock(), RandomIds(), _RETRY))
+    try:
+        client.recover()
+    finally:
+        client.close()
+
+
+def _read_at_the_end(
+    system: System, store: Path, before: Before | None, left: Sequence[str]
+) -> tuple[StoreReading | None, dict[str, Any] | None, list[Anomaly]]:
+    """The store's reading once the workers stopped; after an upgrade, read once the
+    library's recovery ran, with the upgrade's accounting and what the store still holds
+    that no lab job explains, when the run before left something (else None and none)."""
+    if before is None:
+        return _reading(system, store), None, []
+    _recover(system, store)
+    reading = _reading(system, store)
+    accounting = accounted(before, left, problems(reading))
+    return reading, accounting, leftovers(before, accounting) if left else []
+
+
+def _reading(system: System, store: Path) -> StoreReading | None:
+    return None if system.reader is None else system.reader(store.absolute())
+
+
+def _stored(reading: StoreReading | None) -> dict[str, JobStatus] | None:
+    return None if reading is None else {key: job.status for key, job in reading.jobs.items()}
+
+
+def _on_the_store_before(
+    system: System, store: Path, before: Before | None, jobs: int
+) -> tuple[list[str], list[str]]:
+    """This run's jobs, and what the run ``before`` it left in the store (read before this
+    run's jobs are submitted; nothing when there is no run before)."""
+    if before is None:
+        return [f"job-{index:02d}" for index in range(jobs)], []
+    take_over(before, store)
+    return next_keys(before, jobs), problems(_reading(system, store))
 
 
 def _every_job_ended(keys: Sequence[str], executions: Sequence[Execution]) -> bool:
@@ -133,6 +184,7 @@ def run_heartbeats(
     network: NetworkPlan | None = None,
     strike_after_timers: float = STRIKE_AFTER_TIMERS,
     pauses_then_stops: int = 0,
+    after: Path | None = None,
     progress: Callable[[str], None] | None = None,
     now: Callable[[], float] = time.monotonic,
 ) -> dict[str, Any]:
@@ -140,7 +192,8 @@ def run_heartbeats(
     the library's own worker loop (its retry timer ``retry_after_s``, by default the
     library worker's), with the ``network`` faults (``faults.py``), each striking once a job
     has worked ``strike_after_timers`` retry timers, and ``pauses_then_stops`` pauses of a
-    worker followed by its stop (``pauses.py``); the record, also written to
+    worker followed by its stop (``pauses.py``), on the store the heartbeat run in ``after``
+    left when one is named (``upgrade.py``); the record, also written to
     ``heartbeats.json``."""
     resolved = resolve_system(system)
     loop = resolved.library_worker
@@ -159,10 +212,11 @@ def run_heartbeats(
         raise InvalidInput("network_fault_after_timers", "must be a number of timers >= 0")
     if network.active and resolved.server != "postgres":
         raise InvalidInput("network", f"{resolved.name} talks to no server: nothing to fault")
+    before = None if after is None else load_before(after, resolved)
     prepare_output_directory(output_dir)
     store = output_dir / "store"
     store.mkdir()
-    keys = [f"job-{index:02d}" for index in range(jobs)]
+    keys, left = _on_the_store_before(resolved, store, before, jobs)
     _submit(resolved, store, keys)
     work_s = work_timers * timer
     origin = now()
@@ -189,10 +243,13 @@ def run_heartbeats(
     failed = failures(plan.ledgers, worked.exits)
     finished = now()
     executions = with_deaths(read_ledgers(plan.ledgers), worked.deaths)
-    stored = _stored(resolved, store)
-    anomalies = judge(keys, executions, stored, origin, worked.held, MAX_ATTEMPTS)
+    reading, accounting, kept = _read_at_the_end(resolved, store, before, left)
+    stored = _stored(reading)
+    anomalies = judge(keys, executions, stored, origin, worked.held, MAX_ATTEMPTS) + kept
     error = None
-    if failed:
+    if before is not None and not left:
+        error = not_exercised(before)
+    elif failed:
         told = "; ".join(f"{worker}: {message}" for worker, message in failed.items())
         error = {"type": "WorkerFailed", "message": told}
     elif worked.all_ended_at is None:
@@ -237,6 +294,9 @@ def run_heartbeats(
             for worker, code in worked.exits.items()
         },
         "promises": promises,
+        "store_problems": problems(reading),
+        "library_logs": library_logs(store),
+        "upgrade": accounting,
         "timings": {"run_s": round(finished - origin, 3)},
     }
     write_json(output_dir / HEARTBEATS_FILE, record)

@@ -122,6 +122,12 @@ def _pause_options(pauses: dict[str, Any] | None) -> str:
     return f" --pauses-then-stops {asked}"
 
 
+def _after_option(run_dir: Path, upgrade: dict[str, Any] | None) -> str:
+    if not upgrade:
+        return ""
+    return f" --after-run {run_dir.parent / upgrade['from']['directory']}"
+
+
 def heartbeats_view(run_dir: Path) -> View:
     report = json.loads((run_dir / "heartbeats.json").read_text(encoding="utf-8"))
     parameters = report["parameters"]
@@ -142,6 +148,7 @@ def heartbeats_view(run_dir: Path) -> View:
         f" --workers {parameters['workers']} --work-timers {parameters['work_timers']:g}"
         f" --retry-timer-s {parameters['retry_after_s']:g}"
         f"{_network_options(report.get('network'))}{_pause_options(report.get('pauses'))}"
+        f"{_after_option(run_dir, report.get('upgrade'))}"
         f" --output-directory {run_dir}",
         reasons=reasons,
     )
@@ -206,5 +213,8 @@ def heartbeats_view(run_dir: Path) -> View:
         "executions": report["executions"],
         "jobs": report["jobs"],
         "workers": report["workers"],
+        "upgrade": report.get("upgrade"),
+        "store_problems": report.get("store_problems") or [],
+        "library_logs": report.get("library_logs") or {},
     }
     return View("heartbeats.html.j2", verdict, figures, data)

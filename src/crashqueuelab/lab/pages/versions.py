@@ -37,7 +37,13 @@ def versions_view(run_dir: Path) -> View:
     at_once = report.get("at_once", 1)
     command = runnable(
         f"crashqueuelab versions --system {report['system']} --releases {','.join(releases)}"
-        + (f" --bisect --bisect-on {report['criterion']}" if bisection is not None else "")
+        + (" --bisect" if bisection is not None else "")
+        + (
+            f" --bisect-on {report['criterion']}"
+            if bisection is not None or report["criterion"] != "ok"
+            else ""
+        )
+        + (f" --upgrade-from {report['upgrade_from']}" if report.get("upgrade_from") else "")
         + (f" --at-once {at_once}" if at_once > 1 else "")
         + f" --output-directory {run_dir} {evidence}",
         report,
@@ -73,6 +79,15 @@ def versions_view(run_dir: Path) -> View:
             "ok: the lab's verdict; promises: the library's own; cases: every crash case",
         ),
     ]
+    if report.get("upgrade_from"):
+        figures.append(
+            (
+                "upgraded from",
+                report["upgrade_from"],
+                "each release ran on the Redis server and store a run of this release left"
+                " (that run's page is named beside it)",
+            )
+        )
     if bisection is not None:
         figures.append(("bisection", bisection["detail"], ""))
     return View("versions.html.j2", verdict, figures, {"rows": rows, "bisection": bisection})

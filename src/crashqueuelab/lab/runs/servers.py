@@ -6,7 +6,10 @@ one; either way the DSN reaches every child process through the environment, whe
 system's adapter and the judges read it. A run on a Redis system gets a throwaway
 ``redis-server`` (``crashqueuelab.servers.redis``) with the persistence the system names;
 its socket reaches the children the same way. Each server says which variables name it
-(``Throwaway.environment``).
+(``Throwaway.environment``). A Redis server a parent run started and keeps across runs
+(``versions --upgrade-from``: the release under test runs on the server the release before
+it left) is named by ``KEPT_REDIS_VARIABLE``: a run that finds it uses that server and
+starts none.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ if TYPE_CHECKING:
 #: The environment variables through which a run names its servers to its children (a
 #: RabbitMQ node's AMQP URL: one a test started, for Celery's RabbitMQ broker).
 SERVER_VARIABLES = (DSN_VARIABLE, SOCKET_VARIABLE, RABBITMQ_URL_VARIABLE)
+#: The socket of a Redis server a parent run started and keeps for this one (and stops).
+KEPT_REDIS_VARIABLE = "CRASHQUEUELAB_REDIS_KEPT"
 
 Server = TypeVar("Server", bound=Throwaway)
 
@@ -45,6 +50,11 @@ def servers_for(
     resolved = [system for system in map(_resolved, systems) if system is not None]
     redis = next((system for system in resolved if system.server == "redis"), None)
     if redis is not None:
+        kept = os.environ.get(KEPT_REDIS_VARIABLE)
+        if kept:
+            with naming(SOCKET_VARIABLE, kept):
+                yield None
+            return
         with started(ThrowawayRedis(redis.persistence or "rdb")) as store:
             yield store
         return

@@ -35,8 +35,9 @@ CRITERIA = ("ok", "promises", "cases")
 #: Runs the evidence on one release into a directory; the run's record.
 RunRelease = Callable[[str, Path], dict[str, Any]]
 _RELEASE = re.compile(r"^[0-9]+(\.[0-9]+)*$")
-#: A run that stopped because what it needs is not here judged nothing of the release.
-_UNAVAILABLE = ("SystemUnavailable", "ServerUnavailable", "CrashModeUnavailable")
+#: A run that stopped because what it needs is not here judged nothing of the release; nor
+#: did a run after an upgrade whose first run did not make the fault (``NotExercised``).
+_UNAVAILABLE = ("SystemUnavailable", "ServerUnavailable", "CrashModeUnavailable", "NotExercised")
 #: How a run's reasons say the system raised while it was being opened.
 _NOT_OPENED = ("raised from open", "open raised")
 #: What a release that passes each criterion does (said of one release, then of several).
@@ -45,6 +46,12 @@ _PASSES = {
     "promises": ("keeps its own promises", "keep their own promises"),
     "cases": ("passes every crash case", "pass every crash case"),
 }
+
+
+def upgrade_directory(directory: Path, upgrade_from: str) -> Path:
+    """Where the run of ``upgrade_from`` before a release's (in ``directory``) is kept:
+    beside it, named by both."""
+    return directory.with_name(f"{upgrade_from}-before-{directory.name}")
 
 
 def release_key(release: str) -> tuple[int, ...]:
@@ -121,6 +128,10 @@ def cell(release: str, record: dict[str, Any], criterion: str) -> dict[str, Any]
     if error:
         reasons.insert(0, f"{error.get('type')}: {error.get('message')}")
     promises = record.get("promises") or {}
+    broken = list(promises.get("broken_promises") or [])
+    if criterion == "promises" and broken and not error:
+        # What fails the criterion comes first: a broken promise, not a documented weakness.
+        reasons = [broken[0], *(reason for reason in reasons if reason != broken[0])]
     unjudged = not_judged(record, reasons)
     return {
         "release": release,
@@ -139,6 +150,8 @@ def cell(release: str, record: dict[str, Any], criterion: str) -> dict[str, Any]
         "summary": record.get("summary"),
         "version": (record.get("system") or {}).get("version"),
         "report": f"{release}/report.html",
+        # The run before it, on the store it then ran on (``versions --upgrade-from``).
+        "after": ((record.get("upgrade") or {}).get("from") or {}).get("directory"),
     }
 
 

@@ -11,11 +11,14 @@ this process's work for its key.
 
 ``loop`` runs a ``Worker`` (one thread, dramatiq's default prefetch of two messages per
 thread) on a broker whose ``heartbeat_timeout`` is the run's retry timer and whose
-maintenance runs at every command, until the run says stop; then ``Worker.stop``.
+maintenance runs at every command, until the run says stop; then ``Worker.stop``. What
+dramatiq logs at WARNING and above is kept in ``WORKER.dramatiq.log`` in the store's
+directory.
 """
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import threading
@@ -126,6 +129,21 @@ def serve(directory: Path, worker_id: str, work: Callable[[str], None]) -> None:
     command.main(arguments)
 
 
+#: What of dramatiq's own log a heartbeat worker keeps, beside its store: its warnings
+#: ("Found 'None' message in message cache", dramatiq #442) and errors (#266's
+#: "Consumer encountered an unexpected error").
+KEPT_LOG_LEVEL = logging.WARNING
+
+
+def _keep_log(path: Path) -> None:
+    """dramatiq's warnings and errors in ``path`` (the run's page shows them), instead of
+    on the worker's stderr, where Python's last-resort handler put them."""
+    handler = logging.FileHandler(path, delay=True)
+    handler.setLevel(KEPT_LOG_LEVEL)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logging.getLogger("dramatiq").addHandler(handler)
+
+
 def loop(
     directory: Path,
     worker_id: str,
@@ -138,6 +156,7 @@ def loop(
     from dramatiq import Worker
 
     queue = _store_queue(directory)
+    _keep_log(directory / f"{worker_id}.dramatiq.log")
     broker = make_broker(
         queue,
         maintenance_chance=MAINTENANCE_EVERY_COMMAND,
