@@ -253,6 +253,28 @@ def test_the_lab_workers_ack_lines_tell_a_kill_before_the_acknowledgement_from_a
     ]
 
 
+def test_a_run_whose_acknowledgement_failed_is_redelivered_and_a_later_runs_ack_is_its_own() -> (
+    None
+):
+    """One worker ran each job twice: ``a``'s first acknowledgement failed (the queue told
+    it failure across a failover) and only the second run's ack is in its ledger, so the
+    second run is a redelivery; ``c`` was acknowledged after each run, so it ran twice."""
+    runs = [
+        Execution("a", "w0", 1.0, 2.0),
+        Execution("a", "w0", 5.0, 6.0),
+        Execution("c", "w0", 7.0, 8.0),
+        Execution("c", "w0", 9.0, 10.0),
+    ]
+    fates = {"w0": WorkerFate("w0", acknowledges_in_ledger=True)}
+    acks = {"w0": [("a", 6.1), ("c", 8.1), ("c", 10.1)]}
+    anomalies, jobs = judge(["a", "c"], runs, fates, acks, dict.fromkeys("ac", DONE), "SIGTERM")
+    assert jobs["a"]["redelivered"] == 1
+    assert [(a.kind, a.job, dict(a.facts)) for a in anomalies] == [
+        (Kind.RAN_TWICE, "c", {"times": 2, "worker_then": "alive", "acknowledged": "yes"}),
+        (Kind.ACKNOWLEDGED_TWICE, "c", {"times": 2}),
+    ]
+
+
 def test_a_job_run_while_its_holder_still_ran_is_beside_a_live_holder() -> None:
     runs = [
         Execution("a", "w0", 1.0, 5.0, how=KILLED, alive_until=5.0),

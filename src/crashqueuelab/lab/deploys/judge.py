@@ -95,13 +95,25 @@ def _worker_then(run: Execution, fate: WorkerFate | None) -> str:
 
 
 def _acknowledged(
-    run: Execution, fate: WorkerFate | None, acks: Mapping[str, Sequence[tuple[str, float]]]
+    run: Execution,
+    fate: WorkerFate | None,
+    acks: Mapping[str, Sequence[tuple[str, float]]],
+    runs: Sequence[Execution],
 ) -> str:
+    """Whether the lab's worker acknowledged ``run`` (an ``ack`` line after its end). A
+    worker that ran the job again acknowledges each run before it starts the next: an ack
+    after its next run of the job began is that run's, not this one's."""
     if fate is None or not fate.acknowledges_in_ledger:
         return "unknown"
     assert run.end_s is not None
-    end = run.end_s
-    return "yes" if any(at >= end for _, at in acks.get(run.worker, ())) else "no"
+    later = [
+        other.start_s
+        for other in runs
+        if other.worker == run.worker and other.start_s >= run.end_s and other is not run
+    ]
+    until = min(later, default=float("inf"))
+    times = [at for _, at in acks.get(run.worker, ())]
+    return "yes" if any(run.end_s <= at < until for at in times) else "no"
 
 
 def _again(
@@ -136,9 +148,12 @@ def _again(
             for worker, entries in acks.items()
         }
         fate = fates.get(first.worker)
-        then, acknowledged = _worker_then(first, fate), _acknowledged(first, fate, key_acks)
-        if then == "sigkilled" and acknowledged == "no":
-            redelivered += 1  # its work ended, its worker was killed before it acknowledged
+        then = _worker_then(first, fate)
+        acknowledged = _acknowledged(first, fate, key_acks, runs)
+        if acknowledged == "no":
+            # Its work ended and its acknowledgement never was (its worker killed first, or
+            # the queue told it failure, as across a failover): the job runs again.
+            redelivered += 1
             continue
         anomalies.append(
             Anomaly(
