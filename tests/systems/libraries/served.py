@@ -177,3 +177,20 @@ def read(system: str, store: Path) -> StoreReading:
     reader = resolve_system(system).reader
     assert reader is not None
     return reader(store)
+
+
+def kill_each_at_start(ledgers: dict[str, Path], key: str, timeout_s: float = WAIT_S) -> None:
+    """SIGKILL the process running ``key`` in each ledger's worker as soon as that worker
+    starts it, whichever starts first; fail naming the ledgers whose worker never did."""
+    waiting = set(ledgers)
+    deadline = time.monotonic() + timeout_s
+    while waiting and time.monotonic() < deadline:
+        for name in sorted(waiting):
+            begun = [
+                line for line in lines(ledgers[name]) if (line.what, line.key) == ("start", key)
+            ]
+            if begun:
+                os.kill(begun[0].pid, signal.SIGKILL)
+                waiting.discard(name)
+        time.sleep(0.02)
+    assert not waiting, f"no task started in {sorted(waiting)}"

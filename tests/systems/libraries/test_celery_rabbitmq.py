@@ -20,7 +20,6 @@ succeeded task again.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -51,6 +50,7 @@ from tests.systems.libraries.served import (
     WAIT_S,
     Line,
     Served,
+    kill_each_at_start,
     lines,
     serving,
     submit,
@@ -286,20 +286,7 @@ def test_a_killed_pool_child_fails_its_task_unless_reject_on_worker_lost_requeue
     with contextlib.ExitStack() as stack:
         workers(stack, tmp_path, work_s=3.0)
         # Each child killed as soon as its own task starts, whichever starts first.
-        waiting = set(SYSTEMS)
-        deadline = time.monotonic() + WAIT_S
-        while waiting and time.monotonic() < deadline:
-            for store in sorted(waiting):
-                begun = [
-                    line
-                    for line in lines(tmp_path / f"{store}.ledger")
-                    if (line.what, line.key) == ("start", "a")
-                ]
-                if begun:
-                    os.kill(begun[0].pid, signal.SIGKILL)
-                    waiting.discard(store)
-            time.sleep(0.02)
-        assert not waiting, f"no task started in {sorted(waiting)}"
+        kill_each_at_start({store: tmp_path / f"{store}.ledger" for store in SYSTEMS}, "a")
         # Rejected with requeue: RabbitMQ delivers it again, and the main process's next
         # child runs it to its end.
         wait_for(tmp_path / "reject.ledger", "end", "a")

@@ -11,7 +11,6 @@ itself."""
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import time
 from collections.abc import Callable
@@ -30,7 +29,16 @@ from crashqueuelab.systems import JobStatus
 from crashqueuelab.systems.contract import System
 from crashqueuelab.systems.libraries.celery.client import Settings
 from crashqueuelab.systems.libraries.celery.system import celery_system
-from tests.systems.libraries.served import WAIT_S, Line, lines, read, serving, submit, wait_for
+from tests.systems.libraries.served import (
+    WAIT_S,
+    Line,
+    kill_each_at_start,
+    lines,
+    read,
+    serving,
+    submit,
+    wait_for,
+)
 
 #: The visibility timeout of the cells that wait for kombu to put a message back (kombu's
 #: default is an hour): short, so that the redelivery comes inside the test's bounded wait.
@@ -150,20 +158,7 @@ def test_a_killed_pool_child_fails_its_task_unless_reject_on_worker_lost_requeue
             # Long enough that each child is killed mid-task on a busy machine too.
             stack.enter_context(serving(system, tmp_path / store, ledger, work_s=3.0))
         # Each child killed as soon as its own task starts, whichever starts first.
-        waiting = set(stores.values())
-        deadline = time.monotonic() + WAIT_S
-        while waiting and time.monotonic() < deadline:
-            for store in sorted(waiting):
-                started = [
-                    line
-                    for line in lines(tmp_path / f"{store}.ledger")
-                    if (line.what, line.key) == ("start", "a")
-                ]
-                if started:
-                    os.kill(started[0].pid, signal.SIGKILL)
-                    waiting.discard(store)
-            time.sleep(0.02)
-        assert not waiting, f"no task started in {sorted(waiting)}"
+        kill_each_at_start({store: tmp_path / f"{store}.ledger" for store in stores.values()}, "a")
         # Rejected with requeue: the main process's next child runs it again.
         wait_for(tmp_path / "reject.ledger", "end", "a")
         # Celery records the child's death as the task's failure (WorkerLostError).
