@@ -60,9 +60,10 @@ def _failover(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
             args.min_replicas_max_lag,
             args.wait_replicas,
             args.wait_timeout_ms,
+            args.primary_fault or "kill",
         )
     else:
-        for name in ("min_replicas_to_write", "wait_replicas"):
+        for name in ("min_replicas_to_write", "wait_replicas", "primary_fault"):
             if getattr(args, name):
                 raise InvalidInput(name, f"a Redis setting: not for {args.system}")
         make = (
@@ -131,6 +132,7 @@ def _rabbitmq(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         "wait_replicas",
         "restart_while_waiting",
         "terminate_waiting",
+        "primary_fault",
     ):
         if getattr(args, name):
             raise InvalidInput(name, "not a RabbitMQ setting")
@@ -236,6 +238,15 @@ def add_failover_command(command: Command) -> None:
         help="crashqueuelab's PostgreSQL queue, pgqueuer or procrastinate on a primary and a"
         " streaming standby, RQ on a Redis primary, a replica and three Sentinels, or a queue"
         " on a three-node RabbitMQ cluster whose leader's node is killed (--queue-type)",
+    )
+    sub.add_argument(
+        "--primary-fault",
+        choices=("kill", "pause"),
+        default=None,
+        help="rq: what each failover does to the primary: SIGKILL of every process of it (the"
+        " default), or SIGSTOP until the Sentinels promoted the replica, then SIGCONT: it comes"
+        " back a primary in its own eyes, answering what its clients sent meanwhile, until a"
+        " Sentinel demotes it to a replica of the new primary",
     )
     sub.add_argument(
         "--queue-type",

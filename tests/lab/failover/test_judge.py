@@ -183,3 +183,33 @@ def test_two_standbys_make_a_loss_documented_only_when_the_lagging_one_is_promot
     # A level that never waits allows the loss whichever standby is promoted.
     assert promise_of("local", 2, "most-advanced")["allows_loss"]
     assert "quorum" not in promise_of("on")
+
+
+def test_lost_enqueues_a_resumed_primary_acknowledged_after_the_promotion_are_counted_apart() -> (
+    None
+):
+    events = [
+        _event(1.0, "enqueued", "before"),
+        _event(5.0, "enqueued", "resumed"),
+        _event(9.0, "enqueued", "new"),
+    ]
+    failover = {
+        "killed_at_s": 2.0, "primary_killed_s": 0.01, "promoted_at_s": 4.0, "promoted_s": 2.0,
+        "resumed_s": 2.01, "demoted_s": 6.0,
+    }  # fmt: skip
+    judged = judge_failovers(
+        level="asynchronous",
+        keys=["before", "resumed", "new"],
+        events=events,
+        failovers=[failover],
+        final={"new": ["pending", 0]},
+    )
+    assert judged["counts"]["lost_enqueues"] == 2
+    # Demoted at 1.99 + 6.0 s: "resumed" was acknowledged by the old primary after the
+    # promotion; "before" went into the failover, "new" to the new primary.
+    assert judged["counts"]["lost_after_the_promotion_from_the_resumed_primary"] == 1
+    killed = judge_failovers(
+        level="asynchronous", keys=["before"], events=events[:1],
+        failovers=[{"killed_at_s": 2.0, "promoted_at_s": 4.0}], final={},
+    )  # fmt: skip
+    assert "lost_after_the_promotion_from_the_resumed_primary" not in killed["counts"]

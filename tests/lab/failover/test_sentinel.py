@@ -48,6 +48,32 @@ def test_rq_through_sentinel_loses_what_the_replica_never_received_as_documented
     assert "acknowledged writes can still be lost during a failover" in page
 
 
+def test_a_paused_primary_resumed_after_the_promotion_acknowledges_writes_that_are_lost(
+    run_cli: RunCli, tmp_path: Path
+) -> None:
+    """SIGSTOP instead of SIGKILL: the Sentinels promote the replica; the old primary,
+    resumed, answers the writes its clients sent meanwhile as a primary until a Sentinel
+    demotes it to a replica of the new one, which discards them."""
+    out = tmp_path / "paused"
+    run = run_cli(
+        "failover", "--system", "rq", "--primary-fault", "pause", "--failovers", "1",
+        "--jobs", "300", "--lag-s", "1", "--deadline-s", "30", "--quiet",
+        "--output-directory", out,
+    )  # fmt: skip
+    assert run.code == 1, run.result
+    assert run.result["keeps_its_promises"]
+    record = json.loads((out / "failover.json").read_text())
+    (failover,) = record["failovers"]
+    assert failover["primary_fault"] == "pause"
+    assert failover["promoted_s"] < failover["resumed_s"] < failover["demoted_s"]
+    counts = record["findings"]["counts"]
+    assert counts["lost_after_the_promotion_from_the_resumed_primary"] > 0
+    assert "acknowledged after the promotion by the paused primary" in record["headline"]
+    # The demoted primary is the replica of the new one: no new node was made for it.
+    assert record["server"]["primary_fault"] == "pause"
+    assert "--primary-fault pause" in (out / "report.html").read_text()
+
+
 def test_min_replicas_to_write_refuses_writes_once_the_replica_lags_and_bounds_the_loss(
     tmp_path: Path,
 ) -> None:
@@ -91,6 +117,13 @@ def test_a_postgres_setting_for_rq_is_refused_before_anything_starts(
     )  # fmt: skip
     assert run.code == 2
     assert run.result["error"]["field"] == "min_replicas_to_write"
+    for system in ("postgres", "rabbitmq"):
+        run = run_cli(
+            "failover", "--system", system, "--primary-fault", "pause",
+            "--output-directory", tmp_path / "no",
+        )  # fmt: skip
+        assert run.code == 2
+        assert run.result["error"]["field"] == "primary_fault"
     assert not (tmp_path / "no").exists()
 
 

@@ -45,6 +45,12 @@ def _failover_at(failovers: Sequence[Mapping[str, Any]], at_s: float) -> int | N
     return None
 
 
+def _demoted_at(failover: Mapping[str, Any]) -> float:
+    """When a paused primary was seen demoted to a replica, on the run's clock."""
+    began = failover["killed_at_s"] - failover["primary_killed_s"]
+    return float(began + failover["demoted_s"])
+
+
 def judge_failovers(
     *,
     level: str,
@@ -123,6 +129,18 @@ def judge_failovers(
                     }
                 )
 
+    # A paused primary, resumed after the promotion, still answers as a primary until a
+    # Sentinel demotes it: what it acknowledged then, no standby ever had.
+    resumed = [
+        (failover["promoted_at_s"], _demoted_at(failover))
+        for failover in failovers
+        if "demoted_s" in failover
+    ]
+    by_the_resumed = [
+        item
+        for item in found["lost_enqueues"]
+        if any(after < item["acknowledged_at_s"] <= until for after, until in resumed)
+    ]
     promise = promise_of(level, standbys, promote)
     anomalies = sum(len(found[kind]) for kind in KINDS)
     affected = sorted({item["key"] for kind in KINDS for item in found[kind]})
@@ -137,7 +155,12 @@ def judge_failovers(
         **found,
         "visible_then_lost": visible_then_lost,
         "counts": {kind: len(found[kind]) for kind in KINDS}
-        | {"visible_then_lost": len(visible_then_lost), "jobs_affected": len(affected)},
+        | {"visible_then_lost": len(visible_then_lost), "jobs_affected": len(affected)}
+        | (
+            {"lost_after_the_promotion_from_the_resumed_primary": len(by_the_resumed)}
+            if resumed
+            else {}
+        ),
         "documented": anomalies - broken,
         "broken_promises": broken,
         "contract_held": anomalies == 0,

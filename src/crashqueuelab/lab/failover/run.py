@@ -359,6 +359,12 @@ def _record(
         f" resurrected completions, {counts['leases_came_back']} leases back,"
         f" {counts['duplicate_effects']} duplicate effects"
     )
+    if "lost_after_the_promotion_from_the_resumed_primary" in counts:
+        what += (
+            f" ({counts['lost_after_the_promotion_from_the_resumed_primary']} of the lost"
+            " enqueues acknowledged after the promotion by the paused primary, resumed and not"
+            " yet demoted)"
+        )
     if not ran:
         headline = f"not judged: {reasons[0]}"
     elif findings["broken_promises"]:

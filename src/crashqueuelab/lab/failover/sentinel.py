@@ -22,6 +22,7 @@ failover loses is replication's, not persistence's.
 
 from __future__ import annotations
 
+import signal
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -33,7 +34,7 @@ from crashqueuelab.core.errors import ServerUnavailable
 from crashqueuelab.judges.resp import RespConnection, RespError, text
 from crashqueuelab.lab.faults.network.proxy import FaultProxy
 from crashqueuelab.lab.faults.network.windows import FaultWindow, WindowKind
-from crashqueuelab.servers.base import wait_until
+from crashqueuelab.servers.base import signal_all, wait_until
 from crashqueuelab.servers.redis import (
     MASTER_VARIABLE,
     SENTINELS_VARIABLE,
@@ -58,6 +59,11 @@ FAILOVER_TIMEOUT_MS = 2000
 INFO_PERIOD_MS = 200
 #: Every wait for the nodes (a start, a link, an election) is bounded by this.
 WAIT_S = 60.0
+#: What a failover does to the primary: every process of it SIGKILLed, or SIGSTOPped until
+#: the Sentinels promoted the replica and then SIGCONTed (a machine that froze: a long GC,
+#: a VM paused by its host), coming back as the primary it was until a Sentinel demotes it.
+KILL, PAUSE = "kill", "pause"
+PRIMARY_FAULTS = (KILL, PAUSE)
 UNTIL_ENDED_S = 24 * 3600.0
 
 
@@ -194,8 +200,14 @@ class ReplicatedRedis:
         max_lag_s: int = 1,
         wait_replicas: int = 0,
         wait_timeout_ms: int = 1000,
+        primary_fault: str = KILL,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if primary_fault not in PRIMARY_FAULTS:
+            raise ValueError(f"no primary fault {primary_fault!r}: {', '.join(PRIMARY_FAULTS)}")
+        #: What a failover does to the primary: kills it, or pauses it until the Sentinels
+        #: promoted the replica and then lets it go on.
+        self.primary_fault = primary_fault
         self.min_replicas = min_replicas
         self.max_lag_s = max_lag_s
         #: The clients' WAIT after each enqueue (0: none).
@@ -295,6 +307,7 @@ class ReplicatedRedis:
             "max_lag_s": self.max_lag_s,
             "wait_replicas": self.wait_replicas,
             "wait_timeout_ms": self.wait_timeout_ms,
+            "primary_fault": self.primary_fault,
             "persistence": "appendonly yes, appendfsync always, on every node",
             "sentinels": {"count": SENTINELS, "quorum": QUORUM, **self.sentinels[0].settings},
             "clients": "through the Sentinels (redis-py's Sentinel.master_for)",
@@ -356,7 +369,12 @@ class ReplicatedRedis:
             named not in (None, ("127.0.0.1", old_port))
             for named in (s.primary() for s in self.sentinels)
         )
-        self.primary.kill()
+        paused = self.primary.processes()
+        if self.primary_fault == PAUSE:
+            signal_all(paused, signal.SIGSTOP)
+        else:
+            self.primary.kill()
+        record["primary_fault"] = self.primary_fault
         record["primary_killed_s"] = round(self._clock() - started, 6)
         self.proxy.apply(WindowKind.RESET, [link], 0.0)
         self.proxy.settle()
@@ -377,12 +395,48 @@ class ReplicatedRedis:
         record["promoted_s"] = round(self._clock() - started, 6)
         record["old_primary_port"], record["new_primary_port"] = old_port, replica.announced
         old, self.primary, self.replica = self.primary, replica, None
+        if self.primary_fault == PAUSE:
+            # The old primary goes on where it stopped, a primary still in its own eyes:
+            # it answers what its clients sent meanwhile until a Sentinel demotes it.
+            signal_all(paused, signal.SIGCONT)
+            record["resumed_s"] = round(self._clock() - started, 6)
+            if promoted is not None:
+                promoted()
+            self._rejoined(old, record, started)
+            record["new_standby_streaming_s"] = round(self._clock() - started, 6)
+            return record
         old.close()
         if promoted is not None:
             promoted()
         self._new_replica()
         record["new_standby_streaming_s"] = round(self._clock() - started, 6)
         return record
+
+    def _rejoined(self, old: RedisNode, record: dict[str, Any], started: float) -> None:
+        """The paused primary, resumed, demoted by the Sentinels to a replica of the new
+        primary and linked to it: the run's replica from now on."""
+        assert self.primary is not None
+        new_port = self.primary.announced
+
+        def demoted() -> bool:
+            try:
+                fields = _info(old.socket, "replication")
+            except (OSError, RespError):
+                return False
+            return (
+                fields.get("role") == "slave"
+                and fields.get("master_port") == str(new_port)
+                and fields.get("master_link_status") == "up"
+            )
+
+        if not wait_until(demoted, WAIT_S, poll_s=0.02):
+            raise ServerUnavailable(
+                f"the resumed primary was not made a replica within {WAIT_S:.0f} s", "redis"
+            )
+        record["demoted_s"] = round(self._clock() - started, 6)
+        self.replica = old
+        if not wait_until(lambda: self._known(old.announced), WAIT_S, 0.05):
+            raise ServerUnavailable("the Sentinels did not take the demoted primary", "redis")
 
     def _new_replica(self) -> None:
         assert self.primary is not None

@@ -151,10 +151,14 @@ def library_target(
 
 
 def rq_target(
-    min_replicas: int = 0, max_lag_s: int = 1, wait_replicas: int = 0, wait_timeout_ms: int = 1000
+    min_replicas: int = 0,
+    max_lag_s: int = 1,
+    wait_replicas: int = 0,
+    wait_timeout_ms: int = 1000,
+    primary_fault: str = "kill",
 ) -> Target:
     """RQ through Sentinel: asynchronous, with ``min-replicas-to-write``, or with its
-    clients' ``WAIT`` after each enqueue."""
+    clients' ``WAIT`` after each enqueue; each failover kills or pauses the primary."""
     from crashqueuelab.lab.failover.sentinel import ReplicatedRedis
 
     if min_replicas and wait_replicas:
@@ -174,6 +178,7 @@ def rq_target(
             max_lag_s=max_lag_s,
             wait_replicas=wait_replicas,
             wait_timeout_ms=wait_timeout_ms,
+            primary_fault=primary_fault,
         ),
         opener,
     )

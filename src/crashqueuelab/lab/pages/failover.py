@@ -103,6 +103,8 @@ def _command(record: dict[str, Any], run_dir: Path) -> str:
             f"--standbys {parameters['standbys']}",
             f"--promote {parameters['promote']}",
         ]
+    if record["server"].get("primary_fault", "kill") != "kill":
+        options.append(f"--primary-fault {record['server']['primary_fault']}")
     if parameters["restart_while_waiting"]:
         options.append("--restart-while-waiting")
     if parameters.get("terminate_waiting"):
