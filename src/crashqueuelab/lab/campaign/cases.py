@@ -4,6 +4,7 @@ left."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,9 +22,11 @@ from crashqueuelab.lab.faults.children import (
 )
 from crashqueuelab.lab.workloads.effects import Destination
 from crashqueuelab.lab.workloads.scenario import (
+    LEDGER_FILE,
     RECOVERY_OFFSET_US,
     ROLES,
     START_US,
+    STORE_DIRECTORY,
     RecoveryResult,
     deadline_label,
     effect_key,
@@ -38,6 +41,8 @@ from crashqueuelab.systems.registry import resolve_system
 JOB_FIELDS = ("effect_job", "flaky_job", "effect_job_effects")
 #: The effect job's lease deadline, part of the jobs' fields where a point declares it.
 DEADLINE_FIELD = "effect_job_deadline"
+#: Where a case keeps the store and the ledger as the dead child left them.
+CRASH_TIME_DIR = "crash-time"
 
 
 def job_fields(point: CrashPoint) -> tuple[str, ...]:
@@ -59,6 +64,35 @@ def new_case(
     case_dir = output_dir / "cases" / case_id
     case_dir.mkdir(parents=True)
     return case_id, case_dir, scenario_jobs(case_id)
+
+
+def preserve_crash_time(case_dir: Path) -> Path:
+    """Copy the store and the ledger exactly as the dead child left them."""
+    target = case_dir / CRASH_TIME_DIR
+    target.mkdir()
+    store = case_dir / STORE_DIRECTORY
+    if store.is_dir():
+        # SQLite rebuilds its shared-memory index; a copy of a dead process's one is noise.
+        shutil.copytree(store, target / STORE_DIRECTORY, ignore=shutil.ignore_patterns("*-shm"))
+    for suffix in ("", "-wal"):
+        source = case_dir / f"{LEDGER_FILE}{suffix}"
+        if source.exists():
+            shutil.copyfile(source, target / source.name)
+    return target
+
+
+def differs_finding(found: Mapping[str, Any], expected: Mapping[str, Any]) -> Anomaly:
+    """A crash state that is not the one its point declares, field by field."""
+    names = sorted(name for name in expected.keys() | found.keys()
+                   if expected.get(name) != found.get(name))  # fmt: skip
+    differences = [
+        f"{name}: expected {expected.get(name)}, found {found.get(name)}" for name in names
+    ]
+    return Anomaly(
+        Kind.CRASH_STATE_DIFFERS,
+        f"the crash state differs from the point's: {'; '.join(differences)}",
+        facts={"fields": ",".join(names)},
+    )
 
 
 def death_record(
