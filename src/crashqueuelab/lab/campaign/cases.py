@@ -5,7 +5,7 @@ left."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -180,12 +180,14 @@ def unfinished_finding(states: Mapping[str, str]) -> Anomaly:
     )
 
 
-def _kill_at(case_dir: Path, spec: str, point: str, seed: int, case_id: str) -> ChildRun:
+def _kill_at(
+    case_dir: Path, spec: str, point: str, seed: int, case_id: str, extra: Sequence[str] = ()
+) -> ChildRun:
     arguments = ["--system", spec, "--fault-point", point, "--seed", str(seed)]
     return spawn_child(
         case_dir,
         child.main,
-        [*arguments, "--case-id", case_id],
+        [*arguments, "--case-id", case_id, *extra],
         timeout_s=CHILD_TIMEOUT_S,
         preload=[resolve_system(spec).open.__module__],
     )
@@ -277,9 +279,17 @@ def recover_or_report(
 
 
 def kill_children(
-    case_dir: Path, spec: str, point: CrashPoint, seed: int, case_id: str
+    case_dir: Path,
+    spec: str,
+    point: CrashPoint,
+    seed: int,
+    case_id: str,
+    *,
+    hold_at: str | None = None,
 ) -> tuple[ChildRun, dict[str, Any] | None]:
-    """The child killed at ``point``, after the one killed at ``point.after`` where set."""
+    """The child killed at ``point``, after the one killed at ``point.after`` where set
+    (``hold_at``: the phase at which the last child asks for its standby to be held back,
+    ``lab.faults.standbyhold``)."""
     prelude = None
     if point.after is not None:
         first = _kill_at(case_dir, spec, point.after, seed, case_id)
@@ -289,4 +299,5 @@ def kill_children(
             "last_words": read_last_words(case_dir),
             "timed_out": first.timed_out,
         }
-    return _kill_at(case_dir, spec, point.name, seed, case_id), prelude
+    extra = [] if hold_at is None else ["--hold-at", hold_at]
+    return _kill_at(case_dir, spec, point.name, seed, case_id, extra), prelude

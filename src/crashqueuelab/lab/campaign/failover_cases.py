@@ -61,6 +61,7 @@ from crashqueuelab.lab.campaign.cases import (
     unfinished_finding,
 )
 from crashqueuelab.lab.faults.children import CHILD_STDERR, ChildRun
+from crashqueuelab.lab.faults.standbyhold import holding
 from crashqueuelab.lab.runs.readings import read_store
 from crashqueuelab.lab.runs.records import write_json
 from crashqueuelab.lab.runs.servers import naming
@@ -80,10 +81,17 @@ from crashqueuelab.systems.contract import (
     OpenRequest,
     StoreReading,
     System,
+    before_commit_phase,
 )
 from crashqueuelab.systems.postgres import LEVEL_VARIABLE
 
 PROMOTED_DIR = "promoted"
+#: How a run's standby lags, as its record says it.
+STANDBY_STREAMS = "never held: every COMMIT waits for it"
+STANDBY_HELD = (
+    "held back from the phase before the COMMIT of each crash point's transition (from the"
+    " child's start where a point names none)"
+)
 #: How long the standby may take to replay the new store before the child starts.
 CAUGHT_UP_TIMEOUT_S = 30.0
 #: What ``failover_changes`` calls each job the promoted standby holds otherwise.
@@ -192,7 +200,8 @@ def _changes_text(changes: Mapping[str, Any]) -> str:
         for one in changes["jobs"]
     ]
     lost = changes["transitions_lost"]
-    transitions = [f"{len(lost)} transitions lost: {', '.join(lost)}"] if lost else []
+    said = f"{len(lost)} transition{'' if len(lost) == 1 else 's'} lost"
+    transitions = [f"{said}: {', '.join(lost)}"] if lost else []
     return "; ".join(jobs + transitions)
 
 
@@ -300,6 +309,7 @@ class _Observed:
     prelude: dict[str, Any] | None
     crash_dir: Path
     caught_up: bool
+    held: str
     told: StoreReading
     failover: dict[str, Any]
     promoted: StoreReading
@@ -334,9 +344,11 @@ def _observe(
     ):
         _ask(system, store, keys, seed, f"{case_id}/prepare")  # the store exists on both
         caught_up = wait_until(lambda: _caught_up(cluster), CAUGHT_UP_TIMEOUT_S, poll_s=0.02)
-        if not setting.waits:
-            cluster.cut_replication()
-        child, prelude = kill_children(case_dir, spec, point, seed, case_id)
+        hold_at = None if setting.waits else before_commit_phase(point.name)
+        if not setting.waits and hold_at is None:
+            cluster.cut_replication()  # no transition of its own: the whole case lags
+        with holding(case_dir, cluster.cut_replication) as hold:
+            child, prelude = kill_children(case_dir, spec, point, seed, case_id, hold_at=hold_at)
         started = time.perf_counter()
         crash_dir = preserve_crash_time(case_dir)
         with _named(cluster.reading_environment()):
@@ -354,8 +366,17 @@ def _observe(
             answers, answered = None, [system_raised(error, call="open on the promoted")]
         recovery, recovery_error = recover_or_report(case_dir, system, jobs, seed, case_id)
         recovered = read_store(system, store, keys)
+    held = (
+        STANDBY_STREAMS
+        if setting.waits
+        else "from the child's start"
+        if hold_at is None
+        else f"from {hold_at}"
+        if hold.made
+        else f"not held: the child never reached {hold_at}"
+    )
     return _Observed(
-        child, prelude, crash_dir, caught_up, told, failover, promoted, answers, answered,
+        child, prelude, crash_dir, caught_up, held, told, failover, promoted, answers, answered,
         recovery, recovery_error, recovered, judged_ms, (time.perf_counter() - started) * 1000,
     )  # fmt: skip
 
@@ -407,7 +428,7 @@ def run_failover_case(
         **death,
         "failover": {
             "synchronous_commit": setting.level,
-            "standby_held": not setting.waits,
+            "standby_held": seen.held,
             "standby_caught_up_before_the_child": seen.caught_up,
             "lag_bytes": before.get("lag_bytes"),
             "primary_lsn": before.get("primary_lsn"),

@@ -58,6 +58,8 @@ from crashqueuelab.lab.campaign.cases import (
 from crashqueuelab.lab.campaign.failover_cases import (
     LOST,
     RESURRECTED,
+    STANDBY_HELD,
+    STANDBY_STREAMS,
     WENT_BACK,
     FailoverSetting,
     run_failover_case,
@@ -741,7 +743,7 @@ def run_campaign(
         report["failover"] = {
             "synchronous_commit": failover.level,
             "promise": dict(failover.promise),
-            "standby_held": not failover.waits,
+            "standby_held": STANDBY_STREAMS if failover.waits else STANDBY_HELD,
         }
     report["summary"] = summarize(report)
     findings = anomalies_of(report)
