@@ -353,7 +353,10 @@ def _observe(
         crash_dir = preserve_crash_time(case_dir)
         with _named(cluster.reading_environment()):
             told = read_store(system, crash_dir / STORE_DIRECTORY, keys)
-        failover = cluster.failover(new_standbys=False)
+        # The promoted standby keeps the primary's settings: at a waiting level its every
+        # COMMIT waits for a synchronous standby, so it gets one (a level that waits for
+        # none needs none, and the case is the quicker for it).
+        failover = cluster.failover(new_standbys=setting.waits)
         with _named(cluster.reading_environment()):
             promoted = _read_copy(system, store, case_dir / PROMOTED_DIR, keys)
         judged_ms = (time.perf_counter() - started) * 1000
