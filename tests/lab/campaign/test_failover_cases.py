@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,7 +40,7 @@ needs_postgres = pytest.mark.skipif(find_binaries() is None, reason="no PostgreS
 
 
 def _reading(
-    jobs: dict[str, tuple[str, JobStatus, int]], history: list[dict[str, object]]
+    jobs: dict[str, tuple[str, JobStatus, int]], history: Sequence[Mapping[str, Any]]
 ) -> StoreReading:
     return StoreReading(
         exists=True,
@@ -54,7 +56,7 @@ def _reading(
     )
 
 
-def _event(seq: int, kind: str, job: str) -> dict[str, object]:
+def _event(seq: int, kind: str, job: str) -> dict[str, Any]:
     return {"seq": seq, "event_type": kind, "job_id": job}
 
 
