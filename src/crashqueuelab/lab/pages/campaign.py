@@ -147,9 +147,26 @@ def _states_detail(summary: dict[str, Any]) -> str:
     )
 
 
+def _verdict(run_dir: Path, report: dict[str, Any], title: str) -> Verdict:
+    """The verdict of a campaign whose cases list their own anomalies (power loss,
+    failover): its first reasons, the rest in the tables."""
+    system = report["system"]
+    return Verdict(
+        ok=report.get("passed_what_ran", report["ok"]),
+        title=title,
+        system=system_label(system),
+        durability=system["durability"],
+        seed=report["seed"],
+        duration=report["timings"]["total_ms"] / 1000,
+        command=campaign_command(report, str(run_dir)),
+        reasons=_first(report.get("anomalies", [])),
+        not_run=report.get("not_run", []),
+    )
+
+
 def power_loss_view(run_dir: Path, report: dict[str, Any]) -> View:
     """A power-loss campaign: each crash point's cut and every crash state it allowed."""
-    system, summary = report["system"], report["summary"]
+    summary = report["summary"]
     cases = []
     for case in report["cases"]:
         states = [state | _state_texts(state) for state in case["crash_states"]]
@@ -165,17 +182,11 @@ def power_loss_view(run_dir: Path, report: dict[str, Any]) -> View:
             }
         )
     distinct = "distinct " if "duplicate_crash_states_skipped" in summary else ""
-    verdict = Verdict(
-        ok=report.get("passed_what_ran", report["ok"]),
-        title=f"power-loss campaign, {summary['named_fault_points']} crash points,"
+    verdict = _verdict(
+        run_dir,
+        report,
+        f"power-loss campaign, {summary['named_fault_points']} crash points,"
         f" {summary['crash_states']} {distinct}crash states",
-        system=system_label(system),
-        durability=system["durability"],
-        seed=report["seed"],
-        duration=report["timings"]["total_ms"] / 1000,
-        command=campaign_command(report, str(run_dir)),
-        reasons=_first(report.get("anomalies", [])),
-        not_run=report.get("not_run", []),
     )
     figures = [
         (
@@ -250,7 +261,7 @@ def _lost_text(changes: dict[str, Any]) -> str:
 def failover_view(run_dir: Path, report: dict[str, Any]) -> View:
     """A failover campaign: each crash point's failover (the standby's lag, the time to
     promote) and every job and transition the promoted standby lacked."""
-    system, summary, setting = report["system"], report["summary"], report["failover"]
+    summary, setting = report["summary"], report["failover"]
     promise = setting["promise"]
     cases = [
         case
@@ -264,17 +275,10 @@ def failover_view(run_dir: Path, report: dict[str, Any]) -> View:
         }
         for case in report["cases"]
     ]
-    verdict = Verdict(
-        ok=report.get("passed_what_ran", report["ok"]),
-        title=f"failover campaign at {promise['setting']},"
-        f" {summary['named_fault_points']} crash points",
-        system=system_label(system),
-        durability=system["durability"],
-        seed=report["seed"],
-        duration=report["timings"]["total_ms"] / 1000,
-        command=campaign_command(report, str(run_dir)),
-        reasons=_first(report.get("anomalies", [])),
-        not_run=report.get("not_run", []),
+    verdict = _verdict(
+        run_dir,
+        report,
+        f"failover campaign at {promise['setting']}, {summary['named_fault_points']} crash points",
     )
     allowed = "allows" if promise["allows_loss"] else "does not allow"
     figures = [
