@@ -14,11 +14,12 @@ import pytest
 
 from crashqueuelab import cli
 from crashqueuelab.core.errors import InvalidInput
-from crashqueuelab.judges.findings import Kind
+from crashqueuelab.judges.findings import Anomaly, Kind
 from crashqueuelab.lab.campaign.failover_cases import (
     LOST,
     RESURRECTED,
     WENT_BACK,
+    _effects,
     answers_differ,
     event_text,
     failover_changes,
@@ -30,6 +31,7 @@ from crashqueuelab.lab.failover.targets import case_failover
 from crashqueuelab.lab.faults.crashmodes import check_crash_mode
 from crashqueuelab.lab.faults.standbyhold import MADE_FILE, ask_for_hold, holding
 from crashqueuelab.lab.runs.commands import campaign_command
+from crashqueuelab.lab.workloads.scenario import effect_key, scenario_jobs
 from crashqueuelab.servers import postgres as server_module
 from crashqueuelab.servers.postgres import find_binaries
 from crashqueuelab.systems.contract import JobStatus, StoredJob, StoreReading, before_commit_phase
@@ -281,3 +283,16 @@ def test_at_local_a_held_standby_loses_the_tail_as_documented(
     page = (tmp_path / "local" / "report.html").read_text()
     assert "The setting local causes commits to wait for local flush" in page
     assert "1 resurrected, 1 transition lost" in page
+
+
+def test_effects_run_again_are_documented_only_as_a_documented_loss_s_consequence() -> None:
+    jobs = scenario_jobs("case")
+    ledger = {"effects_by_key": {effect_key(jobs[0]): 2, effect_key(jobs[1]): 1}}
+    changes = {"jobs": [{"job": jobs[0].key}]}
+    anomalies: list[Anomaly] = []
+    documented = ["committed on the primary and absent after promotion: ..."]
+    _effects(anomalies, documented, ledger, jobs, changes)
+    assert anomalies == []
+    assert documented[1].endswith("a job the failover took back ran again")
+    _effects(anomalies, [], ledger, jobs, changes)
+    assert [finding.kind for finding in anomalies] == [Kind.EFFECTS_NOT_ONCE]
