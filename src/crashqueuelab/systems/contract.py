@@ -365,12 +365,15 @@ def reply_lost_phases(point: str) -> tuple[str, str] | None:
     return _family_phases(point, REPLY_LOST_SUFFIX)
 
 
-def before_commit_phase(point: str) -> str | None:
-    """The phase before the COMMIT whose aftermath ``point`` is: ``BEFORE_<T>_COMMIT`` for
+def phase_before(point: str) -> str | None:
+    """The phase before the step whose aftermath ``point`` is: ``BEFORE_<T>_COMMIT`` for
     ``AFTER_<T>_COMMIT`` and for every COMMIT family of it (reply lost, open, id reused);
-    None for any other point (a BEFORE phase itself: its COMMIT never ran)."""
+    ``<call>:before`` for a library's ``<call>:after`` (``systems.boundary``); None for any
+    other point (a phase before a step itself: the step never ran)."""
     if point.startswith("AFTER_") and point.endswith("_COMMIT"):
         return "BEFORE_" + point.removeprefix("AFTER_")
+    if point.endswith(":after"):
+        return point.removesuffix(":after") + ":before"
     for suffix in (REPLY_LOST_SUFFIX, OPEN_COMMIT_SUFFIX, ID_REUSED_SUFFIX):
         phases = _family_phases(point, suffix)
         if phases is not None:

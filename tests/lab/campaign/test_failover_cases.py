@@ -30,11 +30,12 @@ from crashqueuelab.lab.failover.promises import promise_of
 from crashqueuelab.lab.failover.targets import case_failover
 from crashqueuelab.lab.faults.crashmodes import check_crash_mode
 from crashqueuelab.lab.faults.standbyhold import MADE_FILE, ask_for_hold, holding
+from crashqueuelab.lab.reproducers.campaign import shrink_if_failed
 from crashqueuelab.lab.runs.commands import campaign_command
 from crashqueuelab.lab.workloads.scenario import effect_key, scenario_jobs
 from crashqueuelab.servers import postgres as server_module
 from crashqueuelab.servers.postgres import find_binaries
-from crashqueuelab.systems.contract import JobStatus, StoredJob, StoreReading, before_commit_phase
+from crashqueuelab.systems.contract import JobStatus, StoredJob, StoreReading, phase_before
 from crashqueuelab.systems.registry import resolve_system
 from tests.conftest import RunCli
 
@@ -149,11 +150,13 @@ def test_the_queue_on_the_promoted_standby_must_answer_what_it_holds() -> None:
 def test_events_and_phases_are_named_as_the_page_says_them() -> None:
     assert event_text({"type": "enqueued", "job": 3}) == "enqueued of job 3"
     assert event_text({}) == "event of job ?"
-    assert before_commit_phase("AFTER_SUCCESS_COMMIT") == "BEFORE_SUCCESS_COMMIT"
-    assert before_commit_phase("CLAIM_COMMIT_REPLY_LOST") == "BEFORE_CLAIM_COMMIT"
-    assert before_commit_phase("SUCCESS_COMMIT_ID_REUSED") == "BEFORE_SUCCESS_COMMIT"
-    assert before_commit_phase("BEFORE_CLAIM_COMMIT") is None
-    assert before_commit_phase("AFTER_HEARTBEAT") is None
+    assert phase_before("AFTER_SUCCESS_COMMIT") == "BEFORE_SUCCESS_COMMIT"
+    assert phase_before("CLAIM_COMMIT_REPLY_LOST") == "BEFORE_CLAIM_COMMIT"
+    assert phase_before("SUCCESS_COMMIT_ID_REUSED") == "BEFORE_SUCCESS_COMMIT"
+    assert phase_before("BEFORE_CLAIM_COMMIT") is None
+    assert phase_before("enqueue:after") == "enqueue:before"
+    assert phase_before("enqueue:before") is None
+    assert phase_before("AFTER_HEARTBEAT") is None
 
 
 def test_the_child_waits_until_the_run_has_held_the_standby(tmp_path: Path) -> None:
@@ -296,3 +299,14 @@ def test_effects_run_again_are_documented_only_as_a_documented_loss_s_consequenc
     assert documented[1].endswith("a job the failover took back ran again")
     _effects(anomalies, [], ledger, jobs, changes)
     assert [finding.kind for finding in anomalies] == [Kind.EFFECTS_NOT_ONCE]
+
+
+def test_a_failing_failover_campaign_is_not_shrunk(tmp_path: Path, run_cli: RunCli) -> None:
+    report: dict[str, Any] = {
+        "crash_mode": "failover", "ok": False, "passed_what_ran": False, "shrink": None,
+    }  # fmt: skip
+    assert shrink_if_failed(tmp_path, report, 60.0)["shrink"] is None
+    (tmp_path / "campaign.json").write_text(json.dumps(report))
+    outcome = run_cli("shrink", tmp_path)
+    assert outcome.code == cli.EXIT_USAGE
+    assert "a failover campaign is not shrunk" in outcome.result["error"]["message"]

@@ -81,7 +81,7 @@ from crashqueuelab.systems.contract import (
     OpenRequest,
     StoreReading,
     System,
-    before_commit_phase,
+    phase_before,
 )
 from crashqueuelab.systems.postgres import LEVEL_VARIABLE
 
@@ -344,7 +344,7 @@ def _observe(
     ):
         _ask(system, store, keys, seed, f"{case_id}/prepare")  # the store exists on both
         caught_up = wait_until(lambda: _caught_up(cluster), CAUGHT_UP_TIMEOUT_S, poll_s=0.02)
-        hold_at = None if setting.waits else before_commit_phase(point.name)
+        hold_at = None if setting.waits else phase_before(point.name)
         if not setting.waits and hold_at is None:
             cluster.cut_replication()  # no transition of its own: the whole case lags
         with holding(case_dir, cluster.cut_replication) as hold:
