@@ -16,6 +16,7 @@ from crashqueuelab import cli
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.judges.findings import Anomaly, Kind
 from crashqueuelab.lab.campaign.failover_cases import (
+    LEASE_WENT_BACK,
     LOST,
     RESURRECTED,
     WENT_BACK,
@@ -88,10 +89,12 @@ def test_the_promoted_standby_is_held_against_the_primary_job_by_job() -> None:
         PRIMARY.history[:5],
     )
     changes = failover_changes(PRIMARY, promoted)
-    assert changes["jobs"] == [
-        {"job": "a", "change": RESURRECTED, "primary": ["SUCCEEDED", 1], "promoted": ["LEASED", 1]},
-        {"job": "b", "change": WENT_BACK, "primary": ["LEASED", 1], "promoted": ["QUEUED", 0]},
-        {"job": "d", "change": LOST, "primary": ["QUEUED", 0], "promoted": None},
+    assert [
+        (one["job"], one["change"], one["primary"], one["promoted"]) for one in changes["jobs"]
+    ] == [
+        ("a", RESURRECTED, ["SUCCEEDED", 1], ["LEASED", 1]),
+        ("b", WENT_BACK, ["LEASED", 1], ["QUEUED", 0]),
+        ("d", LOST, ["QUEUED", 0], None),
     ]
     assert changes["transitions_lost"] == [
         "SUCCEEDED of job ja (seq 6)",
@@ -102,6 +105,21 @@ def test_the_promoted_standby_is_held_against_the_primary_job_by_job() -> None:
     # Nothing lost, nothing found: no finding at any level.
     same = failover_changes(PRIMARY, PRIMARY)
     assert judge_failover(same, promise_of("on")) == ([], [])
+
+
+def test_a_heartbeat_lost_at_the_failover_shortens_the_lease_the_holder_was_told() -> None:
+    leased = StoredJob("LEASED", JobStatus.LEASED, 1, 9_000)
+    told = StoreReading(True, {"a": leased}, {}, True, [], "test")
+    earlier = StoreReading(
+        True, {"a": StoredJob("LEASED", JobStatus.LEASED, 1, 5_000)}, {}, True, [], "test"
+    )
+    changes = failover_changes(told, earlier)
+    assert changes["jobs"] == [
+        {"job": "a", "change": LEASE_WENT_BACK, "primary": ["LEASED", 1],
+         "promoted": ["LEASED", 1], "lease_deadlines_us": [9_000, 5_000]},
+    ]  # fmt: skip
+    _, documented = judge_failover(changes, promise_of("off"))
+    assert "job a lease went back (LEASED/1, its lease to 9000 us on the primary," in documented[0]
 
 
 def test_a_loss_is_documented_where_the_level_allows_it_and_broken_where_not() -> None:

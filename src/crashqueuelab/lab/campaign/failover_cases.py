@@ -96,6 +96,8 @@ STANDBY_HELD = (
 CAUGHT_UP_TIMEOUT_S = 30.0
 #: What ``failover_changes`` calls each job the promoted standby holds otherwise.
 LOST, WENT_BACK, RESURRECTED = "lost", "went back", "resurrected"
+LEASE_WENT_BACK = "lease went back"
+CHANGES = (LOST, WENT_BACK, RESURRECTED, LEASE_WENT_BACK)
 
 
 class Replicated(Protocol):
@@ -150,22 +152,22 @@ def event_text(event: Mapping[str, Any]) -> str:
 
 def failover_changes(told: StoreReading, promoted: StoreReading) -> dict[str, Any]:
     """What the promoted standby holds otherwise than the primary did at the crash: each
-    job lost, gone back to an earlier state, or resurrected (finished on the primary, not
-    finished on the standby: recovery runs it again); each transition of the primary's
+    job lost, gone back to an earlier state, resurrected (finished on the primary, not
+    finished on the standby: recovery runs it again), or with its lease ending earlier (a
+    heartbeat's extension lost); each transition of the primary's
     history that the standby lacks; and what the standby holds that the primary never had
     (jobs, transitions), which no level allows."""
     jobs: list[dict[str, Any]] = []
     for key, was in sorted(told.jobs.items()):
         now = promoted.jobs.get(key)
-        if now is not None and (now.native_state, now.attempts) == (
-            was.native_state,
-            was.attempts,
-        ):
+        if now == was:
             continue
         if now is None:
             change = LOST
         elif was.status.is_terminal and not now.status.is_terminal:
             change = RESURRECTED
+        elif (now.native_state, now.attempts) == (was.native_state, was.attempts):
+            change = LEASE_WENT_BACK  # a heartbeat's extension lost: the holder was told more
         else:
             change = WENT_BACK
         jobs.append(
@@ -174,6 +176,10 @@ def failover_changes(told: StoreReading, promoted: StoreReading) -> dict[str, An
                 "change": change,
                 "primary": [was.native_state, was.attempts],
                 "promoted": None if now is None else [now.native_state, now.attempts],
+                "lease_deadlines_us": [
+                    was.lease_deadline_us,
+                    None if now is None else now.lease_deadline_us,
+                ],
             }
         )
     kept = {_event_key(event) for event in promoted.history}
@@ -192,11 +198,19 @@ def lost_anything(changes: Mapping[str, Any]) -> bool:
     return bool(changes["jobs"] or changes["transitions_lost"])
 
 
+def _job_text(state: list[Any] | None, change: Mapping[str, Any], side: int) -> str:
+    if state is None:
+        return "absent"
+    text = "/".join(map(str, state))
+    if change["change"] == LEASE_WENT_BACK:
+        text += f", its lease to {change['lease_deadlines_us'][side]} us"
+    return text
+
+
 def _changes_text(changes: Mapping[str, Any]) -> str:
     jobs = [
-        f"job {one['job']} {one['change']} ({'/'.join(map(str, one['primary']))} on the primary,"
-        f" {'absent' if one['promoted'] is None else '/'.join(map(str, one['promoted']))}"
-        " after promotion)"
+        f"job {one['job']} {one['change']} ({_job_text(one['primary'], one, 0)} on the primary,"
+        f" {_job_text(one['promoted'], one, 1)} after promotion)"
         for one in changes["jobs"]
     ]
     lost = changes["transitions_lost"]

@@ -56,6 +56,7 @@ from crashqueuelab.lab.campaign.cases import (
     unfinished_finding,
 )
 from crashqueuelab.lab.campaign.failover_cases import (
+    LEASE_WENT_BACK,
     LOST,
     RESURRECTED,
     STANDBY_HELD,
@@ -308,6 +309,7 @@ def summarize_failover(report: dict[str, Any]) -> dict[str, Any]:
         "jobs_lost": changes[LOST],
         "jobs_went_back": changes[WENT_BACK],
         "jobs_resurrected": changes[RESURRECTED],
+        "leases_went_back": changes[LEASE_WENT_BACK],
         "transitions_lost": sum(len(case["changes"]["transitions_lost"]) for case in cases),
         "lag_bytes_max": max(lags, default=0),
         "lag_bytes_total": sum(lags),

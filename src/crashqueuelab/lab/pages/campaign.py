@@ -300,8 +300,9 @@ def failover_view(run_dir: Path, report: dict[str, Any]) -> View:
             "committed on the primary at the crash, absent or older on the promoted standby",
         ),
         (
-            "jobs lost / gone back / resurrected",
-            f"{summary['jobs_lost']} / {summary['jobs_went_back']} / {summary['jobs_resurrected']}",
+            "jobs lost / gone back / resurrected / leases gone back",
+            f"{summary['jobs_lost']} / {summary['jobs_went_back']} /"
+            f" {summary['jobs_resurrected']} / {summary['leases_went_back']}",
             f"{_plural(summary['transitions_lost'], 'transition')} of the primaries' histories"
             " lost in all",
         ),
