@@ -21,6 +21,7 @@ from crashqueuelab.lab.campaign.failover_cases import (
     RESURRECTED,
     WENT_BACK,
     _effects,
+    _unfinished,
     answers_differ,
     event_text,
     failover_changes,
@@ -314,9 +315,22 @@ def test_effects_run_again_are_documented_only_as_a_documented_loss_s_consequenc
     documented = ["committed on the primary and absent after promotion: ..."]
     _effects(anomalies, documented, ledger, jobs, changes)
     assert anomalies == []
-    assert documented[1].endswith("a job the failover took back ran again")
+    assert documented[1].endswith("after the jobs the failover took back")
     _effects(anomalies, [], ledger, jobs, changes)
     assert [finding.kind for finding in anomalies] == [Kind.EFFECTS_NOT_ONCE]
+    # A job the failover did not take back has no excuse, documented loss or not.
+    other = {"effects_by_key": {effect_key(jobs[0]): 1, effect_key(jobs[1]): 2}}
+    anomalies.clear()
+    _effects(anomalies, documented, other, jobs, changes)
+    assert [finding.kind for finding in anomalies] == [Kind.EFFECTS_NOT_ONCE]
+    # Never submitted again (its producer had been told it was): documented with the loss.
+    anomalies.clear()
+    states = {"effect": "MISSING", "flaky": "SUCCEEDED"}
+    _unfinished(anomalies, documented, states, jobs, changes, {"effect": False, "flaky": True})
+    assert anomalies == []
+    assert documented[-1].startswith("final states {'effect': 'MISSING'")
+    _unfinished(anomalies, documented, states, jobs, changes, {"effect": True, "flaky": False})
+    assert [finding.kind for finding in anomalies] == [Kind.RECOVERY_UNFINISHED]
 
 
 def test_a_failing_failover_campaign_is_not_shrunk(tmp_path: Path, run_cli: RunCli) -> None:

@@ -69,6 +69,7 @@ from crashqueuelab.lab.workloads.observe import observe_ledger
 from crashqueuelab.lab.workloads.scenario import (
     LEDGER_FILE,
     RETRY,
+    ROLES,
     START_US,
     STORE_DIRECTORY,
     RecoveryResult,
@@ -78,6 +79,7 @@ from crashqueuelab.servers.base import wait_until
 from crashqueuelab.systems.contract import (
     CrashPoint,
     JobSpec,
+    JobStatus,
     OpenRequest,
     StoreReading,
     System,
@@ -437,7 +439,11 @@ def run_failover_case(
         _effects(anomalies, documented, ledger, jobs, changes)
     recovery = seen.recovery
     if recovery is not None and not (recovery.terminal and recovery.succeeded):
-        anomalies.append(unfinished_finding(recovery.states))
+        done = {
+            role: getattr(seen.recovered.jobs.get(job.key), "status", None) == JobStatus.SUCCEEDED
+            for role, job in zip(ROLES, jobs, strict=True)
+        }
+        _unfinished(anomalies, documented, recovery.states, jobs, changes, done)
     write_json(case_dir / "history.json", list(seen.recovered.history))
     relative = case_dir.relative_to(output_dir)
     before = seen.failover.get("before", {})
@@ -502,10 +508,45 @@ def _effects(
     jobs: tuple[JobSpec, ...],
     changes: Mapping[str, Any],
 ) -> None:
-    """Effects not once: the consequence of a documented loss when the failover took a job
-    back and recovery ran it again; a finding otherwise."""
-    finding = effects_finding(ledger["effects_by_key"], jobs)
-    if documented and changes["jobs"]:
-        documented.append(f"{finding.text}: a job the failover took back ran again")
+    """Effects not once after recovery (see ``_consequence``)."""
+    counts = ledger["effects_by_key"]
+    roles = {
+        role for role, job in zip(ROLES, jobs, strict=True) if counts.get(effect_key(job)) != 1
+    }
+    finding = effects_finding(counts, jobs)
+    _consequence(anomalies, documented, finding, roles, _taken_back(jobs, changes))
+
+
+def _unfinished(
+    anomalies: list[Anomaly],
+    documented: list[str],
+    states: Mapping[str, str],
+    jobs: tuple[JobSpec, ...],
+    changes: Mapping[str, Any],
+    succeeded: Mapping[str, bool],
+) -> None:
+    """Jobs recovery did not bring to success (see ``_consequence``)."""
+    roles = {role for role, done in succeeded.items() if not done}
+    finding = unfinished_finding(states)
+    _consequence(anomalies, documented, finding, roles, _taken_back(jobs, changes))
+
+
+def _taken_back(jobs: tuple[JobSpec, ...], changes: Mapping[str, Any]) -> set[str]:
+    keys = {one["job"] for one in changes["jobs"]}
+    return {role for role, job in zip(ROLES, jobs, strict=True) if job.key in keys}
+
+
+def _consequence(
+    anomalies: list[Anomaly],
+    documented: list[str],
+    finding: Anomaly,
+    roles: set[str],
+    taken_back: set[str],
+) -> None:
+    """What recovery left that a documented loss explains, every job concerned one the
+    failover took back (run again; or never submitted again, by a producer that had been
+    told it was enqueued), is documented with it; a finding otherwise."""
+    if documented and roles <= taken_back:
+        documented.append(f"{finding.text}: after the jobs the failover took back")
     else:
         anomalies.append(finding)
