@@ -15,7 +15,12 @@ child at that earlier point and then a second one while it recovers). The parent
 5. reads and judges the recovered store, and checks that recovery lost nothing the crash
    had left (every job still there, attempts never going back, finished jobs unchanged).
 
-Two runs with one seed produce JSON that differs only in the ``timings`` fields.
+In power-loss mode each case then cuts the power (``power_cases``); in failover mode each
+case runs on a primary and a standby of its own, and the primary dies with the child
+(``failover_cases``).
+
+Two runs with one seed produce JSON that differs only in the ``timings`` fields (and, in
+failover mode, in what each failover measured: its WAL positions, lag and times).
 """
 
 from __future__ import annotations
