@@ -15,6 +15,7 @@ import pytest
 from crashqueuelab import cli
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.judges.findings import Anomaly, Kind
+from crashqueuelab.lab.campaign import failover_cases
 from crashqueuelab.lab.campaign.failover_cases import (
     LEASE_WENT_BACK,
     LOST,
@@ -342,3 +343,21 @@ def test_a_failing_failover_campaign_is_not_shrunk(tmp_path: Path, run_cli: RunC
     outcome = run_cli("shrink", tmp_path)
     assert outcome.code == cli.EXIT_USAGE
     assert "a failover campaign is not shrunk" in outcome.result["error"]["message"]
+
+
+@needs_postgres
+def test_a_level_the_system_cannot_run_at_is_refused_with_exit_2(
+    run_cli: RunCli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The queue is not told the level (as a system that checks its own settings): it refuses
+    # to open at local, and the run ends at its first case, the others never started.
+    monkeypatch.setattr(failover_cases, "LEVEL_VARIABLE", "CRASHQUEUELAB_NOT_A_LEVEL")
+    outcome = run_cli(
+        "campaign", "--system", "postgres", "--crash-mode", "failover",
+        "--synchronous-commit", "local", "--crash-point", "AFTER_SUBMIT_COMMIT",
+        "--crash-point", "AFTER_CLAIM_COMMIT", "--output-directory", tmp_path / "c",
+    )  # fmt: skip
+    assert outcome.code == cli.EXIT_USAGE, outcome.result
+    assert outcome.result["error"]["field"] == "synchronous_commit"
+    assert "postgres cannot run at synchronous_commit=local" in outcome.result["error"]["message"]
+    assert len(list((tmp_path / "c" / "cases").iterdir())) == 1

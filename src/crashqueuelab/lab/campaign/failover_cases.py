@@ -45,9 +45,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from crashqueuelab.core.clock import ManualClock
+from crashqueuelab.core.errors import DurabilityUnavailable, InvalidInput
 from crashqueuelab.core.ids import SeededIds
 from crashqueuelab.judges.findings import Anomaly, Kind, inconsistent, system_raised, texts, to_json
 from crashqueuelab.lab.campaign.cases import (
+    case_id_for,
     continuity,
     crash_signature,
     death_finding,
@@ -60,6 +62,7 @@ from crashqueuelab.lab.campaign.cases import (
     recover_or_report,
     unfinished_finding,
 )
+from crashqueuelab.lab.campaign.power_cases import CaseStopped
 from crashqueuelab.lab.faults.children import CHILD_STDERR, ChildRun
 from crashqueuelab.lab.faults.standbyhold import holding
 from crashqueuelab.lab.runs.readings import read_store
@@ -358,7 +361,13 @@ def _observe(
         setting.cluster() as cluster,
         _named(cluster.client_environment() | {LEVEL_VARIABLE: setting.level}),
     ):
-        _ask(system, store, keys, seed, f"{case_id}/prepare")  # the store exists on both
+        try:
+            _ask(system, store, keys, seed, f"{case_id}/prepare")  # the store exists on both
+        except DurabilityUnavailable as error:
+            raise InvalidInput(
+                "synchronous_commit",
+                f"{system.name} cannot run at synchronous_commit={setting.level}: {error}",
+            ) from None
         caught_up = wait_until(lambda: _caught_up(cluster), CAUGHT_UP_TIMEOUT_S, poll_s=0.02)
         hold_at = None if setting.waits else phase_before(point.name)
         if not setting.waits and hold_at is None:
@@ -413,9 +422,19 @@ def run_failover_case(
 ) -> dict[str, Any]:
     """One crash point: the child dies there, the primary dies, the standby is promoted;
     the promoted standby is judged against what the primary held, and recovered.
-    (``stop``: a case is short, and runs to its end.)"""
+    (``stop``: a case is short, and runs to its end; once set, by an interruption or by a
+    case that raised, a case not begun never begins: CaseStopped.)"""
+    if stop is not None and stop.is_set():
+        raise CaseStopped(case_id_for(index, point))
     case_id, case_dir, jobs = new_case(output_dir, index, point)
-    seen = _observe(case_dir, point, seed, case_id, jobs, system=system, spec=spec, setting=setting)
+    try:
+        seen = _observe(
+            case_dir, point, seed, case_id, jobs, system=system, spec=spec, setting=setting
+        )
+    except Exception:
+        if stop is not None:  # the cases after this one never begin
+            stop.set()
+        raise
     ledger = observe_ledger(case_dir / LEDGER_FILE)
     crash_ledger = observe_ledger(seen.crash_dir / LEDGER_FILE)
     death = death_record(case_id, point, seen.child, seen.prelude, case_dir)

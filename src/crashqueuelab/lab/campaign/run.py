@@ -497,6 +497,12 @@ def _run_cases(
             interruption.partial["cases_planned"] = len(order)
             interruption.partial["cases"] = cases
             raise
+        except Exception:
+            # A case that raised (a failover campaign's level the system refuses) ends the
+            # run: the cases not started never start.
+            stop.set()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
     return cases
 
 
