@@ -147,15 +147,18 @@ def _states_detail(summary: dict[str, Any]) -> str:
     )
 
 
-def _verdict(run_dir: Path, report: dict[str, Any], title: str) -> Verdict:
+def _verdict(
+    run_dir: Path, report: dict[str, Any], title: str, durability: str | None = None
+) -> Verdict:
     """The verdict of a campaign whose cases list their own anomalies (power loss,
-    failover): its first reasons, the rest in the tables."""
+    failover): its first reasons, the rest in the tables (``durability``: what the run
+    made of the system's own)."""
     system = report["system"]
     return Verdict(
         ok=report.get("passed_what_ran", report["ok"]),
         title=title,
         system=system_label(system),
-        durability=system["durability"],
+        durability=durability or system["durability"],
         seed=report["seed"],
         duration=report["timings"]["total_ms"] / 1000,
         command=campaign_command(report, str(run_dir)),
@@ -279,6 +282,7 @@ def failover_view(run_dir: Path, report: dict[str, Any]) -> View:
         run_dir,
         report,
         f"failover campaign at {promise['setting']}, {summary['named_fault_points']} crash points",
+        f"each case on a primary and a streaming standby at {promise['setting']}",
     )
     allowed = "allows" if promise["allows_loss"] else "does not allow"
     figures = [
@@ -313,7 +317,8 @@ def failover_view(run_dir: Path, report: dict[str, Any]) -> View:
         ),
         (
             "time to promote",
-            f"median {summary['promoted_s_median']} s, at most {summary['promoted_s_max']} s",
+            f"median {summary['promoted_s_median']:.3f} s,"
+            f" at most {summary['promoted_s_max']:.3f} s",
             "from the primary's kill until the promoted standby accepted writes",
         ),
         *_closing_figures(report),
