@@ -36,7 +36,6 @@ from crashqueuelab.lab.faults.standbyhold import MADE_FILE, ask_for_hold, holdin
 from crashqueuelab.lab.reproducers.campaign import shrink_if_failed
 from crashqueuelab.lab.runs.commands import campaign_command
 from crashqueuelab.lab.workloads.scenario import effect_key, scenario_jobs
-from crashqueuelab.servers import postgres as server_module
 from crashqueuelab.servers.postgres import find_binaries
 from crashqueuelab.systems.contract import JobStatus, StoredJob, StoreReading, phase_before
 from crashqueuelab.systems.registry import resolve_system
@@ -225,20 +224,6 @@ def test_a_failover_is_refused_where_there_is_nothing_to_fail_over(
     assert "--crash-mode failover --synchronous-commit off --system postgres" in (
         campaign_command(report, "out")
     )
-
-
-def test_no_server_binaries_exits_4(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_cli: RunCli
-) -> None:
-    monkeypatch.setattr(server_module, "DEBIAN_BINARIES", tmp_path / "none")
-    monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.delenv(server_module.BIN_VARIABLE, raising=False)
-    outcome = run_cli(
-        "campaign", "--system", "postgres", "--crash-mode", "failover",
-        "--output-directory", tmp_path / "c",
-    )  # fmt: skip
-    assert outcome.code == cli.EXIT_UNAVAILABLE == 4
-    assert outcome.result["error"]["type"] == "ServerUnavailable"
 
 
 #: A point of each kind: a BEFORE phase (nothing of its own committed), an AFTER phase,
