@@ -126,13 +126,17 @@ def test_faults_the_run_cannot_deliver_are_refused_up_front(
     assert outcome.result["error"]["field"] == field
 
 
+# A failover campaign starts a primary and a standby per case: the same binaries.
+@pytest.mark.parametrize("extra", [(), ("--crash-mode", "failover")])
 def test_no_server_binaries_is_said_plainly_with_exit_4(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_cli: RunCli
+    extra: tuple[str, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_cli: RunCli
 ) -> None:
     monkeypatch.setattr(server_module, "DEBIAN_BINARIES", tmp_path / "none")
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv(server_module.BIN_VARIABLE, raising=False)
-    outcome = run_cli("campaign", "--system", "postgres", "--output-directory", str(tmp_path / "c"))
+    outcome = run_cli(
+        "campaign", "--system", "postgres", *extra, "--output-directory", str(tmp_path / "c")
+    )
     assert outcome.code == cli.EXIT_UNAVAILABLE
     assert outcome.result["error"]["type"] == "ServerUnavailable"
     assert "no PostgreSQL server binaries" in outcome.result["error"]["reason"]

@@ -4,12 +4,12 @@ argument types, and the options several commands take."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from crashqueuelab.core.clock import MAX_TIME_US
 from crashqueuelab.lab.reproducers.campaign import SHRINK_SECONDS
-from crashqueuelab.lab.runs.modes import CRASH_MODES, PROCESS
+from crashqueuelab.lab.runs.modes import CRASH_MODES, FAILOVER, PROCESS
 from crashqueuelab.systems.registry import DEFAULT_SYSTEM, DISTRIBUTIONS, PEERS, SERVERS, SHIPPED
 
 #: The command did what was asked, or the judged database passed.
@@ -173,11 +173,18 @@ def add_system(sub: argparse.ArgumentParser) -> None:
     add_dsn(sub)
 
 
-def add_crash_mode(sub: argparse.ArgumentParser) -> None:
+def add_crash_mode(sub: argparse.ArgumentParser, modes: Sequence[str] = CRASH_MODES) -> None:
+    failover = (
+        f"; {FAILOVER}: the primary dies too and its standby is promoted (a system on"
+        " PostgreSQL; --synchronous-commit)"
+        if FAILOVER in modes
+        else ""
+    )
     sub.add_argument(
         "--crash-mode",
-        choices=CRASH_MODES,
+        choices=modes,
         default=PROCESS,
         help="process: the page cache survives a death; power-loss: every write, create,"
-        " rename and unlink nobody fsynced is lost too (Linux FUSE; exit 4 where unavailable)",
+        " rename and unlink nobody fsynced is lost too (Linux FUSE; exit 4 where unavailable)"
+        + failover,
     )

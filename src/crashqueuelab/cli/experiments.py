@@ -36,11 +36,13 @@ from crashqueuelab.lab.chaos.longjobs import DEFAULT_LONG_JOBS
 from crashqueuelab.lab.chaos.poison import DEFAULT_POISON_JOBS
 from crashqueuelab.lab.chaos.run import CHAOS_FILE, run_chaos
 from crashqueuelab.lab.demo import DEFAULT_SEED, run_demo
+from crashqueuelab.lab.failover.promises import LEVELS
 from crashqueuelab.lab.faults.deploy import Replace, Rollout
 from crashqueuelab.lab.mutants.runner import MUTANTS_FILE, run_mutants
 from crashqueuelab.lab.reproducers.campaign import shrink_if_failed
 from crashqueuelab.lab.reproducers.chaos import add_chaos_reproducer
 from crashqueuelab.lab.runs.kinds import KINDS
+from crashqueuelab.lab.runs.modes import CAMPAIGN_CRASH_MODES, FAILOVER
 from crashqueuelab.lab.showcase import run_showcase
 from crashqueuelab.systems.registry import DEFAULT_SYSTEM, SHIPPED
 
@@ -88,6 +90,13 @@ def library_verdict(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def _campaign(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    failover = None
+    if args.synchronous_commit is not None and args.crash_mode != FAILOVER:
+        raise InvalidInput("synchronous_commit", f"a setting of --crash-mode {FAILOVER}")
+    if args.crash_mode == FAILOVER:
+        from crashqueuelab.lab.failover.targets import case_failover
+
+        failover = case_failover(args.synchronous_commit or "on")
     report = run_campaign(
         args.output_directory,
         seed=args.seed,
@@ -96,6 +105,7 @@ def _campaign(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         progress=progress_for(args),
         crash_points=args.crash_point,
         probes=args.probe,
+        failover=failover,
     )
     shrink_if_failed(args.output_directory, report, args.shrink_seconds)
     return exit_code(report["ok"], report["passed_what_ran"]), {
@@ -106,6 +116,7 @@ def _campaign(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         "report": html_report(args.output_directory),
         "system": report["system"],
         "crash_mode": report["crash_mode"],
+        **({"failover": report["failover"]} if "failover" in report else {}),
         "seed": report["seed"],
         "summary": report["summary"],
         "anomalies": report["anomalies"],
@@ -360,7 +371,14 @@ def add_experiment_commands(command: Command) -> None:
         database=False,
     )
     add_system(sub)
-    add_crash_mode(sub)
+    add_crash_mode(sub, CAMPAIGN_CRASH_MODES)
+    sub.add_argument(
+        "--synchronous-commit",
+        choices=LEVELS,
+        default=None,
+        help=f"with --crash-mode {FAILOVER}: the primary's level (default on); off and local"
+        " do not wait for the standby, which each case then holds back",
+    )
     sub.add_argument(
         "--crash-point",
         action="append",

@@ -71,6 +71,12 @@ def _shrink(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
             "not_run": report.get("not_run", []),
             "detail": "nothing that ran failed: nothing to shrink",
         }
+    if report.get("crash_mode") == "failover":
+        raise InvalidInput(
+            "directory",
+            "a failover campaign is not shrunk: its page gives each failing case the command"
+            " that runs its crash point alone",
+        )
     existing = directory / REPRODUCER_DIRECTORY
     if existing.exists():
         raise InvalidInput(

@@ -365,6 +365,22 @@ def reply_lost_phases(point: str) -> tuple[str, str] | None:
     return _family_phases(point, REPLY_LOST_SUFFIX)
 
 
+def phase_before(point: str) -> str | None:
+    """The phase before the step whose aftermath ``point`` is: ``BEFORE_<T>_COMMIT`` for
+    ``AFTER_<T>_COMMIT`` and for every COMMIT family of it (reply lost, open, id reused);
+    ``<call>:before`` for a library's ``<call>:after`` (``systems.boundary``); None for any
+    other point (a phase before a step itself: the step never ran)."""
+    if point.startswith("AFTER_") and point.endswith("_COMMIT"):
+        return "BEFORE_" + point.removeprefix("AFTER_")
+    if point.endswith(":after"):
+        return point.removesuffix(":after") + ":before"
+    for suffix in (REPLY_LOST_SUFFIX, OPEN_COMMIT_SUFFIX, ID_REUSED_SUFFIX):
+        phases = _family_phases(point, suffix)
+        if phases is not None:
+            return phases[0]
+    return None
+
+
 #: A crash point named ``<T>_COMMIT_OPEN`` is the death at ``AFTER_<T>_COMMIT`` of a child
 #: whose COMMIT was still in progress on the server (waiting for a synchronous standby that
 #: did not answer) when its connection was reset, and went on once the standby did: the

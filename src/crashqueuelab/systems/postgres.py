@@ -185,6 +185,20 @@ def store_schema(directory: Path, dsn: str) -> str:
 WAIT_FOR_STANDBYS = REPLICATION_BARRIER
 
 
+#: The ``synchronous_commit`` level the run's replicated server runs at, which the queue is
+#: then opened accepting (a failover campaign at a level that waits less than ``on`` names
+#: it to its children); unset, the queue refuses any level but ``on``.
+LEVEL_VARIABLE = "CRASHQUEUELAB_POSTGRES_SYNCHRONOUS_COMMIT"
+
+
+def accepted_settings(
+    required: Mapping[str, str], environ: Mapping[str, str] = os.environ
+) -> Mapping[str, str]:
+    """``required``, with the level ``LEVEL_VARIABLE`` names where the run names one."""
+    level = environ.get(LEVEL_VARIABLE)
+    return required if not level else {**required, "synchronous_commit": level}
+
+
 def server_dsn() -> str:
     dsn = os.environ.get(DSN_VARIABLE)
     if not dsn:
@@ -208,7 +222,7 @@ def open_postgres(
         server_dsn(),
         request,
         session_settings=session_settings,
-        required_settings=required_settings,
+        required_settings=accepted_settings(required_settings),
         queue_class=queue_class,
     )
 

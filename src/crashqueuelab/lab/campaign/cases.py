@@ -4,7 +4,8 @@ left."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import shutil
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +22,11 @@ from crashqueuelab.lab.faults.children import (
 )
 from crashqueuelab.lab.workloads.effects import Destination
 from crashqueuelab.lab.workloads.scenario import (
+    LEDGER_FILE,
     RECOVERY_OFFSET_US,
     ROLES,
     START_US,
+    STORE_DIRECTORY,
     RecoveryResult,
     deadline_label,
     effect_key,
@@ -38,6 +41,8 @@ from crashqueuelab.systems.registry import resolve_system
 JOB_FIELDS = ("effect_job", "flaky_job", "effect_job_effects")
 #: The effect job's lease deadline, part of the jobs' fields where a point declares it.
 DEADLINE_FIELD = "effect_job_deadline"
+#: Where a case keeps the store and the ledger as the dead child left them.
+CRASH_TIME_DIR = "crash-time"
 
 
 def job_fields(point: CrashPoint) -> tuple[str, ...]:
@@ -59,6 +64,35 @@ def new_case(
     case_dir = output_dir / "cases" / case_id
     case_dir.mkdir(parents=True)
     return case_id, case_dir, scenario_jobs(case_id)
+
+
+def preserve_crash_time(case_dir: Path) -> Path:
+    """Copy the store and the ledger exactly as the dead child left them."""
+    target = case_dir / CRASH_TIME_DIR
+    target.mkdir()
+    store = case_dir / STORE_DIRECTORY
+    if store.is_dir():
+        # SQLite rebuilds its shared-memory index; a copy of a dead process's one is noise.
+        shutil.copytree(store, target / STORE_DIRECTORY, ignore=shutil.ignore_patterns("*-shm"))
+    for suffix in ("", "-wal"):
+        source = case_dir / f"{LEDGER_FILE}{suffix}"
+        if source.exists():
+            shutil.copyfile(source, target / source.name)
+    return target
+
+
+def differs_finding(found: Mapping[str, Any], expected: Mapping[str, Any]) -> Anomaly:
+    """A crash state that is not the one its point declares, field by field."""
+    names = sorted(name for name in expected.keys() | found.keys()
+                   if expected.get(name) != found.get(name))  # fmt: skip
+    differences = [
+        f"{name}: expected {expected.get(name)}, found {found.get(name)}" for name in names
+    ]
+    return Anomaly(
+        Kind.CRASH_STATE_DIFFERS,
+        f"the crash state differs from the point's: {'; '.join(differences)}",
+        facts={"fields": ",".join(names)},
+    )
 
 
 def death_record(
@@ -146,12 +180,14 @@ def unfinished_finding(states: Mapping[str, str]) -> Anomaly:
     )
 
 
-def _kill_at(case_dir: Path, spec: str, point: str, seed: int, case_id: str) -> ChildRun:
+def _kill_at(
+    case_dir: Path, spec: str, point: str, seed: int, case_id: str, extra: Sequence[str] = ()
+) -> ChildRun:
     arguments = ["--system", spec, "--fault-point", point, "--seed", str(seed)]
     return spawn_child(
         case_dir,
         child.main,
-        [*arguments, "--case-id", case_id],
+        [*arguments, "--case-id", case_id, *extra],
         timeout_s=CHILD_TIMEOUT_S,
         preload=[resolve_system(spec).open.__module__],
     )
@@ -243,9 +279,17 @@ def recover_or_report(
 
 
 def kill_children(
-    case_dir: Path, spec: str, point: CrashPoint, seed: int, case_id: str
+    case_dir: Path,
+    spec: str,
+    point: CrashPoint,
+    seed: int,
+    case_id: str,
+    *,
+    hold_at: str | None = None,
 ) -> tuple[ChildRun, dict[str, Any] | None]:
-    """The child killed at ``point``, after the one killed at ``point.after`` where set."""
+    """The child killed at ``point``, after the one killed at ``point.after`` where set
+    (``hold_at``: the phase at which the last child asks for its standby to be held back,
+    ``lab.faults.standbyhold``)."""
     prelude = None
     if point.after is not None:
         first = _kill_at(case_dir, spec, point.after, seed, case_id)
@@ -255,4 +299,5 @@ def kill_children(
             "last_words": read_last_words(case_dir),
             "timed_out": first.timed_out,
         }
-    return _kill_at(case_dir, spec, point.name, seed, case_id), prelude
+    extra = [] if hold_at is None else ["--hold-at", hold_at]
+    return _kill_at(case_dir, spec, point.name, seed, case_id, extra), prelude

@@ -31,6 +31,7 @@ from crashqueuelab.lab.faults.hooks import exit_at
 from crashqueuelab.lab.faults.idreuse import id_reused_at
 from crashqueuelab.lab.faults.lostreplies import replies_lost_at
 from crashqueuelab.lab.faults.opencommits import commits_held_open_at
+from crashqueuelab.lab.faults.standbyhold import ask_for_hold
 from crashqueuelab.lab.runs.systemcalls import NamedCalls
 from crashqueuelab.lab.workloads.effects import Destination
 from crashqueuelab.lab.workloads.scenario import run_campaign_workload, run_single_worker_workload
@@ -57,6 +58,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--destination", choices=[d.value for d in Destination], default="idempotent"
     )
     parser.add_argument("--start-us", type=int, default=0)
+    parser.add_argument(
+        "--hold-at",
+        default=None,
+        help="the phase at which the run is asked to hold its standby back (a failover case)",
+    )
     args = parser.parse_args(argv)
     system = named_calls(resolve_system(args.system))
     last_words = str(args.case_dir / LAST_WORDS_FILE)
@@ -89,6 +95,8 @@ def _run(args: argparse.Namespace, system: System, die: Callable[[str], None]) -
     def hook(point: str) -> None:
         if point not in reached:
             reached.append(point)
+            if point == args.hold_at:
+                ask_for_hold(args.case_dir)
         die(point)
 
     try:

@@ -57,8 +57,9 @@ STATES_DIRECTORY = "crash-states"
 
 
 class CaseStopped(Exception):
-    """A power-loss case ended before all its crash states were judged: its run was
-    interrupted, and its report is never read."""
+    """A case ended before its end (a power-loss case before all its crash states were
+    judged, a failover case before it began): its run was interrupted or an earlier case
+    raised, and its report is never read."""
 
 
 def _jobs_of(signature: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:

@@ -15,14 +15,18 @@ child at that earlier point and then a second one while it recovers). The parent
 5. reads and judges the recovered store, and checks that recovery lost nothing the crash
    had left (every job still there, attempts never going back, finished jobs unchanged).
 
-Two runs with one seed produce JSON that differs only in the ``timings`` fields.
+In power-loss mode each case then cuts the power (``power_cases``); in failover mode each
+case runs on a primary and a standby of its own, and the primary dies with the child
+(``failover_cases``).
+
+Two runs with one seed produce JSON that differs only in the ``timings`` fields (and, in
+failover mode, in what each failover measured: its WAL positions, lag and times).
 """
 
 from __future__ import annotations
 
 import functools
 import random
-import shutil
 import threading
 import time
 from collections import Counter
@@ -43,15 +47,28 @@ from crashqueuelab.judges.findings import (
     to_json,
 )
 from crashqueuelab.lab.campaign.cases import (
+    CRASH_TIME_DIR,
     continuity,
     crash_signature,
     death_finding,
     death_record,
+    differs_finding,
     effects_finding,
     kill_children,
     new_case,
+    preserve_crash_time,
     recover_or_report,
     unfinished_finding,
+)
+from crashqueuelab.lab.campaign.failover_cases import (
+    LEASE_WENT_BACK,
+    LOST,
+    RESURRECTED,
+    STANDBY_HELD,
+    STANDBY_STREAMS,
+    WENT_BACK,
+    FailoverSetting,
+    run_failover_case,
 )
 from crashqueuelab.lab.campaign.power_cases import run_power_loss_case
 from crashqueuelab.lab.campaign.probes import (
@@ -72,7 +89,7 @@ from crashqueuelab.lab.faults.powerloss.serverdisk import ClusterTemplate
 from crashqueuelab.lab.runs.commands import import_path
 from crashqueuelab.lab.runs.interrupts import Interrupted
 from crashqueuelab.lab.runs.kinds import CAMPAIGN
-from crashqueuelab.lab.runs.modes import POWER_LOSS, PROCESS
+from crashqueuelab.lab.runs.modes import FAILOVER, POWER_LOSS, PROCESS
 from crashqueuelab.lab.runs.progress import Progress, labelled
 from crashqueuelab.lab.runs.promises import classify
 from crashqueuelab.lab.runs.readings import read_store
@@ -100,9 +117,9 @@ from crashqueuelab.systems.registry import DEFAULT_SYSTEM, resolve_system
 MECHANISM = {
     PROCESS: "spawned_process_os_exit",
     POWER_LOSS: "spawned_process_os_exit_then_fuse_power_cut",
+    FAILOVER: "spawned_process_os_exit_then_primary_killed_and_standby_promoted",
 }
 CAMPAIGN_FILE = CAMPAIGN.record
-CRASH_TIME_DIR = "crash-time"
 #: Cases run side by side, each with its own child.
 CASES_AT_ONCE = 2
 
@@ -125,21 +142,6 @@ def campaign_order(
             f" (it has {', '.join(sorted(known))})",
         )
     return [point for point in points if point.name in only]
-
-
-def preserve_crash_time(case_dir: Path) -> Path:
-    """Copy the store and the ledger exactly as the dead child left them."""
-    target = case_dir / CRASH_TIME_DIR
-    target.mkdir()
-    store = case_dir / STORE_DIRECTORY
-    if store.is_dir():
-        # SQLite rebuilds its shared-memory index; a copy of a dead process's one is noise.
-        shutil.copytree(store, target / STORE_DIRECTORY, ignore=shutil.ignore_patterns("*-shm"))
-    for suffix in ("", "-wal"):
-        source = case_dir / f"{LEDGER_FILE}{suffix}"
-        if source.exists():
-            shutil.copyfile(source, target / source.name)
-    return target
 
 
 def run_case(
@@ -287,10 +289,47 @@ def summarize_power_loss(report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def summarize_failover(report: dict[str, Any]) -> dict[str, Any]:
+    """A failover campaign's summary, computed from its case and probe reports: the level
+    and its promise, what the failovers took back, and what each cost."""
+    cases, setting = report["cases"], report["failover"]
+    changes = Counter(one["change"] for case in cases for one in case["changes"]["jobs"])
+    lags = [case["failover"]["lag_bytes"] or 0 for case in cases]
+    promotions = sorted(case["failover"]["promoted_s"] for case in cases)
+    return {
+        "crash_mode": MECHANISM[FAILOVER],
+        "synchronous_commit": setting["synchronous_commit"],
+        "promise": setting["promise"]["quoted"],
+        "promise_allows_loss": setting["promise"]["allows_loss"],
+        "standby_held": setting["standby_held"],
+        **_case_summary(cases),
+        "cases_losing_committed_work": sum(1 for case in cases if case["lost_at_failover"]),
+        "cases_with_documented_loss": sum(1 for case in cases if case["documented"]),
+        "broken_promises": sum(
+            1
+            for case in cases
+            for finding in case["findings"]
+            if finding["kind"] == Kind.ACKNOWLEDGED_WORK_LOST.value
+        ),
+        "jobs_lost": changes[LOST],
+        "jobs_went_back": changes[WENT_BACK],
+        "jobs_resurrected": changes[RESURRECTED],
+        "leases_went_back": changes[LEASE_WENT_BACK],
+        "transitions_lost": sum(len(case["changes"]["transitions_lost"]) for case in cases),
+        "lag_bytes_max": max(lags, default=0),
+        "lag_bytes_total": sum(lags),
+        "promoted_s_median": promotions[len(promotions) // 2] if promotions else None,
+        "promoted_s_max": promotions[-1] if promotions else None,
+        **_probe_summary(report),
+    }
+
+
 def summarize(report: dict[str, Any]) -> dict[str, Any]:
     """The campaign's summary, computed from its case and probe reports."""
     if report["crash_mode"] == POWER_LOSS:
         return summarize_power_loss(report)
+    if report["crash_mode"] == FAILOVER:
+        return summarize_failover(report)
     cases = report["cases"]
     checks = sorted({name for case in cases for name in case["crash_judgement"]["checks"]})
     return {
@@ -318,7 +357,7 @@ def anomalies_of(report: dict[str, Any]) -> list[Anomaly | str]:
         if case["passed"]:
             continue
         prefix, point = f"case {case['case_id']}: ", case["fault_point"]
-        if "anomalies" in case:  # a power-loss case lists its own, state by state
+        if "anomalies" in case:  # a power-loss or failover case lists its own
             found += [
                 prefix + line if isinstance(line, str) else line.within(prefix, point=point)
                 for line in restored(case["anomalies"], case.get("findings"))
@@ -353,18 +392,7 @@ def _case_reasons(case: dict[str, Any]) -> list[Anomaly | str]:
     # A point never reached left the workload's final state: comparing it says nothing.
     if not case["crash_state_matches_point"] and not never_reached:
         found, expected = case["crash_state"]["signature"], case["expected_crash_signature"]
-        names = sorted(name for name in expected.keys() | found.keys()
-                       if expected.get(name) != found.get(name))  # fmt: skip
-        differences = [
-            f"{name}: expected {expected.get(name)}, found {found.get(name)}" for name in names
-        ]
-        reasons.append(
-            Anomaly(
-                Kind.CRASH_STATE_DIFFERS,
-                f"the crash state differs from the point's: {'; '.join(differences)}",
-                facts={"fields": ",".join(names)},
-            )
-        )
+        reasons.append(differs_finding(found, expected))
     reasons += [inconsistent(problem) for problem in case["crash_judgement"]["problems"]]
     recovery = case["recovery"]
     reasons += restored(recovery["anomalies"], recovery.get("findings"))
@@ -469,6 +497,12 @@ def _run_cases(
             interruption.partial["cases_planned"] = len(order)
             interruption.partial["cases"] = cases
             raise
+        except Exception:
+            # A case that raised (a failover campaign's level the system refuses) ends the
+            # run: the cases not started never start.
+            stop.set()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
     return cases
 
 
@@ -491,10 +525,10 @@ def own_server(point: CrashPoint) -> str | None:
 
 def own_servers_last(order: list[CrashPoint], crash_mode: str) -> list[CrashPoint]:
     """``order`` with the points that need a server of their own last, family by family; a
-    power-loss campaign has none (its server per case has no standby, and is the one the
-    power cut crashes)."""
+    power-loss or failover campaign has none (its server per case is the one the power cut
+    or the failover crashes, and a failover's standby is no held synchronous one)."""
     shared = [point for point in order if own_server(point) is None]
-    if crash_mode == POWER_LOSS:
+    if crash_mode in (POWER_LOSS, FAILOVER):
         return shared
     return shared + [
         point for family in OWN_SERVERS for point in order if own_server(point) == family
@@ -641,12 +675,14 @@ def run_campaign(
     progress: Progress | None = None,
     crash_points: Sequence[str] | None = None,
     probes: Sequence[str] | None = None,
+    failover: FailoverSetting | None = None,
 ) -> dict[str, Any]:
     """Run every crash point of ``system`` once (or those named in ``crash_points``), the
     probes and the model workload; write ``campaign.json``. Naming ``probes`` runs those
     alone (with the crash points named, if any) and no model workload: a failing probe's
     rerun. Shrinking a run that is not ok is its caller's choice
-    (``lab.reproducers.campaign.add_reproducers``)."""
+    (``lab.reproducers.campaign.add_reproducers``). ``failover``: the replication setting
+    of a ``failover`` campaign (``lab.failover.targets.case_failover`` makes it)."""
     chosen = resolve_system(system)
     check_crash_mode(crash_mode, chosen)
     if probes is not None and crash_points is None:
@@ -659,6 +695,11 @@ def run_campaign(
             "crash_point",
             f"{', '.join(left_out)}: a point on a server of its own runs in the process crash"
             " mode only",
+        )
+    if (crash_mode == FAILOVER) != (failover is not None):
+        raise InvalidInput(
+            "synchronous_commit",
+            "the replication setting of --crash-mode failover, and of it alone",
         )
     check_probe_names(probes)
     prepare_output_directory(output_dir)
@@ -679,6 +720,9 @@ def run_campaign(
             at_once = 1
         elif crash_mode == POWER_LOSS:
             runner = run_power_loss_case
+        elif failover is not None:
+            # Each case starts its own replicated server and names it to this process.
+            runner, at_once = functools.partial(run_failover_case, setting=failover), 1
         named = labelled(progress, f"campaign {system} ({crash_mode})")
         shared = [point for point in order if own_server(point) is None]
         servers = resources.enter_context(OwnServers(order))
@@ -708,6 +752,12 @@ def run_campaign(
         "probes": probed,
         "model": model,
     }
+    if failover is not None:
+        report["failover"] = {
+            "synchronous_commit": failover.level,
+            "promise": dict(failover.promise),
+            "standby_held": STANDBY_STREAMS if failover.waits else STANDBY_HELD,
+        }
     report["summary"] = summarize(report)
     findings = anomalies_of(report)
     report["anomalies"] = [line if isinstance(line, str) else line.text for line in findings]

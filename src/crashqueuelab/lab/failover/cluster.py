@@ -311,14 +311,19 @@ class ReplicatedPostgres:
         return int(self.lag()["commits_waiting_for_the_standby"])
 
     def failover(
-        self, promoted: Callable[[], None] | None = None, *, promote_after_s: float = 0.0
+        self,
+        promoted: Callable[[], None] | None = None,
+        *,
+        promote_after_s: float = 0.0,
+        new_standbys: bool = True,
     ) -> dict[str, Any]:
         """The primary dies, a standby is promoted, clients are moved to it, and new
-        standbys are made of it. What the promoted standby had not received is gone.
-        ``promoted`` is called once the clients reach the promoted standby, before the new
-        standbys exist (a reading of what the failover left). ``promote_after_s``: how long
-        no server answers the clients between the kill and the promotion (an HA manager's
-        time to notice the primary is gone and decide)."""
+        standbys are made of it (unless ``new_standbys`` is false: a run that fails over
+        once). What the promoted standby had not received is gone. ``promoted`` is called
+        once the clients reach the promoted standby, before the new standbys exist (a
+        reading of what the failover left). ``promote_after_s``: how long no server answers
+        the clients between the kill and the promotion (an HA manager's time to notice the
+        primary is gone and decide)."""
         assert self.primary is not None
         started = self._clock()
         record: dict[str, Any] = {}
@@ -349,6 +354,8 @@ class ReplicatedPostgres:
             other.close()
         if promoted is not None:
             promoted()
+        if not new_standbys:
+            return record
         self._new_standbys()
         record["new_standby_streaming_s"] = round(self._clock() - started, 6)
         return record

@@ -19,15 +19,26 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from crashqueuelab.core.clock import SystemClock
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.core.ids import RandomIds
 from crashqueuelab.core.retry import RetryPolicy
-from crashqueuelab.lab.failover.promises import ASYNCHRONOUS, MIN_REPLICAS, MOST_ADVANCED, WAIT
+from crashqueuelab.lab.failover.promises import (
+    ASYNCHRONOUS,
+    LEVELS,
+    MIN_REPLICAS,
+    MOST_ADVANCED,
+    WAIT,
+    WAITING_LEVELS,
+    promise_of,
+)
 from crashqueuelab.systems.contract import OpenRequest, QueueClient
 from crashqueuelab.systems.registry import resolve_system
+
+if TYPE_CHECKING:
+    from crashqueuelab.lab.failover.cluster import ReplicatedPostgres
 
 RETRY = RetryPolicy(base_delay_us=10_000, max_delay_us=200_000)
 
@@ -182,6 +193,30 @@ def rq_target(
         ),
         opener,
     )
+
+
+@dataclass(frozen=True)
+class CaseFailover:
+    """What a failover campaign's cases fail over (``campaign --crash-mode failover``, whose
+    ``FailoverSetting`` this is): a primary and one standby at ``level``, and the level's
+    documented promise."""
+
+    level: str
+    promise: dict[str, Any]
+    #: Whether a COMMIT waits for the standby (otherwise the case holds the standby back).
+    waits: bool
+
+    def cluster(self) -> ReplicatedPostgres:
+        from crashqueuelab.lab.failover.cluster import ReplicatedPostgres
+
+        return ReplicatedPostgres(self.level)
+
+
+def case_failover(level: str) -> CaseFailover:
+    """A failover campaign's setting at ``synchronous_commit`` ``level``."""
+    if level not in LEVELS:
+        raise InvalidInput("synchronous_commit", f"one of {', '.join(LEVELS)}, not {level!r}")
+    return CaseFailover(level, promise_of(level), level in WAITING_LEVELS)
 
 
 @contextmanager

@@ -1,11 +1,12 @@
-"""Whether a crash mode can be had: an unknown mode, a machine without FUSE, or an
-experiment that cannot put the system's data on the power-loss disk is refused."""
+"""Whether a crash mode can be had: an unknown mode, a machine without FUSE, an experiment
+that cannot put the system's data on the power-loss disk, or a failover of a system with no
+PostgreSQL server is refused."""
 
 from __future__ import annotations
 
 from crashqueuelab.core.errors import CrashModeUnavailable, InvalidInput
 from crashqueuelab.lab.faults.powerloss.disk import require_power_loss
-from crashqueuelab.lab.runs.modes import CRASH_MODES, POWER_LOSS
+from crashqueuelab.lab.runs.modes import CAMPAIGN_CRASH_MODES, CRASH_MODES, FAILOVER, POWER_LOSS
 from crashqueuelab.systems.contract import System
 
 
@@ -13,9 +14,17 @@ def check_crash_mode(
     mode: str, system: System | None = None, *, experiment: str = "campaign"
 ) -> None:
     """Refuse an unknown mode; for power loss, a machine that cannot provide it (exit 4), and
-    an experiment that cannot put the system's data on the power-loss disk."""
-    if mode not in CRASH_MODES:
-        raise InvalidInput("crash_mode", f"{mode!r} is not one of {', '.join(CRASH_MODES)}")
+    an experiment that cannot put the system's data on the power-loss disk; a failover
+    outside a campaign, or of a system that has no PostgreSQL server (exit 2)."""
+    modes = CAMPAIGN_CRASH_MODES if experiment == "campaign" else CRASH_MODES
+    if mode not in modes:
+        raise InvalidInput("crash_mode", f"{mode!r} is not one of {', '.join(modes)}")
+    if mode == FAILOVER and system is not None and system.server != "postgres":
+        raise InvalidInput(
+            "crash_mode",
+            f"failover: {system.name} runs on {system.server or 'no server'}; the failover"
+            " crash mode promotes a PostgreSQL standby (a system on PostgreSQL only)",
+        )
     refused = None if system is None else power_loss_refusal(system, experiment)
     if mode == POWER_LOSS and refused is not None:
         raise CrashModeUnavailable(mode, refused)

@@ -147,9 +147,29 @@ def _states_detail(summary: dict[str, Any]) -> str:
     )
 
 
+def _verdict(
+    run_dir: Path, report: dict[str, Any], title: str, durability: str | None = None
+) -> Verdict:
+    """The verdict of a campaign whose cases list their own anomalies (power loss,
+    failover): its first reasons, the rest in the tables (``durability``: what the run
+    made of the system's own)."""
+    system = report["system"]
+    return Verdict(
+        ok=report.get("passed_what_ran", report["ok"]),
+        title=title,
+        system=system_label(system),
+        durability=durability or system["durability"],
+        seed=report["seed"],
+        duration=report["timings"]["total_ms"] / 1000,
+        command=campaign_command(report, str(run_dir)),
+        reasons=_first(report.get("anomalies", [])),
+        not_run=report.get("not_run", []),
+    )
+
+
 def power_loss_view(run_dir: Path, report: dict[str, Any]) -> View:
     """A power-loss campaign: each crash point's cut and every crash state it allowed."""
-    system, summary = report["system"], report["summary"]
+    summary = report["summary"]
     cases = []
     for case in report["cases"]:
         states = [state | _state_texts(state) for state in case["crash_states"]]
@@ -165,17 +185,11 @@ def power_loss_view(run_dir: Path, report: dict[str, Any]) -> View:
             }
         )
     distinct = "distinct " if "duplicate_crash_states_skipped" in summary else ""
-    verdict = Verdict(
-        ok=report.get("passed_what_ran", report["ok"]),
-        title=f"power-loss campaign, {summary['named_fault_points']} crash points,"
+    verdict = _verdict(
+        run_dir,
+        report,
+        f"power-loss campaign, {summary['named_fault_points']} crash points,"
         f" {summary['crash_states']} {distinct}crash states",
-        system=system_label(system),
-        durability=system["durability"],
-        seed=report["seed"],
-        duration=report["timings"]["total_ms"] / 1000,
-        command=campaign_command(report, str(run_dir)),
-        reasons=_first(report.get("anomalies", [])),
-        not_run=report.get("not_run", []),
     )
     figures = [
         (
@@ -233,10 +247,99 @@ def _phases(case: dict[str, Any]) -> dict[str, str]:
     return {"workload": child, "recovery": "recovery, after the crash"}
 
 
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def _lost_text(changes: dict[str, Any]) -> str:
+    """What a failover took back, in short: jobs by what became of them, transitions."""
+    counts: dict[str, int] = {}
+    for one in changes["jobs"]:
+        counts[one["change"]] = counts.get(one["change"], 0) + 1
+    parts = [f"{count} {change}" for change, count in sorted(counts.items())]
+    parts.append(_plural(len(changes["transitions_lost"]), "transition") + " lost")
+    return ", ".join(parts) if changes["jobs"] or changes["transitions_lost"] else "nothing"
+
+
+def failover_view(run_dir: Path, report: dict[str, Any]) -> View:
+    """A failover campaign: each crash point's failover (the standby's lag, the time to
+    promote) and every job and transition the promoted standby lacked."""
+    summary, setting = report["summary"], report["failover"]
+    promise = setting["promise"]
+    cases = [
+        case
+        | {
+            "rerun": _case_rerun(report, run_dir, case),
+            "lost_text": _lost_text(case["changes"]),
+            "found": _signature_text(case["crash_state"]["signature"]),
+            "expected": _signature_text(case["expected_crash_signature"]),
+            "promoted_text": _signature_text(case["promoted_state"]["signature"]),
+            "final": _states(case["recovered_terminal_state"]),
+        }
+        for case in report["cases"]
+    ]
+    verdict = _verdict(
+        run_dir,
+        report,
+        f"failover campaign at {promise['setting']}, {summary['named_fault_points']} crash points",
+        f"each case on a primary and a streaming standby at {promise['setting']}",
+    )
+    allowed = "allows" if promise["allows_loss"] else "does not allow"
+    figures = [
+        (
+            "crash points passed",
+            f"{summary['passed']} of {summary['named_fault_points']}",
+            "a real child died there (exit 86), the primary was killed, the standby promoted,"
+            " judged, asked and recovered",
+        ),
+        (
+            "replication setting",
+            promise["setting"],
+            f"its documented promise {allowed} losing a commit at a failover",
+        ),
+        (
+            "cases that lost committed work",
+            f"{summary['cases_losing_committed_work']} ({summary['cases_with_documented_loss']}"
+            f" documented, {summary['broken_promises']} broken promises)",
+            "committed on the primary at the crash, absent or older on the promoted standby",
+        ),
+        (
+            "jobs lost / gone back / resurrected / leases gone back",
+            f"{summary['jobs_lost']} / {summary['jobs_went_back']} /"
+            f" {summary['jobs_resurrected']} / {summary['leases_went_back']}",
+            f"{_plural(summary['transitions_lost'], 'transition')} of the primaries' histories"
+            " lost in all",
+        ),
+        (
+            "the standby's lag at the crash",
+            f"at most {summary['lag_bytes_max']:,} bytes of WAL",
+            setting["standby_held"],
+        ),
+        (
+            "time to promote",
+            f"median {summary['promoted_s_median']:.3f} s,"
+            f" at most {summary['promoted_s_max']:.3f} s",
+            "from the primary's kill until the promoted standby accepted writes",
+        ),
+        *_closing_figures(report),
+    ]
+    data = {
+        "cases": cases,
+        "probes": _probes_with_reruns(report, run_dir),
+        "reproducers": reproducers(run_dir, report),
+        "promises": promises_of(report),
+        "promise": promise,
+        "standby_held": setting["standby_held"],
+    }
+    return View("failovercampaign.html.j2", verdict, figures, data)
+
+
 def campaign_view(run_dir: Path) -> View:
     report = read_json(run_dir / "campaign.json")
     if report.get("crash_mode") == "power-loss":
         return power_loss_view(run_dir, report)
+    if report.get("crash_mode") == "failover":
+        return failover_view(run_dir, report)
     system, summary = report["system"], report["summary"]
     cases = []
     for case in report["cases"]:

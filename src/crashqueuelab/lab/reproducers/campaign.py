@@ -42,7 +42,7 @@ from crashqueuelab.lab.reproducers.export import (
     write_test,
 )
 from crashqueuelab.lab.runs.commands import campaign_command
-from crashqueuelab.lab.runs.modes import POWER_LOSS, PROCESS
+from crashqueuelab.lab.runs.modes import FAILOVER, POWER_LOSS, PROCESS
 from crashqueuelab.lab.runs.promises import declared, explained_by
 from crashqueuelab.lab.runs.records import write_json
 from crashqueuelab.lab.workloads.model import OBSERVATIONS_FILE, SCHEDULE_FILE, run_model_workload
@@ -493,7 +493,9 @@ def shrink_if_failed(
 ) -> dict[str, Any]:
     """``report`` (a campaign's), with its failures shrunk when it is not ok and
     ``seconds`` allows (0: not at all)."""
-    # Evidence that did not run is no failure to shrink.
-    if not report.get("passed_what_ran", report["ok"]) and seconds > 0:
+    # Evidence that did not run is no failure to shrink; a failover case has no rerun of
+    # its own to shrink to (its page gives the command that runs its crash point alone).
+    failover = report.get("crash_mode") == FAILOVER
+    if not report.get("passed_what_ran", report["ok"]) and seconds > 0 and not failover:
         add_reproducers(output_dir, report, seconds, correct_system)
     return report

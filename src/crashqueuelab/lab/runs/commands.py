@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import crashqueuelab
-from crashqueuelab.lab.runs.modes import POWER_LOSS
+from crashqueuelab.lab.runs.modes import FAILOVER, POWER_LOSS
 
 
 def _installed_roots() -> set[Path]:
@@ -65,6 +65,9 @@ def campaign_command(
     """The campaign that made ``report`` again, or one of its crash points or probes alone."""
     spec = report.get("system_spec", report["system"]["name"])
     mode = f" --crash-mode {POWER_LOSS}" if report.get("crash_mode") == POWER_LOSS else ""
+    if report.get("crash_mode") == FAILOVER:
+        level = report["failover"]["synchronous_commit"]
+        mode = f" --crash-mode {FAILOVER} --synchronous-commit {level}"
     only = ""
     if crash_point is not None:
         only = f" --crash-point {shlex.quote(crash_point)}"
