@@ -43,10 +43,13 @@ def boundary_point(
     effect: tuple[str, int] | None,
     flaky: tuple[str, int] | None,
     effects: int,
+    facts: Mapping[str, Any] | None = None,
 ) -> CrashPoint:
     """A crash point around one of ``library``'s calls (or inside the work), with the state
-    of the workload's two jobs and the effects it must leave."""
-    return CrashPoint(name, f"around {library}'s {name}", ExpectedState(effect, flaky, effects))
+    of the workload's two jobs and the effects it must leave, and the facts its reader
+    reports beside the jobs (the same at every point of a library whose reader has some)."""
+    expected = ExpectedState(effect, flaky, effects, dict(facts or {}))
+    return CrashPoint(name, f"around {library}'s {name}", expected)
 
 
 def library_capabilities(*, heartbeats: bool) -> Capabilities:

@@ -149,11 +149,10 @@ def test_the_reader_says_whether_the_reclaim_lock_is_held_and_when_it_expires(
     queue = queue_name(store)
     key = f"autoclaim:taskiq:{queue}"
     facts = read_store(store).facts
-    assert facts == {"reclaim_lock": {"key": key, "held": False}}
+    assert facts == {"reclaim_lock": {"held": False}}
     with RespConnection(redis_socket) as connection:
         connection.command("SET", key, "a-dead-holders-token", "NX")
         assert read_taskiq_store(store).facts["reclaim_lock"] == {
-            "key": key,
             "held": True,
             "expires_in_ms": None,
         }

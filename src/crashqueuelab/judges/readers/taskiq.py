@@ -206,12 +206,14 @@ def _read(connection: RespConnection, name: str) -> TaskiqReading:
 
 
 def _reclaim_lock(connection: RespConnection, name: str) -> dict[str, Any]:
-    """Whether a consumer holds the stream's reclaim lock, and for how long more (None: the
-    key never expires, so it is held until its holder deletes it)."""
+    """Whether a consumer holds the stream's reclaim lock (``RECLAIM_LOCK``), and for how
+    long more (None: the key never expires, so it is held until its holder deletes it). The
+    key is not in the fact: it names the stream, which differs from store to store, and a
+    campaign compares its crash states' facts across cases."""
     key = RECLAIM_LOCK.format(group=GROUP, stream=name)
     held = connection.command("GET", key)
     if not isinstance(held, bytes):
-        return {"key": key, "held": False}
+        return {"held": False}
     remaining = connection.command("PTTL", key)
     expires = int(remaining) if isinstance(remaining, int) and remaining >= 0 else None
-    return {"key": key, "held": True, "expires_in_ms": expires}
+    return {"held": True, "expires_in_ms": expires}

@@ -206,9 +206,10 @@ class Library:
         effect: tuple[str, int] | None,
         flaky: tuple[str, int] | None,
         effects: int,
+        facts: Mapping[str, Any] | None = None,
     ) -> CrashPoint:
         """A crash point around one of the library's calls (``boundary_point``)."""
-        return boundary_point(self.name, name, effect, flaky, effects)
+        return boundary_point(self.name, name, effect, flaky, effects, facts)
 
     def installed(self) -> str:
         """The installed release (PackageNotFoundError without one)."""

@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 from crashqueuelab.judges.readers.taskiq import PENDING, QUEUED, SUCCEEDED
+from crashqueuelab.systems.contract import CrashPoint
 from crashqueuelab.systems.libraries.taskiq import LIBRARY
 
-_point = LIBRARY.point
+#: No death leaves the reclaim lock held (the reader's ``reclaim_lock``): a consumer holds
+#: it only while it runs XAUTOCLAIM, and none of these points is inside that.
+_FREE = {"reclaim_lock": {"held": False}}
+
+
+def _point(
+    name: str, effect: tuple[str, int] | None, flaky: tuple[str, int] | None, effects: int
+) -> CrashPoint:
+    return LIBRARY.point(name, effect, flaky, effects, _FREE)
 
 
 _NEW, _HELD, _DONE = (QUEUED, 0), (PENDING, 1), (SUCCEEDED, 1)
