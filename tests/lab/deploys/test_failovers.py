@@ -56,7 +56,7 @@ def test_the_waits_are_the_jobs_submitted_one_by_one_before_the_first_failover_a
         Execution("late", "w1.0", 20.0, 20.1),
     ]
     submitted = {"burst": 0.0, "early": 1.0, "after": 4.0, "late": 15.0, "lost": 16.0}
-    failovers = [
+    failovers: list[dict[str, Any]] = [
         {"at_s": 2.0, "promoted_at_s": 2.2, "promoted_s": 0.2, "before": {"lag_bytes": 0}},
         {"at_s": 14.0, "promoted_at_s": 14.3, "promoted_s": 0.3},
     ]
