@@ -241,12 +241,14 @@ def add_failover_command(command: Command) -> None:
     )
     sub.add_argument(
         "--primary-fault",
-        choices=("kill", "pause"),
+        choices=("kill", "pause", "partition"),
         default=None,
         help="rq: what each failover does to the primary: SIGKILL of every process of it (the"
-        " default), or SIGSTOP until the Sentinels promoted the replica, then SIGCONT: it comes"
-        " back a primary in its own eyes, answering what its clients sent meanwhile, until a"
-        " Sentinel demotes it to a replica of the new primary",
+        " default); SIGSTOP until the Sentinels promoted the replica, then SIGCONT; or cut"
+        " from the Sentinels and its replica through the proxy while its clients still reach"
+        " it, until the Sentinels promoted the replica, then healed. Paused or cut off, it"
+        " comes back a primary in its own eyes, answering its clients, until a Sentinel"
+        " demotes it to a replica of the new primary",
     )
     sub.add_argument(
         "--queue-type",

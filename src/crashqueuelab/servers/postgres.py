@@ -40,6 +40,10 @@ __all__ = [
 
 #: Where the children of a run find the server (the run's parent process sets it).
 DSN_VARIABLE = "CRASHQUEUELAB_POSTGRES_DSN"
+#: The ``synchronous_commit`` level the run's replicated server runs at, which the queue is
+#: then opened accepting (a failover campaign at a level that waits less than ``on`` names
+#: it to its children); unset, the queue refuses any level but ``on``.
+LEVEL_VARIABLE = "CRASHQUEUELAB_POSTGRES_SYNCHRONOUS_COMMIT"
 #: Names the directory of a server a run lets its crash children crash and start again.
 CRASHABLE_VARIABLE = "CRASHQUEUELAB_POSTGRES_CRASHABLE"
 #: A directory holding ``initdb`` and ``pg_ctl``, where they are not on PATH.

@@ -25,7 +25,7 @@ from crashqueuelab.postgres.queue import (
     create_store,
 )
 from crashqueuelab.postgres.statements import REPLICATION_BARRIER
-from crashqueuelab.servers.postgres import DSN_VARIABLE
+from crashqueuelab.servers.postgres import DSN_VARIABLE, LEVEL_VARIABLE
 from crashqueuelab.systems.contract import (
     Capabilities,
     Claim,
@@ -183,12 +183,6 @@ def store_schema(directory: Path, dsn: str) -> str:
 #: ("committed locally, but might not have been replicated"), other sessions see it at
 #: once, and a failover takes it away. A read writes no WAL and waits for nothing.
 WAIT_FOR_STANDBYS = REPLICATION_BARRIER
-
-
-#: The ``synchronous_commit`` level the run's replicated server runs at, which the queue is
-#: then opened accepting (a failover campaign at a level that waits less than ``on`` names
-#: it to its children); unset, the queue refuses any level but ``on``.
-LEVEL_VARIABLE = "CRASHQUEUELAB_POSTGRES_SYNCHRONOUS_COMMIT"
 
 
 def accepted_settings(

@@ -185,11 +185,10 @@ def test_two_standbys_make_a_loss_documented_only_when_the_lagging_one_is_promot
     assert "quorum" not in promise_of("on")
 
 
-def test_lost_enqueues_a_resumed_primary_acknowledged_after_the_promotion_are_counted_apart() -> (
-    None
-):
+def test_lost_enqueues_the_old_primary_acknowledged_after_the_fault_are_counted_apart() -> None:
     events = [
         _event(1.0, "enqueued", "before"),
+        _event(3.0, "enqueued", "cut-off"),
         _event(5.0, "enqueued", "resumed"),
         _event(9.0, "enqueued", "new"),
     ]
@@ -199,17 +198,18 @@ def test_lost_enqueues_a_resumed_primary_acknowledged_after_the_promotion_are_co
     }  # fmt: skip
     judged = judge_failovers(
         level="asynchronous",
-        keys=["before", "resumed", "new"],
+        keys=["before", "cut-off", "resumed", "new"],
         events=events,
         failovers=[failover],
         final={"new": ["pending", 0]},
     )
-    assert judged["counts"]["lost_enqueues"] == 2
-    # Demoted at 1.99 + 6.0 s: "resumed" was acknowledged by the old primary after the
-    # promotion; "before" went into the failover, "new" to the new primary.
-    assert judged["counts"]["lost_after_the_promotion_from_the_resumed_primary"] == 1
+    assert judged["counts"]["lost_enqueues"] == 3
+    # Struck at 2.0 s, demoted at 1.99 + 6.0 s: "cut-off" and "resumed" were acknowledged
+    # by the old primary after the fault; "before" went into the failover, "new" to the new
+    # primary.
+    assert judged["counts"]["lost_from_the_old_primary_after_the_fault"] == 2
     killed = judge_failovers(
         level="asynchronous", keys=["before"], events=events[:1],
         failovers=[{"killed_at_s": 2.0, "promoted_at_s": 4.0}], final={},
     )  # fmt: skip
-    assert "lost_after_the_promotion_from_the_resumed_primary" not in killed["counts"]
+    assert "lost_from_the_old_primary_after_the_fault" not in killed["counts"]

@@ -67,8 +67,8 @@ def test_a_paused_primary_resumed_after_the_promotion_acknowledges_writes_that_a
     assert failover["primary_fault"] == "pause"
     assert failover["promoted_s"] < failover["resumed_s"] < failover["demoted_s"]
     counts = record["findings"]["counts"]
-    assert counts["lost_after_the_promotion_from_the_resumed_primary"] > 0
-    assert "acknowledged after the promotion by the paused primary" in record["headline"]
+    assert counts["lost_from_the_old_primary_after_the_fault"] > 0
+    assert "acknowledged by the old primary after it was paused or cut off" in record["headline"]
     # The demoted primary is the replica of the new one: no new node was made for it.
     assert record["server"]["primary_fault"] == "pause"
     assert "--primary-fault pause" in (out / "report.html").read_text()

@@ -79,6 +79,7 @@ from crashqueuelab.lab.workloads.scenario import (
     effect_key,
 )
 from crashqueuelab.servers.base import wait_until
+from crashqueuelab.servers.postgres import LEVEL_VARIABLE
 from crashqueuelab.systems.contract import (
     CrashPoint,
     JobSpec,
@@ -88,7 +89,6 @@ from crashqueuelab.systems.contract import (
     System,
     phase_before,
 )
-from crashqueuelab.systems.postgres import LEVEL_VARIABLE
 
 PROMOTED_DIR = "promoted"
 #: How a run's standby lags, as its record says it.

@@ -129,10 +129,11 @@ def judge_failovers(
                     }
                 )
 
-    # A paused primary, resumed after the promotion, still answers as a primary until a
-    # Sentinel demotes it: what it acknowledged then, no standby ever had.
+    # A primary paused or cut off (not killed) still answers as a primary once its clients
+    # reach it, until a Sentinel demotes it: what it acknowledged after the fault struck,
+    # no standby ever had (the replica is promoted, or cut off from it, from then on).
     resumed = [
-        (failover["promoted_at_s"], _demoted_at(failover))
+        (failover["killed_at_s"], _demoted_at(failover))
         for failover in failovers
         if "demoted_s" in failover
     ]
@@ -156,11 +157,7 @@ def judge_failovers(
         "visible_then_lost": visible_then_lost,
         "counts": {kind: len(found[kind]) for kind in KINDS}
         | {"visible_then_lost": len(visible_then_lost), "jobs_affected": len(affected)}
-        | (
-            {"lost_after_the_promotion_from_the_resumed_primary": len(by_the_resumed)}
-            if resumed
-            else {}
-        ),
+        | ({"lost_from_the_old_primary_after_the_fault": len(by_the_resumed)} if resumed else {}),
         "documented": anomalies - broken,
         "broken_promises": broken,
         "contract_held": anomalies == 0,

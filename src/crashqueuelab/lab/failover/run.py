@@ -359,11 +359,11 @@ def _record(
         f" resurrected completions, {counts['leases_came_back']} leases back,"
         f" {counts['duplicate_effects']} duplicate effects"
     )
-    if "lost_after_the_promotion_from_the_resumed_primary" in counts:
+    if "lost_from_the_old_primary_after_the_fault" in counts:
         what += (
-            f" ({counts['lost_after_the_promotion_from_the_resumed_primary']} of the lost"
-            " enqueues acknowledged after the promotion by the paused primary, resumed and not"
-            " yet demoted)"
+            f" ({counts['lost_from_the_old_primary_after_the_fault']} of the lost"
+            " enqueues acknowledged by the old primary after it was paused or cut off, before"
+            " it was demoted)"
         )
     if not ran:
         headline = f"not judged: {reasons[0]}"

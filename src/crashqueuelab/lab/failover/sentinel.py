@@ -46,6 +46,8 @@ from crashqueuelab.servers.redis import (
 MASTER_NAME = "crashqueuelab"
 #: The suffix of a node's path that its replicas' links are given.
 REPLICATION = "/replication"
+#: The suffix of the path of the Sentinels' connections to a node.
+SENTINEL_LINKS = "/sentinels"
 SENTINELS = 3
 QUORUM = 2
 #: How long a primary must not answer before a Sentinel thinks it down. Shorter, a busy
@@ -59,11 +61,13 @@ FAILOVER_TIMEOUT_MS = 2000
 INFO_PERIOD_MS = 200
 #: Every wait for the nodes (a start, a link, an election) is bounded by this.
 WAIT_S = 60.0
-#: What a failover does to the primary: every process of it SIGKILLed, or SIGSTOPped until
+#: What a failover does to the primary: every process of it SIGKILLed; SIGSTOPped until
 #: the Sentinels promoted the replica and then SIGCONTed (a machine that froze: a long GC,
-#: a VM paused by its host), coming back as the primary it was until a Sentinel demotes it.
-KILL, PAUSE = "kill", "pause"
-PRIMARY_FAULTS = (KILL, PAUSE)
+#: a VM paused by its host), coming back as the primary it was until a Sentinel demotes it;
+#: or cut from the Sentinels and its replica (their paths held by the proxy) while its
+#: clients still reach it, until the Sentinels promoted the replica, then healed.
+KILL, PAUSE, PARTITION = "kill", "pause", "partition"
+PRIMARY_FAULTS = (KILL, PAUSE, PARTITION)
 UNTIL_ENDED_S = 24 * 3600.0
 
 
@@ -75,8 +79,11 @@ def free_port() -> int:
 
 
 def _replica_link(origin: str, heard: bytes) -> str | None:
-    """A replica's link to its primary announces itself (``REPLCONF`` before ``PSYNC``)."""
-    return origin + REPLICATION if b"REPLCONF" in heard else None
+    """A replica's link to its primary announces itself (``REPLCONF`` before ``PSYNC``), and
+    a Sentinel's connections name themselves (``CLIENT SETNAME sentinel-...``) first."""
+    if b"REPLCONF" in heard:
+        return origin + REPLICATION
+    return origin + SENTINEL_LINKS if b"sentinel-" in heard else None
 
 
 def _info(path: Path, section: str) -> dict[str, str]:
@@ -320,6 +327,7 @@ class ReplicatedRedis:
         name = f"node{self.nodes_made}"
         _, announced = self.proxy.add_path(name, upstream=("127.0.0.1", port))
         self.proxy.add_class(name + REPLICATION)
+        self.proxy.add_class(name + SENTINEL_LINKS)
         self._names[announced] = name
         return RedisNode(port, announced, options)
 
@@ -369,15 +377,9 @@ class ReplicatedRedis:
             named not in (None, ("127.0.0.1", old_port))
             for named in (s.primary() for s in self.sentinels)
         )
-        paused = self.primary.processes()
-        if self.primary_fault == PAUSE:
-            signal_all(paused, signal.SIGSTOP)
-        else:
-            self.primary.kill()
+        come_back = self._strike(link)
         record["primary_fault"] = self.primary_fault
         record["primary_killed_s"] = round(self._clock() - started, 6)
-        self.proxy.apply(WindowKind.RESET, [link], 0.0)
-        self.proxy.settle()
         if self._cut is not None:
             self.proxy.end(self._cut)
             self._cut = None
@@ -395,10 +397,10 @@ class ReplicatedRedis:
         record["promoted_s"] = round(self._clock() - started, 6)
         record["old_primary_port"], record["new_primary_port"] = old_port, replica.announced
         old, self.primary, self.replica = self.primary, replica, None
-        if self.primary_fault == PAUSE:
-            # The old primary goes on where it stopped, a primary still in its own eyes:
-            # it answers what its clients sent meanwhile until a Sentinel demotes it.
-            signal_all(paused, signal.SIGCONT)
+        if come_back is not None:
+            # The old primary goes on (or was never stopped), a primary still in its own
+            # eyes: it answers its clients until a Sentinel reaches it and demotes it.
+            come_back()
             record["resumed_s"] = round(self._clock() - started, 6)
             if promoted is not None:
                 promoted()
@@ -411,6 +413,23 @@ class ReplicatedRedis:
         self._new_replica()
         record["new_standby_streaming_s"] = round(self._clock() - started, 6)
         return record
+
+    def _strike(self, link: str) -> Callable[[], None] | None:
+        """Do the run's fault to the primary; what ends it (None: a kill, which nothing
+        ends). A killed primary's replica link is reset: what it had in flight is gone."""
+        assert self.primary is not None
+        if self.primary_fault == PAUSE:
+            frozen = self.primary.processes()
+            signal_all(frozen, signal.SIGSTOP)
+            return lambda: signal_all(frozen, signal.SIGCONT)
+        if self.primary_fault == PARTITION:
+            cut_off = [link, self._names[self.primary.announced] + SENTINEL_LINKS]
+            window = self.proxy.apply(WindowKind.PARTITION, cut_off, UNTIL_ENDED_S)
+            return lambda: self.proxy.end(window)
+        self.primary.kill()
+        self.proxy.apply(WindowKind.RESET, [link], 0.0)
+        self.proxy.settle()
+        return None
 
     def _rejoined(self, old: RedisNode, record: dict[str, Any], started: float) -> None:
         """The paused primary, resumed, demoted by the Sentinels to a replica of the new
