@@ -48,15 +48,17 @@ def test_rq_through_sentinel_loses_what_the_replica_never_received_as_documented
     assert "acknowledged writes can still be lost during a failover" in page
 
 
-def test_a_paused_primary_resumed_after_the_promotion_acknowledges_writes_that_are_lost(
-    run_cli: RunCli, tmp_path: Path
+@pytest.mark.parametrize("fault", ["pause", "partition"])
+def test_a_primary_paused_or_cut_off_acknowledges_writes_that_its_demotion_loses(
+    run_cli: RunCli, tmp_path: Path, fault: str
 ) -> None:
-    """SIGSTOP instead of SIGKILL: the Sentinels promote the replica; the old primary,
-    resumed, answers the writes its clients sent meanwhile as a primary until a Sentinel
-    demotes it to a replica of the new one, which discards them."""
-    out = tmp_path / "paused"
+    """SIGSTOP, or a partition from the Sentinels and the replica, instead of SIGKILL: the
+    Sentinels promote the replica; the old primary, back (or reached by its clients all
+    along), answers them as a primary until a Sentinel demotes it to a replica of the new
+    one, which discards what it wrote."""
+    out = tmp_path / fault
     run = run_cli(
-        "failover", "--system", "rq", "--primary-fault", "pause", "--failovers", "1",
+        "failover", "--system", "rq", "--primary-fault", fault, "--failovers", "1",
         "--jobs", "300", "--lag-s", "1", "--deadline-s", "30", "--quiet",
         "--output-directory", out,
     )  # fmt: skip
@@ -64,14 +66,23 @@ def test_a_paused_primary_resumed_after_the_promotion_acknowledges_writes_that_a
     assert run.result["keeps_its_promises"]
     record = json.loads((out / "failover.json").read_text())
     (failover,) = record["failovers"]
-    assert failover["primary_fault"] == "pause"
+    assert failover["primary_fault"] == fault
     assert failover["promoted_s"] < failover["resumed_s"] < failover["demoted_s"]
     counts = record["findings"]["counts"]
     assert counts["lost_from_the_old_primary_after_the_fault"] > 0
     assert "acknowledged by the old primary after it was paused or cut off" in record["headline"]
     # The demoted primary is the replica of the new one: no new node was made for it.
-    assert record["server"]["primary_fault"] == "pause"
-    assert "--primary-fault pause" in (out / "report.html").read_text()
+    assert record["server"]["primary_fault"] == fault
+    assert f"--primary-fault {fault}" in (out / "report.html").read_text()
+
+
+def test_the_proxy_tells_a_replicas_link_and_a_sentinels_connections_from_a_client() -> None:
+    from crashqueuelab.lab.failover.sentinel import _replica_link
+
+    assert _replica_link("node1", b"*3\r\n$8\r\nREPLCONF\r\n") == "node1/replication"
+    setname = b"*3\r\n$6\r\nCLIENT\r\n$7\r\nSETNAME\r\n$24\r\nsentinel-1a2b3c4d-cmd\r\n"
+    assert _replica_link("node1", setname) == "node1/sentinels"
+    assert _replica_link("node1", b"*2\r\n$5\r\nHELLO\r\n$1\r\n3\r\n") is None
 
 
 def test_min_replicas_to_write_refuses_writes_once_the_replica_lags_and_bounds_the_loss(
