@@ -119,3 +119,25 @@ def test_a_node_given_an_epmd_port_uses_that_epmd_and_starts_none(tmp_path: Path
         with pytest.raises(ServerUnavailable):
             server.start()
         assert server.epmd is None
+
+
+def test_the_version_is_read_where_it_is_installed_or_asked_on_the_nodes_own_epmd_port(
+    tmp_path: Path,
+) -> None:
+    """No Erlang VM for the version where the install's directory names it: a
+    ``rabbitmqctl`` run with Erlang's default epmd port leaves an ``epmd -daemon`` behind.
+    Elsewhere ``rabbitmqctl version`` is asked with the node's own port."""
+    installed = tmp_path / "lib" / "rabbitmq_server-3.99.1" / "sbin"
+    installed.parent.mkdir(parents=True)
+    _stand_in(installed, "exit 1")
+    (installed / "rabbitmqctl").write_text("#!/bin/sh\nexit 1\n")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name in ("rabbitmq-server", "rabbitmqctl"):
+        (bindir / name).symlink_to(installed / name)
+    assert ThrowawayRabbitMQ(bindir).read_version() == "3.99.1"
+    elsewhere = _stand_in(tmp_path / "elsewhere", "exit 1")
+    (elsewhere / "rabbitmqctl").write_text(
+        '#!/bin/sh\n[ "$ERL_EPMD_PORT" = 4399 ] && echo 3.10.8 || exit 1\n'
+    )
+    assert ThrowawayRabbitMQ(elsewhere, epmd_port=4399).read_version() == "3.10.8"

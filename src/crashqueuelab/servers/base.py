@@ -74,13 +74,24 @@ def wait_until(condition: Callable[[], bool], timeout_s: float, poll_s: float = 
     return True
 
 
-def binary_version(command: Sequence[str], pattern: str, server: str) -> str:
+def binary_version(
+    command: Sequence[str],
+    pattern: str,
+    server: str,
+    env: Mapping[str, str] | None = None,
+) -> str:
     """The version a server's binary reports: the first group of ``pattern`` in what
-    ``command`` prints. A binary that does not say it is ``ServerUnavailable``."""
+    ``command`` prints (run with ``env``, when given). A binary that does not say it is
+    ``ServerUnavailable``."""
     name = Path(command[0]).name
     try:
         completed = subprocess.run(
-            list(command), capture_output=True, text=True, timeout=VERSION_TIMEOUT_S, check=False
+            list(command),
+            capture_output=True,
+            text=True,
+            timeout=VERSION_TIMEOUT_S,
+            check=False,
+            env=None if env is None else dict(env),
         )
     except (OSError, subprocess.TimeoutExpired) as error:
         raise ServerUnavailable(f"{name} did not say its version: {error}", server) from error

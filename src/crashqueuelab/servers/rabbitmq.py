@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import signal
 import socket
@@ -249,9 +250,21 @@ class ThrowawayRabbitMQ(Throwaway):
         return completed.stdout
 
     def read_version(self) -> str:
-        """``rabbitmqctl version`` (which asks no node): "3.10.8"."""
+        """The installed release, "3.10.8": from the directory it is installed in, where
+        ``rabbitmqctl`` leads (Debian's ``.../rabbitmq_server-3.10.8/sbin/rabbitmqctl``), or
+        else ``rabbitmqctl version`` with this node's own ``epmd`` port. Never with Erlang's
+        default port: the VM ``rabbitmqctl`` starts leaves an ``epmd -daemon`` on 4369
+        behind, which nothing of the lab's would stop."""
+        installed = re.search(
+            r"rabbitmq_server-(\d+\.\d+\.\d+)", str((self.bindir / "rabbitmqctl").resolve())
+        )
+        if installed is not None:
+            return installed.group(1)
         return binary_version(
-            [str(self.bindir / "rabbitmqctl"), "version"], r"(\d+\.\d+\.\d+)", self.name
+            [str(self.bindir / "rabbitmqctl"), "version"],
+            r"(\d+\.\d+\.\d+)",
+            self.name,
+            env=self.control_environment(),
         )
 
     def describe(self) -> Description:
