@@ -158,6 +158,11 @@ def test_a_crash_mode_the_lab_cannot_make_is_one_line_of_usage_error(
     assert (
         said == "ERROR: --crashqueuelab-crash-mode flood: 'flood' is not one of process, power-loss"
     )
+    # The campaign's failover mode needs a replicated server the command line starts.
+    failover = pytester.runpytest_inprocess(
+        "-p", "no:cacheprovider", LAB, OPTION, TINY, "--crashqueuelab-crash-mode", "failover"
+    )  # fmt: skip
+    assert _one_line_usage_error(failover).endswith("'failover' is not one of process, power-loss")
 
     def no_fuse() -> None:
         raise CrashModeUnavailable("power-loss", "/dev/fuse is missing")

@@ -87,7 +87,9 @@ def start(config: pytest.Config, *, spec: str, seed: int, crash_mode: str) -> No
     """Register the session's plugin, or stop the session with a usage error."""
     try:
         system = resolve_system(spec)
-        check_crash_mode(crash_mode, system)
+        # The plugin's crash cases are the campaign's, on servers of their own: no
+        # replicated server to fail over.
+        check_crash_mode(crash_mode, system, failover=False)
     except SystemUnavailable as error:
         raise pytest.UsageError(str(error)) from None
     except (InvalidInput, CrashModeUnavailable) as error:

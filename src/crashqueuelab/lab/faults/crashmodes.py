@@ -11,12 +11,18 @@ from crashqueuelab.systems.contract import System
 
 
 def check_crash_mode(
-    mode: str, system: System | None = None, *, experiment: str = "campaign"
+    mode: str,
+    system: System | None = None,
+    *,
+    experiment: str = "campaign",
+    failover: bool = True,
 ) -> None:
     """Refuse an unknown mode; for power loss, a machine that cannot provide it (exit 4), and
     an experiment that cannot put the system's data on the power-loss disk; a failover
-    outside a campaign, or of a system that has no PostgreSQL server (exit 2)."""
-    modes = CAMPAIGN_CRASH_MODES if experiment == "campaign" else CRASH_MODES
+    outside a campaign the command line runs (``failover``: it can hand the campaign a
+    replicated server; the pytest plugin cannot), or of a system that has no PostgreSQL
+    server (exit 2)."""
+    modes = CAMPAIGN_CRASH_MODES if experiment == "campaign" and failover else CRASH_MODES
     if mode not in modes:
         raise InvalidInput("crash_mode", f"{mode!r} is not one of {', '.join(modes)}")
     if mode == FAILOVER and system is not None and system.server != "postgres":
