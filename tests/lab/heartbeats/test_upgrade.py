@@ -303,19 +303,25 @@ def test_dramatiq_1_12_0_puts_back_an_id_whose_message_1_10_0_deleted_and_1_12_1
         kept: dict[str, Any] = json.loads((directory / name / "heartbeats.json").read_text())
         return kept
 
-    # A run whose first half made no fault is not judged; a run where 1.12.1 broke a promise
-    # too (once in about ten whole test-command runs, its record lost with the command's
-    # scratch directory: testing.md) is said here and the pair runs again.
+    # A run whose first half made no fault is not judged. A run where either release broke
+    # a promise other than #442's leftover (1.12.1 once, 1.12.0 once, in whole test-command
+    # runs under their load, not yet explained: testing.md) is no clean reproduction: what
+    # it broke is kept for the failure message, and the pair runs again.
     for attempt in range(ATTEMPTS):
         directory = tmp_path / f"m{attempt}"
         outcome = upgrade_pair(directory, run_cli)
         if any(row["not_judged"] for row in outcome.result["rows"]):
             continue
-        promises = record("1.12.1")["promises"]
-        if promises["keeps_its_promises"]:
+        other = [
+            line
+            for name in ("1.12.0", "1.12.1")
+            for line in record(name)["promises"]["broken_promises"]
+            if name == "1.12.1" or "left by the run before (dramatiq==1.10.0)" not in line
+        ]
+        if not other:
             break
-        fixed_broke.append(promises["broken_promises"])
-    assert len(fixed_broke) < ATTEMPTS, f"1.12.1 broke its promises in every run: {fixed_broke}"
+        fixed_broke.append(other)
+    assert len(fixed_broke) < ATTEMPTS, f"a promise besides #442's broken every run: {fixed_broke}"
 
     assert outcome.code == 1, outcome.stderr
     assert outcome.result["headline"] == (
