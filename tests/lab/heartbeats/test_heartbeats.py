@@ -223,11 +223,24 @@ def test_a_stall_hands_out_jobs_as_documented_on_0_24_0_and_0_21_0_still_breaks_
     is not. Longer jobs, and the stall only once a job has worked 2.5 timers: 0.21.0 hands
     its jobs out again before the stall (at about one timer), which no stall explains; a
     stall from half a timer would cover that hand-out, and the judge puts a hand-out inside
-    a stall down to the stall."""
-    outcome, old, fixed = _heartbeats_matrix(
-        run_cli, tmp_path / "stalled", postgres_dsn,
-        "--stalls", "1", "--work-timers", "6", "--network-fault-after-timers", "2.5",
-    )  # fmt: skip
+    a stall down to the stall.
+
+    0.21.0's early hand-out is a race between its heartbeat flush (jittered around the
+    timer) and the idle worker's poll, and in one whole test-command run it lost that race
+    for the 2.5 timers before the stall (testing.md): such a run shows no broken promise,
+    so the pair runs again, up to three times; 0.24.0 must keep its promises in each."""
+    kept_by_the_old: list[list[str]] = []
+    for attempt in range(3):
+        outcome, old, fixed = _heartbeats_matrix(
+            run_cli, tmp_path / f"stalled{attempt}", postgres_dsn,
+            "--stalls", "1", "--work-timers", "6", "--network-fault-after-timers", "2.5",
+        )  # fmt: skip
+        assert fixed["promises"]["keeps_its_promises"] is True, fixed["promises"]
+        if old["promises"]["keeps_its_promises"] is False:
+            break
+        kept_by_the_old.append(old["anomalies"])
+    else:
+        raise AssertionError(f"0.21.0 kept its promises in every run: {kept_by_the_old}")
     # 0.21.0 breaks its promise: the run is not ok, whatever the bisection found.
     assert outcome.code == 1, outcome.stderr
     assert outcome.result["bisection"]["found"] == "0.24.0"
