@@ -20,6 +20,7 @@ succeeded task again.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -393,3 +394,89 @@ def test_a_task_longer_than_the_consumer_timeout_is_requeued_its_worker_stops_it
     for store in ("late", "reject"):
         assert what_ran(tmp_path, store, f"{store}-again") == ["start", "end", "start", "end"]
     assert results(tmp_path) == all_succeeded_once()
+
+
+#: How long a stopped worker is given before every process of it is SIGKILLed (a deploy's
+#: grace), shorter than the tasks in hand.
+GRACE_S = 2.0
+
+
+def wait_for_starts(ledger: Path, count: int) -> list[Line]:
+    """The first ``count`` start lines of ``ledger``, once there are that many."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        begun = [line for line in lines(ledger) if line.what == "start"]
+        if len(begun) >= count:
+            return begun[:count]
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"not {count} starts within {WAIT_S} s: {lines(ledger)}")
+        time.sleep(0.02)
+
+
+def test_sigterm_then_sigkill_after_the_grace_loses_only_early_acknowledged_tasks_in_hand(
+    tmp_path: Path, redis_socket: str, rabbitmq: ThrowawayRabbitMQ
+) -> None:
+    """A deploy's stop: SIGTERM, then SIGKILL of every process of the worker once the grace
+    passed, with two 8 s tasks in the pool's two children and a third prefetched."""
+    for store, system in SYSTEMS.items():
+        submit(system, tmp_path / store, "a", "b", "c")
+    with contextlib.ExitStack() as stack:
+        served = workers(stack, tmp_path, work_s=8.0)
+        in_hand = {store: wait_for_starts(tmp_path / f"{store}.ledger", 2) for store in SYSTEMS}
+        # Early acknowledgement is sent as a child accepts its task: the prefetched third is
+        # held unacknowledged at every setting.
+        wait_for_queues(rabbitmq, tmp_path, {"defaults": (0, 1), "late": (0, 3), "reject": (0, 3)})
+        for worker in served.values():
+            worker.signal(signal.SIGTERM)
+        time.sleep(GRACE_S)
+        # The warm shutdown waits for the tasks in hand, its connection open: nothing is
+        # put back while it waits.
+        during = queues(rabbitmq, tmp_path)
+        killed = time.time()
+        for store, worker in served.items():
+            for pid in {worker.process.pid, *(line.pid for line in in_hand[store])}:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        for worker in served.values():
+            assert worker.join()[0] == -signal.SIGKILL
+        # The connection closed with the process: every unacknowledged message back at once.
+        requeued = wait_for_queues(
+            rabbitmq, tmp_path, {"defaults": (1, 0), "late": (3, 0), "reject": (3, 0)}
+        )
+        assert during == {"defaults": (0, 1), "late": (0, 3), "reject": (0, 3)}
+        assert requeued.readings == 1, requeued
+        ran = {store: what_ran_all(tmp_path, store) for store in SYSTEMS}
+        assert all(len(each) == 2 and set(each) == {"start"} for each in ran.values()), ran
+        cut = {store: {line.key for line in in_hand[store]} for store in SYSTEMS}
+        # "currently executing tasks will be lost (i.e., unless the tasks have the acks_late
+        # option set)": the defaults' two tasks in hand stay started for good.
+        first = results(tmp_path)
+        assert {key: first["defaults"].jobs[key] for key in cut["defaults"]} == dict.fromkeys(
+            cut["defaults"], ("started", 1)
+        )
+        workers(stack, tmp_path, work_s=0.2, suffix="-again")
+        again = {
+            store: {key: wait_for(tmp_path / f"{store}-again.ledger", "end", key) for key in keys}
+            for store, keys in {
+                "defaults": {"a", "b", "c"} - cut["defaults"],
+                "late": {"a", "b", "c"},
+                "reject": {"a", "b", "c"},
+            }.items()
+        }
+        wait_for_queues(rabbitmq, tmp_path, dict.fromkeys(SYSTEMS, (0, 0)))
+    assert {store: set(keys) for store, keys in again.items()} == {
+        "defaults": {"a", "b", "c"} - cut["defaults"],
+        "late": {"a", "b", "c"},
+        "reject": {"a", "b", "c"},
+    }
+    final = results(tmp_path)
+    for key in ("a", "b", "c"):
+        lost = key in cut["defaults"]
+        assert final["defaults"].jobs[key] == (("started", 1) if lost else ("succeeded", 1)), key
+        for store in ("late", "reject"):
+            assert final[store].jobs[key][0] == "succeeded", (store, key)
+    print(f"requeued: read {requeued.answered - killed:.2f} s after the kill")
+
+
+def what_ran_all(tmp_path: Path, ledger: str) -> list[str]:
+    return [line.what for line in lines(tmp_path / f"{ledger}.ledger")]
