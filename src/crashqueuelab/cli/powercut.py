@@ -5,11 +5,12 @@ confirmed to it, the power cut, and every crash state the cut allows started and
 from __future__ import annotations
 
 import argparse
+from importlib.util import find_spec
 from typing import Any
 
 from crashqueuelab.cli.common import EXIT_OK, EXIT_REJECTED, Command, non_negative, positive
 from crashqueuelab.cli.pages import html_report
-from crashqueuelab.core.errors import ServerUnavailable
+from crashqueuelab.core.errors import ServerUnavailable, SystemUnavailable, install_hint
 from crashqueuelab.lab.faults.powerloss.disk import require_power_loss
 from crashqueuelab.lab.runs.kinds import POWER_CUT
 from crashqueuelab.servers.rabbitmq import find_binaries
@@ -21,16 +22,20 @@ def _power_cut(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     require_power_loss()
     if find_binaries() is None:
         raise ServerUnavailable("rabbitmq", "rabbitmq-server is not installed here")
-    try:
-        from crashqueuelab.lab.failover.rabbitpower import run_rabbit_power_loss
-    except ImportError as error:  # pragma: no cover - pika comes with the dramatiq extra
-        raise ServerUnavailable("rabbitmq", f"a power cut run needs pika: {error}") from None
+    from crashqueuelab.lab.failover.rabbitpower import PUBLISHERS, run_rabbit_power_loss
+
+    needs = {"pika": ("pika", "dramatiq"), "celery": ("celery", "celery")}[args.publisher]
+    if find_spec(needs[0]) is None:
+        raise SystemUnavailable(
+            args.publisher, f"{needs[0]} is not installed: {install_hint(needs[1])}"
+        )
     record = run_rabbit_power_loss(
         args.output_directory,
         confirmed=args.confirmed,
         unconfirmed=args.unconfirmed,
         states=args.states,
         seed=args.seed,
+        publisher=PUBLISHERS[args.publisher](),
     )
     return (EXIT_OK if record["ok"] else EXIT_REJECTED), {
         "ok": record["ok"],
@@ -38,6 +43,7 @@ def _power_cut(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         "reasons": record["reasons"],
         "node": record["node"],
         "promise": record["promise"]["quoted"],
+        "publisher": record["publisher"],
         "sent": record["sent"],
         "verdict": record["verdict"],
         "power_cut": record["power_cut"],
@@ -69,6 +75,15 @@ def add_power_cut_command(command: Command) -> None:
         choices=("rabbitmq",),
         default="rabbitmq",
         help="the server whose data directory the power cut takes",
+    )
+    sub.add_argument(
+        "--publisher",
+        choices=("pika", "celery"),
+        default="pika",
+        help="who publishes: pika, the confirmed messages on a channel in confirm mode and the"
+        " others on one without; or Celery's own send_task, the confirmed ones with kombu's"
+        " confirm_publish and the others at Celery's defaults (no confirms; needs the celery"
+        " extra)",
     )
     sub.add_argument(
         "--confirmed",

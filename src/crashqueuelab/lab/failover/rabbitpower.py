@@ -6,6 +6,8 @@ queue (on one node a quorum queue's quorum is that node). A publisher on a chann
 confirm mode publishes persistent messages (delivery mode 2) to each, one at a time, each
 returning once RabbitMQ confirmed it (``basic.ack``); then a channel without confirms
 publishes a few more to each, which RabbitMQ promised nothing of; then the power is cut.
+The publisher is pika's (``PIKA``), or Celery's own ``send_task`` (``celery_publisher``):
+with kombu's publisher confirms for the first, at Celery's defaults (none) for the rest.
 
 Each crash state the cut allows (``crashstate.crash_choices``, each distinct one once) is
 laid as the data directory of a node of the same name, started as after a reboot, and
@@ -27,7 +29,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +47,7 @@ from crashqueuelab.lab.faults.powerloss.rabbitdisk import STATISTICS_MS, RabbitO
 from crashqueuelab.lab.faults.powerloss.targets import PlacedState
 from crashqueuelab.lab.runs.kinds import POWER_CUT
 from crashqueuelab.lab.runs.records import write_json
-from crashqueuelab.servers.rabbitmq import CONTROL_VARIABLE, ThrowawayRabbitMQ
+from crashqueuelab.servers.rabbitmq import CONTROL_VARIABLE
 
 #: The queues every run declares, by name: their type.
 QUEUES: Mapping[str, str] = {"classic": "classic", "quorum": "quorum"}
@@ -82,10 +85,61 @@ def publish(connection: Any, confirmed: int, unconfirmed: int) -> dict[str, dict
     return sent
 
 
-def declare_queues(node: ThrowawayRabbitMQ) -> None:
-    """The run's durable queues, declared on the settling node before the power comes on."""
+def pika_declare(url: str) -> None:
     for name, queue_type in QUEUES.items():
-        declare([node.url], name, queue_type)
+        declare([url], name, queue_type)
+
+
+def pika_publish(url: str, confirmed: int, unconfirmed: int) -> dict[str, dict[str, int]]:
+    connection = connect([url])
+    try:
+        return publish(connection, confirmed, unconfirmed)
+    finally:
+        _close(connection)
+
+
+@dataclass(frozen=True)
+class Publisher:
+    """Who declares the run's queues and publishes to them (a node's AMQP URL given)."""
+
+    name: str
+    #: How the confirmed and the unconfirmed messages were published, in a run's words.
+    words: str
+    declare: Callable[[str], None]
+    #: ``(url, confirmed, unconfirmed)``: what each queue was sent, by kind.
+    publish: Callable[[str, int, int], dict[str, dict[str, int]]]
+
+
+PIKA = Publisher(
+    "pika",
+    "pika: persistent messages, the confirmed ones on a channel in confirm mode, the others"
+    " on a channel without confirms",
+    pika_declare,
+    pika_publish,
+)
+
+
+def celery_publisher() -> Publisher:
+    """Celery's ``send_task`` through kombu's AMQP transport (Celery must be installed)."""
+    from importlib.metadata import version
+
+    from crashqueuelab.systems.libraries.celery import publishing
+
+    return Publisher(
+        "celery",
+        f"Celery {version('celery')} (kombu {version('kombu')}): send_task, persistent by"
+        " Celery's default, the confirmed ones with kombu's confirm_publish, the others at"
+        " Celery's defaults (no publisher confirms)",
+        lambda url: publishing.declare(url, QUEUES),
+        lambda url, confirmed, unconfirmed: publishing.publish(url, QUEUES, confirmed, unconfirmed),
+    )
+
+
+#: The publishers ``power-cut --publisher`` takes, by name.
+PUBLISHERS: Mapping[str, Callable[[], Publisher]] = {
+    "pika": lambda: PIKA,
+    "celery": celery_publisher,
+}
 
 
 def ordered(choices: Sequence[Choice], journal: Journal) -> list[Choice]:
@@ -206,22 +260,19 @@ def run_rabbit_power_loss(
     unconfirmed: int = 5,
     states: int = 2,
     seed: int = 1,
+    publisher: Publisher = PIKA,
 ) -> dict[str, Any]:
     """One node, one power cut, at most ``states`` crash states started and judged; the
     record is written to ``output_dir/RECORD_FILE`` and returned."""
     started = time.perf_counter()
     output_dir.mkdir(parents=True, exist_ok=True)
     judged: list[dict[str, Any]] = []
-    with RabbitOnDisk(output_dir, settle=declare_queues) as target:
+    with RabbitOnDisk(output_dir, settle=lambda node: publisher.declare(node.url)) as target:
         node = target.server.describe()
         booted_s = time.perf_counter() - started
-        connection = connect([target.server.url])
-        try:
-            sent = publish(connection, confirmed, unconfirmed)
-            # At once: the unconfirmed messages may still be in flight.
-            journal = target.cut()
-        finally:
-            _close(connection)
+        sent = publisher.publish(target.server.url, confirmed, unconfirmed)
+        # At once: the unconfirmed messages may still be in flight.
+        journal = target.cut()
         cut_s = time.perf_counter() - started
         distinct = DistinctStates(journal)
         choices = ordered(crash_choices(journal, seed), journal)
@@ -264,6 +315,7 @@ def run_rabbit_power_loss(
         "reasons": reasons(judged),
         "parameters": {
             "server": "rabbitmq",
+            "publisher": publisher.name,
             "confirmed": confirmed,
             "unconfirmed": unconfirmed,
             "states": states,
@@ -274,6 +326,7 @@ def run_rabbit_power_loss(
             " durable queue, publisher confirms) across a power cut?"
         ),
         "promise": {"quoted": CONFIRM_PROMISE, "source": CONFIRMS, "latency": CONFIRMS_LATENCY},
+        "publisher": {"name": publisher.name, "words": publisher.words},
         "node": node,
         "queues": dict(QUEUES),
         "sent": sent,

@@ -17,18 +17,23 @@ _FATES = ("kept", "lost", "zeroed")
 
 def _command(record: dict[str, Any], run_dir: Path) -> str:
     parameters = record["parameters"]
+    publisher = parameters.get("publisher", "pika")
     return (
         f"crashqueuelab power-cut --server {parameters['server']}"
-        f" --confirmed {parameters['confirmed']} --unconfirmed {parameters['unconfirmed']}"
+        + (f" --publisher {publisher}" if publisher != "pika" else "")
+        + f" --confirmed {parameters['confirmed']} --unconfirmed {parameters['unconfirmed']}"
         f" --states {parameters['states']} --seed {record['seed']}"
         f" --output-directory {shlex.quote(str(run_dir))}"
     )
 
 
-def _queue_cell(judged: dict[str, Any], confirmed: int) -> dict[str, Any]:
+def _queue_cell(judged: dict[str, Any], sent: dict[str, int]) -> dict[str, Any]:
     found = judged["found"]
+    text = f"{found} listed, {sent['confirmed']} confirmed"
+    if found is not None and sent["unconfirmed"]:
+        text += f"; {judged['unconfirmed_kept']} of {sent['unconfirmed']} unconfirmed kept"
     return {
-        "text": "the queue is gone" if found is None else f"{found} listed, {confirmed} confirmed",
+        "text": "the queue is gone" if found is None else text,
         "passed": judged["passed"],
         "why": judged.get("why", ""),
     }
@@ -46,8 +51,7 @@ def _state(state: dict[str, Any], sent: dict[str, dict[str, int]]) -> dict[str, 
     }
     if "queues" in state:
         row["queues"] = {
-            name: _queue_cell(judged, sent[name]["confirmed"])
-            for name, judged in state["queues"].items()
+            name: _queue_cell(judged, sent[name]) for name, judged in state["queues"].items()
         }
     return row
 
@@ -60,7 +64,8 @@ def power_cut_view(run_dir: Path) -> View:
         ok=record["ok"],
         title=f"power cut: one {node['server']} node, {len(record['queues'])} durable queues",
         system=f"{node['server']} {node['version']}",
-        durability="persistent messages, durable queues, publisher confirms",
+        durability="durable queues; published by "
+        + record.get("publisher", {}).get("words", "pika, with publisher confirms"),
         seed=record["seed"],
         duration=record["timings"]["wall_s"],
         command=_command(record, run_dir),
@@ -104,6 +109,7 @@ def power_cut_view(run_dir: Path) -> View:
         "promise": record["promise"],
         "queues": record["queues"],
         "sent": record["sent"],
+        "publisher": record.get("publisher", {}).get("words", "pika, with publisher confirms"),
         "states": [_state(state, record["sent"]) for state in record["crash_states"]],
         "unstarted": cut["left_unstarted"],
     }

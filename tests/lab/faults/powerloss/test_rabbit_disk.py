@@ -83,6 +83,18 @@ def test_power_cut_refuses_a_machine_without_the_disk_or_the_server_before_makin
     bad = run_cli("power-cut", "--output-directory", run, "--states", "0")
     assert bad.code == 2
     assert not run.exists()
+    # A publisher whose library is not installed: said on one line, nothing made.
+    monkeypatch.setattr(powercut, "find_binaries", lambda: Path("/usr/lib/rabbitmq/bin"))
+    monkeypatch.setattr(powercut, "find_spec", lambda name: None)
+    for publisher, extra in (("celery", "celery"), ("pika", "dramatiq")):
+        missing = run_cli("power-cut", "--output-directory", run, "--publisher", publisher)
+        assert missing.code == 2, publisher
+        error = missing.result["error"]
+        assert error["type"] == "SystemUnavailable"
+        assert f"{publisher} is not installed" in error["message"]
+        assert f"[{extra}]" in error["message"]
+        assert "\n" not in error["message"]
+        assert not run.exists()
 
 
 @needs_the_disk
