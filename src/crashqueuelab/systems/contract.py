@@ -629,6 +629,9 @@ class System:
     #: The persistence the run's server is started with, where the server has a choice
     #: (Redis: a name in ``servers.redis.PERSISTENCE``).
     persistence: str | None = None
+    #: A message broker the run starts beside that server ("rabbitmq": a throwaway node,
+    #: named to every process by ``servers.rabbitmq.URL_VARIABLE``), or None.
+    broker: str | None = None
     #: Where the system is a library's: what its documentation says it does not promise.
     documented: tuple[Documented, ...] = ()
     #: The library's distribution on the package index (what ``--system name==version``

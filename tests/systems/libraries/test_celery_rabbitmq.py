@@ -521,3 +521,72 @@ def test_tasks_celery_sent_to_a_node_that_lost_power_are_kept_as_the_node_kept_i
     assert "--publisher celery" in page
     assert "kombu" in page
     assert "confirm_publish" in page
+
+
+def test_the_reader_reads_the_waiting_tasks_from_rabbitmq_and_says_what_it_cannot_read(
+    tmp_path: Path, redis_socket: str, rabbitmq: ThrowawayRabbitMQ
+) -> None:
+    from crashqueuelab.judges.readers.celery import read_celery_rabbitmq_store
+
+    submit(SYSTEMS["reject"], tmp_path / "reject", "a", "b")
+    store = tmp_path / "reject"
+    reading = read_celery_rabbitmq_store(store, rabbitmq.url)
+    assert reading == CeleryReading(True, {"a": ("queued", 0), "b": ("queued", 0)})
+    # Read twice, the same: the reader put every message back.
+    assert read_celery_rabbitmq_store(store, rabbitmq.url) == reading
+    assert queues(rabbitmq, tmp_path)["reject"] == (2, 0)
+    assert read_celery_rabbitmq_store(tmp_path / "none", rabbitmq.url) == CeleryReading(False)
+    assert read_celery_rabbitmq_store(store, None).problems == (
+        "no Redis server or no RabbitMQ node named",
+    )
+    unreachable = read_celery_rabbitmq_store(store, "amqp://guest:guest@127.0.0.1:1/")
+    assert unreachable.problems[0].startswith("RabbitMQ did not answer")
+    # A worker attached: what it holds unacknowledged is not read, and the reading says so.
+    with contextlib.ExitStack() as stack:
+        workers(stack, tmp_path, work_s=8.0, stores=("reject",))
+        wait_for_starts(tmp_path / "reject.ledger", 2)
+        held = read_celery_rabbitmq_store(store, rabbitmq.url)
+    assert held.jobs == {"a": ("started", 1), "b": ("started", 1)}
+    assert held.problems == (
+        "read while 1 consumer(s) held the queue: the messages they held unacknowledged are"
+        " not read",
+    )
+
+
+@pytest.mark.parametrize(
+    ("system", "lost"),
+    [("celery-rabbitmq-acks-late", False), ("celery-rabbitmq", True)],
+)
+def test_rolling_deploys_on_rabbitmq_lose_only_what_early_acknowledgement_documents(
+    tmp_path: Path, redis_socket: str, run_cli: RunCli, system: str, lost: bool
+) -> None:
+    """``deploys`` on Celery's RabbitMQ broker (the run starts its node, its Redis for the
+    results, and Celery's own workers): two rolling deploys of two workers, SIGTERM with a
+    1 s grace, then SIGKILL. With late acknowledgement nothing is lost (a killed worker's
+    tasks come back as its connection closes); at the defaults, the tasks the killed workers
+    had started stay started for good, as Celery documents."""
+    run = tmp_path / "run"
+    outcome = run_cli(
+        "deploys", "--system", system, "--workers", "2", "--deploys", "2", "--jobs", "8",
+        "--recovery-wait-s", "3", "--output-directory", run, "--quiet",
+    )  # fmt: skip
+    record = json.loads((run / "deploys.json").read_text())
+    assert record["system"]["version"].endswith("on its RabbitMQ broker)")
+    assert "over AMQP" in record["store"]["judge"]
+    assert record["store"]["problems"] == []
+    assert record["promises"]["keeps_its_promises"] is True, record["promises"]
+    jobs = record["jobs"]
+    gone = {key for key, job in jobs.items() if not job["completed"]}
+    # Every job of two timers outlives the 1 s grace: the stops SIGKILL workers mid-task.
+    assert any(job["cut"] for job in jobs.values()), jobs
+    if lost:
+        # Each one lost was killed running and is stored started: early acknowledgement.
+        assert gone, jobs
+        assert {jobs[key]["stored"] for key in gone} == {"started"}, jobs
+        kinds = {f["kind"] for f in record["findings"] if f["job"] in gone}
+        assert kinds == {"lost_in_deploy"}, record["findings"]
+    else:
+        # Each cut task came back as its worker's connection closed, and ran to its end.
+        assert gone == set(), jobs
+    assert {job["stored"] for key, job in jobs.items() if key not in gone} == {"succeeded"}
+    assert outcome.code in (0, 1), outcome.stderr

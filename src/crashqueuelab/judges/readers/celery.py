@@ -18,6 +18,12 @@ was retried (``retries``). A task's result is the JSON string ``celery-task-meta
 ``RETRY``, ``SUCCESS``, ``FAILURE``) and, with ``result_extended``, its ``retries``.
 
 The adapter names each task by the store's queue and the lab's key (``task_id``).
+
+On Celery's RabbitMQ broker the messages are in a RabbitMQ queue of the store's name, and
+the results still in Redis: ``read_celery_rabbitmq_store`` reads the queue's ready messages
+over AMQP (``readers.amqp``: each taken without acknowledgement and put back) and their
+headers as above; a message a live consumer holds unacknowledged cannot be read, and such a
+reading says how many consumers were attached.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from crashqueuelab.judges.readers.amqp import read_ready_messages
 from crashqueuelab.judges.resp import RespConnection, RespError, text
 
 #: The queue of a store is named in this file of its directory.
@@ -84,9 +91,40 @@ def read_celery_store(directory: Path, socket: str | None = None) -> CeleryReadi
         return CeleryReading(True, problems=(f"no Redis server named ({SOCKET_VARIABLE} unset)",))
     try:
         with RespConnection(path) as connection:
-            return _read(connection, name)
+            return _read(connection, name, *_messages(connection, name))
     except (OSError, RespError) as error:
         return CeleryReading(True, problems=(f"Redis did not answer: {error}",))
+
+
+def read_celery_rabbitmq_store(
+    directory: Path, url: str | None, socket: str | None = None
+) -> CeleryReading:
+    """Every task of the store's queue on Celery's RabbitMQ broker at ``url`` (its ready
+    messages), with the results in Redis."""
+    name = queue_name(directory)
+    path = socket or os.environ.get(SOCKET_VARIABLE)
+    if name is None:
+        return CeleryReading(exists=False)
+    if not path or not url:
+        return CeleryReading(True, problems=("no Redis server or no RabbitMQ node named",))
+    queue = read_ready_messages(url, name)
+    if queue.problems:
+        return CeleryReading(True, problems=queue.problems)
+    waiting = {
+        str(headers.get("id")): int(headers.get("retries") or 0) for headers, _ in queue.messages
+    }
+    try:
+        with RespConnection(path) as connection:
+            reading = _read(connection, name, waiting, {})
+    except (OSError, RespError) as error:
+        return CeleryReading(True, problems=(f"Redis did not answer: {error}",))
+    if not queue.consumers:
+        return reading
+    held = (
+        f"read while {queue.consumers} consumer(s) held the queue: the messages they held"
+        " unacknowledged are not read"
+    )
+    return CeleryReading(True, reading.jobs, (*reading.problems, held), reading.unacked)
 
 
 def _headers(message: Any) -> dict[str, Any]:
@@ -129,8 +167,11 @@ def _results(connection: RespConnection, name: str) -> dict[str, dict[str, Any]]
     return found
 
 
-def _read(connection: RespConnection, name: str) -> CeleryReading:
-    waiting, unacked = _messages(connection, name)
+def _read(
+    connection: RespConnection, name: str, waiting: dict[str, int], unacked: dict[str, int]
+) -> CeleryReading:
+    """The store's tasks from the messages ``waiting`` and ``unacked`` (each task id's
+    retries) and the results in Redis."""
     results = _results(connection, name)
     start = len(task_id(name, ""))
     jobs: dict[str, tuple[str, int]] = {}

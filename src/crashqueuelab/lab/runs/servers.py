@@ -9,7 +9,9 @@ its socket reaches the children the same way. Each server says which variables n
 (``Throwaway.environment``). A Redis server a parent run started and keeps across runs
 (``versions --upgrade-from``: the release under test runs on the server the release before
 it left) is named by ``KEPT_REDIS_VARIABLE``: a run that finds it uses that server and
-starts none.
+starts none. A system whose broker is RabbitMQ (Celery's RabbitMQ broker, its results in
+Redis) gets a throwaway RabbitMQ node beside its server, named by its AMQP URL, unless the
+environment names one already (a test's).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from crashqueuelab.servers.base import Throwaway
 from crashqueuelab.servers.postgres import DSN_VARIABLE, ThrowawayServer
 from crashqueuelab.servers.rabbitmq import URL_VARIABLE as RABBITMQ_URL_VARIABLE
+from crashqueuelab.servers.rabbitmq import ThrowawayRabbitMQ
 from crashqueuelab.servers.redis import SOCKET_VARIABLE, ThrowawayRedis
 
 if TYPE_CHECKING:
@@ -46,8 +49,22 @@ def servers_for(
     """The server handle while the run lasts: a ThrowawayServer or ThrowawayRedis, a
     replicated PostgreSQL (``replicated`` makes it: a primary and a streaming standby,
     started by entering it, named by its ``client_dsn``, which a failover moves), or None
-    (``dsn`` given, or no system needs a server)."""
+    (``dsn`` given, or no system needs a server). A RabbitMQ node the systems' broker
+    needs is started first and stopped last."""
     resolved = [system for system in map(_resolved, systems) if system is not None]
+    with ExitStack() as stack:
+        needs_a_node = any(system.broker == "rabbitmq" for system in resolved)
+        if needs_a_node and not os.environ.get(RABBITMQ_URL_VARIABLE):
+            stack.enter_context(started(ThrowawayRabbitMQ()))
+        yield stack.enter_context(_servers(resolved, dsn, replicated))
+
+
+@contextmanager
+def _servers(
+    resolved: list[System],
+    dsn: str | None,
+    replicated: Callable[[], AbstractContextManager[Any]] | None,
+) -> Iterator[Any]:
     redis = next((system for system in resolved if system.server == "redis"), None)
     if redis is not None:
         kept = os.environ.get(KEPT_REDIS_VARIABLE)

@@ -13,7 +13,16 @@ LIBRARY = Library(
     # configuration (task_acks_late, task_reject_on_worker_lost, a stated visibility_timeout);
     # its own worker with the prefork pool, the solo pool (celery-solo), or the gevent pool
     # at the reliable configuration (celery-gevent-acks-late).
-    systems=("celery", "celery-acks-late", "celery-solo", "celery-gevent-acks-late"),
+    # The same two settings on its RabbitMQ broker (celery-rabbitmq, celery-rabbitmq-acks-late:
+    # a node the run starts, the results in Redis).
+    systems=(
+        "celery",
+        "celery-acks-late",
+        "celery-solo",
+        "celery-gevent-acks-late",
+        "celery-rabbitmq",
+        "celery-rabbitmq-acks-late",
+    ),
     heartbeats=False,
     server="redis",
     drives="on its Redis broker",
@@ -21,5 +30,10 @@ LIBRARY = Library(
     pin_extras=("redis",),
     # What Celery's own gevent extra requires (the same in 5.4.0 and 5.5.0), beside the
     # release of the one system whose worker runs that pool.
-    system_companions=(("celery-gevent-acks-late", "gevent>=1.5.0"),),
+    # pika: the judges' reader of its RabbitMQ queues.
+    system_companions=(
+        ("celery-gevent-acks-late", "gevent>=1.5.0"),
+        ("celery-rabbitmq", "pika>=1.3"),
+        ("celery-rabbitmq-acks-late", "pika>=1.3"),
+    ),
 )

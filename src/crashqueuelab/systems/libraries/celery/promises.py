@@ -14,7 +14,7 @@ from typing import Any
 
 from crashqueuelab.judges.findings import Kind
 from crashqueuelab.systems.contract import Documented
-from crashqueuelab.systems.libraries.celery.client import Settings
+from crashqueuelab.systems.libraries.celery.client import RABBITMQ, Settings
 from crashqueuelab.systems.libraries.redisstore import CONNECTION_RAISES
 
 _DOCS = "https://docs.celeryq.dev/en/stable/"
@@ -135,7 +135,14 @@ _RDB = Documented(
 
 
 def documented_for(settings: Settings) -> tuple[Documented, ...]:
-    """What Celery documents of itself at ``settings``."""
+    """What Celery documents of itself at ``settings``. On RabbitMQ no visibility timeout
+    holds a message back: one received and not acknowledged goes back to the queue as the
+    channel that received it closes ("In AMQP the transaction fails when the
+    connection/channel is closed (or lost)", the glossary), which breaks no promise; the
+    results are still in Redis."""
+    if settings.broker == RABBITMQ:
+        acknowledgement = _LATE_ACK if settings.acks_late else _EARLY_ACK
+        return (_NO_TOKEN, acknowledgement, _RDB, CONNECTION_RAISES)
     if settings.acks_late:
         # Unacknowledged until it ends: a death anywhere after the receipt is redelivered.
         running = _RECEIVED + _ACKNOWLEDGED_RUNNING

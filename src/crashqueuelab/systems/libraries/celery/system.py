@@ -1,17 +1,25 @@
 """Celery's systems, on the shared skeleton, on its Redis broker (a Redis server with its
 default persistence): ``celery`` at Celery's defaults, ``celery-acks-late`` at the
 configuration its documentation gives for tasks that must not be lost, ``celery-solo`` and
-``celery-gevent-acks-late`` with their own worker's solo and gevent pools."""
+``celery-gevent-acks-late`` with their own worker's solo and gevent pools; and on its
+RabbitMQ broker (a node the run starts, the results in Redis), ``celery-rabbitmq`` and
+``celery-rabbitmq-acks-late``, which only Celery's own worker consumes (the deploys)."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from functools import partial
 from importlib.metadata import version
 from importlib.util import find_spec
 
 from crashqueuelab.core.errors import SystemUnavailable
-from crashqueuelab.judges.readers.celery import queue_name, read_celery_store
+from crashqueuelab.judges.readers.celery import (
+    queue_name,
+    read_celery_rabbitmq_store,
+    read_celery_store,
+)
+from crashqueuelab.servers.rabbitmq import URL_VARIABLE
 from crashqueuelab.systems.contract import System
 from crashqueuelab.systems.libraries.celery import LIBRARY
 from crashqueuelab.systems.libraries.celery.client import (
@@ -34,12 +42,22 @@ read_store = library_reader(
         f"crashqueuelab.judges.readers.celery (reads queue {queue_name(directory)} with RESP)"
     ),
 )
+read_rabbitmq_store = library_reader(
+    lambda directory: read_celery_rabbitmq_store(directory, os.environ.get(URL_VARIABLE)),
+    STATUS,
+    lambda directory: (
+        f"crashqueuelab.judges.readers.celery (reads RabbitMQ queue {queue_name(directory)}"
+        " over AMQP, each message put back, and the results with RESP)"
+    ),
+)
 #: Each system's settings and its own worker's pool, by its name.
 SETTINGS = {
     "celery": (DEFAULTS, "prefork"),
     "celery-acks-late": (RELIABLE, "prefork"),
     "celery-solo": (DEFAULTS, "solo"),
     "celery-gevent-acks-late": (RELIABLE, "gevent"),
+    "celery-rabbitmq": (Settings(broker=RABBITMQ), "prefork"),
+    "celery-rabbitmq-acks-late": (Settings(True, True, broker=RABBITMQ), "prefork"),
 }
 
 
@@ -68,7 +86,7 @@ def celery_system(
         durability=f"{chosen.words}; Redis persistence rdb: {PERSISTENCE_WORDS['rdb']}"
         + (" (its results; the messages in Celery's durable queue)" if on_rabbitmq else ""),
         open=partial(CeleryClient, settings=chosen),
-        reader=read_store,
+        reader=read_rabbitmq_store if on_rabbitmq else read_store,
         crash_points=CRASH_POINTS,
         documented=documented_for(chosen),
         persistence="rdb",
@@ -79,6 +97,7 @@ def celery_system(
         system,
         version=f"celery {LIBRARY.installed()} (kombu {version('kombu')}, on its"
         f" {'RabbitMQ' if on_rabbitmq else 'Redis'} broker)",
+        broker=RABBITMQ if on_rabbitmq else None,
     )
     if chosen.visibility_timeout_s is None or on_rabbitmq:
         # An hour, kombu's default: the lab does not wait for it (what it would bring back

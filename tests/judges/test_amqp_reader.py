@@ -1,0 +1,74 @@
+"""The judges' AMQP reader (``judges.readers.amqp``) on a throwaway RabbitMQ node: it reads a
+queue's ready messages and leaves every one where it was, and says what it could not read."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from crashqueuelab.judges.readers.amqp import QueueMessages, read_ready_messages
+from crashqueuelab.judges.readers.rabbitmq import rabbitmq_queues
+from crashqueuelab.lab.runs.servers import started
+from crashqueuelab.servers.rabbitmq import CONTROL_VARIABLE, ThrowawayRabbitMQ, find_binaries
+
+pika = pytest.importorskip("pika")
+pytestmark = pytest.mark.skipif(find_binaries() is None, reason="no rabbitmq-server here")
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[ThrowawayRabbitMQ]:
+    with started(ThrowawayRabbitMQ()) as server:
+        yield server
+
+
+def _publish(url: str, queue: str, count: int) -> None:
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        channel = connection.channel()
+        channel.queue_declare(queue, durable=True)
+        channel.confirm_delivery()
+        for number in range(count):
+            properties = pika.BasicProperties(delivery_mode=2, headers={"id": f"t-{number}"})
+            channel.basic_publish("", queue, f"body-{number}".encode(), properties)
+    finally:
+        connection.close()
+
+
+def test_every_ready_message_is_read_in_order_and_put_back(node: ThrowawayRabbitMQ) -> None:
+    _publish(node.url, "kept", 3)
+    first = read_ready_messages(node.url, "kept")
+    assert first == QueueMessages(
+        True, tuple(({"id": f"t-{n}"}, f"body-{n}".encode()) for n in range(3)), 0
+    )
+    # Read again: the same messages, in the same order (each put back in its place).
+    assert read_ready_messages(node.url, "kept") == first
+    counts = {q.name: q for q in rabbitmq_queues(node.environment()[CONTROL_VARIABLE], node.bindir)}
+    assert (counts["kept"].ready, counts["kept"].unacknowledged) == (3, 0)
+
+
+def test_a_reading_beside_a_consumer_counts_it_and_misses_what_it_holds(
+    node: ThrowawayRabbitMQ,
+) -> None:
+    _publish(node.url, "held", 2)
+    connection = pika.BlockingConnection(pika.URLParameters(node.url))
+    try:
+        channel = connection.channel()
+        channel.basic_qos(prefetch_count=1)
+        channel.basic_consume("held", lambda *_: None)
+        connection.process_data_events(time_limit=1)
+        reading = read_ready_messages(node.url, "held")
+    finally:
+        connection.close()
+    assert reading.consumers == 1
+    assert [headers["id"] for headers, _ in reading.messages] == ["t-1"]
+
+
+def test_a_queue_never_declared_is_absent_and_a_node_not_there_is_a_problem(
+    node: ThrowawayRabbitMQ,
+) -> None:
+    assert read_ready_messages(node.url, "never") == QueueMessages(False)
+    gone = read_ready_messages("amqp://guest:guest@127.0.0.1:1/", "kept")
+    assert gone.exists
+    assert gone.messages == ()
+    assert gone.problems[0].startswith("RabbitMQ did not answer: ")
