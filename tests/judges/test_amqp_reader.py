@@ -72,3 +72,18 @@ def test_a_queue_never_declared_is_absent_and_a_node_not_there_is_a_problem(
     assert gone.exists
     assert gone.messages == ()
     assert gone.problems[0].startswith("RabbitMQ did not answer: ")
+
+
+def test_a_refused_login_or_a_queue_another_connection_owns_is_a_problem_said(
+    node: ThrowawayRabbitMQ,
+) -> None:
+    wrong = node.url.replace("guest:guest@", "guest:wrong@")
+    refused = read_ready_messages(wrong, "kept")
+    assert refused.problems[0].startswith("RabbitMQ did not answer: ")
+    owner = pika.BlockingConnection(pika.URLParameters(node.url))
+    try:
+        owner.channel().queue_declare("mine", exclusive=True)
+        locked = read_ready_messages(node.url, "mine")
+    finally:
+        owner.close()
+    assert locked.problems[0].startswith("RabbitMQ refused the reading: 405 RESOURCE_LOCKED")

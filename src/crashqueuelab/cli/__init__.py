@@ -60,6 +60,7 @@ from crashqueuelab.lab.runs.interrupts import EXIT_INTERRUPTED, Interrupted, int
 from crashqueuelab.lab.runs.records import write_json
 from crashqueuelab.lab.runs.servers import servers_for
 from crashqueuelab.lab.runs.systemcalls import SystemRaised
+from crashqueuelab.systems.registry import check_claims
 
 __all__ = [
     "EXIT_INTERRUPTED",
@@ -246,6 +247,8 @@ def main(
             out.write(json.dumps(_verdict_first(result), indent=2) + "\n")
             out.flush()
             return code
+        if not matrix:
+            check_claims(named, args.command)
         # A command that starts the servers it needs itself (failover) gets none from here.
         needing = [] if getattr(args, "own_servers", False) else named
         replicated = (

@@ -262,12 +262,17 @@ class Capabilities:
     #: threads at once (the campaign judges two cases at a time in its own process); False
     #: for a library with process-wide configuration: the lab then takes one case at a time.
     concurrent_stores: bool = True
+    #: The adapter claims jobs itself (every experiment's workers); False where only the
+    #: library's own worker consumes (Celery on RabbitMQ): the lab runs it under deploys
+    #: alone and the other commands refuse it.
+    claims: bool = True
 
     def to_json(self) -> dict[str, bool]:
         return {
             "chained": self.chained,
             "carried": self.carried,
             "concurrent_stores": self.concurrent_stores,
+            "claims": self.claims,
             "fencing_tokens": self.fencing_tokens,
             "heartbeats": self.heartbeats,
             "several_processes": self.several_processes,

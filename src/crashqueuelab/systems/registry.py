@@ -190,3 +190,26 @@ def resolve_system(spec: str) -> System:
             spec, f"{attribute}() returned {type(system).__name__}, not a crashqueuelab System"
         )
     return system
+
+
+#: The commands that run a system's own worker and never claim through its adapter.
+OWN_WORKER_COMMANDS = frozenset({"deploys"})
+
+
+def check_claims(specs: Iterable[str], command: str) -> None:
+    """Refuse a system whose adapter does not claim (only its library's own worker
+    consumes) for a command whose workers claim through the adapter; a spec that does not
+    resolve is left to the run, which says why."""
+    if command in OWN_WORKER_COMMANDS:
+        return
+    for spec in specs:
+        try:
+            system = resolve_system(spec)
+        except SystemUnavailable:
+            continue
+        if not system.capabilities.claims:
+            raise SystemUnavailable(
+                spec,
+                f"only the library's own worker consumes from {system.version}: `{command}`"
+                " claims through the lab's adapter; run it under `deploys`",
+            )

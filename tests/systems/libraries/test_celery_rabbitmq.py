@@ -554,11 +554,23 @@ def test_the_reader_reads_the_waiting_tasks_from_rabbitmq_and_says_what_it_canno
 
 
 @pytest.mark.parametrize(
-    ("system", "lost"),
-    [("celery-rabbitmq-acks-late", False), ("celery-rabbitmq", True)],
+    ("system", "lost", "wait"),
+    [
+        # Nothing lost: the run ends as every job completed.
+        ("celery-rabbitmq-acks-late", False, ()),
+        # Lost tasks never complete, so the run waits its whole recovery wait: long enough
+        # for a task a worker prefetched behind two long ones (a task still queued when the
+        # run stops waiting is judged lost: real-queues.md).
+        ("celery-rabbitmq", True, ("--recovery-wait-s", "10")),
+    ],
 )
 def test_rolling_deploys_on_rabbitmq_lose_only_what_early_acknowledgement_documents(
-    tmp_path: Path, redis_socket: str, run_cli: RunCli, system: str, lost: bool
+    tmp_path: Path,
+    redis_socket: str,
+    run_cli: RunCli,
+    system: str,
+    lost: bool,
+    wait: tuple[str, ...],
 ) -> None:
     """``deploys`` on Celery's RabbitMQ broker (the run starts its node, its Redis for the
     results, and Celery's own workers): two rolling deploys of two workers, SIGTERM with a
@@ -568,7 +580,7 @@ def test_rolling_deploys_on_rabbitmq_lose_only_what_early_acknowledgement_docume
     run = tmp_path / "run"
     outcome = run_cli(
         "deploys", "--system", system, "--workers", "2", "--deploys", "2", "--jobs", "8",
-        "--recovery-wait-s", "3", "--output-directory", run, "--quiet",
+        *wait, "--output-directory", run, "--quiet",
     )  # fmt: skip
     record = json.loads((run / "deploys.json").read_text())
     assert record["system"]["version"].endswith("on its RabbitMQ broker)")
@@ -590,3 +602,20 @@ def test_rolling_deploys_on_rabbitmq_lose_only_what_early_acknowledgement_docume
         assert gone == set(), jobs
     assert {job["stored"] for key, job in jobs.items() if key not in gone} == {"succeeded"}
     assert outcome.code in (0, 1), outcome.stderr
+
+
+@pytest.mark.parametrize("command", ["campaign", "chaos"])
+def test_a_command_that_claims_through_the_adapter_refuses_celery_on_rabbitmq(
+    tmp_path: Path, run_cli: RunCli, command: str
+) -> None:
+    run = tmp_path / "run"
+    refused = run_cli(command, "--system", "celery-rabbitmq", "--output-directory", run)
+    assert refused.code == 2
+    error = refused.result["error"]
+    assert error["type"] == "SystemUnavailable"
+    assert error["message"].startswith("system 'celery-rabbitmq': only the library's own worker")
+    assert (
+        f"`{command}` claims through the lab's adapter; run it under `deploys`"
+        in (error["message"])
+    )
+    assert not run.exists()

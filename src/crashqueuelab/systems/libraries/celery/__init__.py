@@ -30,10 +30,5 @@ LIBRARY = Library(
     pin_extras=("redis",),
     # What Celery's own gevent extra requires (the same in 5.4.0 and 5.5.0), beside the
     # release of the one system whose worker runs that pool.
-    # pika: the judges' reader of its RabbitMQ queues.
-    system_companions=(
-        ("celery-gevent-acks-late", "gevent>=1.5.0"),
-        ("celery-rabbitmq", "pika>=1.3"),
-        ("celery-rabbitmq-acks-late", "pika>=1.3"),
-    ),
+    system_companions=(("celery-gevent-acks-late", "gevent>=1.5.0"),),
 )

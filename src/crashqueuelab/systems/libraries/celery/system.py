@@ -98,6 +98,7 @@ def celery_system(
         version=f"celery {LIBRARY.installed()} (kombu {version('kombu')}, on its"
         f" {'RabbitMQ' if on_rabbitmq else 'Redis'} broker)",
         broker=RABBITMQ if on_rabbitmq else None,
+        capabilities=dataclasses.replace(system.capabilities, claims=not on_rabbitmq),
     )
     if chosen.visibility_timeout_s is None or on_rabbitmq:
         # An hour, kombu's default: the lab does not wait for it (what it would bring back
