@@ -45,7 +45,8 @@ def test_postgres_without_a_server_says_how_to_get_one(
         (
             "oracle",
             "not one of arq, celery, celery-acks-late, celery-gevent-acks-late,"
-            " celery-rabbitmq, celery-rabbitmq-acks-late, celery-solo, dramatiq, huey,"
+            " celery-rabbitmq, celery-rabbitmq-acks-late, celery-solo, dramatiq,"
+            " dramatiq-rabbitmq, huey,"
             " huey-fsync, persist-queue, pgqueuer, postgres, procrastinate, rq,"
             " rq-aof-always, rq-aof-everysec, rq-no-persistence, sqlite, taskiq, walqueue, nor"
             " package.module:factory",

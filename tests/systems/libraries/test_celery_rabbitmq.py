@@ -561,7 +561,7 @@ def test_the_reader_reads_the_waiting_tasks_from_rabbitmq_and_says_what_it_canno
         # Lost tasks never complete, so the run waits its whole recovery wait: long enough
         # for a task a worker prefetched behind two long ones (a task still queued when the
         # run stops waiting is judged lost: real-queues.md).
-        ("celery-rabbitmq", True, ("--recovery-wait-s", "10")),
+        ("celery-rabbitmq", True, ("--recovery-wait-s", "15")),
     ],
 )
 def test_rolling_deploys_on_rabbitmq_lose_only_what_early_acknowledgement_documents(

@@ -12,9 +12,11 @@ dramatiq and pika come with the ``dramatiq`` extra, and Debian's ``rabbitmq-serv
 
 from __future__ import annotations
 
+import json
 import re
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ from crashqueuelab.servers.rabbitmq import (
     control_from,
     find_binaries,
 )
+from tests.conftest import RunCli
 from tests.servers.test_servers import left_running
 
 pytest.importorskip("dramatiq")
@@ -135,3 +138,101 @@ def test_the_reader_says_what_rabbitmqctl_said_when_it_fails(tmp_path: Path) -> 
     (tmp_path / ".erlang.cookie").write_text("c")
     with pytest.raises(RuntimeError, match=r"\(exit 69\): unable to perform"):
         rabbitmq_queues(f"n@localhost,4369,{tmp_path / '.erlang.cookie'}", bindir)
+
+
+needs_a_node = pytest.mark.skipif(find_binaries() is None, reason="no rabbitmq-server here")
+
+
+@needs_a_node
+def test_the_adapter_submits_and_the_reader_finds_each_message_in_its_queue(
+    tmp_path: Path, redis_socket: str
+) -> None:
+    """``dramatiq-rabbitmq``'s adapter enqueues with publisher confirms and claims nothing;
+    the judges' reader finds a job queued, delayed or dead-lettered in dramatiq's three
+    RabbitMQ queues, each message put back, and a finished one by its result in Redis."""
+    from crashqueuelab.core.clock import ManualClock
+    from crashqueuelab.core.errors import OperationUnsupported
+    from crashqueuelab.core.ids import SeededIds
+    from crashqueuelab.core.retry import RetryPolicy
+    from crashqueuelab.judges.readers.dramatiq import DramatiqReading
+    from crashqueuelab.lab.runs.servers import started
+    from crashqueuelab.systems import JobSpec, OpenRequest, resolve_system
+    from crashqueuelab.systems.libraries.dramatiq.rabbitmq import (
+        close_rabbitmq_broker,
+        make_rabbitmq_broker,
+        read,
+        schedule,
+    )
+
+    system = resolve_system("dramatiq-rabbitmq")
+    assert system.version.endswith("(its RabbitMQ broker)")
+    assert (system.broker, system.capabilities.claims, system.recovery_s) == ("rabbitmq", False, 0)
+    store = tmp_path / "store"
+    with started(ThrowawayRabbitMQ()):
+        request = OpenRequest(
+            store, clock=ManualClock(10**9), ids=SeededIds(1, "t"), retry=RetryPolicy()
+        )
+        client = system.open(request)
+        try:
+            client.submit_many([JobSpec(k, "t", {}, max_attempts=2) for k in ("a", "b", "c")])
+            # Submitted again: held already, not enqueued twice.
+            client.submit(JobSpec("a", "t", {}, max_attempts=2))
+            for refused in (lambda: client.claim("w", 1), client.recover):
+                with pytest.raises(OperationUnsupported, match="of its own on RabbitMQ"):
+                    refused()
+            assert client.active_count() == 3
+            assert client.job("nothing") is None
+            schedule(store, "later", time.time() + 3600)
+            # dramatiq's own consumer takes "a" and dead-letters it (a nack).
+            queue = client.queue  # type: ignore[attr-defined]
+            broker = make_rabbitmq_broker(queue)
+            try:
+                consumer = broker.consume(queue, prefetch=1, timeout=1000)
+                message = next(consumer)
+                assert message.args[0] == "a"
+                consumer.nack(message)
+                consumer.close()
+            finally:
+                close_rabbitmq_broker(broker)
+            reading = read(store)
+            assert read(store) == reading  # every message put back
+            view = client.job("b")
+            assert view is not None
+            assert view.native_state == "queued"
+        finally:
+            client.close()
+    assert reading == DramatiqReading(
+        True, {"a": ("dead", 1), "b": ("queued", 0), "c": ("queued", 0), "later": ("delayed", 0)}
+    )
+
+
+@needs_a_node
+def test_rolling_deploys_of_dramatiqs_own_worker_on_rabbitmq_lose_nothing(
+    tmp_path: Path, redis_socket: str, run_cli: RunCli
+) -> None:
+    """``deploys --system dramatiq-rabbitmq`` (the run starts its node and its Redis):
+    SIGKILLed workers' messages come back as their connections close, with no heartbeat to
+    wait for, and every job runs to its end."""
+    run = tmp_path / "run"
+    outcome = run_cli(
+        "deploys", "--system", "dramatiq-rabbitmq", "--workers", "2", "--deploys", "2",
+        "--jobs", "8", "--output-directory", run, "--quiet",
+    )  # fmt: skip
+    record = json.loads((run / "deploys.json").read_text())
+    assert "over AMQP" in record["store"]["judge"]
+    assert record["store"]["problems"] == []
+    assert record["promises"]["keeps_its_promises"] is True, record["promises"]
+    jobs = record["jobs"]
+    assert any(job["cut"] for job in jobs.values()), jobs
+    assert {job["stored"] for job in jobs.values()} == {"acked"}, jobs
+    assert all(job["completed"] for job in jobs.values()), jobs
+    assert outcome.code in (0, 1), outcome.stderr
+
+
+def test_a_command_that_claims_through_the_adapter_refuses_dramatiq_on_rabbitmq(
+    tmp_path: Path, run_cli: RunCli
+) -> None:
+    refused = run_cli("chaos", "--system", "dramatiq-rabbitmq", "--output-directory", tmp_path)
+    assert refused.code == 2
+    assert "run it under `deploys`" in refused.result["error"]["message"]
+    assert list(tmp_path.iterdir()) == []

@@ -1,5 +1,6 @@
 """An independent reader of dramatiq's state: its Redis broker's keys, read with the lab's
-own RESP client (a RabbitMQ node's queues are read by ``readers.rabbitmq``).
+own RESP client; or, on its RabbitMQ broker, the queues' ready messages read over AMQP
+(``readers.amqp``: each taken and put back) with the results still in Redis.
 
 Redis: the layout is the one dramatiq's Redis broker documents in its script
 (``dramatiq/brokers/redis/dispatch.lua``), read from there and from what the broker
@@ -17,6 +18,12 @@ The adapter writes each job's message id into the store's directory (``SUBMITTED
 as it submits, since a finished job leaves Redis nothing to find it by; the job's
 arguments are the lab's key, job type and payload, and its result is the attempt that
 succeeded.
+
+RabbitMQ (``read_dramatiq_rabbitmq_store``): dramatiq's RabbitMQ broker keeps a queue ``Q``,
+its delay queue ``Q.DQ`` and its dead-letter queue ``Q.XQ`` as RabbitMQ queues of those
+names, each message its JSON encoding (``args``, ``options``, ``message_id``). A message a
+worker holds unacknowledged is not ready and cannot be read: a reading taken while a
+consumer was attached says so.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from crashqueuelab.judges.readers.amqp import read_ready_messages
 from crashqueuelab.judges.resp import RespConnection, RespError, text
 
 #: The queue of a store is named in this file of its directory.
@@ -173,6 +181,19 @@ def _read(
             if key in jobs and kind != DEAD:
                 problems.append(f"job {key}: more than one live message")
             jobs.setdefault(key, (state, attempts))
+    _with_results(connection, name, jobs_submitted, jobs, problems)
+    return DramatiqReading(True, jobs, tuple(problems))
+
+
+def _with_results(
+    connection: RespConnection,
+    name: str,
+    jobs_submitted: Mapping[str, str],
+    jobs: dict[str, tuple[str, int]],
+    problems: list[str],
+) -> None:
+    """Each submitted job whose result the ``Results`` middleware stored: acknowledged (its
+    attempt) or dead, into ``jobs``."""
     for key, message_id in jobs_submitted.items():
         reply = connection.command("LRANGE", result_key(name, message_id), 0, -1)
         results = [json.loads(text(each)) for each in reply] if isinstance(reply, list) else []
@@ -185,4 +206,42 @@ def _read(
             jobs[key] = (ACKED, outcome)
         elif key not in jobs:
             jobs[key] = (DEAD, 0)
+
+
+def read_dramatiq_rabbitmq_store(
+    directory: Path, url: str | None, socket: str | None = None
+) -> DramatiqReading:
+    """Every job of the store on dramatiq's RabbitMQ broker at ``url``: its queues' ready
+    messages, and the results in Redis."""
+    name = queue_name(directory)
+    path = socket or os.environ.get(SOCKET_VARIABLE)
+    if name is None:
+        return DramatiqReading(exists=False)
+    if not path or not url:
+        return DramatiqReading(True, problems=("no Redis server or no RabbitMQ node named",))
+    jobs: dict[str, tuple[str, int]] = {}
+    problems: list[str] = []
+    held = 0
+    for queue, kind in ((f"{name}.XQ", DEAD), (f"{name}.DQ", DELAYED), (name, QUEUED)):
+        reading = read_ready_messages(url, queue)
+        if reading.problems:
+            return DramatiqReading(True, problems=reading.problems)
+        held += reading.consumers
+        for _, body in reading.messages:
+            message = json.loads(body)
+            key = str(message["args"][0])
+            retries = int(message.get("options", {}).get("retries", 0))
+            if key in jobs and kind != DEAD:
+                problems.append(f"job {key}: more than one live message")
+            jobs.setdefault(key, (kind, retries + (1 if kind == DEAD else 0)))
+    try:
+        with RespConnection(path) as connection:
+            _with_results(connection, name, submitted(directory), jobs, problems)
+    except (OSError, RespError) as error:
+        return DramatiqReading(True, problems=(f"Redis did not answer: {error}",))
+    if held:
+        problems.append(
+            f"read while {held} consumer(s) held its queues: the messages they held"
+            " unacknowledged are not read"
+        )
     return DramatiqReading(True, jobs, tuple(problems))

@@ -9,7 +9,9 @@ LIBRARY = Library(
     name="dramatiq",
     distribution="dramatiq",
     extra="dramatiq",
-    systems=("dramatiq",),
+    # On its Redis broker; and on its RabbitMQ broker (a node the run starts, the results in
+    # Redis), which only its own worker consumes.
+    systems=("dramatiq", "dramatiq-rabbitmq"),
     heartbeats=False,
     server="redis",
     drives="its Redis broker",

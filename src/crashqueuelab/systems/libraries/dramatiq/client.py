@@ -111,7 +111,6 @@ def make_broker(
 ) -> Any:
     """A ``RedisBroker`` on the run's server with ``Retries`` and ``Results``, and the
     actor ``lab_job`` declared on the store's queue."""
-    import dramatiq
     import redis
     from dramatiq.brokers.redis import RedisBroker
     from dramatiq.middleware import Retries
@@ -133,6 +132,14 @@ def make_broker(
         ],
         **options,
     )
+    declare_lab_job(broker, queue)
+    return broker
+
+
+def declare_lab_job(broker: Any, queue: str) -> None:
+    """The actor ``lab_job`` on the store's queue, its results stored."""
+    import dramatiq
+
     declare = dramatiq.actor(
         actor_name=ACTOR,
         queue_name=queue,
@@ -142,7 +149,6 @@ def make_broker(
         result_ttl=RESULT_TTL_MS,
     )
     declare(lab_job)
-    return broker
 
 
 def record_submitted(directory: Path, key: str, identifier: str) -> None:

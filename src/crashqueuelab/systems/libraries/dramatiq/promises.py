@@ -85,3 +85,21 @@ DOCUMENTED = (
     RDB_SNAPSHOTS,
     CONNECTION_RAISES,
 )
+
+_REQUEUED_ON_CLOSE = Documented(
+    "on RabbitMQ, a worker killed after it ran a message and before RabbitMQ had its"
+    " acknowledgement: RabbitMQ puts the message back as the worker's connection closes (\"any"
+    " delivery (message) that was not acked is automatically requeued when the channel (or"
+    ' connection) on which the delivery happened is closed"), and it runs again: ' + AT_LEAST_ONCE,
+    "https://www.rabbitmq.com/confirms.html#automatic-requeueing",
+    when={Kind.RAN_TWICE: {"acknowledged": ("no", "unknown"), "worker_then": "sigkilled"}},
+)
+#: On its RabbitMQ broker: no heartbeat timeout (a dead worker's messages come back as its
+#: connection closes); the results, in Redis, at Redis's default persistence.
+DOCUMENTED_ON_RABBITMQ = (
+    _AT_LEAST_ONCE,
+    _REQUEUED_ON_CLOSE,
+    _POISON_MESSAGE,
+    RDB_SNAPSHOTS,
+    CONNECTION_RAISES,
+)

@@ -1,11 +1,18 @@
-"""dramatiq's system, on the shared skeleton, with its Redis broker on a Redis server with
-Redis's default persistence."""
+"""dramatiq's systems, on the shared skeleton: ``dramatiq``, its Redis broker on a Redis
+server with Redis's default persistence; ``dramatiq-rabbitmq``, its RabbitMQ broker on a node
+the run starts, the results in that Redis server, consumed by its own worker alone."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 
-from crashqueuelab.judges.readers.dramatiq import queue_name, read_dramatiq_store
+from crashqueuelab.judges.readers.dramatiq import (
+    queue_name,
+    read_dramatiq_rabbitmq_store,
+    read_dramatiq_store,
+)
+from crashqueuelab.servers.rabbitmq import URL_VARIABLE
 from crashqueuelab.systems.contract import System
 from crashqueuelab.systems.libraries.dramatiq import LIBRARY
 from crashqueuelab.systems.libraries.dramatiq.client import (
@@ -14,7 +21,7 @@ from crashqueuelab.systems.libraries.dramatiq.client import (
     DramatiqClient,
 )
 from crashqueuelab.systems.libraries.dramatiq.points import CRASH_POINTS
-from crashqueuelab.systems.libraries.dramatiq.promises import DOCUMENTED
+from crashqueuelab.systems.libraries.dramatiq.promises import DOCUMENTED, DOCUMENTED_ON_RABBITMQ
 from crashqueuelab.systems.libraries.dramatiq.worker import LIBRARY_WORKER, OWN_WORKER
 from crashqueuelab.systems.libraries.skeleton import library_reader
 
@@ -50,6 +57,52 @@ def dramatiq_system(name: str = "dramatiq") -> System:
     return dataclasses.replace(system, recovery_s=HEARTBEAT_TIMEOUT_MS / 1000)
 
 
+read_rabbitmq_store = library_reader(
+    lambda directory: read_dramatiq_rabbitmq_store(directory, os.environ.get(URL_VARIABLE)),
+    STATUS,
+    lambda directory: (
+        f"crashqueuelab.judges.readers.dramatiq (reads RabbitMQ queue {queue_name(directory)}"
+        " and its delay and dead-letter queues over AMQP, each message put back, and the"
+        " results with RESP)"
+    ),
+)
+
+
+def dramatiq_rabbitmq_system(name: str = "dramatiq-rabbitmq") -> System:
+    """dramatiq's RabbitMQ broker (publisher confirms) on a node the run starts, the results
+    in its Redis server; only dramatiq's own worker consumes."""
+    import dramatiq
+    import dramatiq.brokers.rabbitmq  # noqa: F401
+
+    from crashqueuelab.servers.redis import PERSISTENCE_WORDS
+    from crashqueuelab.systems.libraries.dramatiq.rabbitmq import (
+        OWN_WORKER as OWN_WORKER_ON_RABBITMQ,
+    )
+    from crashqueuelab.systems.libraries.dramatiq.rabbitmq import DramatiqRabbitmqClient
+
+    system = LIBRARY.system(
+        name,
+        durability="RabbitMQ: durable queues, persistent messages, publisher confirms"
+        " (confirm_delivery=True); the results in Redis, persistence rdb:"
+        f" {PERSISTENCE_WORDS['rdb']}",
+        open=DramatiqRabbitmqClient,
+        reader=read_rabbitmq_store,
+        crash_points=CRASH_POINTS,
+        documented=DOCUMENTED_ON_RABBITMQ,
+        persistence="rdb",
+        own_worker=OWN_WORKER_ON_RABBITMQ,
+    )
+    # A killed worker's messages come back as its connection closes: no timeout to wait.
+    return dataclasses.replace(
+        system,
+        version=f"dramatiq {LIBRARY.installed()} (its RabbitMQ broker)",
+        broker="rabbitmq",
+        capabilities=dataclasses.replace(system.capabilities, claims=False),
+    )
+
+
 def build(name: str) -> System:
     """The system of that name (the registry's call)."""
+    if name == "dramatiq-rabbitmq":
+        return dramatiq_rabbitmq_system(name)
     return dramatiq_system(name)

@@ -66,7 +66,7 @@ SHUTDOWN = {
 #: The work of this process's jobs, for the worker process the command forks: dramatiq
 #: runs an actor in a thread of its own, which no context variable reaches, and the forked
 #: process is a copy of this one, so a holder in the module is the one way in.
-_served: list[Callable[[str], None]] = []
+served_work: list[Callable[[str], None]] = []
 
 
 def _store_queue(directory: Path) -> str:
@@ -78,7 +78,7 @@ def _store_queue(directory: Path) -> str:
     return name
 
 
-def _actor_on(broker: Any, queue: str, work: Callable[[str], None]) -> None:
+def actor_on(broker: Any, queue: str, work: Callable[[str], None]) -> None:
     """The actor ``lab_job`` on ``broker``, doing ``work`` for each message's key."""
     import dramatiq
 
@@ -99,23 +99,26 @@ def setup() -> None:
 
     queue = os.environ[QUEUE_VARIABLE]
     broker = make_broker(queue)
-    _actor_on(broker, queue, _served[-1])
+    actor_on(broker, queue, served_work[-1])
     dramatiq.set_broker(broker)
 
 
-def serve(directory: Path, worker_id: str, work: Callable[[str], None]) -> None:
+def serve(
+    directory: Path, worker_id: str, work: Callable[[str], None], setup: str = f"{__name__}:setup"
+) -> None:
     """``dramatiq crashqueuelab.systems.libraries.dramatiq.worker:setup --processes 1
-    --threads 1 --queues Q``; returns when the command's main process would exit."""
+    --threads 1 --queues Q`` (``setup``: the command's broker, another module's on
+    RabbitMQ); returns when the command's main process would exit."""
     from dramatiq import cli
 
     # Untyped in every release.
     command: Any = cli
 
     os.environ[QUEUE_VARIABLE] = _store_queue(directory)
-    _served.append(work)
+    served_work.append(work)
     arguments = command.make_argument_parser().parse_args(
         [
-            f"{__name__}:setup",
+            setup,
             "--processes", "1",
             "--threads", "1",
             "--queues", os.environ[QUEUE_VARIABLE],
@@ -162,7 +165,7 @@ def loop(
         maintenance_chance=MAINTENANCE_EVERY_COMMAND,
         heartbeat_timeout_ms=round(retry_after_s * 1000),
     )
-    _actor_on(broker, queue, work)
+    actor_on(broker, queue, work)
     worker = Worker(broker, worker_threads=1, worker_timeout=100)
     worker.start()
     try:
