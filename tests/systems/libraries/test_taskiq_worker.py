@@ -18,7 +18,10 @@ from crashqueuelab.judges.readers.taskiq import read_taskiq_store
 from crashqueuelab.systems import JobStatus
 from crashqueuelab.systems.libraries.taskiq.client import IDLE_TIMEOUT_MS, XREAD_BLOCK_MS
 from tests.conftest import RunCli
-from tests.systems.libraries.served import lines, read, serving, submit, wait_for
+from tests.systems.libraries.served import WAIT_S, lines, read, serving, submit, wait_for
+
+#: Both jobs run to their end and acknowledged.
+DONE = {"a": ("succeeded", 1), "b": ("succeeded", 1)}
 
 
 def test_sigterm_lets_the_task_in_hand_finish_and_acknowledges_it(
@@ -65,7 +68,13 @@ def test_sigkill_leaves_the_entry_pending_until_new_work_arrives(
         assert entry.idle_ms > IDLE_TIMEOUT_MS
         submit("taskiq", store, "b")
         wait_for(again, "end", "a")
-    assert read_taskiq_store(store).jobs == {"a": ("succeeded", 1), "b": ("succeeded", 1)}
+        wait_for(again, "end", "b")
+        # The worker acknowledges after the work returns: read while it still serves (a
+        # loaded machine once had both still pending as the block's exit killed it).
+        deadline = time.monotonic() + WAIT_S
+        while (jobs := read_taskiq_store(store).jobs) != DONE and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert jobs == DONE
 
 
 # Quiet: the stop, 3 s in, must find the worker holding a job (each longer than the grace;
