@@ -24,7 +24,11 @@ def _power_cut(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         raise ServerUnavailable("rabbitmq", "rabbitmq-server is not installed here")
     from crashqueuelab.lab.failover.rabbitpower import PUBLISHERS, run_rabbit_power_loss
 
-    needs = {"pika": ("pika", "dramatiq"), "celery": ("celery", "celery")}[args.publisher]
+    needs = {
+        "pika": ("pika", "dramatiq"),
+        "celery": ("celery", "celery"),
+        "dramatiq": ("dramatiq", "dramatiq"),
+    }[args.publisher]
     if find_spec(needs[0]) is None:
         raise SystemUnavailable(
             args.publisher, f"{needs[0]} is not installed: {install_hint(needs[1])}"
@@ -78,12 +82,13 @@ def add_power_cut_command(command: Command) -> None:
     )
     sub.add_argument(
         "--publisher",
-        choices=("pika", "celery"),
+        choices=("pika", "celery", "dramatiq"),
         default="pika",
         help="who publishes: pika, the confirmed messages on a channel in confirm mode and the"
         " others on one without; or Celery's own send_task, the confirmed ones with kombu's"
         " confirm_publish and the others at Celery's defaults (no confirms; needs the celery"
-        " extra)",
+        " extra); or dramatiq's RabbitmqBroker.enqueue to its classic queue alone, the confirmed"
+        " ones with confirm_delivery=True and the others at its default (False)",
     )
     sub.add_argument(
         "--confirmed",

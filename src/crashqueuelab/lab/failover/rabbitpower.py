@@ -105,6 +105,8 @@ class Publisher:
     name: str
     #: How the confirmed and the unconfirmed messages were published, in a run's words.
     words: str
+    #: The queues it publishes to and the run judges, by name: their type.
+    queues: Mapping[str, str]
     declare: Callable[[str], None]
     #: ``(url, confirmed, unconfirmed)``: what each queue was sent, by kind.
     publish: Callable[[str, int, int], dict[str, dict[str, int]]]
@@ -114,6 +116,7 @@ PIKA = Publisher(
     "pika",
     "pika: persistent messages, the confirmed ones on a channel in confirm mode, the others"
     " on a channel without confirms",
+    QUEUES,
     pika_declare,
     pika_publish,
 )
@@ -130,8 +133,27 @@ def celery_publisher() -> Publisher:
         f"Celery {version('celery')} (kombu {version('kombu')}): send_task, persistent by"
         " Celery's default, the confirmed ones with kombu's confirm_publish, the others at"
         " Celery's defaults (no publisher confirms)",
+        QUEUES,
         lambda url: publishing.declare(url, QUEUES),
         lambda url, confirmed, unconfirmed: publishing.publish(url, QUEUES, confirmed, unconfirmed),
+    )
+
+
+def dramatiq_publisher() -> Publisher:
+    """dramatiq's ``RabbitmqBroker.enqueue`` (dramatiq must be installed): its classic queue
+    alone, as dramatiq declares no quorum queue."""
+    from importlib.metadata import version
+
+    from crashqueuelab.systems.libraries.dramatiq import publishing
+
+    return Publisher(
+        "dramatiq",
+        f"dramatiq {version('dramatiq')} (pika {version('pika')}): RabbitmqBroker.enqueue,"
+        " persistent, the confirmed ones with confirm_delivery=True, the others at dramatiq's"
+        " default confirm_delivery=False (no publisher confirms)",
+        {publishing.QUEUE: "classic"},
+        publishing.declare,
+        publishing.publish,
     )
 
 
@@ -139,6 +161,7 @@ def celery_publisher() -> Publisher:
 PUBLISHERS: Mapping[str, Callable[[], Publisher]] = {
     "pika": lambda: PIKA,
     "celery": celery_publisher,
+    "dramatiq": dramatiq_publisher,
 }
 
 
@@ -158,7 +181,9 @@ def ordered(choices: Sequence[Choice], journal: Journal) -> list[Choice]:
     return sorted(choices, key=rank)
 
 
-def read_queues(control: str, bindir: Path) -> tuple[dict[str, int], str | None]:
+def read_queues(
+    control: str, bindir: Path, names: Sequence[str] = tuple(QUEUES)
+) -> tuple[dict[str, int], str | None]:
     """Each queue's messages (ready and unacknowledged) as the node lists them, once two
     readings agree; and why no reading was made, if so."""
     time.sleep(2 * STATISTICS_MS / 1000)
@@ -170,7 +195,7 @@ def read_queues(control: str, bindir: Path) -> tuple[dict[str, int], str | None]
             return counts, str(refused)
         previous = counts
         counts = {queue.name: queue.ready + queue.unacknowledged for queue in listed}
-        if counts == previous and set(QUEUES) <= set(counts):
+        if counts == previous and set(names) <= set(counts):
             break
         time.sleep(STATISTICS_MS / 1000)
     return counts, None
@@ -204,10 +229,10 @@ def judge_placed(
     record: dict[str, Any] = {**placed.state.summary()}
     if placed.problem is not None:
         return {**record, "passed": False, "refused": placed.problem}
-    counts, unread = read_queues(os.environ[CONTROL_VARIABLE], bindir)
+    counts, unread = read_queues(os.environ[CONTROL_VARIABLE], bindir, tuple(sent))
     if unread is not None:
         return {**record, "passed": False, "unread": unread}
-    queues = {name: judge_queue(counts.get(name), sent[name]) for name in QUEUES}
+    queues = {name: judge_queue(counts.get(name), sent[name]) for name in sent}
     passed = all(queue["passed"] for queue in queues.values())
     return {**record, "listed": counts, "queues": queues, "passed": passed}
 
@@ -306,7 +331,7 @@ def run_rabbit_power_loss(
                 if "queues" in state and state["queues"][name]["lost_confirmed"]
             ),
         }
-        for name in QUEUES
+        for name in publisher.queues
     }
     passed = bool(judged) and all(state["passed"] for state in judged)
     report = {
@@ -328,7 +353,7 @@ def run_rabbit_power_loss(
         "promise": {"quoted": CONFIRM_PROMISE, "source": CONFIRMS, "latency": CONFIRMS_LATENCY},
         "publisher": {"name": publisher.name, "words": publisher.words},
         "node": node,
-        "queues": dict(QUEUES),
+        "queues": dict(publisher.queues),
         "sent": sent,
         "power_cut": {
             "pending_writes": len(journal.data),

@@ -86,7 +86,7 @@ def test_power_cut_refuses_a_machine_without_the_disk_or_the_server_before_makin
     # A publisher whose library is not installed: said on one line, nothing made.
     monkeypatch.setattr(powercut, "find_binaries", lambda: Path("/usr/lib/rabbitmq/bin"))
     monkeypatch.setattr(powercut, "find_spec", lambda name: None)
-    for publisher, extra in (("celery", "celery"), ("pika", "dramatiq")):
+    for publisher, extra in (("celery", "celery"), ("pika", "dramatiq"), ("dramatiq", "dramatiq")):
         missing = run_cli("power-cut", "--output-directory", run, "--publisher", publisher)
         assert missing.code == 2, publisher
         error = missing.result["error"]
