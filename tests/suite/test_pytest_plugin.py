@@ -134,6 +134,11 @@ def _one_line_usage_error(result: pytest.RunResult) -> str:
         ("tiny_queue:TinyQueue", "TinyQueue() raised TypeError"),
         ("uuid:uuid4", "uuid4() returned UUID, not a crashqueuelab System"),
         ("oracle", "not one of arq, celery, celery-acks-late, celery-gevent-acks-late, "),
+        # Only its own worker consumes: the plugin's checks claim through the adapter.
+        (
+            "dramatiq-rabbitmq",
+            "only the library's own worker consumes from dramatiq ",
+        ),
     ],
 )
 def test_a_system_the_lab_cannot_use_is_one_line_of_usage_error(
@@ -146,6 +151,10 @@ def test_a_system_the_lab_cannot_use_is_one_line_of_usage_error(
     )
     assert said.startswith(f"ERROR: system {spec!r}: "), said
     assert reason in said, said
+    if spec == "dramatiq-rabbitmq":
+        assert said.endswith(
+            "the pytest plugin claims through the lab's adapter; run it under `deploys`"
+        )
 
 
 def test_a_crash_mode_the_lab_cannot_make_is_one_line_of_usage_error(

@@ -28,7 +28,7 @@ from crashqueuelab.servers.postgres import DSN_VARIABLE
 from crashqueuelab.suite.checks import LabCheck, lab_checks
 from crashqueuelab.suite.items import lab_root
 from crashqueuelab.suite.selection import ROOT, split_arguments
-from crashqueuelab.systems.registry import resolve_system
+from crashqueuelab.systems.registry import check_claims, resolve_system
 
 #: The name the session's plugin is registered under.
 PLUGIN_NAME = "crashqueuelab-checks"
@@ -87,6 +87,8 @@ def start(config: pytest.Config, *, spec: str, seed: int, crash_mode: str) -> No
     """Register the session's plugin, or stop the session with a usage error."""
     try:
         system = resolve_system(spec)
+        # The plugin's checks claim through the adapter, as the campaign's workers do.
+        check_claims([spec], "pytest", "the pytest plugin")
         # The plugin's crash cases are the campaign's, on servers of their own: no
         # replicated server to fail over.
         check_crash_mode(crash_mode, system, failover=False)

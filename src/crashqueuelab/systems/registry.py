@@ -196,10 +196,11 @@ def resolve_system(spec: str) -> System:
 OWN_WORKER_COMMANDS = frozenset({"deploys"})
 
 
-def check_claims(specs: Iterable[str], command: str) -> None:
+def check_claims(specs: Iterable[str], command: str, label: str | None = None) -> None:
     """Refuse a system whose adapter does not claim (only its library's own worker
-    consumes) for a command whose workers claim through the adapter; a spec that does not
-    resolve is left to the run, which says why."""
+    consumes) for a command whose workers claim through the adapter (``label``: how the
+    refusal names it, the command in backquotes by default); a spec that does not resolve
+    is left to the run, which says why."""
     if command in OWN_WORKER_COMMANDS:
         return
     for spec in specs:
@@ -210,6 +211,7 @@ def check_claims(specs: Iterable[str], command: str) -> None:
         if not system.capabilities.claims:
             raise SystemUnavailable(
                 spec,
-                f"only the library's own worker consumes from {system.version}: `{command}`"
-                " claims through the lab's adapter; run it under `deploys`",
+                f"only the library's own worker consumes from {system.version}:"
+                f" {label or f'`{command}`'} claims through the lab's adapter; run it under"
+                " `deploys`",
             )
