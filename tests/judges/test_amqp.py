@@ -10,7 +10,15 @@ from decimal import Decimal
 
 import pytest
 
-from crashqueuelab.judges.amqp import CHANNEL, CLOSE, GET_EMPTY, AmqpConnection, AmqpError, _Reader
+from crashqueuelab.judges.amqp import (
+    CHANNEL,
+    CLOSE,
+    FRAME_MAX_BEFORE_TUNE,
+    GET_EMPTY,
+    AmqpConnection,
+    AmqpError,
+    _Reader,
+)
 
 
 def _short(text: str) -> bytes:
@@ -63,6 +71,7 @@ def wire() -> Iterator[tuple[AmqpConnection, socket.socket]]:
     ours.settimeout(5)
     client = object.__new__(AmqpConnection)
     client.sock, client.buffer = ours, b""
+    client.frame_max, client.closed_by_server = FRAME_MAX_BEFORE_TUNE, False
     try:
         yield client, theirs
     finally:
@@ -107,3 +116,77 @@ def test_a_frame_it_cannot_read_is_an_error_and_close_never_raises(
     with pytest.raises(AmqpError, match="closed the connection"):
         client.get("q")
     client.close()  # no Close-Ok comes: the close is the socket's
+
+
+def _method(method: tuple[int, int], arguments: bytes) -> bytes:
+    return _frame(1, CHANNEL, struct.pack(">HH", *method) + arguments)
+
+
+def test_a_message_is_read_with_its_properties_and_a_body_over_several_frames(
+    wire: tuple[AmqpConnection, socket.socket],
+) -> None:
+    client, server = wire
+    get_ok = struct.pack(">Q", 7) + b"\x01" + _short("") + _short("q") + struct.pack(">I", 0)
+    # Flags: content-type (bit 15), headers (13), delivery-mode (12), message-id (7),
+    # timestamp (6): the headers are found among the properties before and after them.
+    flags = (1 << 15) | (1 << 13) | (1 << 12) | (1 << 7) | (1 << 6)
+    properties = (
+        _short("application/json")
+        + _long(_short("id") + b"S" + _long(b"task-1") + _short("retries") + b"I" + b"\0\0\0\2")
+        + b"\x02"
+        + _short("m-1")
+        + struct.pack(">Q", 1_700_000_000)
+    )
+    header = struct.pack(">HHQH", 60, 0, 10, flags) + properties
+    server.sendall(
+        _method((60, 71), get_ok)
+        + _frame(2, CHANNEL, header)
+        + _frame(3, CHANNEL, b"01234")
+        + _frame(3, CHANNEL, b"56789")
+    )
+    message = client.get("q")
+    assert message is not None
+    assert (message.headers, message.body, message.redelivered) == (
+        {"id": "task-1", "retries": 2},
+        b"0123456789",
+        True,
+    )
+
+
+def test_a_header_of_another_class_a_body_too_long_or_a_frame_too_big_are_errors(
+    wire: tuple[AmqpConnection, socket.socket],
+) -> None:
+    client, server = wire
+    get_ok = struct.pack(">Q", 1) + b"\x00" + _short("") + _short("q") + struct.pack(">I", 0)
+    server.sendall(
+        _method((60, 71), get_ok) + _frame(2, CHANNEL, struct.pack(">HHQH", 50, 0, 1, 0))
+    )
+    with pytest.raises(AmqpError, match="another class than basic"):
+        client.get("q")
+    long_body = _frame(2, CHANNEL, struct.pack(">HHQH", 60, 0, 2, 0)) + _frame(3, CHANNEL, b"abc")
+    server.sendall(_method((60, 71), get_ok) + long_body)
+    with pytest.raises(AmqpError, match="a body of 3 bytes where its header said 2"):
+        client.get("q")
+    client.frame_max = 16
+    server.sendall(_frame(1, CHANNEL, b"x" * 17))
+    with pytest.raises(AmqpError, match="over the frame_max 16"):
+        client.get("q")
+
+
+def test_a_server_s_close_is_answered_and_the_client_then_closes_without_waiting(
+    wire: tuple[AmqpConnection, socket.socket],
+) -> None:
+    client, server = wire
+    server.sendall(_frame(1, 0, struct.pack(">HH", *CLOSE) + b"\x01\x40" + _short("forced")))
+    with pytest.raises(AmqpError, match="320 forced"):
+        client.get("q")
+    client.close()
+    said = server.recv(4096)
+    # The client's GET, then its close-ok (10, 51); no close of its own after the server's.
+    assert said.endswith(_frame(1, 0, struct.pack(">HH", 10, 51)))
+    assert struct.pack(">HH", 10, 50) not in said
+
+
+def test_an_amqps_url_is_refused_rather_than_read_in_plain_text() -> None:
+    with pytest.raises(AmqpError, match="only amqp:// URLs"):
+        AmqpConnection("amqps://guest:guest@127.0.0.1:5671/")

@@ -7,7 +7,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from crashqueuelab.judges.readers.amqp import QueueMessages, read_ready_messages
+from crashqueuelab.judges.readers.amqp import (
+    QueueMessages,
+    Unreadable,
+    read_or_raise,
+    read_ready_messages,
+)
 from crashqueuelab.judges.readers.rabbitmq import rabbitmq_queues
 from crashqueuelab.lab.runs.servers import started
 from crashqueuelab.servers.rabbitmq import CONTROL_VARIABLE, ThrowawayRabbitMQ, find_binaries
@@ -62,6 +67,43 @@ def test_a_reading_beside_a_consumer_counts_it_and_misses_what_it_holds(
         connection.close()
     assert reading.consumers == 1
     assert [headers["id"] for headers, _ in reading.messages] == ["t-1"]
+
+
+def test_a_settling_reading_waits_for_a_stopped_consumer_and_refuses_one_still_there(
+    node: ThrowawayRabbitMQ,
+) -> None:
+    _publish(node.url, "settling", 2)
+    connection = pika.BlockingConnection(pika.URLParameters(node.url))
+    closed: list[bool] = []
+    try:
+        channel = connection.channel()
+        channel.basic_qos(prefetch_count=1)
+        channel.basic_consume("settling", lambda *_: None)
+        connection.process_data_events(time_limit=1)
+        still = read_ready_messages(node.url, "settling", settle_s=0.2)
+        with pytest.raises(Unreadable, match=r"1 consumer\(s\) still attached 0\.2 s after"):
+            read_or_raise(node.url, "settling", settle_s=0.2)
+
+        def worker_stops(_: float) -> None:
+            # The consumer's connection closes while the reading waits: what it held is
+            # put back, and the reading finds both messages.
+            if not closed:
+                connection.close()
+                closed.append(True)
+
+        settled = read_ready_messages(node.url, "settling", settle_s=10.0, sleep=worker_stops)
+    finally:
+        if not closed:
+            connection.close()
+    assert still.messages == ()
+    assert still.problems == (
+        "1 consumer(s) still attached 0.2 s after the workers stopped: what they hold cannot"
+        " be read",
+    )
+    assert settled.problems == ()
+    assert [headers["id"] for headers, _ in settled.messages] == ["t-0", "t-1"]
+    with pytest.raises(Unreadable, match="no RabbitMQ node named"):
+        read_or_raise(None, "settling")
 
 
 def test_a_queue_never_declared_is_absent_and_a_node_not_there_is_a_problem(

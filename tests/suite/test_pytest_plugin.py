@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -135,9 +136,13 @@ def _one_line_usage_error(result: pytest.RunResult) -> str:
         ("uuid:uuid4", "uuid4() returned UUID, not a crashqueuelab System"),
         ("oracle", "not one of arq, celery, celery-acks-late, celery-gevent-acks-late, "),
         # Only its own worker consumes: the plugin's checks claim through the adapter.
-        (
+        pytest.param(
             "dramatiq-rabbitmq",
             "only the library's own worker consumes from dramatiq ",
+            marks=pytest.mark.skipif(
+                find_spec("dramatiq") is None or find_spec("pika") is None,
+                reason="dramatiq and pika come with the dramatiq extra",
+            ),
         ),
     ],
 )

@@ -236,6 +236,9 @@ def main(
         # whose dependency it varies).
         matrix = args.command == "versions"
         fixed = getattr(args, "with_", None) or ()
+        if not matrix:
+            # Before a pinned release's environment is made: a refusal makes nothing.
+            check_claims([name.partition("==")[0] for name in named], args.command)
         pins = [] if matrix else pins_of(named, fixed)
         if not matrix and not pins and fixed and isinstance(systems, str):
             # Inside the pinned environment: the run records its system with what --with
@@ -247,8 +250,6 @@ def main(
             out.write(json.dumps(_verdict_first(result), indent=2) + "\n")
             out.flush()
             return code
-        if not matrix:
-            check_claims(named, args.command)
         # A command that starts the servers it needs itself (failover) gets none from here.
         needing = [] if getattr(args, "own_servers", False) else named
         replicated = (

@@ -29,6 +29,7 @@ from crashqueuelab.lab.versions.matrix import (
 from crashqueuelab.servers.redis import ThrowawayRedis
 from crashqueuelab.systems.registry import (
     DISTRIBUTIONS,
+    check_claims,
     distribution_of,
     extras_of,
     resolve_system,
@@ -143,6 +144,8 @@ def _versions(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
             " package.module:factory whose System names its distribution",
         )
     evidence = _evidence(list(args.evidence))
+    # Before any release's environment is made: the evidence's workers may claim.
+    check_claims([str(args.system).partition("==")[0]], evidence[0])
     upgrade_from = _upgrade_from(args, evidence, distribution)
     releases = choose_releases(args.releases, args.vary or distribution)
     # Every pin checked before anything runs: a bad --with is one line, nothing started.

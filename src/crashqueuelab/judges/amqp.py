@@ -35,11 +35,21 @@ START, START_OK, TUNE, TUNE_OK, OPEN, OPEN_OK = (
     (10, 41),
 )
 CLOSE, CLOSE_OK = (10, 50), (10, 51)
-CHANNEL_OPEN, CHANNEL_OPEN_OK, CHANNEL_CLOSE = (20, 10), (20, 11), (20, 40)
+CHANNEL_OPEN, CHANNEL_OPEN_OK, CHANNEL_CLOSE, CHANNEL_CLOSE_OK = (
+    (20, 10),
+    (20, 11),
+    (20, 40),
+    (20, 41),
+)
 DECLARE, DECLARE_OK = (50, 10), (50, 11)
 GET, GET_OK, GET_EMPTY = (60, 70), (60, 71), (60, 72)
 #: The one channel the client uses.
 CHANNEL = 1
+#: The basic class's id, which a content header names.
+BASIC = 60
+#: The largest frame the client takes before the server said its own (the protocol's
+#: minimum frame size is 4096; RabbitMQ's default frame_max is 128 KiB).
+FRAME_MAX_BEFORE_TUNE = 1 << 20
 
 
 class AmqpError(Exception):
@@ -100,7 +110,7 @@ class _Reader:
         if kind == b"t":
             return bool(self.unpack("B"))
         if kind == b"D":
-            scale, digits = self.unpack("B"), self.unpack("i")
+            scale, digits = self.unpack("B"), self.unpack("I")
             return Decimal(digits).scaleb(-scale)
         if kind == b"F":
             return self.table()
@@ -153,6 +163,12 @@ class AmqpConnection:
 
     def __init__(self, url: str, timeout_s: float = TIMEOUT_S) -> None:
         parts = urlsplit(url)
+        if parts.scheme != "amqp":
+            # No TLS here: an amqps:// node is never read in plain text instead.
+            raise AmqpError(f"only amqp:// URLs are read, not {parts.scheme}://")
+        self.frame_max = FRAME_MAX_BEFORE_TUNE
+        #: The server closed the connection (its close answered): nothing more to send.
+        self.closed_by_server = False
         self.sock = socket.create_connection(
             (parts.hostname or "localhost", parts.port or 5672), timeout_s
         )
@@ -178,6 +194,7 @@ class AmqpConnection:
         )
         tune = self._expect(0, TUNE)
         channels, frame_max = tune.unpack("H"), tune.unpack("I")
+        self.frame_max = frame_max or FRAME_MAX_BEFORE_TUNE
         # No heartbeats: the reading is short, and every read is bounded by the timeout.
         self._send(0, TUNE_OK, struct.pack(">HIH", channels, frame_max, 0))
         self._send(0, OPEN, _shortstr(vhost) + _shortstr("") + b"\x00")
@@ -206,7 +223,9 @@ class AmqpConnection:
         reply.unpack("Q")
         redelivered = bool(reply.unpack("B") & 1)
         header = _Reader(self._frame(_HEADER, CHANNEL))
-        header.unpack("H"), header.unpack("H")
+        if header.unpack("H") != BASIC:
+            raise AmqpError("a content header of another class than basic")
+        header.unpack("H")
         size = header.unpack("Q")
         headers: dict[str, Any] = {}
         flags = header.unpack("H")
@@ -222,11 +241,15 @@ class AmqpConnection:
         body = b""
         while len(body) < size:
             body += self._frame(_BODY, CHANNEL)
+        if len(body) != size:
+            raise AmqpError(f"a body of {len(body)} bytes where its header said {size}")
         return Message(headers, body, redelivered)
 
     def close(self) -> None:
         """Close the connection (every message its channel took goes back to its queue)."""
         try:
+            if self.closed_by_server:
+                return
             self._send(0, CLOSE, struct.pack(">H", 200) + _shortstr("") + struct.pack(">HH", 0, 0))
             self._expect(0, CLOSE_OK)
         except (OSError, AmqpError):
@@ -264,6 +287,8 @@ class AmqpConnection:
         skipped; a close of the channel or the connection raises)."""
         while True:
             kind, on, size = struct.unpack(">BHI", self._read(7))
+            if size > self.frame_max:
+                raise AmqpError(f"a frame of {size} bytes, over the frame_max {self.frame_max}")
             payload = self._read(size)
             if self._read(1)[0] != _FRAME_END:
                 raise AmqpError("a frame not ended by 0xCE")
@@ -275,6 +300,12 @@ class AmqpConnection:
             ):
                 closing = _Reader(payload[4:])
                 code, text = closing.unpack("H"), closing.shortstr()
+                # Answered, as the protocol asks: the server waits for it.
+                if payload[:4] == struct.pack(">HH", *CLOSE):
+                    self._send(0, CLOSE_OK, b"")
+                    self.closed_by_server = True
+                else:
+                    self._send(on, CHANNEL_CLOSE_OK, b"")
                 raise AmqpError(f"{code} {text}", code)
             if (kind, on) != (wanted, channel):
                 raise AmqpError(

@@ -424,7 +424,9 @@ def test_sigterm_then_sigkill_after_the_grace_loses_only_early_acknowledged_task
     for store, system in SYSTEMS.items():
         submit(system, tmp_path / store, "a", "b", "c")
     with contextlib.ExitStack() as stack:
-        served = workers(stack, tmp_path, work_s=8.0)
+        # Longer than anything the test waits for before its SIGKILL: a loaded machine's
+        # readings never let them end by themselves.
+        served = workers(stack, tmp_path, work_s=60.0)
         in_hand = {store: wait_for_starts(tmp_path / f"{store}.ledger", 2) for store in SYSTEMS}
         # Early acknowledgement is sent as a child accepts its task: the prefetched third is
         # held unacknowledged at every setting.
@@ -526,7 +528,8 @@ def test_tasks_celery_sent_to_a_node_that_lost_power_are_kept_as_the_node_kept_i
 def test_the_reader_reads_the_waiting_tasks_from_rabbitmq_and_says_what_it_cannot_read(
     tmp_path: Path, redis_socket: str, rabbitmq: ThrowawayRabbitMQ
 ) -> None:
-    from crashqueuelab.judges.readers.celery import read_celery_rabbitmq_store
+    from crashqueuelab.judges.readers.amqp import Unreadable
+    from crashqueuelab.judges.readers.celery import SOCKET_VARIABLE, read_celery_rabbitmq_store
 
     submit(SYSTEMS["reject"], tmp_path / "reject", "a", "b")
     store = tmp_path / "reject"
@@ -536,11 +539,15 @@ def test_the_reader_reads_the_waiting_tasks_from_rabbitmq_and_says_what_it_canno
     assert read_celery_rabbitmq_store(store, rabbitmq.url) == reading
     assert queues(rabbitmq, tmp_path)["reject"] == (2, 0)
     assert read_celery_rabbitmq_store(tmp_path / "none", rabbitmq.url) == CeleryReading(False)
-    assert read_celery_rabbitmq_store(store, None).problems == (
-        "no Redis server or no RabbitMQ node named",
-    )
-    unreachable = read_celery_rabbitmq_store(store, "amqp://guest:guest@127.0.0.1:1/")
-    assert unreachable.problems[0].startswith("RabbitMQ did not answer")
+    # A reading that could not be made raises: never an empty store to judge.
+    with pytest.raises(Unreadable, match="no RabbitMQ node named"):
+        read_celery_rabbitmq_store(store, None)
+    with pytest.raises(Unreadable, match="RabbitMQ did not answer"):
+        read_celery_rabbitmq_store(store, "amqp://guest:guest@127.0.0.1:1/")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv(SOCKET_VARIABLE)
+        with pytest.raises(Unreadable, match="no Redis server named"):
+            read_celery_rabbitmq_store(store, rabbitmq.url)
     # A worker attached: what it holds unacknowledged is not read, and the reading says so.
     with contextlib.ExitStack() as stack:
         workers(stack, tmp_path, work_s=8.0, stores=("reject",))
@@ -551,6 +558,13 @@ def test_the_reader_reads_the_waiting_tasks_from_rabbitmq_and_says_what_it_canno
         "read while 1 consumer(s) held the queue: the messages they held unacknowledged are"
         " not read",
     )
+    # The judges' reading, which waits for a stopped worker's consumer to be gone, refuses
+    # one still attached once its wait is over.
+    with contextlib.ExitStack() as stack:
+        workers(stack, tmp_path, work_s=8.0, stores=("reject",), suffix="-held")
+        wait_for_queues(rabbitmq, tmp_path, {"reject": (0, 2)})
+        with pytest.raises(Unreadable, match=r"1 consumer\(s\) still attached 0\.2 s after"):
+            read_celery_rabbitmq_store(store, rabbitmq.url, settle_s=0.2)
 
 
 @pytest.mark.parametrize(

@@ -187,8 +187,13 @@ def test_the_adapter_submits_and_the_reader_finds_each_message_in_its_queue(
             queue = client.queue  # type: ignore[attr-defined]
             broker = make_rabbitmq_broker(queue)
             try:
-                consumer = broker.consume(queue, prefetch=1, timeout=1000)
-                message = next(consumer)
+                consumer = broker.consume(queue, prefetch=1, timeout=100)
+                # A fetch answers None when nothing came within its timeout: bounded retries.
+                message = None
+                for _ in range(200):
+                    if (message := next(consumer)) is not None:
+                        break
+                assert message is not None
                 assert message.args[0] == "a"
                 consumer.nack(message)
                 consumer.close()
@@ -235,6 +240,18 @@ def test_a_command_that_claims_through_the_adapter_refuses_dramatiq_on_rabbitmq(
     refused = run_cli("chaos", "--system", "dramatiq-rabbitmq", "--output-directory", tmp_path)
     assert refused.code == 2
     assert "run it under `deploys`" in refused.result["error"]["message"]
+    # A pinned release, and a matrix of releases: refused before any environment is made.
+    pinned = run_cli(
+        "campaign", "--system", "dramatiq-rabbitmq==1.12.1", "--output-directory", tmp_path
+    )
+    assert pinned.code == 2
+    assert "`campaign` claims through the lab's adapter" in pinned.result["error"]["message"]
+    matrix = run_cli(
+        "versions", "--system", "dramatiq-rabbitmq", "--releases", "1.12.1,2.2.1",
+        "--output-directory", tmp_path / "matrix", "chaos",
+    )  # fmt: skip
+    assert matrix.code == 2
+    assert "`chaos` claims through the lab's adapter" in matrix.result["error"]["message"]
     assert list(tmp_path.iterdir()) == []
 
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from crashqueuelab.judges.readers.amqp import read_ready_messages
+from crashqueuelab.judges.readers.amqp import Unreadable, read_or_raise
 from crashqueuelab.judges.resp import RespConnection, RespError, text
 
 #: The queue of a store is named in this file of its directory.
@@ -97,19 +97,19 @@ def read_celery_store(directory: Path, socket: str | None = None) -> CeleryReadi
 
 
 def read_celery_rabbitmq_store(
-    directory: Path, url: str | None, socket: str | None = None
+    directory: Path, url: str | None, socket: str | None = None, settle_s: float = 0.0
 ) -> CeleryReading:
     """Every task of the store's queue on Celery's RabbitMQ broker at ``url`` (its ready
-    messages), with the results in Redis."""
+    messages), with the results in Redis; ``settle_s``: how long to wait for stopped workers'
+    consumers to be gone (``readers.amqp``). A store that cannot be read raises
+    ``Unreadable``: a failed reading is never an empty one."""
     name = queue_name(directory)
     path = socket or os.environ.get(SOCKET_VARIABLE)
     if name is None:
         return CeleryReading(exists=False)
-    if not path or not url:
-        return CeleryReading(True, problems=("no Redis server or no RabbitMQ node named",))
-    queue = read_ready_messages(url, name)
-    if queue.problems:
-        return CeleryReading(True, problems=queue.problems)
+    if not path:
+        raise Unreadable(f"no Redis server named ({SOCKET_VARIABLE} unset)")
+    queue = read_or_raise(url, name, settle_s)
     waiting = {
         str(headers.get("id")): int(headers.get("retries") or 0) for headers, _ in queue.messages
     }
@@ -117,7 +117,7 @@ def read_celery_rabbitmq_store(
         with RespConnection(path) as connection:
             reading = _read(connection, name, waiting, {})
     except (OSError, RespError) as error:
-        return CeleryReading(True, problems=(f"Redis did not answer: {error}",))
+        raise Unreadable(f"Redis did not answer: {error}") from None
     if not queue.consumers:
         return reading
     held = (

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from crashqueuelab.judges.readers.amqp import read_ready_messages
+from crashqueuelab.judges.readers.amqp import Unreadable, read_or_raise
 from crashqueuelab.judges.resp import RespConnection, RespError, text
 
 #: The queue of a store is named in this file of its directory.
@@ -209,23 +209,23 @@ def _with_results(
 
 
 def read_dramatiq_rabbitmq_store(
-    directory: Path, url: str | None, socket: str | None = None
+    directory: Path, url: str | None, socket: str | None = None, settle_s: float = 0.0
 ) -> DramatiqReading:
     """Every job of the store on dramatiq's RabbitMQ broker at ``url``: its queues' ready
-    messages, and the results in Redis."""
+    messages, and the results in Redis; ``settle_s``: how long to wait for stopped workers'
+    consumers to be gone (``readers.amqp``). A store that cannot be read raises
+    ``Unreadable``: a failed reading is never an empty one."""
     name = queue_name(directory)
     path = socket or os.environ.get(SOCKET_VARIABLE)
     if name is None:
         return DramatiqReading(exists=False)
-    if not path or not url:
-        return DramatiqReading(True, problems=("no Redis server or no RabbitMQ node named",))
+    if not path:
+        raise Unreadable(f"no Redis server named ({SOCKET_VARIABLE} unset)")
     jobs: dict[str, tuple[str, int]] = {}
     problems: list[str] = []
     held = 0
     for queue, kind in ((f"{name}.XQ", DEAD), (f"{name}.DQ", DELAYED), (name, QUEUED)):
-        reading = read_ready_messages(url, queue)
-        if reading.problems:
-            return DramatiqReading(True, problems=reading.problems)
+        reading = read_or_raise(url, queue, settle_s)
         held += reading.consumers
         for _, body in reading.messages:
             message = json.loads(body)
@@ -238,7 +238,7 @@ def read_dramatiq_rabbitmq_store(
         with RespConnection(path) as connection:
             _with_results(connection, name, submitted(directory), jobs, problems)
     except (OSError, RespError) as error:
-        return DramatiqReading(True, problems=(f"Redis did not answer: {error}",))
+        raise Unreadable(f"Redis did not answer: {error}") from None
     if held:
         problems.append(
             f"read while {held} consumer(s) held its queues: the messages they held"

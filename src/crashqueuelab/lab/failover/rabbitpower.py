@@ -31,6 +31,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -90,12 +91,17 @@ def pika_declare(url: str) -> None:
         declare([url], name, queue_type)
 
 
-def pika_publish(url: str, confirmed: int, unconfirmed: int) -> dict[str, dict[str, int]]:
+def pika_publish(url: str, confirmed: int, unconfirmed: int) -> Published:
     connection = connect([url])
     try:
-        return publish(connection, confirmed, unconfirmed)
-    finally:
+        return publish(connection, confirmed, unconfirmed), partial(_close, connection)
+    except BaseException:
         _close(connection)
+        raise
+
+
+#: What a publisher sent to each queue, by kind, and what closes its connections.
+Published = tuple[dict[str, dict[str, int]], Callable[[], None]]
 
 
 @dataclass(frozen=True)
@@ -108,8 +114,10 @@ class Publisher:
     #: The queues it publishes to and the run judges, by name: their type.
     queues: Mapping[str, str]
     declare: Callable[[str], None]
-    #: ``(url, confirmed, unconfirmed)``: what each queue was sent, by kind.
-    publish: Callable[[str, int, int], dict[str, dict[str, int]]]
+    #: ``(url, confirmed, unconfirmed)``: what each queue was sent, by kind, and what
+    #: closes the publisher's connections, called after the cut (so that what it sent last
+    #: may still be in flight when the power goes).
+    publish: Callable[[str, int, int], Published]
 
 
 PIKA = Publisher(
@@ -295,9 +303,12 @@ def run_rabbit_power_loss(
     with RabbitOnDisk(output_dir, settle=lambda node: publisher.declare(node.url)) as target:
         node = target.server.describe()
         booted_s = time.perf_counter() - started
-        sent = publisher.publish(target.server.url, confirmed, unconfirmed)
-        # At once: the unconfirmed messages may still be in flight.
-        journal = target.cut()
+        sent, close = publisher.publish(target.server.url, confirmed, unconfirmed)
+        try:
+            # At once: the unconfirmed messages may still be in flight.
+            journal = target.cut()
+        finally:
+            close()
         cut_s = time.perf_counter() - started
         distinct = DistinctStates(journal)
         choices = ordered(crash_choices(journal, seed), journal)

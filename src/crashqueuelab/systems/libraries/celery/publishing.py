@@ -9,7 +9,7 @@ declares a queue its ``task_queues`` name."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from crashqueuelab.systems.libraries.celery.client import TASK_NAME
@@ -54,23 +54,32 @@ def declare(url: str, queues: Mapping[str, str]) -> None:
 
 def publish(
     url: str, queues: Mapping[str, str], confirmed: int, unconfirmed: int
-) -> dict[str, dict[str, int]]:
+) -> tuple[dict[str, dict[str, int]], Callable[[], None]]:
     """``confirmed`` tasks sent to each queue with publisher confirms (each ``send_task``
     returning once RabbitMQ confirmed it), then ``unconfirmed`` more at Celery's defaults.
-    What each queue was sent, by kind."""
+    What each queue was sent, by kind, and what closes the connections: left open, as a
+    process that loses power with its broker leaves them."""
     sent = {name: {"confirmed": 0, "unconfirmed": 0} for name in queues}
-    batches = (("confirmed", confirmed, True), ("unconfirmed", unconfirmed, False))
-    for kind, count, confirm in batches:
-        app = _app(url, queues, confirm=confirm)
-        # A connection of its own, closed here: the app's pool would keep it open.
-        try:
-            with app.connection_for_write() as connection:
-                producer = app.amqp.Producer(connection)
-                for number in range(count):
-                    for name in queues:
-                        body = (f"{name}-{kind}-{number}",)
-                        app.send_task(TASK_NAME, args=body, queue=name, producer=producer)
-                        sent[name][kind] += 1
-        finally:
+    opened: list[tuple[Any, Any]] = []
+
+    def close() -> None:
+        for app, connection in opened:
+            connection.close()
             app.close()
-    return sent
+
+    try:
+        batches = (("confirmed", confirmed, True), ("unconfirmed", unconfirmed, False))
+        for kind, count, confirm in batches:
+            app = _app(url, queues, confirm=confirm)
+            connection = app.connection_for_write()
+            opened.append((app, connection))
+            producer = app.amqp.Producer(connection)
+            for number in range(count):
+                for name in queues:
+                    body = (f"{name}-{kind}-{number}",)
+                    app.send_task(TASK_NAME, args=body, queue=name, producer=producer)
+                    sent[name][kind] += 1
+    except BaseException:
+        close()
+        raise
+    return sent, close

@@ -14,6 +14,7 @@ from importlib.metadata import version
 from importlib.util import find_spec
 
 from crashqueuelab.core.errors import SystemUnavailable
+from crashqueuelab.judges.readers.amqp import SETTLE_S
 from crashqueuelab.judges.readers.celery import (
     queue_name,
     read_celery_rabbitmq_store,
@@ -43,7 +44,11 @@ read_store = library_reader(
     ),
 )
 read_rabbitmq_store = library_reader(
-    lambda directory: read_celery_rabbitmq_store(directory, os.environ.get(URL_VARIABLE)),
+    # Read once the run stopped its workers: their consumers may take RabbitMQ a moment
+    # to remove.
+    lambda directory: read_celery_rabbitmq_store(
+        directory, os.environ.get(URL_VARIABLE), settle_s=SETTLE_S
+    ),
     STATUS,
     lambda directory: (
         f"crashqueuelab.judges.readers.celery (reads RabbitMQ queue {queue_name(directory)}"

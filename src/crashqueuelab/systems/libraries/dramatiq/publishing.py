@@ -9,6 +9,7 @@ the experiment does not judge)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from crashqueuelab.judges.readers.dramatiq import ACTOR
@@ -34,18 +35,26 @@ def declare(url: str) -> None:
         broker.close()
 
 
-def publish(url: str, confirmed: int, unconfirmed: int) -> dict[str, dict[str, int]]:
+def publish(
+    url: str, confirmed: int, unconfirmed: int
+) -> tuple[dict[str, dict[str, int]], Callable[[], None]]:
     """``confirmed`` messages enqueued with publisher confirms, then ``unconfirmed`` more at
-    dramatiq's default. What the queue was sent, by kind."""
+    dramatiq's default. What the queue was sent, by kind, and what closes the brokers'
+    connections: left open, as a process that loses power with its broker leaves them."""
     from dramatiq import Message
 
     sent = {QUEUE: {"confirmed": 0, "unconfirmed": 0}}
-    for kind, count, confirm in (
-        ("confirmed", confirmed, True),
-        ("unconfirmed", unconfirmed, False),
-    ):
-        broker = _broker(url, confirm=confirm)
-        try:
+    brokers: list[Any] = []
+
+    def close() -> None:
+        for broker in brokers:
+            broker.close()
+
+    try:
+        batches = (("confirmed", confirmed, True), ("unconfirmed", unconfirmed, False))
+        for kind, count, confirm in batches:
+            broker = _broker(url, confirm=confirm)
+            brokers.append(broker)
             for number in range(count):
                 message: Any = Message(
                     queue_name=QUEUE,
@@ -57,6 +66,7 @@ def publish(url: str, confirmed: int, unconfirmed: int) -> dict[str, dict[str, i
                 )
                 broker.enqueue(message)
                 sent[QUEUE][kind] += 1
-        finally:
-            broker.close()
-    return sent
+    except BaseException:
+        close()
+        raise
+    return sent, close

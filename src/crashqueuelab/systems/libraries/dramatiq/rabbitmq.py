@@ -9,6 +9,12 @@ worker consumes (the ``dramatiq`` command, as on Redis, with this module's broke
 adapter submits and reads, and claims nothing, so the lab runs it under ``deploys``. A
 message a worker holds unacknowledged goes back to the queue as RabbitMQ sees the worker's
 connection close; no heartbeat or maintenance is involved.
+
+The adapter's own readings (its duplicate guard at a submission, ``job``, ``active_count``)
+use the judges' reader while workers may consume: each ready message is taken and put back,
+marked redelivered, and a message a worker holds (a delayed one it keeps until its eta, too)
+is not seen, so a key submitted again while a worker holds its message is enqueued twice. No
+command submits a key twice on RabbitMQ today (only a producer that fails over does).
 """
 
 from __future__ import annotations

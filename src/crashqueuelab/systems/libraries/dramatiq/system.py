@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from crashqueuelab.judges.readers.amqp import SETTLE_S
 from crashqueuelab.judges.readers.dramatiq import (
     queue_name,
     read_dramatiq_rabbitmq_store,
@@ -58,7 +59,11 @@ def dramatiq_system(name: str = "dramatiq") -> System:
 
 
 read_rabbitmq_store = library_reader(
-    lambda directory: read_dramatiq_rabbitmq_store(directory, os.environ.get(URL_VARIABLE)),
+    # Read once the run stopped its workers: their consumers may take RabbitMQ a moment
+    # to remove.
+    lambda directory: read_dramatiq_rabbitmq_store(
+        directory, os.environ.get(URL_VARIABLE), settle_s=SETTLE_S
+    ),
     STATUS,
     lambda directory: (
         f"crashqueuelab.judges.readers.dramatiq (reads RabbitMQ queue {queue_name(directory)}"
