@@ -101,6 +101,30 @@ def test_a_release_that_never_opened_here_or_whose_server_is_missing_is_not_judg
     assert not any(row["passes"] for row in rows.values())
 
 
+def test_on_its_own_promises_a_release_whose_run_stopped_on_an_error_is_not_judged(
+    tmp_path: Path,
+) -> None:
+    """A run whose error stopped it before it judged the release's promises records them as
+    None: that release neither keeps nor breaks them (never "breaks its own promises")."""
+    records = {
+        "1.0": {"ok": False, "anomalies": ["run again beside a live worker"], "promises": None,
+                "error": {"type": "WorkerFailed", "message": "worker-1 exited 1"}},
+        "2.0": {"ok": True, "anomalies": [], "promises": {"keeps_its_promises": True}},
+    }  # fmt: skip
+    report = run_versions(
+        list(records), lambda release, _: records[release], tmp_path, criterion="promises"
+    )
+    first, second = report["rows"]
+    assert first["not_judged"] == ("its promises were not judged: WorkerFailed: worker-1 exited 1")
+    assert (first["passes"], first["keeps_its_promises"]) == (False, None)
+    assert second["passes"] is True
+    assert "breaks" not in report["headline"]
+    assert report["headline"].startswith("1.0 could not be judged here")
+    # On the criterion ok, the same run is simply not ok.
+    ok = run_versions(list(records), lambda release, _: records[release], tmp_path / "ok")
+    assert ok["rows"][0]["not_judged"] is None
+
+
 @pytest.mark.parametrize(
     ("text", "field_reason"),
     [("1.0,latest", "not release numbers"), ("1.0,1.0", "named twice"), ("x..2.0", "'x'")],

@@ -102,7 +102,9 @@ def choose_releases(text: str, distribution: str) -> list[str]:
 
 def passes(record: dict[str, Any], criterion: str) -> bool:
     if criterion == "promises":
-        return bool(record.get("promises", {}).get("keeps_its_promises", record.get("ok")))
+        # A run that judged nothing of its promises (its error stopped it) records None.
+        promises = record.get("promises") or {}
+        return bool(promises.get("keeps_its_promises", record.get("ok")))
     if criterion == "cases":
         summary = record.get("summary") or {}
         return "failed" in summary and summary["failed"] == 0 and not record.get("error")
@@ -133,6 +135,10 @@ def cell(release: str, record: dict[str, Any], criterion: str) -> dict[str, Any]
         # What fails the criterion comes first: a broken promise, not a documented weakness.
         reasons = [broken[0], *(reason for reason in reasons if reason != broken[0])]
     unjudged = not_judged(record, reasons)
+    if unjudged is None and criterion == "promises" and error and not record.get("promises"):
+        # The run's error stopped it before it judged the release's promises: neither kept
+        # nor broken (a worker that failed, a store that could not be read).
+        unjudged = f"its promises were not judged: {error.get('type')}: {error.get('message')}"
     return {
         "release": release,
         "ok": bool(record.get("ok")),
