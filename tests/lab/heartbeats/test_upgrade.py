@@ -272,7 +272,9 @@ def test_a_second_run_names_a_run_before_that_is_not_there(tmp_path: Path, run_c
 NONE_MESSAGE = "Found 'None' message in message cache"
 #: A first run that left nothing is run again, this often at most (it made the fault in every
 #: run measured; real-queues.md gives the count).
-ATTEMPTS = 3
+#: How many times the pair may run for one clean reproduction: in a whole test-command run
+#: (its quiet tests three at once) the third of three was the first clean one (testing.md).
+ATTEMPTS = 5
 
 
 def upgrade_pair(directory: Path, run_cli: RunCli) -> Any:
@@ -303,14 +305,17 @@ def test_dramatiq_1_12_0_puts_back_an_id_whose_message_1_10_0_deleted_and_1_12_1
         kept: dict[str, Any] = json.loads((directory / name / "heartbeats.json").read_text())
         return kept
 
-    # A run whose first half made no fault is not judged. A run where either release broke
-    # a promise other than #442's leftover (1.12.1 once, 1.12.0 once, in whole test-command
-    # runs under their load, not yet explained: testing.md) is no clean reproduction: what
-    # it broke is kept for the failure message, and the pair runs again.
+    # A run whose first half made no fault, or whose own error stopped it before it judged
+    # a release's promises, is not judged. A run where either release broke a promise other
+    # than #442's leftover (1.12.1 once, 1.12.0 once, in whole test-command runs under their
+    # load, not yet explained: testing.md) is no clean reproduction: what it broke is kept
+    # for the failure message, and the pair runs again.
     for attempt in range(ATTEMPTS):
         directory = tmp_path / f"m{attempt}"
         outcome = upgrade_pair(directory, run_cli)
-        if any(row["not_judged"] for row in outcome.result["rows"]):
+        unjudged = [row["not_judged"] for row in outcome.result["rows"] if row["not_judged"]]
+        if unjudged:
+            fixed_broke.append(unjudged)
             continue
         other = [
             line
@@ -321,7 +326,7 @@ def test_dramatiq_1_12_0_puts_back_an_id_whose_message_1_10_0_deleted_and_1_12_1
         if not other:
             break
         fixed_broke.append(other)
-    assert len(fixed_broke) < ATTEMPTS, f"a promise besides #442's broken every run: {fixed_broke}"
+    assert len(fixed_broke) < ATTEMPTS, f"no clean run of {ATTEMPTS}: {fixed_broke}"
 
     assert outcome.code == 1, outcome.stderr
     assert outcome.result["headline"] == (
