@@ -380,52 +380,32 @@ def test_scheduled_jobs_through_a_librarys_own_scheduling_call_across_a_deploy(
     )
 
 
-# Quiet and releases: two environments (Celery 5.3.1 with kombu 5.3.1, and with 5.3.2),
-# two rolling deploys side by side, each on a Redis server of its own; mostly waits.
+# Quiet and releases: three environments (Celery 5.3.1 with kombu 5.3.1, 5.3.2 and 5.3.3),
+# two rolling deploys side by side, then the third, each on a Redis server of its own; mostly
+# waits.
 @pytest.mark.releases
 @pytest.mark.quiet
-def test_kombu_1733_a_warm_shutdown_during_the_poll_loses_a_task_on_5_3_1_not_on_5_3_2(
+def test_kombu_1733_and_1800_a_warm_shutdown_loses_a_task_on_5_3_1_and_5_3_2_not_on_5_3_3(
     tmp_path: Path, release_cache: Path, run_cli: RunCli
 ) -> None:
     """kombu #1733 (Celery #7950): a worker's warm shutdown can leave its last BRPOP pending;
     a task Redis pops for it before the connection closes is never read, never restored.
-    From kombu 5.3.2 the channel reads the pending reply as it closes, and the task goes
-    back. The window is a matter of timing: what a run finds on 5.3.1 is asserted when it
-    finds it, and said (a skip, never a pass) when it does not.
-
-    5.3.2 lost a task held nowhere in 2 of 28 runs of this shape (real-queues.md: not yet
-    explained), so a run where it did is not a reproduction, and the pair runs once more:
-    5.3.2 must keep its promises in one of the two runs, and that run is the one judged."""
-    lost_on_fixed: list[Any] = []
-    for attempt in range(2):
-        outcome, old, fixed = _pair_1733(tmp_path / f"v{attempt}", run_cli)
-        if fixed["promises"]["keeps_its_promises"]:
-            break
-        lost_on_fixed.append(fixed["anomalies"])
-    else:
-        raise AssertionError(f"kombu 5.3.2 lost a task in both runs: {lost_on_fixed}")
-    nowhere = [
-        f
-        for f in old["findings"]
-        if f["kind"] == "lost_in_deploy" and f["facts"]["stored"] == "nowhere"
-    ]
-    assert {f["facts"]["last_end"] for f in nowhere} <= {"never ran"}
-    if not nowhere:
-        pytest.skip("kombu 5.3.1: no task fell into a stopped worker's pending BRPOP this run")
-    assert outcome.code == 1, outcome.stderr
-    assert outcome.result["bisection"]["found"] == "5.3.2"
-    assert old["promises"]["keeps_its_promises"] is False
-
-
-def _pair_1733(directory: Path, run_cli: RunCli) -> tuple[Any, dict[str, Any], dict[str, Any]]:
-    """One run of the pair: the command's outcome, 5.3.1's record and 5.3.2's."""
+    From kombu 5.3.2 the channel reads the pending reply as it closes and requeues the task
+    through ``QoS.reject``, which pushes it back and then deletes its delivery tag from the
+    shared ``unacked`` hash: a second worker that popped it in between (the tag travels with
+    the message) loses its own record, and if it too stops before running the task, nothing
+    restores it (kombu #1800, fixed in 5.3.3). So 5.3.3 must keep every task; what 5.3.1 and
+    5.3.2 lose is never run and held nowhere. The windows are a matter of timing: a run
+    where 5.3.1 lost nothing is said (a skip, never a pass)."""
+    directory = tmp_path / "v"
     outcome = run_cli(
         "versions", "--system", "celery==5.3.1", "--vary", "kombu",
-        "--releases", "5.3.1,5.3.2", "--bisect", "--bisect-on", "promises",
+        "--releases", "5.3.1,5.3.2,5.3.3",
         "--output-directory", str(directory), "--at-once", "2",
         # Both workers stopped at once (their replacements take a second to poll), a stop
         # every 3 s, and tasks submitted all along, none longer than the grace: a task can
-        # only be lost to a stopped worker's pending BRPOP (or, SIGKILLed, as documented).
+        # only be lost to a stopped worker's pending BRPOP or to the requeue of one (or,
+        # SIGKILLed, as documented).
         "deploys", "--workers", "2", "--surge", "2", "--deploys", "6", "--interval-s", "3",
         # A busy machine slows the replacements' first polls: the wait ends once all is
         # done, so a longer bound costs nothing when it is not needed.
@@ -435,12 +415,26 @@ def _pair_1733(directory: Path, run_cli: RunCli) -> tuple[Any, dict[str, Any], d
 
     def record(release: str) -> dict[str, Any]:
         kept: dict[str, Any] = json.loads((directory / release / "deploys.json").read_text())
+        assert kept["system"]["version"].startswith(f"celery 5.3.1 (kombu {release},")
         return kept
 
-    old, fixed = record("5.3.1"), record("5.3.2")
-    assert old["system"]["version"].startswith("celery 5.3.1 (kombu 5.3.1,")
-    assert fixed["system"]["version"].startswith("celery 5.3.1 (kombu 5.3.2,")
-    return outcome, old, fixed
+    old, partly, fixed = record("5.3.1"), record("5.3.2"), record("5.3.3")
+    assert fixed["promises"]["keeps_its_promises"] is True, fixed["anomalies"]
+    lost = {
+        release: [f for f in kept["findings"] if f["kind"] == "lost_in_deploy"]
+        for release, kept in (("5.3.1", old), ("5.3.2", partly))
+    }
+    for findings in lost.values():
+        assert {(f["facts"]["stored"], f["facts"]["last_end"]) for f in findings} <= {
+            ("nowhere", "never ran")
+        }, findings
+    if not lost["5.3.1"]:
+        pytest.skip("kombu 5.3.1: no task fell into a stopped worker's pending BRPOP this run")
+    assert outcome.code == 1, outcome.stderr
+    assert old["promises"]["keeps_its_promises"] is False
+    rows = {row["release"]: row for row in outcome.result["rows"]}
+    assert rows["5.3.3"]["keeps_its_promises"] is True
+    assert rows["5.3.1"]["keeps_its_promises"] is False
 
 
 # Quiet and releases: two environments (Celery 5.4.0 and 5.5.0, the same kombu, gevent beside
