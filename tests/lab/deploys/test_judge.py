@@ -154,6 +154,7 @@ def test_a_job_never_completed_and_not_done_in_the_store_is_lost() -> None:
                 "last_end": "killed",
                 "signal": "SIGTERM",
                 "scheduled": False,
+                "waiting": False,
             },
         ),
         (
@@ -165,6 +166,7 @@ def test_a_job_never_completed_and_not_done_in_the_store_is_lost() -> None:
                 "last_end": "never ran",
                 "signal": "SIGTERM",
                 "scheduled": False,
+                "waiting": False,
             },
         ),
     ]
@@ -173,6 +175,19 @@ def test_a_job_never_completed_and_not_done_in_the_store_is_lost() -> None:
         " store holds it picked"
     )
     assert fates_of_held(fates, jobs) == {"w0": {"a": "lost (the store holds it picked)"}}
+
+
+def test_a_job_the_store_still_holds_waiting_is_not_done_and_not_called_lost() -> None:
+    """A job never run that the store still holds queued after the recovery wait is no
+    gone job: its finding says "not done" and ``waiting``, which the headline and the page
+    count apart from the lost."""
+    queued = StoredJob("queued", JobStatus.PENDING, 0)
+    anomalies, _ = judge(["a"], [], {}, {}, {"a": queued}, "SIGTERM")
+    assert [(a.kind, a.facts["waiting"]) for a in anomalies] == [(Kind.LOST_IN_DEPLOY, True)]
+    assert anomalies[0].text == (
+        "job a: not done: 0 execution(s), none ran to completion (the last: never ran), and"
+        " the store still holds it queued, waiting for a worker after the recovery wait"
+    )
 
 
 def test_a_job_still_running_at_the_end_and_not_done_is_lost_so_said() -> None:

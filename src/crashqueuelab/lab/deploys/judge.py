@@ -230,11 +230,22 @@ def judge(
             last = runs[-1].how if runs and runs[-1].end_s is not None else "never ran"
             if runs and runs[-1].end_s is None:
                 last = "still running"
+            # Still waiting for a worker once the run waited its recovery bound: not done,
+            # and not gone from the store either, so not counted as lost (a queue whose
+            # workers never take it again, pgqueuer #630's, still breaks its promise).
+            waiting = job is not None and job.status is JobStatus.PENDING
+            said = (
+                f"not done: {len(runs)} execution(s), none ran to completion (the last:"
+                f" {last}), and the store still holds it {state}, waiting for a worker"
+                " after the recovery wait"
+                if waiting
+                else f"lost: {len(runs)} execution(s), none ran to completion"
+                f" (the last: {last}), and the store holds it {state}"
+            )
             anomalies.append(
                 Anomaly(
                     Kind.LOST_IN_DEPLOY,
-                    f"job {key}: lost: {len(runs)} execution(s), none ran to completion"
-                    f" (the last: {last}), and the store holds it {state}",
+                    f"job {key}: {said}",
                     job=key,
                     facts={
                         "executions": len(runs),
@@ -242,6 +253,7 @@ def judge(
                         "last_end": last,
                         "signal": signal,
                         "scheduled": key in scheduled,
+                        "waiting": waiting,
                     },
                 )
             )

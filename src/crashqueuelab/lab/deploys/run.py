@@ -98,7 +98,10 @@ def _worker_of(system: System, lease_s: float) -> tuple[OwnWorker, bool]:
 def _headline(
     system: System, plan: DeployPlan, jobs: dict[str, dict[str, Any]], record: dict[str, Any]
 ) -> str:
-    lost = sum(1 for finding in record["findings"] if finding["kind"] == "lost_in_deploy")
+    not_done = [f for f in record["findings"] if f["kind"] == "lost_in_deploy"]
+    waiting = sum(1 for finding in not_done if finding["facts"].get("waiting"))
+    lost = len(not_done) - waiting
+    left = f" ({waiting} more not done, still waiting in the store)" if waiting else ""
     twice = sum(1 for finding in record["findings"] if finding["kind"] == "ran_twice")
     killed = sum(1 for worker in record["workers"] if worker["killed_s"] is not None)
     stopped = sum(1 for worker in record["workers"] if worker["stop_s"] is not None)
@@ -129,7 +132,8 @@ def _headline(
         else ""
     )
     return (
-        f"{system.version}: {lost} of {len(jobs)} jobs lost, {twice} ran twice;{on_schedule}"
+        f"{system.version}: {lost} of {len(jobs)} jobs lost{left}, {twice} ran twice;"
+        f"{on_schedule}"
         f" {killed} of {stopped} stopped workers SIGKILLed at the end of the grace;"
         f" {shape}"
     )

@@ -170,11 +170,22 @@ def deploys_view(run_dir: Path) -> View:
     stopped = [w for w in workers if w["stopped_by"] == "deploy"]
     killed = [w for w in stopped if w["killed_s"] is not None]
     kinds = [finding["kind"] for finding in report["findings"]]
+    # A record made before the fact existed says every such job lost.
+    waiting = sum(
+        1
+        for finding in report["findings"]
+        if finding["kind"] == "lost_in_deploy" and finding["facts"].get("waiting")
+    )
     recovery = report["recovery"]
     # A run recorded before scheduled jobs existed has none.
     scheduled = report.get("scheduled")
     figures = [
-        ("jobs lost", str(kinds.count("lost_in_deploy")), f"of {len(jobs)}"),
+        ("jobs lost", str(kinds.count("lost_in_deploy") - waiting), f"of {len(jobs)}"),
+        (
+            "not done, still waiting",
+            str(waiting),
+            "held waiting for a worker in the store after the recovery wait",
+        ),
         (
             "ran twice",
             str(kinds.count("ran_twice")),
