@@ -32,7 +32,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -175,6 +175,28 @@ def lab_message(queue: str, job: JobSpec) -> Any:
     )
 
 
+def enqueue_each(
+    jobs: Sequence[JobSpec],
+    held: Container[str],
+    queue: str,
+    directory: Path,
+    enqueue: Callable[[Any], Any],
+    hook: Any,
+) -> list[str]:
+    """Each job's message id; its message enqueued (through the hook's point ``enqueue``)
+    unless the store already holds the job: dramatiq has no idempotency key, so a producer's
+    retry sends nothing the store has. On either broker."""
+    identifiers = []
+    for job in jobs:
+        identifier = message_id(queue, job.key)
+        identifiers.append(identifier)
+        if job.key in held:
+            continue
+        record_submitted(directory, job.key, identifier)
+        around(hook, "enqueue", partial(enqueue, lab_message(queue, job)))
+    return identifiers
+
+
 def close_broker(broker: Any) -> None:
     """dramatiq's ``close`` (which, for its Redis broker, closes nothing), then the Redis
     connections the broker and its results backend share."""
@@ -213,16 +235,9 @@ class DramatiqClient(LibraryClient):
 
     def submit_many(self, jobs: Sequence[JobSpec]) -> list[str]:
         held = read_dramatiq_store(self.directory).jobs
-        identifiers = []
-        for job in jobs:
-            identifier = message_id(self.queue, job.key)
-            identifiers.append(identifier)
-            if job.key in held:
-                continue
-            record_submitted(self.directory, job.key, identifier)
-            message = lab_message(self.queue, job)
-            around(self.hook, "enqueue", partial(self.producer.enqueue, message))
-        return identifiers
+        return enqueue_each(
+            jobs, held, self.queue, self.directory, self.producer.enqueue, self.hook
+        )
 
     def _worker(self, worker_id: str) -> _Worker:
         if worker_id not in self.workers:

@@ -35,12 +35,12 @@ from crashqueuelab.judges.readers.dramatiq import (
     read_dramatiq_rabbitmq_store,
 )
 from crashqueuelab.servers.rabbitmq import URL_VARIABLE
-from crashqueuelab.systems.boundary import around
 from crashqueuelab.systems.contract import Claim, JobSpec, JobView, OpenRequest, OwnWorker, Verdict
 from crashqueuelab.systems.libraries.dramatiq.client import (
     BACKOFF_MS,
     STATUS,
     declare_lab_job,
+    enqueue_each,
     lab_message,
     message_id,
     record_submitted,
@@ -126,16 +126,9 @@ class DramatiqRabbitmqClient(LibraryClient):
 
     def submit_many(self, jobs: Sequence[JobSpec]) -> list[str]:
         held = read(self.directory).jobs
-        identifiers = []
-        for job in jobs:
-            identifier = message_id(self.queue, job.key)
-            identifiers.append(identifier)
-            if job.key in held:
-                continue
-            record_submitted(self.directory, job.key, identifier)
-            message = lab_message(self.queue, job)
-            around(self.hook, "enqueue", partial(self.producer.enqueue, message))
-        return identifiers
+        return enqueue_each(
+            jobs, held, self.queue, self.directory, self.producer.enqueue, self.hook
+        )
 
     def _own_worker_only(self, operation: str) -> OperationUnsupported:
         return OperationUnsupported("dramatiq", f"{operation} of its own on RabbitMQ")
