@@ -49,6 +49,7 @@ def _deploys(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         due_tolerance_s=args.due_tolerance_s,
         failovers=args.failovers,
         promote_after_s=args.promote_after_s,
+        server_restarts=args.server_restarts,
     )
     record = run_deploys(
         args.output_directory,
@@ -59,6 +60,9 @@ def _deploys(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         progress=progress_for(args),
         # A replicated server the command line started for --failovers, or none.
         fail_over=getattr(args.server, "failover", None),
+        # The server the command line started for the run (a library on RabbitMQ: its
+        # node), or none (--dsn, or a node the environment names).
+        restart_server=getattr(args.server, "restart_after_crash", None),
     )
     reasons = list(record["anomalies"])
     if record["error"]:
@@ -107,6 +111,14 @@ def _deploys(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
                 "restarted_after_exit": record["restarted_after_exit"],
             }
             if "failovers" in record
+            else {}
+        ),
+        **(
+            {
+                "server_restarts": record["server_restarts"],
+                "restarted_after_exit": record["restarted_after_exit"],
+            }
+            if "server_restarts" in record
             else {}
         ),
         "deploys_report": str(args.output_directory / DEPLOYS_FILE),
@@ -224,6 +236,15 @@ def add_deploys_command(command: Command) -> None:
         default=0.0,
         help="--failovers: how long no server answers between the primary's death and the"
         " standby's promotion (an HA manager's time to notice and decide; 0 by default)",
+    )
+    sub.add_argument(
+        "--server-restarts",
+        type=non_negative,
+        default=0,
+        help="crashes of the system's server, each half an interval after a stop (or, without"
+        " deploys, an interval apart): every process of the server the run started SIGKILLed"
+        " (the RabbitMQ node, for a library on RabbitMQ), then started again on what it kept;"
+        " a worker that exits by itself is started again, as a process manager does",
     )
     sub.add_argument(
         "--recovery-wait-s",

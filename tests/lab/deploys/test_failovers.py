@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from crashqueuelab.core.errors import InvalidInput
-from crashqueuelab.lab.deploys.plan import DeployPlan, failover_times, submissions
+from crashqueuelab.lab.deploys.plan import DeployPlan, server_fault_times, submissions
 from crashqueuelab.lab.deploys.run import failover_wakeups
 from crashqueuelab.lab.runs.executions import Execution
 from crashqueuelab.servers.postgres import find_binaries
@@ -25,7 +25,7 @@ needs_postgres = pytest.mark.skipif(find_binaries() is None, reason="no PostgreS
 def test_failovers_fall_half_an_interval_after_each_stop_and_jobs_are_submitted_past_them() -> None:
     plan = DeployPlan(workers=2, deploys=0, failovers=2, interval_s=4.0, warmup_s=1.0)
     plan.check()
-    assert failover_times(plan) == [3.0, 7.0]
+    assert server_fault_times(plan) == [3.0, 7.0]
     planned = submissions(["a", "b", "c", "d"], [], until_s=9.0)
     assert planned == [(0.0, "a"), (0.0, "b"), (4.5, "c"), (9.0, "d")]
 

@@ -342,6 +342,26 @@ def test_a_finished_task_run_again_is_documented_only_while_its_worker_did_not_e
     }
 
 
+def test_a_task_run_again_across_a_crash_of_the_rabbitmq_node_is_documented_with_late_ack() -> None:
+    """With late acknowledgement on RabbitMQ, a task under way when its broker went away
+    "is being executed twice per connection loss" (Celery's configuration reference); the
+    same finding at the defaults, or one not across a restart, is no such thing."""
+    from crashqueuelab.systems.libraries.celery.promises import CONNECTION_LOSS
+
+    def again(across: bool) -> Anomaly:
+        base = _ran_twice("exited")
+        facts = {**base.facts, "across_server_restart": across}
+        return Anomaly(base.kind, f"{base.text} ({across})", base.job, facts=facts)
+
+    late = classify(resolve_system("celery-rabbitmq-acks-late"), "deploys", [again(True)])
+    assert late["broken_promises"] == []
+    assert [entry["source"] for entry in late["weaker_as_documented"]] == [CONNECTION_LOSS]
+    not_across = classify(resolve_system("celery-rabbitmq-acks-late"), "deploys", [again(False)])
+    assert not_across["broken_promises"] == [again(False).text]
+    early = classify(resolve_system("celery-rabbitmq"), "deploys", [again(True)])
+    assert early["broken_promises"] == [again(True).text]
+
+
 def test_the_gevent_system_needs_gevent_which_its_pinned_releases_install_beside_them() -> None:
     from importlib.util import find_spec
 

@@ -633,3 +633,31 @@ def test_a_command_that_claims_through_the_adapter_refuses_celery_on_rabbitmq(
         in (error["message"])
     )
     assert not run.exists()
+
+
+def test_a_crash_of_the_node_under_late_acknowledgement_runs_tasks_again_as_documented(
+    tmp_path: Path, redis_socket: str, run_cli: RunCli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``deploys --server-restarts 1`` on ``celery-rabbitmq-acks-late``: the run starts its
+    own node (none named to it) and SIGKILLs every process of it half an interval after the
+    first stop, then starts it again on its data. The workers reconnect; a task under way at
+    the crash could not acknowledge on its lost channel and runs again, which Celery
+    documents (``worker_cancel_long_running_tasks_on_connection_loss``): each such finding is
+    explained, never a broken promise. What else the crash did is the run's to report."""
+    monkeypatch.delenv(URL_VARIABLE, raising=False)
+    run = tmp_path / "run"
+    outcome = run_cli(
+        "deploys", "--system", "celery-rabbitmq-acks-late", "--workers", "2", "--deploys", "1",
+        "--jobs", "10", "--grace-s", "4", "--server-restarts", "1", "--output-directory", run,
+        "--quiet",
+    )  # fmt: skip
+    record = json.loads((run / "deploys.json").read_text())
+    assert record["error"] is None, record["error"]
+    [restart] = record["server_restarts"]["restarts"]
+    assert record["server_restarts"]["server"] == "its RabbitMQ node"
+    assert restart["down_s"] > 0
+    assert "1 crash(es) of its RabbitMQ node" in outcome.result["headline"]
+    across = [f["text"] for f in record["findings"] if f["facts"].get("across_server_restart")]
+    broken = record["promises"]["broken_promises"]
+    assert not set(across) & set(broken), (across, broken)
+    assert outcome.code in (0, 1), outcome.stderr

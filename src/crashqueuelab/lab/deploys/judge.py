@@ -44,6 +44,11 @@ from crashqueuelab.lab.runs.executions import (
 )
 from crashqueuelab.systems.contract import JobStatus, StoredJob
 
+#: An execution that ended this little before a server restart began may not have had its
+#: acknowledgement reach the server (a library's own worker sends it after the work
+#: returns, where the lab cannot see it): the restart's connection loss may send it back.
+ACK_IN_FLIGHT_S = 1.0
+
 
 @dataclass(frozen=True)
 class WorkerFate:
@@ -116,13 +121,26 @@ def _acknowledged(
     return "yes" if any(run.end_s <= at < until for at in times) else "no"
 
 
+def _across(run: Execution, restarts_at: Sequence[float]) -> dict[str, bool]:
+    """In a run that restarted its server: whether ``run`` was under way when a restart
+    began, its acknowledgement perhaps not yet sent (it ended less than
+    ``ACK_IN_FLIGHT_S`` before), so that its connection's loss may send it back."""
+    if not restarts_at:
+        return {}
+    ended = run.end_s if run.end_s is not None else float("inf")
+    across = any(run.start_s <= at <= ended + ACK_IN_FLIGHT_S for at in restarts_at)
+    return {"across_server_restart": across}
+
+
 def _again(
     key: str,
     runs: Sequence[Execution],
     fates: Mapping[str, WorkerFate],
     acks: Mapping[str, Sequence[tuple[str, float]]],
+    restarts_at: Sequence[float] = (),
 ) -> tuple[list[Anomaly], int]:
-    """The findings of a job's later executions, and how many were redeliveries."""
+    """The findings of a job's later executions, and how many were redeliveries.
+    ``restarts_at``: when the run's server restarts began."""
     anomalies, redelivered = [], 0
     for index, again in enumerate(runs[1:], 1):
         beside = [run for run in runs[:index] if run.overlaps(again)]
@@ -135,7 +153,11 @@ def _again(
                     Kind.RAN_BESIDE_LIVE_HOLDER,
                     f"job {key}: ran beside a live holder: {_at(holder)}, then {_at(again)}",
                     job=key,
-                    facts={"holder": holder.worker, "holder_stopping": stopping},
+                    facts={
+                        "holder": holder.worker,
+                        "holder_stopping": stopping,
+                        **_across(holder, restarts_at),
+                    },
                 )
             )
             continue
@@ -162,7 +184,12 @@ def _again(
                 f" {_at(first)} (its worker then {then}, acknowledged: {acknowledged}),"
                 f" then {_at(again)}",
                 job=key,
-                facts={"times": len(runs), "worker_then": then, "acknowledged": acknowledged},
+                facts={
+                    "times": len(runs),
+                    "worker_then": then,
+                    "acknowledged": acknowledged,
+                    **_across(first, restarts_at),
+                },
             )
         )
     return anomalies, redelivered
@@ -189,16 +216,18 @@ def judge(
     signal: str,
     scheduled: Collection[str] = (),
     max_attempts: int | None = None,
+    restarts_at: Sequence[float] = (),
 ) -> tuple[list[Anomaly], dict[str, dict[str, Any]]]:
     """The findings of a deploy run, and each job's summary. ``executions`` have their
     fates marked (``with_fates``) and the library's guard's kills (``with_deaths``);
     ``acks`` are the ``ack`` lines by worker; ``stored`` the reader's jobs (None: the
-    system has no reader); ``max_attempts`` each job's attempts."""
+    system has no reader); ``max_attempts`` each job's attempts; ``restarts_at`` when
+    each of the run's server restarts began."""
     anomalies: list[Anomaly] = []
     jobs: dict[str, dict[str, Any]] = {}
     for key in keys:
         runs = sorted((run for run in executions if run.key == key), key=lambda r: r.start_s)
-        found, redelivered = _again(key, runs, fates, acks)
+        found, redelivered = _again(key, runs, fates, acks, restarts_at)
         anomalies += found
         guarded = sum(1 for run in runs if by_its_guard(run, fates))
         beyond = beyond_its_attempts(key, len(runs), guarded, max_attempts)

@@ -99,18 +99,27 @@ class DeployPlan:
     failovers: int = 0
     #: How long no server answers the clients between a failover's kill and its promotion.
     promote_after_s: float = 0.0
+    #: Crashes of the system's server (its broker, for a library on RabbitMQ): every process
+    #: of it SIGKILLed, then started again on what it kept, each half an interval after a
+    #: stop (``server_fault_times``), as failovers are.
+    server_restarts: int = 0
 
     def check(self) -> None:
         """Refuse what cannot be run, naming the option."""
         for name in ("workers", "jobs", "surge"):
             if getattr(self, name) < 1:
                 raise InvalidInput(name, "must be at least 1")
-        for name in ("deploys", "fleet_restarts", "failovers"):
+        for name in ("deploys", "fleet_restarts", "failovers", "server_restarts"):
             if getattr(self, name) < 0:
                 raise InvalidInput(name, "must be 0 or more")
-        if self.deploys + self.fleet_restarts + self.failovers == 0:
+        if self.deploys + self.fleet_restarts + self.failovers + self.server_restarts == 0:
             raise InvalidInput(
-                "deploys", "a deploy run makes at least one deploy, restart or failover"
+                "deploys",
+                "a deploy run makes at least one deploy, restart, failover or server restart",
+            )
+        if self.failovers and self.server_restarts:
+            raise InvalidInput(
+                "server_restarts", "one kind of server fault a run: not with --failovers"
             )
         if self.surge > self.workers:
             raise InvalidInput("surge", f"at most the {self.workers} workers")
@@ -155,6 +164,7 @@ class DeployPlan:
             "due_tolerance_s": self.due_tolerance_s,
             "failovers": self.failovers,
             "promote_after_s": self.promote_after_s,
+            "server_restarts": self.server_restarts,
         }
 
 
@@ -189,11 +199,12 @@ def schedule(plan: DeployPlan) -> list[Step]:
     ]
 
 
-def failover_times(plan: DeployPlan) -> list[float]:
-    """When each failover strikes, on the run's clock: half an interval after each stop in
-    turn (after the first stop's time without stops), so that a failover never lands on a
-    stop and the workers a stop started have had time to start."""
-    return [plan.warmup_s + (index + 0.5) * plan.interval for index in range(plan.failovers)]
+def server_fault_times(plan: DeployPlan) -> list[float]:
+    """When each failover or server restart strikes, on the run's clock: half an interval
+    after each stop in turn (after the first stop's time without stops), so that it never
+    lands on a stop and the workers a stop started have had time to start."""
+    faults = plan.failovers + plan.server_restarts
+    return [plan.warmup_s + (index + 0.5) * plan.interval for index in range(faults)]
 
 
 def job_keys(jobs: int) -> list[str]:
@@ -224,7 +235,7 @@ def submissions(
     keys: Sequence[str], steps: Sequence[Step], until_s: float = 0.0
 ) -> list[tuple[float, str]]:
     """When each job is submitted (seconds from the start): half at once, the rest evenly
-    until the last stop signal (or ``until_s``, if later: past the last failover), so that
+    until the last stop signal (or ``until_s``, if later: past the last server fault), so that
     jobs are waiting and running at every deploy."""
     if not keys:
         return []  # every job is scheduled

@@ -13,6 +13,7 @@ from typing import Any
 
 from crashqueuelab.lab.deploys.fleet import Fleet, Worker
 from crashqueuelab.lab.deploys.plan import DeployPlan, Step, StopSignal
+from crashqueuelab.lab.deploys.serverrestarts import ServerRestarts
 from crashqueuelab.lab.faults.deploy import Replace
 from crashqueuelab.lab.runs.executions import (
     ENDED,
@@ -52,6 +53,7 @@ class Rollout:
         startup_s: float = 60.0,
         fail_over: Callable[..., dict[str, Any]] | None = None,
         failovers_at: Sequence[float] = (),
+        server_restarts: ServerRestarts | None = None,
     ) -> None:
         self.plan, self.fleet, self.steps, self.clock = plan, fleet, steps, clock
         #: Executions whose process died under their live worker, not stopped by the lab
@@ -75,6 +77,8 @@ class Rollout:
         #: Each failover done: when it began and when the clients reached the promoted
         #: standby (the run's clock), with the cluster's record of it.
         self.failovers: list[dict[str, Any]] = []
+        #: Crashes of the system's server, each started again on what it kept.
+        self.server_restarts = server_restarts
         #: Each worker that exited by itself while the run fails its server over, restarted
         #: at once as a process manager restarts a service that exited.
         self.restarted: list[dict[str, Any]] = []
@@ -82,7 +86,14 @@ class Rollout:
         #: the next turn): when first, how many calls, the last error.
         self.submit_failures: dict[str, dict[str, Any]] = {}
         #: Past this many restarts of one slot, an exit is a worker that cannot run.
-        self.restarts_per_slot = 2 * len(failovers_at) + 2
+        faults = len(failovers_at) + (server_restarts.count if server_restarts else 0)
+        self.restarts_per_slot = 2 * faults + 2
+
+    @property
+    def server_faulted(self) -> bool:
+        """Whether the run fails its server over or restarts it: a worker or a submission
+        its server went away under is given another go."""
+        return self.fail_over is not None or self.server_restarts is not None
 
     def submit_due(self) -> None:
         while self.planned and self.planned[0][0] <= self.clock():
@@ -108,7 +119,7 @@ class Rollout:
             )
             failed["calls"] += 1
             failed["error"] = f"{type(error).__name__}: {error}"[:300]
-            if self.fail_over is None or self.clock() - failed["first_at_s"] > SUBMIT_RETRY_S:
+            if not self.server_faulted or self.clock() - failed["first_at_s"] > SUBMIT_RETRY_S:
                 raise
             return False
         return True
@@ -180,14 +191,18 @@ class Rollout:
                 {"at_s": round(began, 3), "promoted_at_s": round(promoted, 3), **record}
             )
 
+    def restart_server_due(self) -> None:
+        restarts = self.server_restarts
+        if restarts is None:
+            return
+        restarts.strike_due()
+        if restarts.error is not None:
+            self.failed["server"] = f"the server did not start again: {restarts.error}"
+
     def note_exits(self) -> None:
         for worker in self.fleet.poll():
             restarts = sum(1 for one in self.restarted if one["slot"] == worker.slot)
-            if (
-                worker.stop_s is None
-                and self.fail_over is not None
-                and restarts < self.restarts_per_slot
-            ):
+            if worker.stop_s is None and self.server_faulted and restarts < self.restarts_per_slot:
                 # The worker's server went away under it: a process manager starts it again.
                 error = Path(f"{worker.ledger}.error")
                 self.restarted.append(
@@ -257,9 +272,14 @@ class Rollout:
             self.note_exits()
             self.stop_due()
             self.fail_over_due()
+            self.restart_server_due()
             self.enforce_grace()
             self.watch_deaths()
-            done = self.done_steps == len(self.steps) and not self.pending_failovers
+            done = (
+                self.done_steps == len(self.steps)
+                and not self.pending_failovers
+                and (self.server_restarts is None or self.server_restarts.finished())
+            )
             if done and not self.draining():
                 last_stop_end = last_stop_end if last_stop_end is not None else self.clock()
                 if self.every_job_completed(keys):

@@ -41,14 +41,16 @@ from crashqueuelab.lab.deploys.plan import (
     Step,
     due_tolerance,
     durations,
-    failover_times,
     job_keys,
     schedule,
     scheduled_jobs,
+    server_fault_times,
     submissions,
 )
 from crashqueuelab.lab.deploys.rollout import MAX_ATTEMPTS, Rollout
+from crashqueuelab.lab.deploys.serverrestarts import ServerRestarts
 from crashqueuelab.lab.deploys.workers import DeployWorkerSpec
+from crashqueuelab.lab.faults.kinds import FaultKind
 from crashqueuelab.lab.runs.executions import (
     DeathWatch,
     Execution,
@@ -66,6 +68,9 @@ from crashqueuelab.systems.registry import resolve_system
 DEPLOYS_FILE = DEPLOYS.record
 #: The lab's own worker's lease, where the system heartbeats.
 DEFAULT_LEASE_S = 1.0
+#: How long the run's end waits for a server restart under way (a RabbitMQ node's start is
+#: bounded by 90 s of its own).
+RESTART_WAIT_S = 120.0
 #: A library's own worker hands out a dead worker's job after its own timer, which the lab
 #: does not set: the recovery bound allows this much for it unless told otherwise
 #: (pgqueuer's documented heartbeat timeout is 30 s).
@@ -118,6 +123,14 @@ def _headline(
             f" {len(record['restarted_after_exit'])} worker(s) exited and were restarted and"
             f" a job waited at most {max(waits, default=0.0):g} s for a worker (before the"
             f" first: {before})"
+        )
+    if plan.server_restarts and "server_restarts" in record:
+        downs = [r["down_s"] for r in record["server_restarts"]["restarts"] if r["down_s"]]
+        shape += (
+            f"; {plan.server_restarts} crash(es) of {record['server_restarts']['server']},"
+            f" each started again on what it kept (down at most {max(downs, default=0.0):g}"
+            f" s), after which {len(record['restarted_after_exit'])} worker(s) exited and"
+            " were restarted"
         )
     if record["error"]:
         return f"{system.version}: not judged: {record['error']['type']}"
@@ -242,10 +255,60 @@ def _clients(system: System, store: Path, *, failing_over: bool) -> tuple[QueueC
     return client, Reopening(lambda: system.open(request)) if failing_over else client
 
 
+def _close_run(
+    restarts: ServerRestarts | None,
+    fleet: Fleet,
+    clients: tuple[QueueClient, Calls],
+    sleep: Callable[[float], None],
+) -> None:
+    """The run's end, also on failure: a server restart under way ends first (the workers
+    stop against a served server), then every worker stops, then the clients close."""
+    if restarts is not None:
+        restarts.wait(RESTART_WAIT_S)
+    fleet.close(sleep)
+    for each in {id(client): client for client in clients}.values():
+        each.close()
+
+
+def _server_faults(
+    system: System,
+    plan: DeployPlan,
+    run: Rollout,
+    executions: Sequence[Execution],
+    planned: Sequence[tuple[float, str]],
+) -> dict[str, Any]:
+    """What the run's failovers or server restarts did, for its record (none: nothing)."""
+    if not plan.failovers and run.server_restarts is None:
+        return {}
+    faults: dict[str, Any] = {
+        "restarted_after_exit": run.restarted,
+        "submissions_that_raised": run.submit_failures,
+    }
+    if run.server_restarts is not None:
+        restarts = run.server_restarts.done
+        faults["server_restarts"] = {"server": _server_name(system), "restarts": restarts}
+    if plan.failovers:
+        later = [key for at, key in planned if at > 0]
+        faults["failovers"] = failover_wakeups(run.failovers, run.submitted, executions, later)
+    return faults
+
+
+def _server_name(system: System) -> str:
+    """The server a restart crashes: the broker, for a library on RabbitMQ."""
+    if system.broker == "rabbitmq":
+        return "its RabbitMQ node"
+    return {"redis": "its Redis server", "postgres": "its PostgreSQL server"}.get(
+        system.server or "", "its server"
+    )
+
+
 def _worker_failed(run: Rollout) -> dict[str, str] | None:
-    """The run's error when a worker could not run: what each such worker said."""
+    """The run's error when a worker could not run (what each such worker said), or its
+    server did not start again after a restart."""
     if not run.failed:
         return None
+    if "server" in run.failed:
+        return {"type": "ServerFailed", "message": run.failed["server"]}
     told = "; ".join(f"{name}: {message}" for name, message in run.failed.items())
     return {"type": "WorkerFailed", "message": told}
 
@@ -273,6 +336,7 @@ def _check(
     lease_s: float | None,
     recovery_wait_s: float | None,
     fail_over: Callable[..., dict[str, Any]] | None = None,
+    restart_server: Callable[[], None] | None = None,
 ) -> None:
     plan.check()
     if lease_s is not None and not lease_s > 0:
@@ -284,6 +348,12 @@ def _check(
             "failovers",
             "needs a primary and a standby this run started: a system on PostgreSQL, run"
             " without --dsn",
+        )
+    if plan.server_restarts and restart_server is None:
+        raise InvalidInput(
+            "server_restarts",
+            "needs a server this run started: a system on Redis, RabbitMQ or PostgreSQL,"
+            " run without --dsn",
         )
 
 
@@ -367,7 +437,7 @@ def _submissions(
     """The scheduled jobs, and when every job is submitted, in order."""
     later = scheduled_jobs(keys, steps, plan)
     due = {job.key for job in later}
-    failovers = failover_times(plan)
+    failovers = server_fault_times(plan)
     # Jobs are submitted past the last failover too: those after a promotion show how soon
     # the workers are woken again.
     until = failovers[-1] + plan.interval / 2 if failovers else 0.0
@@ -427,11 +497,13 @@ def run_deploys(
     now: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
     fail_over: Callable[..., dict[str, Any]] | None = None,
+    restart_server: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Run ``plan`` against ``system``; the record, also written to ``deploys.json``.
-    ``fail_over`` fails the system's server over (the plan's ``failovers`` need it)."""
+    ``fail_over`` fails the system's server over (the plan's ``failovers`` need it);
+    ``restart_server`` crashes it and starts it again (its ``server_restarts`` do)."""
     resolved = resolve_system(system)
-    _check(plan, lease_s, recovery_wait_s, fail_over)
+    _check(plan, lease_s, recovery_wait_s, fail_over, restart_server)
     ready = _prepare(resolved, plan, lease_s, recovery_wait_s)
     keys, work, lease_s, worker, labs = (
         ready.keys,
@@ -460,19 +532,24 @@ def run_deploys(
 
     if progress is not None:
         progress(f"deploys {resolved.name}: {len(steps)} stops of {plan.workers} workers")
-    client, producer = _clients(resolved, store, failing_over=fail_over is not None)
+    faulted = fail_over is not None or restart_server is not None
+    client, producer = _clients(resolved, store, failing_over=faulted)
     fleet = Fleet(output_dir, spec_for, clock)
     scheduler = _scheduler(worker, labs, client, store)
+    restarts = (
+        ServerRestarts(restart_server, server_fault_times(plan), clock)
+        if restart_server is not None and plan.server_restarts
+        else None
+    )
     run = Rollout(
         plan, fleet, steps, ready.planned, producer, clock, scheduler, due, wall_origin,
-        DeathWatch(now), STARTUP_S, fail_over, failover_times(plan),
+        DeathWatch(now), STARTUP_S, fail_over,
+        server_fault_times(plan) if plan.failovers else (), restarts,
     )  # fmt: skip
     try:
         recovered_at, last_stop_end = run.drive(keys, bound, sleep)
     finally:
-        fleet.close(sleep)
-        for each in {id(client): client, id(producer): producer}.values():
-            each.close()
+        _close_run(restarts, fleet, (client, producer), sleep)
     finished = clock()
     error = _worker_failed(run)
     judged_fates = _fates(fleet, labs)
@@ -495,6 +572,7 @@ def run_deploys(
         plan.signal.value,
         set(due),
         max_attempts=MAX_ATTEMPTS,
+        restarts_at=[r["at_s"] for r in restarts.done] if restarts is not None else (),
     )
     again = {
         f.job
@@ -505,7 +583,15 @@ def run_deploys(
     on_schedule, timed = judge_scheduled(later, executions, ready.tolerance, first_stop, again)
     anomalies += on_schedule
     _planned_jobs(jobs, work, plan, run.submitted)
-    promises = None if error else classify(resolved, "deploys", anomalies)
+    # A restart of the store's server is chaos's fault of that name: what it takes back is
+    # the server's persistence's to explain. A RabbitMQ node's is not: a library on it
+    # keeps its results in Redis, whose persistence a broker's crash does not touch.
+    faults = (
+        [FaultKind.SERVER_RESTART.value]
+        if restarts is not None and restarts.done and resolved.broker != "rabbitmq"
+        else []
+    )
+    promises = None if error else classify(resolved, "deploys", anomalies, faults)
     workers = [w.to_json() for w in fleet.workers]
     record: dict[str, Any] = {
         "ok": not anomalies and error is None,
@@ -552,17 +638,7 @@ def run_deploys(
         "promises": promises,
         "timings": {"run_s": round(finished, 3)},
     }
-    if plan.failovers:
-        record |= {
-            "failovers": failover_wakeups(
-                run.failovers,
-                run.submitted,
-                executions,
-                [key for at, key in ready.planned if at > 0],
-            ),
-            "restarted_after_exit": run.restarted,
-            "submissions_that_raised": run.submit_failures,
-        }
+    record |= _server_faults(resolved, plan, run, executions, ready.planned)
     record["headline"] = _headline(resolved, plan, jobs, record)
     write_json(output_dir / DEPLOYS_FILE, record)
     return record

@@ -216,6 +216,19 @@ def deploys_view(run_dir: Path) -> View:
         ),
         ("recovery bound", f"{recovery['wait_s']:g} s", recovery["basis"]),
     ]
+    restarted = report.get("server_restarts")
+    if restarted:
+        downs = [r["down_s"] for r in restarted["restarts"] if r["down_s"] is not None]
+        figures.append(
+            (
+                f"crashes of {restarted['server']}",
+                f"{len(restarted['restarts'])}, down up to {max(downs, default=0.0):g} s",
+                "every process SIGKILLed, started again on what it kept, at "
+                + ", ".join(f"{r['at_s']:g} s" for r in restarted["restarts"])
+                + f"; {len(report['restarted_after_exit'])} worker(s) exited by themselves"
+                " and were started again",
+            )
+        )
     failing_over = report.get("failovers")
     if failing_over:
         worst = [f["wait_s"]["max"] for f in failing_over["failovers"] if f["wait_s"]]

@@ -50,13 +50,16 @@ def servers_for(
     replicated PostgreSQL (``replicated`` makes it: a primary and a streaming standby,
     started by entering it, named by its ``client_dsn``, which a failover moves), or None
     (``dsn`` given, or no system needs a server). A RabbitMQ node the systems' broker
-    needs is started first and stopped last."""
+    needs is started first and stopped last, and is then the handle (the server a restart
+    crashes): None when the environment names a node already."""
     resolved = [system for system in map(_resolved, systems) if system is not None]
     with ExitStack() as stack:
         needs_a_node = any(system.broker == "rabbitmq" for system in resolved)
+        node = None
         if needs_a_node and not os.environ.get(RABBITMQ_URL_VARIABLE):
-            stack.enter_context(started(ThrowawayRabbitMQ()))
-        yield stack.enter_context(_servers(resolved, dsn, replicated))
+            node = stack.enter_context(started(ThrowawayRabbitMQ()))
+        handle = stack.enter_context(_servers(resolved, dsn, replicated))
+        yield node if needs_a_node else handle
 
 
 @contextmanager

@@ -21,6 +21,9 @@ _DOCS = "https://docs.celeryq.dev/en/stable/"
 GLOSSARY = _DOCS + "glossary.html"
 VISIBILITY = _DOCS + "getting-started/backends-and-brokers/redis.html#visibility-timeout"
 _REDIS_PERSISTENCE = "https://redis.io/docs/latest/operate/oss_and_stack/management/persistence/"
+CONNECTION_LOSS = (
+    _DOCS + "userguide/configuration.html#worker-cancel-long-running-tasks-on-connection-loss"
+)
 
 #: The points after which a task has been acknowledged at its start (early ack) and not
 #: finished: a death there loses it.
@@ -125,6 +128,21 @@ _LATE_ACK = Documented(
         Kind.RAN_TWICE: {"acknowledged": ("no", "unknown"), "worker_then": "sigkilled"},
     },
 )
+#: With late acknowledgement a broker that goes away (a RabbitMQ node's crash) takes the
+#: workers' channels, and the tasks they ran and had not acknowledged go back to the queue
+#: (``worker_cancel_long_running_tasks_on_connection_loss``, off by default through 5.x).
+_CONNECTION_LOSS = Documented(
+    '"Tasks which have not been acknowledged before the connection loss cannot do so anymore'
+    " since their channel is gone and the task is redelivered back to the queue [...] the"
+    " task is being executed twice per connection loss (and sometimes in parallel in other"
+    ' workers)" (worker_cancel_long_running_tasks_on_connection_loss, off by default): a'
+    " task under way when its broker restarted runs again",
+    CONNECTION_LOSS,
+    when={
+        Kind.RAN_TWICE: {"across_server_restart": True},
+        Kind.RAN_BESIDE_LIVE_HOLDER: {"across_server_restart": True},
+    },
+)
 _RDB = Documented(
     "RDB snapshots (Redis's default persistence) keep only the last snapshot: a crash of the"
     " server or a power cut takes back every write since it",
@@ -141,8 +159,9 @@ def documented_for(settings: Settings) -> tuple[Documented, ...]:
     connection/channel is closed (or lost)", the glossary), which breaks no promise; the
     results are still in Redis."""
     if settings.broker == RABBITMQ:
-        acknowledgement = _LATE_ACK if settings.acks_late else _EARLY_ACK
-        return (_NO_TOKEN, acknowledgement, _RDB, CONNECTION_RAISES)
+        if settings.acks_late:
+            return (_NO_TOKEN, _LATE_ACK, _CONNECTION_LOSS, _RDB, CONNECTION_RAISES)
+        return (_NO_TOKEN, _EARLY_ACK, _RDB, CONNECTION_RAISES)
     if settings.acks_late:
         # Unacknowledged until it ends: a death anywhere after the receipt is redelivered.
         running = _RECEIVED + _ACKNOWLEDGED_RUNNING

@@ -1,0 +1,166 @@
+"""Deploy runs that crash the system's server and start it again (``deploys
+--server-restarts``): when each restart strikes and what it records, what the option
+refuses, how a run judges an execution under way across a restart, and a run on a Redis
+server the run started."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crashqueuelab.core.errors import InvalidInput
+from crashqueuelab.judges.findings import Kind
+from crashqueuelab.lab.deploys.judge import WorkerFate, judge
+from crashqueuelab.lab.deploys.plan import DeployPlan, server_fault_times
+from crashqueuelab.lab.deploys.serverrestarts import ServerRestarts
+from crashqueuelab.lab.runs.executions import Execution
+from crashqueuelab.systems.contract import JobStatus, StoredJob
+from tests.conftest import RunCli
+
+DONE = StoredJob("finished", JobStatus.SUCCEEDED, 1)
+
+
+class Clock:
+    """A clock the test moves (no sleeps)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_restart_strikes_when_due_one_at_a_time_and_records_how_long_the_server_was_down() -> (
+    None
+):
+    clock = Clock()
+    calls: list[float] = []
+
+    def restart() -> None:
+        calls.append(clock.now)
+        clock.now += 2.5  # the server takes this long to serve again
+
+    restarts = ServerRestarts(restart, [3.0, 7.0], clock)
+    assert restarts.count == 2
+    restarts.strike_due()
+    assert calls == []
+    assert not restarts.finished()
+    clock.now = 3.0
+    restarts.strike_due()
+    restarts.wait(10.0)
+    assert calls == [3.0]
+    assert restarts.done == [{"at_s": 3.0, "back_at_s": 5.5, "down_s": 2.5}]
+    clock.now = 7.0
+    restarts.strike_due()
+    restarts.wait(10.0)
+    assert [r["at_s"] for r in restarts.done] == [3.0, 7.0]
+    assert restarts.finished()
+    assert restarts.error is None
+    assert restarts.count == 2
+
+
+def test_a_restart_whose_server_does_not_start_is_the_runs_error_and_nothing_follows_it() -> None:
+    clock = Clock()
+
+    def restart() -> None:
+        raise RuntimeError("the node did not answer")
+
+    restarts = ServerRestarts(restart, [0.0, 0.0], clock)
+    restarts.strike_due()
+    restarts.wait(10.0)
+    assert restarts.error == "RuntimeError: the node did not answer"
+    assert restarts.done == [{"at_s": 0.0, "back_at_s": None, "down_s": None}]
+    restarts.strike_due()  # none after a failed one
+    assert len(restarts.done) == 1
+    assert restarts.pending == [0.0]
+
+
+def test_restarts_fall_half_an_interval_after_each_stop_like_failovers() -> None:
+    plan = DeployPlan(workers=2, deploys=0, server_restarts=2, interval_s=4.0, warmup_s=1.0)
+    plan.check()
+    assert server_fault_times(plan) == [3.0, 7.0]
+    assert plan.to_json()["server_restarts"] == 2
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"server_restarts": -1}, "server_restarts"),
+        ({"server_restarts": 1, "failovers": 1}, "server_restarts"),
+        ({"deploys": 0, "server_restarts": 0}, "deploys"),
+    ],
+)
+def test_a_plan_refuses_what_a_server_restart_cannot_be(
+    changes: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(InvalidInput) as refused:
+        DeployPlan(**changes).check()
+    assert refused.value.field == field
+
+
+def test_an_execution_under_way_at_a_restart_is_said_so_in_its_finding() -> None:
+    """A job run again after an execution that ran when the server restarted (or ended
+    within ``ACK_IN_FLIGHT_S`` before it, its acknowledgement perhaps not yet sent) is
+    marked ``across_server_restart``; one that ended long before is not; a run without
+    restarts has no such fact."""
+    runs = [
+        Execution("a", "w0", 1.0, 3.6),
+        Execution("a", "w1", 6.0, 7.0),
+        Execution("b", "w0", 0.5, 1.0),
+        Execution("b", "w1", 8.0, 9.0),
+    ]
+    fates = {"w0": WorkerFate("w0"), "w1": WorkerFate("w1")}
+    stored = {"a": DONE, "b": DONE}
+    found, _ = judge(["a", "b"], runs, fates, {}, stored, "SIGTERM", restarts_at=[4.0])
+    facts = {a.job: a.facts for a in found if a.kind is Kind.RAN_TWICE}
+    assert (facts["a"]["across_server_restart"], facts["b"]["across_server_restart"]) == (
+        True,
+        False,
+    )
+    plain, _ = judge(["a"], runs[:2], fates, {}, stored, "SIGTERM")
+    assert "across_server_restart" not in plain[0].facts
+
+
+def test_a_run_without_a_server_of_its_own_refuses_restarts_and_writes_nothing(
+    tmp_path: Path, run_cli: RunCli
+) -> None:
+    outcome = run_cli(
+        "deploys", "--system", "sqlite", "--output-directory", str(tmp_path / "d"),
+        "--workers", "1", "--deploys", "1", "--server-restarts", "1",
+    )  # fmt: skip
+    assert outcome.code == 2
+    assert outcome.result["error"]["field"] == "server_restarts"
+    assert not (tmp_path / "d").exists()
+
+
+def test_rq_across_a_crash_of_its_redis_server_loses_only_what_its_snapshot_did_not_keep(
+    tmp_path: Path, run_cli: RunCli
+) -> None:
+    """The run starts RQ's Redis server (RDB snapshots only) and crashes it half an
+    interval after the first stop: whatever the crash takes back is the snapshot's
+    documented weakness, named so; the restart's record says when the server served
+    again."""
+    outcome = run_cli(
+        "deploys", "--system", "rq", "--output-directory", str(tmp_path / "d"),
+        "--workers", "2", "--deploys", "1", "--jobs", "8", "--long-share", "0",
+        "--grace-s", "2", "--server-restarts", "1", "--recovery-wait-s", "10",
+    )  # fmt: skip
+    record: dict[str, Any] = json.loads((tmp_path / "d" / "deploys.json").read_text())
+    assert record["error"] is None, record["error"]
+    restarts = record["server_restarts"]
+    assert restarts["server"] == "its Redis server"
+    [restart] = restarts["restarts"]
+    assert restart["back_at_s"] >= restart["at_s"]
+    assert restart["down_s"] >= 0
+    assert "1 crash(es) of its Redis server" in record["headline"]
+    assert outcome.result["server_restarts"] == restarts
+    promises = record["promises"]
+    assert promises["broken_promises"] == [], promises
+    if record["anomalies"]:
+        explained = [entry["what"] for entry in promises["weaker_as_documented"]]
+        assert any("RDB snapshots" in what for what in explained), explained
+    page = (tmp_path / "d" / "report.html").read_text()
+    assert "crashes of its Redis server" in page
