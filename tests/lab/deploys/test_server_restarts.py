@@ -164,3 +164,12 @@ def test_rq_across_a_crash_of_its_redis_server_loses_only_what_its_snapshot_did_
         assert any("RDB snapshots" in what for what in explained), explained
     page = (tmp_path / "d" / "report.html").read_text()
     assert "crashes of its Redis server" in page
+
+
+def test_the_server_a_restart_crashes_is_named_as_the_systems_store_or_broker() -> None:
+    from crashqueuelab.lab.deploys.run import _server_name
+    from crashqueuelab.systems.registry import resolve_system
+
+    assert _server_name(resolve_system("postgres")) == "its PostgreSQL server"
+    assert _server_name(resolve_system("rq")) == "its Redis server"
+    assert _server_name(resolve_system("sqlite")) == "its server"
