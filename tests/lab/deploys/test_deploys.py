@@ -385,7 +385,7 @@ def test_scheduled_jobs_through_a_librarys_own_scheduling_call_across_a_deploy(
 # waits.
 @pytest.mark.releases
 @pytest.mark.quiet
-def test_kombu_1733_and_1800_a_warm_shutdown_loses_a_task_on_5_3_1_and_5_3_2_not_on_5_3_3(
+def test_kombu_1733_and_1800_a_warm_shutdown_loses_a_task_on_5_3_1_and_none_on_5_3_3(
     tmp_path: Path, release_cache: Path, run_cli: RunCli
 ) -> None:
     """kombu #1733 (Celery #7950): a worker's warm shutdown can leave its last BRPOP pending;
@@ -395,8 +395,10 @@ def test_kombu_1733_and_1800_a_warm_shutdown_loses_a_task_on_5_3_1_and_5_3_2_not
     shared ``unacked`` hash: a second worker that popped it in between (the tag travels with
     the message) loses its own record, and if it too stops before running the task, nothing
     restores it (kombu #1800, fixed in 5.3.3). So 5.3.3 must keep every task; what 5.3.1 and
-    5.3.2 lose is never run and held nowhere. The windows are a matter of timing: a run
-    where 5.3.1 lost nothing is said (a skip, never a pass)."""
+    5.3.2 lose with Redis holding it nowhere was never run. 5.3.2 lost such a task in 2 of
+    28 runs of this shape (real-queues.md), so one run does not assert it of 5.3.2. The
+    windows are a matter of timing: a run where 5.3.1 lost nothing is said (a skip, never a
+    pass)."""
     directory = tmp_path / "v"
     outcome = run_cli(
         "versions", "--system", "celery==5.3.1", "--vary", "kombu",
@@ -420,15 +422,17 @@ def test_kombu_1733_and_1800_a_warm_shutdown_loses_a_task_on_5_3_1_and_5_3_2_not
 
     old, partly, fixed = record("5.3.1"), record("5.3.2"), record("5.3.3")
     assert fixed["promises"]["keeps_its_promises"] is True, fixed["anomalies"]
-    lost = {
-        release: [f for f in kept["findings"] if f["kind"] == "lost_in_deploy"]
+    nowhere = {
+        release: [
+            f
+            for f in kept["findings"]
+            if f["kind"] == "lost_in_deploy" and f["facts"]["stored"] == "nowhere"
+        ]
         for release, kept in (("5.3.1", old), ("5.3.2", partly))
     }
-    for findings in lost.values():
-        assert {(f["facts"]["stored"], f["facts"]["last_end"]) for f in findings} <= {
-            ("nowhere", "never ran")
-        }, findings
-    if not lost["5.3.1"]:
+    for findings in nowhere.values():
+        assert {f["facts"]["last_end"] for f in findings} <= {"never ran"}, findings
+    if not nowhere["5.3.1"]:
         pytest.skip("kombu 5.3.1: no task fell into a stopped worker's pending BRPOP this run")
     assert outcome.code == 1, outcome.stderr
     assert old["promises"]["keeps_its_promises"] is False

@@ -186,7 +186,7 @@ def test_a_job_the_store_still_holds_waiting_is_not_done_and_not_called_lost() -
     assert [(a.kind, a.facts["waiting"]) for a in anomalies] == [(Kind.LOST_IN_DEPLOY, True)]
     assert anomalies[0].text == (
         "job a: not done: 0 execution(s), none ran to completion (the last: never ran), and"
-        " the store still holds it queued, waiting for a worker after the recovery wait"
+        " the store still holds it queued, waiting to be claimed, after the recovery wait"
     )
 
 

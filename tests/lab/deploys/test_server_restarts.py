@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from crashqueuelab.core.errors import InvalidInput
-from crashqueuelab.judges.findings import Kind
+from crashqueuelab.judges.findings import Anomaly, Kind
 from crashqueuelab.lab.deploys.judge import WorkerFate, judge
 from crashqueuelab.lab.deploys.plan import DeployPlan, server_fault_times
 from crashqueuelab.lab.deploys.serverrestarts import ServerRestarts
@@ -111,15 +111,17 @@ def test_an_execution_under_way_at_a_restart_is_said_so_in_its_finding() -> None
         Execution("a", "w1", 6.0, 7.0),
         Execution("b", "w0", 0.5, 1.0),
         Execution("b", "w1", 8.0, 9.0),
+        # Started while the server was down (a task prefetched before the crash).
+        Execution("c", "w0", 4.5, 4.8),
+        Execution("c", "w1", 9.0, 9.5),
     ]
     fates = {"w0": WorkerFate("w0"), "w1": WorkerFate("w1")}
-    stored = {"a": DONE, "b": DONE}
-    found, _ = judge(["a", "b"], runs, fates, {}, stored, "SIGTERM", restarts_at=[4.0])
+    stored = {"a": DONE, "b": DONE, "c": DONE}
+    keys = ["a", "b", "c"]
+    found, _ = judge(keys, runs, fates, {}, stored, "SIGTERM", restarts=[(4.0, 5.0)])
     facts = {a.job: a.facts for a in found if a.kind is Kind.RAN_TWICE}
-    assert (facts["a"]["across_server_restart"], facts["b"]["across_server_restart"]) == (
-        True,
-        False,
-    )
+    across = {key: facts[key]["across_server_restart"] for key in keys}
+    assert across == {"a": True, "b": False, "c": True}
     plain, _ = judge(["a"], runs[:2], fates, {}, stored, "SIGTERM")
     assert "across_server_restart" not in plain[0].facts
 
@@ -140,9 +142,9 @@ def test_rq_across_a_crash_of_its_redis_server_loses_only_what_its_snapshot_did_
     tmp_path: Path, run_cli: RunCli
 ) -> None:
     """The run starts RQ's Redis server (RDB snapshots only) and crashes it half an
-    interval after the first stop: whatever the crash takes back is the snapshot's
-    documented weakness, named so; the restart's record says when the server served
-    again."""
+    interval after the first stop: what the crash takes back of the jobs in the store when
+    it began is the snapshot's documented weakness, named so (each finding says whether its
+    job was there); the restart's record says when the server served again."""
     outcome = run_cli(
         "deploys", "--system", "rq", "--output-directory", str(tmp_path / "d"),
         "--workers", "2", "--deploys", "1", "--jobs", "8", "--long-share", "0",
@@ -158,8 +160,9 @@ def test_rq_across_a_crash_of_its_redis_server_loses_only_what_its_snapshot_did_
     assert "1 crash(es) of its Redis server" in record["headline"]
     assert outcome.result["server_restarts"] == restarts
     promises = record["promises"]
-    assert promises["broken_promises"] == [], promises
-    if record["anomalies"]:
+    struck = {f["text"] for f in record["findings"] if f["facts"]["before_server_restart"]}
+    assert not struck & set(promises["broken_promises"]), promises
+    if struck:
         explained = [entry["what"] for entry in promises["weaker_as_documented"]]
         assert any("RDB snapshots" in what for what in explained), explained
     page = (tmp_path / "d" / "report.html").read_text()
@@ -173,3 +176,23 @@ def test_the_server_a_restart_crashes_is_named_as_the_systems_store_or_broker() 
     assert _server_name(resolve_system("postgres")) == "its PostgreSQL server"
     assert _server_name(resolve_system("rq")) == "its Redis server"
     assert _server_name(resolve_system("sqlite")) == "its server"
+
+
+def test_only_a_job_in_the_store_when_a_restart_began_is_the_restarts_to_explain() -> None:
+    """A restart's fault explains, through the server's persistence, the findings of jobs
+    submitted before it began; a job submitted after every restart that was then lost is
+    no snapshot's doing, and stays a broken promise."""
+    from crashqueuelab.lab.deploys.judge import with_restart_facts
+    from crashqueuelab.lab.runs.promises import classify
+    from crashqueuelab.systems.registry import resolve_system
+
+    def lost(key: str) -> Anomaly:
+        return Anomaly(Kind.LOST_IN_DEPLOY, f"job {key}: lost", job=key, facts={"stored": "x"})
+
+    marked = with_restart_facts(
+        [lost("early"), lost("late")], {"early": 1.0, "late": 6.0}, [(3.0, 3.1), (5.0, None)]
+    )
+    assert [f.facts["before_server_restart"] for f in marked] == [True, False]
+    verdict = classify(resolve_system("rq"), "deploys", marked, ["server restart"])
+    assert verdict["broken_promises"] == ["job late: lost"]
+    assert with_restart_facts([lost("early")], {"early": 1.0}, []) == [lost("early")]

@@ -121,15 +121,46 @@ def _acknowledged(
     return "yes" if any(run.end_s <= at < until for at in times) else "no"
 
 
-def _across(run: Execution, restarts_at: Sequence[float]) -> dict[str, bool]:
-    """In a run that restarted its server: whether ``run`` was under way when a restart
-    began, its acknowledgement perhaps not yet sent (it ended less than
-    ``ACK_IN_FLIGHT_S`` before), so that its connection's loss may send it back."""
-    if not restarts_at:
+#: One server restart: when it began and when the server served again (None: never).
+Restart = tuple[float, float | None]
+
+
+def _across(run: Execution, restarts: Sequence[Restart]) -> dict[str, bool]:
+    """In a run that restarted its server: whether ``run`` was under way while a restart
+    had the server down (from its beginning to its return), its acknowledgement perhaps
+    not yet sent if it ended less than ``ACK_IN_FLIGHT_S`` before, so that the lost
+    connection may send it back."""
+    if not restarts:
         return {}
     ended = run.end_s if run.end_s is not None else float("inf")
-    across = any(run.start_s <= at <= ended + ACK_IN_FLIGHT_S for at in restarts_at)
+    across = any(
+        run.start_s <= (at if back is None else back) and ended >= at - ACK_IN_FLIGHT_S
+        for at, back in restarts
+    )
     return {"across_server_restart": across}
+
+
+def with_restart_facts(
+    anomalies: Sequence[Anomaly], submitted: Mapping[str, float], restarts: Sequence[Restart]
+) -> list[Anomaly]:
+    """In a run that restarted its server, each finding of a job says whether the job was in
+    the store when a restart began (``before_server_restart``): what a restart takes back
+    can only be such a job's (``runs.promises``)."""
+    if not restarts:
+        return list(anomalies)
+    last = max(at for at, _ in restarts)
+    return [
+        replace(
+            finding,
+            facts={
+                **finding.facts,
+                "before_server_restart": submitted.get(finding.job, float("inf")) < last,
+            },
+        )
+        if finding.job is not None
+        else finding
+        for finding in anomalies
+    ]
 
 
 def _again(
@@ -137,10 +168,10 @@ def _again(
     runs: Sequence[Execution],
     fates: Mapping[str, WorkerFate],
     acks: Mapping[str, Sequence[tuple[str, float]]],
-    restarts_at: Sequence[float] = (),
+    restarts: Sequence[Restart] = (),
 ) -> tuple[list[Anomaly], int]:
     """The findings of a job's later executions, and how many were redeliveries.
-    ``restarts_at``: when the run's server restarts began."""
+    ``restarts``: the run's server restarts."""
     anomalies, redelivered = [], 0
     for index, again in enumerate(runs[1:], 1):
         beside = [run for run in runs[:index] if run.overlaps(again)]
@@ -156,7 +187,7 @@ def _again(
                     facts={
                         "holder": holder.worker,
                         "holder_stopping": stopping,
-                        **_across(holder, restarts_at),
+                        **_across(holder, restarts),
                     },
                 )
             )
@@ -188,7 +219,7 @@ def _again(
                     "times": len(runs),
                     "worker_then": then,
                     "acknowledged": acknowledged,
-                    **_across(first, restarts_at),
+                    **_across(first, restarts),
                 },
             )
         )
@@ -216,18 +247,18 @@ def judge(
     signal: str,
     scheduled: Collection[str] = (),
     max_attempts: int | None = None,
-    restarts_at: Sequence[float] = (),
+    restarts: Sequence[Restart] = (),
 ) -> tuple[list[Anomaly], dict[str, dict[str, Any]]]:
     """The findings of a deploy run, and each job's summary. ``executions`` have their
     fates marked (``with_fates``) and the library's guard's kills (``with_deaths``);
     ``acks`` are the ``ack`` lines by worker; ``stored`` the reader's jobs (None: the
-    system has no reader); ``max_attempts`` each job's attempts; ``restarts_at`` when
-    each of the run's server restarts began."""
+    system has no reader); ``max_attempts`` each job's attempts; ``restarts`` the run's
+    server restarts, each when it began and when the server was back."""
     anomalies: list[Anomaly] = []
     jobs: dict[str, dict[str, Any]] = {}
     for key in keys:
         runs = sorted((run for run in executions if run.key == key), key=lambda r: r.start_s)
-        found, redelivered = _again(key, runs, fates, acks, restarts_at)
+        found, redelivered = _again(key, runs, fates, acks, restarts)
         anomalies += found
         guarded = sum(1 for run in runs if by_its_guard(run, fates))
         beyond = beyond_its_attempts(key, len(runs), guarded, max_attempts)
@@ -259,13 +290,14 @@ def judge(
             last = runs[-1].how if runs and runs[-1].end_s is not None else "never ran"
             if runs and runs[-1].end_s is None:
                 last = "still running"
-            # Still waiting for a worker once the run waited its recovery bound: not done,
+            # Still waiting to be claimed (now, after a retry delay, or when due) once the
+            # run waited its recovery bound: not done,
             # and not gone from the store either, so not counted as lost (a queue whose
             # workers never take it again, pgqueuer #630's, still breaks its promise).
             waiting = job is not None and job.status is JobStatus.PENDING
             said = (
                 f"not done: {len(runs)} execution(s), none ran to completion (the last:"
-                f" {last}), and the store still holds it {state}, waiting for a worker"
+                f" {last}), and the store still holds it {state}, waiting to be claimed,"
                 " after the recovery wait"
                 if waiting
                 else f"lost: {len(runs)} execution(s), none ran to completion"

@@ -33,6 +33,7 @@ from crashqueuelab.lab.deploys.judge import (
     judge,
     judge_scheduled,
     with_fates,
+    with_restart_facts,
 )
 from crashqueuelab.lab.deploys.labworker import DUE_FIELD, lab_worker
 from crashqueuelab.lab.deploys.plan import (
@@ -68,9 +69,9 @@ from crashqueuelab.systems.registry import resolve_system
 DEPLOYS_FILE = DEPLOYS.record
 #: The lab's own worker's lease, where the system heartbeats.
 DEFAULT_LEASE_S = 1.0
-#: How long the run's end waits for a server restart under way (a RabbitMQ node's start is
-#: bounded by 90 s of its own).
-RESTART_WAIT_S = 120.0
+#: How long the run's end waits for a server restart under way: a RabbitMQ node's kill and
+#: start are bounded by 60 s and 90 s of their own, a Redis server's by 60 s each.
+RESTART_WAIT_S = 300.0
 #: A library's own worker hands out a dead worker's job after its own timer, which the lab
 #: does not set: the recovery bound allows this much for it unless told otherwise
 #: (pgqueuer's documented heartbeat timeout is 30 s).
@@ -107,7 +108,8 @@ def _headline(
     waiting = sum(1 for finding in not_done if finding["facts"].get("waiting"))
     lost = len(not_done) - waiting
     left = f" ({waiting} more not done, still waiting in the store)" if waiting else ""
-    twice = sum(1 for finding in record["findings"] if finding["kind"] == "ran_twice")
+    # Jobs, not findings: a job may run again more than once.
+    twice = len({f["job"] for f in record["findings"] if f["kind"] == "ran_twice"})
     killed = sum(1 for worker in record["workers"] if worker["killed_s"] is not None)
     stopped = sum(1 for worker in record["workers"] if worker["stop_s"] is not None)
     shape = (
@@ -124,13 +126,14 @@ def _headline(
             f" a job waited at most {max(waits, default=0.0):g} s for a worker (before the"
             f" first: {before})"
         )
-    if plan.server_restarts and "server_restarts" in record:
-        downs = [r["down_s"] for r in record["server_restarts"]["restarts"] if r["down_s"]]
+    if "server_restarts" in record:
+        done = record["server_restarts"]["restarts"]
+        downs = [r["down_s"] for r in done if r["down_s"] is not None]
         shape += (
-            f"; {plan.server_restarts} crash(es) of {record['server_restarts']['server']},"
-            f" each started again on what it kept (down at most {max(downs, default=0.0):g}"
-            f" s), after which {len(record['restarted_after_exit'])} worker(s) exited and"
-            " were restarted"
+            f"; {len(done)} crash(es) of {record['server_restarts']['server']}, each started"
+            f" again on what it kept (down at most {max(downs, default=0.0):g} s);"
+            f" {len(record['restarted_after_exit'])} worker exit(s) before any signal, each"
+            " followed by a restart"
         )
     if record["error"]:
         return f"{system.version}: not judged: {record['error']['type']}"
@@ -255,6 +258,13 @@ def _clients(system: System, store: Path, *, failing_over: bool) -> tuple[QueueC
     return client, Reopening(lambda: system.open(request)) if failing_over else client
 
 
+def _faults(system: System, restarted: Sequence[object]) -> list[str]:
+    """The chaos fault kinds the run delivered to the system's store: a restart of its
+    server, whose persistence explains what it took back (not a RabbitMQ node's: a library
+    on it keeps its results in Redis, which a broker's crash does not touch)."""
+    return [FaultKind.SERVER_RESTART.value] if restarted and system.broker != "rabbitmq" else []
+
+
 def _close_run(
     restarts: ServerRestarts | None,
     fleet: Fleet,
@@ -262,12 +272,27 @@ def _close_run(
     sleep: Callable[[float], None],
 ) -> None:
     """The run's end, also on failure: a server restart under way ends first (the workers
-    stop against a served server), then every worker stops, then the clients close."""
-    if restarts is not None:
-        restarts.wait(RESTART_WAIT_S)
-    fleet.close(sleep)
-    for each in {id(client): client for client in clients}.values():
-        each.close()
+    stop against a served server), then every worker stops (also when that wait is
+    interrupted), then the clients close."""
+    try:
+        if restarts is not None:
+            restarts.wait(RESTART_WAIT_S)
+    finally:
+        fleet.close(sleep)
+        for each in {id(client): client for client in clients}.values():
+            each.close()
+
+
+def _restart_failed(run: Rollout) -> None:
+    """A restart that failed, or still ran, once the run ended is the run's error (its
+    server is not serving what the judges read), even after the rollout stopped."""
+    restarts = run.server_restarts
+    if restarts is None or "server" in run.failed:
+        return
+    if restarts.busy():
+        run.failed["server"] = f"the server was still restarting {RESTART_WAIT_S:g} s after the run"
+    elif restarts.error is not None:
+        run.failed["server"] = f"the server did not start again: {restarts.error}"
 
 
 def _server_faults(
@@ -305,6 +330,7 @@ def _server_name(system: System) -> str:
 def _worker_failed(run: Rollout) -> dict[str, str] | None:
     """The run's error when a worker could not run (what each such worker said), or its
     server did not start again after a restart."""
+    _restart_failed(run)
     if not run.failed:
         return None
     if "server" in run.failed:
@@ -353,7 +379,8 @@ def _check(
         raise InvalidInput(
             "server_restarts",
             "needs a server this run started: a system on Redis, RabbitMQ or PostgreSQL,"
-            " run without --dsn",
+            " run without --dsn and without a RabbitMQ node the environment names (as a"
+            " versions matrix names its own to each release)",
         )
 
 
@@ -532,7 +559,7 @@ def run_deploys(
 
     if progress is not None:
         progress(f"deploys {resolved.name}: {len(steps)} stops of {plan.workers} workers")
-    faulted = fail_over is not None or restart_server is not None
+    faulted = fail_over is not None or (restart_server is not None and plan.server_restarts > 0)
     client, producer = _clients(resolved, store, failing_over=faulted)
     fleet = Fleet(output_dir, spec_for, clock)
     scheduler = _scheduler(worker, labs, client, store)
@@ -559,6 +586,7 @@ def run_deploys(
         for w in fleet.workers
         if w.ledger.is_file()
     }
+    restarted = [(r["at_s"], r["back_at_s"]) for r in restarts.done] if restarts is not None else []
     reading = read_store(resolved, store, keys)
     reader_failed = [p for p in reading.problems if p.startswith("the reader raised")]
     if error is None and reader_failed:
@@ -572,7 +600,7 @@ def run_deploys(
         plan.signal.value,
         set(due),
         max_attempts=MAX_ATTEMPTS,
-        restarts_at=[r["at_s"] for r in restarts.done] if restarts is not None else (),
+        restarts=restarted,
     )
     again = {
         f.job
@@ -581,17 +609,13 @@ def run_deploys(
     }
     first_stop = steps[0].at_s if steps else 0.0
     on_schedule, timed = judge_scheduled(later, executions, ready.tolerance, first_stop, again)
-    anomalies += on_schedule
+    anomalies = with_restart_facts(anomalies + on_schedule, run.submitted, restarted)
     _planned_jobs(jobs, work, plan, run.submitted)
-    # A restart of the store's server is chaos's fault of that name: what it takes back is
-    # the server's persistence's to explain. A RabbitMQ node's is not: a library on it
-    # keeps its results in Redis, whose persistence a broker's crash does not touch.
-    faults = (
-        [FaultKind.SERVER_RESTART.value]
-        if restarts is not None and restarts.done and resolved.broker != "rabbitmq"
-        else []
+    # What a restart took back of the jobs in the store when it began is the server's
+    # persistence's to explain (``with_restart_facts``).
+    promises = (
+        None if error else classify(resolved, "deploys", anomalies, _faults(resolved, restarted))
     )
-    promises = None if error else classify(resolved, "deploys", anomalies, faults)
     workers = [w.to_json() for w in fleet.workers]
     record: dict[str, Any] = {
         "ok": not anomalies and error is None,

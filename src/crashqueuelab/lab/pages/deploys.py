@@ -184,11 +184,11 @@ def deploys_view(run_dir: Path) -> View:
         (
             "not done, still waiting",
             str(waiting),
-            "held waiting for a worker in the store after the recovery wait",
+            "held waiting to be claimed in the store after the recovery wait",
         ),
         (
             "ran twice",
-            str(kinds.count("ran_twice")),
+            str(len({f["job"] for f in report["findings"] if f["kind"] == "ran_twice"})),
             "run again after an execution that ran to completion",
         ),
         (
@@ -225,8 +225,8 @@ def deploys_view(run_dir: Path) -> View:
                 f"{len(restarted['restarts'])}, down up to {max(downs, default=0.0):g} s",
                 "every process SIGKILLed, started again on what it kept, at "
                 + ", ".join(f"{r['at_s']:g} s" for r in restarted["restarts"])
-                + f"; {len(report['restarted_after_exit'])} worker(s) exited by themselves"
-                " and were started again",
+                + f"; {len(report['restarted_after_exit'])} worker exit(s) before any signal,"
+                " each followed by a restart",
             )
         )
     failing_over = report.get("failovers")

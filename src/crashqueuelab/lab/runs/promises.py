@@ -35,11 +35,18 @@ def explains(
     line = finding if isinstance(finding, str) else finding.text
     if crash_mode in weakness.crash_modes and line.startswith(CASE_LINE):
         return True
-    if any(fault in faults for fault in weakness.faults):
+    if any(fault in faults for fault in weakness.faults) and _struck(finding):
         return True
     if isinstance(finding, Anomaly) and weakness.names_kinds:
         return all(_named(weakness, part) for part in finding.leaves())
     return any(fnmatchcase(line, pattern) for pattern in weakness.explains)
+
+
+def _struck(finding: Finding) -> bool:
+    """Whether a fault of the run could have touched the finding's job: a deploy run with
+    server restarts says so per job (``before_server_restart``: the job was in the store
+    when a restart began); elsewhere every finding of the run could have been."""
+    return not isinstance(finding, Anomaly) or finding.value("before_server_restart") is not False
 
 
 def _named(weakness: Documented, finding: Anomaly) -> bool:
