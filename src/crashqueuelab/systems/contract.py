@@ -546,7 +546,9 @@ class Documented:
     ``crash_modes`` are crash modes in which the system promises nothing, so that a case
     failing there is this weakness, not a broken promise. ``faults`` are chaos's faults
     (``"server restart"``) the system promises nothing against: in a chaos run where one
-    was delivered, a line no earlier weakness explains is this one.
+    was delivered, a line no earlier weakness explains is this one; in a deploy run, only
+    the lines of jobs that were in the store when a restart began
+    (``before_server_restart``).
     """
 
     what: str

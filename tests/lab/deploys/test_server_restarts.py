@@ -160,11 +160,16 @@ def test_rq_across_a_crash_of_its_redis_server_loses_only_what_its_snapshot_did_
     assert "1 crash(es) of its Redis server" in record["headline"]
     assert outcome.result["server_restarts"] == restarts
     promises = record["promises"]
+    # Killed before its first snapshot (RDB saves after 60 s at the soonest), the server
+    # comes back without the jobs submitted at once: the crash must have struck some.
     struck = {f["text"] for f in record["findings"] if f["facts"]["before_server_restart"]}
+    assert struck, record["findings"]
     assert not struck & set(promises["broken_promises"]), promises
-    if struck:
-        explained = [entry["what"] for entry in promises["weaker_as_documented"]]
-        assert any("RDB snapshots" in what for what in explained), explained
+    explained = [entry["what"] for entry in promises["weaker_as_documented"]]
+    assert any("RDB snapshots" in what for what in explained), explained
+    # The lab's contract does not hold across the crash (what it took back), whatever the
+    # documentation says of it.
+    assert outcome.code == 1, outcome.stderr
     page = (tmp_path / "d" / "report.html").read_text()
     assert "crashes of its Redis server" in page
 

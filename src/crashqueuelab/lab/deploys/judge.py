@@ -291,9 +291,9 @@ def judge(
             if runs and runs[-1].end_s is None:
                 last = "still running"
             # Still waiting to be claimed (now, after a retry delay, or when due) once the
-            # run waited its recovery bound: not done,
-            # and not gone from the store either, so not counted as lost (a queue whose
-            # workers never take it again, pgqueuer #630's, still breaks its promise).
+            # run waited its recovery bound: not done, and not gone from the store either,
+            # so not counted as lost (a queue whose workers never take it again, pgqueuer
+            # #630's, still breaks its promise).
             waiting = job is not None and job.status is JobStatus.PENDING
             said = (
                 f"not done: {len(runs)} execution(s), none ran to completion (the last:"

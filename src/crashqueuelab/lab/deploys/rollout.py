@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -98,24 +99,29 @@ class Rollout:
     def submit_due(self) -> None:
         while self.planned and self.planned[0][0] <= self.clock():
             _, key = self.planned[0]
+            submit: Callable[[], object]
             if key in self.due and self.schedule_at is not None:
-                self.schedule_at(key, self.wall_origin + self.due[key])
-            elif not self._submitted(JobSpec(key, "work", {}, max_attempts=MAX_ATTEMPTS)):
+                submit = partial(self.schedule_at, key, self.wall_origin + self.due[key])
+            else:
+                job = JobSpec(key, "work", {}, max_attempts=MAX_ATTEMPTS)
+                submit = partial(self.client.submit, job)
+            if not self._submitted(key, submit):
                 return  # tried again on the next turn of the loop
             self.planned.pop(0)
             self.submitted[key] = self.clock()
 
-    def _submitted(self, job: JobSpec) -> bool:
-        """Whether the submission was acknowledged. In a run that fails its server over, a
-        call that raised is made again with the same key on the loop's next turn (the key
-        makes a repeat find the job if the first call committed it), for at most
-        ``SUBMIT_RETRY_S``, and each job's failed calls are written down; otherwise it is
-        the run's failure."""
+    def _submitted(self, key: str, submit: Callable[[], object]) -> bool:
+        """Whether the submission of ``key`` (a job, or a scheduled one through the
+        library's own call) was acknowledged. In a run that fails its server over or
+        restarts it, a call that raised is made again with the same key on the loop's next
+        turn (the key makes a repeat find the job if the first call committed it), for at
+        most ``SUBMIT_RETRY_S``, and each job's failed calls are written down; otherwise it
+        is the run's failure."""
         try:
-            self.client.submit(job)
+            submit()
         except Exception as error:
             failed = self.submit_failures.setdefault(
-                job.key, {"first_at_s": round(self.clock(), 3), "calls": 0}
+                key, {"first_at_s": round(self.clock(), 3), "calls": 0}
             )
             failed["calls"] += 1
             failed["error"] = f"{type(error).__name__}: {error}"[:300]

@@ -69,8 +69,9 @@ from crashqueuelab.systems.registry import resolve_system
 DEPLOYS_FILE = DEPLOYS.record
 #: The lab's own worker's lease, where the system heartbeats.
 DEFAULT_LEASE_S = 1.0
-#: How long the run's end waits for a server restart under way: a RabbitMQ node's kill and
-#: start are bounded by 60 s and 90 s of their own, a Redis server's by 60 s each.
+#: How long the run's end waits for a server restart under way before it calls the run
+#: failed: longer than a Redis server's or PostgreSQL's bounded kill and start, and a
+#: RabbitMQ node's usual ones (its own bounds add up to more when its processes hang).
 RESTART_WAIT_S = 300.0
 #: A library's own worker hands out a dead worker's job after its own timer, which the lab
 #: does not set: the recovery bound allows this much for it unless told otherwise
@@ -290,7 +291,9 @@ def _restart_failed(run: Rollout) -> None:
     if restarts is None or "server" in run.failed:
         return
     if restarts.busy():
-        run.failed["server"] = f"the server was still restarting {RESTART_WAIT_S:g} s after the run"
+        run.failed["server"] = (
+            f"the server was still restarting {RESTART_WAIT_S:g} s after the rollout ended"
+        )
     elif restarts.error is not None:
         run.failed["server"] = f"the server did not start again: {restarts.error}"
 
@@ -310,7 +313,8 @@ def _server_faults(
         "submissions_that_raised": run.submit_failures,
     }
     if run.server_restarts is not None:
-        restarts = run.server_restarts.done
+        # A copy: a restart still under way (the run's error) must not change the record.
+        restarts = [dict(each) for each in run.server_restarts.done]
         faults["server_restarts"] = {"server": _server_name(system), "restarts": restarts}
     if plan.failovers:
         later = [key for at, key in planned if at > 0]

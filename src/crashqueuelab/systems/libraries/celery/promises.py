@@ -160,7 +160,9 @@ def documented_for(settings: Settings) -> tuple[Documented, ...]:
     results are still in Redis."""
     if settings.broker == RABBITMQ:
         if settings.acks_late:
-            return (_NO_TOKEN, _LATE_ACK, _CONNECTION_LOSS, _RDB, CONNECTION_RAISES)
+            # The connection loss first: a task under way at the crash whose worker was later
+            # SIGKILLed too ran again for the crash before the kill could matter.
+            return (_NO_TOKEN, _CONNECTION_LOSS, _LATE_ACK, _RDB, CONNECTION_RAISES)
         return (_NO_TOKEN, _EARLY_ACK, _RDB, CONNECTION_RAISES)
     if settings.acks_late:
         # Unacknowledged until it ends: a death anywhere after the receipt is redelivered.
