@@ -149,7 +149,9 @@ def test_a_server_starts_ready_in_its_own_directory_stops_and_is_removed(kind: K
         assert kind.ready(server)
         pids = server.processes()
         assert pids
-        assert all(alive(pid) for pid in pids)
+        # The server's main process; a child may be on its way out already (the backend of
+        # the readiness check's closed connection).
+        assert alive(pids[0])
         server.stop()
         assert not kind.ready(server)
         assert server.processes() == []
