@@ -14,7 +14,7 @@ import pytest
 
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.deploys.plan import DeployPlan, server_fault_times, submissions
-from crashqueuelab.lab.deploys.run import failover_wakeups
+from crashqueuelab.lab.deploys.serverfaults import failover_wakeups
 from crashqueuelab.lab.runs.executions import Execution
 from crashqueuelab.servers.postgres import find_binaries
 from tests.conftest import RunCli

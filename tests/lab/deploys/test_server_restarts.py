@@ -175,12 +175,12 @@ def test_rq_across_a_crash_of_its_redis_server_loses_only_what_its_snapshot_did_
 
 
 def test_the_server_a_restart_crashes_is_named_as_the_systems_store_or_broker() -> None:
-    from crashqueuelab.lab.deploys.run import _server_name
+    from crashqueuelab.lab.deploys.serverfaults import server_name
     from crashqueuelab.systems.registry import resolve_system
 
-    assert _server_name(resolve_system("postgres")) == "its PostgreSQL server"
-    assert _server_name(resolve_system("rq")) == "its Redis server"
-    assert _server_name(resolve_system("sqlite")) == "its server"
+    assert server_name(resolve_system("postgres")) == "its PostgreSQL server"
+    assert server_name(resolve_system("rq")) == "its Redis server"
+    assert server_name(resolve_system("sqlite")) == "its server"
 
 
 def test_only_a_job_in_the_store_when_a_restart_began_is_the_restarts_to_explain() -> None:

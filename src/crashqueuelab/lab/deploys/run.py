@@ -14,7 +14,6 @@ then it stops the workers, reads the store with the system's independent reader 
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -49,9 +48,9 @@ from crashqueuelab.lab.deploys.plan import (
     submissions,
 )
 from crashqueuelab.lab.deploys.rollout import MAX_ATTEMPTS, Rollout
-from crashqueuelab.lab.deploys.serverrestarts import ServerRestarts
+from crashqueuelab.lab.deploys.serverfaults import fault_kinds, restart_failed, server_faults
+from crashqueuelab.lab.deploys.serverrestarts import RESTART_WAIT_S, ServerRestarts
 from crashqueuelab.lab.deploys.workers import DeployWorkerSpec
-from crashqueuelab.lab.faults.kinds import FaultKind
 from crashqueuelab.lab.runs.executions import (
     DeathWatch,
     Execution,
@@ -69,10 +68,6 @@ from crashqueuelab.systems.registry import resolve_system
 DEPLOYS_FILE = DEPLOYS.record
 #: The lab's own worker's lease, where the system heartbeats.
 DEFAULT_LEASE_S = 1.0
-#: How long the run's end waits for a server restart under way before it calls the run
-#: failed: longer than a Redis server's or PostgreSQL's bounded kill and start, and a
-#: RabbitMQ node's usual ones (its own bounds add up to more when its processes hang).
-RESTART_WAIT_S = 300.0
 #: A library's own worker hands out a dead worker's job after its own timer, which the lab
 #: does not set: the recovery bound allows this much for it unless told otherwise
 #: (pgqueuer's documented heartbeat timeout is 30 s).
@@ -193,77 +188,12 @@ def _executions(run: Rollout, origin: float) -> list[Execution]:
     ]
 
 
-def _waits(
-    keys: Sequence[str],
-    submitted: dict[str, float],
-    executions: Sequence[Execution],
-) -> dict[str, Any]:
-    """How long each of ``keys`` waited from its submission to its first start (those
-    never started counted apart): the median and the longest."""
-    waits, never = [], 0
-    for key in keys:
-        at = submitted[key]
-        starts = [run.start_s for run in executions if run.key == key and run.start_s >= at]
-        if starts:
-            waits.append(min(starts) - at)
-        else:
-            never += 1
-    return {
-        "jobs": len(keys),
-        "never_started": never,
-        "wait_s": None
-        if not waits
-        else {"median": round(statistics.median(waits), 3), "max": round(max(waits), 3)},
-    }
-
-
-def failover_wakeups(
-    failovers: Sequence[dict[str, Any]],
-    submitted: dict[str, float],
-    executions: Sequence[Execution],
-    spread: Sequence[str] = (),
-) -> dict[str, Any]:
-    """How soon the workers took a job before the first failover and after each promotion
-    (until the next failover): a worker woken by LISTEN/NOTIFY takes a job at once, one
-    that lost its wake-ups waits for its poll. Only the jobs submitted one by one
-    (``spread``: not the burst at the run's start, which waits behind itself) are
-    counted."""
-    first_at = failovers[0]["at_s"] if failovers else float("inf")
-    before = [key for key in spread if key in submitted and submitted[key] < first_at]
-    after = []
-    for index, failover in enumerate(failovers):
-        promoted = failover["promoted_at_s"]
-        until = failovers[index + 1]["at_s"] if index + 1 < len(failovers) else float("inf")
-        keys = [key for key in spread if key in submitted and promoted <= submitted[key] < until]
-        first = [run.start_s for run in executions if run.start_s >= promoted]
-        after.append(
-            {
-                "at_s": failover["at_s"],
-                "promoted_at_s": promoted,
-                "promoted_s": failover["promoted_s"],
-                "lag_before": failover.get("before", {}),
-                **_waits(keys, submitted, executions),
-                "first_start_after_promotion_s": None
-                if not first
-                else round(min(first) - promoted, 3),
-            }
-        )
-    return {"before_the_first": _waits(before, submitted, executions), "failovers": after}
-
-
 def _clients(system: System, store: Path, *, failing_over: bool) -> tuple[QueueClient, Calls]:
     """The run's client (for scheduled jobs), and its producer's: across a failover one
     that opens its client anew after a call that raised."""
     request = OpenRequest(store, SystemClock(), RandomIds(), _RETRY)
     client = system.open(request)
     return client, Reopening(lambda: system.open(request)) if failing_over else client
-
-
-def _faults(system: System, restarted: Sequence[object]) -> list[str]:
-    """The chaos fault kinds the run delivered to the system's store: a restart of its
-    server, whose persistence explains what it took back (not a RabbitMQ node's: a library
-    on it keeps its results in Redis, which a broker's crash does not touch)."""
-    return [FaultKind.SERVER_RESTART.value] if restarted and system.broker != "rabbitmq" else []
 
 
 def _close_run(
@@ -284,57 +214,10 @@ def _close_run(
             each.close()
 
 
-def _restart_failed(run: Rollout) -> None:
-    """A restart that failed, or still ran, once the run ended is the run's error (its
-    server is not serving what the judges read), even after the rollout stopped."""
-    restarts = run.server_restarts
-    if restarts is None or "server" in run.failed:
-        return
-    if restarts.busy():
-        run.failed["server"] = (
-            f"the server was still restarting {RESTART_WAIT_S:g} s after the rollout ended"
-        )
-    elif restarts.error is not None:
-        run.failed["server"] = f"the server did not start again: {restarts.error}"
-
-
-def _server_faults(
-    system: System,
-    plan: DeployPlan,
-    run: Rollout,
-    executions: Sequence[Execution],
-    planned: Sequence[tuple[float, str]],
-) -> dict[str, Any]:
-    """What the run's failovers or server restarts did, for its record (none: nothing)."""
-    if not plan.failovers and run.server_restarts is None:
-        return {}
-    faults: dict[str, Any] = {
-        "restarted_after_exit": run.restarted,
-        "submissions_that_raised": run.submit_failures,
-    }
-    if run.server_restarts is not None:
-        # A copy: a restart still under way (the run's error) must not change the record.
-        restarts = [dict(each) for each in run.server_restarts.done]
-        faults["server_restarts"] = {"server": _server_name(system), "restarts": restarts}
-    if plan.failovers:
-        later = [key for at, key in planned if at > 0]
-        faults["failovers"] = failover_wakeups(run.failovers, run.submitted, executions, later)
-    return faults
-
-
-def _server_name(system: System) -> str:
-    """The server a restart crashes: the broker, for a library on RabbitMQ."""
-    if system.broker == "rabbitmq":
-        return "its RabbitMQ node"
-    return {"redis": "its Redis server", "postgres": "its PostgreSQL server"}.get(
-        system.server or "", "its server"
-    )
-
-
 def _worker_failed(run: Rollout) -> dict[str, str] | None:
     """The run's error when a worker could not run (what each such worker said), or its
     server did not start again after a restart."""
-    _restart_failed(run)
+    restart_failed(run)
     if not run.failed:
         return None
     if "server" in run.failed:
@@ -618,7 +501,9 @@ def run_deploys(
     # What a restart took back of the jobs in the store when it began is the server's
     # persistence's to explain (``with_restart_facts``).
     promises = (
-        None if error else classify(resolved, "deploys", anomalies, _faults(resolved, restarted))
+        None
+        if error
+        else classify(resolved, "deploys", anomalies, fault_kinds(resolved, restarted))
     )
     workers = [w.to_json() for w in fleet.workers]
     record: dict[str, Any] = {
@@ -666,7 +551,7 @@ def run_deploys(
         "promises": promises,
         "timings": {"run_s": round(finished, 3)},
     }
-    record |= _server_faults(resolved, plan, run, executions, ready.planned)
+    record |= server_faults(resolved, plan, run, executions, ready.planned)
     record["headline"] = _headline(resolved, plan, jobs, record)
     write_json(output_dir / DEPLOYS_FILE, record)
     return record

@@ -10,6 +10,11 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+#: How long the run's end waits for a server restart under way before it calls the run
+#: failed: longer than a Redis server's or PostgreSQL's bounded kill and start, and a
+#: RabbitMQ node's usual ones (its own bounds add up to more when its processes hang).
+RESTART_WAIT_S = 300.0
+
 
 class ServerRestarts:
     """The run's server restarts: when each is due (the run's clock), each one done."""
