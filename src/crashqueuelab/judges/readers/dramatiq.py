@@ -66,12 +66,13 @@ def queue_name(directory: Path) -> str | None:
         return None
 
 
-def submitted(directory: Path) -> dict[str, str]:
+def submitted(directory: Path, file: str = SUBMITTED_FILE) -> dict[str, str]:
     """key -> dramatiq message id, for every job the adapter submitted to the store (a
-    line cut short by a crash is left out: its job was not submitted)."""
+    line cut short by a crash is left out: its job was not submitted); ``file``: another
+    record of the same lines."""
     found: dict[str, str] = {}
     try:
-        lines = (directory / SUBMITTED_FILE).read_text().splitlines()
+        lines = (directory / file).read_text().splitlines()
     except OSError:
         return found
     for line in lines:

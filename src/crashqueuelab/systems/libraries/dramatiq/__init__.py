@@ -10,7 +10,7 @@ LIBRARY = Library(
     distribution="dramatiq",
     extra="dramatiq",
     # On its Redis broker; and on its RabbitMQ broker (a node the run starts, the results in
-    # Redis), which only its own worker consumes.
+    # Redis).
     systems=("dramatiq", "dramatiq-rabbitmq"),
     heartbeats=False,
     server="redis",

@@ -151,10 +151,13 @@ def declare_lab_job(broker: Any, queue: str) -> None:
     declare(lab_job)
 
 
-def record_submitted(directory: Path, key: str, identifier: str) -> None:
+def record_submitted(
+    directory: Path, key: str, identifier: str, file: str = SUBMITTED_FILE
+) -> None:
     """Write the job's message id in the store's directory before its message is enqueued:
-    once acknowledged, a finished job is found by that id alone."""
-    with (directory / SUBMITTED_FILE).open("a") as handle:
+    once acknowledged, a finished job is found by that id alone (``file``: another record of
+    the adapter's, of the same lines)."""
+    with (directory / file).open("a") as handle:
         handle.write(json.dumps({"key": key, "message_id": identifier}) + "\n")
         handle.flush()
         os.fsync(handle.fileno())
@@ -205,16 +208,73 @@ def close_broker(broker: Any) -> None:
 
 
 @dataclass
-class _Worker:
+class LabWorker:
+    """One lab worker as the broker sees it: a broker of its own, its consumer of the
+    store's queue and its consumer of the delay queue (prefetch 1 each)."""
+
     broker: Any
     consumer: Any
     delayed: Any
 
 
-def _held(claim: Claim) -> tuple[_Worker, Any]:
+def held(claim: Claim) -> tuple[LabWorker, Any]:
     """The worker and the delivered message a claim of this adapter holds."""
-    worker, message = cast(tuple[_Worker, Any], claim.handle)
+    worker, message = cast(tuple[LabWorker, Any], claim.handle)
     return worker, message
+
+
+def move_due(worker: LabWorker, queue: str) -> None:
+    """dramatiq's ``handle_delayed_messages``: each due delayed message is enqueued on its
+    queue again and the delayed one acknowledged."""
+    while (delayed := next(worker.delayed)) is not None:
+        # dramatiq's worker holds a delayed message until its eta; the adapter's backoff is
+        # BACKOFF_MS, so the wait is that at most.
+        early_ms = int(delayed.options.get("eta", 0)) - int(time.time() * 1000)
+        time.sleep(max(0, min(early_ms, BACKOFF_MS)) / 1000)
+        moved = delayed.copy(queue_name=queue)
+        moved.options.pop("eta", None)
+        worker.broker.enqueue(moved)
+        worker.delayed.ack(delayed)
+
+
+def claim_of(worker_id: str, worker: LabWorker, message: Any) -> Claim:
+    """The lab's claim of a delivered message of the actor ``lab_job``."""
+    key, job_type, payload = message.args
+    return tokenless_claim(
+        job_id=str(message.message_id),
+        key=str(key),
+        job_type=str(job_type),
+        payload=dict(payload),
+        attempt=int(message.options.get("retries", 0)) + 1,
+        worker_id=worker_id,
+        handle=(worker, message),
+    )
+
+
+def report_success(claim: Claim) -> None:
+    """What dramatiq's worker thread does after the actor returned: the middleware's
+    ``after_process_message`` (``Results`` stores the attempt), then the consumer's ack."""
+    worker, message = held(claim)
+    worker.broker.emit_after("process_message", message, result=claim.attempt)
+    worker.consumer.ack(message)
+
+
+def report_failure(claim: Claim, error: str) -> bool:
+    """What dramatiq's worker thread does after the actor raised: ``Retries`` enqueues a
+    copy with one retry more (acknowledging this delivery), or, past ``max_retries``, marks it
+    failed and the consumer nacks it (the dead-letter queue). Whether it was failed."""
+    worker, message = held(claim)
+    try:
+        raise JobFailed(error)
+    except JobFailed as raised:
+        # Retries reads the traceback of the exception being handled.
+        worker.broker.emit_after("process_message", message, exception=raised)
+    if message.failed:
+        worker.consumer.nack(message)
+        worker.broker.emit_after("nack", message)
+    else:
+        worker.consumer.ack(message)
+    return bool(message.failed)
 
 
 class DramatiqClient(LibraryClient):
@@ -231,7 +291,7 @@ class DramatiqClient(LibraryClient):
         self.queue = store_queue(request.directory)
         self.delay_queue = dq_name(self.queue)
         self.producer = make_broker(self.queue)
-        self.workers: dict[str, _Worker] = {}
+        self.workers: dict[str, LabWorker] = {}
 
     def submit_many(self, jobs: Sequence[JobSpec]) -> list[str]:
         held = read_dramatiq_store(self.directory).jobs
@@ -239,45 +299,21 @@ class DramatiqClient(LibraryClient):
             jobs, held, self.queue, self.directory, self.producer.enqueue, self.hook
         )
 
-    def _worker(self, worker_id: str) -> _Worker:
+    def _worker(self, worker_id: str) -> LabWorker:
         if worker_id not in self.workers:
             broker = make_broker(self.queue)
-            self.workers[worker_id] = _Worker(
+            self.workers[worker_id] = LabWorker(
                 broker,
                 broker.consume(self.queue, prefetch=1, timeout=IDLE_TIMEOUT_MS),
                 broker.consume(self.delay_queue, prefetch=1, timeout=IDLE_TIMEOUT_MS),
             )
         return self.workers[worker_id]
 
-    def _move_due(self, worker: _Worker) -> None:
-        """dramatiq's ``handle_delayed_messages``: each due delayed message is enqueued on
-        its queue again and the delayed one acknowledged."""
-        while (delayed := next(worker.delayed)) is not None:
-            # dramatiq's worker holds a delayed message until its eta; the adapter's
-            # backoff is BACKOFF_MS, so the wait is that at most.
-            early_ms = int(delayed.options.get("eta", 0)) - int(time.time() * 1000)
-            time.sleep(max(0, min(early_ms, BACKOFF_MS)) / 1000)
-            moved = delayed.copy(queue_name=self.queue)
-            moved.options.pop("eta", None)
-            worker.broker.enqueue(moved)
-            worker.delayed.ack(delayed)
-
     def claim(self, worker_id: str, lease_us: int) -> Claim | None:
         worker = self._worker(worker_id)
-        self._move_due(worker)
+        move_due(worker, self.queue)
         message = around(self.hook, "fetch", partial(next, worker.consumer))
-        if message is None:
-            return None
-        key, job_type, payload = message.args
-        return tokenless_claim(
-            job_id=str(message.message_id),
-            key=str(key),
-            job_type=str(job_type),
-            payload=dict(payload),
-            attempt=int(message.options.get("retries", 0)) + 1,
-            worker_id=worker_id,
-            handle=(worker, message),
-        )
+        return None if message is None else claim_of(worker_id, worker, message)
 
     def heartbeat(self, claim: Claim, lease_us: int) -> bool:
         raise OperationUnsupported("dramatiq", "heartbeat")
@@ -287,44 +323,21 @@ class DramatiqClient(LibraryClient):
         acks set (acknowledged, dead-lettered, or put back by the maintenance after the
         worker's heartbeat timeout). dramatiq's worker reports an outcome only for a
         message it holds, so such a report reaches nothing of dramatiq's."""
-        worker, message = _held(claim)
+        worker, message = held(claim)
         acks = f"{NAMESPACE}:__acks__.{worker.broker.broker_id}.{self.queue}"
-        held = worker.broker.client.sismember(acks, message.options["redis_message_id"])
-        return not held
+        return not worker.broker.client.sismember(acks, message.options["redis_message_id"])
 
     def succeed(self, claim: Claim) -> Verdict:
         if self._settled(claim):
             return Verdict.STALE
-        worker, message = _held(claim)
-
-        def finish() -> None:
-            worker.broker.emit_after("process_message", message, result=claim.attempt)
-            worker.consumer.ack(message)
-
-        around(self.hook, "finish", finish)
+        around(self.hook, "finish", partial(report_success, claim))
         return Verdict.SUCCEEDED
 
     def fail(self, claim: Claim, error: str) -> Verdict:
         if self._settled(claim):
             return Verdict.STALE
-        worker, message = _held(claim)
-        failed: list[bool] = []
-
-        def finish() -> None:
-            try:
-                raise JobFailed(error)
-            except JobFailed as raised:
-                # Retries reads the traceback of the exception being handled.
-                worker.broker.emit_after("process_message", message, exception=raised)
-            if message.failed:
-                worker.consumer.nack(message)
-                worker.broker.emit_after("nack", message)
-            else:
-                worker.consumer.ack(message)
-            failed.append(bool(message.failed))
-
-        around(self.hook, "fail", finish)
-        return Verdict.DEAD if failed[0] else Verdict.RETRY
+        failed = around(self.hook, "fail", partial(report_failure, claim, error))
+        return Verdict.DEAD if failed else Verdict.RETRY
 
     def recover(self) -> int:
         # dramatiq's maintenance, run now rather than at one command in a thousand.

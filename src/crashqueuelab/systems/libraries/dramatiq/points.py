@@ -26,3 +26,19 @@ CRASH_POINTS = (
     _point("fail:before", _DONE, _TAKEN, 1),
     _point("fail:after", _DONE, (DELAYED, 1), 1),
 )
+
+#: On RabbitMQ, the same calls; a message the dead process held goes back to its queue as
+#: RabbitMQ sees the process's connection close, as it was (no retry counted), so a death
+#: while a job is taken leaves it queued.
+CRASH_POINTS_ON_RABBITMQ = (
+    _point("enqueue:before", None, None, 0),
+    _point("enqueue:after", _NEW, None, 0),
+    _point("fetch:before", _NEW, _NEW, 0),
+    _point("fetch:after", _NEW, _NEW, 0),
+    _point("BEFORE_EFFECT_COMMIT", _NEW, _NEW, 0),
+    _point("AFTER_EFFECT_COMMIT", _NEW, _NEW, 1),
+    _point("finish:before", _NEW, _NEW, 1),
+    _point("finish:after", _DONE, _NEW, 1),
+    _point("fail:before", _DONE, _NEW, 1),
+    _point("fail:after", _DONE, (DELAYED, 1), 1),
+)

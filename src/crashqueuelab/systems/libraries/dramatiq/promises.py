@@ -94,11 +94,28 @@ _REQUEUED_ON_CLOSE = Documented(
     "https://www.rabbitmq.com/confirms.html#automatic-requeueing",
     when={Kind.RAN_TWICE: {"acknowledged": ("no", "unknown"), "worker_then": "sigkilled"}},
 )
+_HELD_UNTIL_CLOSED = Documented(
+    "on RabbitMQ, no lease: a message delivered to a consumer, in its worker's hands or"
+    " prefetched (dramatiq's consumer prefetches, and RabbitMQ delivers it the next message as"
+    " it acknowledges one), is offered to no other consumer until that one acknowledges it or"
+    ' its connection closes ("any delivery (message) that was not acked is automatically'
+    ' requeued when the channel (or connection) on which the delivery happened is closed";'
+    " RabbitMQ's delivery acknowledgement timeout, 30 minutes by default, closes a channel"
+    " holding one longer): a lapsed holder keeps its message, and a prefetched message reads"
+    " as held while its consumer is open and as waiting once it closed",
+    "https://www.rabbitmq.com/docs/consumer-prefetch",
+    when={
+        Kind.CLAIM_NOT_OFFERED: {"offered": "nothing"},
+        Kind.EXPIRED_LAST_ATTEMPT_NOT_DEAD: {"state": "fetched"},
+        Kind.REPORT_DIFFERS: {"about": "status", "reported": "leased", "stored": "pending"},
+    },
+)
 #: On its RabbitMQ broker: no heartbeat timeout (a dead worker's messages come back as its
 #: connection closes); the results, in Redis, at Redis's default persistence.
 DOCUMENTED_ON_RABBITMQ = (
     _AT_LEAST_ONCE,
     _REQUEUED_ON_CLOSE,
+    _HELD_UNTIL_CLOSED,
     _POISON_MESSAGE,
     RDB_SNAPSHOTS,
     CONNECTION_RAISES,

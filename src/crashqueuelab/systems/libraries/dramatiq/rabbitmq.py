@@ -4,23 +4,34 @@ results in the run's Redis server.
 The broker is ``RabbitmqBroker`` with ``confirm_delivery=True`` (an ``enqueue`` returns once
 RabbitMQ confirmed the message: persistent, to a durable queue), the same ``Retries`` and
 ``Results`` middleware as on Redis, the results in Redis (``RedisBackend``): RabbitMQ deletes
-an acknowledged message, and a finished job is found by its result. Only dramatiq's own
-worker consumes (the ``dramatiq`` command, as on Redis, with this module's broker): the
-adapter submits and reads, and claims nothing, so the lab runs it under ``deploys``. A
-message a worker holds unacknowledged goes back to the queue as RabbitMQ sees the worker's
-connection close; no heartbeat or maintenance is involved.
+an acknowledged message, and a finished job is found by its result.
 
-The adapter's own readings (its duplicate guard at a submission, ``job``, ``active_count``)
-use the judges' reader while workers may consume: each ready message is taken and put back,
-marked redelivered, and a message a worker holds (a delayed one it keeps until its eta, too)
-is not seen, so a key submitted again while a worker holds its message is enqueued twice. No
-command submits a key twice on RabbitMQ today (only a producer that fails over does).
+Each lab worker is one dramatiq consumer as RabbitMQ sees it, as on Redis: a broker of its
+own whose consumers of the queue and of its delay queue (prefetch 1 each, each on its own
+connection, as dramatiq's) a claim asks for the next message; an outcome is the middleware's
+``after_process_message`` and the consumer's ``ack`` or ``nack``. dramatiq's consumer sends
+an ack or a nack at its connection's next event and RabbitMQ answers none; the adapter then
+makes one round trip on the channel (``basic.qos``), which RabbitMQ answers after the frames
+before it, so an outcome reported is one RabbitMQ has. dramatiq's own worker does not wait:
+killed just after its ack, it may run the message again (at least once). A message a
+consumer holds unacknowledged goes back to the queue as RabbitMQ sees the consumer's
+connection close: no heartbeat, no lease, no maintenance (``recover`` has nothing to do).
+dramatiq's own worker (the ``dramatiq`` command, with this module's broker) serves
+``deploys``.
+
+The adapter's readings use the judges' reader (``job``, ``active_count``, the duplicate
+guard at a submission): each ready message is taken and put back, marked redelivered; a
+message a consumer holds, unacknowledged or prefetched, is not seen, so a submitted job with
+no ready message and no result is taken as held by a consumer, and a key submitted again
+while a consumer holds its message is enqueued twice (no command submits a key twice on
+RabbitMQ today: only a producer that fails over does).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Sequence
 from functools import partial
@@ -29,22 +40,32 @@ from typing import Any
 
 from crashqueuelab.core.errors import OperationUnsupported, SystemUnavailable
 from crashqueuelab.judges.readers.dramatiq import (
-    DELAYED,
-    QUEUED,
+    ACKED,
+    DEAD,
+    FETCHED,
     DramatiqReading,
     read_dramatiq_rabbitmq_store,
+    submitted,
 )
 from crashqueuelab.servers.rabbitmq import URL_VARIABLE
+from crashqueuelab.systems.boundary import around
 from crashqueuelab.systems.contract import Claim, JobSpec, JobView, OpenRequest, OwnWorker, Verdict
 from crashqueuelab.systems.libraries.dramatiq.client import (
     BACKOFF_MS,
+    IDLE_TIMEOUT_MS,
     STATUS,
+    LabWorker,
+    claim_of,
     declare_lab_job,
     enqueue_each,
+    held,
     lab_message,
     message_id,
+    move_due,
     record_submitted,
     redis_socket,
+    report_failure,
+    report_success,
     store_queue,
 )
 from crashqueuelab.systems.libraries.dramatiq.promises import AT_LEAST_ONCE
@@ -58,6 +79,12 @@ from crashqueuelab.systems.libraries.dramatiq.worker import (
 )
 from crashqueuelab.systems.libraries.skeleton import LibraryClient, scheduled_job
 
+#: How long an outcome waits for the consumer's connection to send it, and how long each
+#: of its rounds of pika's events may take.
+FLUSH_BOUND_S, FLUSH_POLL_S = 10.0, 0.01
+#: The jobs whose enqueue RabbitMQ confirmed, written after each confirm (the lines of the
+#: submitted record's kind).
+CONFIRMED_FILE = "dramatiq-confirmed.jsonl"
 #: RabbitMQ's documentation of what happens to a delivery whose channel closes.
 REQUEUED = "https://www.rabbitmq.com/confirms.html#automatic-requeueing"
 
@@ -111,55 +138,136 @@ def read(directory: Path) -> DramatiqReading:
     return read_dramatiq_rabbitmq_store(directory, os.environ.get(URL_VARIABLE))
 
 
+def jobs_of(directory: Path) -> dict[str, tuple[str, int]]:
+    """Every job of the store: the reader's, and each submitted job with no ready message
+    and no result as held by a consumer (``FETCHED``, its attempt unknown: 0)."""
+    jobs = dict(read(directory).jobs)
+    for key in submitted(directory):
+        jobs.setdefault(key, (FETCHED, 0))
+    return jobs
+
+
+def flushed(consumer: Any) -> None:
+    """Once dramatiq's consumer sent what its connection's callbacks hold (an ack, a nack:
+    they run in order, so once a callback added after them ran), one round trip on its
+    channel: RabbitMQ answers ``basic.qos`` after the frames before it, so what was sent is
+    taken."""
+    from dramatiq.errors import ConnectionClosed
+
+    # Untyped in some releases and typed in others.
+    closed: Any = ConnectionClosed
+    ran = threading.Event()
+    consumer.connection.add_callback_threadsafe(ran.set)
+    deadline = time.monotonic() + FLUSH_BOUND_S
+    while not ran.is_set():
+        if time.monotonic() > deadline:
+            raise closed(f"pika ran no callback in {FLUSH_BOUND_S} s")
+        consumer.connection.process_data_events(time_limit=FLUSH_POLL_S)
+    consumer.channel.basic_qos(prefetch_count=1)
+
+
 class DramatiqRabbitmqClient(LibraryClient):
-    """``QueueClient`` over one dramatiq queue on RabbitMQ: submissions and readings; the
-    worker's steps are dramatiq's own worker's."""
+    """``QueueClient`` over one dramatiq queue on RabbitMQ."""
 
     def __init__(self, request: OpenRequest) -> None:
+        from dramatiq.common import dq_name
+
         rabbitmq_url()
         redis_socket()
         logging.getLogger("dramatiq").setLevel(logging.CRITICAL)
+        logging.getLogger("pika").setLevel(logging.CRITICAL)
         self.directory = request.directory
         self.hook = request.hook
         self.queue = store_queue(request.directory)
+        self.delay_queue = dq_name(self.queue)
         self.producer = make_rabbitmq_broker(self.queue)
+        self.workers: dict[str, LabWorker] = {}
 
     def submit_many(self, jobs: Sequence[JobSpec]) -> list[str]:
-        held = read(self.directory).jobs
+        # A job a consumer holds is in no reading: its confirmed enqueue is remembered.
+        held = set(read(self.directory).jobs) | set(submitted(self.directory, CONFIRMED_FILE))
         return enqueue_each(
-            jobs, held, self.queue, self.directory, self.producer.enqueue, self.hook
+            jobs, held, self.queue, self.directory, self._enqueue_confirmed, self.hook
         )
 
-    def _own_worker_only(self, operation: str) -> OperationUnsupported:
-        return OperationUnsupported("dramatiq", f"{operation} of its own on RabbitMQ")
+    def _enqueue_confirmed(self, message: Any) -> None:
+        self.producer.enqueue(message)
+        key = str(message.args[0])
+        record_submitted(self.directory, key, message_id(self.queue, key), CONFIRMED_FILE)
+
+    def _worker(self, worker_id: str) -> LabWorker:
+        if worker_id not in self.workers:
+            broker = make_rabbitmq_broker(self.queue)
+            self.workers[worker_id] = LabWorker(
+                broker,
+                broker.consume(self.queue, prefetch=1, timeout=IDLE_TIMEOUT_MS),
+                broker.consume(self.delay_queue, prefetch=1, timeout=IDLE_TIMEOUT_MS),
+            )
+        return self.workers[worker_id]
 
     def claim(self, worker_id: str, lease_us: int) -> Claim | None:
-        raise self._own_worker_only("claim")
+        worker = self._worker(worker_id)
+        move_due(worker, self.queue)
+        flushed(worker.delayed)
+        message = around(self.hook, "fetch", partial(next, worker.consumer))
+        return None if message is None else claim_of(worker_id, worker, message)
 
     def heartbeat(self, claim: Claim, lease_us: int) -> bool:
-        raise self._own_worker_only("heartbeat")
+        raise OperationUnsupported("dramatiq", "heartbeat")
+
+    def _settled(self, claim: Claim) -> bool:
+        """Whether the claim's delivery is over: its consumer's connection closed, so
+        RabbitMQ put the message back (or the outcome was reported already)."""
+        worker, message = held(claim)
+        return not worker.consumer.connection.is_open or message._tag not in (
+            worker.consumer.known_tags
+        )
+
+    def _reported(self, claim: Claim, report: Any) -> Any:
+        worker, _ = held(claim)
+        outcome = report()
+        flushed(worker.consumer)
+        return outcome
 
     def succeed(self, claim: Claim) -> Verdict:
-        raise self._own_worker_only("acknowledgement")
+        if self._settled(claim):
+            return Verdict.STALE
+        around(self.hook, "finish", partial(self._reported, claim, partial(report_success, claim)))
+        return Verdict.SUCCEEDED
 
     def fail(self, claim: Claim, error: str) -> Verdict:
-        raise self._own_worker_only("failure report")
+        if self._settled(claim):
+            return Verdict.STALE
+        failed = around(
+            self.hook,
+            "fail",
+            partial(self._reported, claim, partial(report_failure, claim, error)),
+        )
+        return Verdict.DEAD if failed else Verdict.RETRY
 
     def recover(self) -> int:
-        raise self._own_worker_only("recover")
+        # RabbitMQ puts a gone consumer's messages back itself, as it sees its connection
+        # close: nothing waits for a maintenance.
+        return 0
 
     def job(self, key: str) -> JobView | None:
-        found = read(self.directory).jobs.get(key)
+        found = jobs_of(self.directory).get(key)
         if found is None:
             return None
         state, attempts = found
         return JobView(key, STATUS[state], attempts, state)
 
     def active_count(self) -> int:
-        jobs = read(self.directory).jobs.values()
-        return sum(1 for state, _ in jobs if state in (QUEUED, DELAYED))
+        jobs = jobs_of(self.directory).values()
+        return sum(1 for state, _ in jobs if state not in (ACKED, DEAD))
 
     def close(self) -> None:
+        # A consumer closed holding a message: RabbitMQ puts it back, as for a killed one.
+        for worker in self.workers.values():
+            close_rabbitmq_broker(worker.broker)
+            for consumer in (worker.consumer, worker.delayed):
+                consumer.close()
+        self.workers.clear()
         close_rabbitmq_broker(self.producer)
 
 

@@ -1,6 +1,6 @@
 """dramatiq's systems, on the shared skeleton: ``dramatiq``, its Redis broker on a Redis
 server with Redis's default persistence; ``dramatiq-rabbitmq``, its RabbitMQ broker on a node
-the run starts, the results in that Redis server, consumed by its own worker alone."""
+the run starts, the results in that Redis server."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from crashqueuelab.systems.libraries.dramatiq.client import (
     STATUS,
     DramatiqClient,
 )
-from crashqueuelab.systems.libraries.dramatiq.points import CRASH_POINTS
+from crashqueuelab.systems.libraries.dramatiq.points import CRASH_POINTS, CRASH_POINTS_ON_RABBITMQ
 from crashqueuelab.systems.libraries.dramatiq.promises import DOCUMENTED, DOCUMENTED_ON_RABBITMQ
 from crashqueuelab.systems.libraries.dramatiq.worker import LIBRARY_WORKER, OWN_WORKER
 from crashqueuelab.systems.libraries.skeleton import library_reader
@@ -75,7 +75,7 @@ read_rabbitmq_store = library_reader(
 
 def dramatiq_rabbitmq_system(name: str = "dramatiq-rabbitmq") -> System:
     """dramatiq's RabbitMQ broker (publisher confirms) on a node the run starts, the results
-    in its Redis server; only dramatiq's own worker consumes."""
+    in its Redis server."""
     import dramatiq
     import dramatiq.brokers.rabbitmq  # noqa: F401
 
@@ -92,17 +92,14 @@ def dramatiq_rabbitmq_system(name: str = "dramatiq-rabbitmq") -> System:
         f" {PERSISTENCE_WORDS['rdb']}",
         open=DramatiqRabbitmqClient,
         reader=read_rabbitmq_store,
-        crash_points=CRASH_POINTS,
+        crash_points=CRASH_POINTS_ON_RABBITMQ,
         documented=DOCUMENTED_ON_RABBITMQ,
         persistence="rdb",
         own_worker=OWN_WORKER_ON_RABBITMQ,
     )
     # A killed worker's messages come back as its connection closes: no timeout to wait.
     return dataclasses.replace(
-        system,
-        version=f"dramatiq {LIBRARY.installed()} (its RabbitMQ broker)",
-        broker="rabbitmq",
-        capabilities=dataclasses.replace(system.capabilities, claims=False),
+        system, version=f"dramatiq {LIBRARY.installed()} (its RabbitMQ broker)", broker="rabbitmq"
     )
 
 
