@@ -71,8 +71,9 @@ _POISON_MESSAGE = Documented(
     " max_retries: dramatiq's retries count failures its middleware saw, and a killed"
     " worker's message comes back as it was (issue #213, closed as intended)",
     _POISON,
-    kinds=(Kind.EXPIRED_LAST_ATTEMPT_NOT_DEAD,),
-    # A job that kills every worker that takes it is never dead-lettered.
+    # A job that kills every worker that takes it is never dead-lettered, so the work
+    # never ends.
+    kinds=(Kind.EXPIRED_LAST_ATTEMPT_NOT_DEAD, Kind.WORK_NEVER_ENDED),
     when={Kind.UNFINISHED: {"poison": True}},
 )
 
@@ -92,6 +93,10 @@ _REQUEUED_ON_CLOSE = Documented(
     " delivery (message) that was not acked is automatically requeued when the channel (or"
     ' connection) on which the delivery happened is closed"), and it runs again: ' + AT_LEAST_ONCE,
     "https://www.rabbitmq.com/confirms.html#automatic-requeueing",
+    # No lease to wait out: a killed holder's message goes to the next consumer at once,
+    # while the lab still counts the dead holder's lease (the lab cannot tell a dead holder
+    # from a live one in its workers' logs, so any overlap is taken as this one).
+    kinds=(Kind.OVERLAPPING_LEASES,),
     when={Kind.RAN_TWICE: {"acknowledged": ("no", "unknown"), "worker_then": "sigkilled"}},
 )
 _HELD_UNTIL_CLOSED = Documented(
