@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -135,28 +134,36 @@ def _one_line_usage_error(result: pytest.RunResult) -> str:
         ("tiny_queue:TinyQueue", "TinyQueue() raised TypeError"),
         ("uuid:uuid4", "uuid4() returned UUID, not a crashqueuelab System"),
         ("oracle", "not one of arq, celery, celery-acks-late, celery-gevent-acks-late, "),
-        # Only its own worker consumes: the plugin's checks claim through the adapter.
-        pytest.param(
-            "dramatiq-rabbitmq",
-            "only the library's own worker consumes from dramatiq ",
-            marks=pytest.mark.skipif(
-                find_spec("dramatiq") is None or find_spec("pika") is None,
-                reason="dramatiq and pika come with the dramatiq extra",
-            ),
-        ),
+        # Only its own worker consumes (as Celery's on RabbitMQ): the plugin's checks claim
+        # through the adapter.
+        ("own_worker_only:system", "only the library's own worker consumes from "),
     ],
 )
 def test_a_system_the_lab_cannot_use_is_one_line_of_usage_error(
     pytester: pytest.Pytester, spec: str, reason: str
 ) -> None:
     pytester.makepyfile(raises_on_import="raise RuntimeError('no queue\\nhere')\n")
+    pytester.makepyfile(
+        own_worker_only="""
+import dataclasses
+
+from crashqueuelab.systems import resolve_system
+
+
+def system():
+    sqlite = resolve_system("sqlite")
+    return dataclasses.replace(
+        sqlite, capabilities=dataclasses.replace(sqlite.capabilities, claims=False)
+    )
+"""
+    )
     pytester.syspathinsert()
     said = _one_line_usage_error(
         pytester.runpytest_inprocess("-p", "no:cacheprovider", LAB, OPTION, spec)
     )
     assert said.startswith(f"ERROR: system {spec!r}: "), said
     assert reason in said, said
-    if spec == "dramatiq-rabbitmq":
+    if spec == "own_worker_only:system":
         assert said.endswith(
             "the pytest plugin claims through the lab's adapter; run it under `deploys`"
         )

@@ -634,6 +634,17 @@ def test_a_command_that_claims_through_the_adapter_refuses_celery_on_rabbitmq(
         in (error["message"])
     )
     assert not run.exists()
+    # A pinned release, and a matrix of releases: refused before any environment is made.
+    pinned = run_cli(command, "--system", "celery-rabbitmq==5.6.3", "--output-directory", run)
+    assert pinned.code == 2
+    assert f"`{command}` claims through the lab's adapter" in pinned.result["error"]["message"]
+    matrix = run_cli(
+        "versions", "--system", "celery-rabbitmq", "--releases", "5.5.0,5.6.3",
+        "--output-directory", run, command,
+    )  # fmt: skip
+    assert matrix.code == 2
+    assert f"`{command}` claims through the lab's adapter" in matrix.result["error"]["message"]
+    assert not run.exists()
 
 
 def test_a_crash_of_the_node_under_late_acknowledgement_runs_tasks_again_as_documented(

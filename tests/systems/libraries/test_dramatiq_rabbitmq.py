@@ -143,30 +143,52 @@ def test_the_reader_says_what_rabbitmqctl_said_when_it_fails(tmp_path: Path) -> 
 needs_a_node = pytest.mark.skipif(find_binaries() is None, reason="no rabbitmq-server here")
 
 
+def _dead_lettered_by_dramatiqs_consumer(store: Path) -> str:
+    """dramatiq's own consumer takes the store's next message and dead-letters it (a nack):
+    its job's key."""
+    from crashqueuelab.systems.libraries.dramatiq.client import store_queue
+    from crashqueuelab.systems.libraries.dramatiq.rabbitmq import (
+        close_rabbitmq_broker,
+        make_rabbitmq_broker,
+    )
+
+    broker = make_rabbitmq_broker(store_queue(store))
+    try:
+        consumer = broker.consume(store_queue(store), prefetch=1, timeout=100)
+        # A fetch answers None when nothing came within its timeout: bounded retries.
+        message = None
+        for _ in range(200):
+            if (message := next(consumer)) is not None:
+                break
+        assert message is not None
+        consumer.nack(message)
+        consumer.close()
+    finally:
+        close_rabbitmq_broker(broker)
+    return str(message.args[0])
+
+
 @needs_a_node
-def test_the_adapter_submits_and_the_reader_finds_each_message_in_its_queue(
+def test_the_adapter_claims_through_dramatiqs_consumer_and_the_reader_finds_each_message(
     tmp_path: Path, redis_socket: str
 ) -> None:
-    """``dramatiq-rabbitmq``'s adapter enqueues with publisher confirms and claims nothing;
-    the judges' reader finds a job queued, delayed or dead-lettered in dramatiq's three
-    RabbitMQ queues, each message put back, and a finished one by its result in Redis."""
+    """``dramatiq-rabbitmq``'s adapter enqueues with publisher confirms and claims through
+    dramatiq's consumer: a message a consumer holds is in no reading, so the adapter counts
+    it held by its confirmed enqueue (and does not enqueue it again); an outcome reported
+    twice is stale. The judges' reader finds a job acknowledged (its result in Redis),
+    delayed or dead-lettered in dramatiq's three RabbitMQ queues, each message put back."""
     from crashqueuelab.core.clock import ManualClock
     from crashqueuelab.core.errors import OperationUnsupported
     from crashqueuelab.core.ids import SeededIds
     from crashqueuelab.core.retry import RetryPolicy
     from crashqueuelab.judges.readers.dramatiq import DramatiqReading
     from crashqueuelab.lab.runs.servers import started
-    from crashqueuelab.systems import JobSpec, OpenRequest, resolve_system
-    from crashqueuelab.systems.libraries.dramatiq.rabbitmq import (
-        close_rabbitmq_broker,
-        make_rabbitmq_broker,
-        read,
-        schedule,
-    )
+    from crashqueuelab.systems import JobSpec, OpenRequest, Verdict, resolve_system
+    from crashqueuelab.systems.libraries.dramatiq.rabbitmq import read, schedule
 
     system = resolve_system("dramatiq-rabbitmq")
     assert system.version.endswith("(its RabbitMQ broker)")
-    assert (system.broker, system.capabilities.claims, system.recovery_s) == ("rabbitmq", False, 0)
+    assert (system.broker, system.capabilities.claims, system.recovery_s) == ("rabbitmq", True, 0)
     store = tmp_path / "store"
     with started(ThrowawayRabbitMQ()):
         request = OpenRequest(
@@ -175,39 +197,39 @@ def test_the_adapter_submits_and_the_reader_finds_each_message_in_its_queue(
         client = system.open(request)
         try:
             client.submit_many([JobSpec(k, "t", {}, max_attempts=2) for k in ("a", "b", "c")])
-            # Submitted again: held already, not enqueued twice.
+            first = client.claim("w1", 1)
+            assert first is not None
+            assert (first.key, first.attempt) == ("a", 1)
+            # Held by the consumer: in no reading, yet active, and not enqueued again.
+            assert "a" not in read(store).jobs
             client.submit(JobSpec("a", "t", {}, max_attempts=2))
-            for refused in (lambda: client.claim("w", 1), client.recover):
-                with pytest.raises(OperationUnsupported, match="of its own on RabbitMQ"):
-                    refused()
             assert client.active_count() == 3
+            view = client.job("a")
+            assert view is not None
+            assert view.native_state == "fetched"
+            with pytest.raises(OperationUnsupported, match="heartbeat"):
+                client.heartbeat(first, 1)
+            assert client.recover() == 0  # RabbitMQ puts back a gone consumer's messages
+            assert client.succeed(first) is Verdict.SUCCEEDED
+            assert client.succeed(first) is Verdict.STALE
+            second = client.claim("w1", 1)
+            assert second is not None
+            assert second.key == "b"
+            assert client.fail(second, "boom") is Verdict.RETRY
+            assert client.fail(second, "boom") is Verdict.STALE
+            assert client.active_count() == 2
             assert client.job("nothing") is None
             schedule(store, "later", time.time() + 3600)
-            # dramatiq's own consumer takes "a" and dead-letters it (a nack).
-            queue = client.queue  # type: ignore[attr-defined]
-            broker = make_rabbitmq_broker(queue)
-            try:
-                consumer = broker.consume(queue, prefetch=1, timeout=100)
-                # A fetch answers None when nothing came within its timeout: bounded retries.
-                message = None
-                for _ in range(200):
-                    if (message := next(consumer)) is not None:
-                        break
-                assert message is not None
-                assert message.args[0] == "a"
-                consumer.nack(message)
-                consumer.close()
-            finally:
-                close_rabbitmq_broker(broker)
-            reading = read(store)
-            assert read(store) == reading  # every message put back
-            view = client.job("b")
-            assert view is not None
-            assert view.native_state == "queued"
         finally:
+            # Its consumers prefetched what comes next: closed, they put it back.
             client.close()
+        before = read(store)
+        assert _dead_lettered_by_dramatiqs_consumer(store) == "c"
+        reading = read(store)
+        assert read(store) == reading  # every message put back
+    assert before.jobs["c"] == ("queued", 0)
     assert reading == DramatiqReading(
-        True, {"a": ("dead", 1), "b": ("queued", 0), "c": ("queued", 0), "later": ("delayed", 0)}
+        True, {"a": ("acked", 1), "b": ("delayed", 1), "c": ("dead", 1), "later": ("delayed", 0)}
     )
 
 
@@ -235,25 +257,51 @@ def test_rolling_deploys_of_dramatiqs_own_worker_on_rabbitmq_lose_nothing(
     assert outcome.code in (0, 1), outcome.stderr
 
 
-def test_a_command_that_claims_through_the_adapter_refuses_dramatiq_on_rabbitmq(
-    tmp_path: Path, run_cli: RunCli
+@needs_a_node
+def test_a_campaign_and_chaos_on_rabbitmq_find_only_what_dramatiq_documents(
+    tmp_path: Path, redis_socket: str, run_cli: RunCli
 ) -> None:
-    refused = run_cli("chaos", "--system", "dramatiq-rabbitmq", "--output-directory", tmp_path)
-    assert refused.code == 2
-    assert "run it under `deploys`" in refused.result["error"]["message"]
-    # A pinned release, and a matrix of releases: refused before any environment is made.
-    pinned = run_cli(
-        "campaign", "--system", "dramatiq-rabbitmq==1.12.1", "--output-directory", tmp_path
-    )
-    assert pinned.code == 2
-    assert "`campaign` claims through the lab's adapter" in pinned.result["error"]["message"]
-    matrix = run_cli(
-        "versions", "--system", "dramatiq-rabbitmq", "--releases", "1.12.1,2.2.1",
-        "--output-directory", tmp_path / "matrix", "chaos",
+    """``campaign`` (a process death where a taken message comes back as the dead process's
+    connection closes, one after RabbitMQ took the acknowledgement, one after a retry's copy
+    went to the delay queue; the probe of a lapsed holder, whose message no one else is
+    offered), then ``chaos`` with kills and a pause: nothing lost, every failure of the lab's
+    contract a documented weakness (no lease, at least once, the poison message). A
+    power-loss campaign is refused: no campaign puts a node's data directory on the disk."""
+    campaign = tmp_path / "campaign"
+    points = ("fetch:after", "finish:after", "fail:after")
+    outcome = run_cli(
+        "campaign", "--system", "dramatiq-rabbitmq",
+        *(word for point in points for word in ("--crash-point", point)),
+        "--probe", "stale_holder_after_expiry", "--output-directory", campaign, "--quiet",
     )  # fmt: skip
-    assert matrix.code == 2
-    assert "`chaos` claims through the lab's adapter" in matrix.result["error"]["message"]
-    assert list(tmp_path.iterdir()) == []
+    report = json.loads((campaign / "campaign.json").read_text())
+    assert sorted(case["fault_point"] for case in report["cases"]) == sorted(points)
+    assert all(case["passed"] for case in report["cases"]), report["cases"]
+    [probe] = report["probes"]
+    assert probe["finding"]["kind"] == "claim_not_offered"
+    assert report["promises"]["keeps_its_promises"] is True, report["promises"]
+    explained = [entry["what"] for entry in report["promises"]["weaker_as_documented"]]
+    assert [what for what in explained if what.startswith("on RabbitMQ, no lease")], explained
+    assert outcome.code == 1  # the lab's contract (a lease) does not hold
+    chaos = tmp_path / "chaos"
+    run_cli(
+        "chaos", "--system", "dramatiq-rabbitmq", "--jobs", "40", "--workers", "2", "--kills",
+        "2", "--pauses", "1", "--seed", "3", "--shrink-seconds", "0", "--output-directory", chaos,
+        "--quiet",
+    )  # fmt: skip
+    record = json.loads((chaos / "chaos.json").read_text())
+    assert record["kills_delivered"] == 2
+    assert record["promises"]["keeps_its_promises"] is True, record["promises"]
+    accounting = record["accounting"]
+    assert (accounting["effects_missing"], accounting["duplicated_effects"]) == (0, 0)
+    power = tmp_path / "power"
+    refused = run_cli(
+        "campaign", "--system", "dramatiq-rabbitmq", "--crash-mode", "power-loss",
+        "--output-directory", power,
+    )  # fmt: skip
+    assert refused.code == 4
+    assert "keeps its messages in a RabbitMQ node" in refused.result["error"]["message"]
+    assert not power.exists()
 
 
 @needs_a_node
