@@ -20,7 +20,11 @@ from crashqueuelab.lab.campaign.run import CRASHABLE_SETTINGS
 from crashqueuelab.lab.faults import idreuse
 from crashqueuelab.servers.postgres import CRASHABLE_VARIABLE, DSN_VARIABLE, ThrowawayServer
 from crashqueuelab.systems import resolve_system
-from crashqueuelab.systems.contract import ID_REUSED_SUFFIX, id_reused_phases, id_reused_point
+from crashqueuelab.systems.crashpoints import (
+    ID_REUSED_SUFFIX,
+    id_reused_phases,
+    id_reused_point,
+)
 from tests.conftest import RunCli
 
 

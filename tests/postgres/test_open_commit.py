@@ -24,7 +24,7 @@ from crashqueuelab.servers import syncpair
 from crashqueuelab.servers.postgres import DSN_VARIABLE
 from crashqueuelab.servers.syncpair import STANDBY_VARIABLE, SynchronousPair
 from crashqueuelab.systems import resolve_system
-from crashqueuelab.systems.contract import (
+from crashqueuelab.systems.crashpoints import (
     OPEN_COMMIT_SUFFIX,
     REPLY_LOST_SUFFIX,
     open_commit_phases,

@@ -16,7 +16,7 @@ from crashqueuelab.lab.campaign.run import own_server
 from crashqueuelab.lab.faults import lostreplies
 from crashqueuelab.lab.runs.servers import SERVER_VARIABLES
 from crashqueuelab.systems import resolve_system
-from crashqueuelab.systems.contract import (
+from crashqueuelab.systems.crashpoints import (
     REPLY_LOST_SUFFIX,
     reply_lost_phases,
     reply_lost_point,

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from crashqueuelab.judges.findings import Anomaly, Kind
 from crashqueuelab.lab.campaign.probes import PROBES
-from crashqueuelab.lab.campaign.run import MODEL_LINE, own_server
+from crashqueuelab.lab.campaign.run import own_server
+from crashqueuelab.lab.campaign.verdict import MODEL_LINE
 from crashqueuelab.lab.runs.modes import POWER_LOSS
 from crashqueuelab.lab.runs.promises import Finding, classify
 from crashqueuelab.regression import Outcome, run_crash_point, run_probe

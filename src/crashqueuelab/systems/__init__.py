@@ -8,9 +8,7 @@ from crashqueuelab.systems.contract import (
     Capabilities,
     ChainingClient,
     Claim,
-    CrashPoint,
     Documented,
-    ExpectedState,
     Hook,
     JobSpec,
     JobStatus,
@@ -24,6 +22,10 @@ from crashqueuelab.systems.contract import (
     StoreReading,
     System,
     Verdict,
+)
+from crashqueuelab.systems.crashpoints import (
+    CrashPoint,
+    ExpectedState,
 )
 from crashqueuelab.systems.registry import DEFAULT_SYSTEM, SHIPPED, resolve_system
 

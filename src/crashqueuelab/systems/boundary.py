@@ -15,13 +15,15 @@ from typing import Any, TypeVar
 from crashqueuelab.systems.contract import (
     Capabilities,
     Claim,
-    CrashPoint,
-    ExpectedState,
     Hook,
     JobStatus,
     StoredJob,
     StoreReading,
     Verdict,
+)
+from crashqueuelab.systems.crashpoints import (
+    CrashPoint,
+    ExpectedState,
 )
 
 T = TypeVar("T")

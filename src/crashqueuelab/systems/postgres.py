@@ -29,7 +29,6 @@ from crashqueuelab.servers.postgres import DSN_VARIABLE, LEVEL_VARIABLE
 from crashqueuelab.systems.contract import (
     Capabilities,
     Claim,
-    CrashPoint,
     JobSpec,
     JobStatus,
     JobView,
@@ -38,6 +37,9 @@ from crashqueuelab.systems.contract import (
     StoreReading,
     System,
     Verdict,
+)
+from crashqueuelab.systems.crashpoints import (
+    CrashPoint,
     id_reused_point,
     open_commit_point,
     reply_lost_point,

@@ -19,8 +19,6 @@ from crashqueuelab.systems.contract import (
     AttemptView,
     Capabilities,
     Claim,
-    CrashPoint,
-    ExpectedState,
     JobSpec,
     JobStatus,
     JobView,
@@ -29,6 +27,10 @@ from crashqueuelab.systems.contract import (
     StoreReading,
     System,
     Verdict,
+)
+from crashqueuelab.systems.crashpoints import (
+    CrashPoint,
+    ExpectedState,
 )
 from crashqueuelab.systems.sqlite_carrier import behind_a_carrier
 

@@ -16,8 +16,6 @@ from crashqueuelab.judges.readers.walqueue import read_walqueue_directory
 from crashqueuelab.systems.contract import (
     Capabilities,
     Claim,
-    CrashPoint,
-    ExpectedState,
     JobSpec,
     JobStatus,
     JobView,
@@ -26,6 +24,10 @@ from crashqueuelab.systems.contract import (
     StoreReading,
     System,
     Verdict,
+)
+from crashqueuelab.systems.crashpoints import (
+    CrashPoint,
+    ExpectedState,
 )
 from walqueue import Lease, Queue, StaleLease
 

@@ -433,7 +433,7 @@ def _failed_case(**recovery: Any) -> dict[str, Any]:
 
 def test_a_campaign_record_without_findings_is_read_as_its_lines() -> None:
     from crashqueuelab.judges.findings import Anomaly, Kind
-    from crashqueuelab.lab.campaign.run import anomalies_of
+    from crashqueuelab.lab.campaign.verdict import anomalies_of
 
     report: dict[str, Any] = {
         "cases": [_failed_case()],
@@ -469,7 +469,7 @@ def test_a_campaign_record_without_findings_is_read_as_its_lines() -> None:
 
 
 def test_a_power_loss_case_without_findings_is_read_as_its_lines() -> None:
-    from crashqueuelab.lab.campaign.run import anomalies_of
+    from crashqueuelab.lab.campaign.verdict import anomalies_of
 
     case = {"case_id": "03-x", "fault_point": "x", "passed": False, "anomalies": ["s1: lost"]}
     report = {"cases": [case], "probes": [], "model": {"anomalies": []}}

@@ -37,7 +37,14 @@ from crashqueuelab.lab.reproducers.campaign import shrink_if_failed
 from crashqueuelab.lab.runs.commands import campaign_command
 from crashqueuelab.lab.workloads.scenario import effect_key, scenario_jobs
 from crashqueuelab.servers.postgres import find_binaries
-from crashqueuelab.systems.contract import JobStatus, StoredJob, StoreReading, phase_before
+from crashqueuelab.systems.contract import (
+    JobStatus,
+    StoredJob,
+    StoreReading,
+)
+from crashqueuelab.systems.crashpoints import (
+    phase_before,
+)
 from crashqueuelab.systems.registry import resolve_system
 from tests.conftest import RunCli
 

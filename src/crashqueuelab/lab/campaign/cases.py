@@ -33,7 +33,14 @@ from crashqueuelab.lab.workloads.scenario import (
     recover_case,
     scenario_jobs,
 )
-from crashqueuelab.systems.contract import CrashPoint, JobSpec, StoreReading, System
+from crashqueuelab.systems.contract import (
+    JobSpec,
+    StoreReading,
+    System,
+)
+from crashqueuelab.systems.crashpoints import (
+    CrashPoint,
+)
 from crashqueuelab.systems.registry import resolve_system
 
 #: The part of a crash signature that says where the jobs stood (the rest are facts about

@@ -39,6 +39,8 @@ from crashqueuelab.systems.contract import (
     OpenRequest,
     QueueClient,
     System,
+)
+from crashqueuelab.systems.crashpoints import (
     id_reused_phases,
     open_commit_phases,
     reply_lost_phases,

@@ -81,12 +81,14 @@ from crashqueuelab.lab.workloads.scenario import (
 from crashqueuelab.servers.base import wait_until
 from crashqueuelab.servers.postgres import LEVEL_VARIABLE
 from crashqueuelab.systems.contract import (
-    CrashPoint,
     JobSpec,
     JobStatus,
     OpenRequest,
     StoreReading,
     System,
+)
+from crashqueuelab.systems.crashpoints import (
+    CrashPoint,
     phase_before,
 )
 

@@ -51,7 +51,13 @@ from crashqueuelab.lab.runs.readings import read_store
 from crashqueuelab.lab.runs.records import write_json
 from crashqueuelab.lab.workloads.observe import observe_ledger
 from crashqueuelab.lab.workloads.scenario import LEDGER_FILE, STORE_DIRECTORY, effect_key
-from crashqueuelab.systems.contract import CrashPoint, JobSpec, System
+from crashqueuelab.systems.contract import (
+    JobSpec,
+    System,
+)
+from crashqueuelab.systems.crashpoints import (
+    CrashPoint,
+)
 
 STATES_DIRECTORY = "crash-states"
 

@@ -29,7 +29,9 @@ from typing import Any
 
 from crashqueuelab.lab.faults.children import die_with_last_words
 from crashqueuelab.servers.postgres import CRASHABLE_VARIABLE, DSN_VARIABLE, ThrowawayServer
-from crashqueuelab.systems.contract import id_reused_phases
+from crashqueuelab.systems.crashpoints import (
+    id_reused_phases,
+)
 
 EVIDENCE_FILE = "id-reuse.json"
 #: The most ids taken after the restart before giving up (the gap is a handful).

@@ -24,7 +24,9 @@ from crashqueuelab.lab.faults.network.plan import upstream_of
 from crashqueuelab.lab.faults.network.proxy import FaultProxy
 from crashqueuelab.lab.faults.network.windows import WindowKind
 from crashqueuelab.lab.runs.servers import SERVER_VARIABLES
-from crashqueuelab.systems.contract import reply_lost_phases
+from crashqueuelab.systems.crashpoints import (
+    reply_lost_phases,
+)
 
 #: How long the server's answers are dropped before the connection is reset.
 WINDOW_S = 0.3

@@ -43,7 +43,9 @@ from crashqueuelab.servers.syncpair import (
     release_standby,
     taking_turns,
 )
-from crashqueuelab.systems.contract import open_commit_phases
+from crashqueuelab.systems.crashpoints import (
+    open_commit_phases,
+)
 
 #: The longest the standby is held, whatever the watcher saw (the case then fails).
 HOLD_LIMIT_S = 5.0

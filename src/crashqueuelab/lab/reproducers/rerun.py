@@ -25,7 +25,8 @@ from typing import Any
 from crashqueuelab.core.errors import CrashQueueLabError
 from crashqueuelab.judges.findings import Anomaly, restored
 from crashqueuelab.lab.campaign.probes import probe_finding, run_probes
-from crashqueuelab.lab.campaign.run import MODEL_LINE, run_campaign
+from crashqueuelab.lab.campaign.run import run_campaign
+from crashqueuelab.lab.campaign.verdict import MODEL_LINE
 from crashqueuelab.lab.chaos.longjobs import DEFAULT_LONG_JOBS
 from crashqueuelab.lab.chaos.poison import DEFAULT_POISON_JOBS
 from crashqueuelab.lab.chaos.run import run_chaos

@@ -19,7 +19,7 @@ from typing import Any
 from crashqueuelab.judges.findings import Anomaly, Fact
 from crashqueuelab.systems.contract import Condition, Conditions, Documented, System
 
-#: A crash case's anomaly line starts with this (``campaign.anomalies_of``).
+#: A crash case's anomaly line starts with this (``campaign.verdict.anomalies_of``).
 CASE_LINE = "case "
 
 #: One anomaly of a run: its finding, or its line alone where the run kept none.

@@ -30,7 +30,6 @@ from crashqueuelab.systems.boundary import (
 from crashqueuelab.systems.contract import (
     Capabilities,
     Claim,
-    CrashPoint,
     Documented,
     JobSpec,
     JobStatus,
@@ -41,6 +40,9 @@ from crashqueuelab.systems.contract import (
     Reader,
     StoreReading,
     System,
+)
+from crashqueuelab.systems.crashpoints import (
+    CrashPoint,
 )
 
 

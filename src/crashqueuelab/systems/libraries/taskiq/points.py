@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from crashqueuelab.judges.readers.taskiq import PENDING, QUEUED, SUCCEEDED
-from crashqueuelab.systems.contract import CrashPoint
+from crashqueuelab.systems.crashpoints import (
+    CrashPoint,
+)
 from crashqueuelab.systems.libraries.taskiq import LIBRARY
 
 #: No death leaves the reclaim lock held (the reader's ``reclaim_lock``): a consumer holds
