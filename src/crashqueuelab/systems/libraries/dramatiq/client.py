@@ -217,6 +217,15 @@ class LabWorker:
     delayed: Any
 
 
+def lab_worker(broker: Any, queue: str, delay_queue: str) -> LabWorker:
+    """A lab worker on ``broker``: its consumers of the queue and of the delay queue."""
+    return LabWorker(
+        broker,
+        broker.consume(queue, prefetch=1, timeout=IDLE_TIMEOUT_MS),
+        broker.consume(delay_queue, prefetch=1, timeout=IDLE_TIMEOUT_MS),
+    )
+
+
 def held(claim: Claim) -> tuple[LabWorker, Any]:
     """The worker and the delivered message a claim of this adapter holds."""
     worker, message = cast(tuple[LabWorker, Any], claim.handle)
@@ -302,11 +311,7 @@ class DramatiqClient(LibraryClient):
     def _worker(self, worker_id: str) -> LabWorker:
         if worker_id not in self.workers:
             broker = make_broker(self.queue)
-            self.workers[worker_id] = LabWorker(
-                broker,
-                broker.consume(self.queue, prefetch=1, timeout=IDLE_TIMEOUT_MS),
-                broker.consume(self.delay_queue, prefetch=1, timeout=IDLE_TIMEOUT_MS),
-            )
+            self.workers[worker_id] = lab_worker(broker, self.queue, self.delay_queue)
         return self.workers[worker_id]
 
     def claim(self, worker_id: str, lease_us: int) -> Claim | None:

@@ -52,7 +52,6 @@ from crashqueuelab.systems.boundary import around
 from crashqueuelab.systems.contract import Claim, JobSpec, JobView, OpenRequest, OwnWorker, Verdict
 from crashqueuelab.systems.libraries.dramatiq.client import (
     BACKOFF_MS,
-    IDLE_TIMEOUT_MS,
     STATUS,
     LabWorker,
     claim_of,
@@ -60,6 +59,7 @@ from crashqueuelab.systems.libraries.dramatiq.client import (
     enqueue_each,
     held,
     lab_message,
+    lab_worker,
     message_id,
     move_due,
     record_submitted,
@@ -198,11 +198,7 @@ class DramatiqRabbitmqClient(LibraryClient):
     def _worker(self, worker_id: str) -> LabWorker:
         if worker_id not in self.workers:
             broker = make_rabbitmq_broker(self.queue)
-            self.workers[worker_id] = LabWorker(
-                broker,
-                broker.consume(self.queue, prefetch=1, timeout=IDLE_TIMEOUT_MS),
-                broker.consume(self.delay_queue, prefetch=1, timeout=IDLE_TIMEOUT_MS),
-            )
+            self.workers[worker_id] = lab_worker(broker, self.queue, self.delay_queue)
         return self.workers[worker_id]
 
     def claim(self, worker_id: str, lease_us: int) -> Claim | None:
