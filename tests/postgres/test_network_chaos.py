@@ -125,6 +125,27 @@ def test_a_proxy_path_is_named_as_a_dsn_the_client_can_use(postgres_dsn: str) ->
     assert tcp == ("db.example", 6543)
 
 
+def test_a_rabbitmq_node_is_reached_through_tcp_paths_named_as_amqp_urls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from crashqueuelab.servers.rabbitmq import URL_VARIABLE
+
+    monkeypatch.delenv(URL_VARIABLE, raising=False)
+    with pytest.raises(InvalidInput, match="the run's RabbitMQ node"):
+        run_server("rabbitmq")
+    monkeypatch.setenv(URL_VARIABLE, "amqp://guest:guest@127.0.0.1:41234/%2F")
+    server = run_server("rabbitmq")
+    assert (server.variable, server.upstream, server.unix) == (
+        URL_VARIABLE, ("127.0.0.1", 41234), False,
+    )  # fmt: skip
+    assert server.through(("127.0.0.1", 50001)) == "amqp://guest:guest@127.0.0.1:50001/%2F"
+    # A URL without credentials or a port: AMQP's own port, and none added.
+    monkeypatch.setenv(URL_VARIABLE, "amqp://node.example/vhost")
+    bare = run_server("rabbitmq")
+    assert bare.upstream == ("node.example", 5672)
+    assert bare.through(("127.0.0.1", 50002)) == "amqp://127.0.0.1:50002/vhost"
+
+
 def test_a_redis_server_is_reached_through_unix_socket_paths(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -264,9 +264,10 @@ def test_a_campaign_and_chaos_on_rabbitmq_find_only_what_dramatiq_documents(
     """``campaign`` (a process death where a taken message comes back as the dead process's
     connection closes, one after RabbitMQ took the acknowledgement, one after a retry's copy
     went to the delay queue; the probe of a lapsed holder, whose message no one else is
-    offered), then ``chaos`` with kills and a pause: nothing lost, every failure of the lab's
-    contract a documented weakness (no lease, at least once, the poison message). A
-    power-loss campaign is refused: no campaign puts a node's data directory on the disk."""
+    offered), then ``chaos`` with kills, a pause and each network fault on the workers' AMQP
+    connections: nothing lost, every failure of the lab's contract a documented weakness (no
+    lease, at least once, the poison message, a broken connection raising). A power-loss
+    campaign is refused: no campaign puts a node's data directory on the disk."""
     campaign = tmp_path / "campaign"
     points = ("fetch:after", "finish:after", "fail:after")
     outcome = run_cli(
@@ -286,11 +287,16 @@ def test_a_campaign_and_chaos_on_rabbitmq_find_only_what_dramatiq_documents(
     chaos = tmp_path / "chaos"
     run_cli(
         "chaos", "--system", "dramatiq-rabbitmq", "--jobs", "40", "--workers", "2", "--kills",
-        "2", "--pauses", "1", "--seed", "3", "--shrink-seconds", "0", "--output-directory", chaos,
-        "--quiet",
+        "2", "--pauses", "1", "--stalls", "1", "--partitions", "1", "--lost-replies", "1",
+        "--connection-resets", "1", "--seed", "3", "--shrink-seconds", "0",
+        "--output-directory", chaos, "--quiet",
     )  # fmt: skip
     record = json.loads((chaos / "chaos.json").read_text())
     assert record["kills_delivered"] == 2
+    assert set(record["network_faults_delivered"].values()) == {1}
+    # The network faults were on the workers' AMQP connections (the broker's, not Redis's).
+    paths = record["network"]["paths"]
+    assert all(paths[path]["connections"] > 0 for path in ("worker-0", "worker-1")), paths
     assert record["promises"]["keeps_its_promises"] is True, record["promises"]
     accounting = record["accounting"]
     assert (accounting["effects_missing"], accounting["duplicated_effects"]) == (0, 0)

@@ -150,7 +150,9 @@ def run_chaos(
                 run.network = proxied.enter_context(
                     RunNetwork(
                         network,
-                        server=run_server(chosen.server),
+                        # A broker beside the server (RabbitMQ) carries the jobs: its
+                        # connections are the ones faulted, the results' server's are not.
+                        server=run_server(chosen.broker or chosen.server),
                         lease_ms=lease_ms,
                         started=run.state.started,
                     )

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Self
+from urllib.parse import urlsplit, urlunsplit
 
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.faults.kinds import FaultKind
@@ -34,6 +35,7 @@ from crashqueuelab.lab.faults.network.proxy import FaultProxy, Upstream
 from crashqueuelab.lab.faults.network.windows import WindowKind
 from crashqueuelab.lab.runs.inheritance import Inherited
 from crashqueuelab.lab.runs.servers import SERVER_VARIABLES
+from crashqueuelab.servers.rabbitmq import URL_VARIABLE as RABBITMQ_URL_VARIABLE
 
 #: The schedule's network faults, and what each does on the proxy.
 WINDOW_OF = {
@@ -168,7 +170,11 @@ class ServerAddress:
 
 
 def run_server(kind: str | None) -> ServerAddress:
-    """The run's server of ``kind`` ("postgres" or "redis"), as its processes are told it."""
+    """The run's server of ``kind`` ("postgres", "redis", or "rabbitmq": a system's broker
+    beside its server, whose AMQP connections are what a fault on a worker's path cuts), as
+    its processes are told it."""
+    if kind == "rabbitmq":
+        return _rabbitmq_node()
     if kind == "redis":
         socket_path = os.environ.get(SERVER_VARIABLES[1])
         if not socket_path:
@@ -178,6 +184,31 @@ def run_server(kind: str | None) -> ServerAddress:
         return ServerAddress(SERVER_VARIABLES[1], socket_path, lambda address: address[0], True)
     upstream, through = upstream_of(run_dsn())
     return ServerAddress(SERVER_VARIABLES[0], upstream, through)
+
+
+#: AMQP 0-9-1's port, where a URL names none.
+AMQP_PORT = 5672
+
+
+def _rabbitmq_node() -> ServerAddress:
+    url = os.environ.get(RABBITMQ_URL_VARIABLE)
+    if not url:
+        raise InvalidInput(
+            "network", "network faults need the run's RabbitMQ node, and none is named"
+        )
+    parts = urlsplit(url)
+    upstream = (parts.hostname or "127.0.0.1", parts.port or AMQP_PORT)
+
+    def through(address: tuple[str, int]) -> str:
+        credentials = parts.netloc.rpartition("@")[0]
+        netloc = (
+            f"{credentials}@{address[0]}:{address[1]}"
+            if credentials
+            else (f"{address[0]}:{address[1]}")
+        )
+        return urlunsplit(parts._replace(netloc=netloc))
+
+    return ServerAddress(RABBITMQ_URL_VARIABLE, upstream, through)
 
 
 def upstream_of(dsn: str) -> tuple[Upstream, Callable[[tuple[str, int]], str]]:

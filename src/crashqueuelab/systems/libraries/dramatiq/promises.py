@@ -115,12 +115,27 @@ _HELD_UNTIL_CLOSED = Documented(
         Kind.REPORT_DIFFERS: {"about": "status", "reported": "leased", "stored": "pending"},
     },
 )
+_AMQP_CONNECTION_CLOSES = Documented(
+    "on RabbitMQ, a call whose connection breaks (reset, or its answers lost) raises dramatiq's"
+    ' ConnectionClosed ("Raised when a broker connection is suddenly closed"), and RabbitMQ'
+    " puts back what the connection held: the caller is told failure, and the lab's chaos"
+    " worker that made the call exits and is respawned (dramatiq's own worker restarts its"
+    " consumer)",
+    "https://github.com/Bogdanp/dramatiq/blob/master/dramatiq/errors.py",
+    when={
+        Kind.WORKER_EXITED: {
+            "status": 3,
+            "error": ("dramatiq.errors.ConnectionClosed*", "dramatiq.errors.ConnectionFailed*"),
+        }
+    },
+)
 #: On its RabbitMQ broker: no heartbeat timeout (a dead worker's messages come back as its
 #: connection closes); the results, in Redis, at Redis's default persistence.
 DOCUMENTED_ON_RABBITMQ = (
     _AT_LEAST_ONCE,
     _REQUEUED_ON_CLOSE,
     _HELD_UNTIL_CLOSED,
+    _AMQP_CONNECTION_CLOSES,
     _POISON_MESSAGE,
     RDB_SNAPSHOTS,
     CONNECTION_RAISES,
