@@ -144,6 +144,8 @@ def test_a_rabbitmq_node_is_reached_through_tcp_paths_named_as_amqp_urls(
     bare = run_server("rabbitmq")
     assert bare.upstream == ("node.example", 5672)
     assert bare.through(("127.0.0.1", 50002)) == "amqp://127.0.0.1:50002/vhost"
+    monkeypatch.setenv(URL_VARIABLE, "amqps://u:p@node.example/")
+    assert run_server("rabbitmq").upstream == ("node.example", 5671)
 
 
 def test_a_redis_server_is_reached_through_unix_socket_paths(

@@ -295,6 +295,7 @@ def test_a_campaign_and_chaos_on_rabbitmq_find_only_what_dramatiq_documents(
     assert record["kills_delivered"] == 2
     assert set(record["network_faults_delivered"].values()) == {1}
     # The network faults were on the workers' AMQP connections (the broker's, not Redis's).
+    assert record["network"]["faulted"] == URL_VARIABLE
     paths = record["network"]["paths"]
     assert all(paths[path]["connections"] > 0 for path in ("worker-0", "worker-1")), paths
     assert record["promises"]["keeps_its_promises"] is True, record["promises"]

@@ -186,8 +186,8 @@ def run_server(kind: str | None) -> ServerAddress:
     return ServerAddress(SERVER_VARIABLES[0], upstream, through)
 
 
-#: AMQP 0-9-1's port, where a URL names none.
-AMQP_PORT = 5672
+#: AMQP 0-9-1's ports (over TLS: amqps), where a URL names none.
+AMQP_PORTS = {"amqp": 5672, "amqps": 5671}
 
 
 def _rabbitmq_node() -> ServerAddress:
@@ -197,7 +197,7 @@ def _rabbitmq_node() -> ServerAddress:
             "network", "network faults need the run's RabbitMQ node, and none is named"
         )
     parts = urlsplit(url)
-    upstream = (parts.hostname or "127.0.0.1", parts.port or AMQP_PORT)
+    upstream = (parts.hostname or "127.0.0.1", parts.port or AMQP_PORTS.get(parts.scheme, 5672))
 
     def through(address: tuple[str, int]) -> str:
         credentials = parts.netloc.rpartition("@")[0]
@@ -295,9 +295,12 @@ class RunNetwork:
         return record
 
     def report(self) -> dict[str, Any]:
-        """The plan, every window on the run's timeline, and what each path saw."""
+        """The plan, the server whose connections it faulted (the variable that names it
+        to the run's processes), every window on the run's timeline, and what each path
+        saw."""
         return {
             "plan": self.plan.to_json(self.lease_ms),
+            "faulted": self.server.variable,
             "windows": [
                 window.to_json(self.started)
                 for window in self.proxy.windows

@@ -218,12 +218,15 @@ class LabWorker:
 
 
 def lab_worker(broker: Any, queue: str, delay_queue: str) -> LabWorker:
-    """A lab worker on ``broker``: its consumers of the queue and of the delay queue."""
-    return LabWorker(
-        broker,
-        broker.consume(queue, prefetch=1, timeout=IDLE_TIMEOUT_MS),
-        broker.consume(delay_queue, prefetch=1, timeout=IDLE_TIMEOUT_MS),
-    )
+    """A lab worker on ``broker``: its consumers of the queue and of the delay queue (the
+    first closed again if the second cannot be made)."""
+    consumer = broker.consume(queue, prefetch=1, timeout=IDLE_TIMEOUT_MS)
+    try:
+        delayed = broker.consume(delay_queue, prefetch=1, timeout=IDLE_TIMEOUT_MS)
+    except BaseException:
+        consumer.close()
+        raise
+    return LabWorker(broker, consumer, delayed)
 
 
 def held(claim: Claim) -> tuple[LabWorker, Any]:

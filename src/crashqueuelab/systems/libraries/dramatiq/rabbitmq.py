@@ -29,6 +29,7 @@ RabbitMQ today: only a producer that fails over does).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -79,6 +80,8 @@ from crashqueuelab.systems.libraries.dramatiq.worker import (
 )
 from crashqueuelab.systems.libraries.skeleton import LibraryClient, scheduled_job
 
+#: How long a claim waits for a delivery before it answers nothing.
+FETCH_WAIT_S = 0.2
 #: How long an outcome waits for the consumer's connection to send it, and how long each
 #: of its rounds of pika's events may take.
 FLUSH_BOUND_S, FLUSH_POLL_S = 10.0, 0.01
@@ -139,12 +142,23 @@ def read(directory: Path) -> DramatiqReading:
 
 
 def jobs_of(directory: Path) -> dict[str, tuple[str, int]]:
-    """Every job of the store: the reader's, and each submitted job with no ready message
-    and no result as held by a consumer (``FETCHED``, its attempt unknown: 0)."""
+    """Every job of the store: the reader's, and each job whose enqueue RabbitMQ confirmed
+    with no ready message and no result as held by a consumer (``FETCHED``, its attempt
+    unknown: 0). A job whose enqueue never was confirmed is not there."""
     jobs = dict(read(directory).jobs)
-    for key in submitted(directory):
+    for key in submitted(directory, CONFIRMED_FILE):
         jobs.setdefault(key, (FETCHED, 0))
     return jobs
+
+
+def delivered(consumer: Any) -> Any:
+    """The consumer's next message, or None once none came for ``FETCH_WAIT_S``: RabbitMQ
+    pushes deliveries, and a consumer's first may take longer than one inactivity timeout
+    (dramatiq's consumer answers None after each)."""
+    deadline = time.monotonic() + FETCH_WAIT_S
+    while (message := next(consumer)) is None and time.monotonic() < deadline:
+        continue
+    return message
 
 
 def flushed(consumer: Any) -> None:
@@ -152,18 +166,23 @@ def flushed(consumer: Any) -> None:
     they run in order, so once a callback added after them ran), one round trip on its
     channel: RabbitMQ answers ``basic.qos`` after the frames before it, so what was sent is
     taken."""
+    import pika.exceptions
     from dramatiq.errors import ConnectionClosed
 
     # Untyped in some releases and typed in others.
     closed: Any = ConnectionClosed
     ran = threading.Event()
-    consumer.connection.add_callback_threadsafe(ran.set)
-    deadline = time.monotonic() + FLUSH_BOUND_S
-    while not ran.is_set():
-        if time.monotonic() > deadline:
-            raise closed(f"pika ran no callback in {FLUSH_BOUND_S} s")
-        consumer.connection.process_data_events(time_limit=FLUSH_POLL_S)
-    consumer.channel.basic_qos(prefetch_count=1)
+    try:
+        consumer.connection.add_callback_threadsafe(ran.set)
+        deadline = time.monotonic() + FLUSH_BOUND_S
+        while not ran.is_set():
+            if time.monotonic() > deadline:
+                raise closed(f"pika ran no callback in {FLUSH_BOUND_S} s")
+            consumer.connection.process_data_events(time_limit=FLUSH_POLL_S)
+        consumer.channel.basic_qos(prefetch_count=1)
+    except pika.exceptions.AMQPError as error:
+        # As dramatiq's consumer says a broken connection or channel in its own calls.
+        raise closed(error) from None
 
 
 class DramatiqRabbitmqClient(LibraryClient):
@@ -205,7 +224,7 @@ class DramatiqRabbitmqClient(LibraryClient):
         worker = self._worker(worker_id)
         move_due(worker, self.queue)
         flushed(worker.delayed)
-        message = around(self.hook, "fetch", partial(next, worker.consumer))
+        message = around(self.hook, "fetch", partial(delivered, worker.consumer))
         return None if message is None else claim_of(worker_id, worker, message)
 
     def heartbeat(self, claim: Claim, lease_us: int) -> bool:
@@ -259,10 +278,15 @@ class DramatiqRabbitmqClient(LibraryClient):
 
     def close(self) -> None:
         # A consumer closed holding a message: RabbitMQ puts it back, as for a killed one.
+        # One whose connection broke already raises as it closes: the others still close.
+        import pika.exceptions
+        from dramatiq.errors import ConnectionClosed
+
         for worker in self.workers.values():
             close_rabbitmq_broker(worker.broker)
             for consumer in (worker.consumer, worker.delayed):
-                consumer.close()
+                with contextlib.suppress(ConnectionClosed, pika.exceptions.AMQPError):
+                    consumer.close()
         self.workers.clear()
         close_rabbitmq_broker(self.producer)
 
@@ -287,6 +311,7 @@ def schedule(directory: Path, key: str, due_s: float) -> None:
     try:
         delay_ms = max(0, round(due_s * 1000 - time.time() * 1000))
         broker.enqueue(lab_message(queue, scheduled_job(key)), delay=delay_ms)
+        record_submitted(directory, key, message_id(queue, key), CONFIRMED_FILE)
     finally:
         close_rabbitmq_broker(broker)
 
