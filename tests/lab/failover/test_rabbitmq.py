@@ -39,6 +39,7 @@ def cluster() -> Iterator[RabbitCluster]:
     assert not any(alive(pid) for node in started.nodes for pid in node.processes())
 
 
+@pytest.mark.cluster
 def test_three_nodes_form_one_cluster_sharing_an_epmd_and_a_cookie(cluster: RabbitCluster) -> None:
     assert len(cluster.nodes) == 3
     assert cluster.running() == cluster.names
@@ -63,6 +64,7 @@ def test_three_nodes_form_one_cluster_sharing_an_epmd_and_a_cookie(cluster: Rabb
     assert described["nodes"] == [node.node for node in cluster.nodes]
 
 
+@pytest.mark.cluster
 def test_a_quorum_and_a_mirrored_queue_each_lose_no_confirmed_job_when_the_leader_dies(
     cluster: RabbitCluster, tmp_path: Path
 ) -> None:
@@ -130,6 +132,7 @@ def test_a_quorum_and_a_mirrored_queue_each_lose_no_confirmed_job_when_the_leade
     assert "quorum-queues#data-safety" in page
 
 
+@pytest.mark.cluster
 def test_a_queue_with_no_leader_is_refused_and_each_node_named_by_its_port(
     cluster: RabbitCluster,
 ) -> None:
@@ -221,6 +224,7 @@ def test_a_run_it_could_not_make_is_refused_before_anything_starts(
     assert not (tmp_path / "no").exists()
 
 
+@pytest.mark.cluster
 def test_a_partition_splits_a_mirrored_queue_in_two_and_a_quorum_queue_keeps_one_leader(
     cluster: RabbitCluster, tmp_path: Path
 ) -> None:

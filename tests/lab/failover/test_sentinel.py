@@ -48,6 +48,7 @@ def test_rq_through_sentinel_loses_what_the_replica_never_received_as_documented
     assert "acknowledged writes can still be lost during a failover" in page
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("fault", ["pause", "partition"])
 def test_a_primary_paused_or_cut_off_acknowledges_writes_that_its_demotion_loses(
     run_cli: RunCli, tmp_path: Path, fault: str
@@ -85,6 +86,7 @@ def test_the_proxy_tells_a_replicas_link_and_a_sentinels_connections_from_a_clie
     assert _replica_link("node1", b"*2\r\n$5\r\nHELLO\r\n$1\r\n3\r\n") is None
 
 
+@pytest.mark.cluster
 def test_min_replicas_to_write_refuses_writes_once_the_replica_lags_and_bounds_the_loss(
     tmp_path: Path,
 ) -> None:
@@ -138,6 +140,7 @@ def test_a_postgres_setting_for_rq_is_refused_before_anything_starts(
     assert not (tmp_path / "no").exists()
 
 
+@pytest.mark.cluster
 def test_a_wait_after_each_enqueue_tells_the_cut_s_submissions_unknown_and_loses_none(
     tmp_path: Path,
 ) -> None:
