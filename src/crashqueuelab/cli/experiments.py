@@ -42,7 +42,7 @@ from crashqueuelab.lab.mutants.runner import MUTANTS_FILE, run_mutants
 from crashqueuelab.lab.reproducers.campaign import shrink_if_failed
 from crashqueuelab.lab.reproducers.chaos import add_chaos_reproducer
 from crashqueuelab.lab.runs.kinds import KINDS
-from crashqueuelab.lab.runs.modes import CAMPAIGN_CRASH_MODES, FAILOVER
+from crashqueuelab.lab.runs.modes import CAMPAIGN_CRASH_MODES, FAILOVER, POWER_LOSS
 from crashqueuelab.lab.showcase import run_showcase
 from crashqueuelab.systems.registry import DEFAULT_SYSTEM, SHIPPED
 
@@ -106,6 +106,7 @@ def _campaign(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         crash_points=args.crash_point,
         probes=args.probe,
         failover=failover,
+        crash_states=args.crash_states,
     )
     shrink_if_failed(args.output_directory, report, args.shrink_seconds)
     return exit_code(report["ok"], report["passed_what_ran"]), {
@@ -342,6 +343,38 @@ def _add_server_faults(sub: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_campaign_options(sub: argparse.ArgumentParser) -> None:
+    """campaign's system, crash mode and what of it to run."""
+    add_system(sub)
+    add_crash_mode(sub, CAMPAIGN_CRASH_MODES)
+    sub.add_argument(
+        "--synchronous-commit",
+        choices=LEVELS,
+        default=None,
+        help=f"with --crash-mode {FAILOVER}: the primary's level (default on); off and local"
+        " do not wait for the standby, which each case then holds back",
+    )
+    sub.add_argument(
+        "--crash-point",
+        action="append",
+        help="run only this crash point (repeat for several; default: every one)",
+    )
+    sub.add_argument(
+        "--crash-states",
+        type=positive,
+        default=None,
+        help=f"with --crash-mode {POWER_LOSS}: judge at most this many crash states per case"
+        " (lose-all first; default: every one, 3 for a system on RabbitMQ, each state booting"
+        " a node); the report names the choices left",
+    )
+    sub.add_argument(
+        "--probe",
+        action="append",
+        help="run only this fencing probe (repeat for several), with no crash point unless"
+        " --crash-point names some and no model workload: a failing probe's rerun",
+    )
+
+
 def add_experiment_commands(command: Command) -> None:
     """The experiments: they write an output directory instead of using a database."""
     sub = command(
@@ -370,26 +403,7 @@ def add_experiment_commands(command: Command) -> None:
         "kill a child process with os._exit at each crash point of a system; run the probes",
         database=False,
     )
-    add_system(sub)
-    add_crash_mode(sub, CAMPAIGN_CRASH_MODES)
-    sub.add_argument(
-        "--synchronous-commit",
-        choices=LEVELS,
-        default=None,
-        help=f"with --crash-mode {FAILOVER}: the primary's level (default on); off and local"
-        " do not wait for the standby, which each case then holds back",
-    )
-    sub.add_argument(
-        "--crash-point",
-        action="append",
-        help="run only this crash point (repeat for several; default: every one)",
-    )
-    sub.add_argument(
-        "--probe",
-        action="append",
-        help="run only this fencing probe (repeat for several), with no crash point unless"
-        " --crash-point names some and no model workload: a failing probe's rerun",
-    )
+    _add_campaign_options(sub)
     add_shrink_seconds(sub)
     sub = command(
         "chaos",

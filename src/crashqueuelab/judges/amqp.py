@@ -158,6 +158,15 @@ def _longstr(data: bytes) -> bytes:
     return struct.pack(">I", len(data)) + data
 
 
+#: The client's properties (a field table): it can take a refused login as a connection
+#: close that says why, where RabbitMQ otherwise drops the socket without a word.
+CLIENT_PROPERTIES = (
+    _shortstr("capabilities")
+    + b"F"
+    + _longstr(_shortstr("authentication_failure_close") + b"t\x01")
+)
+
+
 class AmqpConnection:
     """One connection to a RabbitMQ node, with one channel open, from an ``amqp://`` URL."""
 
@@ -190,7 +199,10 @@ class AmqpConnection:
         self._send(
             0,
             START_OK,
-            _longstr(b"") + _shortstr("PLAIN") + _longstr(response) + _shortstr("en_US"),
+            _longstr(CLIENT_PROPERTIES)
+            + _shortstr("PLAIN")
+            + _longstr(response)
+            + _shortstr("en_US"),
         )
         tune = self._expect(0, TUNE)
         channels, frame_max = tune.unpack("H"), tune.unpack("I")

@@ -499,6 +499,11 @@ class System:
     #: A message broker the run starts beside that server ("rabbitmq": a throwaway node,
     #: named to every process by ``servers.rabbitmq.URL_VARIABLE``), or None.
     broker: str | None = None
+    #: What the system declares on its broker for the store ``directory`` (its durable
+    #: queues), on the node at the AMQP URL given, as its application does before its first
+    #: job: a power-loss case runs it on a node that then stops cleanly, before the power
+    #: comes on (a node that has been running for a while). None: nothing to declare.
+    declare_broker: Callable[[Path, str], None] | None = None
     #: Where the system is a library's: what its documentation says it does not promise.
     documented: tuple[Documented, ...] = ()
     #: The library's distribution on the package index (what ``--system name==version``

@@ -96,3 +96,47 @@ def test_walqueue_cuts_count_each_crash_state_once(tmp_path: Path, run_cli: RunC
     assert "4 of 4 crash states" in page
     assert "distinct" not in page.split("<h2>Crash points</h2>")[0]
     assert "nothing unsynced at the cut" not in page
+
+
+@needs_fuse
+def test_a_bound_on_crash_states_judges_lose_all_first_and_names_every_choice_it_left(
+    tmp_path: Path, run_cli: RunCli
+) -> None:
+    """``--crash-states 2``: of the snapshot rename's seven choices, ``lose-all`` and the state
+    that keeps every pending name are judged; the five others are named in the case, counted
+    in the summary, said in ``not_run`` (the run is not complete) and on the page, and a
+    rerun keeps the bound. Outside the power-loss mode the option is refused, nothing
+    written."""
+    run = tmp_path / "run"
+    outcome = run_cli(
+        "campaign", "--system", "walqueue", "--crash-mode", "power-loss", "--seed", "20260827",
+        "--crash-point", "snapshot:after_rename", "--crash-states", "2", "--quiet",
+        "--output-directory", run,
+    )  # fmt: skip
+    report = json.loads((run / "campaign.json").read_text())
+    [case] = report["cases"]
+    assert [state["choice"] for state in case["crash_states"]] == ["lose-all", "keep-names-1-2"]
+    assert case["power_cut"]["states_bound"] == report["crash_states_per_case"] == 2
+    left = case["power_cut"]["choices_unstarted"]
+    assert len(left) == case["power_cut"]["choices"] - 2 == 5
+    assert "keep-names-1" in left
+    assert report["summary"]["crash_state_choices_unstarted"] == 5
+    assert report["passed_what_ran"] is True
+    assert (report["ok"], report["complete"]) == (False, False)
+    assert report["not_run"] == [
+        f"case {case['case_id']}: 5 of 7 crash-state choices not judged (at most 2 states per"
+        " case; the case's power_cut.choices_unstarted names them)"
+    ]
+    assert outcome.code == cli.EXIT_PASSED_WHAT_RAN, outcome.result
+    page = (run / REPORT_FILE).read_text()
+    assert "2 of 2 (5 not judged)" in page
+    assert "crash-state choices not judged" in page
+    assert "<code>keep-names-1</code>" in page.split("Not judged (at most 2")[1]
+    assert "--crash-mode power-loss --crash-states 2 --system walqueue" in page
+    refused = run_cli(
+        "campaign", "--system", "walqueue", "--crash-states", "2",
+        "--output-directory", tmp_path / "process",
+    )  # fmt: skip
+    assert refused.code == cli.EXIT_USAGE
+    assert refused.result["error"]["field"] == "crash_states"
+    assert not (tmp_path / "process").exists()

@@ -56,8 +56,10 @@ def read_ready_messages(
     as it notices, not at once); consumers still attached then are a problem said."""
     try:
         connection = AmqpConnection(url)
-    except (OSError, AmqpError) as error:
+    except OSError as error:
         return QueueMessages(True, problems=(f"RabbitMQ did not answer: {error}",))
+    except AmqpError as refused:  # a login refused (the node's users gone), say
+        return QueueMessages(True, problems=(f"RabbitMQ refused the connection: {refused}",))
     with connection:
         try:
             ready, consumers = connection.declare_passive(queue)

@@ -37,10 +37,12 @@ from crashqueuelab.lab.campaign.cases import (
     unfinished_finding,
 )
 from crashqueuelab.lab.faults.children import CHILD_STDERR
+from crashqueuelab.lab.faults.powerloss.brokerdisk import BrokerOnDisk
 from crashqueuelab.lab.faults.powerloss.crashstate import (
     Choice,
     CrashState,
     DistinctStates,
+    bounded_order,
     crash_choices,
 )
 from crashqueuelab.lab.faults.powerloss.journal import Journal
@@ -209,16 +211,22 @@ def run_power_loss_case(
     spec: str,
     template: ClusterTemplate | None = None,
     stop: threading.Event | None = None,
+    crash_states: int | None = None,
 ) -> dict[str, Any]:
     """One crash point: the child dies there, the power goes, every crash state is judged.
 
     ``template``: the cluster a PostgreSQL system's case starts from (its data directory is
     then what the disk holds); a Redis system's case starts a server of its own
-    (``redisdisk``). ``stop``, once set, ends the case before its next crash state
-    (CaseStopped), its disk unmounted: the run it belongs to was interrupted."""
+    (``redisdisk``), a system on a RabbitMQ broker a node of its own (``brokerdisk``).
+    ``crash_states``: judge at most this many, in ``bounded_order`` (None: every one); the
+    report names each choice left unstarted. ``stop``, once set, ends the case before its
+    next crash state (CaseStopped), its disk unmounted: the run it belongs to was
+    interrupted."""
     case_id, case_dir, jobs = new_case(output_dir, index, point)
     target: PowerLossTarget
-    if system.server == "redis":
+    if system.broker == "rabbitmq":
+        target = BrokerOnDisk(case_dir, system)
+    elif system.server == "redis":
         target = RedisOnDisk(case_dir, system.persistence or "rdb")
     elif template is not None:
         target = ServerOnDisk(case_dir, template)
@@ -228,12 +236,18 @@ def run_power_loss_case(
         child, prelude = kill_children(case_dir, spec, point, seed, case_id)
         journal = target.cut()
         started = time.perf_counter()
-        states = []
+        states: list[dict[str, Any]] = []
         distinct = DistinctStates(journal)
         choices = crash_choices(journal, seed * 100 + index)
+        if crash_states is not None:
+            choices = bounded_order(choices, journal)
+        unstarted: list[str] = []
         for choice in choices:
             if stop is not None and stop.is_set():
                 raise CaseStopped(case_id)
+            if crash_states is not None and len(states) >= crash_states:
+                unstarted.append(choice.name)
+                continue
             if not distinct.new_fate(choice):
                 continue
             judged = judge_state(
@@ -262,6 +276,9 @@ def run_power_loss_case(
             "choices": len(choices),
             "crash_states": len(states),
             "duplicates_skipped": len(distinct.skipped),
+            "states_bound": crash_states,
+            # Choices never made: what they would have shown is not known.
+            "choices_unstarted": unstarted,
         },
         "promised": point.power_loss_states(),
         "crash_states": states,

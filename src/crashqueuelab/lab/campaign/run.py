@@ -99,6 +99,10 @@ from crashqueuelab.systems.registry import DEFAULT_SYSTEM, resolve_system
 CAMPAIGN_FILE = CAMPAIGN.record
 #: Cases run side by side, each with its own child.
 CASES_AT_ONCE = 2
+#: The crash states judged per power-loss case of a system on RabbitMQ unless a run says:
+#: each boots a node (6 to 9 s, docs/real-queues.md), and a cut leaves some 37 choices.
+#: These are ``lose-all``, every pending directory change kept, and the zeroed tails.
+RABBITMQ_CRASH_STATES = 3
 
 
 def campaign_order(
@@ -446,6 +450,34 @@ def _numbered(
         after_each()
 
 
+def _case_runner(
+    chosen: System,
+    crash_mode: str,
+    failover: FailoverSetting | None,
+    bound: int | None,
+    resources: ExitStack,
+) -> tuple[CaseRunner, int]:
+    """What runs each case in ``crash_mode``, and how many run at a time."""
+    # Cases share nothing (each has its own directory, clock and ids), and most of a case is
+    # waiting for its child: two at a time keep both cores busy without changing any result.
+    at_once = CASES_AT_ONCE if chosen.capabilities.concurrent_stores else 1
+    if failover is not None:
+        # Each case starts its own replicated server and names it to this process.
+        return functools.partial(run_failover_case, setting=failover), 1
+    if crash_mode != POWER_LOSS:
+        return run_case, at_once
+    runner = functools.partial(run_power_loss_case, crash_states=bound)
+    if chosen.server == "redis":
+        # Each case starts its own server (a RabbitMQ node too, for a system on one); they
+        # take turns naming it to this process.
+        return runner, 1
+    if chosen.server is not None:
+        # A server system's power-loss cases each name their own server to this process.
+        template = resources.enter_context(ClusterTemplate())
+        return functools.partial(runner, template=template), 1
+    return runner, at_once
+
+
 def run_campaign(
     output_dir: Path,
     *,
@@ -456,15 +488,21 @@ def run_campaign(
     crash_points: Sequence[str] | None = None,
     probes: Sequence[str] | None = None,
     failover: FailoverSetting | None = None,
+    crash_states: int | None = None,
 ) -> dict[str, Any]:
     """Run every crash point of ``system`` once (or those named in ``crash_points``), the
     probes and the model workload; write ``campaign.json``. Naming ``probes`` runs those
     alone (with the crash points named, if any) and no model workload: a failing probe's
     rerun. Shrinking a run that is not ok is its caller's choice
     (``lab.reproducers.campaign.add_reproducers``). ``failover``: the replication setting
-    of a ``failover`` campaign (``lab.failover.targets.case_failover`` makes it)."""
+    of a ``failover`` campaign (``lab.failover.targets.case_failover`` makes it).
+    ``crash_states``: in power-loss mode, at most this many crash states judged per case
+    (None: every one, ``RABBITMQ_CRASH_STATES`` for a system on RabbitMQ); the choices
+    left are named in each case and in ``not_run``."""
     chosen = resolve_system(system)
     check_crash_mode(crash_mode, chosen)
+    if crash_states is not None and crash_mode != POWER_LOSS:
+        raise InvalidInput("crash_states", f"bounds the crash states of {POWER_LOSS} alone")
     if probes is not None and crash_points is None:
         crash_points = []
     drawn = campaign_order(chosen, seed, crash_points)
@@ -482,27 +520,13 @@ def run_campaign(
             "the replication setting of --crash-mode failover, and of it alone",
         )
     check_probe_names(probes)
+    bound = crash_states
+    if bound is None and crash_mode == POWER_LOSS and chosen.broker == "rabbitmq":
+        bound = RABBITMQ_CRASH_STATES
     prepare_output_directory(output_dir)
     started = time.perf_counter()
-    # Cases share nothing (each has its own directory, clock and ids), and most of a case is
-    # waiting for its child: two at a time keep both cores busy without changing any result.
-    # A server system's power-loss cases each name their own server to this process, so
-    # they take turns.
-    at_once = CASES_AT_ONCE if chosen.capabilities.concurrent_stores else 1
     with ExitStack() as resources:
-        runner: CaseRunner = run_case
-        if crash_mode == POWER_LOSS and chosen.server == "redis":
-            # Each case starts its own server; they take turns naming it to this process.
-            runner, at_once = run_power_loss_case, 1
-        elif crash_mode == POWER_LOSS and chosen.server is not None:
-            template = resources.enter_context(ClusterTemplate())
-            runner = functools.partial(run_power_loss_case, template=template)
-            at_once = 1
-        elif crash_mode == POWER_LOSS:
-            runner = run_power_loss_case
-        elif failover is not None:
-            # Each case starts its own replicated server and names it to this process.
-            runner, at_once = functools.partial(run_failover_case, setting=failover), 1
+        runner, at_once = _case_runner(chosen, crash_mode, failover, bound, resources)
         named = labelled(progress, f"campaign {system} ({crash_mode})")
         shared = [point for point in order if own_server(point) is None]
         servers = resources.enter_context(OwnServers(order))
@@ -524,6 +548,8 @@ def run_campaign(
         "crash_mode": crash_mode,
         "mechanism": MECHANISM[crash_mode],
         "execution_order": [point.name for point in order],
+        # In power-loss mode, the crash states judged per case at most (None: every one).
+        "crash_states_per_case": bound,
         # None: every crash point the system declares ran.
         "crash_points_chosen": None if crash_points is None else sorted(set(crash_points)),
         "probes_chosen": None if probes is None else sorted(set(probes)),

@@ -85,6 +85,8 @@ def summarize_power_loss(report: dict[str, Any]) -> dict[str, Any]:
         "states_losing_acknowledged_work": sum(
             1 for state in states if not state["durable_as_promised"]
         ),
+        # Choices a bounded case never made: no state of theirs was judged.
+        "crash_state_choices_unstarted": sum(len(_unstarted(case)) for case in cases),
         "pending_writes_at_cuts": sum(case["power_cut"]["pending_writes"] for case in cases),
         "pending_directory_changes_at_cuts": sum(
             case["power_cut"]["pending_directory_changes"] for case in cases
@@ -211,9 +213,22 @@ def _case_reasons(case: dict[str, Any]) -> list[Anomaly | str]:
     return reasons
 
 
+def _unstarted(case: dict[str, Any]) -> list[str]:
+    """The crash-state choices a power-loss case left unstarted (none in a record made
+    before cases were bounded)."""
+    return list(case.get("power_cut", {}).get("choices_unstarted", []))
+
+
 def not_run_of(report: dict[str, Any]) -> list[str]:
     """What the campaign was asked for and did not run, each with why."""
-    return [
+    unstarted = [
+        f"case {case['case_id']}: {len(left)} of {case['power_cut']['choices']} crash-state"
+        f" choices not judged (at most {case['power_cut']['states_bound']} states per case;"
+        " the case's power_cut.choices_unstarted names them)"
+        for case in report["cases"]
+        if (left := _unstarted(case))
+    ]
+    return unstarted + [
         f"probe {probe['name']}: {probe['detail']}"
         for probe in report["probes"]
         if status_of(probe) == NOT_RUN

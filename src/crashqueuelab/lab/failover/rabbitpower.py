@@ -39,11 +39,10 @@ from crashqueuelab.judges.readers.rabbitmq import rabbitmq_queues
 from crashqueuelab.lab.failover.amqp import _close, connect, declare
 from crashqueuelab.lab.failover.promises import CONFIRM_PROMISE, CONFIRMS, CONFIRMS_LATENCY
 from crashqueuelab.lab.faults.powerloss.crashstate import (
-    Choice,
     DistinctStates,
+    bounded_order,
     crash_choices,
 )
-from crashqueuelab.lab.faults.powerloss.journal import Journal
 from crashqueuelab.lab.faults.powerloss.rabbitdisk import STATISTICS_MS, RabbitOnDisk
 from crashqueuelab.lab.faults.powerloss.targets import PlacedState
 from crashqueuelab.lab.runs.kinds import POWER_CUT
@@ -173,22 +172,6 @@ PUBLISHERS: Mapping[str, Callable[[], Publisher]] = {
 }
 
 
-def ordered(choices: Sequence[Choice], journal: Journal) -> list[Choice]:
-    """``choices`` in the order a bounded run starts them: ``lose-all``, every pending
-    directory change kept, the zeroed tails, the seeded states, then the other subsets."""
-    everything = frozenset(range(len(journal.names)))
-
-    def rank(choice: Choice) -> int:
-        if choice.seed is not None:
-            return 3
-        if choice.zeroed_tails:
-            return 2
-        kept = choice.names_kept or frozenset()
-        return 0 if not kept else 1 if kept == everything else 4
-
-    return sorted(choices, key=rank)
-
-
 def read_queues(
     control: str, bindir: Path, names: Sequence[str] = tuple(QUEUES)
 ) -> tuple[dict[str, int], str | None]:
@@ -311,7 +294,7 @@ def run_rabbit_power_loss(
             close()
         cut_s = time.perf_counter() - started
         distinct = DistinctStates(journal)
-        choices = ordered(crash_choices(journal, seed), journal)
+        choices = bounded_order(crash_choices(journal, seed), journal)
         unstarted: list[str] = []
         for choice in choices:
             if len(judged) >= states:

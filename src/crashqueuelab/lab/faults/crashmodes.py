@@ -41,19 +41,19 @@ def check_crash_mode(
 def power_loss_refusal(system: System, experiment: str = "campaign") -> str | None:
     """Why a power cut cannot be judged on ``system`` in ``experiment`` (None when it can).
 
-    A campaign puts a server's data directory on the disk (a server per case), not a
-    RabbitMQ node's (``power-cut`` does, under a publisher alone). Chaos puts
-    only the run's store directory there, while a server keeps its data in its own data
-    directory: a cut would lose nothing and a pass would prove nothing.
+    A campaign puts a server's data directory on the disk (a server per case; for a system
+    on RabbitMQ, the node's: ``brokerdisk``). Chaos puts only the run's store directory
+    there, while a server keeps its data in its own data directory: a cut would lose
+    nothing and a pass would prove nothing.
     """
-    if system.broker == "rabbitmq":
-        return (
-            f"{system.name} keeps its messages in a RabbitMQ node, whose data directory no"
-            f" {experiment} puts on the power-loss disk (power-cut --publisher cuts the power"
-            " under a node)"
-        )
     if system.server is None or experiment == "campaign":
         return None
+    if system.broker == "rabbitmq":
+        return (
+            f"{system.name} keeps its messages in a RabbitMQ node, whose data directory"
+            f" {experiment}'s power-loss disk does not hold (campaign --crash-mode power-loss"
+            " puts it on the disk; power-cut --publisher cuts the power under a node)"
+        )
     return (
         f"{system.name} keeps its data in its {system.server} server's data directory, which"
         " chaos's power-loss disk does not hold (campaign --crash-mode power-loss puts it on"

@@ -129,7 +129,8 @@ def _case_states_text(case: dict[str, Any]) -> str:
     count = len(case["crash_states"])
     if case["power_cut"].get("nothing_unsynced"):
         return f"nothing unsynced at the cut: {count} crash state"
-    return f"{case['states_passed']} of {count}"
+    left = len(case["power_cut"].get("choices_unstarted", []))
+    return f"{case['states_passed']} of {count}" + (f" ({left} not judged)" if left else "")
 
 
 def _states_detail(summary: dict[str, Any]) -> str:
@@ -167,6 +168,23 @@ def _verdict(
     )
 
 
+def _unstarted_figure(
+    summary: dict[str, Any], report: dict[str, Any]
+) -> list[tuple[str, str, str]]:
+    """The crash-state choices the cases left unjudged, where a bound left some."""
+    left = summary.get("crash_state_choices_unstarted", 0)
+    if not left:
+        return []
+    return [
+        (
+            "crash-state choices not judged",
+            str(left),
+            f"at most {report['crash_states_per_case']} crash states per case"
+            " (--crash-states): what the others would show is not known",
+        )
+    ]
+
+
 def power_loss_view(run_dir: Path, report: dict[str, Any]) -> View:
     """A power-loss campaign: each crash point's cut and every crash state it allowed."""
     summary = report["summary"]
@@ -179,6 +197,7 @@ def power_loss_view(run_dir: Path, report: dict[str, Any]) -> View:
                 "crash_states": states,
                 "states_text": _case_states_text(case),
                 "skipped": case.get("duplicate_crash_states", []),
+                "unstarted": case["power_cut"].get("choices_unstarted", []),
                 "rerun": _case_rerun(report, run_dir, case),
                 "lost_in": sum(1 for state in states if not state["durable_as_promised"]),
                 "promised_text": " or ".join(_signature_text(p) for p in case["promised"]),
@@ -207,6 +226,7 @@ def power_loss_view(run_dir: Path, report: dict[str, Any]) -> View:
             str(summary["states_losing_acknowledged_work"]),
             "must be 0",
         ),
+        *_unstarted_figure(summary, report),
         (
             "unsynced at the cuts",
             f"{summary['pending_writes_at_cuts']:,} writes,"

@@ -65,6 +65,8 @@ def campaign_command(
     """The campaign that made ``report`` again, or one of its crash points or probes alone."""
     spec = report.get("system_spec", report["system"]["name"])
     mode = f" --crash-mode {POWER_LOSS}" if report.get("crash_mode") == POWER_LOSS else ""
+    if mode and report.get("crash_states_per_case") is not None:
+        mode += f" --crash-states {report['crash_states_per_case']}"
     if report.get("crash_mode") == FAILOVER:
         level = report["failover"]["synchronous_commit"]
         mode = f" --crash-mode {FAILOVER} --synchronous-commit {level}"

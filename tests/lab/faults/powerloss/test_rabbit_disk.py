@@ -39,7 +39,7 @@ def test_a_queue_short_of_its_confirmed_messages_fails_and_one_over_what_was_sen
 
 
 def test_a_bounded_run_starts_lose_all_first_then_every_name_kept_then_the_others() -> None:
-    from crashqueuelab.lab.failover.rabbitpower import ordered
+    from crashqueuelab.lab.faults.powerloss.crashstate import bounded_order
 
     journal = Journal()
     for index in range(3):
@@ -48,7 +48,7 @@ def test_a_bounded_run_starts_lose_all_first_then_every_name_kept_then_the_other
     some = Choice(frozenset({1}), None)
     seeded = Choice(None, 7)
     zeroed = Choice(frozenset(), None, zeroed_tails=True)
-    assert ordered([some, seeded, zeroed, everything, LOSE_ALL], journal) == [
+    assert bounded_order([some, seeded, zeroed, everything, LOSE_ALL], journal) == [
         LOSE_ALL, everything, zeroed, seeded, some,
     ]  # fmt: skip
 

@@ -36,6 +36,7 @@ import hashlib
 import os
 import random
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,23 @@ def crash_choices(journal: Journal, seed: int, *, seeded: int = SEEDED_STATES) -
             Choice(kept, None, zeroed_tails=True) for kept in dict.fromkeys((frozenset(), kept_all))
         ]
     return choices + [Choice(None, seed * 1000 + k) for k in range(seeded)]
+
+
+def bounded_order(choices: Sequence[Choice], journal: Journal) -> list[Choice]:
+    """``choices`` in the order a run that judges only the first few starts them (each
+    state boots a server that is slow to boot): ``lose-all``, every pending directory change
+    kept, the zeroed tails, the seeded states, then the other subsets."""
+    everything = frozenset(range(len(journal.names)))
+
+    def rank(choice: Choice) -> int:
+        if choice.seed is not None:
+            return 3
+        if choice.zeroed_tails:
+            return 2
+        kept = choice.names_kept or frozenset()
+        return 0 if not kept else 1 if kept == everything else 4
+
+    return sorted(choices, key=rank)
 
 
 def appended(journal: Journal) -> bool:

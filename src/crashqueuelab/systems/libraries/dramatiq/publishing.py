@@ -26,11 +26,11 @@ def _broker(url: str, *, confirm: bool) -> Any:
     return rabbitmq_broker(url=url, confirm_delivery=confirm, middleware=[])
 
 
-def declare(url: str) -> None:
+def declare(url: str, queue: str = QUEUE) -> None:
     """The queue (with its delay and dead-letter queues), declared as dramatiq does."""
     broker = _broker(url, confirm=False)
     try:
-        broker.declare_queue(QUEUE, ensure=True)
+        broker.declare_queue(queue, ensure=True)
     finally:
         broker.close()
 

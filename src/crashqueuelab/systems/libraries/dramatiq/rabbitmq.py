@@ -70,6 +70,7 @@ from crashqueuelab.systems.libraries.dramatiq.client import (
     store_queue,
 )
 from crashqueuelab.systems.libraries.dramatiq.promises import AT_LEAST_ONCE
+from crashqueuelab.systems.libraries.dramatiq.publishing import declare
 from crashqueuelab.systems.libraries.dramatiq.worker import (
     QUEUE_VARIABLE,
     SHUTDOWN,
@@ -300,6 +301,12 @@ def setup() -> None:
     broker = make_rabbitmq_broker(queue)
     actor_on(broker, queue, served_work[-1])
     dramatiq.set_broker(broker)
+
+
+def declare_queues(directory: Path, url: str) -> None:
+    """The store's queue, with its delay and dead-letter queues, durable, as dramatiq
+    declares them at its first enqueue or consume, on the node at ``url``."""
+    declare(url, store_queue(directory))
 
 
 def schedule(directory: Path, key: str, due_s: float) -> None:

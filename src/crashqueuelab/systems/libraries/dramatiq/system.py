@@ -83,7 +83,10 @@ def dramatiq_rabbitmq_system(name: str = "dramatiq-rabbitmq") -> System:
     from crashqueuelab.systems.libraries.dramatiq.rabbitmq import (
         OWN_WORKER as OWN_WORKER_ON_RABBITMQ,
     )
-    from crashqueuelab.systems.libraries.dramatiq.rabbitmq import DramatiqRabbitmqClient
+    from crashqueuelab.systems.libraries.dramatiq.rabbitmq import (
+        DramatiqRabbitmqClient,
+        declare_queues,
+    )
 
     system = LIBRARY.system(
         name,
@@ -99,7 +102,10 @@ def dramatiq_rabbitmq_system(name: str = "dramatiq-rabbitmq") -> System:
     )
     # A killed worker's messages come back as its connection closes: no timeout to wait.
     return dataclasses.replace(
-        system, version=f"dramatiq {LIBRARY.installed()} (its RabbitMQ broker)", broker="rabbitmq"
+        system,
+        version=f"dramatiq {LIBRARY.installed()} (its RabbitMQ broker)",
+        broker="rabbitmq",
+        declare_broker=declare_queues,
     )
 
 
