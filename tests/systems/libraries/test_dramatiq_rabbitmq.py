@@ -168,6 +168,27 @@ def _dead_lettered_by_dramatiqs_consumer(store: Path) -> str:
     return str(message.args[0])
 
 
+def test_an_acknowledgement_lost_with_the_node_is_documented_in_a_crash_state_alone() -> None:
+    """A message back beside its result or its retry is the documented acknowledgement a
+    power cut took, only in a crash state (its finding names the choice): after a process's
+    death alone it would be an acknowledgement RabbitMQ had and dropped."""
+    from crashqueuelab.judges.findings import inconsistent
+    from crashqueuelab.lab.runs.promises import explains
+    from crashqueuelab.systems.libraries.dramatiq.promises import DOCUMENTED_ON_RABBITMQ
+
+    [lost] = [weakness for weakness in DOCUMENTED_ON_RABBITMQ if "not yet written" in weakness.what]
+    for problem in (
+        "job j: a result, yet a message still live",
+        "job j: more than one live message",
+    ):
+        finding = inconsistent(problem, "at the crash: ")
+        assert not explains(lost, finding, "process")
+        assert not explains(lost, finding, "power-loss")
+        assert explains(lost, finding.within("lose-all: ", choice="lose-all"), "power-loss")
+    gone = inconsistent("job j: queued, its message gone").within("lose-all: ", choice="lose-all")
+    assert not explains(lost, gone, "power-loss")
+
+
 @needs_a_node
 def test_the_adapter_claims_through_dramatiqs_consumer_and_the_reader_finds_each_message(
     tmp_path: Path, redis_socket: str

@@ -131,14 +131,18 @@ _AMQP_CONNECTION_CLOSES = Documented(
 )
 _ACK_LOST_AT_POWER_CUT = Documented(
     "on RabbitMQ, an acknowledgement the node had not yet written to its disk when it lost"
-    " power is lost with it: the message is back in its queue beside its result, and runs"
-    ' again (RabbitMQ: "Use of acknowledgements guarantees at-least-once delivery"): '
-    + AT_LEAST_ONCE,
+    " power is lost with it: the message is back in its queue beside its result, or beside"
+    ' the retry dramatiq enqueued for its failed attempt, and runs again (RabbitMQ: "Use of'
+    ' acknowledgements guarantees at-least-once delivery"): ' + AT_LEAST_ONCE,
     "https://www.rabbitmq.com/docs/reliability#acknowledgements-and-confirms",
     # Only a crash state's finding names its choice: after a process's death alone, a live
-    # message beside its result would be an acknowledgement RabbitMQ had and dropped.
+    # message beside its result or its retry would be an acknowledgement RabbitMQ had and
+    # dropped.
     when={
-        Kind.STORE_INCONSISTENT: {"problem": "*: a result, yet a message still live", "choice": "*"}
+        Kind.STORE_INCONSISTENT: (
+            {"problem": "*: a result, yet a message still live", "choice": "*"},
+            {"problem": "*: more than one live message", "choice": "*"},
+        )
     },
 )
 #: On its RabbitMQ broker: no heartbeat timeout (a dead worker's messages come back as its
