@@ -124,8 +124,8 @@ def test_a_bound_on_crash_states_judges_lose_all_first_and_names_every_choice_it
     assert report["passed_what_ran"] is True
     assert (report["ok"], report["complete"]) == (False, False)
     assert report["not_run"] == [
-        f"case {case['case_id']}: 5 of 7 crash-state choices not judged (at most 2 states per"
-        " case; the case's power_cut.choices_unstarted names them)"
+        "crash states: 5 of 7 choices not judged, in 1 of 1 cases (at most 2 states per case;"
+        " each case's power_cut.choices_unstarted names its own)"
     ]
     assert outcome.code == cli.EXIT_PASSED_WHAT_RAN, outcome.result
     page = (run / REPORT_FILE).read_text()

@@ -221,13 +221,16 @@ def _unstarted(case: dict[str, Any]) -> list[str]:
 
 def not_run_of(report: dict[str, Any]) -> list[str]:
     """What the campaign was asked for and did not run, each with why."""
-    unstarted = [
-        f"case {case['case_id']}: {len(left)} of {case['power_cut']['choices']} crash-state"
-        f" choices not judged (at most {case['power_cut']['states_bound']} states per case;"
-        " the case's power_cut.choices_unstarted names them)"
-        for case in report["cases"]
-        if (left := _unstarted(case))
-    ]
+    bounded = [case for case in report["cases"] if _unstarted(case)]
+    unstarted = []
+    if bounded:
+        left = sum(len(_unstarted(case)) for case in bounded)
+        choices = sum(case["power_cut"]["choices"] for case in bounded)
+        unstarted.append(
+            f"crash states: {left} of {choices} choices not judged, in {len(bounded)} of"
+            f" {len(report['cases'])} cases (at most {report['crash_states_per_case']} states"
+            " per case; each case's power_cut.choices_unstarted names its own)"
+        )
     return unstarted + [
         f"probe {probe['name']}: {probe['detail']}"
         for probe in report["probes"]
