@@ -103,10 +103,10 @@ def test_a_bound_on_crash_states_judges_lose_all_first_and_names_every_choice_it
     tmp_path: Path, run_cli: RunCli
 ) -> None:
     """``--crash-states 2``: of the snapshot rename's seven choices, ``lose-all`` and the state
-    that keeps every pending name are judged; the five others are named in the case, counted
-    in the summary, said in ``not_run`` (the run is not complete) and on the page, and a
-    rerun keeps the bound. Outside the power-loss mode the option is refused, nothing
-    written."""
+    that keeps every pending name are judged; of the five others, those with the fates of a
+    state judged are duplicates, and the one left is named in the case, counted in the
+    summary, said in ``not_run`` (the run is not complete) and on the page, and a rerun
+    keeps the bound. Outside the power-loss mode the option is refused, nothing written."""
     run = tmp_path / "run"
     outcome = run_cli(
         "campaign", "--system", "walqueue", "--crash-mode", "power-loss", "--seed", "20260827",
@@ -117,19 +117,20 @@ def test_a_bound_on_crash_states_judges_lose_all_first_and_names_every_choice_it
     [case] = report["cases"]
     assert [state["choice"] for state in case["crash_states"]] == ["lose-all", "keep-names-1-2"]
     assert case["power_cut"]["states_bound"] == report["crash_states_per_case"] == 2
-    left = case["power_cut"]["choices_unstarted"]
-    assert len(left) == case["power_cut"]["choices"] - 2 == 5
-    assert "keep-names-1" in left
-    assert report["summary"]["crash_state_choices_unstarted"] == 5
+    # Of the other five, four make a state already judged (they are duplicates, as without
+    # a bound); only keep-names-1 would be a state of its own, not known.
+    assert case["power_cut"]["choices_unstarted"] == ["keep-names-1"]
+    assert len(case["duplicate_crash_states"]) == case["power_cut"]["choices"] - 3 == 4
+    assert report["summary"]["crash_state_choices_unstarted"] == 1
     assert report["passed_what_ran"] is True
     assert (report["ok"], report["complete"]) == (False, False)
     assert report["not_run"] == [
-        "crash states: 5 of 7 choices not judged, in 1 of 1 cases (at most 2 states per case;"
+        "crash states: 1 of 7 choices not judged, in 1 of 1 cases (at most 2 states per case;"
         " each case's power_cut.choices_unstarted names its own)"
     ]
     assert outcome.code == cli.EXIT_PASSED_WHAT_RAN, outcome.result
     page = (run / REPORT_FILE).read_text()
-    assert "2 of 2 (5 not judged)" in page
+    assert "2 of 2 (1 not judged)" in page
     assert "crash-state choices not judged" in page
     assert "<code>keep-names-1</code>" in page.split("Not judged (at most 2")[1]
     assert "--crash-mode power-loss --crash-states 2 --system walqueue" in page
@@ -140,3 +141,22 @@ def test_a_bound_on_crash_states_judges_lose_all_first_and_names_every_choice_it
     assert refused.code == cli.EXIT_USAGE
     assert refused.result["error"]["field"] == "crash_states"
     assert not (tmp_path / "process").exists()
+
+
+def test_a_system_on_rabbitmq_gets_a_power_loss_campaign_only_with_what_it_declares() -> None:
+    """A case settles the node with what the system declares on its broker before the power
+    comes on; a system that declares nothing (Celery on RabbitMQ) is refused, and chaos never
+    puts a node's data directory on its disk."""
+    import dataclasses
+
+    from crashqueuelab.lab.faults.crashmodes import power_loss_refusal
+
+    on_rabbitmq = dataclasses.replace(resolve_system("sqlite"), broker="rabbitmq", server="redis")
+    refused = power_loss_refusal(on_rabbitmq)
+    assert refused is not None
+    assert "declares nothing the lab can settle" in refused
+    declaring = dataclasses.replace(on_rabbitmq, declare_broker=lambda directory, url: None)
+    assert power_loss_refusal(declaring) is None
+    chaos = power_loss_refusal(declaring, "chaos")
+    assert chaos is not None
+    assert "chaos's power-loss disk does not hold" in chaos

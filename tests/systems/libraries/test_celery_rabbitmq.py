@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from crashqueuelab.core.clock import ManualClock
-from crashqueuelab.core.errors import OperationUnsupported, SystemUnavailable
+from crashqueuelab.core.errors import SystemUnavailable
 from crashqueuelab.core.ids import SeededIds
 from crashqueuelab.core.retry import RetryPolicy
 from crashqueuelab.judges.readers.celery import CeleryReading, queue_name, read_celery_store
@@ -233,26 +233,45 @@ def started_lines(tmp_path: Path) -> dict[str, Line]:
     return {store: wait_for(tmp_path / f"{store}.ledger", "start", "a") for store in SYSTEMS}
 
 
-def test_the_adapter_submits_to_rabbitmq_and_leaves_consuming_to_celerys_worker(
+def test_the_adapter_claims_on_a_channel_of_each_workers_own_and_rabbitmq_holds_it_there(
     tmp_path: Path, redis_socket: str, rabbitmq: ThrowawayRabbitMQ
 ) -> None:
+    """A claim is kombu's ``basic.get`` on the lab worker's own channel: with late
+    acknowledgement the message is held unacknowledged on it, offered to no other worker, and
+    the adapter counts the job received; the outcome acknowledges it (RabbitMQ has it when
+    ``succeed`` returns), and a claim held when the client closes goes back to the queue."""
     system = resolve_system(SYSTEMS["reject"])
     assert "on its RabbitMQ broker" in system.version
     assert "visibility_timeout" not in system.durability
+    assert system.capabilities.claims
     request = OpenRequest(
         tmp_path / "reject", clock=ManualClock(10**9), ids=SeededIds(1, "t"), retry=RetryPolicy()
     )
     client = system.open(request)
     try:
-        client.submit_many([JobSpec("a", "t", {}, max_attempts=1)])
-        # The adapter's own claim and restore are kombu's Redis transport's.
-        with pytest.raises(OperationUnsupported, match="claim of its own on RabbitMQ"):
-            client.claim("w1", 10**6)
-        with pytest.raises(OperationUnsupported, match="recover of its own on RabbitMQ"):
-            client.recover()
+        client.submit_many([JobSpec(key, "t", {}, max_attempts=1) for key in ("a", "b")])
+        # Celery declared the store's queue on the node (durable); both messages wait there.
+        assert queues(rabbitmq, tmp_path)["reject"] == (2, 0)
+        first = client.claim("w1", 10**6)
+        assert first is not None
+        second = client.claim("w2", 10**6)
+        assert second is not None
+        assert {first.key, second.key} == {"a", "b"}
+        assert client.claim("w3", 10**6) is None
+        held = client.job(first.key)
+        assert held is not None
+        assert held.native_state == "started"
+        assert client.succeed(first).value == "succeeded"
+        done = client.job(first.key)
+        assert done is not None
+        assert (done.native_state, done.attempts) == ("succeeded", 1)
+        assert client.active_count() == 1
+        assert client.recover() == 0
+        # A key the store has is not published again, held or finished.
+        client.submit_many([JobSpec(key, "t", {}, max_attempts=1) for key in ("a", "b")])
     finally:
         client.close()
-    # Celery declared the store's queue on the node (durable), and the message waits there.
+    # The one w2 held went back to the queue as its connection closed.
     assert queues(rabbitmq, tmp_path)["reject"] == (1, 0)
 
 
@@ -619,32 +638,50 @@ def test_rolling_deploys_on_rabbitmq_lose_only_what_early_acknowledgement_docume
     assert outcome.code in (0, 1), outcome.stderr
 
 
-@pytest.mark.parametrize("command", ["campaign", "chaos"])
-def test_a_command_that_claims_through_the_adapter_refuses_celery_on_rabbitmq(
-    tmp_path: Path, run_cli: RunCli, command: str
+def test_a_campaign_and_chaos_on_rabbitmq_find_only_what_celery_documents(
+    tmp_path: Path, redis_socket: str, run_cli: RunCli
 ) -> None:
-    run = tmp_path / "run"
-    refused = run_cli(command, "--system", "celery-rabbitmq", "--output-directory", run)
-    assert refused.code == 2
-    error = refused.result["error"]
-    assert error["type"] == "SystemUnavailable"
-    assert error["message"].startswith("system 'celery-rabbitmq': only the library's own worker")
-    assert (
-        f"`{command}` claims through the lab's adapter; run it under `deploys`"
-        in (error["message"])
-    )
-    assert not run.exists()
-    # A pinned release, and a matrix of releases: refused before any environment is made.
-    pinned = run_cli(command, "--system", "celery-rabbitmq==5.6.3", "--output-directory", run)
-    assert pinned.code == 2
-    assert f"`{command}` claims through the lab's adapter" in pinned.result["error"]["message"]
-    matrix = run_cli(
-        "versions", "--system", "celery-rabbitmq", "--releases", "5.5.0,5.6.3",
-        "--output-directory", run, command,
+    """``campaign`` and ``chaos`` on ``celery-rabbitmq-acks-late`` (each run starts its own
+    node): a death while a task is received or running leaves it queued (its channel closed,
+    RabbitMQ put it back), one after the outcome leaves it done; the lapsed holder keeps its
+    message (no lease); chaos's kills lose nothing, their overlaps and the poison task's loop
+    documented. At Celery's defaults a death while the task runs leaves it started for good,
+    as its glossary says."""
+    campaign = tmp_path / "campaign"
+    points = ("receive:after", "execute:after", "finish:after", "retry:after")
+    outcome = run_cli(
+        "campaign", "--system", "celery-rabbitmq-acks-late",
+        *(word for point in points for word in ("--crash-point", point)),
+        "--probe", "stale_holder_after_expiry", "--output-directory", campaign, "--quiet",
     )  # fmt: skip
-    assert matrix.code == 2
-    assert f"`{command}` claims through the lab's adapter" in matrix.result["error"]["message"]
-    assert not run.exists()
+    report = json.loads((campaign / "campaign.json").read_text())
+    assert sorted(case["fault_point"] for case in report["cases"]) == sorted(points)
+    assert all(case["passed"] for case in report["cases"]), report["cases"]
+    [probe] = report["probes"]
+    assert probe["finding"]["kind"] == "claim_not_offered"
+    assert report["promises"]["keeps_its_promises"] is True, report["promises"]
+    assert outcome.code == 1  # the lab's contract (a lease) does not hold
+    chaos = tmp_path / "chaos"
+    run_cli(
+        "chaos", "--system", "celery-rabbitmq-acks-late", "--jobs", "40", "--workers", "2",
+        "--kills", "2", "--pauses", "1", "--seed", "3", "--shrink-seconds", "0",
+        "--output-directory", chaos, "--quiet",
+    )  # fmt: skip
+    record = json.loads((chaos / "chaos.json").read_text())
+    assert record["kills_delivered"] == 2
+    assert record["promises"]["keeps_its_promises"] is True, record["promises"]["broken_promises"]
+    accounting = record["accounting"]
+    assert (accounting["effects_missing"], accounting["duplicated_effects"]) == (0, 0)
+    early = tmp_path / "early"
+    run_cli(
+        "campaign", "--system", "celery-rabbitmq", "--crash-point", "execute:after",
+        "--probe", "stale_holder_after_expiry", "--output-directory", early, "--quiet",
+    )  # fmt: skip
+    [case] = json.loads((early / "campaign.json").read_text())["cases"]
+    assert case["crash_state"]["signature"]["effect_job"] == ["started", 1]
+    assert case["recovery"]["final_states"]["effect"] == "started"
+    promises = json.loads((early / "campaign.json").read_text())["promises"]
+    assert promises["keeps_its_promises"] is True, promises["broken_promises"]
 
 
 def test_a_crash_of_the_node_under_late_acknowledgement_runs_tasks_again_as_documented(

@@ -366,13 +366,22 @@ def test_a_power_loss_campaign_on_rabbitmq_loses_confirmed_jobs_whose_files_name
         assert every_name["choice"].startswith("keep-names-"), every_name["choice"]
         assert not lose_all["durable_as_promised"], lose_all
         assert every_name["durable_as_promised"], every_name
-        assert len(case["power_cut"]["choices_unstarted"]) == case["power_cut"]["choices"] - 2
+        left, same = case["power_cut"]["choices_unstarted"], case["duplicate_crash_states"]
+        assert left
+        assert len(left) + len(same) == case["power_cut"]["choices"] - 2
         assert (run / case["artifacts"]["results_at_cut"]).is_file()
+    promises = report["promises"]
     # The job the lost acknowledgement brings back has its result: the results' Redis
     # was not cut, and no state's recovery wrote into another's.
     kinds = [finding["kind"] for finding in finished["crash_states"][1]["findings"]]
     assert set(kinds) <= {"store_inconsistent"}, kinds
-    promises = report["promises"]
+    acks_lost = [
+        entry["lines"]
+        for entry in promises["weaker_as_documented"]
+        if "not yet written" in entry["what"]
+    ]
+    # Each such line (seen in every run so far) is the acknowledgement lost with the node.
+    assert sum(acks_lost) >= len(kinds), promises["weaker_as_documented"]
     assert promises["keeps_its_promises"] is False
     broken = promises["broken_promises"]
     assert any("acknowledged work lost" in line for line in broken), broken

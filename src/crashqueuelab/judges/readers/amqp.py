@@ -58,8 +58,11 @@ def read_ready_messages(
         connection = AmqpConnection(url)
     except OSError as error:
         return QueueMessages(True, problems=(f"RabbitMQ did not answer: {error}",))
-    except AmqpError as refused:  # a login refused (the node's users gone), say
-        return QueueMessages(True, problems=(f"RabbitMQ refused the connection: {refused}",))
+    except AmqpError as refused:
+        # A close with a reply code is the node's refusal (a login refused: its users
+        # gone, say); anything else is a node that never answered as AMQP asks.
+        said = "refused the connection" if refused.code is not None else "did not answer"
+        return QueueMessages(True, problems=(f"RabbitMQ {said}: {refused}",))
     with connection:
         try:
             ready, consumers = connection.declare_passive(queue)

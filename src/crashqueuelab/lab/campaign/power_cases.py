@@ -246,7 +246,8 @@ def run_power_loss_case(
             if stop is not None and stop.is_set():
                 raise CaseStopped(case_id)
             if crash_states is not None and len(states) >= crash_states:
-                unstarted.append(choice.name)
+                if not distinct.repeats(choice):
+                    unstarted.append(choice.name)
                 continue
             if not distinct.new_fate(choice):
                 continue

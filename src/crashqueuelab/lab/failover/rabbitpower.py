@@ -298,7 +298,8 @@ def run_rabbit_power_loss(
         unstarted: list[str] = []
         for choice in choices:
             if len(judged) >= states:
-                unstarted.append(choice.name)
+                if not distinct.repeats(choice):
+                    unstarted.append(choice.name)
                 continue
             if not distinct.new_fate(choice):
                 continue

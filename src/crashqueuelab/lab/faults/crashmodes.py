@@ -46,6 +46,13 @@ def power_loss_refusal(system: System, experiment: str = "campaign") -> str | No
     there, while a server keeps its data in its own data directory: a cut would lose
     nothing and a pass would prove nothing.
     """
+    if system.broker == "rabbitmq" and experiment == "campaign" and system.declare_broker is None:
+        return (
+            f"{system.name} keeps its messages in a RabbitMQ node and declares nothing the"
+            " lab can settle on it before the power comes on (System.declare_broker), so no"
+            " campaign puts that node's data directory on the disk (power-cut --publisher cuts"
+            " the power under a node)"
+        )
     if system.server is None or experiment == "campaign":
         return None
     if system.broker == "rabbitmq":

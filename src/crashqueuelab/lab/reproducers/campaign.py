@@ -240,6 +240,7 @@ class _Shrinker:
 
     def case(self, case: Mapping[str, Any], anomaly: str) -> None:
         point, seed, mode = case["fault_point"], self.report["seed"], self.report["crash_mode"]
+        bound = self.report.get("crash_states_per_case")
         faults = 1 + (case.get("after_crash_at") is not None)
         what = f"one crash point ({faults} kill{'s' * (faults > 1)}"
         what += ", then the power cut)" if mode == POWER_LOSS else ")"
@@ -248,7 +249,12 @@ class _Shrinker:
             anomaly,
             {"operations": 0, "faults": faults, "what": what, "case_id": case["case_id"]},
             lambda directory: rerun.run_crash_point(
-                self.spec, point, seed=seed, directory=directory, crash_mode=mode
+                self.spec,
+                point,
+                seed=seed,
+                directory=directory,
+                crash_mode=mode,
+                crash_states=bound,
             ),
             (
                 "run_crash_point",
@@ -259,6 +265,7 @@ class _Shrinker:
                     f"seed={seed}",
                     "directory=tmp_path",
                     *([f"crash_mode={json.dumps(mode)}"] if mode != PROCESS else []),
+                    *([f"crash_states={bound}"] if bound is not None else []),
                     "import_path=IMPORT_PATH",
                 ),
             ),

@@ -176,12 +176,16 @@ def run_crash_point(
     directory: Path,
     crash_mode: str = PROCESS,
     import_path: str | None = None,
+    crash_states: int | None = None,
 ) -> Outcome:
     """One crash point of the campaign: a child dies there (or the power is cut, with
-    ``crash_mode="power-loss"``), and the crash state and the recovery are judged."""
+    ``crash_mode="power-loss"``, judging at most ``crash_states`` crash states as the
+    campaign did), and the crash state and the recovery are judged. It passes when nothing
+    it judged failed: the choices a bound leaves unjudged are the campaign's to say."""
+    bounded = {} if crash_states is None else {"crash_states": crash_states}
     elsewhere = _elsewhere(
         "run_crash_point", system=system, crash_point=crash_point, seed=seed,
-        directory=directory, crash_mode=crash_mode,
+        directory=directory, crash_mode=crash_mode, **bounded,
     )  # fmt: skip
     if elsewhere is not None:
         return elsewhere
@@ -195,9 +199,14 @@ def run_crash_point(
             crash_mode=crash_mode,
             crash_points=[crash_point],
             probes=[],
+            crash_states=crash_states,
         )
     return _judged(
-        report["ok"], list(report["anomalies"]), run, report["promises"], report["findings"]
+        report["passed_what_ran"],
+        list(report["anomalies"]),
+        run,
+        report["promises"],
+        report["findings"],
     )
 
 

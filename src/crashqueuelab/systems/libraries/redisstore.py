@@ -65,6 +65,30 @@ def kept_once(path: Path, make: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     return kept
 
 
+def record_line(path: Path, key: str, identifier: str) -> None:
+    """One more line of a record the adapter keeps in the store's directory (a job's key and
+    its message id), synced before it returns."""
+    with path.open("a") as handle:
+        handle.write(json.dumps({"key": key, "message_id": identifier}) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def recorded_keys(path: Path) -> set[str]:
+    """The keys of ``record_line``'s record (a line a crash cut short is left out)."""
+    keys: set[str] = set()
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return keys
+    for line in lines:
+        try:
+            keys.add(str(json.loads(line)["key"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return keys
+
+
 PERSISTENCE_DOCS = "https://redis.io/docs/latest/operate/oss_and_stack/management/persistence/"
 #: Redis's default persistence, as every library on the run's server at its defaults meets it.
 RDB_SNAPSHOTS = Documented(

@@ -50,8 +50,14 @@ class BrokerOnDisk:
                 store.mkdir(exist_ok=True)
                 declare(store, node.url)
 
-        self.results = ThrowawayRedis(self.persistence)
+        # The node first: a machine without RabbitMQ refuses it before Redis makes a
+        # directory that nothing would remove.
         self.node = RabbitOnDisk(case_dir, settle=settle)
+        try:
+            self.results = ThrowawayRedis(self.persistence)
+        except BaseException:
+            self.node.server.close()
+            raise
         self._started = ExitStack()
 
     def __enter__(self) -> Self:

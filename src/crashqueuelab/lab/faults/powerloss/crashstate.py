@@ -395,6 +395,16 @@ class DistinctStates:
             self.skipped.append(SameState(choice, earlier, BY_FATE))
         return earlier is choice
 
+    def repeats(self, choice: Choice) -> bool:
+        """Whether ``choice`` has the fates of a choice taken before (then it is kept in
+        ``skipped``, as ``new_fate`` keeps it); a choice with new fates is not taken: a run
+        that judges no more states leaves it unstarted."""
+        earlier = self._fates.get(outcome(self.journal, choice))
+        if earlier is None:
+            return False
+        self.skipped.append(SameState(choice, earlier, BY_FATE))
+        return True
+
     def new_bytes(self, choice: Choice, tree: Path) -> bool:
         earlier = self._trees.setdefault(tree_digest(tree), choice)
         if earlier is not choice:

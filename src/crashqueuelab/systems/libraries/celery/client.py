@@ -20,8 +20,8 @@ older than ``visibility_timeout`` on the wall clock (one hour by default), or wh
 channel that received it closes (``restore_unacked``): the lab's clock moves nothing of it.
 
 On RabbitMQ (``Settings.broker``, kombu's AMQP transport; the results still in Redis) the
-client submits and reads results, and only Celery's own worker consumes: the adapter's claim
-and restore, and its look at waiting messages, are kombu's Redis transport's.
+claims, the outcomes and the readings are ``rabbitmq.CeleryRabbitmqClient``'s: this class's
+claim and restore, and its look at waiting messages, are kombu's Redis transport's.
 """
 
 from __future__ import annotations
@@ -274,7 +274,8 @@ def make_app(queue: str, socket: str, settings: Settings) -> Any:
 
 
 class CeleryClient(LibraryClient):
-    """``QueueClient`` over one Celery queue on its Redis broker."""
+    """``QueueClient`` over one Celery queue on its Redis broker (on RabbitMQ its submissions
+    and its executions serve ``rabbitmq.CeleryRabbitmqClient``)."""
 
     def __init__(self, request: OpenRequest, settings: Settings) -> None:
         socket = redis_socket()
@@ -372,16 +373,7 @@ class CeleryClient(LibraryClient):
             raise execution.error
         return execution
 
-    def _on_redis(self, operation: str) -> None:
-        """The adapter's own steps of a worker (a claim, kombu's restore) are kombu's Redis
-        transport's: on RabbitMQ only Celery's own worker (``worker.py``) consumes."""
-        if self.settings.broker == RABBITMQ:
-            from crashqueuelab.core.errors import OperationUnsupported
-
-            raise OperationUnsupported("celery", f"{operation} of its own on RabbitMQ")
-
     def claim(self, worker_id: str, lease_us: int) -> Claim | None:
-        self._on_redis("claim")
         message = around(self.hook, "receive", self._receive)
         if message is None:
             return None
@@ -422,7 +414,6 @@ class CeleryClient(LibraryClient):
     def recover(self) -> int:
         # kombu's own maintenance, which a consumer runs as it polls: messages received
         # longer ago than visibility_timeout (on the wall clock) go back to their queue.
-        self._on_redis("recover")
         before = int(self.redis.hlen(self.unacked_key))
         self.channel.qos.restore_visible(start=0, num=1000, interval=1)
         return before - int(self.redis.hlen(self.unacked_key))

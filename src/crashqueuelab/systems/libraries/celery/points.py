@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from crashqueuelab.judges.readers.celery import QUEUED, RESERVED, STARTED, SUCCEEDED
+from crashqueuelab.systems.crashpoints import CrashPoint
 from crashqueuelab.systems.libraries.celery import LIBRARY
 
 _point = LIBRARY.point
@@ -34,3 +35,26 @@ CRASH_POINTS = (
     _point("retry:before", _DONE, _RUNNING, 1),
     _point("retry:after", _DONE, (QUEUED, 1), 1),
 )
+
+
+#: On RabbitMQ the same calls, but kombu's receive is one ``basic.get`` (no unacked hash to
+#: move it into): a message a dead process received and had not acknowledged goes back to
+#: the queue as RabbitMQ sees the process's connection close, as it was (its retries
+#: uncounted). At Celery's default a task is acknowledged as it starts, so a death while it
+#: runs leaves it started; with ``task_acks_late`` it is queued again.
+def crash_points_on_rabbitmq(acks_late: bool) -> tuple[CrashPoint, ...]:
+    running = _NEW if acks_late else _RUNNING
+    return (
+        _point("apply_async:before", None, None, 0),
+        _point("apply_async:after", _NEW, None, 0),
+        _point("receive:before", _NEW, _NEW, 0),
+        _point("receive:after", _NEW, _NEW, 0),
+        _point("execute:before", _NEW, _NEW, 0),
+        _point("execute:after", running, _NEW, 0),
+        _point("BEFORE_EFFECT_COMMIT", running, _NEW, 0),
+        _point("AFTER_EFFECT_COMMIT", running, _NEW, 1),
+        _point("finish:before", running, _NEW, 1),
+        _point("finish:after", _DONE, _NEW, 1),
+        _point("retry:before", _DONE, running, 1),
+        _point("retry:after", _DONE, (QUEUED, 1), 1),
+    )

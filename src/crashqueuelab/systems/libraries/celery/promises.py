@@ -10,6 +10,7 @@ acknowledgement), so a worker killed during it loses it, as the glossary says; w
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from crashqueuelab.judges.findings import Kind
@@ -143,6 +144,47 @@ _CONNECTION_LOSS = Documented(
         Kind.RAN_BESIDE_LIVE_HOLDER: {"across_server_restart": True},
     },
 )
+#: RabbitMQ's words on what becomes of a delivery no one acknowledged.
+REQUEUED = "https://www.rabbitmq.com/confirms.html#automatic-requeueing"
+_REQUEUED_WORDS = (
+    '"any delivery (message) that was not acked is automatically requeued when the channel'
+    ' (or connection) on which the delivery happened is closed"'
+)
+#: On RabbitMQ no visibility timeout and no lease: a message received and not acknowledged
+#: is offered to no one else until the channel that received it closes.
+_HELD_UNTIL_CLOSED = Documented(
+    "on RabbitMQ, no lease: a message a worker received and has not acknowledged (with"
+    " task_acks_late, until its task ended) is offered to no other worker until that one"
+    f" acknowledges it or its channel closes ({_REQUEUED_WORDS}; RabbitMQ's delivery"
+    " acknowledgement timeout, 30 minutes by default, closes a channel holding one longer):"
+    " a lapsed holder keeps its task, which reads as started while it holds it",
+    REQUEUED,
+    when={
+        Kind.CLAIM_NOT_OFFERED: {"offered": "nothing"},
+        Kind.EXPIRED_LAST_ATTEMPT_NOT_DEAD: {"state": ("started", "reserved")},
+    },
+)
+#: A killed worker's message goes to the next worker at once on RabbitMQ, while the lab
+#: still counts the dead holder's lease; the workers' logs cannot tell a dead holder from a
+#: live one, so every overlap on RabbitMQ is taken as this (docs/real-queues.md).
+_REQUEUED_ON_CLOSE = Documented(
+    "on RabbitMQ, a worker killed holding a message it had not acknowledged: RabbitMQ puts"
+    f" it back as the worker's connection closes ({_REQUEUED_WORDS}), and the next worker"
+    " takes it at once",
+    REQUEUED,
+    kinds=(Kind.OVERLAPPING_LEASES,),
+)
+#: With late acknowledgement a task that kills the worker running it is never acknowledged:
+#: it goes back to the queue and kills the next one, and never reaches its retry limit.
+_MESSAGE_LOOP = Documented(
+    'task_reject_on_worker_lost: a task whose worker died under it is requeued "so that the'
+    ' task will execute again by the same worker, or another worker", and "Enabling this can'
+    ' cause message loops": on RabbitMQ a task that kills every worker that takes it comes'
+    " back at once, never counted against its retries, and the work never ends",
+    _DOCS + "userguide/configuration.html#task-reject-on-worker-lost",
+    kinds=(Kind.EXPIRED_LAST_ATTEMPT_NOT_DEAD, Kind.WORK_NEVER_ENDED),
+    when={Kind.UNFINISHED: {"poison": True}},
+)
 _RDB = Documented(
     "RDB snapshots (Redis's default persistence) keep only the last snapshot: a crash of the"
     " server or a power cut takes back every write since it",
@@ -157,13 +199,31 @@ def documented_for(settings: Settings) -> tuple[Documented, ...]:
     holds a message back: one received and not acknowledged goes back to the queue as the
     channel that received it closes ("In AMQP the transaction fails when the
     connection/channel is closed (or lost)", the glossary), which breaks no promise; the
-    results are still in Redis."""
+    results are still in Redis, but no run cuts or restarts that server (a server restart
+    restarts the node), so Redis's persistence explains nothing there."""
     if settings.broker == RABBITMQ:
         if settings.acks_late:
             # The connection loss first: a task under way at the crash whose worker was later
             # SIGKILLed too ran again for the crash before the kill could matter.
-            return (_NO_TOKEN, _CONNECTION_LOSS, _LATE_ACK, _RDB, CONNECTION_RAISES)
-        return (_NO_TOKEN, _EARLY_ACK, _RDB, CONNECTION_RAISES)
+            return (
+                _NO_TOKEN,
+                _CONNECTION_LOSS,
+                _LATE_ACK,
+                _HELD_UNTIL_CLOSED,
+                _REQUEUED_ON_CLOSE,
+                *((_MESSAGE_LOOP,) if settings.reject_on_worker_lost else ()),
+                CONNECTION_RAISES,
+            )
+        # No visibility timeout to wait out: the work stalls only on the tasks a killed worker
+        # had acknowledged, each named by a finding of its own that must be explained too; a
+        # worker killed inside its claim after the acknowledgement and before Celery stored
+        # STARTED leaves its task nowhere (a death before the acknowledgement requeues it).
+        stalls = dataclasses.replace(
+            _EARLY_ACK,
+            kinds=(Kind.WORK_STALLED,),
+            when={**_EARLY_ACK.when, Kind.LOST: {"last_seen": ("held", "claiming")}},
+        )
+        return (_NO_TOKEN, stalls, _HELD_UNTIL_CLOSED, _REQUEUED_ON_CLOSE, CONNECTION_RAISES)
     if settings.acks_late:
         # Unacknowledged until it ends: a death anywhere after the receipt is redelivered.
         running = _RECEIVED + _ACKNOWLEDGED_RUNNING

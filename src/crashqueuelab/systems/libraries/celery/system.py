@@ -31,8 +31,9 @@ from crashqueuelab.systems.libraries.celery.client import (
     CeleryClient,
     Settings,
 )
-from crashqueuelab.systems.libraries.celery.points import CRASH_POINTS
+from crashqueuelab.systems.libraries.celery.points import CRASH_POINTS, crash_points_on_rabbitmq
 from crashqueuelab.systems.libraries.celery.promises import documented_for
+from crashqueuelab.systems.libraries.celery.rabbitmq import CeleryRabbitmqClient
 from crashqueuelab.systems.libraries.celery.worker import own_worker
 from crashqueuelab.systems.libraries.skeleton import library_reader
 
@@ -90,9 +91,9 @@ def celery_system(
         name,
         durability=f"{chosen.words}; Redis persistence rdb: {PERSISTENCE_WORDS['rdb']}"
         + (" (its results; the messages in Celery's durable queue)" if on_rabbitmq else ""),
-        open=partial(CeleryClient, settings=chosen),
+        open=partial(CeleryRabbitmqClient if on_rabbitmq else CeleryClient, settings=chosen),
         reader=read_rabbitmq_store if on_rabbitmq else read_store,
-        crash_points=CRASH_POINTS,
+        crash_points=crash_points_on_rabbitmq(chosen.acks_late) if on_rabbitmq else CRASH_POINTS,
         documented=documented_for(chosen),
         persistence="rdb",
         own_worker=own_worker(chosen, pool or named_pool),
@@ -103,7 +104,6 @@ def celery_system(
         version=f"celery {LIBRARY.installed()} (kombu {version('kombu')}, on its"
         f" {'RabbitMQ' if on_rabbitmq else 'Redis'} broker)",
         broker=RABBITMQ if on_rabbitmq else None,
-        capabilities=dataclasses.replace(system.capabilities, claims=not on_rabbitmq),
     )
     if chosen.visibility_timeout_s is None or on_rabbitmq:
         # An hour, kombu's default: the lab does not wait for it (what it would bring back

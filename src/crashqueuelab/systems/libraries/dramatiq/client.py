@@ -27,9 +27,7 @@ moves nothing of dramatiq's (``promises``).
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 import uuid
 from collections.abc import Callable, Container, Sequence
@@ -53,7 +51,7 @@ from crashqueuelab.judges.readers.dramatiq import (
 )
 from crashqueuelab.systems.boundary import around
 from crashqueuelab.systems.contract import Claim, JobSpec, JobStatus, JobView, OpenRequest, Verdict
-from crashqueuelab.systems.libraries.redisstore import kept_once, unique_suffix
+from crashqueuelab.systems.libraries.redisstore import kept_once, record_line, unique_suffix
 from crashqueuelab.systems.libraries.redisstore import redis_socket as shared_socket
 from crashqueuelab.systems.libraries.skeleton import LibraryClient, tokenless_claim
 
@@ -157,10 +155,7 @@ def record_submitted(
     """Write the job's message id in the store's directory before its message is enqueued:
     once acknowledged, a finished job is found by that id alone (``file``: another record of
     the adapter's, of the same lines)."""
-    with (directory / file).open("a") as handle:
-        handle.write(json.dumps({"key": key, "message_id": identifier}) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+    record_line(directory / file, key, identifier)
 
 
 def lab_message(queue: str, job: JobSpec) -> Any:

@@ -1,0 +1,191 @@
+"""Celery on its RabbitMQ broker (``celery-rabbitmq``, ``celery-rabbitmq-acks-late``): each
+lab worker is one consumer as RabbitMQ sees it.
+
+A claim is kombu's ``Queue.get`` (AMQP ``basic.get``, unacknowledged) on a connection and a
+channel of the lab worker's own, so that what a worker holds goes back to the queue as
+RabbitMQ sees that connection close ("any delivery (message) that was not acked is
+automatically requeued when the channel (or connection) on which the delivery happened is
+closed"); Celery's own ``Request.execute`` runs it, as on Redis (``client.Execution``).
+py-amqp writes an acknowledgement to the socket and RabbitMQ answers none: after each step
+that may have acknowledged (the execution's start at Celery's default, its end with
+``task_acks_late``) the adapter makes one round trip on the channel (``basic.qos``), which
+RabbitMQ answers after the frames before it, so an outcome reported is one RabbitMQ has.
+Celery's own worker does not wait (at least once, with late acknowledgement, allows it).
+
+A message a consumer holds is in no reading (the judges' reader takes the ready messages
+over AMQP and puts them back): the adapter remembers each publish that returned
+(``celery-published.jsonl`` in the store's directory), takes a published task with no ready
+message and no result as received by a consumer, and publishes no key twice. ``recover``
+has nothing to do: RabbitMQ puts back a gone consumer's messages itself.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from crashqueuelab.core.errors import SystemUnavailable
+from crashqueuelab.judges.readers.celery import (
+    FAILED,
+    RESERVED,
+    SUCCEEDED,
+    read_celery_rabbitmq_store,
+)
+from crashqueuelab.servers.rabbitmq import URL_VARIABLE
+from crashqueuelab.systems.boundary import around
+from crashqueuelab.systems.contract import Claim, JobSpec, JobView, OpenRequest, Verdict
+from crashqueuelab.systems.libraries.celery.client import (
+    STATUS,
+    CeleryClient,
+    Execution,
+    Settings,
+    redis_socket,
+)
+from crashqueuelab.systems.libraries.redisstore import record_line, recorded_keys
+from crashqueuelab.systems.libraries.skeleton import tokenless_claim
+
+#: The tasks whose publish returned, in the store's directory.
+PUBLISHED_FILE = "celery-published.jsonl"
+
+
+@dataclass(frozen=True)
+class Consumer:
+    """One lab worker's connection to the node, its channel and the store's queue on it."""
+
+    connection: Any
+    channel: Any
+    queue: Any
+
+
+class CeleryRabbitmqClient(CeleryClient):
+    """``QueueClient`` over one Celery queue on its RabbitMQ broker."""
+
+    def __init__(self, request: OpenRequest, settings: Settings) -> None:
+        super().__init__(request, settings)
+        self.directory = request.directory
+        self.consumers: dict[str, Consumer] = {}
+        self.held: dict[Execution, Consumer] = {}
+
+    def _jobs(self) -> dict[str, tuple[str, int]]:
+        """Every task of the store: the reader's, and each published one with no ready
+        message and no result as received by a consumer (its attempt unknown: 0)."""
+        url = os.environ.get(URL_VARIABLE)
+        if not url:
+            raise SystemUnavailable("celery", f"no RabbitMQ node: {URL_VARIABLE} is unset")
+        jobs = dict(read_celery_rabbitmq_store(self.directory, url, redis_socket()).jobs)
+        for key in recorded_keys(self.directory / PUBLISHED_FILE):
+            jobs.setdefault(key, (RESERVED, 0))
+        return jobs
+
+    def submit_many(self, jobs: Sequence[JobSpec]) -> list[str]:
+        known = self._jobs()
+        for job in jobs:
+            # Celery has no idempotency key: a producer's retry sends nothing the store has.
+            if job.key in known:
+                continue
+            publish = partial(
+                self.task.apply_async,
+                (job.key, job.job_type, dict(job.payload), job.max_attempts),
+                task_id=self._id(job.key),
+                queue=self.queue,
+            )
+            around(self.hook, "apply_async", publish)
+            record_line(self.directory / PUBLISHED_FILE, job.key, self._id(job.key))
+        return [self._id(job.key) for job in jobs]
+
+    def _consumer(self, worker_id: str) -> Consumer:
+        if worker_id not in self.consumers:
+            connection = self.app.connection_for_read()
+            try:
+                channel = connection.default_channel
+                queue = self.app.amqp.queues[self.queue].bind(channel)
+            except BaseException:
+                connection.release()
+                raise
+            self.consumers[worker_id] = Consumer(connection, channel, queue)
+        return self.consumers[worker_id]
+
+    def _started(self, consumer: Consumer, message: Any) -> Execution:
+        execution = self._start(message)
+        # At Celery's default the message was acknowledged as the task started.
+        flushed(consumer)
+        return execution
+
+    def claim(self, worker_id: str, lease_us: int) -> Claim | None:
+        consumer = self._consumer(worker_id)
+        receive = partial(consumer.queue.get, no_ack=False, accept=["json"])
+        message = around(self.hook, "receive", receive)
+        if message is None:
+            return None
+        execution = around(self.hook, "execute", partial(self._started, consumer, message))
+        if not execution.is_alive() or execution.attempt == 0:
+            # Celery ended it without running the task (revoked, or past its expiry).
+            return None
+        self.held[execution] = consumer
+        key, job_type, payload, _ = execution.request.args
+        return tokenless_claim(
+            job_id=execution.request.id,
+            key=str(key),
+            job_type=str(job_type),
+            payload=dict(payload),
+            attempt=execution.attempt,
+            worker_id=worker_id,
+            handle=execution,
+        )
+
+    def _finished(self, claim: Claim, failure: str | None, retry: bool) -> bool:
+        execution: Execution = claim.handle  # type: ignore[assignment]
+        if not execution.finish(failure, retry):
+            return False
+        # With task_acks_late the message was acknowledged as the task ended.
+        flushed(self.held.pop(execution))
+        return True
+
+    def succeed(self, claim: Claim) -> Verdict:
+        done = around(self.hook, "finish", partial(self._finished, claim, None, False))
+        return Verdict.SUCCEEDED if done else Verdict.STALE
+
+    def fail(self, claim: Claim, error: str) -> Verdict:
+        execution: Execution = claim.handle  # type: ignore[assignment]
+        retry = claim.attempt < int(execution.request.args[3])
+        point = "retry" if retry else "fail"
+        if not around(self.hook, point, partial(self._finished, claim, error, retry)):
+            return Verdict.STALE
+        return Verdict.RETRY if retry else Verdict.DEAD
+
+    def recover(self) -> int:
+        # RabbitMQ puts a gone consumer's messages back itself, as it sees its connection
+        # close: there is no maintenance to run.
+        return 0
+
+    def job(self, key: str) -> JobView | None:
+        found = self._jobs().get(key)
+        if found is None:
+            return None
+        state, attempts = found
+        return JobView(key, STATUS[state], attempts, state)
+
+    def active_count(self) -> int:
+        return sum(1 for state, _ in self._jobs().values() if state not in (SUCCEEDED, FAILED))
+
+    def close(self) -> None:
+        # A closed client is a process gone: its executions end unrecorded, and closing each
+        # consumer's connection puts back what it held, as a killed worker's does.
+        for execution in list(self.executions.values()):
+            execution.abandon()
+        try:
+            for consumer in self.consumers.values():
+                consumer.connection.release()
+        finally:
+            self.consumers.clear()
+            self.held.clear()
+            super().close()
+
+
+def flushed(consumer: Consumer) -> None:
+    """One round trip on the consumer's channel: RabbitMQ answers ``basic.qos`` after the
+    frames before it (an acknowledgement py-amqp wrote), so what was sent is taken."""
+    consumer.channel.basic_qos(0, 0, False)
