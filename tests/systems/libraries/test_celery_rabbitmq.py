@@ -644,7 +644,8 @@ def test_a_campaign_and_chaos_on_rabbitmq_find_only_what_celery_documents(
     """``campaign`` and ``chaos`` on ``celery-rabbitmq-acks-late`` (each run starts its own
     node): a death while a task is received or running leaves it queued (its channel closed,
     RabbitMQ put it back), one after the outcome leaves it done; the lapsed holder keeps its
-    message (no lease); chaos's kills lose nothing, their overlaps and the poison task's loop
+    message (no lease); chaos's kills and network faults on the AMQP connections lose
+    nothing, their overlaps, the poison task's loop and the broken connections' errors
     documented. At Celery's defaults a death while the task runs leaves it started for good,
     as its glossary says."""
     campaign = tmp_path / "campaign"
@@ -664,11 +665,15 @@ def test_a_campaign_and_chaos_on_rabbitmq_find_only_what_celery_documents(
     chaos = tmp_path / "chaos"
     run_cli(
         "chaos", "--system", "celery-rabbitmq-acks-late", "--jobs", "40", "--workers", "2",
-        "--kills", "2", "--pauses", "1", "--seed", "3", "--shrink-seconds", "0",
-        "--output-directory", chaos, "--quiet",
+        "--kills", "2", "--pauses", "1", "--stalls", "1", "--partitions", "1",
+        "--lost-replies", "1", "--connection-resets", "1", "--seed", "3", "--shrink-seconds",
+        "0", "--output-directory", chaos, "--quiet",
     )  # fmt: skip
     record = json.loads((chaos / "chaos.json").read_text())
     assert record["kills_delivered"] == 2
+    assert set(record["network_faults_delivered"].values()) == {1}
+    # The network faults were on the workers' AMQP connections (the broker's, not Redis's).
+    assert record["network"]["faulted"] == URL_VARIABLE
     assert record["promises"]["keeps_its_promises"] is True, record["promises"]["broken_promises"]
     accounting = record["accounting"]
     assert (accounting["effects_missing"], accounting["duplicated_effects"]) == (0, 0)

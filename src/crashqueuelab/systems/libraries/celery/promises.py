@@ -185,6 +185,26 @@ _MESSAGE_LOOP = Documented(
     kinds=(Kind.EXPIRED_LAST_ATTEMPT_NOT_DEAD, Kind.WORK_NEVER_ENDED),
     when={Kind.UNFINISHED: {"poison": True}},
 )
+#: What a call on a broken AMQP connection raises through kombu's py-amqp transport.
+_AMQP_ERRORS = (
+    "ConnectionResetError*",
+    "BrokenPipeError*",
+    "ConnectionAbortedError*",
+    "TimeoutError*",
+    "socket.timeout*",
+    "OSError: *closed*",
+    "amqp.exceptions.*",
+    "kombu.exceptions.OperationalError*",
+)
+_AMQP_CONNECTION_BREAKS = Documented(
+    "on RabbitMQ, a call whose connection breaks (reset, or its answers lost) raises one of"
+    " the transport's connection errors (kombu: \"connection_errors: List of exceptions that"
+    ' may be raised by the connection"), and RabbitMQ puts back what the connection held:'
+    " the caller is told failure, and the lab's chaos worker that made the call exits and is"
+    " respawned (Celery's own worker reconnects: broker_connection_retry)",
+    "https://docs.celeryq.dev/projects/kombu/en/stable/reference/kombu.html#kombu.Connection.connection_errors",
+    when={Kind.WORKER_EXITED: {"status": 3, "error": _AMQP_ERRORS}},
+)
 _RDB = Documented(
     "RDB snapshots (Redis's default persistence) keep only the last snapshot: a crash of the"
     " server or a power cut takes back every write since it",
@@ -212,6 +232,7 @@ def documented_for(settings: Settings) -> tuple[Documented, ...]:
                 _HELD_UNTIL_CLOSED,
                 _REQUEUED_ON_CLOSE,
                 *((_MESSAGE_LOOP,) if settings.reject_on_worker_lost else ()),
+                _AMQP_CONNECTION_BREAKS,
                 CONNECTION_RAISES,
             )
         # No visibility timeout to wait out: the work stalls only on the tasks a killed worker
@@ -223,7 +244,14 @@ def documented_for(settings: Settings) -> tuple[Documented, ...]:
             kinds=(Kind.WORK_STALLED,),
             when={**_EARLY_ACK.when, Kind.LOST: {"last_seen": ("held", "claiming")}},
         )
-        return (_NO_TOKEN, stalls, _HELD_UNTIL_CLOSED, _REQUEUED_ON_CLOSE, CONNECTION_RAISES)
+        return (
+            _NO_TOKEN,
+            stalls,
+            _HELD_UNTIL_CLOSED,
+            _REQUEUED_ON_CLOSE,
+            _AMQP_CONNECTION_BREAKS,
+            CONNECTION_RAISES,
+        )
     if settings.acks_late:
         # Unacknowledged until it ends: a death anywhere after the receipt is redelivered.
         running = _RECEIVED + _ACKNOWLEDGED_RUNNING
