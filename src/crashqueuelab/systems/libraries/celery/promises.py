@@ -160,8 +160,13 @@ _HELD_UNTIL_CLOSED = Documented(
     " a lapsed holder keeps its task, which reads as started while it holds it",
     REQUEUED,
     when={
-        Kind.CLAIM_NOT_OFFERED: {"offered": "nothing"},
-        Kind.EXPIRED_LAST_ATTEMPT_NOT_DEAD: {"state": ("started", "reserved")},
+        # Only the probes that claim again after the holder's lease lapsed: a job never
+        # offered at all would be another matter.
+        Kind.CLAIM_NOT_OFFERED: {
+            "point": ("stale_holder_after_expiry", "batched_acknowledgement_fences_each_item"),
+            "offered": "nothing",
+        },
+        Kind.EXPIRED_LAST_ATTEMPT_NOT_DEAD: {"state": ("started", "reserved"), "handed_out": False},
     },
 )
 #: A killed worker's message goes to the next worker at once on RabbitMQ, while the lab
@@ -182,8 +187,12 @@ _MESSAGE_LOOP = Documented(
     ' cause message loops": on RabbitMQ a task that kills every worker that takes it comes'
     " back at once, never counted against its retries, and the work never ends",
     _DOCS + "userguide/configuration.html#task-reject-on-worker-lost",
-    kinds=(Kind.EXPIRED_LAST_ATTEMPT_NOT_DEAD, Kind.WORK_NEVER_ENDED),
-    when={Kind.UNFINISHED: {"poison": True}},
+    kinds=(Kind.WORK_NEVER_ENDED,),
+    # The poison tasks that kill their worker loop; those that fail are never reached
+    # behind them (still queued, their retries uncounted).
+    when={
+        Kind.UNFINISHED: ({"poison": True, "behaviour": "die"}, {"poison": True, "state": "queued"})
+    },
 )
 #: What a call on a broken AMQP connection raises through kombu's py-amqp transport.
 _AMQP_ERRORS = (
@@ -193,7 +202,8 @@ _AMQP_ERRORS = (
     "TimeoutError*",
     "socket.timeout*",
     "OSError: *closed*",
-    "amqp.exceptions.*",
+    "amqp.exceptions.RecoverableConnectionError*",
+    "amqp.exceptions.ConnectionForced*",
     "kombu.exceptions.OperationalError*",
 )
 _AMQP_CONNECTION_BREAKS = Documented(
@@ -244,14 +254,9 @@ def documented_for(settings: Settings) -> tuple[Documented, ...]:
             kinds=(Kind.WORK_STALLED,),
             when={**_EARLY_ACK.when, Kind.LOST: {"last_seen": ("held", "claiming")}},
         )
-        return (
-            _NO_TOKEN,
-            stalls,
-            _HELD_UNTIL_CLOSED,
-            _REQUEUED_ON_CLOSE,
-            _AMQP_CONNECTION_BREAKS,
-            CONNECTION_RAISES,
-        )
+        # A holder whose claim returned had acknowledged already: nothing of it is requeued,
+        # so an overlap here is no such requeue.
+        return (_NO_TOKEN, stalls, _HELD_UNTIL_CLOSED, _AMQP_CONNECTION_BREAKS, CONNECTION_RAISES)
     if settings.acks_late:
         # Unacknowledged until it ends: a death anywhere after the receipt is redelivered.
         running = _RECEIVED + _ACKNOWLEDGED_RUNNING

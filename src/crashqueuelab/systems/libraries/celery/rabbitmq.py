@@ -8,9 +8,12 @@ automatically requeued when the channel (or connection) on which the delivery ha
 closed"); Celery's own ``Request.execute`` runs it, as on Redis (``client.Execution``).
 py-amqp writes an acknowledgement to the socket and RabbitMQ answers none: after each step
 that may have acknowledged (the execution's start at Celery's default, its end with
-``task_acks_late``) the adapter makes one round trip on the channel (``basic.qos``), which
-RabbitMQ answers after the frames before it, so an outcome reported is one RabbitMQ has.
-Celery's own worker does not wait (at least once, with late acknowledgement, allows it).
+``task_acks_late``, where a retry or a last failure rejects it without requeue instead) the
+adapter makes one round trip on the channel (``basic.qos``), which RabbitMQ answers after
+the frames before it, so the settling of a message the adapter reported is one RabbitMQ
+has. Celery's publishes (a submission, a retry) go on the app's producer connection at its
+defaults, unconfirmed: no round trip covers them. Celery's own worker does not wait (at
+least once, with late acknowledgement, allows it).
 
 A message a consumer holds is in no reading (the judges' reader takes the ready messages
 over AMQP and puts them back): the adapter remembers each publish that returned
@@ -21,6 +24,7 @@ has nothing to do: RabbitMQ puts back a gone consumer's messages itself.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -81,11 +85,12 @@ class CeleryRabbitmqClient(CeleryClient):
         return jobs
 
     def submit_many(self, jobs: Sequence[JobSpec]) -> list[str]:
-        known = self._jobs()
+        known = set(self._jobs())
         for job in jobs:
             # Celery has no idempotency key: a producer's retry sends nothing the store has.
             if job.key in known:
                 continue
+            known.add(job.key)
             publish = partial(
                 self.task.apply_async,
                 (job.key, job.job_type, dict(job.payload), job.max_attempts),
@@ -95,6 +100,14 @@ class CeleryRabbitmqClient(CeleryClient):
             around(self.hook, "apply_async", publish)
             record_line(self.directory / PUBLISHED_FILE, job.key, self._id(job.key))
         return [self._id(job.key) for job in jobs]
+
+    def _forget(self, worker_id: str) -> None:
+        """A consumer whose connection broke is let go: the worker's next claim opens a new
+        one (RabbitMQ put back what the broken one held)."""
+        consumer = self.consumers.pop(worker_id, None)
+        if consumer is not None:
+            with contextlib.suppress(Exception):
+                consumer.connection.collect()
 
     def _consumer(self, worker_id: str) -> Consumer:
         if worker_id not in self.consumers:
@@ -110,17 +123,26 @@ class CeleryRabbitmqClient(CeleryClient):
 
     def _started(self, consumer: Consumer, message: Any) -> Execution:
         execution = self._start(message)
-        # At Celery's default the message was acknowledged as the task started.
-        flushed(consumer)
+        try:
+            # At Celery's default the message was acknowledged as the task started.
+            flushed(consumer)
+        except BaseException:
+            # Its claim fails: the execution ends unrecorded, as its process's death would.
+            execution.abandon()
+            raise
         return execution
 
     def claim(self, worker_id: str, lease_us: int) -> Claim | None:
         consumer = self._consumer(worker_id)
         receive = partial(consumer.queue.get, no_ack=False, accept=["json"])
-        message = around(self.hook, "receive", receive)
-        if message is None:
-            return None
-        execution = around(self.hook, "execute", partial(self._started, consumer, message))
+        try:
+            message = around(self.hook, "receive", receive)
+            if message is None:
+                return None
+            execution = around(self.hook, "execute", partial(self._started, consumer, message))
+        except consumer.connection.connection_errors:
+            self._forget(worker_id)
+            raise
         if not execution.is_alive() or execution.attempt == 0:
             # Celery ended it without running the task (revoked, or past its expiry).
             return None
@@ -140,8 +162,12 @@ class CeleryRabbitmqClient(CeleryClient):
         execution: Execution = claim.handle  # type: ignore[assignment]
         if not execution.finish(failure, retry):
             return False
-        # With task_acks_late the message was acknowledged as the task ended.
+        # With task_acks_late the message was settled as the task ended (acknowledged, or
+        # rejected without requeue after a retry or a last failure).
         flushed(self.held.pop(execution))
+        if retry and self.app.AsyncResult(execution.request.id).state != "RETRY":
+            # Task.retry's publish failed: Celery rejected the message and stored nothing.
+            raise SystemUnavailable("celery", f"the retry of {claim.key} was not published")
         return True
 
     def succeed(self, claim: Claim) -> Verdict:
@@ -176,12 +202,14 @@ class CeleryRabbitmqClient(CeleryClient):
         # consumer's connection puts back what it held, as a killed worker's does.
         for execution in list(self.executions.values()):
             execution.abandon()
+        consumers, self.consumers = list(self.consumers.values()), {}
+        self.held.clear()
         try:
-            for consumer in self.consumers.values():
-                consumer.connection.release()
+            with contextlib.ExitStack() as releasing:
+                # Each released, whatever the others raise (the first error is raised).
+                for consumer in consumers:
+                    releasing.callback(consumer.connection.release)
         finally:
-            self.consumers.clear()
-            self.held.clear()
             super().close()
 
 

@@ -3,7 +3,7 @@ default persistence): ``celery`` at Celery's defaults, ``celery-acks-late`` at t
 configuration its documentation gives for tasks that must not be lost, ``celery-solo`` and
 ``celery-gevent-acks-late`` with their own worker's solo and gevent pools; and on its
 RabbitMQ broker (a node the run starts, the results in Redis), ``celery-rabbitmq`` and
-``celery-rabbitmq-acks-late``, which only Celery's own worker consumes (the deploys)."""
+``celery-rabbitmq-acks-late`` (``rabbitmq.py``: each lab worker a consumer of its own)."""
 
 from __future__ import annotations
 
