@@ -165,10 +165,17 @@ class CeleryRabbitmqClient(CeleryClient):
         # With task_acks_late the message was settled as the task ended (acknowledged, or
         # rejected without requeue after a retry or a last failure).
         flushed(self.held.pop(execution))
-        if retry and self.app.AsyncResult(execution.request.id).state != "RETRY":
-            # Task.retry's publish failed: Celery rejected the message and stored nothing.
+        if retry and self._retry_unpublished(execution):
             raise SystemUnavailable("celery", f"the retry of {claim.key} was not published")
         return True
+
+    def _retry_unpublished(self, execution: Execution) -> bool:
+        """Whether Task.retry's publish failed: Celery then rejected the message and stored
+        nothing, so the result is still this attempt's STARTED (a retry published and
+        already taken by another worker stores its own, one retry later)."""
+        result = self.app.AsyncResult(execution.request.id)
+        retries = int(getattr(result, "retries", None) or 0)
+        return str(result.state) == "STARTED" and retries == execution.attempt - 1
 
     def succeed(self, claim: Claim) -> Verdict:
         done = around(self.hook, "finish", partial(self._finished, claim, None, False))
