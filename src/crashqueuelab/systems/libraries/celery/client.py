@@ -373,11 +373,18 @@ class CeleryClient(LibraryClient):
             raise execution.error
         return execution
 
-    def claim(self, worker_id: str, lease_us: int) -> Claim | None:
+    def _take(self, worker_id: str) -> Execution | None:
+        """The next message, received and started as Celery's worker does (None: none)."""
         message = around(self.hook, "receive", self._receive)
         if message is None:
             return None
-        execution = around(self.hook, "execute", partial(self._start, message))
+        execution: Execution = around(self.hook, "execute", partial(self._start, message))
+        return execution
+
+    def claim(self, worker_id: str, lease_us: int) -> Claim | None:
+        execution = self._take(worker_id)
+        if execution is None:
+            return None
         if not execution.is_alive() or execution.attempt == 0:
             # Celery ended it without running the task (revoked, or past its expiry).
             return None
@@ -397,9 +404,13 @@ class CeleryClient(LibraryClient):
 
         raise OperationUnsupported("celery", "heartbeat")
 
-    def succeed(self, claim: Claim) -> Verdict:
+    def _finish(self, claim: Claim, failure: str | None, retry: bool) -> bool:
+        """The lab's outcome told to the claim's execution; False when it had ended."""
         execution: Execution = claim.handle  # type: ignore[assignment]
-        done = around(self.hook, "finish", partial(execution.finish, None, False))
+        return execution.finish(failure, retry)
+
+    def succeed(self, claim: Claim) -> Verdict:
+        done = around(self.hook, "finish", partial(self._finish, claim, None, False))
         return Verdict.SUCCEEDED if done else Verdict.STALE
 
     def fail(self, claim: Claim, error: str) -> Verdict:
@@ -407,7 +418,7 @@ class CeleryClient(LibraryClient):
         limit = int(execution.request.args[3])
         retry = claim.attempt < limit
         point = "retry" if retry else "fail"
-        if not around(self.hook, point, partial(execution.finish, error, retry)):
+        if not around(self.hook, point, partial(self._finish, claim, error, retry)):
             return Verdict.STALE
         return Verdict.RETRY if retry else Verdict.DEAD
 

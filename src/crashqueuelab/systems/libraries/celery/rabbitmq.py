@@ -40,7 +40,7 @@ from crashqueuelab.judges.readers.celery import (
 )
 from crashqueuelab.servers.rabbitmq import URL_VARIABLE
 from crashqueuelab.systems.boundary import around
-from crashqueuelab.systems.contract import Claim, JobSpec, JobView, OpenRequest, Verdict
+from crashqueuelab.systems.contract import Claim, JobSpec, JobView, OpenRequest
 from crashqueuelab.systems.libraries.celery.client import (
     STATUS,
     CeleryClient,
@@ -49,7 +49,6 @@ from crashqueuelab.systems.libraries.celery.client import (
     redis_socket,
 )
 from crashqueuelab.systems.libraries.redisstore import record_line, recorded_keys
-from crashqueuelab.systems.libraries.skeleton import tokenless_claim
 
 #: The tasks whose publish returned, in the store's directory.
 PUBLISHED_FILE = "celery-published.jsonl"
@@ -132,33 +131,23 @@ class CeleryRabbitmqClient(CeleryClient):
             raise
         return execution
 
-    def claim(self, worker_id: str, lease_us: int) -> Claim | None:
+    def _take(self, worker_id: str) -> Execution | None:
         consumer = self._consumer(worker_id)
         receive = partial(consumer.queue.get, no_ack=False, accept=["json"])
         try:
             message = around(self.hook, "receive", receive)
             if message is None:
                 return None
-            execution = around(self.hook, "execute", partial(self._started, consumer, message))
+            execution: Execution = around(
+                self.hook, "execute", partial(self._started, consumer, message)
+            )
         except consumer.connection.connection_errors:
             self._forget(worker_id)
             raise
-        if not execution.is_alive() or execution.attempt == 0:
-            # Celery ended it without running the task (revoked, or past its expiry).
-            return None
         self.held[execution] = consumer
-        key, job_type, payload, _ = execution.request.args
-        return tokenless_claim(
-            job_id=execution.request.id,
-            key=str(key),
-            job_type=str(job_type),
-            payload=dict(payload),
-            attempt=execution.attempt,
-            worker_id=worker_id,
-            handle=execution,
-        )
+        return execution
 
-    def _finished(self, claim: Claim, failure: str | None, retry: bool) -> bool:
+    def _finish(self, claim: Claim, failure: str | None, retry: bool) -> bool:
         execution: Execution = claim.handle  # type: ignore[assignment]
         if not execution.finish(failure, retry):
             return False
@@ -176,18 +165,6 @@ class CeleryRabbitmqClient(CeleryClient):
         result = self.app.AsyncResult(execution.request.id)
         retries = int(getattr(result, "retries", None) or 0)
         return str(result.state) == "STARTED" and retries == execution.attempt - 1
-
-    def succeed(self, claim: Claim) -> Verdict:
-        done = around(self.hook, "finish", partial(self._finished, claim, None, False))
-        return Verdict.SUCCEEDED if done else Verdict.STALE
-
-    def fail(self, claim: Claim, error: str) -> Verdict:
-        execution: Execution = claim.handle  # type: ignore[assignment]
-        retry = claim.attempt < int(execution.request.args[3])
-        point = "retry" if retry else "fail"
-        if not around(self.hook, point, partial(self._finished, claim, error, retry)):
-            return Verdict.STALE
-        return Verdict.RETRY if retry else Verdict.DEAD
 
     def recover(self) -> int:
         # RabbitMQ puts a gone consumer's messages back itself, as it sees its connection
