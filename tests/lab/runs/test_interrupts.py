@@ -19,7 +19,12 @@ import pytest
 
 from crashqueuelab.lab.campaign.diskfaults import STEPS
 from crashqueuelab.lab.faults.powerloss.disk import unavailable_reason
-from crashqueuelab.lab.runs.interrupts import EXIT_INTERRUPTED, Interrupted, interruptible
+from crashqueuelab.lab.runs.interrupts import (
+    EXIT_INTERRUPTED,
+    Interrupted,
+    interruptible,
+    start_owned,
+)
 from tests.conftest import RunCli
 
 #: Every wait below is bounded by this.
@@ -37,6 +42,35 @@ def test_a_signal_inside_interruptible_raises_interrupted_and_the_handlers_come_
     assert caught.value.signal_name == "SIGTERM"
     assert caught.value.partial == {}
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
+class _SignalledWhileStarting:
+    """A process whose start is signalled halfway through, as a Ctrl-C can land while the
+    lab hands a worker to its fork server."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.steps: list[str] = []
+
+    def start(self) -> None:
+        self.steps.append("connected")
+        os.kill(os.getpid(), self.signum)
+        self.steps.append("sent")
+
+
+def test_a_signal_while_a_process_starts_interrupts_once_the_start_is_done() -> None:
+    process = _SignalledWhileStarting(signal.SIGINT)
+    after: list[str] = []
+    with pytest.raises(Interrupted) as caught, interruptible():  # noqa: PT012
+        start_owned(process)
+        after.append("after the start")
+    assert process.steps == ["connected", "sent"]
+    assert after == []
+    assert caught.value.signal_name == "SIGINT"
+    # The deferred signal is spent: the next start, signalled by nobody, raises nothing.
+    quiet = _SignalledWhileStarting(0)
+    start_owned(quiet)
+    assert quiet.steps == ["connected", "sent"]
 
 
 def _group_members(pgid: int) -> list[int]:

@@ -115,8 +115,8 @@ def spawn_child(
         name=f"crash child {case_dir.name}",
     )
     started = time.perf_counter()
-    start_owned(child)
     try:
+        start_owned(child)
         child.join(timeout_s)
         timed_out = child.is_alive()
         if timed_out:
@@ -124,8 +124,9 @@ def spawn_child(
             child.join()
     except BaseException:
         # Interrupted: the case in flight must not outlive its run.
-        child.kill()
-        child.join()
+        if child.pid is not None:
+            child.kill()
+            child.join()
         raise
     exit_code = None if timed_out else child.exitcode
     child.close()

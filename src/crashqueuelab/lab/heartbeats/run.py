@@ -347,9 +347,9 @@ def _work(
             )
             for worker, ledger in plan.ledgers.items()
         }
-        for process in processes.values():
-            start_owned(process)
         try:
+            for process in processes.values():
+                start_owned(process)
             while now() < plan.deadline:
                 stopped = set() if pauses is None else pauses.stopped
                 if any(
@@ -399,6 +399,8 @@ def _stop(processes: Mapping[str, Any]) -> dict[str, int | None]:
             process.terminate()
     ends = time.monotonic() + STOP_S
     for process in processes.values():
+        if process.pid is None:
+            continue  # never started: the run was interrupted while it started the others
         process.join(max(0.0, ends - time.monotonic()))
         if process.exitcode is None:
             process.kill()

@@ -12,6 +12,10 @@ group, and the supervisor, not each worker, decides how they stop. They are born
 (``forkserver_context`` starts their fork server with SIGINT ignored), so a Ctrl-C that lands
 while one is starting cannot print a traceback from inside multiprocessing's bootstrap;
 ``ignore_interrupts`` says so again in each worker.
+
+A signal that lands while the main thread starts one of them waits until the start is done
+(``start_owned``): a fork server's child that its parent left half sent reads an empty pipe
+and prints multiprocessing's traceback on the run's stderr.
 """
 
 from __future__ import annotations
@@ -43,12 +47,28 @@ class Interrupted(BaseException):
         self.partial: dict[str, Any] = {}
 
 
+class _Deferral:
+    """Whether the main thread is inside a start, and the signal that landed meanwhile."""
+
+    def __init__(self) -> None:
+        self.starting = False
+        self.pending: str | None = None
+
+
+#: Signal handlers run in the main thread only, so this is read and written there alone.
+_DEFERRAL = _Deferral()
+
+
 def _raise(signum: int, frame: FrameType | None) -> None:
     # Only the first signal interrupts: the stops and the record that follow it must not be
     # cut short by a second Ctrl-C (every wait on the way out is bounded).
     for each in _SIGNALS:
         signal.signal(each, signal.SIG_IGN)
-    raise Interrupted(signal.Signals(signum).name)
+    name = signal.Signals(signum).name
+    if _DEFERRAL.starting:
+        _DEFERRAL.pending = name
+        return
+    raise Interrupted(name)
 
 
 @contextmanager
@@ -110,7 +130,19 @@ _STARTING = threading.Lock()
 
 def start_owned(process: Startable) -> None:
     """Start ``process`` and leave it to the thread that started it: no other thread's start
-    polls it, so its exit status is read once, by its owner (who joins it)."""
+    polls it, so its exit status is read once, by its owner (who joins it). In the main
+    thread an interrupting signal raises once the start is done (the caller then owns a
+    started process to stop)."""
+    in_main = threading.current_thread() is threading.main_thread()
     with _STARTING:
-        process.start()
-        vars(multiprocessing.process)["_children"].discard(process)
+        if in_main:
+            _DEFERRAL.starting = True
+        try:
+            process.start()
+            vars(multiprocessing.process)["_children"].discard(process)
+        finally:
+            if in_main:
+                _DEFERRAL.starting = False
+    if in_main and _DEFERRAL.pending is not None:
+        name, _DEFERRAL.pending = _DEFERRAL.pending, None
+        raise Interrupted(name)
