@@ -91,6 +91,7 @@ def test_failovers_need_a_replicated_server_this_run_starts(
     assert not (tmp_path / "d").exists()
 
 
+@pytest.mark.server_fault
 @needs_postgres
 def test_pgq_run_exits_at_each_failover_is_started_again_and_no_job_is_lost(
     tmp_path: Path, run_cli: RunCli

@@ -138,6 +138,7 @@ def test_a_run_without_a_server_of_its_own_refuses_restarts_and_writes_nothing(
     assert not (tmp_path / "d").exists()
 
 
+@pytest.mark.server_fault
 def test_rq_across_a_crash_of_its_redis_server_loses_only_what_its_snapshot_did_not_keep(
     tmp_path: Path, run_cli: RunCli
 ) -> None:

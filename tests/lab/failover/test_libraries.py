@@ -71,6 +71,7 @@ def test_a_submission_found_under_its_key_is_answered_once_the_standby_has_it(
             second.close()
 
 
+@pytest.mark.server_fault
 @needs_postgres
 def test_procrastinate_keeps_every_acknowledged_job_when_waiting_sessions_are_ended(
     run_cli: RunCli, tmp_path: Path

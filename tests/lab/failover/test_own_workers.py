@@ -28,6 +28,7 @@ POLLING_S = 5.0
 RECONNECT_S = 90.0
 
 
+@pytest.mark.server_fault
 @needs_postgres
 def test_pgq_run_exits_at_a_failover_and_a_worker_started_after_it_takes_the_next_job(
     tmp_path: Path,
@@ -56,6 +57,7 @@ def test_pgq_run_exits_at_a_failover_and_a_worker_started_after_it_takes_the_nex
     }
 
 
+@pytest.mark.server_fault
 @needs_postgres
 def test_procrastinates_worker_outlives_a_failover_and_finds_every_later_job_by_polling(
     tmp_path: Path,

@@ -21,6 +21,7 @@ from tests.conftest import RunCli
 pytestmark = pytest.mark.skipif(find_redis_server() is None, reason="no redis-server")
 
 
+@pytest.mark.cluster
 def test_rq_through_sentinel_loses_what_the_replica_never_received_as_documented(
     run_cli: RunCli, tmp_path: Path
 ) -> None:

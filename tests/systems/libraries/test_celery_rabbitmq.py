@@ -512,6 +512,7 @@ needs_the_disk = pytest.mark.skipif(
 )
 
 
+@pytest.mark.server_fault
 @needs_the_disk
 def test_tasks_celery_sent_to_a_node_that_lost_power_are_kept_as_the_node_kept_its_confirms(
     tmp_path: Path, run_cli: RunCli
@@ -689,6 +690,7 @@ def test_a_campaign_and_chaos_on_rabbitmq_find_only_what_celery_documents(
     assert promises["keeps_its_promises"] is True, promises["broken_promises"]
 
 
+@pytest.mark.server_fault
 def test_a_crash_of_the_node_under_late_acknowledgement_runs_tasks_again_as_documented(
     tmp_path: Path, redis_socket: str, run_cli: RunCli, monkeypatch: pytest.MonkeyPatch
 ) -> None:

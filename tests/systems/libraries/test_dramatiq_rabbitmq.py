@@ -69,6 +69,7 @@ def started_on_its_own(server: ThrowawayRabbitMQ) -> None:
     assert server.environment()[URL_VARIABLE] == server.url
 
 
+@pytest.mark.server_fault
 @pytest.mark.skipif(find_binaries() is None, reason="no rabbitmq-server here")
 def test_a_node_keeps_confirmed_messages_of_dramatiqs_durable_queue_across_a_crash(
     tmp_path: Path,
@@ -332,6 +333,7 @@ def test_a_campaign_and_chaos_on_rabbitmq_find_only_what_dramatiq_documents(
     assert not power.exists()
 
 
+@pytest.mark.server_fault
 @needs_a_node
 @pytest.mark.skipif(not Path("/dev/fuse").exists(), reason="power loss needs /dev/fuse")
 def test_a_power_loss_campaign_on_rabbitmq_loses_confirmed_jobs_whose_files_names_were_never_synced(
@@ -393,6 +395,7 @@ def test_a_power_loss_campaign_on_rabbitmq_loses_confirmed_jobs_whose_files_name
     assert not any(what.startswith("RDB snapshots") for what in declared), declared
 
 
+@pytest.mark.server_fault
 @needs_a_node
 @pytest.mark.skipif(not Path("/dev/fuse").exists(), reason="power loss needs /dev/fuse")
 def test_messages_dramatiq_enqueued_to_a_node_that_lost_power_are_kept_as_its_confirms(

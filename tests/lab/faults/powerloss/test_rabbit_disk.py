@@ -97,6 +97,7 @@ def test_power_cut_refuses_a_machine_without_the_disk_or_the_server_before_makin
         assert not run.exists()
 
 
+@pytest.mark.server_fault
 @needs_the_disk
 @needs_a_node
 def test_a_node_keeps_what_it_confirmed_only_where_its_new_files_names_reached_the_disk(
