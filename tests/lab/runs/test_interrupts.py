@@ -73,6 +73,45 @@ def test_a_signal_while_a_process_starts_interrupts_once_the_start_is_done() -> 
     assert quiet.steps == ["connected", "sent"]
 
 
+class _FailingOnceSignalled(_SignalledWhileStarting):
+    """A start whose fork server went with the signal: it fails after it."""
+
+    def start(self) -> None:
+        super().start()
+        raise EOFError("the fork server is gone")
+
+
+def test_a_start_that_fails_while_a_signal_waits_is_the_signals_and_leaves_nothing_pending() -> (
+    None
+):
+    with pytest.raises(Interrupted) as caught, interruptible():
+        start_owned(_FailingOnceSignalled(signal.SIGTERM))
+    assert caught.value.signal_name == "SIGTERM"
+    assert isinstance(caught.value.__cause__, EOFError)
+    quiet = _SignalledWhileStarting(0)
+    start_owned(quiet)
+    assert quiet.steps == ["connected", "sent"]
+
+
+class _SignalledTwice(_SignalledWhileStarting):
+    """A start that hangs after the first signal, until a second one comes."""
+
+    def start(self) -> None:
+        super().start()
+        os.kill(os.getpid(), self.signum)
+        self.steps.append("never reached")
+
+
+def test_a_second_signal_interrupts_a_start_that_hangs() -> None:
+    process = _SignalledTwice(signal.SIGINT)
+    with pytest.raises(Interrupted), interruptible():
+        start_owned(process)
+    assert process.steps == ["connected", "sent"]
+    quiet = _SignalledWhileStarting(0)
+    start_owned(quiet)
+    assert quiet.steps == ["connected", "sent"]
+
+
 def _group_members(pgid: int) -> list[int]:
     members = []
     for entry in Path("/proc").iterdir():

@@ -174,15 +174,19 @@ class ChaosRun:
             own_session=self.rollout is not None,
         )
         slot.process = self.context.Process(target=worker_main, args=(spec,), daemon=True)
-        start_owned(slot.process)
-        slot.started_at = time.monotonic()
-        self.state.workers.append(
-            {
-                "worker_id": slot.worker_id,
-                "slot": slot.index,
-                "started_at_s": round(slot.started_at - self.state.started, 6),
-            }
-        )
+        try:
+            start_owned(slot.process)
+        finally:
+            # Recorded once started, also when an interrupt is raised as the start returns.
+            if slot.process.pid is not None:
+                slot.started_at = time.monotonic()
+                self.state.workers.append(
+                    {
+                        "worker_id": slot.worker_id,
+                        "slot": slot.index,
+                        "started_at_s": round(slot.started_at - self.state.started, 6),
+                    }
+                )
 
     def launch(self) -> None:
         self.stop_file.unlink(missing_ok=True)

@@ -59,16 +59,22 @@ class _Deferral:
 _DEFERRAL = _Deferral()
 
 
-def _raise(signum: int, frame: FrameType | None) -> None:
+def _interrupted(name: str) -> Interrupted:
     # Only the first signal interrupts: the stops and the record that follow it must not be
     # cut short by a second Ctrl-C (every wait on the way out is bounded).
     for each in _SIGNALS:
         signal.signal(each, signal.SIG_IGN)
+    return Interrupted(name)
+
+
+def _raise(signum: int, frame: FrameType | None) -> None:
     name = signal.Signals(signum).name
-    if _DEFERRAL.starting:
+    if _DEFERRAL.starting and _DEFERRAL.pending is None:
+        # The handlers stay: a second signal interrupts a start that hangs.
         _DEFERRAL.pending = name
         return
-    raise Interrupted(name)
+    _DEFERRAL.pending = None
+    raise _interrupted(name)
 
 
 @contextmanager
@@ -85,6 +91,7 @@ def interruptible() -> Iterator[None]:
     try:
         yield
     finally:
+        _DEFERRAL.pending = None
         for each, handler in previous.items():
             signal.signal(each, handler)
 
@@ -140,9 +147,17 @@ def start_owned(process: Startable) -> None:
         try:
             process.start()
             vars(multiprocessing.process)["_children"].discard(process)
+        except BaseException as error:
+            # A start that failed while a signal waited (SIGTERM to the whole group stops
+            # the fork server too) is the signal's: the run stops as interrupted.
+            name = _DEFERRAL.pending if in_main else None
+            if name is None or isinstance(error, Interrupted):
+                raise
+            _DEFERRAL.pending = None
+            raise _interrupted(name) from error
         finally:
             if in_main:
                 _DEFERRAL.starting = False
     if in_main and _DEFERRAL.pending is not None:
         name, _DEFERRAL.pending = _DEFERRAL.pending, None
-        raise Interrupted(name)
+        raise _interrupted(name)
