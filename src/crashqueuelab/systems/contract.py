@@ -355,6 +355,19 @@ class LibraryWorker:
     describe: str
 
 
+@runtime_checkable
+class JobWork(Protocol):
+    """The work the deploy experiment hands a library's own worker (``OwnWorker.serve``):
+    called with a job's key, it runs the job's work; ``received(key)`` records that the
+    worker received the job from its broker, for a library that can tell (Celery's
+    ``task_received`` signal), called in the worker's process before the work runs. A job
+    held since its receipt is one a broker's crash may take back while it waits."""
+
+    def __call__(self, key: str) -> None: ...
+
+    def received(self, key: str) -> None: ...
+
+
 @dataclass(frozen=True)
 class OwnWorker:
     """The library's own worker process, started as its users start it (the code path of
@@ -367,6 +380,8 @@ class OwnWorker:
     #: ``directory`` in this process's main thread, with the signal handlers the library
     #: installs, calling ``work(key)`` (blocking, in whatever thread or process the library
     #: runs a job in) for each job it hands this worker; return when the worker exits.
+    #: Where ``work`` is a ``JobWork`` and the library tells when its worker received a
+    #: job, it calls ``work.received(key)`` then.
     serve: Callable[[Path, str, Callable[[str], None]], None]
     #: What the worker is, in a line for the report ("rq's Worker.work, its work horse
     #: forked per job").

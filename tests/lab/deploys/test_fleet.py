@@ -18,6 +18,7 @@ from crashqueuelab.lab.deploys.workers import DeployWorkerSpec, work_for
 from crashqueuelab.lab.faults.deploy import Replace
 from crashqueuelab.lab.faults.signals import session_members
 from crashqueuelab.lab.runs.inheritance import Inherited
+from crashqueuelab.systems.contract import JobWork
 
 
 def _spec(ledger: Path) -> DeployWorkerSpec:
@@ -81,6 +82,17 @@ def test_work_the_library_cuts_says_what_cut_it(
     assert start.endswith(f" {os.getpid()}")
     assert cut.startswith("cut a ")
     assert cut.endswith(" KeyboardInterrupt")
+
+
+def test_the_work_a_library_is_handed_records_each_receipt_it_is_told_of(tmp_path: Path) -> None:
+    ledger = tmp_path / "w.ledger"
+    work = work_for(_spec(ledger))
+    assert isinstance(work, JobWork)
+    work.received("a")
+    work.received("b")
+    (first, second) = [line.split() for line in ledger.read_text().splitlines()]
+    assert (first[:2], second[:2]) == (["received", "a"], ["received", "b"])
+    assert float(first[2]) <= float(second[2])
 
 
 def test_a_stop_waits_for_its_worker_to_reach_its_loop_at_most_its_startup_time(

@@ -16,7 +16,7 @@ from crashqueuelab.judges.findings import Anomaly, Kind
 from crashqueuelab.lab.deploys.judge import WorkerFate, judge
 from crashqueuelab.lab.deploys.plan import DeployPlan, server_fault_times
 from crashqueuelab.lab.deploys.serverrestarts import ServerRestarts
-from crashqueuelab.lab.runs.executions import Execution
+from crashqueuelab.lab.runs.executions import Execution, read_ledger
 from crashqueuelab.systems.contract import JobStatus, StoredJob
 from tests.conftest import RunCli
 
@@ -124,6 +124,74 @@ def test_an_execution_under_way_at_a_restart_is_said_so_in_its_finding() -> None
     assert across == {"a": True, "b": False, "c": True}
     plain, _ = judge(["a"], runs[:2], fates, {}, stored, "SIGTERM")
     assert "across_server_restart" not in plain[0].facts
+
+
+def test_a_job_its_worker_received_before_a_restart_and_started_after_is_held_across_it() -> None:
+    """Where the library tells when its worker received a job (``received KEY T`` in the
+    ledger), the job was held from then: one received before the server went down and
+    started once it was back was held across the restart; one received after it was not,
+    and neither is one whose receipt the library never told."""
+    ledger = (
+        "received d 3.000000\nstart d 6.000000 11\nend d 6.500000\n"
+        "received e 5.500000\nstart e 6.000000 11\nend e 6.500000\n"
+        "start f 6.000000 11\nend f 6.500000\n"
+    )
+    runs = [
+        *read_ledger(ledger, "w0"),
+        Execution("d", "w1", 9.0, 9.5),
+        Execution("e", "w1", 9.0, 9.5),
+        Execution("f", "w1", 9.0, 9.5),
+    ]
+    assert [run.received_s for run in runs[:3]] == [3.0, 5.5, None]
+    assert runs[0].to_json(0.0)["received_s"] == 3.0
+    assert "received_s" not in runs[2].to_json(0.0)
+    fates = {"w0": WorkerFate("w0"), "w1": WorkerFate("w1")}
+    keys = ["d", "e", "f"]
+    found, _ = judge(
+        keys, runs, fates, {}, dict.fromkeys(keys, DONE), "SIGTERM", restarts=[(4.0, 5.0)]
+    )
+    facts = {a.job: a.facts for a in found if a.kind is Kind.RAN_TWICE}
+    assert {key: facts[key]["across_server_restart"] for key in keys} == {
+        "d": True,
+        "e": False,
+        "f": False,
+    }
+
+
+def test_a_job_run_again_says_when_its_worker_received_it_against_that_workers_stop() -> None:
+    """Celery #3796's pattern: a task taken in the instant its worker's warm shutdown began
+    ran to its end unacknowledged, and ran again after the worker was SIGKILLed; the
+    finding says how long after the stop signal the job was received (negative: before),
+    and says nothing where the receipt or the stop is unknown."""
+    runs = [
+        Execution("a", "w0", 7.06, 7.25, received_s=7.0595),
+        Execution("a", "w1", 8.08, 8.27),
+        Execution("b", "w0", 2.0, 2.5, received_s=1.5),
+        Execution("b", "w1", 9.0, 9.5),
+        Execution("c", "w1", 3.0, 3.5, received_s=2.9),
+        Execution("c", "w0", 9.6, 9.8),
+    ]
+    fates = {"w0": WorkerFate("w0", stop_s=7.059, killed_s=8.07), "w1": WorkerFate("w1")}
+    keys = ["a", "b", "c"]
+    found, _ = judge(keys, runs, fates, {}, dict.fromkeys(keys, DONE), "SIGTERM")
+    facts = {a.job: a.facts for a in found if a.kind is Kind.RAN_TWICE}
+    assert facts["a"]["received_from_stop_s"] == 0.0
+    assert facts["a"]["worker_then"] == "sigkilled"
+    assert facts["b"]["received_from_stop_s"] == -5.559
+    assert "received_from_stop_s" not in facts["c"]
+
+
+def test_a_start_is_dated_by_the_latest_receipt_of_its_key_and_a_receipt_serves_once() -> None:
+    """A receipt its worker never ran (a delivery it dropped) must not date a later start:
+    the later receipt does; a second start with no receipt of its own has none."""
+    ledger = (
+        "received a 1.000000\nreceived a 2.000000\nstart a 2.100000 7\nend a 2.200000\n"
+        "start a 3.000000 7\nend a 3.100000\nreceived b 4.000000\nreceived\nreceived b x\n"
+    )
+    assert [(run.key, run.received_s) for run in read_ledger(ledger, "w")] == [
+        ("a", 2.0),
+        ("a", None),
+    ]
 
 
 def test_a_run_without_a_server_of_its_own_refuses_restarts_and_writes_nothing(

@@ -611,7 +611,8 @@ def test_rolling_deploys_on_rabbitmq_lose_only_what_early_acknowledgement_docume
     results, and Celery's own workers): two rolling deploys of two workers, SIGTERM with a
     1 s grace, then SIGKILL. With late acknowledgement nothing is lost (a killed worker's
     tasks come back as its connection closes); at the defaults, the tasks the killed workers
-    had started stay started for good, as Celery documents."""
+    had started stay started for good, as Celery documents, and the only broken promise
+    that may come is Celery #3796's, named by when the task was received."""
     run = tmp_path / "run"
     outcome = run_cli(
         "deploys", "--system", system, "--workers", "2", "--deploys", "2", "--jobs", "8",
@@ -621,7 +622,19 @@ def test_rolling_deploys_on_rabbitmq_lose_only_what_early_acknowledgement_docume
     assert record["system"]["version"].endswith("on its RabbitMQ broker)")
     assert "over AMQP" in record["store"]["judge"]
     assert record["store"]["problems"] == []
-    assert record["promises"]["keeps_its_promises"] is True, record["promises"]
+    broken = record["promises"]["broken_promises"]
+    if broken:
+        # Celery #3796's double execution, which the run submits into (a job each step): a
+        # task its worker received as its warm shutdown began ran to its end, was never
+        # acknowledged, and ran again once that worker was SIGKILLed (real-queues.md). A
+        # turn of Celery's event loop on a loaded machine is the window.
+        found = {f["text"]: f for f in record["findings"]}
+        for line in broken:
+            finding = found[line]
+            assert finding["kind"] == "ran_twice", finding
+            assert finding["facts"]["worker_then"] == "sigkilled", finding
+            assert abs(finding["facts"]["received_from_stop_s"]) <= 0.25, finding
+        assert lost, "under late acknowledgement a task run again is documented, never broken"
     jobs = record["jobs"]
     gone = {key for key, job in jobs.items() if not job["completed"]}
     # Every job of two timers outlives the 1 s grace: the stops SIGKILL workers mid-task.
@@ -636,6 +649,11 @@ def test_rolling_deploys_on_rabbitmq_lose_only_what_early_acknowledgement_docume
         # Each cut task came back as its worker's connection closed, and ran to its end.
         assert gone == set(), jobs
     assert {job["stored"] for key, job in jobs.items() if key not in gone} == {"succeeded"}
+    # Celery's task_received told the lab when each worker received each task it ran, in
+    # its main process, before the pool child started it.
+    executions = record["executions"]
+    assert executions, record
+    assert all(run["received_s"] <= run["start_s"] for run in executions), executions
     assert outcome.code in (0, 1), outcome.stderr
 
 

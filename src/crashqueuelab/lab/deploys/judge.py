@@ -126,18 +126,29 @@ Restart = tuple[float, float | None]
 
 
 def _across(run: Execution, restarts: Sequence[Restart]) -> dict[str, bool]:
-    """In a run that restarted its server: whether ``run`` was under way while a restart
-    had the server down (from its beginning to its return), its acknowledgement perhaps
-    not yet sent if it ended less than ``ACK_IN_FLIGHT_S`` before, so that the lost
-    connection may send it back."""
+    """In a run that restarted its server: whether ``run``'s worker held the job (from when
+    it received it, where the library tells, else from the execution's start, to its end)
+    while a restart had the server down (from its beginning to its return), its
+    acknowledgement perhaps not yet sent if it ended less than ``ACK_IN_FLIGHT_S`` before,
+    so that the lost connection may send it back."""
     if not restarts:
         return {}
     ended = run.end_s if run.end_s is not None else float("inf")
+    held = run.start_s if run.received_s is None else min(run.start_s, run.received_s)
     across = any(
-        run.start_s <= (at if back is None else back) and ended >= at - ACK_IN_FLIGHT_S
+        held <= (at if back is None else back) and ended >= at - ACK_IN_FLIGHT_S
         for at, back in restarts
     )
     return {"across_server_restart": across}
+
+
+def _received_from_stop(run: Execution, fate: WorkerFate | None) -> dict[str, float]:
+    """Where the library tells when its worker received the job and the lab stopped that
+    worker: how long after the stop signal it received it (negative: before). A job taken
+    in the instant a warm shutdown began is where a library may leave it unacknowledged."""
+    if run.received_s is None or fate is None or fate.stop_s is None:
+        return {}
+    return {"received_from_stop_s": round(run.received_s - fate.stop_s, 3)}
 
 
 def with_restart_facts(
@@ -220,6 +231,7 @@ def _again(
                     "worker_then": then,
                     "acknowledged": acknowledged,
                     **_across(first, restarts),
+                    **_received_from_stop(first, fate),
                 },
             )
         )

@@ -183,6 +183,7 @@ def _executions(run: Rollout, origin: float) -> list[Execution]:
             how=r.how,
             why=r.why,
             alive_until=None if r.alive_until is None else r.alive_until - origin,
+            received_s=None if r.received_s is None else r.received_s - origin,
         )
         for r in run.executions()
     ]

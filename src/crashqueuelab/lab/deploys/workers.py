@@ -17,7 +17,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,22 +70,32 @@ class DeployWorkerSpec:
         )
 
 
-def work_for(spec: DeployWorkerSpec) -> Callable[[str], None]:
-    """The work of a job: a wait as long as the plan says, its start, end or cut in the
-    ledger."""
+@dataclass(frozen=True)
+class LedgerWork:
+    """The work of a job (``JobWork``): a wait as long as the plan says, its start, end or
+    cut in the ledger, and its receipt where the library tells."""
 
-    def work(key: str) -> None:
-        append_line(spec.ledger, f"start {key} {time.monotonic():.6f} {os.getpid()}\n")
+    spec: DeployWorkerSpec
+
+    def __call__(self, key: str) -> None:
+        ledger = self.spec.ledger
+        append_line(ledger, f"start {key} {time.monotonic():.6f} {os.getpid()}\n")
         try:
-            time.sleep(spec.durations.get(key, 0.0))
+            time.sleep(self.spec.durations.get(key, 0.0))
         except BaseException as interrupted:
             # The library's own handler raised into the job (SIGINT's KeyboardInterrupt).
             what = type(interrupted).__name__
-            append_line(spec.ledger, f"cut {key} {time.monotonic():.6f} {what}\n")
+            append_line(ledger, f"cut {key} {time.monotonic():.6f} {what}\n")
             raise
-        append_line(spec.ledger, f"end {key} {time.monotonic():.6f}\n")
+        append_line(ledger, f"end {key} {time.monotonic():.6f}\n")
 
-    return work
+    def received(self, key: str) -> None:
+        append_line(self.spec.ledger, f"received {key} {time.monotonic():.6f}\n")
+
+
+def work_for(spec: DeployWorkerSpec) -> LedgerWork:
+    """The work of each job of ``spec``'s worker."""
+    return LedgerWork(spec)
 
 
 def serve(spec: DeployWorkerSpec) -> None:

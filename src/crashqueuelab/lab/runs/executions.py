@@ -1,6 +1,7 @@
 """What every experiment that runs a job's work in worker processes records of it: each
-worker's execution ledger (``start KEY T PID``, ``end KEY T``, ``cut KEY T WHAT`` and, where
-the lab's own worker acknowledges, ``ack KEY T`` lines, one ``O_APPEND`` write each), the
+worker's execution ledger (``start KEY T PID``, ``end KEY T``, ``cut KEY T WHAT``; where the
+lab's own worker acknowledges, ``ack KEY T``; where a library's own worker tells when it
+received a job from its broker, ``received KEY T``; one ``O_APPEND`` write each), the
 executions read back from it, and whether a process still runs.
 
 An execution ends one of four ways: its work returned (``ended``), something raised inside
@@ -49,6 +50,9 @@ class Execution:
     why: str | None = None
     #: For a killed one: until when it surely ran (``end_s`` is when it was seen gone).
     alive_until: float | None = None
+    #: When its worker received the job from the broker, where the library tells (None:
+    #: it does not, or no receipt came before this start).
+    received_s: float | None = None
 
     @property
     def surely_until(self) -> float:
@@ -73,17 +77,23 @@ class Execution:
             record["why"] = self.why
         if self.alive_until is not None:
             record["alive_until_s"] = round(self.alive_until - origin, 3)
+        if self.received_s is not None:
+            record["received_s"] = round(self.received_s - origin, 3)
         return record
 
 
 def read_ledger(text: str, worker: str) -> list[Execution]:
     """The executions a worker's ledger holds: ``start KEY T [PID]``, ``end KEY T`` and
     ``cut KEY T WHAT`` lines, each end or cut closing the earliest open start of its key. A
-    torn last line is ignored."""
+    start takes the latest ``received KEY T`` of its key before it, and the earlier ones go
+    unused: a receipt never run (a delivery its worker dropped) must not date a later
+    start, so where two wait the start is dated by the later one, never too early. A torn
+    last line is ignored."""
     runs: list[Execution] = []
+    received: dict[str, float] = {}
     for line in text.splitlines():
         parts = line.split(" ", 3)
-        if len(parts) < 3 or parts[0] not in ("start", "end", "cut"):
+        if len(parts) < 3 or parts[0] not in ("start", "end", "cut", "received"):
             continue
         what, key, moment = parts[:3]
         try:
@@ -91,8 +101,13 @@ def read_ledger(text: str, worker: str) -> list[Execution]:
             pid = int(parts[3]) if what == "start" and len(parts) == 4 else None
         except ValueError:
             continue
+        if what == "received":
+            received[key] = at
+            continue
         if what == "start":
-            runs.append(Execution(key, worker, at, None, pid=pid))
+            runs.append(
+                Execution(key, worker, at, None, pid=pid, received_s=received.pop(key, None))
+            )
             continue
         open_runs = [i for i, run in enumerate(runs) if run.key == key and run.end_s is None]
         if open_runs:

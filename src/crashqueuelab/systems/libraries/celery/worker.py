@@ -9,7 +9,10 @@ own SIGTERM, SIGINT and SIGQUIT handlers (``celery.apps.worker``) in this proces
 thread; the pool's children are forked after ``serve`` set the process's work, which each
 task runs (``client.lab_task``). With the gevent pool ``serve`` first monkey-patches the
 process as the ``celery`` command does for ``--pool gevent``, and each task runs in a
-greenlet of the main process. ``schedule`` is ``apply_async(eta=...)``.
+greenlet of the main process. Celery's ``task_received`` signal, sent in the main process
+as the consumer takes a message (an ETA task's too, long before it is due), records each
+receipt where the lab's work can (``JobWork.received``). ``schedule`` is
+``apply_async(eta=...)``.
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ import datetime
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from crashqueuelab.core.errors import SystemUnavailable
 from crashqueuelab.judges.readers.celery import queue_name, task_id
-from crashqueuelab.systems.contract import OwnWorker
+from crashqueuelab.systems.contract import JobWork, OwnWorker
 from crashqueuelab.systems.libraries.celery.client import (
     RABBITMQ,
     SERVED_WORK,
@@ -85,8 +89,22 @@ def serve(
     name, app = _app(directory, settings)
     quiet_celery()
     SERVED_WORK["work"] = work
+    if isinstance(work, JobWork) and not __import__("os").environ.get("CQL_NO_RECEIPTS"):  # TEMP
+        _record_receipts(work)
     as_started_by_its_users()
     app.worker_main([*arguments, f"--queues={name}"])  # type: ignore[attr-defined]
+
+
+def _record_receipts(work: JobWork) -> None:
+    """Each message of the lab's task this worker's consumer receives, said to ``work``."""
+    from celery.signals import task_received
+
+    def received(sender: object = None, request: Any = None, **_: object) -> None:
+        if request is not None and request.task_name == TASK_NAME and request.args:
+            work.received(str(request.args[0]))
+
+    # Held strongly: the handler is a closure no one else keeps.
+    task_received.connect(received, weak=False)
 
 
 def schedule(settings: Settings, directory: Path, key: str, due_s: float) -> None:
