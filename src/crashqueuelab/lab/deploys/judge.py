@@ -142,13 +142,14 @@ def _across(run: Execution, restarts: Sequence[Restart]) -> dict[str, bool]:
     return {"across_server_restart": across}
 
 
-def _received_from_stop(run: Execution, fate: WorkerFate | None) -> dict[str, float]:
+def _received_from_stop(run: Execution, fate: WorkerFate | None) -> dict[str, int]:
     """Where the library tells when its worker received the job and the lab stopped that
-    worker: how long after the stop signal it received it (negative: before). A job taken
-    in the instant a warm shutdown began is where a library may leave it unacknowledged."""
+    worker: how many milliseconds after the stop signal it received it (negative: before).
+    A job taken in the instant a warm shutdown began is where a library may leave it
+    unacknowledged."""
     if run.received_s is None or fate is None or fate.stop_s is None:
         return {}
-    return {"received_from_stop_s": round(run.received_s - fate.stop_s, 3)}
+    return {"received_from_stop_ms": round((run.received_s - fate.stop_s) * 1000)}
 
 
 def with_restart_facts(
