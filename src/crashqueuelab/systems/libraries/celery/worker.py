@@ -89,7 +89,7 @@ def serve(
     name, app = _app(directory, settings)
     quiet_celery()
     SERVED_WORK["work"] = work
-    if isinstance(work, JobWork) and not __import__("os").environ.get("CQL_NO_RECEIPTS"):  # TEMP
+    if isinstance(work, JobWork):
         _record_receipts(work)
     as_started_by_its_users()
     app.worker_main([*arguments, f"--queues={name}"])  # type: ignore[attr-defined]
