@@ -126,11 +126,12 @@ def test_an_execution_under_way_at_a_restart_is_said_so_in_its_finding() -> None
     assert "across_server_restart" not in plain[0].facts
 
 
-def test_a_job_its_worker_received_before_a_restart_and_started_after_is_held_across_it() -> None:
+def test_a_job_received_before_a_restart_and_started_after_it_is_said_never_excused() -> None:
     """Where the library tells when its worker received a job (``received KEY T`` in the
-    ledger), the job was held from then: one received before the server went down and
-    started once it was back was held across the restart; one received after it was not,
-    and neither is one whose receipt the library never told."""
+    ledger), a finding says whether the job was received before the server went down and
+    started after: a delivery held unstarted across the crash, said, while only an
+    execution under way at the restart is ``across_server_restart`` (the documented
+    weakness's); a job whose receipt the library never told says nothing of it."""
     ledger = (
         "received d 3.000000\nstart d 6.000000 11\nend d 6.500000\n"
         "received e 5.500000\nstart e 6.000000 11\nend e 6.500000\n"
@@ -147,15 +148,13 @@ def test_a_job_its_worker_received_before_a_restart_and_started_after_is_held_ac
     assert "received_s" not in runs[2].to_json(0.0)
     fates = {"w0": WorkerFate("w0"), "w1": WorkerFate("w1")}
     keys = ["d", "e", "f"]
-    found, _ = judge(
-        keys, runs, fates, {}, dict.fromkeys(keys, DONE), "SIGTERM", restarts=[(4.0, 5.0)]
-    )
+    stored = dict.fromkeys(keys, DONE)
+    found, _ = judge(keys, runs, fates, {}, stored, "SIGTERM", restarts=[(4.0, 5.0)])
     facts = {a.job: a.facts for a in found if a.kind is Kind.RAN_TWICE}
-    assert {key: facts[key]["across_server_restart"] for key in keys} == {
-        "d": True,
-        "e": False,
-        "f": False,
-    }
+    assert {key: facts[key]["across_server_restart"] for key in keys} == dict.fromkeys(keys, False)
+    assert facts["d"]["received_before_server_restart"] is True
+    assert facts["e"]["received_before_server_restart"] is False
+    assert "received_before_server_restart" not in facts["f"]
 
 
 def test_a_job_run_again_says_when_its_worker_received_it_against_that_workers_stop() -> None:

@@ -628,13 +628,22 @@ def test_rolling_deploys_on_rabbitmq_lose_only_what_early_acknowledgement_docume
         # task its worker received as its warm shutdown began ran to its end, was never
         # acknowledged, and ran again once that worker was SIGKILLed (real-queues.md). A
         # turn of Celery's event loop on a loaded machine is the window.
+        assert lost, "under late acknowledgement a task run again is documented, never broken"
         found = {f["text"]: f for f in record["findings"]}
+        killed = {worker["name"]: worker["killed_s"] for worker in record["workers"]}
         for line in broken:
             finding = found[line]
             assert finding["kind"] == "ran_twice", finding
+            assert finding["facts"]["times"] == 2, finding
             assert finding["facts"]["worker_then"] == "sigkilled", finding
             assert abs(finding["facts"]["received_from_stop_ms"]) <= 250, finding
-        assert lost, "under late acknowledgement a task run again is documented, never broken"
+            first, again = sorted(
+                (run for run in record["executions"] if run["key"] == finding["job"]),
+                key=lambda run: run["start_s"],
+            )
+            # Run to its end before its worker was killed, and back only as that worker's
+            # channel closed: unacknowledged, never requeued while it ran.
+            assert first["end_s"] <= killed[first["worker"]] <= again["start_s"], (first, again)
     jobs = record["jobs"]
     gone = {key for key, job in jobs.items() if not job["completed"]}
     # Every job of two timers outlives the 1 s grace: the stops SIGKILL workers mid-task.

@@ -126,20 +126,26 @@ Restart = tuple[float, float | None]
 
 
 def _across(run: Execution, restarts: Sequence[Restart]) -> dict[str, bool]:
-    """In a run that restarted its server: whether ``run``'s worker held the job (from when
-    it received it, where the library tells, else from the execution's start, to its end)
-    while a restart had the server down (from its beginning to its return), its
-    acknowledgement perhaps not yet sent if it ended less than ``ACK_IN_FLIGHT_S`` before,
-    so that the lost connection may send it back."""
+    """In a run that restarted its server: whether ``run`` was under way while a restart
+    had the server down (from its beginning to its return), its acknowledgement perhaps
+    not yet sent if it ended less than ``ACK_IN_FLIGHT_S`` before, so that the lost
+    connection may send it back; and, where the library tells when its worker received
+    the job, whether it received it before a restart began and started it after
+    (``received_before_server_restart``: said, never an explanation, since a delivery held
+    unstarted across a broker's crash and run afterwards is a stale one)."""
     if not restarts:
         return {}
     ended = run.end_s if run.end_s is not None else float("inf")
-    held = run.start_s if run.received_s is None else min(run.start_s, run.received_s)
     across = any(
-        held <= (at if back is None else back) and ended >= at - ACK_IN_FLIGHT_S
+        run.start_s <= (at if back is None else back) and ended >= at - ACK_IN_FLIGHT_S
         for at, back in restarts
     )
-    return {"across_server_restart": across}
+    facts = {"across_server_restart": across}
+    if run.received_s is not None:
+        facts["received_before_server_restart"] = any(
+            run.received_s < at <= run.start_s for at, _ in restarts
+        )
+    return facts
 
 
 def _received_from_stop(run: Execution, fate: WorkerFate | None) -> dict[str, int]:
