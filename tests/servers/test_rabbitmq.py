@@ -55,6 +55,32 @@ def test_a_node_that_exits_at_start_is_unavailable_with_its_words_and_leaves_not
 
 
 @needs_rabbitmq
+def test_a_node_whose_distribution_port_was_taken_starts_again_on_another(tmp_path: Path) -> None:
+    """Another process can bind the port the lab chose before the node does: the node's
+    start then says ``dist_port_already_used``, which is the lab's race, so the start is
+    tried again on a fresh distribution port (the AMQP port, in its clients' URL, stays);
+    a node that keeps failing otherwise is unavailable with its own words."""
+    tried = tmp_path / "tried"
+    script = (
+        f'if [ ! -e {tried} ]; then echo "$RABBITMQ_DIST_PORT" > {tried};'
+        ' echo "{dist_port_already_used,$RABBITMQ_DIST_PORT,not_erlang}" >&2; exit 1; fi;'
+        ' echo "second start: dist $RABBITMQ_DIST_PORT amqp $RABBITMQ_NODE_PORT" >&2; exit 1'
+    )
+    bindir = _stand_in(tmp_path / "bin", script)
+    with ThrowawayRabbitMQ(bindir) as server:
+        first_dist, amqp = server.dist_port, server.amqp_port
+        with pytest.raises(ServerUnavailable, match="second start") as raised:
+            server.start()
+        assert tried.read_text().strip() == str(first_dist)
+        assert server.dist_port != first_dist
+        # Tried twice: the second start's words, not the first's, decided.
+        assert server.log.read_text().count("second start") == 1
+        assert f"dist {server.dist_port} amqp {amqp}" in raised.value.reason
+        assert server.processes() == []
+    assert left_running(server.root) == []
+
+
+@needs_rabbitmq
 def test_a_node_that_never_answers_is_killed_when_its_wait_ends(tmp_path: Path) -> None:
     bindir = _stand_in(tmp_path / "bin", "exec sleep 60")
     with ThrowawayRabbitMQ(bindir) as server:

@@ -92,6 +92,12 @@ def find_epmd(bindir: Path, environ: Mapping[str, str] = os.environ) -> Path | N
     return next((each for each in found if each.is_file()), None)
 
 
+#: What Erlang says when the node's distribution port is taken, and how many times a start
+#: that says it is tried again on another port.
+DIST_PORT_TAKEN = "dist_port_already_used"
+PORT_RETRIES = 2
+
+
 def free_port() -> int:
     """A TCP port nothing listens on now (the kernel's choice; another process could take
     it before the node does, and the node then says so in its log)."""
@@ -287,7 +293,29 @@ class ThrowawayRabbitMQ(Throwaway):
 
     def launch(self) -> None:
         """Start ``epmd``, then the node; returns once the node answers on its AMQP port. A
-        node that exits or does not answer in time is ``ServerUnavailable``."""
+        node that exits or does not answer in time is ``ServerUnavailable``, but for one
+        that found its distribution port taken (another process bound it between the lab's
+        choice and the node's start: the lab's race, never the node's failure), which is
+        started again on a fresh one, ``PORT_RETRIES`` times at most. Only that port: the
+        AMQP port is in the URL the node's clients were given."""
+        logs = (self.logs / f"{self.node}.log", self.log)
+        for attempt in range(PORT_RETRIES + 1):
+            sizes = [log.stat().st_size if log.is_file() else 0 for log in logs]
+            try:
+                self._launch_once()
+                return
+            except ServerUnavailable:
+                # This start's own words: the logs are appended to, start after start.
+                said = b"".join(
+                    log.read_bytes()[size:]
+                    for log, size in zip(logs, sizes, strict=True)
+                    if log.is_file()
+                )
+                if attempt == PORT_RETRIES or DIST_PORT_TAKEN.encode() not in said:
+                    raise
+                self.dist_port = free_port()
+
+    def _launch_once(self) -> None:
         environment = self.control_environment()
         if self.own_epmd:
             self.epmd = self.start_epmd(self.epmd_binary, self.epmd_port, environment)
