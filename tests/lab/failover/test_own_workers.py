@@ -24,6 +24,8 @@ needs_postgres = pytest.mark.skipif(find_binaries() is None, reason="no PostgreS
 #: procrastinate's worker looks for jobs every 5 s (``fetch_job_polling_interval``) when no
 #: notification wakes it.
 POLLING_S = 5.0
+#: How long after b's end c is submitted: the worker has long gone back to waiting.
+IDLE_S = 1.5
 #: The longest the worker may take to reach the promoted standby again.
 RECONNECT_S = 90.0
 
@@ -74,7 +76,7 @@ def test_procrastinates_worker_outlives_a_failover_and_finds_every_later_job_by_
             # Its connection pool reconnects with a growing back-off (psycopg_pool's), which
             # a loaded machine stretches: b's bound is generous, c's wait is what is measured.
             try:
-                wait_for(ledger, "end", "b", timeout_s=RECONNECT_S)
+                ended = wait_for(ledger, "end", "b", timeout_s=RECONNECT_S).at
             except AssertionError:
                 # In two whole test-command runs of six the worker took no job after the
                 # failover; in one it had exited, status 1 (docs/failover.md, not yet
@@ -83,10 +85,13 @@ def test_procrastinates_worker_outlives_a_failover_and_finds_every_later_job_by_
                 said = "was alive" if code is None else f"had exited, status {code}"
                 pytest.skip(f"procrastinate's worker ran no job after the failover: it {said}")
             # The process lives on; its listener does not come back on the new primary: a job
-            # submitted now waits for the next poll.
-            sent = time.time()
+            # submitted now waits for the next poll, a polling interval after the worker
+            # found nothing more once b ended. c goes in once the worker is surely waiting
+            # again: submitted at once, it was fetched by the worker's look for a next job
+            # right after b (0.08 s in one run), which proves nothing of the listener.
+            time.sleep(IDLE_S)
             submit("procrastinate", store, "c")
-            polled = wait_for(ledger, "start", "c", timeout_s=WAIT_S).at - sent
+            polled = wait_for(ledger, "start", "c", timeout_s=WAIT_S).at - ended
             assert worker.process.exitcode is None
             worker.signal(signal.SIGTERM)
             assert worker.join()[0] == 0
