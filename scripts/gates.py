@@ -60,8 +60,10 @@ EXTRAS = (
 #: A pip step may not wait on a registry for ever.
 INSTALL_LIMIT_S = 900
 #: What each gate may take before it is stopped and named as overrun: a backstop well above
-#: what it takes on an idle 2-core machine (README), never a target.
-PYTEST_LIMIT_S = 1500
+#: what it takes on an idle 2-core machine (README), never a target. pytest's is for both
+#: its parts: about 1,000 s idle, and a run on a busy host took 1,079 s for the parallel
+#: part alone, leaving the quiet part too little under the 1,500 s it had before.
+PYTEST_LIMIT_S = 2100
 TOOL_LIMIT_S = 600
 #: How many tests run at once in the parallel part: the suite's tests mostly wait on the
 #: processes and servers they start, so one more worker than cores keeps both cores busy.
