@@ -19,6 +19,7 @@ from crashqueuelab.lab.chaos.run import run_chaos
 from crashqueuelab.lab.chaos.schedule import plan
 from crashqueuelab.lab.chaos.worklog import SHARED_COMMIT_COUNTS, WorkerLog
 from crashqueuelab.lab.faults.kinds import FaultKind
+from crashqueuelab.lab.reproducers.chaos import chaos_kind
 from crashqueuelab.systems import OpenRequest, QueueClient, System, resolve_system
 from crashqueuelab.systems.contract import Claim, Verdict
 from crashqueuelab.systems.sqlite import SqliteClient, sqlite_system
@@ -509,6 +510,12 @@ def test_a_replay_of_what_is_not_a_chaos_run_or_does_not_match_is_refused(
     assert not (tmp_path / "y").exists()
 
 
+def _replayed(rerun: Path) -> dict[str, Any]:
+    """The chaos record of a replay kept in ``rerun`` (one attempt: its ``chaos-1``)."""
+    kept: dict[str, Any] = json.loads((rerun / "chaos-1" / "chaos.json").read_text())
+    return kept
+
+
 @pytest.mark.slow
 @pytest.mark.quiet
 def test_a_failing_chaos_run_is_shrunk_to_a_schedule_rerun_k_of_n_times(
@@ -529,7 +536,17 @@ def test_a_failing_chaos_run_is_shrunk_to_a_schedule_rerun_k_of_n_times(
     record = json.loads((directory / "chaos.json").read_text())["shrink"]["reproducers"][0]
     assert record["recorded"]["reruns"] >= 1
     assert record["after"]["faults"] <= record["before"]["faults"] == 6
-    assert 1 <= record["reproduced"] <= record["confirmations"] <= 3
+    # Whether a replay fails again is the scheduler's call: a single SIGKILL that lands
+    # between a worker's acknowledgement and its next claim drops nothing, so the smallest
+    # schedule fails about two replays in three here and none of three now and then on a
+    # busy host. The record's count is checked against the replays it keeps.
+    assert record["confirmations"] == 3
+    kind = chaos_kind(record["anomaly"])
+    failed = sum(
+        any(chaos_kind(reason) == kind for reason in _replayed(directory / rerun)["reasons"])
+        for rerun in record["reruns"]
+    )
+    assert record["reproduced"] == failed
     # The exported test replays the schedule up to 3 times, and whether a replay fails again
     # is the scheduler's call, as for the confirmations (it failed as exported in most runs
     # here; once, on 3.12, its 3 replays passed): the record says which, and so does the page.
