@@ -417,13 +417,21 @@ def test_a_loop_that_does_not_stop_when_asked_is_killed_and_named(
 ) -> None:
     monkeypatch.setattr(heartbeats, "STARTUP_S", 0.3)
     monkeypatch.setattr(heartbeats, "STOP_S", 0.5)
+    monkeypatch.setattr(heartbeats, "STACKS_WAIT_S", 0.5)
     record = heartbeats.run_heartbeats(
         tmp_path / "h",
         system="tests.lab.heartbeats.test_heartbeats:deaf_loop_system",
         jobs=1,
         workers=1,
     )
-    assert record["error"] == {"type": "WorkerFailed", "message": "worker-0: exited with code -9"}
+    assert record["error"] == {
+        "type": "WorkerFailed",
+        "message": "worker-0: exited with code -9;"
+        " its threads' stacks when it was killed: worker-0.stacks",
+    }
+    stacks = (tmp_path / "h" / "worker-0.stacks").read_text()
+    assert "_deaf_loop" in stacks, stacks
+    assert "Current thread" in stacks, stacks
 
 
 def test_a_run_that_cannot_be_what_was_asked_is_refused_before_anything_is_written(

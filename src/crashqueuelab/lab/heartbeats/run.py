@@ -18,6 +18,7 @@ reader) must hold each job done.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
@@ -59,7 +60,12 @@ from crashqueuelab.lab.heartbeats.upgrade import (
     problems,
     take_over,
 )
-from crashqueuelab.lab.heartbeats.workers import WorkerSpec, failures, worker_main
+from crashqueuelab.lab.heartbeats.workers import (
+    STACKS_SIGNAL,
+    WorkerSpec,
+    failures,
+    worker_main,
+)
 from crashqueuelab.lab.runs.executions import DeathWatch
 from crashqueuelab.lab.runs.inheritance import Inherited
 from crashqueuelab.lab.runs.interrupts import forkserver_context, start_owned
@@ -81,6 +87,8 @@ GRACE_TIMERS = 2.0
 STARTUP_S = 60.0
 #: How long a worker process may take to stop once asked (its loop waits for running work).
 STOP_S = 30.0
+#: How long a worker that did not stop has to write its threads' stacks before it is killed.
+STACKS_WAIT_S = 2.0
 _RETRY = RetryPolicy(base_delay_us=10_000, max_delay_us=200_000)
 _POLL_S = 0.1
 #: Past the system's ``recovery_s``, before its recovery runs at the end of an upgrade.
@@ -392,8 +400,8 @@ def _work(
 
 
 def _stop(processes: Mapping[str, Any]) -> dict[str, int | None]:
-    """Ask every worker to stop (SIGTERM: its loop ends after its running work), then kill
-    what is still there; each worker's exit code."""
+    """Ask every worker to stop (SIGTERM: its loop ends after its running work), then have
+    what is still there write its threads' stacks and kill it; each worker's exit code."""
     for process in processes.values():
         if process.exitcode is None and process.pid is not None:
             process.terminate()
@@ -402,6 +410,9 @@ def _stop(processes: Mapping[str, Any]) -> dict[str, int | None]:
         if process.pid is None:
             continue  # never started: the run was interrupted while it started the others
         process.join(max(0.0, ends - time.monotonic()))
+        if process.exitcode is None:
+            os.kill(process.pid, STACKS_SIGNAL)
+            process.join(STACKS_WAIT_S)
         if process.exitcode is None:
             process.kill()
             process.join(5.0)

@@ -2,12 +2,16 @@
 run until SIGTERM, each job's work a wait whose start (with the pid of the process running
 it: the library may run it in a process of its own) and end the handler appends to the
 worker's ledger, one line each, or a ``cut`` line naming what interrupted the wait. A loop
-that raises leaves its traceback beside the ledger and exits with ``WORKER_FAILED``;
-``failures`` reads, in the parent, what each worker left.
+that raises leaves its traceback beside the ledger and exits with ``WORKER_FAILED``. A loop
+that does not stop when asked is sent ``STACKS_SIGNAL`` before the run kills it: Python's
+``faulthandler`` writes every thread's stack to ``WORKER.stacks`` beside the ledger, where a
+library's hang at shutdown can be read. ``failures`` reads, in the parent, what each worker
+left.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import threading
@@ -23,6 +27,13 @@ from crashqueuelab.lab.runs.interrupts import ignore_interrupts
 from crashqueuelab.systems.registry import resolve_system
 
 WORKER_FAILED = 3
+#: What the run sends a worker that did not stop when asked, before it kills it.
+STACKS_SIGNAL = signal.SIGUSR1
+
+
+def stacks_path(ledger: str | Path) -> Path:
+    """Where a worker whose ledger is ``ledger`` writes its threads' stacks."""
+    return Path(ledger).with_suffix(".stacks")
 
 
 @dataclass(frozen=True)
@@ -54,13 +65,21 @@ def worker_main(spec: WorkerSpec) -> None:
             raise
         append_line(spec.ledger, f"end {key} {time.monotonic():.6f}\n")
 
-    try:
-        loop = resolve_system(spec.system).library_worker
-        assert loop is not None  # the parent checked
-        loop.run(Path(spec.store).absolute(), spec.worker_id, work, stop, spec.retry_after_s)
-    except Exception:
-        Path(spec.ledger + ".error").write_text(traceback.format_exc())
-        os._exit(WORKER_FAILED)
+    stacks = stacks_path(spec.ledger)
+    # Open before the loop starts: the handler writes from the signal, with no time to open.
+    with stacks.open("w") as dump:
+        faulthandler.register(STACKS_SIGNAL, file=dump, all_threads=True)
+        try:
+            loop = resolve_system(spec.system).library_worker
+            assert loop is not None  # the parent checked
+            loop.run(Path(spec.store).absolute(), spec.worker_id, work, stop, spec.retry_after_s)
+        except Exception:
+            Path(spec.ledger + ".error").write_text(traceback.format_exc())
+            stacks.unlink()
+            os._exit(WORKER_FAILED)
+        finally:
+            faulthandler.unregister(STACKS_SIGNAL)
+    stacks.unlink()
 
 
 def failures(ledgers: Mapping[str, Path], codes: Mapping[str, int | None]) -> dict[str, str]:
@@ -73,4 +92,7 @@ def failures(ledgers: Mapping[str, Path], codes: Mapping[str, int | None]) -> di
             failed[worker] = error.read_text().strip().splitlines()[-1]
         elif codes[worker] != 0:
             failed[worker] = f"exited with code {codes[worker]}"
+            stacks = stacks_path(ledger)
+            if stacks.is_file() and stacks.stat().st_size:
+                failed[worker] += f"; its threads' stacks when it was killed: {stacks.name}"
     return failed
