@@ -14,7 +14,6 @@ from __future__ import annotations
 import faulthandler
 import os
 import signal
-import threading
 import time
 import traceback
 from collections.abc import Mapping
@@ -24,6 +23,7 @@ from pathlib import Path
 from crashqueuelab.lab.runs.executions import append_line
 from crashqueuelab.lab.runs.inheritance import Inherited
 from crashqueuelab.lab.runs.interrupts import ignore_interrupts
+from crashqueuelab.lab.runs.stopsignals import event_set_by
 from crashqueuelab.systems.registry import resolve_system
 
 WORKER_FAILED = 3
@@ -51,8 +51,7 @@ def worker_main(spec: WorkerSpec) -> None:
     """Run the library's own loop until SIGTERM; each job's work is a wait of ``work_s``."""
     ignore_interrupts()
     spec.inherited.adopt()
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop = event_set_by(signal.SIGTERM)
 
     def work(key: str) -> None:
         append_line(spec.ledger, f"start {key} {time.monotonic():.6f} {os.getpid()}\n")

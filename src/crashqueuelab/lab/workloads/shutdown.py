@@ -13,6 +13,8 @@ from __future__ import annotations
 import signal
 import threading
 
+from crashqueuelab.lab.runs.stopsignals import event_set_by
+
 #: What a graceful stop does, in the words a record and a page give it.
 GRACEFUL = "finish the job in hand and acknowledge it, take no new one, exit 0"
 
@@ -21,7 +23,4 @@ def stop_on(*signals: signal.Signals) -> threading.Event:
     """In a worker's main thread: an event each of ``signals`` sets (and a second one sets
     again, changing nothing). The loop asks it before it takes new work and waits on it
     when idle; the work in hand is never interrupted."""
-    stop = threading.Event()
-    for number in signals:
-        signal.signal(number, lambda *_: stop.set())
-    return stop
+    return event_set_by(*signals)
