@@ -86,7 +86,7 @@ def add_heartbeats_command(command: Command) -> None:
         _heartbeats,
         "run long jobs on the library's own worker loop, no worker harmed: is any job handed"
         " out again while its live holder runs it? (any system with a library_worker:"
-        " pgqueuer's is shipped)",
+        " pgqueuer's and dramatiq's are shipped)",
         database=False,
     )
     add_system(sub)

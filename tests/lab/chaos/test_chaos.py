@@ -547,6 +547,9 @@ def test_a_failing_chaos_run_is_shrunk_to_a_schedule_rerun_k_of_n_times(
         for rerun in record["reruns"]
     )
     assert record["reproduced"] == failed
+    # Six kills drop a job in nearly every replay: the recorded schedule failed again, or the
+    # smallest one did.
+    assert record["recorded"]["failed"] + record["reproduced"] >= 1
     # The exported test replays the schedule up to 3 times, and whether a replay fails again
     # is the scheduler's call, as for the confirmations (it failed as exported in most runs
     # here; once, on 3.12, its 3 replays passed): the record says which, and so does the page.

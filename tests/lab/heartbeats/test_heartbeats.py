@@ -410,6 +410,8 @@ def test_work_that_never_ends_is_an_unfinished_run_and_each_job_never_run_is_nam
         record["anomalies"][0] == "job job-00: never run, while every worker was alive and polling"
     )
     assert record["workers"] == {"worker-0": {"exit": 0, "failed": None}}
+    # A worker that stopped when asked leaves no stacks.
+    assert not list((tmp_path / "h").glob("*.stacks"))
 
 
 def test_a_loop_that_does_not_stop_when_asked_is_killed_and_named(

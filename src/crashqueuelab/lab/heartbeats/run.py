@@ -18,6 +18,7 @@ reader) must hold each job done.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -63,6 +64,7 @@ from crashqueuelab.lab.heartbeats.upgrade import (
 from crashqueuelab.lab.heartbeats.workers import (
     STACKS_SIGNAL,
     WorkerSpec,
+    drop_empty_stacks,
     failures,
     worker_main,
 )
@@ -209,7 +211,7 @@ def run_heartbeats(
         raise SystemUnavailable(
             system,
             "the heartbeat experiment runs the system's own worker loop, and this system"
-            " declares none (System.library_worker; pgqueuer's is shipped)",
+            " declares none (System.library_worker; pgqueuer's and dramatiq's are shipped)",
         )
     timer = loop.retry_after_s if retry_after_s is None else retry_after_s
     if not timer > 0:
@@ -248,6 +250,7 @@ def run_heartbeats(
         else None
     )
     worked = _work(plan, network, strike_after_timers, origin, now, pauses)
+    drop_empty_stacks(plan.ledgers)
     failed = failures(plan.ledgers, worked.exits)
     finished = now()
     executions = with_deaths(read_ledgers(plan.ledgers), worked.deaths)
@@ -411,7 +414,8 @@ def _stop(processes: Mapping[str, Any]) -> dict[str, int | None]:
             continue  # never started: the run was interrupted while it started the others
         process.join(max(0.0, ends - time.monotonic()))
         if process.exitcode is None:
-            os.kill(process.pid, STACKS_SIGNAL)
+            with contextlib.suppress(ProcessLookupError):  # it exited since the join
+                os.kill(process.pid, STACKS_SIGNAL)
             process.join(STACKS_WAIT_S)
         if process.exitcode is None:
             process.kill()

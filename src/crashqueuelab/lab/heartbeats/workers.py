@@ -5,8 +5,9 @@ worker's ledger, one line each, or a ``cut`` line naming what interrupted the wa
 that raises leaves its traceback beside the ledger and exits with ``WORKER_FAILED``. A loop
 that does not stop when asked is sent ``STACKS_SIGNAL`` before the run kills it: Python's
 ``faulthandler`` writes every thread's stack to ``WORKER.stacks`` beside the ledger, where a
-library's hang at shutdown can be read. ``failures`` reads, in the parent, what each worker
-left.
+library's hang at shutdown can be read (a loop that installs a SIGUSR1 handler of its own, as
+Celery's worker does, replaces the dump: the file then stays empty and is not named).
+``failures`` reads, in the parent, what each worker left.
 """
 
 from __future__ import annotations
@@ -64,21 +65,28 @@ def worker_main(spec: WorkerSpec) -> None:
             raise
         append_line(spec.ledger, f"end {key} {time.monotonic():.6f}\n")
 
-    stacks = stacks_path(spec.ledger)
-    # Open before the loop starts: the handler writes from the signal, with no time to open.
-    with stacks.open("w") as dump:
-        faulthandler.register(STACKS_SIGNAL, file=dump, all_threads=True)
-        try:
-            loop = resolve_system(spec.system).library_worker
-            assert loop is not None  # the parent checked
-            loop.run(Path(spec.store).absolute(), spec.worker_id, work, stop, spec.retry_after_s)
-        except Exception:
-            Path(spec.ledger + ".error").write_text(traceback.format_exc())
+    # Opened before the loop starts (the handler writes from the signal, with no time to
+    # open) and registered until the process is gone: a hang after the loop returned (an
+    # interpreter waiting for a library's threads as it exits) is a hang at shutdown too.
+    # A raw descriptor, no file object: nothing for the interpreter to close or warn about.
+    dump = os.open(stacks_path(spec.ledger), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    faulthandler.register(STACKS_SIGNAL, file=dump, all_threads=True)
+    try:
+        loop = resolve_system(spec.system).library_worker
+        assert loop is not None  # the parent checked
+        loop.run(Path(spec.store).absolute(), spec.worker_id, work, stop, spec.retry_after_s)
+    except Exception:
+        Path(spec.ledger + ".error").write_text(traceback.format_exc())
+        os._exit(WORKER_FAILED)
+
+
+def drop_empty_stacks(ledgers: Mapping[str, Path]) -> None:
+    """Remove the stacks file of each worker that wrote none (it stopped when asked, or
+    died some other way), once every worker is gone."""
+    for ledger in ledgers.values():
+        stacks = stacks_path(ledger)
+        if stacks.is_file() and not stacks.stat().st_size:
             stacks.unlink()
-            os._exit(WORKER_FAILED)
-        finally:
-            faulthandler.unregister(STACKS_SIGNAL)
-    stacks.unlink()
 
 
 def failures(ledgers: Mapping[str, Path], codes: Mapping[str, int | None]) -> dict[str, str]:

@@ -22,8 +22,10 @@ import threading
 
 def event_set_by(*signals: signal.Signals) -> threading.Event:
     """In a process's main thread: an event that each of ``signals`` sets (a second signal
-    changes nothing). Its pipe's writing end stays open as long as the process lives: a
-    handler may still run after the event is set."""
+    changes nothing). The pipe stays open as long as the process lives: a handler may still
+    run after the event is set. A process that forks after this call hands its children the
+    handler and the pipe, and a signal to a child would stop the parent: none of the lab's
+    callers forks."""
     stop = threading.Event()
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)
@@ -31,12 +33,11 @@ def event_set_by(*signals: signal.Signals) -> threading.Event:
     def relay() -> None:
         os.read(read_end, 1)
         stop.set()
-        os.close(read_end)
 
     def handler(signum: int, frame: object) -> None:
         if stop.is_set():  # no lock: ``is_set`` reads a flag
             return
-        # The pipe is full of earlier signals' bytes, or its reading end was just closed.
+        # The pipe is full of earlier signals' bytes.
         with contextlib.suppress(OSError):
             os.write(write_end, b"\0")
 

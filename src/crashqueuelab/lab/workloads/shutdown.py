@@ -20,7 +20,7 @@ GRACEFUL = "finish the job in hand and acknowledge it, take no new one, exit 0"
 
 
 def stop_on(*signals: signal.Signals) -> threading.Event:
-    """In a worker's main thread: an event each of ``signals`` sets (and a second one sets
-    again, changing nothing). The loop asks it before it takes new work and waits on it
+    """In a worker's main thread: an event each of ``signals`` sets (a second one changes
+    nothing). The loop asks it before it takes new work and waits on it
     when idle; the work in hand is never interrupted."""
     return event_set_by(*signals)
