@@ -77,8 +77,11 @@ QUIET = "quiet"
 #: shared by two. A worker that runs out of tests takes pending ones from another
 #: (``worksteal``).
 QUIET_WORKERS = 3
-#: Kept after the run (the scratch directory is not): every test's time, slowest first.
+#: Kept after the run (the scratch directory is not): every test's time, slowest first, and
+#: the temporary directories of the tests that failed (``failed-VERSION``).
 DURATIONS = Path(tempfile.gettempdir()) / "crashqueuelab-gates"
+#: A file larger than this in a failed test's directory is left out of what is kept.
+KEPT_FILE_BYTES = 20 * 1024 * 1024
 #: How many of the slowest tests the summary names.
 SLOWEST = 15
 #: How long a stopped process group gets between SIGTERM and SIGKILL.
@@ -208,8 +211,44 @@ class Scratch:
                     break
         return found
 
+    def keep_failed(self, tests: Sequence[str], into: Path) -> list[Path]:
+        """Copy the temporary directory pytest kept for each of ``tests`` (as the suite
+        names them: ``path::name (in call)``; it keeps those of failed tests only) into
+        ``into``, emptied first: the evidence of a failure that happened once, after the
+        scratch directory is gone. Sockets, pipes and files over ``KEPT_FILE_BYTES`` are
+        left out; the copies made."""
+        shutil.rmtree(into, ignore_errors=True)
+        # pytest names a test's directory after its name, each non-word character an
+        # underscore, cut at 30 characters, then a number.
+        names = (test.split(" (in ", 1)[0].rsplit("::", 1)[-1] for test in tests)
+        prefixes = {re.sub(r"\W", "_", name)[:30] for name in names}
+        kept: list[Path] = []
+        for found in sorted(self.tmp.glob("pytest-of-*/pytest-*/**/test_*")):
+            name = found.name
+            if found.is_symlink() or not found.is_dir() or name.endswith("current"):
+                continue
+            if any(name.startswith(prefix) and name[len(prefix) :].isdigit()
+                   for prefix in prefixes):  # fmt: skip
+                target = into / found.parent.name / name
+                shutil.copytree(found, target, symlinks=True, ignore=_not_kept)
+                kept.append(target)
+        return kept
+
     def remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _not_kept(directory: str, names: list[str]) -> list[str]:
+    """What ``keep_failed`` leaves out of ``directory``: all but directories, symbolic
+    links and regular files of at most ``KEPT_FILE_BYTES``."""
+    left = []
+    for name in names:
+        path = Path(directory, name)
+        if path.is_symlink() or path.is_dir():
+            continue
+        if not path.is_file() or path.stat().st_size > KEPT_FILE_BYTES:
+            left.append(name)
+    return left
 
 
 def _quiet(command: Sequence[str]) -> int:
@@ -530,6 +569,9 @@ def _summary(gates: _Gates, *, version: str, leftovers: list[str]) -> int:
         _log(f"  failed tests ({len(failed_tests)}):")
         for test in failed_tests:
             _log(f"    {test}")
+        into = DURATIONS / f"failed-{version}"
+        if gates.scratch.keep_failed(failed_tests, into):
+            _log(f"  their temporary directories, kept: {into}")
     if gates.slowest:
         _log(f"  slowest tests (every test's time: {gates.durations}):")
         for line in gates.slowest:

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -71,3 +72,43 @@ def test_each_environment_beside_the_main_one_names_what_exists_and_only_its_own
         assert apart.venv(ROOT / ".venv") == ROOT / f".venv-{apart.name}"
         assert apart.venv(ROOT / ".venv-3.13") == ROOT / f".venv-{apart.name}-3.13"
     assert len(claimed) == len(set(claimed))
+
+
+def test_the_gates_keep_the_directories_of_failed_tests_and_leave_sockets_and_big_files(
+    tmp_path: Path,
+) -> None:
+    import socket
+    import tempfile
+
+    gates = _gates()
+    # Short: a Unix socket's path must stay under 108 bytes.
+    scratch = gates.Scratch(Path(tempfile.mkdtemp(prefix="k")))
+    try:
+        run = scratch.tmp / "pytest-of-r" / "pytest-7"
+        failed = run / "test_dramatiq_1_10_0_runs_a_st0"
+        (failed / "m" / "1.11.0").mkdir(parents=True)
+        (failed / "m" / "1.11.0" / "heartbeats.json").write_text("{}")
+        (failed / "big").write_bytes(b"\0" * (gates.KEPT_FILE_BYTES + 1))
+        (run / "test_dramatiq_1_10_0_runs_a_stcurrent").symlink_to(failed)
+        (run / "test_other0").mkdir()
+        (run / "test_b_x_0").mkdir()  # test_b[x]'s directory, a test that passed
+        with socket.socket(socket.AF_UNIX) as listening:
+            listening.bind(str(failed / "s"))
+            kept = scratch.keep_failed(
+                [
+                    "tests/lab/heartbeats/test_pauses.py::"
+                    "test_dramatiq_1_10_0_runs_a_stopped_workers_prefetched_message_twice"
+                    " (in call)",
+                    "tests/a.py::test_c[y] (in setup)",
+                ],
+                tmp_path / "kept",
+            )
+    finally:
+        scratch.remove()
+    copy = tmp_path / "kept" / "pytest-7" / "test_dramatiq_1_10_0_runs_a_st0"
+    assert kept == [copy]
+    assert (copy / "m" / "1.11.0" / "heartbeats.json").read_text() == "{}"
+    assert sorted(path.name for path in copy.iterdir()) == ["m"]
+    # A second run's keeping replaces the first's.
+    assert scratch.keep_failed([], tmp_path / "kept") == []
+    assert not (tmp_path / "kept").exists()
