@@ -731,3 +731,29 @@ def test_a_run_that_did_not_finish_says_why_as_a_finding() -> None:
     )
     stalled = Anomaly(Kind.WORK_STALLED, "the work stalled: no job was acknowledged for 5 s")
     assert unfinished_work(stalled) is stalled
+
+
+def test_a_worker_that_died_inside_a_claim_call_is_named_a_claim_cut(tmp_path: Path) -> None:
+    """Only a death (a delivered SIGKILL, or an exit by itself) of a worker whose log ends
+    inside a claim call: one that ended between calls, or one alive, is no such cut."""
+    from types import SimpleNamespace
+
+    from crashqueuelab.lab.chaos.record import claims_cut
+
+    logs = tmp_path / "worker-logs"
+    logs.mkdir()
+    lines = {
+        "worker-0.1": "claiming 1.0\n",  # killed inside a claim
+        "worker-0.2": "claiming 1.0\nidle 2.0\n",  # killed between calls
+        "worker-1.1": "claiming 1.0\n",  # exited by itself inside a claim
+        "worker-1.2": "claiming 1.0\n",  # alive
+    }
+    for worker, text in lines.items():
+        (logs / f"{worker}.log").write_text(text)
+    run = SimpleNamespace(logs=logs, state=SimpleNamespace(failures=[{"worker_id": "worker-1.1"}]))
+    delivered = [
+        {"kind": "SIGKILL", "worker_id": "worker-0.1", "at_s": 1.5},
+        {"kind": "SIGKILL", "worker_id": "worker-0.2", "at_s": 2.5},
+        {"kind": "SIGKILL", "worker_id": "worker-1.2", "skipped": "no work left"},
+    ]
+    assert claims_cut(run, delivered) == ["worker-0.1", "worker-1.1"]  # type: ignore[arg-type]

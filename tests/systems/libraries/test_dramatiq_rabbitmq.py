@@ -172,7 +172,8 @@ def _dead_lettered_by_dramatiqs_consumer(store: Path) -> str:
 def test_an_acknowledgement_lost_with_the_node_is_documented_in_a_crash_state_alone() -> None:
     """A message back beside its result or its retry is the documented acknowledgement a
     power cut took, only in a crash state (its finding names the choice): after a process's
-    death alone it would be an acknowledgement RabbitMQ had and dropped."""
+    death alone it would be an acknowledgement RabbitMQ had and dropped (or, two copies of
+    one message, a delayed one moved twice: the test below)."""
     from crashqueuelab.judges.findings import inconsistent
     from crashqueuelab.lab.runs.promises import explains
     from crashqueuelab.systems.libraries.dramatiq.promises import DOCUMENTED_ON_RABBITMQ
@@ -188,6 +189,32 @@ def test_an_acknowledgement_lost_with_the_node_is_documented_in_a_crash_state_al
         assert explains(lost, finding.within("lose-all: ", choice="lose-all"), "power-loss")
     gone = inconsistent("job j: queued, its message gone").within("lose-all: ", choice="lose-all")
     assert not explains(lost, gone, "power-loss")
+
+
+def test_two_copies_of_a_message_are_a_delayed_one_moved_twice_only_after_a_death_in_a_claim() -> (
+    None
+):
+    """The lab's worker moves due delayed messages to their queue inside its claim call, as
+    dramatiq's worker does (enqueue, then acknowledge the delayed one): a worker that died
+    inside a claim can leave both copies live (a chaos run's SIGKILL landed 5 ms into one).
+    Without such a death, two live copies are not that weakness, nor any other."""
+    from crashqueuelab.judges.findings import inconsistent
+    from crashqueuelab.lab.runs.promises import classify, explains
+    from crashqueuelab.systems.libraries.dramatiq.promises import DOCUMENTED_ON_RABBITMQ
+    from crashqueuelab.systems.registry import resolve_system
+
+    [moved] = [weakness for weakness in DOCUMENTED_ON_RABBITMQ if "moved again" in weakness.what]
+    two = inconsistent("job j: more than one live message", "judge: ")
+    assert explains(moved, two.within("", claim_cut=True), "process")
+    assert not explains(moved, two.within("", claim_cut=False), "process")
+    assert not explains(moved, two, "process")
+    result = inconsistent("job j: a result, yet a message still live", "judge: ")
+    assert not explains(moved, result.within("", claim_cut=True), "process")
+    system = resolve_system("dramatiq-rabbitmq")
+    kept = classify(system, "process", [two.within("", claim_cut=True)], ["SIGKILL"])
+    assert kept["keeps_its_promises"] is True, kept
+    broken = classify(system, "process", [two.within("", claim_cut=False)], ["SIGKILL"])
+    assert broken["broken_promises"] == ["judge: job j: more than one live message"]
 
 
 @needs_a_node

@@ -6,15 +6,31 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from crashqueuelab.judges.findings import Anomaly, restored, texts, to_json
+from crashqueuelab.judges.findings import Anomaly, Kind, restored, texts, to_json
 from crashqueuelab.lab.chaos.fleet import ChaosRun
 from crashqueuelab.lab.chaos.verdict import promises, reasons, worker_exited
+from crashqueuelab.lab.chaos.worklog import read_logs
 from crashqueuelab.lab.faults.delivery import landed_count
 from crashqueuelab.lab.faults.deploy import Rollout
 from crashqueuelab.lab.faults.kinds import FaultKind
 from crashqueuelab.lab.faults.network.plan import NetworkPlan
 from crashqueuelab.lab.runs.commands import import_path
 from crashqueuelab.systems.contract import System
+
+
+def claims_cut(run: ChaosRun, delivered: list[dict[str, Any]]) -> list[str]:
+    """The workers whose log ends inside a claim call and that died there: SIGKILLed by the
+    schedule, or exited by themselves. A claim may do more than take a job (dramatiq's
+    adapter first moves due delayed messages to their queue): a store a death left between
+    two of those steps reads as it was left, which the store-inconsistent findings of the
+    run say (``claim_cut``)."""
+    killed = {str(record["worker_id"]) for record in delivered
+              if record.get("kind") == FaultKind.KILL.value and "at_s" in record}  # fmt: skip
+    exited = {str(failure["worker_id"]) for failure in run.state.failures}
+    logs = read_logs(run.logs)
+    return sorted(
+        worker for worker, log in logs.items() if log.claim_open and worker in killed | exited
+    )
 
 
 def chaos_record(
@@ -61,9 +77,16 @@ def chaos_record(
     session_kills_delivered = landed_count(delivered, FaultKind.SESSION_KILL)
     deploy_count, rollout, deployed = deploys
     accounted = restored(accounting["anomalies"], accounting["findings"])
+    cut = claims_cut(run, delivered)
     findings = [
         *(worker_exited(failure) for failure in run.state.failures),
-        *(finding for finding in accounted if isinstance(finding, Anomaly)),
+        *(
+            finding.within("", claim_cut=bool(cut))
+            if finding.kind is Kind.STORE_INCONSISTENT
+            else finding
+            for finding in accounted
+            if isinstance(finding, Anomaly)
+        ),
         *pause_anomalies,
     ]
     report = {

@@ -99,6 +99,19 @@ _REQUEUED_ON_CLOSE = Documented(
     kinds=(Kind.OVERLAPPING_LEASES,),
     when={Kind.RAN_TWICE: {"acknowledged": ("no", "unknown"), "worker_then": "sigkilled"}},
 )
+_MOVED_TWICE = Documented(
+    "on RabbitMQ, a worker that died while it moved a due delayed message to its queue:"
+    " dramatiq's worker enqueues the message on its queue, then acknowledges the delayed"
+    " one (handle_delayed_messages), and RabbitMQ puts back a delayed one not yet"
+    ' acknowledged as the connection closes ("any delivery (message) that was not acked is'
+    " automatically requeued when the channel (or connection) on which the delivery happened"
+    ' is closed"): it is moved again, two copies of one message are live, and it runs'
+    " twice: " + AT_LEAST_ONCE,
+    "https://github.com/Bogdanp/dramatiq/blob/master/dramatiq/worker.py",
+    # The lab's worker moves due delayed messages inside its claim call: only a run where a
+    # worker died inside one (``claim_cut``, lab/chaos/record.py) can have left two copies.
+    when={Kind.STORE_INCONSISTENT: {"problem": "*: more than one live message", "claim_cut": True}},
+)
 _HELD_UNTIL_CLOSED = Documented(
     "on RabbitMQ, no lease: a message delivered to a consumer, in its worker's hands or"
     " prefetched (dramatiq's consumer prefetches, and RabbitMQ delivers it the next message as"
@@ -137,7 +150,7 @@ _ACK_LOST_AT_POWER_CUT = Documented(
     "https://www.rabbitmq.com/docs/reliability#acknowledgements-and-confirms",
     # Only a crash state's finding names its choice: after a process's death alone, a live
     # message beside its result or its retry would be an acknowledgement RabbitMQ had and
-    # dropped.
+    # dropped (two copies of one message after a death inside a claim: _MOVED_TWICE).
     when={
         Kind.STORE_INCONSISTENT: (
             {"problem": "*: a result, yet a message still live", "choice": "*"},
@@ -152,6 +165,7 @@ _ACK_LOST_AT_POWER_CUT = Documented(
 DOCUMENTED_ON_RABBITMQ = (
     _AT_LEAST_ONCE,
     _REQUEUED_ON_CLOSE,
+    _MOVED_TWICE,
     _HELD_UNTIL_CLOSED,
     _AMQP_CONNECTION_CLOSES,
     _ACK_LOST_AT_POWER_CUT,
