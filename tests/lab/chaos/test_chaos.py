@@ -735,25 +735,40 @@ def test_a_run_that_did_not_finish_says_why_as_a_finding() -> None:
 
 def test_a_worker_that_died_inside_a_claim_call_is_named_a_claim_cut(tmp_path: Path) -> None:
     """Only a death (a delivered SIGKILL, or an exit by itself) of a worker whose log ends
-    inside a claim call: one that ended between calls, or one alive, is no such cut."""
+    inside a claim call: one that ended between calls, or one alive, is no such cut. A
+    job's two live copies are a claim's cut only after an attempt of it failed with a retry,
+    and a report's cut only where a dead worker's log ends inside its report."""
     from types import SimpleNamespace
 
-    from crashqueuelab.lab.chaos.record import claims_cut
+    from crashqueuelab.judges.findings import inconsistent
+    from crashqueuelab.lab.chaos.record import chaos_findings_cut, claims_cut
 
     logs = tmp_path / "worker-logs"
     logs.mkdir()
     lines = {
-        "worker-0.1": "claiming 1.0\n",  # killed inside a claim
-        "worker-0.2": "claiming 1.0\nidle 2.0\n",  # killed between calls
-        "worker-1.1": "claiming 1.0\n",  # exited by itself inside a claim
-        "worker-1.2": "claiming 1.0\n",  # alive
+        # killed inside a claim, after j's attempt failed with a retry at 10.5
+        "worker-0.1": "acking j t.1 10.4\nfailed-retry j t.1 10.5\nclaiming 10.6\n",
+        "worker-0.2": "claiming 11.0\nidle 12.0\n",  # killed between calls
+        "worker-1.1": "claiming 13.0\n",  # exited by itself inside a claim
+        "worker-1.2": "claiming 14.0\n",  # alive
+        "worker-1.3": "claim k u.1 15.0 14.9\nacking k u.1 15.1\n",  # killed reporting k
     }
     for worker, text in lines.items():
         (logs / f"{worker}.log").write_text(text)
-    run = SimpleNamespace(logs=logs, state=SimpleNamespace(failures=[{"worker_id": "worker-1.1"}]))
+    failures = [{"worker_id": "worker-1.1"}]
+    run = SimpleNamespace(logs=logs, state=SimpleNamespace(failures=failures, started=10.0))
     delivered = [
-        {"kind": "SIGKILL", "worker_id": "worker-0.1", "at_s": 1.5},
+        {"kind": "SIGKILL", "worker_id": "worker-0.1", "at_s": 0.7},
         {"kind": "SIGKILL", "worker_id": "worker-0.2", "at_s": 2.5},
         {"kind": "SIGKILL", "worker_id": "worker-1.2", "skipped": "no work left"},
+        {"kind": "SIGKILL", "worker_id": "worker-1.3", "at_s": 5.2},
     ]
-    assert claims_cut(run, delivered) == ["worker-0.1", "worker-1.1"]  # type: ignore[arg-type]
+    cut = claims_cut(run, delivered)  # type: ignore[arg-type]
+    assert cut == {"worker-0.1": 10.7, "worker-1.1": float("inf")}
+    two = [inconsistent(f"job {key}: more than one live message", "judge: ") for key in "jkx"]
+    other = inconsistent("the store's file is torn", "judge: ")
+    found = chaos_findings_cut(run, delivered, [*two, other])  # type: ignore[arg-type]
+    facts = [(finding.value("claim_cut"), finding.value("report_cut")) for finding in found]
+    # j retried before worker-0.1 died in a claim; k's report was cut; x neither.
+    assert facts == [(True, False), (False, True), (False, False), (False, False)]
+    assert [finding.text for finding in found] == [finding.text for finding in [*two, other]]

@@ -196,8 +196,10 @@ def test_two_copies_of_a_message_are_a_delayed_one_moved_twice_only_after_a_deat
 ):
     """The lab's worker moves due delayed messages to their queue inside its claim call, as
     dramatiq's worker does (enqueue, then acknowledge the delayed one): a worker that died
-    inside a claim can leave both copies live (a chaos run's SIGKILL landed 5 ms into one).
-    Without such a death, two live copies are not that weakness, nor any other."""
+    inside a claim after the job's attempt failed with a retry can leave both copies live (a
+    chaos run's SIGKILL landed 5 ms into one). A worker killed inside its failure report,
+    after the retry went out and before the acknowledgement did, leaves the message beside
+    its retry. Without such a death, two live copies are no weakness dramatiq documents."""
     from crashqueuelab.judges.findings import inconsistent
     from crashqueuelab.lab.runs.promises import classify, explains
     from crashqueuelab.systems.libraries.dramatiq.promises import DOCUMENTED_ON_RABBITMQ
@@ -210,6 +212,9 @@ def test_two_copies_of_a_message_are_a_delayed_one_moved_twice_only_after_a_deat
     assert not explains(moved, two, "process")
     result = inconsistent("job j: a result, yet a message still live", "judge: ")
     assert not explains(moved, result.within("", claim_cut=True), "process")
+    [requeued] = [each for each in DOCUMENTED_ON_RABBITMQ if "before RabbitMQ had its" in each.what]
+    assert explains(requeued, two.within("", report_cut=True), "process")
+    assert not explains(requeued, two.within("", report_cut=False, claim_cut=True), "process")
     system = resolve_system("dramatiq-rabbitmq")
     kept = classify(system, "process", [two.within("", claim_cut=True)], ["SIGKILL"])
     assert kept["keeps_its_promises"] is True, kept

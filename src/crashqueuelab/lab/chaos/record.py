@@ -3,13 +3,15 @@ accounting found and the verdict, with the artifacts the page and a replay read.
 
 from __future__ import annotations
 
+import math
+import re
 from pathlib import Path
 from typing import Any
 
 from crashqueuelab.judges.findings import Anomaly, Kind, restored, texts, to_json
 from crashqueuelab.lab.chaos.fleet import ChaosRun
 from crashqueuelab.lab.chaos.verdict import promises, reasons, worker_exited
-from crashqueuelab.lab.chaos.worklog import read_logs
+from crashqueuelab.lab.chaos.worklog import WorkerLog, read_logs
 from crashqueuelab.lab.faults.delivery import landed_count
 from crashqueuelab.lab.faults.deploy import Rollout
 from crashqueuelab.lab.faults.kinds import FaultKind
@@ -17,20 +19,58 @@ from crashqueuelab.lab.faults.network.plan import NetworkPlan
 from crashqueuelab.lab.runs.commands import import_path
 from crashqueuelab.systems.contract import System
 
+#: The job a reader's problem is about.
+_JOB = re.compile(r"^job (\S+):")
 
-def claims_cut(run: ChaosRun, delivered: list[dict[str, Any]]) -> list[str]:
-    """The workers whose log ends inside a claim call and that died there: SIGKILLed by the
-    schedule, or exited by themselves. A claim may do more than take a job (dramatiq's
-    adapter first moves due delayed messages to their queue): a store a death left between
-    two of those steps reads as it was left, which the store-inconsistent findings of the
-    run say (``claim_cut``)."""
-    killed = {str(record["worker_id"]) for record in delivered
-              if record.get("kind") == FaultKind.KILL.value and "at_s" in record}  # fmt: skip
-    exited = {str(failure["worker_id"]) for failure in run.state.failures}
+
+def claims_cut(run: ChaosRun, delivered: list[dict[str, Any]]) -> dict[str, float]:
+    """Each worker whose log ends inside a claim call (or its run of empty polls) and that
+    died there, SIGKILLed by the schedule or exited by itself, and when it died (monotonic
+    seconds; an exit's moment is not known: infinity). A claim may do more than take a job
+    (dramatiq's adapter first moves due delayed messages to their queue), and a death
+    between two of its steps leaves the store as it was."""
+    died = {
+        str(record["worker_id"]): run.state.started + float(record["at_s"])
+        for record in delivered
+        if record.get("kind") == FaultKind.KILL.value and "at_s" in record
+    }
+    for failure in run.state.failures:
+        died.setdefault(str(failure["worker_id"]), math.inf)
     logs = read_logs(run.logs)
-    return sorted(
-        worker for worker, log in logs.items() if log.claim_open and worker in killed | exited
-    )
+    return {worker: died[worker] for worker, log in sorted(logs.items())
+            if log.claim_open and worker in died}  # fmt: skip
+
+
+def chaos_findings_cut(
+    run: ChaosRun, delivered: list[dict[str, Any]], findings: list[Anomaly]
+) -> list[Anomaly]:
+    """``findings``, each store-inconsistent one with what the run's deaths may have left
+    of its job (``_cut_facts``)."""
+    cut = claims_cut(run, delivered)
+    logs = read_logs(run.logs)
+    dead = {str(record["worker_id"]) for record in delivered
+            if record.get("kind") == FaultKind.KILL.value and "at_s" in record}  # fmt: skip
+    dead |= {str(failure["worker_id"]) for failure in run.state.failures}
+    return [
+        _cut_facts(finding, cut, logs, dead) if finding.kind is Kind.STORE_INCONSISTENT else finding
+        for finding in findings
+    ]
+
+
+def _cut_facts(finding: Anomaly, cut: dict[str, float], logs: dict[str, WorkerLog],
+               dead: set[str]) -> Anomaly:  # fmt: skip
+    """A store-inconsistent finding about one job, with what the deaths of the run may
+    have left of it: ``claim_cut``, a worker died inside a claim call after an attempt of
+    the job failed with a retry (a retry due then may have been half moved);
+    ``report_cut``, a worker died with its report on the job begun and unanswered."""
+    found = _JOB.match(str(finding.value("problem") or ""))
+    if found is None:
+        return finding.within("", claim_cut=False, report_cut=False)
+    key = found.group(1)
+    retries = [at for log in logs.values() for retried, at in log.retried if retried == key]
+    claim = any(at < death for at in retries for death in cut.values())
+    report = any(logs[worker].reporting == key for worker in dead if worker in logs)
+    return finding.within("", claim_cut=claim, report_cut=report)
 
 
 def chaos_record(
@@ -77,15 +117,10 @@ def chaos_record(
     session_kills_delivered = landed_count(delivered, FaultKind.SESSION_KILL)
     deploy_count, rollout, deployed = deploys
     accounted = restored(accounting["anomalies"], accounting["findings"])
-    cut = claims_cut(run, delivered)
     findings = [
         *(worker_exited(failure) for failure in run.state.failures),
-        *(
-            finding.within("", claim_cut=bool(cut))
-            if finding.kind is Kind.STORE_INCONSISTENT
-            else finding
-            for finding in accounted
-            if isinstance(finding, Anomaly)
+        *chaos_findings_cut(
+            run, delivered, [finding for finding in accounted if isinstance(finding, Anomaly)]
         ),
         *pause_anomalies,
     ]

@@ -48,6 +48,10 @@ def word(text: str) -> str:
     return quote(text, safe="")
 
 
+#: The line a worker writes when the system answered a failure with a retry.
+RETRIED = "failed-retry"
+
+
 def lease_line(what: str, key: str, token: str, *times: float) -> str:
     """One line about a lease: ``WHAT KEY TOKEN T...``, key and token as words."""
     return " ".join([what, word(key), word(token), *(f"{at:.6f}" for at in times)]) + "\n"
@@ -83,6 +87,11 @@ class WorkerLog:
     #: Whether the log ends inside a claim call: a ``claiming`` line with no claim or
     #: ``idle`` line after it (the worker stopped there, or was polling an empty queue).
     claim_open: bool = False
+    #: Each failed attempt the system said it would retry, as (key, when it was answered).
+    retried: list[tuple[str, float]] = field(default_factory=list)
+    #: The key of the ``acking`` line the log ends with: a report the worker began and was
+    #: never answered for (None when the log ends otherwise).
+    reporting: str | None = None
 
     def held(self) -> set[tuple[str, str]]:
         """Claims whose acknowledgement has not started: leases this worker surely holds."""
@@ -111,6 +120,11 @@ class WorkerLog:
                     continue
             if len(parts) >= 3 and parts[0] != "commits":
                 parts[1:3] = [_text(parts[1]), _text(parts[2])]
+            if parts[0]:
+                self.reporting = parts[1] if parts[0] == "acking" and len(parts) == 4 else None
+            if len(parts) == 4 and parts[0] == RETRIED:
+                with contextlib.suppress(ValueError):
+                    self.retried.append((parts[1], float(parts[3])))
             if len(parts) == 5 and parts[0] == "heartbeat":
                 with contextlib.suppress(ValueError):
                     self.extended_asked[(parts[1], parts[2])] = float(parts[4])

@@ -97,7 +97,12 @@ _REQUEUED_ON_CLOSE = Documented(
     # while the lab still counts the dead holder's lease (the lab cannot tell a dead holder
     # from a live one in its workers' logs, so any overlap is taken as this one).
     kinds=(Kind.OVERLAPPING_LEASES,),
-    when={Kind.RAN_TWICE: {"acknowledged": ("no", "unknown"), "worker_then": "sigkilled"}},
+    when={
+        Kind.RAN_TWICE: {"acknowledged": ("no", "unknown"), "worker_then": "sigkilled"},
+        # Killed inside its failure report, after dramatiq enqueued the retry and before
+        # RabbitMQ had the acknowledgement: the message back beside its retry.
+        Kind.STORE_INCONSISTENT: {"problem": "*: more than one live message", "report_cut": True},
+    },
 )
 _MOVED_TWICE = Documented(
     "on RabbitMQ, a worker that died while it moved a due delayed message to its queue:"
@@ -108,8 +113,9 @@ _MOVED_TWICE = Documented(
     ' is closed"): it is moved again, two copies of one message are live, and it runs'
     " twice: " + AT_LEAST_ONCE,
     "https://github.com/Bogdanp/dramatiq/blob/master/dramatiq/worker.py",
-    # The lab's worker moves due delayed messages inside its claim call: only a run where a
-    # worker died inside one (``claim_cut``, lab/chaos/record.py) can have left two copies.
+    # The lab's worker moves due delayed messages inside its claim call: only a worker that
+    # died inside one after an attempt of the job failed with a retry (``claim_cut``,
+    # lab/chaos/record.py) can have left two copies.
     when={Kind.STORE_INCONSISTENT: {"problem": "*: more than one live message", "claim_cut": True}},
 )
 _HELD_UNTIL_CLOSED = Documented(
