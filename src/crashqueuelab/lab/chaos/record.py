@@ -23,12 +23,9 @@ from crashqueuelab.systems.contract import System
 _JOB = re.compile(r"^job (\S+):")
 
 
-def claims_cut(run: ChaosRun, delivered: list[dict[str, Any]]) -> dict[str, float]:
-    """Each worker whose log ends inside a claim call (or its run of empty polls) and that
-    died there, SIGKILLed by the schedule or exited by itself, and when it died (monotonic
-    seconds; an exit's moment is not known: infinity). A claim may do more than take a job
-    (dramatiq's adapter first moves due delayed messages to their queue), and a death
-    between two of its steps leaves the store as it was."""
+def _deaths(run: ChaosRun, delivered: list[dict[str, Any]]) -> dict[str, float]:
+    """Each worker the schedule's SIGKILL hit or that exited by itself, and when it died
+    (monotonic seconds; an exit's moment is not known: infinity)."""
     died = {
         str(record["worker_id"]): run.state.started + float(record["at_s"])
         for record in delivered
@@ -36,7 +33,18 @@ def claims_cut(run: ChaosRun, delivered: list[dict[str, Any]]) -> dict[str, floa
     }
     for failure in run.state.failures:
         died.setdefault(str(failure["worker_id"]), math.inf)
-    logs = read_logs(run.logs)
+    return died
+
+
+def claims_cut(
+    run: ChaosRun, delivered: list[dict[str, Any]], logs: dict[str, WorkerLog] | None = None
+) -> dict[str, float]:
+    """Each worker whose log ends inside a claim call (or its run of empty polls) and that
+    died there (``_deaths``), and when it died. A claim may do more than take a job
+    (dramatiq's adapter first moves due delayed messages to their queue), and a death
+    between two of its steps leaves the store as it was."""
+    died = _deaths(run, delivered)
+    logs = read_logs(run.logs) if logs is None else logs
     return {worker: died[worker] for worker, log in sorted(logs.items())
             if log.claim_open and worker in died}  # fmt: skip
 
@@ -46,11 +54,9 @@ def chaos_findings_cut(
 ) -> list[Anomaly]:
     """``findings``, each store-inconsistent one with what the run's deaths may have left
     of its job (``_cut_facts``)."""
-    cut = claims_cut(run, delivered)
     logs = read_logs(run.logs)
-    dead = {str(record["worker_id"]) for record in delivered
-            if record.get("kind") == FaultKind.KILL.value and "at_s" in record}  # fmt: skip
-    dead |= {str(failure["worker_id"]) for failure in run.state.failures}
+    cut = claims_cut(run, delivered, logs)
+    dead = set(_deaths(run, delivered))
     return [
         _cut_facts(finding, cut, logs, dead) if finding.kind is Kind.STORE_INCONSISTENT else finding
         for finding in findings
