@@ -565,12 +565,14 @@ def _summary(gates: _Gates, *, version: str, leftovers: list[str]) -> int:
     for result in ordered:
         why = f"  {result.why}" if result.why else ""
         _log(f"  {'PASS' if result.ok else 'FAIL'}  {result.name}  ({result.seconds:.1f} s){why}")
+    # Called with none failed too: the last run's directories go, never read as this one's.
+    into = DURATIONS / f"failed-{version}"
+    kept = gates.scratch.keep_failed(failed_tests, into)
     if failed_tests:
         _log(f"  failed tests ({len(failed_tests)}):")
         for test in failed_tests:
             _log(f"    {test}")
-        into = DURATIONS / f"failed-{version}"
-        if gates.scratch.keep_failed(failed_tests, into):
+        if kept:
             _log(f"  their temporary directories, kept: {into}")
     if gates.slowest:
         _log(f"  slowest tests (every test's time: {gates.durations}):")

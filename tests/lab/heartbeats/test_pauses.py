@@ -76,6 +76,37 @@ def test_a_job_taken_from_a_paused_holder_says_so_and_names_the_pause() -> None:
     assert dict(found.facts) == {"how": "beside", "connection_held": True, "fault": "pause"}
 
 
+def test_a_job_handed_out_while_the_worker_that_ran_it_again_was_paused_names_the_pause() -> None:
+    """dramatiq's worker prefetches: a paused worker's message not yet started is handed to
+    another, and the paused worker runs its own copy once it is let go. Seen in CI: the
+    pause ended with SIGTERM, and the paused worker's thread took its prefetched message
+    before it stopped."""
+    runs = [
+        Execution("a", "w0", 0.1, 1.4),
+        Execution("b", "w1", 0.95, 2.95),  # handed out while w0 was paused
+        Execution("b", "w0", 1.42, 1.42),  # w0's own copy, after it was let go
+    ]
+    pause = {"w0": [Held(PAUSE, 0.4, 1.4)]}
+    done = {"a": JobStatus.SUCCEEDED, "b": JobStatus.SUCCEEDED}
+    (found,) = judge(["a", "b"], runs, done, origin=0.0, held=pause)
+    assert found.text == (
+        "job b: run again beside w1's execution by w0, handed to w1 while w0 was paused"
+        " (0.40 s to 1.40 s) and run by w0 after: by w1 from 0.95 s to 2.95 s, then by w0"
+        " from 1.42 s to 1.42 s"
+    )
+    assert dict(found.facts) == {
+        "how": "beside",
+        "connection_held": True,
+        "fault": "pause",
+        "held_runner": "later",
+    }
+    # Handed out before the pause, or started by the paused worker before it ended: live.
+    for window in (Held(PAUSE, 1.0, 1.4), Held(PAUSE, 0.4, 1.5)):
+        (live,) = judge(["a", "b"], runs, done, origin=0.0, held={"w0": [window]})
+        assert live.text.startswith("job b: run again beside a live worker's execution")
+        assert dict(live.facts) == {"how": "beside", "connection_held": False}
+
+
 @pytest.mark.releases
 @pytest.mark.quiet
 def test_dramatiq_1_10_0_runs_a_stopped_workers_prefetched_message_twice_and_1_11_0_does_not(

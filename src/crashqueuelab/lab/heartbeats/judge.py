@@ -1,7 +1,7 @@
 """The heartbeat run's verdict: the executions each worker's ledger holds (``start KEY T
 PID``, ``end KEY T`` and ``cut KEY T WHAT`` lines), and the judge, which names every job run
 more than once, never run, or not held done by the store, and says of a job handed out
-again whether a network fault held its holder's connection at the time.
+again whether a fault (a pause, a network fault) held its holder's connection at the time.
 
 An execution ends one of three ways: its work returned (``ended``), something raised inside
 it (``cut``: a library that interrupts a job past its own timeout), or the process running it
@@ -73,6 +73,29 @@ def _holding(first: Execution, again: Execution, held: Mapping[str, Sequence[Hel
     )
 
 
+def _held_later_runner(
+    first: Execution, again: Execution, held: Mapping[str, Sequence[Held]]
+) -> Held | None:
+    """The window that held the later runner's connection when the job was handed to the
+    first, and had ended when the later runner started it, if one did: a worker that had
+    taken the job before it was held (a prefetched message, not yet started) looked dead to
+    the others, who handed the job out, and ran its own copy once it was let go."""
+    return next(
+        (
+            window
+            for window in held.get(again.worker, ())
+            if window.start < first.start_s <= window.end <= again.start_s
+        ),
+        None,
+    )
+
+
+def _held_how(worker: str, window: Held) -> str:
+    if window.kind == PAUSE:
+        return f"{worker} was paused"
+    return f"a {window.kind} held {worker}'s connection"
+
+
 def judge(
     keys: Sequence[str],
     executions: Sequence[Execution],
@@ -83,11 +106,13 @@ def judge(
 ) -> list[Anomaly]:
     """The anomalies of a run in which the lab killed or stopped no worker: a job run more
     than once (beside its first execution, or after it), a job never run, a job the store
-    does not hold done. A job handed out again while a network fault held its holder's
-    connection says so (the library saw no heartbeat); any other was handed out again with
-    every worker alive and reachable. A job run again after the library's own guard ended
-    its execution (cut or killed) is a retry, no anomaly; it must then stay within
-    ``max_attempts`` and end succeeded, or dead once each of its attempts was ended so."""
+    does not hold done. A job handed out again while a fault held its holder's connection
+    says so (the library saw no heartbeat), as does one handed out while a fault held the
+    worker that ran it again once let go (it had taken the job before); any other was
+    handed out again with every worker alive and reachable. A job run again after the
+    library's own guard ended its execution (cut or killed) is a retry, no anomaly; it must
+    then stay within ``max_attempts`` and end succeeded, or dead once each of its attempts
+    was ended so."""
     anomalies = []
     for key in keys:
         runs = sorted((run for run in executions if run.key == key), key=lambda run: run.start_s)
@@ -111,25 +136,35 @@ def judge(
             if not beside and first.how in (CUT, KILLED):
                 continue  # the library retried an attempt its own guard ended
             window = _holding(first, again, held or {})
-            if window is None:
+            later = None if window else _held_later_runner(first, again, held or {})
+            facts: dict[str, str | bool] = {"how": how, "connection_held": False}
+            if window is not None:
+                text = (
+                    f"job {key}: run again {how} {first.worker}'s execution while"
+                    f" {_held_how(first.worker, window)} ({window.start - origin:.2f} s to"
+                    f" {window.end - origin:.2f} s): {_when(first, origin)}, then"
+                    f" {_when(again, origin)}"
+                )
+                facts = {"how": how, "connection_held": True, "fault": str(window.kind)}
+            elif later is not None:
+                text = (
+                    f"job {key}: run again {how} {first.worker}'s execution by {again.worker},"
+                    f" handed to {first.worker} while {_held_how(again.worker, later)}"
+                    f" ({later.start - origin:.2f} s to {later.end - origin:.2f} s) and run by"
+                    f" {again.worker} after: {_when(first, origin)}, then {_when(again, origin)}"
+                )
+                facts = {
+                    "how": how,
+                    "connection_held": True,
+                    "fault": str(later.kind),
+                    "held_runner": "later",
+                }
+            else:
                 text = (
                     f"job {key}: run again {how} a live worker's execution:"
                     f" {_when(first, origin)}, then {_when(again, origin)}; no worker was"
                     " killed, stopped or cut off"
                 )
-                facts: dict[str, str | bool] = {"how": how, "connection_held": False}
-            else:
-                held_how = (
-                    f"{first.worker} was paused"
-                    if window.kind == PAUSE
-                    else f"a {window.kind} held {first.worker}'s connection"
-                )
-                text = (
-                    f"job {key}: run again {how} {first.worker}'s execution while"
-                    f" {held_how} ({window.start - origin:.2f} s to {window.end - origin:.2f} s):"
-                    f" {_when(first, origin)}, then {_when(again, origin)}"
-                )
-                facts = {"how": how, "connection_held": True, "fault": str(window.kind)}
             anomalies.append(Anomaly(Kind.RUN_AGAIN, text, job=key, facts=facts))
         found = None if stored is None else stored.get(key)
         given_up = found is JobStatus.DEAD and bool(runs) and len(guarded) == len(runs)
