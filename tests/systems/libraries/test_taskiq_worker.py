@@ -64,9 +64,9 @@ def _cancellations_swallowed(socket: str, **options: Any) -> tuple[int, int]:
         try:
             for steps in [*range(12)] * 4:
                 pipeline = client.pipeline()
-                pipeline.set("cancelled-probe", "1").get("cancelled-probe").delete(
-                    "cancelled-probe"
-                )
+                pipeline.set("cancelled-probe", "1")
+                pipeline.get("cancelled-probe")
+                pipeline.delete("cancelled-probe")
                 task = asyncio.ensure_future(pipeline.execute())
                 for _ in range(steps):
                     await asyncio.sleep(0)
