@@ -378,7 +378,20 @@ def _deaf_loop(
     stop: threading.Event,
     retry_after_s: float,
 ) -> None:
-    threading.Event().wait(60)  # never looks at stop
+    """Runs the first job it is offered, then waits, never looking at ``stop``: the run,
+    every job done, asks it to stop once it surely waits here."""
+    request = OpenRequest(directory, SystemClock(), RandomIds(), RetryPolicy(0, 0))
+    client = resolve_system("sqlite").open(request)
+    try:
+        deadline = time.monotonic() + 60
+        while (claim := client.claim(worker_id, 60_000_000)) is None:
+            assert time.monotonic() < deadline, "no job offered"
+            threading.Event().wait(0.01)
+        work(claim.key)
+        client.succeed(claim)
+    finally:
+        client.close()
+    threading.Event().wait(60)
 
 
 def idle_loop_system() -> System:
@@ -417,7 +430,6 @@ def test_work_that_never_ends_is_an_unfinished_run_and_each_job_never_run_is_nam
 def test_a_loop_that_does_not_stop_when_asked_is_killed_and_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(heartbeats, "STARTUP_S", 0.3)
     monkeypatch.setattr(heartbeats, "STOP_S", 0.5)
     monkeypatch.setattr(heartbeats, "STACKS_WAIT_S", 0.5)
     record = heartbeats.run_heartbeats(

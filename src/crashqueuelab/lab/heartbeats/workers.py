@@ -1,7 +1,8 @@
 """A heartbeat run's worker process: the library's own worker loop (``System.library_worker``)
-run until SIGTERM, each job's work a wait whose start (with the pid of the process running
-it: the library may run it in a process of its own) and end the handler appends to the
-worker's ledger, one line each, or a ``cut`` line naming what interrupted the wait. A loop
+run until SIGTERM, each job's work a wait (which the SIGTERM does not cut) whose start
+(with the pid of the process running it: the library may run it in a process of its own)
+and end the handler appends to the worker's ledger, one line each, or a ``cut`` line naming
+what interrupted the wait. A loop
 that raises leaves its traceback beside the ledger and exits with ``WORKER_FAILED``. A loop
 that does not stop when asked is sent ``STACKS_SIGNAL`` before the run kills it: Python's
 ``faulthandler`` writes every thread's stack to ``WORKER.stacks`` beside the ledger, where a
@@ -28,6 +29,8 @@ from crashqueuelab.lab.runs.stopsignals import event_set_by
 from crashqueuelab.systems.registry import resolve_system
 
 WORKER_FAILED = 3
+#: The longest a job's work waits at once (``work_for``).
+WORK_SLICE_S = 0.05
 #: What the run sends a worker that did not stop when asked, before it kills it.
 STACKS_SIGNAL = signal.SIGUSR1
 
@@ -48,8 +51,20 @@ class WorkerSpec:
     inherited: Inherited
 
 
+def work_for(seconds: float) -> None:
+    """A job's work: ``seconds`` of the monotonic clock, in slices short enough for an
+    exception a library raises into the thread (a time limit) to land within one. The stop
+    signal does not end it: a library stopped with a job in hand lets it finish, and a job
+    that ended at the signal would hand the worker's thread its next prefetched message at
+    the very moment the library's stop begins (the race of dramatiq's pair, real-queues.md)."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(left, WORK_SLICE_S))
+
+
 def worker_main(spec: WorkerSpec) -> None:
-    """Run the library's own loop until SIGTERM; each job's work is a wait of ``work_s``."""
+    """Run the library's own loop until SIGTERM; each job's work is ``work_s`` of waiting,
+    which the SIGTERM does not cut short."""
     ignore_interrupts()
     spec.inherited.adopt()
     stop = event_set_by(signal.SIGTERM)
@@ -57,7 +72,7 @@ def worker_main(spec: WorkerSpec) -> None:
     def work(key: str) -> None:
         append_line(spec.ledger, f"start {key} {time.monotonic():.6f} {os.getpid()}\n")
         try:
-            stop.wait(spec.work_s)
+            work_for(spec.work_s)
         except BaseException as interrupted:
             # The library's own guard (a timeout raised into the job): said, then passed on.
             what = type(interrupted).__name__
