@@ -807,11 +807,9 @@ def _all_gates(
     version: str,
     skip: Sequence[str] = (),
     beside: Sequence[_Beside] = (),
-    apart_left_out: Sequence[Apart] = (),
 ) -> None:
     markers = " and ".join(f"not {marker}" for marker in skip)
-    without = [*skip, *(f"{apart.name}'s tests" for apart in apart_left_out)]
-    left_out = f", without {', '.join(without)}" if without else ""
+    left_out = f", without {', '.join(skip)}" if skip else ""
     name = f"pytest (python {version}{left_out})" if pytest_only else "pytest"
     coverage = not pytest_only
 
@@ -845,11 +843,7 @@ def _all_gates(
             coverage=coverage,
             limit_s=PYTEST_LIMIT_S,
             before_quiet=before_quiet,
-            ignore=[
-                test
-                for apart in (*(environment.apart for environment in beside), *apart_left_out)
-                for test in apart.tests
-            ],
+            ignore=[test for environment in beside for test in environment.apart.tests],
             quiet_part=QUIET not in skip,
         )
     except BaseException:
@@ -887,16 +881,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="MARKER",
         help="with --pytest-only: leave out the tests with this marker (repeatable)",
     )
-    parser.add_argument(
-        "--skip-apart",
-        action="store_true",
-        help="with --pytest-only: leave out the environments beside the main one (pyproject's"
-        " [tool.crashqueuelab.environments]) and their tests",
-    )
     args = parser.parse_args(argv)
-    if (args.skip_marked or args.skip_apart) and not args.pytest_only:
+    if args.skip_marked and not args.pytest_only:
         # The coverage threshold is checked over every test: a gate run leaves none out.
-        parser.error("--skip-marked and --skip-apart need --pytest-only")
+        parser.error("--skip-marked needs --pytest-only")
     version = subprocess.run(
         [args.python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
         capture_output=True, text=True, check=False, timeout=60,
@@ -906,8 +894,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.venv
         else ROOT / (".venv" if not args.pytest_only else f".venv-{version}")
     )
-    kept_apart = () if args.skip_apart else APART
-    beside = [_Beside(apart, apart.venv(venv), args.python) for apart in kept_apart]
+    beside = [_Beside(apart, apart.venv(venv), args.python) for apart in APART]
     signal.signal(signal.SIGINT, _raise_interrupted)
     signal.signal(signal.SIGTERM, _raise_interrupted)
     scratch = Scratch.make()
@@ -928,7 +915,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 version=version,
                 skip=args.skip_marked,
                 beside=beside,
-                apart_left_out=APART if args.skip_apart else (),
             )
     except Interrupted as signal_name:
         interrupted = True
