@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,8 @@ from crashqueuelab.judges.readers.dramatiq import (
 )
 from crashqueuelab.judges.resp import RespConnection
 from crashqueuelab.lab.campaign.run import run_campaign
+from crashqueuelab.lab.runs.inheritance import Inherited
+from crashqueuelab.lab.runs.interrupts import forkserver_context, start_owned
 from crashqueuelab.servers.redis import SOCKET_VARIABLE
 from crashqueuelab.systems import (
     JobSpec,
@@ -37,7 +40,11 @@ from crashqueuelab.systems import (
     Verdict,
     resolve_system,
 )
-from crashqueuelab.systems.libraries.dramatiq.client import JobFailed, lab_job, message_id
+from crashqueuelab.systems.libraries.dramatiq.client import (
+    JobFailed,
+    lab_job,
+    message_id,
+)
 
 
 def open_dramatiq(directory: Path) -> QueueClient:
@@ -69,6 +76,85 @@ def test_every_crash_point_passes_but_those_its_heartbeat_timeout_explains(
     assert promises["keeps_its_promises"] is True
     finished = next(case for case in report["cases"] if case["fault_point"] == "finish:after")
     assert finished["recovery"]["final_states"] == {"effect": "acked", "flaky": "acked"}
+
+
+def _killed_as_it_moves(store: str, inherited: Inherited) -> None:
+    """A worker whose claim moves a due retry to its queue and dies (SIGKILL) right after
+    the enqueue, before it acknowledged the delayed copy."""
+    inherited.adopt()
+
+    def die_after_the_move(point: str) -> None:
+        if point == "move:after":
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    request = OpenRequest(
+        Path(store),
+        clock=ManualClock(10**9),
+        ids=SeededIds(2, "m"),
+        retry=RetryPolicy(),
+        hook=die_after_the_move,
+    )
+    resolve_system("dramatiq").open(request).claim("w2", 5_000_000)
+    os._exit(1)  # no due retry was moved
+
+
+def test_a_worker_killed_as_it_moves_a_due_retry_leaves_two_live_copies_of_it(
+    tmp_path: Path, redis_socket: str
+) -> None:
+    """dramatiq's worker moves a due delayed message to its queue, then acknowledges the
+    delayed one: a worker that dies between the two leaves the moved copy queued and the
+    delayed one in its acks set, two live copies of one message; once its heartbeat is
+    heartbeat_timeout old, a live worker's maintenance puts the delayed one back, to be
+    moved and run again: dramatiq's at least once for a worker failure, on Redis as on
+    RabbitMQ (where the connection's close puts the delayed copy back at once)."""
+    store = tmp_path / "store"
+    client = open_dramatiq(store)
+    try:
+        client.submit(JobSpec("k/flaky", "t", {}, max_attempts=3))
+        claim = client.claim("w1", 5_000_000)
+        assert claim is not None
+        assert client.fail(claim, "boom") is Verdict.RETRY
+        process = forkserver_context(()).Process(
+            target=_killed_as_it_moves, args=(str(store), Inherited.capture())
+        )
+        start_owned(process)
+        try:
+            process.join(60)
+        finally:
+            if process.exitcode is None:
+                process.kill()
+                process.join(10)
+        assert process.exitcode == -signal.SIGKILL
+        # The moved copy queued, the delayed one in the dead worker's acks set.
+        two = read_dramatiq_store(store)
+        assert two.problems == ("job k/flaky: more than one live message",)
+        moved = client.claim("w1", 5_000_000)
+        assert moved is not None
+        assert moved.attempt == 2
+        assert client.succeed(moved) is Verdict.SUCCEEDED
+        # Its result stored, the delayed copy waits in the dead worker's acks set for a
+        # maintenance (dramatiq's default chance, 0.1% of commands) past the heartbeat
+        # timeout, which puts it back to be moved and run again.
+        left = read_dramatiq_store(store)
+        assert left.problems == ("job k/flaky: a result, yet a message still live",)
+    finally:
+        client.close()
+
+
+def test_two_live_copies_on_redis_are_dramatiqs_promise_only_after_a_death_inside_a_claim() -> None:
+    """The chaos run's finding after the death above (``claim_cut``: a worker died inside
+    a claim after an attempt of the job failed with a retry) is the documented weakness;
+    without such a death, two live copies of one message are a broken promise."""
+    from crashqueuelab.judges.findings import inconsistent
+    from crashqueuelab.lab.runs.promises import classify
+
+    system = resolve_system("dramatiq")
+    for problem in ("more than one live message", "a result, yet a message still live"):
+        found = inconsistent(f"job j: {problem}", "judge: ")
+        cut = classify(system, "process", [found.within("", claim_cut=True)], ["SIGKILL"])
+        assert cut["keeps_its_promises"] is True, cut
+        live = classify(system, "process", [found.within("", claim_cut=False)], ["SIGKILL"])
+        assert live["broken_promises"] == [f"judge: job j: {problem}"]
 
 
 def test_the_adapter_drives_dramatiq_and_the_reader_finds_each_job_where_dramatiq_left_it(

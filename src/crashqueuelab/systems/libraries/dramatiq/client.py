@@ -50,7 +50,15 @@ from crashqueuelab.judges.readers.dramatiq import (
     read_dramatiq_store,
 )
 from crashqueuelab.systems.boundary import around
-from crashqueuelab.systems.contract import Claim, JobSpec, JobStatus, JobView, OpenRequest, Verdict
+from crashqueuelab.systems.contract import (
+    Claim,
+    Hook,
+    JobSpec,
+    JobStatus,
+    JobView,
+    OpenRequest,
+    Verdict,
+)
 from crashqueuelab.systems.libraries.redisstore import kept_once, record_line, unique_suffix
 from crashqueuelab.systems.libraries.redisstore import redis_socket as shared_socket
 from crashqueuelab.systems.libraries.skeleton import LibraryClient, tokenless_claim
@@ -230,9 +238,9 @@ def held(claim: Claim) -> tuple[LabWorker, Any]:
     return worker, message
 
 
-def move_due(worker: LabWorker, queue: str) -> None:
+def move_due(worker: LabWorker, queue: str, hook: Hook | None = None) -> None:
     """dramatiq's ``handle_delayed_messages``: each due delayed message is enqueued on its
-    queue again and the delayed one acknowledged."""
+    queue again (between the hook's ``move`` points) and the delayed one acknowledged."""
     while (delayed := next(worker.delayed)) is not None:
         # dramatiq's worker holds a delayed message until its eta; the adapter's backoff is
         # BACKOFF_MS, so the wait is that at most.
@@ -240,7 +248,7 @@ def move_due(worker: LabWorker, queue: str) -> None:
         time.sleep(max(0, min(early_ms, BACKOFF_MS)) / 1000)
         moved = delayed.copy(queue_name=queue)
         moved.options.pop("eta", None)
-        worker.broker.enqueue(moved)
+        around(hook, "move", partial(worker.broker.enqueue, moved))
         worker.delayed.ack(delayed)
 
 
@@ -314,7 +322,7 @@ class DramatiqClient(LibraryClient):
 
     def claim(self, worker_id: str, lease_us: int) -> Claim | None:
         worker = self._worker(worker_id)
-        move_due(worker, self.queue)
+        move_due(worker, self.queue, self.hook)
         message = around(self.hook, "fetch", partial(next, worker.consumer))
         return None if message is None else claim_of(worker_id, worker, message)
 

@@ -78,9 +78,29 @@ _POISON_MESSAGE = Documented(
 )
 
 
+_MOVED_TWICE_ON_REDIS = Documented(
+    "on Redis, a worker that died while it moved a due delayed message to its queue:"
+    " dramatiq's worker enqueues the message on its queue, then acknowledges the delayed one"
+    " (handle_delayed_messages); the delayed one stays in the dead worker's acks set, a second"
+    " live copy beside the moved one or beside its result, until a maintenance finds the"
+    " worker's heartbeat older than heartbeat_timeout and puts it back, to be moved and run"
+    " again: " + AT_LEAST_ONCE,
+    "https://github.com/Bogdanp/dramatiq/blob/master/dramatiq/worker.py",
+    # Only a worker that died inside a claim call after an attempt of the job failed with a
+    # retry (``claim_cut``, lab/chaos/record.py) can have left the delayed copy behind.
+    when={
+        Kind.STORE_INCONSISTENT: (
+            {"problem": "*: more than one live message", "claim_cut": True},
+            {"problem": "*: a result, yet a message still live", "claim_cut": True},
+        )
+    },
+)
+
+
 DOCUMENTED = (
     _AT_LEAST_ONCE,
     _SILENT_WORKER,
+    _MOVED_TWICE_ON_REDIS,
     _POISON_MESSAGE,
     _HEARTBEAT_TIMEOUT,
     RDB_SNAPSHOTS,

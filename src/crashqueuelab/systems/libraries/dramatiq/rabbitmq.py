@@ -223,7 +223,7 @@ class DramatiqRabbitmqClient(LibraryClient):
 
     def claim(self, worker_id: str, lease_us: int) -> Claim | None:
         worker = self._worker(worker_id)
-        move_due(worker, self.queue)
+        move_due(worker, self.queue, self.hook)
         flushed(worker.delayed)
         message = around(self.hook, "fetch", partial(delivered, worker.consumer))
         return None if message is None else claim_of(worker_id, worker, message)
