@@ -308,8 +308,8 @@ def test_dramatiq_1_12_0_puts_back_an_id_whose_message_1_10_0_deleted_and_1_12_1
     # A run whose first half made no fault, or whose own error stopped it before it judged
     # a release's promises, is not judged. A run where either release broke a promise other
     # than #442's leftover (1.12.1 once, 1.12.0 once, in whole test-command runs under their
-    # load, not yet explained: testing.md) is no clean reproduction: what it broke is kept
-    # for the failure message, and the pair runs again.
+    # load; likely the race testing.md names, not established) is no clean reproduction:
+    # what it broke is kept for the failure message, and the pair runs again.
     for attempt in range(ATTEMPTS):
         directory = tmp_path / f"m{attempt}"
         outcome = upgrade_pair(directory, run_cli)
