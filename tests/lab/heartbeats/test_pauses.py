@@ -100,9 +100,17 @@ def test_a_job_handed_out_while_the_worker_that_ran_it_again_was_paused_names_th
         "fault": "pause",
         "held_runner": "later",
     }
-    # Handed out before the pause, or started by the paused worker before it ended: live.
-    for window in (Held(PAUSE, 1.0, 1.4), Held(PAUSE, 0.4, 1.5)):
-        (live,) = judge(["a", "b"], runs, done, origin=0.0, held={"w0": [window]})
+    # Handed out before the pause, started by the paused worker before it ended, a network
+    # fault's window (the worker goes on taking jobs after it), or not the paused worker's
+    # first run once thawed: a live worker's.
+    for window, extra in (
+        (Held(PAUSE, 1.0, 1.4), []),
+        (Held(PAUSE, 0.4, 1.5), []),
+        (Held("stall", 0.4, 1.4), []),
+        (Held(PAUSE, 0.4, 1.4), [Execution("c", "w0", 1.41, 1.41)]),
+    ):
+        anomalies = judge(["a", "b"], [*runs, *extra], done, origin=0.0, held={"w0": [window]})
+        (live,) = [each for each in anomalies if each.job == "b"]
         assert live.text.startswith("job b: run again beside a live worker's execution")
         assert dict(live.facts) == {"how": "beside", "connection_held": False}
 

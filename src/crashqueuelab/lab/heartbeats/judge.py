@@ -74,20 +74,24 @@ def _holding(first: Execution, again: Execution, held: Mapping[str, Sequence[Hel
 
 
 def _held_later_runner(
-    first: Execution, again: Execution, held: Mapping[str, Sequence[Held]]
+    first: Execution,
+    again: Execution,
+    runs: Sequence[Execution],
+    held: Mapping[str, Sequence[Held]],
 ) -> Held | None:
-    """The window that held the later runner's connection when the job was handed to the
-    first, and had ended when the later runner started it, if one did: a worker that had
-    taken the job before it was held (a prefetched message, not yet started) looked dead to
-    the others, who handed the job out, and ran its own copy once it was let go."""
-    return next(
-        (
-            window
-            for window in held.get(again.worker, ())
-            if window.start < first.start_s <= window.end <= again.start_s
-        ),
-        None,
-    )
+    """The pause of the later runner in which the job was handed to the first, if its
+    first start after that pause is ``again``: a worker that had taken the job before it
+    was frozen (a prefetched message, not yet started) looked dead to the others, who
+    handed the job out, and it ran its own copy once thawed. Pauses only: a paused worker
+    is stopped as it is thawed, so it runs only what it held; a worker whose connection a
+    network fault held goes on taking jobs afterwards."""
+    for window in held.get(again.worker, ()):
+        if window.kind != PAUSE or not window.start < first.start_s <= window.end:
+            continue
+        after = [run for run in runs if run.worker == again.worker and run.start_s >= window.end]
+        if after and min(after, key=lambda run: run.start_s) is again:
+            return window
+    return None
 
 
 def _held_how(worker: str, window: Held) -> str:
@@ -107,8 +111,9 @@ def judge(
     """The anomalies of a run in which the lab killed or stopped no worker: a job run more
     than once (beside its first execution, or after it), a job never run, a job the store
     does not hold done. A job handed out again while a fault held its holder's connection
-    says so (the library saw no heartbeat), as does one handed out while a fault held the
-    worker that ran it again once let go (it had taken the job before); any other was
+    says so (the library saw no heartbeat), as does one handed out while the worker that
+    ran it again was paused, its first run once thawed (it had taken the job before); any
+    other was
     handed out again with every worker alive and reachable. A job run again after the
     library's own guard ended its execution (cut or killed) is a retry, no anomaly; it must
     then stay within ``max_attempts`` and end succeeded, or dead once each of its attempts
@@ -136,7 +141,7 @@ def judge(
             if not beside and first.how in (CUT, KILLED):
                 continue  # the library retried an attempt its own guard ended
             window = _holding(first, again, held or {})
-            later = None if window else _held_later_runner(first, again, held or {})
+            later = None if window else _held_later_runner(first, again, executions, held or {})
             facts: dict[str, str | bool] = {"how": how, "connection_held": False}
             if window is not None:
                 text = (

@@ -56,9 +56,11 @@ class PausesThenStops:
         now = self._clock()
         for worker, (pid, since) in list(self._frozen.items()):
             if now - since >= self.window_s:
+                # Read before the thaw: the worker may start work at once, and the pause must
+                # have ended before anything it starts.
+                thawed = self._clock()
                 self._send(pid, signal.SIGCONT)
                 self._send(pid, signal.SIGTERM)
-                thawed = self._clock()
                 del self._frozen[worker]
                 self.windows.setdefault(worker, []).append(Held(PAUSE, since, thawed))
                 self.stopped.add(worker)

@@ -388,7 +388,7 @@ def _work(
         finally:
             if pauses is not None:
                 pauses.thaw()
-            exits = _stop(processes)
+            exits = _stop(processes, plan.work_s)
         held = {} if faults is None else faults.held()
         for worker, windows in ({} if pauses is None else pauses.windows).items():
             held.setdefault(worker, []).extend(windows)
@@ -402,13 +402,14 @@ def _work(
         )
 
 
-def _stop(processes: Mapping[str, Any]) -> dict[str, int | None]:
-    """Ask every worker to stop (SIGTERM: its loop ends after its running work), then have
-    what is still there write its threads' stacks and kill it; each worker's exit code."""
+def _stop(processes: Mapping[str, Any], work_s: float) -> dict[str, int | None]:
+    """Ask every worker to stop (SIGTERM: its loop ends after its running work, at most
+    ``work_s``), then have what is still there ``STOP_S`` later write its threads' stacks
+    and kill it; each worker's exit code."""
     for process in processes.values():
         if process.exitcode is None and process.pid is not None:
             process.terminate()
-    ends = time.monotonic() + STOP_S
+    ends = time.monotonic() + work_s + STOP_S
     for process in processes.values():
         if process.pid is None:
             continue  # never started: the run was interrupted while it started the others

@@ -87,7 +87,10 @@ _MOVED_TWICE_ON_REDIS = Documented(
     " again: " + AT_LEAST_ONCE,
     "https://github.com/Bogdanp/dramatiq/blob/master/dramatiq/worker.py",
     # Only a worker that died inside a claim call after an attempt of the job failed with a
-    # retry (``claim_cut``, lab/chaos/record.py) can have left the delayed copy behind.
+    # retry (``claim_cut``, lab/chaos/record.py) can have left the delayed copy behind. As
+    # on RabbitMQ, the log does not say which message a claim moved: any such death will
+    # do. A result beside a live copy is taken as this only then (an acknowledgement lost
+    # after a mere process death would look the same, and no such death excuses it).
     when={
         Kind.STORE_INCONSISTENT: (
             {"problem": "*: more than one live message", "claim_cut": True},
