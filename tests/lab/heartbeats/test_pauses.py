@@ -115,6 +115,50 @@ def test_a_job_handed_out_while_the_worker_that_ran_it_again_was_paused_names_th
         assert dict(live.facts) == {"how": "beside", "connection_held": False}
 
 
+def test_a_paused_workers_first_run_once_thawed_then_the_copy_handed_out_meanwhile_names_it() -> (
+    None
+):
+    """The other order: the paused worker, thawed, runs its prefetched copy at once, and the
+    copy the others' maintenance handed out during the pause, queued behind other jobs,
+    runs later (met in dramatiq #442's pair, whose jobs end within the pause)."""
+    runs = [
+        Execution("a", "w0", 0.1, 1.4),
+        Execution("b", "w0", 1.41, 3.41),  # w0's first run once thawed: its own copy
+        Execution("b", "w1", 5.0, 7.0),  # the copy handed out during the pause
+    ]
+    pause = {"w0": [Held(PAUSE, 0.4, 1.4)]}
+    done = {"a": JobStatus.SUCCEEDED, "b": JobStatus.SUCCEEDED}
+    (found,) = judge(["a", "b"], runs, done, origin=0.0, held=pause)
+    assert found.text == (
+        "job b: run again after w0's execution, its first since w0 was paused (0.40 s to"
+        " 1.40 s), the job handed out again meanwhile: by w0 from 1.41 s to 3.41 s, then by"
+        " w1 from 5.00 s to 7.00 s"
+    )
+    assert dict(found.facts) == {
+        "how": "after",
+        "connection_held": True,
+        "fault": "pause",
+        "held_runner": "first",
+    }
+    # The other run began before the pause, or the paused worker's run is not its first
+    # once thawed, or the window is a network fault's: a live worker's.
+    for other, extra, kind in (
+        (Execution("b", "w1", 0.3, 0.35), [], PAUSE),
+        (runs[2], [Execution("c", "w0", 1.405, 1.406)], PAUSE),
+        (runs[2], [], "stall"),
+    ):
+        anomalies = judge(
+            ["a", "b"],
+            [*runs[:2], other, *extra],
+            done,
+            origin=0.0,
+            held={"w0": [Held(kind, 0.4, 1.4)]},
+        )
+        (live,) = [each for each in anomalies if each.job == "b"]
+        assert "a live worker's execution" in live.text
+        assert dict(live.facts)["connection_held"] is False
+
+
 @pytest.mark.releases
 @pytest.mark.quiet
 def test_dramatiq_1_10_0_runs_a_stopped_workers_prefetched_message_twice_and_1_11_0_does_not(

@@ -73,23 +73,30 @@ def _holding(first: Execution, again: Execution, held: Mapping[str, Sequence[Hel
     )
 
 
-def _held_later_runner(
-    first: Execution,
-    again: Execution,
+def _thawed_first_run(
+    thawed: Execution,
+    other: Execution,
     runs: Sequence[Execution],
     held: Mapping[str, Sequence[Held]],
 ) -> Held | None:
-    """The pause of the later runner in which the job was handed to the first, if its
-    first start after that pause is ``again``: a worker that had taken the job before it
-    was frozen (a prefetched message, not yet started) looked dead to the others, who
-    handed the job out, and it ran its own copy once thawed. Pauses only: a paused worker
-    is stopped as it is thawed, so it runs only what it held; a worker whose connection a
-    network fault held goes on taking jobs afterwards."""
-    for window in held.get(again.worker, ()):
-        if window.kind != PAUSE or not window.start < first.start_s <= window.end:
+    """The pause of ``thawed``'s worker that ``thawed`` is the first run after, if
+    ``other``, another worker's run of the job, began after that pause did: a worker that
+    had taken the job before it was frozen (a prefetched message, not yet started) looked
+    dead to the others, whose maintenance handed the job out again, and it ran its own copy
+    as it was thawed, before or after the other's run of it. Pauses only: a paused worker is
+    stopped as it is thawed, so its first run after is of what it held; a worker whose
+    connection a network fault held goes on taking jobs afterwards."""
+    if other.worker == thawed.worker:
+        return None
+    for window in held.get(thawed.worker, ()):
+        if (
+            window.kind != PAUSE
+            or not window.end <= thawed.start_s
+            or other.start_s <= window.start
+        ):
             continue
-        after = [run for run in runs if run.worker == again.worker and run.start_s >= window.end]
-        if after and min(after, key=lambda run: run.start_s) is again:
+        after = [run for run in runs if run.worker == thawed.worker and run.start_s >= window.end]
+        if min(after, key=lambda run: run.start_s) is thawed:
             return window
     return None
 
@@ -111,9 +118,9 @@ def judge(
     """The anomalies of a run in which the lab killed or stopped no worker: a job run more
     than once (beside its first execution, or after it), a job never run, a job the store
     does not hold done. A job handed out again while a fault held its holder's connection
-    says so (the library saw no heartbeat), as does one handed out while the worker that
-    ran it again was paused, its first run once thawed (it had taken the job before); any
-    other was
+    says so (the library saw no heartbeat), as does one run by a paused worker as its first
+    run once thawed while another worker's run of it began after the pause did (the paused
+    worker had taken the job before, and the others handed it out again); any other was
     handed out again with every worker alive and reachable. A job run again after the
     library's own guard ended its execution (cut or killed) is a retry, no anomaly; it must
     then stay within ``max_attempts`` and end succeeded, or dead once each of its attempts
@@ -141,7 +148,10 @@ def judge(
             if not beside and first.how in (CUT, KILLED):
                 continue  # the library retried an attempt its own guard ended
             window = _holding(first, again, held or {})
-            later = None if window else _held_later_runner(first, again, executions, held or {})
+            later = None if window else _thawed_first_run(again, first, executions, held or {})
+            earlier = (
+                None if window or later else _thawed_first_run(first, again, executions, held or {})
+            )
             facts: dict[str, str | bool] = {"how": how, "connection_held": False}
             if window is not None:
                 text = (
@@ -163,6 +173,19 @@ def judge(
                     "connection_held": True,
                     "fault": str(later.kind),
                     "held_runner": "later",
+                }
+            elif earlier is not None:
+                text = (
+                    f"job {key}: run again {how} {first.worker}'s execution, its first since"
+                    f" {_held_how(first.worker, earlier)} ({earlier.start - origin:.2f} s to"
+                    f" {earlier.end - origin:.2f} s), the job handed out again meanwhile:"
+                    f" {_when(first, origin)}, then {_when(again, origin)}"
+                )
+                facts = {
+                    "how": how,
+                    "connection_held": True,
+                    "fault": str(earlier.kind),
+                    "held_runner": "first",
                 }
             else:
                 text = (
