@@ -165,6 +165,12 @@ class Scratch:
     def tmp(self) -> Path:
         return self.root / "tmp"
 
+    def basetemp(self, part: str) -> Path:
+        """Where one pytest run of the gates keeps its tests' temporary directories: its
+        own, so that no later run removes them (pytest removes every numbered directory
+        but the newest under ``pytest-of-USER`` when a run starts, also a failed one's)."""
+        return self.tmp / f"pytest-{part}"
+
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
         env["TMPDIR"] = str(self.tmp)
@@ -225,7 +231,7 @@ class Scratch:
         names = (test.split(" (in ", 1)[0].rsplit("::", 1)[-1] for test in tests)
         prefixes = {re.sub(r"\W", "_", name)[:30] for name in names}
         kept: list[Path] = []
-        for found in sorted(self.tmp.glob("pytest-of-*/pytest-*/**/test_*")):
+        for found in sorted(self.tmp.glob("pytest-*/**/test_*")):
             name = found.name
             if found.is_symlink() or not found.is_dir() or name.endswith("current"):
                 continue
@@ -635,6 +641,7 @@ def _pytest_parts(
     parallel: list[str | Path] = [
         python, "-m", "pytest", *PYTEST, "-m", f"{selected}not {QUIET}",
         "-n", str(_workers()), "--dist", "loadgroup", f"--junitxml={junit / 'parallel.xml'}",
+        f"--basetemp={gates.scratch.basetemp('parallel')}",
         *measured, *(["--cov-report=", "--cov-fail-under=0"] if coverage else []), *left_out,
     ]  # fmt: skip
     started = time.monotonic()
@@ -642,6 +649,7 @@ def _pytest_parts(
     quiet: list[str | Path] = [
         python, "-m", "pytest", *PYTEST, "-m", f"{selected}{QUIET}",
         "-n", str(QUIET_WORKERS), "--dist", "worksteal", f"--junitxml={junit / 'quiet.xml'}",
+        f"--basetemp={gates.scratch.basetemp('quiet')}",
         *measured, *(["--cov-append", "--cov-report=term-missing"] if coverage else []),
         *left_out,
     ]  # fmt: skip
@@ -720,7 +728,8 @@ class _Beside:
         measured = ["--cov", "--cov-branch", "--cov-append", "--cov-report=", "--cov-fail-under=0"]
         return [
             self.interpreter, "-m", "pytest", *PYTEST, "-m", selection, f"--junitxml={junit}",
-            *(measured if coverage else []), *self.apart.tests,
+            f"--basetemp={gates.scratch.basetemp(part)}", *(measured if coverage else []),
+            *self.apart.tests,
         ]  # fmt: skip
 
 

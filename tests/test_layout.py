@@ -84,7 +84,11 @@ def test_the_gates_keep_the_directories_of_failed_tests_and_leave_sockets_and_bi
     # Short: a Unix socket's path must stay under 108 bytes.
     scratch = gates.Scratch(Path(tempfile.mkdtemp(prefix="k")))
     try:
-        run = scratch.tmp / "pytest-of-r" / "pytest-7"
+        # The parallel part's own directory (a worker's), and one run without workers.
+        run = scratch.basetemp("parallel") / "popen-gw1"
+        alone = scratch.basetemp("redis5") / "test_c_y_0"
+        alone.mkdir(parents=True)
+        (alone / "log").write_text("said")
         failed = run / "test_dramatiq_1_10_0_runs_a_st0"
         (failed / "m" / "1.11.0").mkdir(parents=True)
         (failed / "m" / "1.11.0" / "heartbeats.json").write_text("{}")
@@ -105,8 +109,9 @@ def test_the_gates_keep_the_directories_of_failed_tests_and_leave_sockets_and_bi
             )
     finally:
         scratch.remove()
-    copy = tmp_path / "kept" / "pytest-7" / "test_dramatiq_1_10_0_runs_a_st0"
-    assert kept == [copy]
+    copy = tmp_path / "kept" / "popen-gw1" / "test_dramatiq_1_10_0_runs_a_st0"
+    assert kept == [copy, tmp_path / "kept" / "pytest-redis5" / "test_c_y_0"]
+    assert (kept[1] / "log").read_text() == "said"
     assert (copy / "m" / "1.11.0" / "heartbeats.json").read_text() == "{}"
     assert sorted(path.name for path in copy.iterdir()) == ["m"]
     # A second run's keeping replaces the first's.

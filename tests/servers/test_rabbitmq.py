@@ -18,11 +18,11 @@ import pytest
 
 from crashqueuelab.core.errors import ServerUnavailable
 from crashqueuelab.servers import rabbitmq
+from crashqueuelab.servers.base import free_port
 from crashqueuelab.servers.rabbitmq import (
     ThrowawayRabbitMQ,
     amqp_ready,
     find_binaries,
-    free_port,
 )
 from tests.servers.test_servers import left_running
 

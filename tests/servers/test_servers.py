@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import tempfile
 from collections.abc import Callable
@@ -23,7 +24,14 @@ import pytest
 from crashqueuelab.core.errors import ServerUnavailable
 from crashqueuelab.judges.resp import RespConnection, text
 from crashqueuelab.lab.runs.servers import started
-from crashqueuelab.servers.base import Throwaway, alive
+from crashqueuelab.servers.base import (
+    LOWEST_PORT,
+    PORT_CANDIDATES,
+    Throwaway,
+    alive,
+    ephemeral_floor,
+    free_port,
+)
 from crashqueuelab.servers.postgres import (
     DSN_VARIABLE,
     SETTINGS,
@@ -357,3 +365,43 @@ def test_started_names_the_server_to_children_while_it_runs() -> None:
 def test_a_postgres_server_is_named_by_its_dsn() -> None:
     with ThrowawayServer() as server:
         assert server.environment() == {DSN_VARIABLE: server.dsn}
+
+
+def test_a_free_port_is_below_the_ephemeral_range_and_skips_one_taken() -> None:
+    # A port of the kernel's ephemeral range can be taken by any outgoing connection while
+    # the server that listened on it restarts; the servers' ports are chosen below it.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        taken_port: int = taken.getsockname()[1]
+        picks = iter([taken_port - LOWEST_PORT, 12345 - LOWEST_PORT])
+        chosen = free_port(floor=65536, choose=lambda n: next(picks))
+    assert chosen == 12345
+    assert LOWEST_PORT <= free_port() < ephemeral_floor()
+
+
+def test_a_free_port_is_the_kernels_choice_where_nothing_below_the_range_binds() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        taken_port: int = taken.getsockname()[1]
+        asked: list[int] = []
+
+        def always_taken(n: int) -> int:
+            asked.append(n)
+            return taken_port - LOWEST_PORT
+
+        chosen = free_port(floor=65536, choose=always_taken)
+        assert chosen != taken_port
+        assert len(asked) == PORT_CANDIDATES
+        assert free_port(floor=LOWEST_PORT, choose=always_taken) > 0
+        assert len(asked) == PORT_CANDIDATES  # no room below the range: nothing was tried
+
+
+def test_the_ephemeral_floor_is_read_from_the_kernel_or_linuxs_default(tmp_path: Path) -> None:
+    source = tmp_path / "ip_local_port_range"
+    source.write_text("40000\t60999\n")
+    assert ephemeral_floor(source) == 40000
+    source.write_text("garbage\n")
+    assert ephemeral_floor(source) == 32768
+    assert ephemeral_floor(tmp_path / "missing") == 32768

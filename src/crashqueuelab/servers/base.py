@@ -25,8 +25,10 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -46,6 +48,50 @@ VERSION_TIMEOUT_S = 30.0
 #: What ``describe`` returns: ``{"server": NAME, "version": VERSION, "settings": {...}}``
 #: and whatever else a server says of itself.
 Description = dict[str, object]
+
+
+#: Where the ports of the servers that listen on TCP are chosen: from here up to the kernel's
+#: ephemeral range (``ip_local_port_range``), whose ports any outgoing connection's local end
+#: may take, also one a server listened on while it is down, and it then cannot start again
+#: on the port its clients were given.
+LOWEST_PORT = 10000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+#: How many ports below that range are tried before the kernel's choice is taken instead.
+PORT_CANDIDATES = 64
+
+
+def ephemeral_floor(source: Path = EPHEMERAL_RANGE) -> int:
+    """The lowest port the kernel gives an outgoing connection (Linux's default where it
+    cannot be read)."""
+    try:
+        return int(source.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port(floor: int | None = None, choose: Callable[[int], int] = secrets.randbelow) -> int:
+    """A TCP port on the loopback interface that nothing listens on now, below the
+    ephemeral range (see ``LOWEST_PORT``), ``choose(n)`` picking among the ``n`` there. Another
+    server could still take it first; where no port there binds (or there is no room below
+    the range), the kernel's choice."""
+    top = ephemeral_floor() if floor is None else floor
+    candidates = top - LOWEST_PORT
+    for _ in range(PORT_CANDIDATES if candidates > 0 else 0):
+        port = LOWEST_PORT + choose(candidates)
+        if _binds(port):
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _binds(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def signal_all(pids: Sequence[int], how: signal.Signals) -> None:

@@ -5,9 +5,11 @@ The node has its own name (``crashqueuelab-<hex>@localhost``), its own AMQP port
 loopback interface only), its own Erlang distribution port and its own ``epmd``, on a port
 of its own (``ERL_EPMD_PORT``), which the lab starts and stops itself: a node started here
 never registers with, nor is stopped by, an ``epmd`` or a ``rabbitmq-server`` service anyone
-else runs. The nodes of a cluster find each other through one ``epmd``: given ``epmd_port``,
-a node registers with the one its caller runs there and starts none (the cluster's,
-``lab.failover.rabbitcluster``, which outlives any node it kills). Its database
+else runs. The ports are chosen below the kernel's ephemeral range
+(``servers.base.free_port``), so that no client's outgoing connection takes one while the
+node restarts after a crash. The nodes of a cluster find each other through one ``epmd``:
+given ``epmd_port``, a node registers with the one its caller runs there and starts none
+(the cluster's, ``lab.failover.rabbitcluster``, which outlives any node it kills). Its database
 (``RABBITMQ_MNESIA_BASE``), its logs, its configuration file, its enabled-plugins file
 (none: the node starts with no plugin) and its Erlang cookie (``HOME``) are under the
 server's directory; ``/etc/rabbitmq`` is never read (``RABBITMQ_CONF_ENV_FILE`` and the
@@ -42,6 +44,7 @@ from crashqueuelab.servers.base import (
     Throwaway,
     alive,
     binary_version,
+    free_port,
     signal_all,
     wait_until,
 )
@@ -96,14 +99,6 @@ def find_epmd(bindir: Path, environ: Mapping[str, str] = os.environ) -> Path | N
 #: that says it is tried again on another port.
 DIST_PORT_TAKEN = "dist_port_already_used"
 PORT_RETRIES = 2
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on now (the kernel's choice; another process could take
-    it before the node does, and the node then says so in its log)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def amqp_ready(port: int, timeout_s: float = 2.0) -> bool:

@@ -35,14 +35,13 @@ from crashqueuelab.lab.failover.distribution import (
     find_erlc,
     node_arguments,
 )
-from crashqueuelab.servers.base import wait_until
+from crashqueuelab.servers.base import free_port, wait_until
 from crashqueuelab.servers.rabbitmq import (
     SETTINGS,
     START_TIMEOUT_S,
     ThrowawayRabbitMQ,
     find_binaries,
     find_epmd,
-    free_port,
 )
 
 NODES = 3

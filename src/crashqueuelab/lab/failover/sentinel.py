@@ -23,7 +23,6 @@ failover loses is replication's, not persistence's.
 from __future__ import annotations
 
 import signal
-import socket
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -34,7 +33,7 @@ from crashqueuelab.core.errors import ServerUnavailable
 from crashqueuelab.judges.resp import RespConnection, RespError, text
 from crashqueuelab.lab.faults.network.proxy import FaultProxy
 from crashqueuelab.lab.faults.network.windows import FaultWindow, WindowKind
-from crashqueuelab.servers.base import signal_all, wait_until
+from crashqueuelab.servers.base import free_port, signal_all, wait_until
 from crashqueuelab.servers.redis import (
     MASTER_VARIABLE,
     SENTINELS_VARIABLE,
@@ -69,13 +68,6 @@ WAIT_S = 60.0
 KILL, PAUSE, PARTITION = "kill", "pause", "partition"
 PRIMARY_FAULTS = (KILL, PAUSE, PARTITION)
 UNTIL_ENDED_S = 24 * 3600.0
-
-
-def free_port() -> int:
-    """A TCP port on the loopback interface nobody listens on now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _replica_link(origin: str, heard: bytes) -> str | None:
