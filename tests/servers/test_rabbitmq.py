@@ -55,6 +55,30 @@ def test_a_node_that_exits_at_start_is_unavailable_with_its_words_and_leaves_not
 
 
 @needs_rabbitmq
+def test_a_node_whose_boot_failed_is_unavailable_with_the_vms_reason_not_its_logs_last_line(
+    tmp_path: Path,
+) -> None:
+    # A node that cannot open its AMQP listener stops its applications in order: its own
+    # log ends in "Stopping message store", the cause is the VM's last line.
+    script = (
+        'mkdir -p "$RABBITMQ_LOG_BASE"; '
+        'echo "[info] Stopping message store" > "$RABBITMQ_LOG_BASE/$RABBITMQ_NODENAME.log"; '
+        'echo "{\\"init terminating in do_boot\\",{error,{could_not_start_listener}}}"; '
+        "echo 'init terminating in do_boot ({error,{could_not_start_listener,"
+        "127.0.0.1,'$RABBITMQ_NODE_PORT'}})'; exit 1"
+    )
+    with ThrowawayRabbitMQ(_stand_in(tmp_path / "bin", script)) as server:
+        with pytest.raises(ServerUnavailable) as raised:
+            server.start()
+        said = raised.value.reason
+        assert said.startswith("rabbitmq-server did not start: init terminating in do_boot")
+        assert f"could_not_start_listener,127.0.0.1,{server.amqp_port}" in said
+        assert "Stopping message store" not in said
+        assert server.processes() == []
+    assert left_running(server.root) == []
+
+
+@needs_rabbitmq
 def test_a_node_whose_distribution_port_was_taken_starts_again_on_another(tmp_path: Path) -> None:
     """Another process can bind the port the lab chose before the node does: the node's
     start then says ``dist_port_already_used``, which is the lab's race, so the start is

@@ -98,6 +98,9 @@ def find_epmd(bindir: Path, environ: Mapping[str, str] = os.environ) -> Path | N
 #: What Erlang says when the node's distribution port is taken, and how many times a start
 #: that says it is tried again on another port.
 DIST_PORT_TAKEN = "dist_port_already_used"
+#: How the Erlang VM's last line begins when the node's boot failed (its reason follows: an
+#: AMQP port taken says ``could_not_start_listener``).
+BOOT_FAILED = "init terminating in do_boot"
 PORT_RETRIES = 2
 
 
@@ -350,7 +353,14 @@ class ThrowawayRabbitMQ(Throwaway):
         )
 
     def last_words(self) -> str:
-        """The end of the node's own log, else of what its script printed, or "no log"."""
+        """Why the Erlang VM gave up booting, when its script printed it (a node whose boot
+        failed stops its applications in order, so its own log ends in their stopping, not
+        the cause), else the end of the node's own log, else of what its script printed, or
+        "no log"."""
+        if self.log.is_file():
+            for line in self.log.read_text(errors="replace").splitlines():
+                if line.startswith(BOOT_FAILED):
+                    return line[:LOG_CHARACTERS]
         for log in (self.logs / f"{self.node}.log", self.log):
             if log.is_file() and log.stat().st_size:
                 said = " / ".join(log.read_text(errors="replace").strip().splitlines()[-3:])
