@@ -253,6 +253,20 @@ def test_an_exported_test_under_a_relative_directory_runs(
     assert (run["outcome"], run["failed"]) == ("passed", False), run["detail"]
 
 
+def test_an_exported_test_runs_with_no_plugin_but_pytests_own(tmp_path: Path) -> None:
+    # This suite's environment has xdist, hypothesis and the lab's own plugin installed:
+    # the exported file is shown to need none of them.
+    body = (
+        "def test_x(pytestconfig) -> None:\n"
+        "    names = {'xdist', 'hypothesispytest', 'crashqueuelab', 'pytest_cov'}\n"
+        "    assert not [n for n in names if pytestconfig.pluginmanager.has_plugin(n)]\n"
+    )
+    path = export.write_test(tmp_path, "test_x", body)
+    run = export.run_test(path, import_path=None)
+    assert (run["outcome"], run["failed"]) == ("passed", False), run["detail"]
+    assert "plugins:" not in (tmp_path / run["output"]).read_text()
+
+
 def test_an_exported_test_that_cannot_run_says_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

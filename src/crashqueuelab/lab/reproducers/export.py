@@ -34,6 +34,10 @@ from crashqueuelab.lab.runs.servers import SERVER_VARIABLES
 PYTEST_SECONDS = 600
 INI_FILE = "pytest.ini"
 SYSTEM_VARIABLE = "CRASHQUEUELAB_SYSTEM"
+#: pytest loads no plugin it was not named on the command line: the file needs none, and
+#: the run shows it. It also keeps each run short: hypothesis's plugin alone (the lab's dev
+#: extra installs it) imports all of hypothesis, about a second of a two-second run.
+NO_PLUGINS = "PYTEST_DISABLE_PLUGIN_AUTOLOAD"
 
 _HEADER = '''"""Exported by crashqueuelab from a failing run: {summary}
 
@@ -199,11 +203,12 @@ FAILED, PASSED, EXPECTED, UNEXPECTED, ERROR, SKIPPED = (
 def run_test(path: Path, *, import_path: str | None, system: str | None = None) -> dict[str, Any]:
     """Run the exported file with pytest in a process of its own, as a user runs it: from
     its own directory, without the directory its system was imported from
-    (``import_path``) on ``PYTHONPATH`` and without the run's servers; its output is kept
-    beside it. ``outcome`` is what pytest said of the test (``failed``, ``passed``,
-    ``expected failure``, ``unexpected pass``, ``error``, ``skipped``), None when pytest
-    could not run it (not installed, the file broken, no time left); ``failed`` is True
-    for a failure, False for a pass, None otherwise. ``system`` runs it against another
+    (``import_path``) on ``PYTHONPATH``, without the run's servers and without the plugins
+    installed beside pytest (``NO_PLUGINS``); its output is kept beside it. ``outcome`` is
+    what pytest said of the test (``failed``, ``passed``, ``expected failure``,
+    ``unexpected pass``, ``error``, ``skipped``), None when pytest could not run it (not
+    installed, the file broken, no time left); ``failed`` is True for a failure, False for
+    a pass, None otherwise. ``system`` runs it against another
     system (the correct one), importable from where the lab finds it."""
     # pytest runs from the file's own directory: a path relative to this one (a run's
     # relative --output-directory) would name a file that is not there.
@@ -218,6 +223,7 @@ def run_test(path: Path, *, import_path: str | None, system: str | None = None) 
     kept = [entry for entry in env.pop("PYTHONPATH", "").split(os.pathsep)
             if entry and str(Path(entry).resolve()) not in hidden]  # fmt: skip
     env.pop(SYSTEM_VARIABLE, None)
+    env[NO_PLUGINS] = "1"
     if system is not None:
         env[SYSTEM_VARIABLE] = system
         kept.insert(0, commands.import_path(system) or "")
