@@ -70,7 +70,8 @@ def _lost_is_the_tail_from_the_cut(out: Path, record: dict[str, Any]) -> dict[st
     assert in_the_cut, (cut, promoted)
     assert in_the_cut <= lost.keys()
     tail_from = min(lost.values())
-    assert lost.keys() == {key for key, at in acknowledged_at.items() if tail_from <= at <= promoted}
+    tail = {key for key, at in acknowledged_at.items() if tail_from <= at <= promoted}
+    assert lost.keys() == tail
     return acknowledged_at
 
 
