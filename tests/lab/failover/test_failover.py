@@ -19,6 +19,7 @@ from crashqueuelab.lab.failover.targets import postgres_target, rq_target
 from crashqueuelab.postgres.queue import PostgresQueue
 from crashqueuelab.servers.postgres import find_binaries
 from tests.conftest import RunCli
+from tests.lab.failover.losses import lost_is_the_tail_from_the_cut
 
 pytestmark = pytest.mark.skipif(find_binaries() is None, reason="no PostgreSQL binaries")
 
@@ -38,7 +39,7 @@ def test_asynchronous_commits_the_standby_never_received_are_lost_as_documented(
     assert not run.result["contract_held"]
     assert run.result["headline"].startswith("as documented: postgres at synchronous_commit=local")
     record = json.loads((out / "failover.json").read_text())
-    acknowledged_at = _lost_is_the_tail_from_the_cut(out, record)
+    acknowledged_at = lost_is_the_tail_from_the_cut(out, record)
     assert record["failovers"][0]["before"]["lag_bytes"] > 0
     assert (
         record["findings"]["documented"]
@@ -55,24 +56,6 @@ def test_asynchronous_commits_the_standby_never_received_are_lost_as_documented(
     page = (out / "report.html").read_text()
     assert "lets a failover lose what the promoted standby had not received" in page
     assert "runtime-config-wal.html#GUC-SYNCHRONOUS-COMMIT" in page
-
-
-def _lost_is_the_tail_from_the_cut(out: Path, record: dict[str, Any]) -> dict[str, float]:
-    """Assert that the producer went on during the cut and that what the failover lost is
-    every acknowledgement from the cut to the promotion, with perhaps the last few before the
-    cut that the promoted standby had not received yet (how many depends on the host's load),
-    and nothing else. Returns each acknowledged enqueue's time, from the run's ledger."""
-    lost = {item["key"]: item["acknowledged_at_s"] for item in record["findings"]["lost_enqueues"]}
-    cut, promoted = record["failovers"][0]["cut_at_s"], record["failovers"][0]["promoted_at_s"]
-    ledger = [json.loads(line) for line in (out / "ledger.jsonl").read_text().splitlines()]
-    acknowledged_at = {e["key"]: e["at_s"] for e in ledger if e["event"] == "enqueued"}
-    in_the_cut = {key for key, at in acknowledged_at.items() if cut <= at <= promoted}
-    assert in_the_cut, (cut, promoted)
-    assert in_the_cut <= lost.keys()
-    tail_from = min(lost.values())
-    tail = {key for key, at in acknowledged_at.items() if tail_from <= at <= promoted}
-    assert lost.keys() == tail
-    return acknowledged_at
 
 
 def test_a_restart_while_commits_wait_shows_jobs_the_promoted_standby_never_had(
@@ -226,7 +209,7 @@ def test_quorum_commit_loses_acknowledged_jobs_when_the_failover_promotes_the_la
     assert run.result["keeps_its_promises"]
     assert run.result["failovers"][0]["promoted_slot"] == 1
     record = json.loads((out / "failover.json").read_text())
-    _lost_is_the_tail_from_the_cut(out, record)
+    lost_is_the_tail_from_the_cut(out, record)
     assert run.result["counts"]["lost_enqueues"] == len(record["findings"]["lost_enqueues"])
     received = record["failovers"][0]["standbys_received"]
     # The other standby had received more: a failover that compared them would have kept it.
