@@ -12,12 +12,21 @@ from typing import Any
 
 import pytest
 
-from crashqueuelab.judges.findings import Kind
+from crashqueuelab.judges.findings import Anomaly, Kind
 from crashqueuelab.lab.heartbeats.faults import Held, Running
 from crashqueuelab.lab.heartbeats.judge import Execution, judge
 from crashqueuelab.lab.heartbeats.pauses import PAUSE, PausesThenStops
 from crashqueuelab.systems.contract import JobStatus
 from tests.conftest import RunCli
+
+#: Worker w0 paused from 0.4 s to 1.4 s, in the judge's tests of a job taken from it.
+W0_PAUSED = Held(PAUSE, 0.4, 1.4)
+
+
+def _judged(runs: list[Execution], window: Held = W0_PAUSED) -> list[Anomaly]:
+    """The judge's findings on jobs a and b, both done, with w0 held in ``window``."""
+    done = {"a": JobStatus.SUCCEEDED, "b": JobStatus.SUCCEEDED}
+    return judge(["a", "b"], runs, done, origin=0.0, held={"w0": [window]})
 
 
 def test_a_pause_freezes_the_oldest_jobs_worker_then_thaws_and_stops_it_after_its_window() -> None:
@@ -86,9 +95,7 @@ def test_a_job_handed_out_while_the_worker_that_ran_it_again_was_paused_names_th
         Execution("b", "w1", 0.95, 2.95),  # handed out while w0 was paused
         Execution("b", "w0", 1.42, 1.42),  # w0's own copy, after it was let go
     ]
-    pause = {"w0": [Held(PAUSE, 0.4, 1.4)]}
-    done = {"a": JobStatus.SUCCEEDED, "b": JobStatus.SUCCEEDED}
-    (found,) = judge(["a", "b"], runs, done, origin=0.0, held=pause)
+    (found,) = _judged(runs)
     assert found.text == (
         "job b: run again beside w1's execution by w0, handed to w1 while w0 was paused"
         " (0.40 s to 1.40 s) and run by w0 after: by w1 from 0.95 s to 2.95 s, then by w0"
@@ -107,9 +114,9 @@ def test_a_job_handed_out_while_the_worker_that_ran_it_again_was_paused_names_th
         (Held(PAUSE, 1.0, 1.4), []),
         (Held(PAUSE, 0.4, 1.5), []),
         (Held("stall", 0.4, 1.4), []),
-        (Held(PAUSE, 0.4, 1.4), [Execution("c", "w0", 1.41, 1.41)]),
+        (W0_PAUSED, [Execution("c", "w0", 1.41, 1.41)]),
     ):
-        anomalies = judge(["a", "b"], [*runs, *extra], done, origin=0.0, held={"w0": [window]})
+        anomalies = _judged([*runs, *extra], window)
         (live,) = [each for each in anomalies if each.job == "b"]
         assert live.text.startswith("job b: run again beside a live worker's execution")
         assert dict(live.facts) == {"how": "beside", "connection_held": False}
@@ -126,9 +133,7 @@ def test_a_paused_workers_first_run_once_thawed_then_the_copy_handed_out_meanwhi
         Execution("b", "w0", 1.41, 3.41),  # w0's first run once thawed: its own copy
         Execution("b", "w1", 5.0, 7.0),  # the copy handed out during the pause
     ]
-    pause = {"w0": [Held(PAUSE, 0.4, 1.4)]}
-    done = {"a": JobStatus.SUCCEEDED, "b": JobStatus.SUCCEEDED}
-    (found,) = judge(["a", "b"], runs, done, origin=0.0, held=pause)
+    (found,) = _judged(runs)
     assert found.text == (
         "job b: run again after w0's execution, its first since w0 was paused (0.40 s to"
         " 1.40 s), the job handed out again meanwhile: by w0 from 1.41 s to 3.41 s, then by"
@@ -147,13 +152,7 @@ def test_a_paused_workers_first_run_once_thawed_then_the_copy_handed_out_meanwhi
         (runs[2], [Execution("c", "w0", 1.405, 1.406)], PAUSE),
         (runs[2], [], "stall"),
     ):
-        anomalies = judge(
-            ["a", "b"],
-            [*runs[:2], other, *extra],
-            done,
-            origin=0.0,
-            held={"w0": [Held(kind, 0.4, 1.4)]},
-        )
+        anomalies = _judged([*runs[:2], other, *extra], Held(kind, 0.4, 1.4))
         (live,) = [each for each in anomalies if each.job == "b"]
         assert "a live worker's execution" in live.text
         assert dict(live.facts)["connection_held"] is False
