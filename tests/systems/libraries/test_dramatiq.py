@@ -61,19 +61,34 @@ def test_every_crash_point_passes_but_those_its_heartbeat_timeout_explains(
     failed = {case["fault_point"] for case in report["cases"] if not case["passed"]}
     # A worker that dies holding a message leaves it in its acks set until its heartbeat
     # is older than the timeout on the wall clock: the recovery, on the lab's clock, cannot
-    # wait for it.
+    # wait for it. So does one that dies moving the flaky job's due retry to its queue: as
+    # it fetched it (move:before), the delayed copy; once it moved it (move:after), the
+    # delayed copy beside the moved one, which the recovery runs.
     assert failed == {
         "fetch:after",
         "BEFORE_EFFECT_COMMIT",
         "AFTER_EFFECT_COMMIT",
         "finish:before",
         "fail:before",
+        "move:before",
+        "move:after",
     }
     assert report["summary"]["crash_states_all_match"] is True
     assert report["system"]["version"].startswith("dramatiq ")
     promises = report["promises"]
     assert promises["broken_promises"] == []
     assert promises["keeps_its_promises"] is True
+    moved = next(case for case in report["cases"] if case["fault_point"] == "move:after")
+    assert moved["recovery"]["final_states"] == {"effect": "acked", "flaky": "acked"}
+    # The two live copies are the weakness of a death inside the move, and only that case's.
+    (moved_twice,) = [
+        weakness
+        for weakness in promises["weaker_as_documented"]
+        if weakness["what"].startswith("on Redis, a worker that died while it moved")
+    ]
+    assert moved_twice["lines"] == 1
+    assert moved_twice["first"].startswith("case ")
+    assert "-move-after: " in moved_twice["first"]
     finished = next(case for case in report["cases"] if case["fault_point"] == "finish:after")
     assert finished["recovery"]["final_states"] == {"effect": "acked", "flaky": "acked"}
 
