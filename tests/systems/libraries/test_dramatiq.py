@@ -54,7 +54,7 @@ def open_dramatiq(directory: Path) -> QueueClient:
     return resolve_system("dramatiq").open(request)
 
 
-def test_every_crash_point_passes_but_those_its_heartbeat_timeout_explains(
+def test_every_crash_point_passes_but_those_the_heartbeat_timeout_or_a_death_in_a_move_explains(
     tmp_path: Path, redis_socket: str
 ) -> None:
     report = run_campaign(tmp_path / "c", seed=3, system="dramatiq")
@@ -78,8 +78,24 @@ def test_every_crash_point_passes_but_those_its_heartbeat_timeout_explains(
     promises = report["promises"]
     assert promises["broken_promises"] == []
     assert promises["keeps_its_promises"] is True
-    moved = next(case for case in report["cases"] if case["fault_point"] == "move:after")
+    cases = {case["fault_point"]: case for case in report["cases"]}
+    # Fetched from the delay queue and not moved: the delayed copy in the dead worker's acks
+    # set, the flaky job's only effect never made, nothing else wrong.
+    fetched = cases["move:before"]
+    assert fetched["recovery"]["final_states"] == {"effect": "acked", "flaky": "delayed"}
+    assert fetched["recovery"]["ledger"]["effects_by_key"] == {f"{fetched['case_id']}/effect-1": 1}
+    assert fetched["crash_judgement"]["problems"] == []
+    assert fetched["recovery"]["store"]["problems"] == []
+    # Moved, the delayed copy not yet acknowledged: two live copies of the flaky job; the
+    # recovery ran the moved one, once, and the delayed one is still live after it.
+    moved = cases["move:after"]
+    flaky = f"job {moved['case_id']}/flaky"
+    assert moved["crash_judgement"]["problems"] == [f"{flaky}: more than one live message"]
+    assert moved["recovery"]["store"]["problems"] == [
+        f"{flaky}: a result, yet a message still live"
+    ]
     assert moved["recovery"]["final_states"] == {"effect": "acked", "flaky": "acked"}
+    assert moved["recovery"]["each_effect_durable_once"] is True
     # The two live copies are the weakness of a death inside the move, and only that case's.
     (moved_twice,) = [
         weakness

@@ -64,12 +64,16 @@ _HEARTBEAT_TIMEOUT = Documented(
     kinds=(Kind.WORK_STALLED, Kind.WORK_NEVER_ENDED),
     when={
         Kind.CLAIM_NOT_OFFERED: {"offered": "nothing"},
+        # One job's message stuck in the dead worker's acks set, the other job done once.
         Kind.RECOVERY_UNFINISHED: (
-            {"effect_state": "fetched"},
-            {"flaky_state": "fetched"},
-            {"flaky_state": "delayed", "point": "move:before"},
+            {"effect_state": "fetched", "flaky_state": "acked"},
+            {"effect_state": "acked", "flaky_state": "fetched"},
+            {"effect_state": "acked", "flaky_state": "delayed", "point": "move:before"},
         ),
-        Kind.EFFECTS_NOT_ONCE: ({"effect_effects": 0}, {"flaky_effects": 0}),
+        Kind.EFFECTS_NOT_ONCE: (
+            {"effect_effects": 0, "flaky_effects": 1},
+            {"effect_effects": 1, "flaky_effects": 0},
+        ),
         Kind.UNFINISHED: {"state": "fetched"},
     },
 )
@@ -105,8 +109,9 @@ _MOVED_TWICE_ON_REDIS = Documented(
         Kind.STORE_INCONSISTENT: (
             {"problem": "*: more than one live message", "claim_cut": True},
             {"problem": "*: a result, yet a message still live", "claim_cut": True},
-            {"problem": "*: more than one live message", "point": "move:after"},
-            {"problem": "*: a result, yet a message still live", "point": "move:after"},
+            # The case's move is the flaky job's retry: only that job's copies.
+            {"problem": "job */flaky: more than one live message", "point": "move:after"},
+            {"problem": "job */flaky: a result, yet a message still live", "point": "move:after"},
         ),
         Kind.RECOVERY_UNFINISHED: {
             "effect_state": "acked",
