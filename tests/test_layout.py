@@ -95,6 +95,8 @@ def test_the_gates_keep_the_directories_of_failed_tests_and_leave_sockets_and_bi
         (failed / "big").write_bytes(b"\0" * (gates.KEPT_FILE_BYTES + 1))
         (run / "test_dramatiq_1_10_0_runs_a_stcurrent").symlink_to(failed)
         (run / "test_other0").mkdir()
+        grouped = run / "test_a_partition_splits_a_mirr0"
+        grouped.mkdir()
         (run / "test_b_x_0").mkdir()  # test_b[x]'s directory, a test that passed
         with socket.socket(socket.AF_UNIX) as listening:
             listening.bind(str(failed / "s"))
@@ -104,14 +106,21 @@ def test_the_gates_keep_the_directories_of_failed_tests_and_leave_sockets_and_bi
                     "test_dramatiq_1_10_0_runs_a_stopped_workers_prefetched_message_twice"
                     " (in call)",
                     "tests/a.py::test_c[y] (in setup)",
+                    # A test of an xdist group: the group is no part of its directory's name.
+                    "tests/lab/failover/test_rabbitmq.py::test_a_partition_splits_a_mirrored"
+                    "_queue_in_two@tests.lab.failover.test_rabbitmq::cluster (in call)",
                 ],
                 tmp_path / "kept",
             )
     finally:
         scratch.remove()
     copy = tmp_path / "kept" / "popen-gw1" / "test_dramatiq_1_10_0_runs_a_st0"
-    assert kept == [copy, tmp_path / "kept" / "pytest-redis5" / "test_c_y_0"]
-    assert (kept[1] / "log").read_text() == "said"
+    assert kept == [
+        tmp_path / "kept" / "popen-gw1" / "test_a_partition_splits_a_mirr0",
+        copy,
+        tmp_path / "kept" / "pytest-redis5" / "test_c_y_0",
+    ]
+    assert (kept[2] / "log").read_text() == "said"
     assert (copy / "m" / "1.11.0" / "heartbeats.json").read_text() == "{}"
     assert sorted(path.name for path in copy.iterdir()) == ["m"]
     # A second run's keeping replaces the first's.
