@@ -126,3 +126,17 @@ def test_the_gates_keep_the_directories_of_failed_tests_and_leave_sockets_and_bi
     # A second run's keeping replaces the first's.
     assert scratch.keep_failed([], tmp_path / "kept") == []
     assert not (tmp_path / "kept").exists()
+
+
+def test_the_gates_write_every_file_of_their_tools_under_their_scratch_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gates = _gates()
+    # A host that says not to write compiled modules at all: the gates write them, but
+    # under the scratch directory, never beside the sources.
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    env = gates.Scratch(tmp_path).environment()
+    assert "PYTHONDONTWRITEBYTECODE" not in env
+    for name in ("PYTHONPYCACHEPREFIX", "COVERAGE_FILE", "MYPY_CACHE_DIR", "RUFF_CACHE_DIR"):
+        assert Path(env[name]).is_relative_to(tmp_path), name
+    assert env["TMPDIR"] == str(tmp_path / "tmp")

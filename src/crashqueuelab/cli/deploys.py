@@ -50,6 +50,7 @@ def _deploys(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         failovers=args.failovers,
         promote_after_s=args.promote_after_s,
         server_restarts=args.server_restarts,
+        submit_until_s=args.submit_until_s,
     )
     record = run_deploys(
         args.output_directory,
@@ -169,6 +170,13 @@ def add_deploys_command(command: Command) -> None:
         default=_DEFAULTS.warmup_s,
         help="from the start to the first stop signal (the first workers start, jobs are"
         f" submitted); default {_DEFAULTS.warmup_s:g}",
+    )
+    sub.add_argument(
+        "--submit-until-s",
+        type=positive_number,
+        default=None,
+        help="the jobs not submitted at the start are submitted evenly until then (seconds"
+        " from the start); default the last stop signal, so that one arrives at it",
     )
     sub.add_argument(
         "--replace",

@@ -68,6 +68,9 @@ def test_half_the_jobs_are_submitted_at_once_the_rest_until_the_last_stop() -> N
     planned = submissions(keys, schedule(plan))
     assert planned == [(0.0, "job-00"), (0.0, "job-01"), (1.5, "job-02"), (3.0, "job-03")]
     assert submissions(["a"], []) == [(0.0, "a")]
+    # Ended before the stops: no job arrives during them.
+    early = submissions(keys, schedule(plan), until_s=9.0, end_s=2.0)
+    assert early == [(0.0, "job-00"), (0.0, "job-01"), (1.0, "job-02"), (2.0, "job-03")]
 
 
 def test_keys_are_as_wide_as_the_largest() -> None:
@@ -98,6 +101,7 @@ def test_the_second_sigterm_mode_starts_with_sigterm() -> None:
         (DeployPlan(scheduled=-1), "scheduled"),
         (DeployPlan(jobs=2, scheduled=3), "scheduled"),
         (DeployPlan(due_tolerance_s=0.0), "due_tolerance_s"),
+        (DeployPlan(submit_until_s=0.0), "submit_until_s"),
     ],
 )
 def test_a_plan_that_cannot_run_is_refused_naming_its_option(plan: DeployPlan, name: str) -> None:

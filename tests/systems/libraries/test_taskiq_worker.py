@@ -145,8 +145,8 @@ def test_sigkill_leaves_the_entry_pending_until_new_work_arrives(
     assert jobs == DONE
 
 
-# Quiet: the stop, 3 s in, must find the worker holding a job (each longer than the grace;
-# a job is submitted at the stop too, which the stopped worker may still take).
+# Quiet: the stop, 3 s in, must find the worker holding a job (each longer than the grace:
+# the last, submitted 2.5 s in, runs at least 2 s, past the SIGKILL at 4 s).
 # The fixed release must reclaim within the recovery wait: idle_timeout (5 s) and at most
 # one xread_block (2 s) after the kill, and its replacement's start; 25 s are waited, and a
 # release that never reclaims loses its entry at any wait.
@@ -161,11 +161,14 @@ def test_taskiq_redis_82_a_killed_workers_entry_stays_pending_on_1_0_5_not_on_1_
 
     1.0.6 runs its reclaim holding a lock without a timeout, and a worker stopped while it
     holds it leaves it held for ever (taskiq-redis issue 87, open): no consumer reclaims
-    again. The stop here signals the worker as the job submitted at the stop wakes its read,
-    and in about a quarter of the runs the lock was left so (real-queues.md). A 1.0.6 run
-    that did not reclaim must show that lock held, never expiring, and the pair runs again,
-    up to three times: 1.0.5 must lose the entry in every run, and 1.0.6 must reclaim it in
-    one; a 1.0.6 that does not reclaim with the lock free fails at once."""
+    again. A job submitted at the stop wakes the stopped worker's read into that reclaim:
+    in about a quarter of the runs with one the lock was left so (real-queues.md), and in
+    every one of three beside a busy test suite. So the jobs here are all submitted half a
+    second before the stop (``--submit-until-s``), and the stopped worker's read waits for
+    none. A 1.0.6 run that did not reclaim must still show that lock held, never expiring,
+    and the pair runs again, up to three times: 1.0.5 must lose the entry in every run, and
+    1.0.6 must reclaim it in one; a 1.0.6 that does not reclaim with the lock free fails at
+    once."""
     missed: list[Any] = []
     for attempt in range(3):
         fixed = _pair_82(tmp_path / f"v{attempt}", run_cli)
@@ -189,7 +192,8 @@ def _pair_82(directory: Path, run_cli: RunCli) -> dict[str, Any]:
         "versions", "--system", "taskiq", "--releases", "1.0.5,1.0.6",
         "--output-directory", str(directory), "--at-once", "2",
         "deploys", "--workers", "1", "--deploys", "1", "--grace-s", "1", "--jobs", "4",
-        "--long-share", "1", "--warmup-s", "3", "--interval-s", "6", "--recovery-wait-s", "25",
+        "--long-share", "1", "--warmup-s", "3", "--interval-s", "6", "--submit-until-s", "2.5",
+        "--recovery-wait-s", "25",
     )  # fmt: skip
     assert outcome.code == 1, outcome.stderr
 
@@ -198,6 +202,8 @@ def _pair_82(directory: Path, run_cli: RunCli) -> dict[str, Any]:
         return kept
 
     old, fixed = record("1.0.5"), record("1.0.6")
+    for kept in (old, fixed):
+        assert 2.5 <= max(job["submitted_s"] for job in kept["jobs"].values()) < 3.0
     assert old["system"]["version"].startswith("taskiq-redis 1.0.5 ")
     assert "no idle_timeout" in old["system"]["version"]
     lost = [f for f in old["findings"] if f["kind"] == "lost_in_deploy"]

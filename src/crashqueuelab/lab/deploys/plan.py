@@ -103,6 +103,10 @@ class DeployPlan:
     #: of it SIGKILLed, then started again on what it kept, each half an interval after a
     #: stop (``server_fault_times``), as failovers are.
     server_restarts: int = 0
+    #: Until when the jobs not submitted at the start are submitted (seconds from the start);
+    #: None: the last stop signal (or past the last server fault), so that one arrives at
+    #: the last stop. Earlier: no job arrives during the stops after it.
+    submit_until_s: float | None = None
 
     def check(self) -> None:
         """Refuse what cannot be run, naming the option."""
@@ -139,6 +143,8 @@ class DeployPlan:
             raise InvalidInput("promote_after_s", "must be 0 or more seconds")
         if self.promote_after_s and not self.failovers:
             raise InvalidInput("promote_after_s", "a failover's: needs --failovers")
+        if self.submit_until_s is not None and not self.submit_until_s > 0:
+            raise InvalidInput("submit_until_s", "must be a positive number of seconds")
         if self.due_tolerance_s is not None and not self.due_tolerance_s > 0:
             raise InvalidInput("due_tolerance_s", "must be a positive number of seconds")
 
@@ -165,6 +171,7 @@ class DeployPlan:
             "failovers": self.failovers,
             "promote_after_s": self.promote_after_s,
             "server_restarts": self.server_restarts,
+            "submit_until_s": self.submit_until_s,
         }
 
 
@@ -232,14 +239,17 @@ def durations(keys: Sequence[str], plan: DeployPlan) -> dict[str, float]:
 
 
 def submissions(
-    keys: Sequence[str], steps: Sequence[Step], until_s: float = 0.0
+    keys: Sequence[str],
+    steps: Sequence[Step],
+    until_s: float = 0.0,
+    end_s: float | None = None,
 ) -> list[tuple[float, str]]:
     """When each job is submitted (seconds from the start): half at once, the rest evenly
     until the last stop signal (or ``until_s``, if later: past the last server fault), so that
-    jobs are waiting and running at every deploy."""
+    jobs are waiting and running at every deploy; or until ``end_s`` where it is given."""
     if not keys:
         return []  # every job is scheduled
-    end = max(steps[-1].at_s if steps else 0.0, until_s)
+    end = max(steps[-1].at_s if steps else 0.0, until_s) if end_s is None else end_s
     first = max(1, len(keys) // 2)
     rest = len(keys) - first
     times = [0.0] * first + [end * (index + 1) / rest for index in range(rest)]

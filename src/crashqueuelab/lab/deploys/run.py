@@ -357,7 +357,7 @@ def _submissions(
     # the workers are woken again.
     until = failovers[-1] + plan.interval / 2 if failovers else 0.0
     planned = sorted(
-        submissions([key for key in keys if key not in due], steps, until)
+        submissions([key for key in keys if key not in due], steps, until, plan.submit_until_s)
         + [(job.submit_s, job.key) for job in later]
     )
     return later, planned
