@@ -58,6 +58,9 @@ PROMOTE_ON_SHUTDOWN = "when-synced"
 POLICY = "crashqueuelab-ha"
 #: Every wait for the cluster (a join, an election, a rejoin) is bounded by this.
 WAIT_S = 60.0
+#: How long one reading in a polling wait may take before it counts as no answer and the
+#: next is made (``rabbitmqctl`` answered in up to 4 s on a loaded machine, measured).
+READING_S = 20.0
 #: After a partition, how long the nodes must read as one cluster, no partition reported,
 #: before it counts as healed (a report can follow the reconnection by a tick or two).
 WHOLE_FOR_S = TICKTIME_S
@@ -298,20 +301,22 @@ class RabbitCluster:
     def alive(self) -> list[ClusterNode]:
         return [node for node in self.nodes if node.node not in self.down and node.running]
 
-    def ctl(self, *arguments: str, on: str | None = None) -> str:
+    def ctl(self, *arguments: str, on: str | None = None, timeout_s: float = WAIT_S) -> str:
         """``rabbitmqctl`` on node ``on``, else on the first node that runs."""
         if on is None:
             # A node cut off by a partition is asked only by name (it may be paused).
             node = sorted(self.alive(), key=lambda each: each.node in self.cut)[0]
         else:
             node = self.node(on)
-        return node.rabbitmqctl(*arguments, timeout_s=WAIT_S)
+        return node.rabbitmqctl(*arguments, timeout_s=timeout_s)
 
-    def status(self, on: str | None = None) -> dict[str, Any]:
+    def status(self, on: str | None = None, timeout_s: float = WAIT_S) -> dict[str, Any]:
         """``cluster_status`` as node ``on`` (else the first that runs) says it; {} where it
-        did not answer."""
+        did not answer (in ``timeout_s``)."""
         try:
-            said = json.loads(self.ctl("cluster_status", "--formatter", "json", on=on))
+            said = json.loads(
+                self.ctl("cluster_status", "--formatter", "json", on=on, timeout_s=timeout_s)
+            )
         except (ServerUnavailable, IndexError, ValueError):
             return {}
         return said if isinstance(said, dict) else {}
@@ -528,8 +533,21 @@ class RabbitCluster:
                     f"{restart.node.node} did not start again: {restart.error}", "rabbitmq"
                 )
             self.down.discard(restart.node.node)
-        if not wait_until(lambda: self.running() == self.names, WAIT_S, poll_s=0.1):
-            raise ServerUnavailable(f"{restarts[0].node.node} did not rejoin", "rabbitmq")
+        last: list[dict[str, Any]] = [{}]
+        # Asked of a node that was not restarted: one still finishing its boot may take
+        # most of the wait to answer one call.
+        restarted = {restart.node.node for restart in restarts}
+        asked = next((n.node for n in self.alive() if n.node not in restarted), None)
+
+        def rejoined() -> bool:
+            last[0] = self.status(on=asked, timeout_s=READING_S)
+            return sorted(last[0].get("running_nodes", [])) == self.names
+
+        if not wait_until(rejoined, WAIT_S, poll_s=0.1):
+            # What the cluster said last ({} where no node answered), for the run's reader.
+            raise ServerUnavailable(
+                f"{restarts[0].node.node} did not rejoin in {WAIT_S:g} s: {last[0]}", "rabbitmq"
+            )
         return {
             "restarted_s": round(max(each.finished for each in restarts) - restarts[0].started, 6),
             "rejoined_s": round(self._clock() - restarts[0].started, 6),
