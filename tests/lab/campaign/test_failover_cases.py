@@ -260,7 +260,11 @@ def test_at_on_every_point_passes_and_the_promoted_standby_lacks_nothing(
     assert summary["passed"] == 3
     assert summary["failed"] == 0
     assert summary["cases_losing_committed_work"] == 0
-    assert summary["lag_bytes_max"] == 0
+    # The lag is the WAL the primary had written and the standby not flushed when the
+    # primary was killed: at `on` no COMMIT's, but WAL no COMMIT waited for may be (968
+    # bytes in one case of a run beside a busy suite, which lost nothing): measured, and
+    # what `on` promises is the promoted state below.
+    assert isinstance(summary["lag_bytes_max"], int)
     assert summary["promise"].startswith("When set to on, commits wait")
     cases = report["cases"]
     assert isinstance(cases, list)

@@ -10,14 +10,17 @@ is stopped when the module's tests end, also when one fails; every wait is bound
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from crashqueuelab.cli.failover import rabbitmq_result
 from crashqueuelab.core.errors import InvalidInput, ServerUnavailable
+from crashqueuelab.lab.failover import rabbitcluster
 from crashqueuelab.lab.failover.rabbitcluster import RabbitCluster
 from crashqueuelab.lab.failover.rabbitrun import run_rabbit_failover
 from crashqueuelab.lab.pages.render import write_report
@@ -141,6 +144,29 @@ def test_a_queue_with_no_leader_is_refused_and_each_node_named_by_its_port(
     assert sorted(cluster.port_names().values()) == cluster.names
     first = cluster.nodes[1].node
     assert cluster.urls(first)[0] == cluster.nodes[1].url
+
+
+@pytest.mark.cluster
+def test_a_rejoin_that_does_not_come_names_the_node_asked_and_what_it_said_last(
+    cluster: RabbitCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first node as if it had been killed and started again (its restart done), and a
+    # fourth name the cluster never runs: the wait for every name to run ends unmet.
+    done = threading.Thread(target=lambda: None)
+    done.start()
+    done.join()
+    restart = SimpleNamespace(node=cluster.nodes[0], thread=done, error=None, started=0.0)
+    names = [*cluster.names, "rabbit-never@localhost"]
+    monkeypatch.setattr(cluster, "_restarting", [restart])
+    monkeypatch.setattr(RabbitCluster, "names", property(lambda _: names))
+    monkeypatch.setattr(rabbitcluster, "WAIT_S", 1.0)
+    with pytest.raises(ServerUnavailable) as refused:
+        cluster.rejoin("no-such-queue")
+    said = str(refused.value)
+    # Asked of a node that was not restarted, which answered with the three that run.
+    assert f"did not rejoin in 1 s; {cluster.nodes[1].node} said last: " in said
+    assert "'running_nodes': [" in said
+    assert all(node.node in said for node in cluster.nodes)
 
 
 def test_a_node_that_cannot_start_leaves_no_process_and_no_directory(tmp_path: Path) -> None:

@@ -61,6 +61,8 @@ WAIT_S = 60.0
 #: How long one reading in a polling wait may take before it counts as no answer and the
 #: next is made (``rabbitmqctl`` answered in up to 4 s on a loaded machine, measured).
 READING_S = 20.0
+#: What a rejoin that did not come quotes of the cluster's last status.
+REJOIN_SAID = ("running_nodes", "disk_nodes", "partitions", "alarms")
 #: After a partition, how long the nodes must read as one cluster, no partition reported,
 #: before it counts as healed (a report can follow the reconnection by a tick or two).
 WHOLE_FOR_S = TICKTIME_S
@@ -544,9 +546,11 @@ class RabbitCluster:
             return sorted(last[0].get("running_nodes", [])) == self.names
 
         if not wait_until(rejoined, WAIT_S, poll_s=0.1):
-            # What the cluster said last ({} where no node answered), for the run's reader.
+            said = {key: last[0][key] for key in REJOIN_SAID if key in last[0]}
             raise ServerUnavailable(
-                f"{restarts[0].node.node} did not rejoin in {WAIT_S:g} s: {last[0]}", "rabbitmq"
+                f"{restarts[0].node.node} did not rejoin in {WAIT_S:g} s; {asked or 'a node'}"
+                f" said last: {said or 'nothing (no answer)'}",
+                "rabbitmq",
             )
         return {
             "restarted_s": round(max(each.finished for each in restarts) - restarts[0].started, 6),
