@@ -233,9 +233,10 @@ class Scratch:
         if not tests:
             return []
         # pytest names a test's directory after its name, each non-word character an
-        # underscore, cut at 30 characters, then a number; xdist's group ("@module::group")
-        # is no part of it.
-        names = (test.split(" (in ", 1)[0].split("@", 1)[0].rsplit("::", 1)[-1] for test in tests)
+        # underscore, cut at 30 characters, then a number; xdist's group ("@module::group",
+        # at the end, outside any parameters' brackets) is no part of it.
+        ids = (re.sub(r"@[^\[\]]*$", "", test.split(" (in ", 1)[0]) for test in tests)
+        names = (test_id.rsplit("::", 1)[-1] for test_id in ids)
         prefixes = {re.sub(r"\W", "_", name)[:30] for name in names}
         kept: list[Path] = []
         for found in sorted(self.tmp.glob("pytest-*/**/test_*")):

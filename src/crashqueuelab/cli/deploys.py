@@ -31,8 +31,9 @@ from crashqueuelab.lab.faults.deploy import Replace
 _DEFAULTS = DeployPlan()
 
 
-def _deploys(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
-    plan = DeployPlan(
+def plan_of(args: argparse.Namespace) -> DeployPlan:
+    """The deploy plan the command line's options describe."""
+    return DeployPlan(
         workers=args.workers,
         deploys=args.deploys,
         grace_s=args.grace_s,
@@ -52,6 +53,10 @@ def _deploys(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         server_restarts=args.server_restarts,
         submit_until_s=args.submit_until_s,
     )
+
+
+def _deploys(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    plan = plan_of(args)
     record = run_deploys(
         args.output_directory,
         system=args.system,
@@ -176,7 +181,9 @@ def add_deploys_command(command: Command) -> None:
         type=positive_number,
         default=None,
         help="the jobs not submitted at the start are submitted evenly until then (seconds"
-        " from the start); default the last stop signal, so that one arrives at it",
+        " from the start, at most the last stop signal; not with server faults); default the"
+        " last stop signal, so that one arrives at it (past the last server fault with"
+        " --failovers or --server-restarts)",
     )
     sub.add_argument(
         "--replace",

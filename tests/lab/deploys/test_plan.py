@@ -3,8 +3,13 @@ job is submitted; and what a plan refuses."""
 
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
+
 import pytest
 
+from crashqueuelab.cli import build_parser
+from crashqueuelab.cli.deploys import plan_of
 from crashqueuelab.core.errors import InvalidInput
 from crashqueuelab.lab.deploys.plan import (
     SCHEDULE_LEAD_S,
@@ -19,6 +24,7 @@ from crashqueuelab.lab.deploys.plan import (
     submissions,
 )
 from crashqueuelab.lab.faults.deploy import Replace
+from crashqueuelab.lab.pages.deploys import command_of
 
 
 def test_a_rolling_deploy_stops_surge_workers_at_a_time_then_the_fleet_restarts_at_once() -> None:
@@ -69,6 +75,7 @@ def test_half_the_jobs_are_submitted_at_once_the_rest_until_the_last_stop() -> N
     assert planned == [(0.0, "job-00"), (0.0, "job-01"), (1.5, "job-02"), (3.0, "job-03")]
     assert submissions(["a"], []) == [(0.0, "a")]
     # Ended before the stops: no job arrives during them.
+    DeployPlan(workers=2, deploys=2, warmup_s=1.0, submit_until_s=7.0).check()
     early = submissions(keys, schedule(plan), until_s=9.0, end_s=2.0)
     assert early == [(0.0, "job-00"), (0.0, "job-01"), (1.0, "job-02"), (2.0, "job-03")]
 
@@ -102,6 +109,11 @@ def test_the_second_sigterm_mode_starts_with_sigterm() -> None:
         (DeployPlan(jobs=2, scheduled=3), "scheduled"),
         (DeployPlan(due_tolerance_s=0.0), "due_tolerance_s"),
         (DeployPlan(submit_until_s=0.0), "submit_until_s"),
+        # Past the last stop (7 s: two workers stopped one at a time, twice, from 1 s on, 2 s
+        # apart): the run would stop waiting before the last jobs were submitted.
+        (DeployPlan(workers=2, deploys=2, warmup_s=1.0, submit_until_s=7.5), "submit_until_s"),
+        (DeployPlan(failovers=1, submit_until_s=1.0), "submit_until_s"),
+        (DeployPlan(server_restarts=1, submit_until_s=1.0), "submit_until_s"),
     ],
 )
 def test_a_plan_that_cannot_run_is_refused_naming_its_option(plan: DeployPlan, name: str) -> None:
@@ -153,3 +165,24 @@ def test_the_due_tolerance_is_the_longest_poll_the_grace_and_the_longest_job_unl
     assert "procrastinate" in basis
     assert due_tolerance(DeployPlan(due_tolerance_s=1.5), {"a": 9.0}) == (1.5, "given by the run")
     assert DeployPlan(scheduled=2).to_json()["scheduled"] == 2
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [
+        DeployPlan(workers=3, deploys=1, surge=2, grace_s=2.5, submit_until_s=2.0, scheduled=2),
+        DeployPlan(server_restarts=2, interval_s=4.0, replace=Replace.AFTER_EXIT),
+        DeployPlan(failovers=1, promote_after_s=0.5, fleet_restarts=1, due_tolerance_s=3.0),
+    ],
+)
+def test_the_pages_command_makes_the_plan_it_shows_again(plan: DeployPlan, tmp_path: Path) -> None:
+    report = {
+        "spec": "sqlite",
+        "plan": plan.to_json(),
+        "lease_s": None,
+        "recovery": {"basis": "the grace", "wait_s": 9.0},
+    }
+    words = shlex.split(command_of(report, tmp_path / "again"))
+    assert words[0] == "crashqueuelab"
+    again = plan_of(build_parser().parse_args(words[1:]))
+    assert again.to_json() == plan.to_json()

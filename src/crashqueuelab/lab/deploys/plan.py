@@ -143,10 +143,25 @@ class DeployPlan:
             raise InvalidInput("promote_after_s", "must be 0 or more seconds")
         if self.promote_after_s and not self.failovers:
             raise InvalidInput("promote_after_s", "a failover's: needs --failovers")
-        if self.submit_until_s is not None and not self.submit_until_s > 0:
-            raise InvalidInput("submit_until_s", "must be a positive number of seconds")
+        if self.submit_until_s is not None:
+            self._check_submit_until(self.submit_until_s)
         if self.due_tolerance_s is not None and not self.due_tolerance_s > 0:
             raise InvalidInput("due_tolerance_s", "must be a positive number of seconds")
+
+    def _check_submit_until(self, until_s: float) -> None:
+        if not until_s > 0:
+            raise InvalidInput("submit_until_s", "must be a positive number of seconds")
+        if self.failovers or self.server_restarts:
+            raise InvalidInput(
+                "submit_until_s", "not with server faults: their jobs come after the last one"
+            )
+        last_stop = schedule(self)[-1].at_s
+        if until_s > last_stop:
+            raise InvalidInput(
+                "submit_until_s",
+                f"at most the last stop signal, {last_stop:g} s: the run waits for the jobs"
+                " from there",
+            )
 
     @property
     def interval(self) -> float:

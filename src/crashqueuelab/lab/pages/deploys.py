@@ -55,10 +55,14 @@ def command_of(report: dict[str, Any], run_dir: Path) -> str:
         words.append(f"--scheduled {plan['scheduled']}")
     if plan.get("due_tolerance_s") is not None:
         words.append(f"--due-tolerance-s {plan['due_tolerance_s']:g}")
+    if plan.get("submit_until_s") is not None:
+        words.append(f"--submit-until-s {plan['submit_until_s']:g}")
     if plan.get("failovers"):
         words.append(f"--failovers {plan['failovers']}")
         if plan.get("promote_after_s"):
             words.append(f"--promote-after-s {plan['promote_after_s']:g}")
+    if plan.get("server_restarts"):
+        words.append(f"--server-restarts {plan['server_restarts']}")
     if report.get("lease_s") is not None:
         words.append(f"--lease-s {report['lease_s']:g}")
     if report["recovery"]["basis"] == "given by the run":
