@@ -148,7 +148,9 @@ def test_a_wait_after_each_enqueue_tells_the_cut_s_submissions_unknown_and_loses
         out,
         target=rq_target(wait_replicas=1, wait_timeout_ms=300),
         failovers=1,
-        jobs=150,
+        # Few enough that the producer, about ten enqueues a second with a WAIT each on a
+        # loaded host, submits them all well inside the deadline (150 did not, once).
+        jobs=80,
         lag_s=1.0,
         deadline_s=20.0,
     )
@@ -161,7 +163,7 @@ def test_a_wait_after_each_enqueue_tells_the_cut_s_submissions_unknown_and_loses
     assert told.get("submit: OutcomeUnknown", 0) >= 1, told
     # What was acknowledged had reached the replica the Sentinels promoted.
     assert record["findings"]["lost_enqueues"] == [], record["headline"]
-    assert record["findings"]["enqueues_acknowledged"] == 150
+    assert record["findings"]["enqueues_acknowledged"] == 80
     assert record["findings"]["promise"]["source"] == "https://redis.io/docs/latest/commands/wait/"
     page = write_report(out).read_text()
     assert "--system rq --wait-replicas 1 --wait-timeout-ms 300" in page
