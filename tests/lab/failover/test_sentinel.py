@@ -38,10 +38,12 @@ def test_rq_through_sentinel_loses_what_the_replica_never_received_as_documented
     record = json.loads((out / "failover.json").read_text())
     failover = record["failovers"][0]
     # A second of enqueues went to the primary alone: all of them are gone.
-    lost_is_the_tail_from_the_cut(out, record)
+    acknowledged_at = lost_is_the_tail_from_the_cut(out, record)
     assert failover["before"]["lag_bytes"] > 0
-    # Clients found the new primary through the Sentinels: the work went on after it.
-    assert record["findings"]["enqueues_acknowledged"] == 150
+    # Clients found the new primary through the Sentinels: the work went on after it. (Not
+    # that all 150 were acknowledged: on a loaded host the producer can still be submitting
+    # at the deadline.)
+    assert any(at > failover["promoted_at_s"] for at in acknowledged_at.values()), failover
     assert record["server"]["clients"].startswith("through the Sentinels")
     page = (out / "report.html").read_text()
     assert "acknowledged writes can still be lost during a failover" in page
@@ -149,8 +151,8 @@ def test_a_wait_after_each_enqueue_tells_the_cut_s_submissions_unknown_and_loses
         target=rq_target(wait_replicas=1, wait_timeout_ms=300),
         failovers=1,
         # Few enough that the producer, about ten enqueues a second with a WAIT each on a
-        # loaded host, submits them all well inside the deadline (150 did not, once).
-        jobs=80,
+        # loaded host, submits them all well inside the deadline (150 did not, once: 148).
+        jobs=60,
         lag_s=1.0,
         deadline_s=20.0,
     )
@@ -163,7 +165,7 @@ def test_a_wait_after_each_enqueue_tells_the_cut_s_submissions_unknown_and_loses
     assert told.get("submit: OutcomeUnknown", 0) >= 1, told
     # What was acknowledged had reached the replica the Sentinels promoted.
     assert record["findings"]["lost_enqueues"] == [], record["headline"]
-    assert record["findings"]["enqueues_acknowledged"] == 80
+    assert record["findings"]["enqueues_acknowledged"] == 60
     assert record["findings"]["promise"]["source"] == "https://redis.io/docs/latest/commands/wait/"
     page = write_report(out).read_text()
     assert "--system rq --wait-replicas 1 --wait-timeout-ms 300" in page
