@@ -409,7 +409,9 @@ def deaf_loop_system() -> System:
 def test_work_that_never_ends_is_an_unfinished_run_and_each_job_never_run_is_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(heartbeats, "STARTUP_S", 0.5)
+    # Long enough for the worker to be serving at the deadline on a loaded host (0.5 s was
+    # not, once: the SIGTERM found it still starting, and the run said WorkerFailed).
+    monkeypatch.setattr(heartbeats, "STARTUP_S", 5.0)
     record = heartbeats.run_heartbeats(
         tmp_path / "h",
         system="tests.lab.heartbeats.test_heartbeats:idle_loop_system",
