@@ -227,7 +227,7 @@ def test_a_stall_hands_out_jobs_as_documented_on_0_24_0_and_0_21_0_still_breaks_
 
     0.21.0's early hand-out is a race between its heartbeat flush (jittered around the
     timer) and the idle worker's poll, and in one whole test-command run it lost that race
-    for the 2.5 timers before the stall (testing.md): such a run shows no broken promise,
+    for the 2.5 timers before the stall (testing-journal.md): such a run shows no broken promise,
     so the pair runs again, up to three times; 0.24.0 must keep its promises in each."""
     kept_by_the_old: list[list[str]] = []
     for attempt in range(3):

@@ -273,7 +273,7 @@ NONE_MESSAGE = "Found 'None' message in message cache"
 #: A first run that left nothing is run again, this often at most (it made the fault in every
 #: run measured; real-queues.md gives the count).
 #: How many times the pair may run for one clean reproduction: in a whole test-command run
-#: (its quiet tests three at once) the third of three was the first clean one (testing.md).
+#: (its quiet tests three at once) the third of three was the first clean one (testing-journal.md).
 ATTEMPTS = 5
 
 
@@ -308,7 +308,7 @@ def test_dramatiq_1_12_0_puts_back_an_id_whose_message_1_10_0_deleted_and_1_12_1
     # A run whose first half made no fault, or whose own error stopped it before it judged
     # a release's promises, is not judged. A run where either release broke a promise other
     # than #442's leftover (1.12.1 once, 1.12.0 once, in whole test-command runs under their
-    # load; likely the race testing.md names, not established) is no clean reproduction:
+    # load; likely the race testing-journal.md names, not established) is no clean reproduction:
     # what it broke is kept for the failure message, and the pair runs again.
     for attempt in range(ATTEMPTS):
         directory = tmp_path / f"m{attempt}"
