@@ -79,7 +79,7 @@ def test_procrastinate_keeps_every_acknowledged_job_when_waiting_sessions_are_en
     out = tmp_path / "procrastinate"
     run = run_cli(
         "failover", "--system", "procrastinate", "--synchronous-commit", "on",
-        "--terminate-waiting", "--failovers", "1", "--jobs", "120", "--deadline-s", "30", "--quiet",
+        "--terminate-waiting", "--failovers", "1", "--jobs", "120", "--deadline-s", "90", "--quiet",
         "--output-directory", out,
     )  # fmt: skip
     assert run.code == 0, run.result

@@ -289,8 +289,12 @@ def test_sigterm_is_a_warm_shutdown_the_task_in_hand_finishes_acknowledged_once(
     submitted(tmp_path)
     with contextlib.ExitStack() as stack:
         served = workers(stack, tmp_path, work_s=3.0)
-        started_lines(tmp_path)
-        signalled = {store: worker.signal(signal.SIGTERM) for store, worker in served.items()}
+        # Each worker stopped as its own task starts: Celery's workers, seconds apart to
+        # start on a loaded host, would otherwise have ended the first task before its stop.
+        signalled: dict[str, float] = {}
+        for store, worker in served.items():
+            wait_for(tmp_path / f"{store}.ledger", "start", "a")
+            signalled[store] = worker.signal(signal.SIGTERM)
         stopped = {store: worker.join() for store, worker in served.items()}
     for store, (code, exited) in stopped.items():
         # "the worker will finish all currently executing tasks before it actually

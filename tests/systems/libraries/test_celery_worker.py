@@ -127,9 +127,12 @@ def test_sigterm_is_a_warm_shutdown_the_task_in_hand_finishes_then_the_worker_ex
             )
             for system in systems
         }
-        for system in systems:
+        # Each worker stopped as its own task starts: Celery's workers, seconds apart to
+        # start on a loaded host, would otherwise have ended the first task before its stop.
+        signalled: dict[str, float] = {}
+        for system, worker in workers.items():
             wait_for(tmp_path / f"{system}.ledger", "start", "a")
-        signalled = {system: worker.signal(signal.SIGTERM) for system, worker in workers.items()}
+            signalled[system] = worker.signal(signal.SIGTERM)
         for system, worker in workers.items():
             stopped[system] = (signalled[system], *worker.join())
     for system, (termed, code, exited) in stopped.items():
@@ -195,7 +198,9 @@ def test_a_killed_main_process_takes_its_pool_child_and_acks_late_waits_for_the_
     with contextlib.ExitStack() as stack:
         workers = {
             store: stack.enter_context(
-                serving(system, tmp_path / store, tmp_path / f"{store}.ledger", work_s=2.0)
+                # Long enough to be running still when the later worker has started its own,
+                # on a loaded host too: the kill ends it.
+                serving(system, tmp_path / store, tmp_path / f"{store}.ledger", work_s=30.0)
             )
             for system, store in stores.items()
         }
