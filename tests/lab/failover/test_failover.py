@@ -95,7 +95,10 @@ def test_a_level_that_promises_no_loss_and_loses_is_a_broken_promise(tmp_path: P
     assert record["judged"]
     assert not record["ok"]
     assert not record["keeps_its_promises"]
-    assert record["findings"]["broken_promises"] >= 10
+    # Caught, and nothing of it excused: how many were lost depends on how fast a loaded
+    # host's producer went through the cut.
+    assert record["findings"]["broken_promises"] >= 1
+    assert record["findings"]["documented"] == 0
     assert record["headline"].startswith("broken promise:")
 
 
