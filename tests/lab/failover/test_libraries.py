@@ -19,6 +19,7 @@ from crashqueuelab.judges.readers.pgqueuer import KEYS_FILE
 from crashqueuelab.lab.failover.cluster import ReplicatedPostgres
 from crashqueuelab.lab.failover.targets import RETRY, environment
 from crashqueuelab.lab.runs.reopening import Reopening
+from crashqueuelab.servers.base import wait_until
 from crashqueuelab.servers.postgres import find_binaries
 from crashqueuelab.systems.contract import Claim, JobSpec, OpenRequest, Verdict
 from crashqueuelab.systems.registry import resolve_system
@@ -58,6 +59,15 @@ def test_a_submission_found_under_its_key_is_answered_once_the_standby_has_it(
             again = threading.Thread(target=lambda: answered.append(second.submit(_job("a"))))
             again.start()
             again.join(STILL_WAITING_S)
+            # A loaded host may bring the submission to its COMMIT later: wait, bounded, until
+            # it waits there (or was answered, which fails below).
+            wait_until(
+                lambda: (
+                    not again.is_alive() or cluster.lag()["commits_waiting_for_the_standby"] >= 1
+                ),
+                JOIN_TIMEOUT_S,
+                poll_s=0.05,
+            )
             # The lab cannot tell a committed-locally row from a replicated one by reading
             # it: the answer waits for the standbys whatever the row, and goes on with them.
             assert again.is_alive(), "answered from the row without waiting for the standby"
