@@ -52,6 +52,15 @@ def _refusing_loop(
     stop: threading.Event,
     retry_after_s: float,
 ) -> None:
+    """Fails once both workers of its run (worker-0 and worker-1) reached it: one that
+    failed before the other started would have the run stop that one while it still starts
+    (on a loaded host), where the test names both failures."""
+    (directory / f"{worker_id}.reached").touch()
+    deadline = time.monotonic() + 30.0
+    while time.monotonic() < deadline and not all(
+        (directory / f"worker-{n}.reached").exists() for n in (0, 1)
+    ):
+        stop.wait(0.01)
     raise RuntimeError(f"{worker_id} cannot reach its broker")
 
 
