@@ -11,20 +11,26 @@ from pathlib import Path
 from crashqueuelab.systems import JobStatus, resolve_system
 from tests.systems.libraries.served import lines, read, serving, submit, wait_for
 
+#: A task that outlasts any exit: a consumer that exits before it ends did not wait for it
+#: (the kill at the context's end stops it otherwise), on a loaded host too.
+WORK_S = 10.0
+#: Long enough for the consumer to have handled a first signal before the second comes.
+HANDLED_S = 1.5
+
 
 def test_sigterm_stops_the_consumer_at_once_and_the_task_in_hand_is_lost_as_documented(
     tmp_path: Path,
 ) -> None:
     store, ledger = tmp_path / "store", tmp_path / "ledger"
     submit("huey", store, "a")
-    with serving("huey", store, ledger, work_s=1.5) as worker:
+    with serving("huey", store, ledger, work_s=WORK_S) as worker:
         started = wait_for(ledger, "start", "a")
-        termed = worker.signal(signal.SIGTERM)
+        worker.signal(signal.SIGTERM)
         code, exited = worker.join()
     assert code == 0
     # "any running tasks will be interrupted, ensuring the process exits quickly": the
-    # consumer exited well before the task's work could have ended, and it never did.
-    assert exited - termed < 1.0 < started.at + 1.5 - termed
+    # consumer exited before the task's work could have ended, and it never did.
+    assert exited < started.at + WORK_S
     assert [line.what for line in lines(ledger)] == ["start", "exit"]
     # "if you terminate the consumer without letting it finish any currently-executing
     # tasks, those tasks will be lost": huey deleted the task when it dequeued it, and
@@ -77,16 +83,16 @@ def test_a_second_sigint_interrupts_the_graceful_shutdown_and_the_task_is_lost(
 ) -> None:
     store, ledger = tmp_path / "store", tmp_path / "ledger"
     submit("huey", store, "a")
-    with serving("huey", store, ledger, work_s=3.0) as worker:
+    with serving("huey", store, ledger, work_s=WORK_S) as worker:
         started = wait_for(ledger, "start", "a")
         worker.signal(signal.SIGINT)
-        time.sleep(0.5)  # the consumer is in its graceful join by now
-        again = worker.signal(signal.SIGINT)
+        time.sleep(HANDLED_S)  # the consumer is in its graceful join by now
+        worker.signal(signal.SIGINT)
         code, exited = worker.join()
     # huey's handler makes a second graceful signal raise KeyboardInterrupt in the join:
     # "Received request to shut down now", and the workers are interrupted.
     assert code == 0
-    assert exited - again < 1.0 < started.at + 3.0 - again
+    assert exited < started.at + WORK_S
     assert [line.what for line in lines(ledger)] == ["start", "exit"]
     assert "a" not in read("huey", store).jobs
 

@@ -65,17 +65,18 @@ def test_a_second_sigterm_or_sigkill_ends_the_worker_at_once_leaving_the_job_doi
 ) -> None:
     store, ledger = tmp_path / "store", tmp_path / "ledger"
     submit("procrastinate", store, "a")
-    with serving("procrastinate", store, ledger, work_s=3.0) as worker:
+    with serving("procrastinate", store, ledger, work_s=10.0) as worker:
         started = wait_for(ledger, "start", "a")
         if second is signal.SIGTERM:
             worker.signal(signal.SIGTERM)
-            time.sleep(0.5)  # draining by now
-        again = worker.signal(second)
+            time.sleep(1.5)  # draining by now, on a loaded host too
+        worker.signal(second)
         code, exited = worker.join()
     # "it will terminate immediately, possibly leaving jobs with the doing status": the
-    # first signal put the default action back, and the second takes it.
+    # first signal put the default action back, and the second takes it (the exit is the
+    # signal's own), long before the job could have ended.
     assert code == -second
-    assert exited - again < 1.0 < started.at + 3.0 - again
+    assert exited < started.at + 10.0
     assert [line.what for line in lines(ledger)] == ["start"]
     job = read("procrastinate", store).jobs["a"]
     assert (job.native_state, job.status) == ("doing", JobStatus.LEASED)
@@ -90,10 +91,10 @@ def test_a_second_sigint_does_not_end_the_worker_at_once_the_job_in_hand_still_f
     # for the job, then asyncio.run raises KeyboardInterrupt. Measured, not judged here.
     store, ledger = tmp_path / "store", tmp_path / "ledger"
     submit("procrastinate", store, "a")
-    with serving("procrastinate", store, ledger, work_s=2.0) as worker:
+    with serving("procrastinate", store, ledger, work_s=4.0) as worker:
         wait_for(ledger, "start", "a")
         worker.signal(signal.SIGINT)
-        time.sleep(0.5)  # draining by now
+        time.sleep(1.5)  # draining by now, on a loaded host too
         again = worker.signal(signal.SIGINT)
         code, exited = worker.join()
     ended = wait_for(ledger, "end", "a", timeout_s=0)
