@@ -36,14 +36,15 @@ def test_sigterm_cancels_the_job_in_hand_puts_it_back_and_the_next_worker_runs_i
 ) -> None:
     store, ledger = tmp_path / "store", tmp_path / "ledger"
     submit(store, "a", max_attempts=2)
-    with serving("arq", store, ledger, work_s=3.0) as worker:
+    with serving("arq", store, ledger, work_s=10.0) as worker:
         started = wait_for(ledger, "start", "a")
-        termed = worker.signal(signal.SIGTERM)
+        worker.signal(signal.SIGTERM)
         code, exited = worker.join()
-    # arq's handler cancels the job's task at once and the worker exits: the work (a
-    # thread, which no cancellation reaches) ends with the process.
+    # arq's handler cancels the job's task at once and the worker exits, long before the
+    # work could have ended: the work (a thread, which no cancellation reaches) ends with
+    # the process.
     assert code == 0
-    assert exited - termed < 2.0
+    assert exited < started.at + 10.0
     assert [line.what for line in lines(ledger)] == ["start", "exit"]
     job = read("arq", store).jobs["a"]
     # "will remain in the queue to be run again": its try counted.
