@@ -67,7 +67,12 @@ def test_procrastinates_worker_outlives_a_failover_and_finds_every_later_job_by_
     store, ledger = tmp_path / "store", tmp_path / "ledger"
     with ReplicatedPostgres("on") as cluster, environment(cluster.client_environment(), os.environ):
         with serving("procrastinate", store, ledger, work_s=0.0) as worker:
-            # Before the failover a job wakes the worker through its LISTEN at once.
+            # Before the failover a job wakes the worker through its LISTEN at once: timed
+            # once the worker has served one and waits again (its start, seconds on a
+            # loaded host, is no part of it).
+            submit("procrastinate", store, "warm-up")
+            wait_for(ledger, "end", "warm-up", timeout_s=RECONNECT_S)
+            time.sleep(IDLE_S)
             sent = time.time()
             submit("procrastinate", store, "a")
             woken = wait_for(ledger, "start", "a").at - sent
