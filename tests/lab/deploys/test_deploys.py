@@ -114,29 +114,40 @@ def test_sigquit_kills_the_lab_worker_at_once_and_its_job_runs_again(
     # workers would inherit if the fleet did not give them the default action back.
     before = signal.signal(signal.SIGQUIT, signal.SIG_IGN)
     try:
-        record = _sigquit_deploys(tmp_path, run_cli)
+        # A stop finds the worker at a long job, unless a loaded machine kept it from taking
+        # one yet: a run whose stops cut nothing exercises nothing this test is about, and
+        # is made again with another seed, three runs at most, each judged.
+        for attempt, seed in enumerate(SIGQUIT_SEEDS):
+            record = _sigquit_deploys(tmp_path / f"run-{attempt}", run_cli, seed)
+            assert record["exit_code"] == 0, record["anomalies"]
+            stopped = [w for w in record["workers"] if w["stopped_by"] == "deploy"]
+            assert {w["exit"] for w in stopped} == {"SIGQUIT"}
+            assert all(w["killed_s"] is None for w in stopped)
+            # Each job a stop cut ran again elsewhere.
+            abandoned = [run for run in record["executions"] if run["how"] == "abandoned"]
+            assert sum(job["redelivered"] for job in record["jobs"].values()) == len(abandoned)
+            if abandoned:
+                break
+        else:
+            raise AssertionError(f"no stop of {len(SIGQUIT_SEEDS)} runs cut a job")
     finally:
         signal.signal(signal.SIGQUIT, before)
-    assert record["exit_code"] == 0, record["anomalies"]
-    stopped = [w for w in record["workers"] if w["stopped_by"] == "deploy"]
-    assert {w["exit"] for w in stopped} == {"SIGQUIT"}
-    assert all(w["killed_s"] is None for w in stopped)
-    # Each job a stop cut (a stop finds the worker at a long job, unless a loaded machine
-    # kept it from taking one yet) ran again elsewhere.
-    abandoned = [run for run in record["executions"] if run["how"] == "abandoned"]
-    assert 1 <= len(abandoned) <= 2
-    assert sum(job["redelivered"] for job in record["jobs"].values()) == len(abandoned)
+    assert len(abandoned) <= 2
     assert {run["how"] for run in record["executions"]} == {"ended", "abandoned"}
 
 
-def _sigquit_deploys(tmp_path: Path, run_cli: RunCli) -> dict[str, Any]:
+#: The seeds of the SIGQUIT test's runs, the first the command's default.
+SIGQUIT_SEEDS = ("20260827", "3", "4")
+
+
+def _sigquit_deploys(directory: Path, run_cli: RunCli, seed: str) -> dict[str, Any]:
     return _deploys(
         run_cli,
-        tmp_path / "q",
+        directory / "q",
         "sqlite",
         "--workers", "1", "--deploys", "2", "--grace-s", "0.5", "--jobs", "4",
         "--signal", "SIGQUIT", "--replace", "after-exit", "--long-share", "1",
-        "--lease-s", "0.3",
+        "--lease-s", "0.3", "--seed", seed,
     )  # fmt: skip
 
 
