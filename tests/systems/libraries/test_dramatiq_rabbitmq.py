@@ -294,21 +294,30 @@ def test_rolling_deploys_of_dramatiqs_own_worker_on_rabbitmq_lose_nothing(
     """``deploys --system dramatiq-rabbitmq`` (the run starts its node and its Redis):
     SIGKILLed workers' messages come back as their connections close, with no heartbeat to
     wait for, and every job runs to its end. Every job outlives the 1 s grace (at the default
-    share of long jobs, 1 run in 9 under load stopped no worker with a job in hand)."""
-    run = tmp_path / "run"
-    outcome = run_cli(
-        "deploys", "--system", "dramatiq-rabbitmq", "--workers", "2", "--deploys", "2",
-        "--jobs", "8", "--long-share", "1", "--output-directory", run, "--quiet",
-    )  # fmt: skip
-    record = json.loads((run / "deploys.json").read_text())
-    assert "over AMQP" in record["store"]["judge"]
-    assert record["store"]["problems"] == []
-    assert record["promises"]["keeps_its_promises"] is True, record["promises"]
-    jobs = record["jobs"]
-    assert any(job["cut"] for job in jobs.values()), jobs
-    assert {job["stored"] for job in jobs.values()} == {"acked"}, jobs
-    assert all(job["completed"] for job in jobs.values()), jobs
-    assert outcome.code in (0, 1), outcome.stderr
+    share of long jobs, 1 run in 9 under load stopped no worker with a job in hand; at
+    every job long, a run whose workers started late may still miss them)."""
+    # A run whose stops found no worker with a job in hand (its workers slow to start on a
+    # loaded host) exercises nothing this test is about: it is made again with another
+    # seed, three runs at most, each judged.
+    for attempt, seed in enumerate(("20260827", "3", "4")):
+        run = tmp_path / f"run-{attempt}"
+        outcome = run_cli(
+            "deploys", "--system", "dramatiq-rabbitmq", "--workers", "2", "--deploys", "2",
+            "--jobs", "8", "--long-share", "1", "--seed", seed, "--output-directory", run,
+            "--quiet",
+        )  # fmt: skip
+        record = json.loads((run / "deploys.json").read_text())
+        assert "over AMQP" in record["store"]["judge"]
+        assert record["store"]["problems"] == []
+        assert record["promises"]["keeps_its_promises"] is True, record["promises"]
+        jobs = record["jobs"]
+        assert {job["stored"] for job in jobs.values()} == {"acked"}, jobs
+        assert all(job["completed"] for job in jobs.values()), jobs
+        assert outcome.code in (0, 1), outcome.stderr
+        if any(job["cut"] for job in jobs.values()):
+            break
+    else:
+        raise AssertionError(f"no stop of three runs cut a job: {jobs}")
 
 
 @needs_a_node
