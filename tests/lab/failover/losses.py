@@ -10,7 +10,8 @@ from typing import Any
 #: The run records the cut's time before it tells the proxy to cut, bytes the proxy has
 #: already read still go out, and a busy host may note an acknowledgement a while after
 #: the server sent it: a write noted within this much after the recorded cut may have
-#: reached the replica (seen: one noted 0.9 ms after it, kept).
+#: reached the replica (seen: one noted 0.9 ms after it, kept), and one noted within this
+#: much after the recorded kill may have been the old primary's.
 CUT_TAKES_HOLD_S = 0.25
 #: How far before the cut the loss may begin: what the replica had not received yet, a
 #: few milliseconds of acknowledgements on a healthy link (seen: 11 ms), with the same
@@ -37,9 +38,11 @@ def lost_is_the_tail_from_the_cut(out: Path, record: dict[str, Any]) -> dict[str
     assert lost
     assert in_the_cut <= lost.keys()
     first, last = min(lost.values()), max(lost.values())
-    # The old primary acknowledged each of them; what the promoted replica acknowledged
-    # is not lost.
-    assert last <= killed, (last, killed)
+    # The old primary acknowledged each of them, none after the promotion; what the promoted
+    # replica acknowledged is not lost. An answer the old primary sent just before its kill
+    # may be noted just after the recorded kill (seen: 1.3 ms after it, on a loaded host).
+    assert last <= killed + CUT_TAKES_HOLD_S, (last, killed)
+    assert last < failover["promoted_at_s"], (last, failover["promoted_at_s"])
     assert first >= cut - LAG_BEFORE_THE_CUT_S, (first, cut)
     assert any(at < first for at in acknowledged_at.values())
     assert lost.keys() == {key for key, at in acknowledged_at.items() if first <= at <= last}
