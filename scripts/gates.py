@@ -13,7 +13,7 @@ pytest plugin (with pytest installed beside it) on the example adapters.
 pytest runs in two parts: every test not marked ``quiet`` on several workers at once
 (pytest-xdist; the tests that read the session's showcase run share one worker, so it runs
 once), then the ``quiet`` ones (timing-sensitive: wall-clock timers against heartbeats),
-three at a time, on a machine nothing else of the suite is using. The tests of libraries
+six at a time, on a machine nothing else of the suite is using. The tests of libraries
 whose dependencies conflict with the main environment's (pyproject.toml's
 ``[tool.crashqueuelab.environments]``: arq, which requires redis-py < 6) run in an
 environment of their own beside it (``.venv-redis5``), made, type-checked and tested beside
@@ -66,17 +66,20 @@ INSTALL_LIMIT_S = 900
 PYTEST_LIMIT_S = 2100
 TOOL_LIMIT_S = 600
 #: How many tests run at once in the parallel part: the suite's tests mostly wait on the
-#: processes and servers they start, so one more worker than cores keeps both cores busy.
+#: processes and servers they start, so more workers than cores keep the cores busy. Under
+#: coverage, one more than the cores does; unmeasured (another Python's fast part), the
+#: processes need less CPU and the tests wait more: with one more than the cores, 3.12's
+#: fast part kept its 2 cores 58% busy (461.6 s), with three more 96% (385.5 s), measured.
 WORKERS_VARIABLE = "CRASHQUEUELAB_TEST_WORKERS"
 #: The timing-sensitive tests: they run after the others, with nothing else of the suite.
 QUIET = "quiet"
 #: How many quiet tests run at once: they wait on wall-clock timers and use little CPU (the
-#: five of them before pgqueuer #630 joined, 19.5 CPU-seconds in 139 s, measured), so three
-#: side by side leave the machine about as quiet as one does: the longest one (#630, about
-#: 90 s with its two releases side by side) on one worker, the others (170 s together)
-#: shared by two. A worker that runs out of tests takes pending ones from another
-#: (``worksteal``).
-QUIET_WORKERS = 3
+#: five of them before pgqueuer #630 joined, 19.5 CPU-seconds in 139 s, measured). xdist
+#: gives each worker a run of consecutive tests and takes none back from a worker holding
+#: two (the one it runs and the next), so the long ones (marker ``early``) are each followed
+#: by a short one (tests/conftest.py), and six workers leave the longest (#630, about 95 s
+#: with its two releases side by side) alone and each other long one with one short one.
+QUIET_WORKERS = 6
 #: Kept after the run (the scratch directory is not): every test's time, slowest first, and
 #: the temporary directories of the tests that failed (``failed-VERSION``).
 DURATIONS = Path(tempfile.gettempdir()) / "crashqueuelab-gates"
@@ -618,11 +621,11 @@ def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
     raise Interrupted(signal.Signals(signum).name)
 
 
-def _workers() -> int:
+def _workers(coverage: bool) -> int:
     configured = os.environ.get(WORKERS_VARIABLE, "")
     if configured.isdigit() and int(configured) > 0:
         return int(configured)
-    return (os.cpu_count() or 1) + 1
+    return (os.cpu_count() or 1) + (1 if coverage else 3)
 
 
 def _pytest_parts(
@@ -646,14 +649,15 @@ def _pytest_parts(
     selected = f"({markers}) and " if markers else ""
     measured = ["--cov", "--cov-branch"] if coverage else []
     left_out = [f"--ignore={path}" for path in ignore]
+    workers = _workers(coverage)
     parallel: list[str | Path] = [
         python, "-m", "pytest", *PYTEST, "-m", f"{selected}not {QUIET}",
-        "-n", str(_workers()), "--dist", "loadgroup", f"--junitxml={junit / 'parallel.xml'}",
+        "-n", str(workers), "--dist", "loadgroup", f"--junitxml={junit / 'parallel.xml'}",
         f"--basetemp={gates.scratch.basetemp('parallel')}",
         *measured, *(["--cov-report=", "--cov-fail-under=0"] if coverage else []), *left_out,
     ]  # fmt: skip
     started = time.monotonic()
-    ok = gates.run(f"{name}: in parallel ({_workers()} workers)", parallel, limit_s=limit_s)
+    ok = gates.run(f"{name}: in parallel ({workers} workers)", parallel, limit_s=limit_s)
     quiet: list[str | Path] = [
         python, "-m", "pytest", *PYTEST, "-m", f"{selected}{QUIET}",
         "-n", str(QUIET_WORKERS), "--dist", "worksteal", f"--junitxml={junit / 'quiet.xml'}",

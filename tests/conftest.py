@@ -6,6 +6,7 @@ import functools
 import hashlib
 import importlib.util
 import io
+import itertools
 import json
 import os
 import shlex
@@ -132,6 +133,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     early = [i for i in items if id(i) not in first and i.get_closest_marker("early")]
     first |= {id(item) for item in early}
     items[:] = readers + early + [item for item in items if id(item) not in first]
+    _pair_quiet(items)
+
+
+def _pair_quiet(items: list[pytest.Item]) -> None:
+    """The quiet tests' order among themselves (they run on their own, in the quiet part):
+    each long one (marker ``early``) followed by a short one. xdist hands each worker a
+    run of consecutive tests and lets none be taken from a worker holding two (the one it
+    runs and the next), so two long ones side by side in the order would run one after the
+    other on one worker while others ran out of work."""
+    places = [index for index, item in enumerate(items) if item.get_closest_marker("quiet")]
+    quiet = [items[index] for index in places]
+    long = [item for item in quiet if item.get_closest_marker("early")]
+    short = [item for item in quiet if not item.get_closest_marker("early")]
+    paired = [item for pair in itertools.zip_longest(long, short) for item in pair if item]
+    for index, item in zip(places, paired, strict=True):
+        items[index] = item
 
 
 def _module_fixture(item: pytest.Item) -> str | None:

@@ -300,6 +300,7 @@ def test_pgq_run_drains_on_sigterm_and_a_sigkilled_job_is_picked_again(
 # (one server would give both releases one LISTEN/NOTIFY channel).
 @pytest.mark.releases
 @pytest.mark.quiet
+@pytest.mark.early
 def test_pgqueuer_630_a_job_sigkilled_at_a_deploy_blocks_its_entrypoint_on_1_0_1_not_on_1_0_2(
     tmp_path: Path, release_cache: Path, run_cli: RunCli
 ) -> None:
@@ -433,6 +434,7 @@ def test_scheduled_jobs_through_a_librarys_own_scheduling_call_across_a_deploy(
 # waits.
 @pytest.mark.releases
 @pytest.mark.quiet
+@pytest.mark.early
 def test_kombu_1733_and_1800_a_warm_shutdown_loses_a_task_on_5_3_1_and_none_on_5_3_3(
     tmp_path: Path, release_cache: Path, run_cli: RunCli
 ) -> None:

@@ -225,6 +225,7 @@ def test_heartbeats_too_slow_for_the_retry_timer_rerun_live_jobs_on_0_21_0_not_o
 
 @pytest.mark.releases
 @pytest.mark.quiet
+@pytest.mark.early
 def test_a_stall_hands_out_jobs_as_documented_on_0_24_0_and_0_21_0_still_breaks_its_promise(
     tmp_path: Path, postgres_dsn: str, release_cache: Path, run_cli: RunCli
 ) -> None:

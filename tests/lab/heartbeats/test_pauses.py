@@ -160,6 +160,7 @@ def test_a_paused_workers_first_run_once_thawed_then_the_copy_handed_out_meanwhi
 
 @pytest.mark.releases
 @pytest.mark.quiet
+@pytest.mark.early
 def test_dramatiq_1_10_0_runs_a_stopped_workers_prefetched_message_twice_and_1_11_0_does_not(
     tmp_path: Path, redis_socket: str, release_cache: Path, run_cli: RunCli
 ) -> None:

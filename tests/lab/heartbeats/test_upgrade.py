@@ -289,6 +289,7 @@ def upgrade_pair(directory: Path, run_cli: RunCli) -> Any:
 
 @pytest.mark.releases
 @pytest.mark.quiet
+@pytest.mark.early
 def test_dramatiq_1_12_0_puts_back_an_id_whose_message_1_10_0_deleted_and_1_12_1_drops_it(
     tmp_path: Path, release_cache: Path, run_cli: RunCli
 ) -> None:
