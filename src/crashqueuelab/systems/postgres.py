@@ -157,7 +157,8 @@ def store_schema(directory: Path, dsn: str) -> str:
             "schema": f"cql_{secrets.token_hex(8)}",
             "server": _public_server(dsn),
         }
-        draft = directory / f".{DESCRIPTOR_FILE}.{os.getpid()}"
+        # A draft of its own for each caller: threads of one process race too.
+        draft = directory / f".{DESCRIPTOR_FILE}.{os.getpid()}.{secrets.token_hex(4)}"
         with draft.open("w") as handle:
             json.dump(content, handle)
             handle.flush()

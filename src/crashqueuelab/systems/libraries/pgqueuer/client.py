@@ -125,9 +125,11 @@ class PgQueuerClient(LibraryClient):
         async def install() -> None:
             async with self.connection.transaction():
                 cursor = self.connection.cursor()
-                await cursor.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
-                # Processes opening one new store at once install it once.
+                # Processes opening one new store at once install it once, the schema too
+                # (two sessions' CREATE SCHEMA IF NOT EXISTS at once both find none, and the
+                # second fails on the first's row).
                 await cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (schema,))
+                await cursor.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
                 if not await queries.has_table("pgqueuer"):
                     await queries.install()
 

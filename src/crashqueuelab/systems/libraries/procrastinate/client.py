@@ -70,19 +70,18 @@ def install(app: Any, schema: str) -> None:
     import psycopg
 
     # Processes opening one new store at once install it once (apply_schema is not
-    # idempotent), under a lock of the schema's name.
-    with psycopg.connect(server_dsn(), autocommit=True) as connection:
+    # idempotent), under a lock of the schema's name; the schema too: two sessions' CREATE
+    # SCHEMA IF NOT EXISTS at once both find none, and the second fails on the first's row.
+    with psycopg.connect(server_dsn(), autocommit=True) as connection, connection.transaction():
+        connection.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (schema,))
         connection.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
-        with connection.transaction():
-            connection.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (schema,))
-            installed = connection.execute(
-                "SELECT 1 FROM pg_tables WHERE schemaname = %s"
-                " AND tablename = 'procrastinate_jobs'",
-                (schema,),
-            ).fetchone()
-            if installed is None:
-                connection.execute(f'SET LOCAL search_path TO "{schema}"')
-                connection.execute(app.schema_manager.get_schema().encode())
+        installed = connection.execute(
+            "SELECT 1 FROM pg_tables WHERE schemaname = %s AND tablename = 'procrastinate_jobs'",
+            (schema,),
+        ).fetchone()
+        if installed is None:
+            connection.execute(f'SET LOCAL search_path TO "{schema}"')
+            connection.execute(app.schema_manager.get_schema().encode())
 
 
 class ProcrastinateClient(LibraryClient):
