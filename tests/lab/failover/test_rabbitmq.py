@@ -20,7 +20,7 @@ import pytest
 
 from crashqueuelab.cli.failover import rabbitmq_result
 from crashqueuelab.core.errors import InvalidInput, ServerUnavailable
-from crashqueuelab.lab.failover import rabbitcluster
+from crashqueuelab.lab.failover import rabbitcluster, rabbitrun
 from crashqueuelab.lab.failover.rabbitcluster import RabbitCluster
 from crashqueuelab.lab.failover.rabbitrun import run_rabbit_failover
 from crashqueuelab.lab.pages.render import write_report
@@ -167,6 +167,40 @@ def test_a_rejoin_that_does_not_come_names_the_node_asked_and_what_it_said_last(
     assert f"did not rejoin in 1 s; {cluster.nodes[1].node} said last: " in said
     assert "'running_nodes': [" in said
     assert all(node.node in said for node in cluster.nodes)
+
+
+def test_what_each_node_said_is_kept_where_the_cluster_does_not_keep_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Not started: the first node as if its VM had written its log and gone, and a run on
+    # it that the cluster fails (its rejoin, say).
+    def failing(*_: object) -> dict[str, Any]:
+        raise ServerUnavailable("a node did not rejoin in 60 s", "rabbitmq")
+
+    monkeypatch.setattr(rabbitrun, "_run", failing)
+    unstarted = RabbitCluster(size=2)
+    try:
+        first, second = unstarted.nodes
+        first.logs.mkdir(parents=True, exist_ok=True)
+        (first.logs / f"{first.node}.log").write_text("booting\nconnection_closed_abruptly\n")
+        said = unstarted.keep_logs(tmp_path / "kept")
+        with pytest.raises(ServerUnavailable) as failed:
+            run_rabbit_failover(tmp_path / "run", cluster=unstarted)
+    finally:
+        unstarted.close()
+    assert said == [
+        f"{first.node} not running, its log ends: booting / connection_closed_abruptly",
+        f"{second.node} not running, its log ends: no log",
+    ]
+    kept = tmp_path / "kept" / first.node / f"{first.node}.log"
+    assert kept.read_text() == "booting\nconnection_closed_abruptly\n"
+    assert not (tmp_path / "kept" / second.node).exists()
+    # The run's error says the same, and the run's directory keeps the logs.
+    assert str(failed.value) == (
+        f"rabbitmq server: a node did not rejoin in 60 s (the nodes: {'; '.join(said)};"
+        f" their logs: {tmp_path / 'run' / 'nodes'})"
+    )
+    assert (tmp_path / "run" / "nodes" / first.node / f"{first.node}.log").is_file()
 
 
 def test_a_node_that_cannot_start_leaves_no_process_and_no_directory(tmp_path: Path) -> None:

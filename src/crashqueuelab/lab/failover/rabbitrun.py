@@ -164,8 +164,23 @@ def run_rabbit_failover(
     prepare_output_directory(output_dir)
     if cluster is None:
         with RabbitCluster(partition_handling=partition_handling) as started:
-            return _run(output_dir, started, queue_type, sync_mode, promote_on_failure, shape, say)
-    return _run(output_dir, cluster, queue_type, sync_mode, promote_on_failure, shape, say)
+            return _run_said(
+                output_dir, started, queue_type, sync_mode, promote_on_failure, shape, say
+            )
+    return _run_said(output_dir, cluster, queue_type, sync_mode, promote_on_failure, shape, say)
+
+
+def _run_said(output_dir: Path, cluster: RabbitCluster, *arguments: Any) -> dict[str, Any]:
+    """``_run``; should the cluster fail it, with what each node said: the cluster's
+    directories go when it closes, so their logs are copied into the run's own."""
+    try:
+        return _run(output_dir, cluster, *arguments)
+    except ServerUnavailable as error:
+        kept = output_dir / "nodes"
+        said = "; ".join(cluster.keep_logs(kept))
+        raise ServerUnavailable(
+            f"{error.reason} (the nodes: {said}; their logs: {kept})", "rabbitmq"
+        ) from error
 
 
 def _run(
