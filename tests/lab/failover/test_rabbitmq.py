@@ -183,7 +183,7 @@ def test_what_each_node_said_is_kept_where_the_cluster_does_not_keep_it(
         first, second = unstarted.nodes
         first.logs.mkdir(parents=True, exist_ok=True)
         (first.logs / f"{first.node}.log").write_text("booting\nconnection_closed_abruptly\n")
-        said = unstarted.keep_logs(tmp_path / "kept")
+        said = rabbitrun.keep_logs(unstarted, tmp_path / "kept")
         with pytest.raises(ServerUnavailable) as failed:
             run_rabbit_failover(tmp_path / "run", cluster=unstarted)
     finally:

@@ -361,18 +361,6 @@ class RabbitCluster:
     def queue(self, name: str, on: str | None = None) -> dict[str, Any]:
         return parse_queues(self.queues_text(on)).get(name, {})
 
-    def keep_logs(self, into: Path) -> list[str]:
-        """Each node's logs copied into ``into`` (one directory each: the cluster's own go
-        when it closes), and one line per node: whether its VM runs, and its log's last
-        words."""
-        lines = []
-        for node in self.nodes:
-            if node.logs.is_dir():
-                shutil.copytree(node.logs, into / node.node, dirs_exist_ok=True)
-            state = "running" if node.running else "not running"
-            lines.append(f"{node.node} {state}, its log ends: {node.last_words()}")
-        return lines
-
     def describe(self) -> dict[str, Any]:
         first = self.nodes[0]
         return {

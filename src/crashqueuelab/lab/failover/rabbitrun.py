@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import shutil
 import time
 from functools import partial
 from pathlib import Path
@@ -170,6 +171,18 @@ def run_rabbit_failover(
     return _run_said(output_dir, cluster, queue_type, sync_mode, promote_on_failure, shape, say)
 
 
+def keep_logs(cluster: RabbitCluster, into: Path) -> list[str]:
+    """Each node's logs copied into ``into`` (one directory each: the cluster's own go when
+    it closes), and one line per node: whether its VM runs, and its log's last words."""
+    lines = []
+    for node in cluster.nodes:
+        if node.logs.is_dir():
+            shutil.copytree(node.logs, into / node.node, dirs_exist_ok=True)
+        state = "running" if node.running else "not running"
+        lines.append(f"{node.node} {state}, its log ends: {node.last_words()}")
+    return lines
+
+
 def _run_said(output_dir: Path, cluster: RabbitCluster, *arguments: Any) -> dict[str, Any]:
     """``_run``; should the cluster fail it, with what each node said: the cluster's
     directories go when it closes, so their logs are copied into the run's own."""
@@ -177,7 +190,7 @@ def _run_said(output_dir: Path, cluster: RabbitCluster, *arguments: Any) -> dict
         return _run(output_dir, cluster, *arguments)
     except ServerUnavailable as error:
         kept = output_dir / "nodes"
-        said = "; ".join(cluster.keep_logs(kept))
+        said = "; ".join(keep_logs(cluster, kept))
         raise ServerUnavailable(
             f"{error.reason} (the nodes: {said}; their logs: {kept})", "rabbitmq"
         ) from error
