@@ -95,18 +95,35 @@ def test_a_rolling_deploy_of_arqs_own_worker_cancels_the_jobs_in_hand_and_loses_
         "--long-share", "1", "--seed", "3",
     )  # fmt: skip
     record = json.loads((directory / "deploys.json").read_text())
-    assert outcome.code == 0, record["anomalies"]
-    assert record["ok"] is True
     assert record["worker"]["lab_worker"] is False
     stopped = [w for w in record["workers"] if w["stopped_by"] == "deploy"]
     # arq's handler cancels the jobs at once: the worker exits well within its grace.
     assert len(stopped) == 1
-    assert stopped[0]["exited_within_grace"] is True
+    old = stopped[0]
+    assert old["exited_within_grace"] is True
     # Every job it held was cut with it, put back by arq, and run to its end by the
     # replacement: nothing lost, nothing run twice to completion.
     cut = [e for e in record["executions"] if e["how"] != "ended"]
     assert cut, record["executions"]
-    assert {e["worker"] for e in cut} == {stopped[0]["name"]}
+    assert {e["worker"] for e in cut} == {old["name"]}
     for job in record["jobs"].values():
         assert (job["completed"], job["stored"]) == (1, "complete")
-    assert record["promises"]["broken_promises"] == []
+    # arq cancels a job's coroutine and puts the job back at the SIGTERM, but the work runs
+    # in a thread, which no cancellation stops (arq issue 395, for its timeout): it goes on
+    # until the old process exits. A replacement that takes the job back before that exit
+    # runs it beside a live holder, and the lab says so (one gates run: the old worker
+    # exited 0.25 s after its SIGTERM, the replacement took both jobs 0.02 s before). That
+    # is the only finding a run may have, and only inside that window.
+    beside = [f for f in record["findings"] if f["kind"] == "ran_beside_live_holder"]
+    assert [f for f in record["findings"] if f not in beside] == []
+    for finding in beside:
+        assert finding["facts"] == {"holder": old["name"], "holder_stopping": True}
+        again = [
+            e for e in record["executions"]
+            if e["key"] == finding["job"] and e["worker"] != old["name"]
+        ]  # fmt: skip
+        assert len(again) == 1
+        assert old["stop_s"] <= again[0]["start_s"] < old["exit_s"]
+    assert record["promises"]["broken_promises"] == [f["text"] for f in beside]
+    assert record["ok"] is (not beside)
+    assert outcome.code == (1 if beside else 0), record["anomalies"]
