@@ -101,6 +101,9 @@ DIST_PORT_TAKEN = "dist_port_already_used"
 #: How the Erlang VM's last line begins when the node's boot failed (its reason follows: an
 #: AMQP port taken says ``could_not_start_listener``).
 BOOT_FAILED = "init terminating in do_boot"
+#: The Erlang VM's crash dump (``ERL_CRASH_DUMP``), in the node's log directory: written when
+#: the VM dies of an error or is asked for it (``ThrowawayRabbitMQ.dump``).
+CRASH_DUMP = "erl_crash.dump"
 PORT_RETRIES = 2
 
 
@@ -228,6 +231,7 @@ class ThrowawayRabbitMQ(Throwaway):
             "RABBITMQ_CONF_ENV_FILE": str(self.root / "rabbitmq-env.conf"),
             "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.root / "enabled_plugins"),
             "RABBITMQ_PID_FILE": str(self.root / "rabbitmq.pid"),
+            "ERL_CRASH_DUMP": str(self.logs / CRASH_DUMP),
         }
 
     def rabbitmqctl(self, *arguments: str, timeout_s: float | None = None) -> str:
@@ -376,6 +380,36 @@ class ThrowawayRabbitMQ(Throwaway):
         if self.epmd is not None and self.epmd.poll() is None:
             found.append(self.epmd.pid)
         return found
+
+    def vm(self) -> int | None:
+        """The node's Erlang VM (``beam.smp``, below its script), while it runs."""
+        for pid in self.processes():
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{pid}/comm").read_text().strip() == "beam.smp":
+                    return pid
+        return None
+
+    def answers(self, timeout_s: float) -> bool:
+        """Whether the node answers ``rabbitmqctl ping`` within ``timeout_s``."""
+        try:
+            self.rabbitmqctl("ping", timeout_s=timeout_s)
+        except ServerUnavailable:
+            return False
+        return True
+
+    def dump(self) -> Path | None:
+        """What a node that answers nothing is doing: SIGUSR1 makes its VM write a crash
+        dump (each scheduler's and each Erlang process's state) into its log directory and
+        halt; SIGCONT after it, so that a paused VM does it too. The dump once the VM is gone
+        (bounded wait), or None: no VM running, or no dump written in time."""
+        pid = self.vm()
+        if pid is None:
+            return None
+        os.kill(pid, signal.SIGUSR1)
+        os.kill(pid, signal.SIGCONT)
+        wait_until(lambda: not alive(pid), self.start_timeout_s, 0.1)
+        dump = self.logs / CRASH_DUMP
+        return dump if dump.is_file() and not alive(pid) else None
 
     def forget(self) -> None:
         """The killed processes the lab started are reaped (bounded)."""

@@ -25,7 +25,7 @@ from crashqueuelab.lab.failover.rabbitcluster import RabbitCluster
 from crashqueuelab.lab.failover.rabbitrun import run_rabbit_failover
 from crashqueuelab.lab.pages.render import write_report
 from crashqueuelab.servers.base import alive
-from crashqueuelab.servers.rabbitmq import find_binaries
+from crashqueuelab.servers.rabbitmq import CRASH_DUMP, ThrowawayRabbitMQ, find_binaries
 from tests.conftest import RunCli
 
 pytest.importorskip("pika", reason="pika (the dramatiq extra) drives the load")
@@ -201,6 +201,44 @@ def test_what_each_node_said_is_kept_where_the_cluster_does_not_keep_it(
         f" their logs: {tmp_path / 'run' / 'nodes'})"
     )
     assert (tmp_path / "run" / "nodes" / first.node / f"{first.node}.log").is_file()
+
+
+def test_a_node_that_answers_no_ping_is_asked_for_its_crash_dump_which_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first node as if its VM ran and answered nothing; the second as if it ran and
+    # answered (a real node's dump: tests/systems/libraries/test_dramatiq_rabbitmq.py).
+    unstarted = RabbitCluster(size=2)
+    first, second = unstarted.nodes
+    asked: list[tuple[str, float]] = []
+
+    def answers(node: ThrowawayRabbitMQ, timeout_s: float) -> bool:
+        asked.append((node.node, timeout_s))
+        return node is second
+
+    def dump(node: ThrowawayRabbitMQ) -> Path:
+        assert node is first
+        node.logs.mkdir(parents=True, exist_ok=True)
+        (node.logs / CRASH_DUMP).write_text("=erl_crash_dump:0.5\nSlogan: Received SIGUSR1\n")
+        return node.logs / CRASH_DUMP
+
+    monkeypatch.setattr(ThrowawayRabbitMQ, "running", property(lambda _: True))
+    monkeypatch.setattr(ThrowawayRabbitMQ, "answers", answers)
+    monkeypatch.setattr(ThrowawayRabbitMQ, "dump", dump)
+    try:
+        said = rabbitrun.keep_logs(unstarted, tmp_path / "kept")
+    finally:
+        monkeypatch.undo()
+        unstarted.close()
+    assert asked == [(first.node, rabbitrun.PING_S), (second.node, rabbitrun.PING_S)]
+    assert said == [
+        f"{first.node} running, answered no ping in 15 s: its VM's crash dump kept"
+        f" ({CRASH_DUMP}), its log ends: no log",
+        f"{second.node} running, its log ends: no log",
+    ]
+    kept = tmp_path / "kept" / first.node / CRASH_DUMP
+    assert "Slogan: Received SIGUSR1" in kept.read_text()
+    assert not (tmp_path / "kept" / second.node).exists()
 
 
 def test_a_node_that_cannot_start_leaves_no_process_and_no_directory(tmp_path: Path) -> None:

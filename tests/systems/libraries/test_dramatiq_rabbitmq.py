@@ -13,7 +13,9 @@ dramatiq and pika come with the ``dramatiq`` extra, and Debian's ``rabbitmq-serv
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import tempfile
 import threading
 import time
@@ -26,6 +28,7 @@ from crashqueuelab.judges.readers.rabbitmq import QueueCounts, rabbitmq_queues
 from crashqueuelab.servers.base import alive
 from crashqueuelab.servers.rabbitmq import (
     CONTROL_VARIABLE,
+    CRASH_DUMP,
     SETTINGS,
     URL_VARIABLE,
     ThrowawayRabbitMQ,
@@ -67,6 +70,23 @@ def started_on_its_own(server: ThrowawayRabbitMQ) -> None:
     # What ``rabbitmqctl version`` says: Debian's is 3.10.
     assert re.fullmatch(r"3\.\d+\.\d+", str(described["version"]))
     assert server.environment()[URL_VARIABLE] == server.url
+
+
+def _dumps_what_it_does_when_it_answers_nothing(server: ThrowawayRabbitMQ) -> None:
+    """A node that answers nothing (paused here) can still tell what it was doing: its VM
+    writes a crash dump beside the node's logs and halts. Then it starts again."""
+    vm = server.vm()
+    assert vm is not None
+    os.kill(vm, signal.SIGSTOP)
+    assert not server.answers(timeout_s=2.0)
+    dump = server.dump()
+    assert dump == server.logs / CRASH_DUMP
+    assert "Slogan: Received SIGUSR1" in dump.read_text(errors="replace")[:300]
+    assert not alive(vm)
+    assert server.vm() is None
+    assert server.dump() is None
+    server.restart_after_crash()
+    assert server.answers(timeout_s=30.0)
 
 
 @pytest.mark.server_fault
@@ -118,6 +138,7 @@ def test_a_node_keeps_confirmed_messages_of_dramatiqs_durable_queue_across_a_cra
         assert sorted(ran) == [0, 1, 2]
         drained = {counts.name: counts for counts in rabbitmq_queues(control, server.bindir)}
         assert drained[QUEUE] == QueueCounts(QUEUE, 0, 0)
+        _dumps_what_it_does_when_it_answers_nothing(server)
         running = server.processes()
         assert server.epmd is not None
         assert server.epmd.pid in running

@@ -57,6 +57,9 @@ EMPTY_FOR_S = 1.0
 #: How long each failover takes (the kill, the election, the rejoin; measured 7 to 10 s):
 #: the producer goes on meanwhile.
 FAILOVER_S = 9.0
+#: How long a node of a cluster that failed a run has to answer ``rabbitmqctl ping``
+#: before its VM is asked for a crash dump.
+PING_S = 15.0
 
 
 class Shape(NamedTuple):
@@ -173,12 +176,21 @@ def run_rabbit_failover(
 
 def keep_logs(cluster: RabbitCluster, into: Path) -> list[str]:
     """Each node's logs copied into ``into`` (one directory each: the cluster's own go when
-    it closes), and one line per node: whether its VM runs, and its log's last words."""
+    it closes), and one line per node: whether its VM runs, and its log's last words. A
+    node that runs but answers no ``rabbitmqctl ping`` within ``PING_S`` is asked for its
+    VM's crash dump (which halts it), kept with its logs: what it was doing."""
     lines = []
     for node in cluster.nodes:
+        state = "running" if node.running else "not running"
+        if node.running and not node.answers(timeout_s=PING_S):
+            dumped = node.dump()
+            state += f", answered no ping in {PING_S:g} s: " + (
+                f"its VM's crash dump kept ({dumped.name})"
+                if dumped is not None
+                else "its VM wrote no crash dump"
+            )
         if node.logs.is_dir():
             shutil.copytree(node.logs, into / node.node, dirs_exist_ok=True)
-        state = "running" if node.running else "not running"
         lines.append(f"{node.node} {state}, its log ends: {node.last_words()}")
     return lines
 
