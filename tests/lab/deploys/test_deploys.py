@@ -123,9 +123,21 @@ def test_sigquit_kills_the_lab_worker_at_once_and_its_job_runs_again(
             stopped = [w for w in record["workers"] if w["stopped_by"] == "deploy"]
             assert {w["exit"] for w in stopped} == {"SIGQUIT"}
             assert all(w["killed_s"] is None for w in stopped)
-            # Each job a stop cut ran again elsewhere.
+            # Each job a stop cut ran again elsewhere, later. A job runs again otherwise only
+            # where the queue refused the acknowledgement of a run that ended, its 0.3 s lease
+            # run out (a heartbeat late on a loaded machine, one whole run): at least once, as
+            # the queue promises; each such run is one redelivery more, none unexplained.
             abandoned = [run for run in record["executions"] if run["how"] == "abandoned"]
-            assert sum(job["redelivered"] for job in record["jobs"].values()) == len(abandoned)
+            for cut in abandoned:
+                assert any(
+                    run["key"] == cut["key"]
+                    and run["pid"] != cut["pid"]
+                    and run["start_s"] >= cut["end_s"]
+                    for run in record["executions"]
+                ), cut
+            refused = sum(job["completed"] - job["acknowledged"] for job in record["jobs"].values())
+            redelivered = sum(job["redelivered"] for job in record["jobs"].values())
+            assert redelivered == len(abandoned) + refused
             if abandoned:
                 break
         else:
