@@ -20,6 +20,7 @@ from crashqueuelab.cli.common import (
 from crashqueuelab.cli.pages import html_report
 from crashqueuelab.cli.progress import progress_for
 from crashqueuelab.lab.deploys.plan import (
+    AT_STOP_S,
     LONG_SHARE,
     SCHEDULER_POLL_S,
     DeployPlan,
@@ -52,6 +53,7 @@ def plan_of(args: argparse.Namespace) -> DeployPlan:
         promote_after_s=args.promote_after_s,
         server_restarts=args.server_restarts,
         submit_until_s=args.submit_until_s,
+        submit_at_stops=args.submit_at_stops,
     )
 
 
@@ -184,6 +186,15 @@ def add_deploys_command(command: Command) -> None:
         " from the start, at most the last stop signal; not with server faults); default the"
         " last stop signal, so that one arrives at it (past the last server fault with"
         " --failovers or --server-restarts)",
+    )
+    sub.add_argument(
+        "--submit-at-stops",
+        type=non_negative,
+        default=0,
+        help="this many jobs right after each stop's signals, within"
+        f" {AT_STOP_S:g} s of them (a stopped worker may still hold a fetch open); of the"
+        " others half at the start, the rest evenly; not with --submit-until-s or server"
+        " faults; default 0",
     )
     sub.add_argument(
         "--replace",

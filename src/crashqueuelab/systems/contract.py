@@ -361,11 +361,15 @@ class JobWork(Protocol):
     called with a job's key, it runs the job's work; ``received(key)`` records that the
     worker received the job from its broker, for a library that can tell (Celery's
     ``task_received`` signal), called in the worker's process before the work runs. A job
-    held since its receipt is one a broker's crash may take back while it waits."""
+    held since its receipt is one a broker's crash may take back while it waits.
+    ``ready()`` records that the worker takes jobs now, for a library that can tell (Celery's
+    ``worker_ready`` signal, sent as its consumer starts consuming)."""
 
     def __call__(self, key: str) -> None: ...
 
     def received(self, key: str) -> None: ...
+
+    def ready(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -395,6 +399,10 @@ class OwnWorker:
     #: scheduling call, due at ``due`` (seconds since the epoch); None where the library
     #: schedules nothing.
     schedule: Callable[[Path, str, float], None] | None = None
+    #: Whether ``serve`` calls ``work.ready()`` once the library's worker takes jobs: a
+    #: deploy then stops it only from there (or once it had the run's start-up bound), as a
+    #: rolling deploy waits for a readiness probe, not while it still boots.
+    tells_ready: bool = False
 
 
 #: A condition on one field or fact of a finding: a value, or a tuple of the values it may

@@ -128,3 +128,50 @@ def test_a_stop_waits_for_its_worker_to_reach_its_loop_at_most_its_startup_time(
         assert rollout.done_steps == 2
     finally:
         fleet.close(lambda seconds: None)
+
+
+def test_a_worker_whose_library_tells_when_it_takes_jobs_is_stopped_only_from_then(
+    tmp_path: Path,
+) -> None:
+    """Serving is not enough where the library tells (Celery boots for seconds after the
+    process reached it); the stop's jobs come that long after its signals."""
+    now = [0.0]
+    fleet = Fleet(tmp_path, lambda name, ledger: _spec(ledger), lambda: now[0], tells_ready=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True
+    )
+    try:
+        log = (tmp_path / "w0.log").open("wb")
+        ledger = tmp_path / "w0.0.ledger"
+        worker = Worker("w0.0", 0, 0, ledger, process, 0.0, log, tells_ready=True)
+        fleet.workers.append(worker)
+        assert worker.ready_at() is None  # no ledger yet
+        plan = DeployPlan(workers=1, replace=Replace.AFTER_EXIT)
+        after = {0: [(0.1, "job-02"), (0.2, "job-03")]}
+        rollout = Rollout(
+            plan, fleet, [Step(0.0, (0,), "rolling", 0)], [(0.5, "job-01")], None,  # type: ignore[arg-type]
+            lambda: now[0], startup_s=5.0, after_stops=after,
+        )  # fmt: skip
+        ledger.write_text(f"serving 0.5 {process.pid}\nready torn\n")
+        now[0] = 1.0
+        rollout.stop_due()
+        assert (rollout.done_steps, worker.signals, worker.ready_at()) == (0, [], None)
+        ledger.write_text(f"serving 0.5 {process.pid}\nready 1.25\nready 9.0\n")
+        now[0] = 1.5
+        rollout.stop_due()
+        assert (rollout.done_steps, worker.signals, worker.ready_at()) == (
+            1,
+            [(1.5, "SIGTERM")],
+            1.25,
+        )
+        assert rollout.planned == [(0.5, "job-01"), (1.6, "job-02"), (1.7, "job-03")]
+    finally:
+        fleet.close(lambda seconds: None)
+
+
+def test_the_work_a_library_is_handed_records_when_it_takes_jobs(tmp_path: Path) -> None:
+    ledger = tmp_path / "w.ledger"
+    work_for(_spec(ledger)).ready()
+    (line,) = ledger.read_text().splitlines()
+    assert line.split()[0] == "ready"
+    assert float(line.split()[1]) <= time.monotonic()

@@ -16,6 +16,7 @@ from crashqueuelab.lab.deploys.plan import (
     SCHEDULER_POLL_S,
     DeployPlan,
     StopSignal,
+    after_stops,
     due_tolerance,
     durations,
     job_keys,
@@ -80,6 +81,20 @@ def test_half_the_jobs_are_submitted_at_once_the_rest_until_the_last_stop() -> N
     assert early == [(0.0, "job-00"), (0.0, "job-01"), (1.0, "job-02"), (2.0, "job-03")]
 
 
+def test_jobs_at_stops_come_right_after_each_stops_signals_the_others_as_before() -> None:
+    plan = DeployPlan(workers=1, deploys=2, grace_s=1.0, warmup_s=1.0, jobs=6, submit_at_stops=2)
+    plan.check()
+    assert plan.to_json()["submit_at_stops"] == 2
+    left, after = after_stops(job_keys(6), schedule(plan), 2)
+    assert left == ["job-00", "job-01"]
+    assert after == {
+        0: [(0.067, "job-02"), (0.133, "job-03")],
+        1: [(0.067, "job-04"), (0.133, "job-05")],
+    }
+    assert submissions(left, schedule(plan)) == [(0.0, "job-00"), (3.0, "job-01")]
+    assert after_stops(job_keys(2), schedule(plan), 0) == (["job-00", "job-01"], {})
+
+
 def test_keys_are_as_wide_as_the_largest() -> None:
     assert job_keys(3) == ["job-00", "job-01", "job-02"]
     assert job_keys(101)[-1] == "job-100"
@@ -114,6 +129,12 @@ def test_the_second_sigterm_mode_starts_with_sigterm() -> None:
         (DeployPlan(workers=2, deploys=2, warmup_s=1.0, submit_until_s=7.5), "submit_until_s"),
         (DeployPlan(failovers=1, submit_until_s=1.0), "submit_until_s"),
         (DeployPlan(server_restarts=1, submit_until_s=1.0), "submit_until_s"),
+        (DeployPlan(submit_at_stops=-1), "submit_at_stops"),
+        (DeployPlan(submit_at_stops=1, submit_until_s=1.0), "submit_at_stops"),
+        (DeployPlan(failovers=1, submit_at_stops=1), "submit_at_stops"),
+        (DeployPlan(server_restarts=1, submit_at_stops=1), "submit_at_stops"),
+        # Two stops of one worker each, two jobs after each: none left for the start.
+        (DeployPlan(workers=1, deploys=2, jobs=4, submit_at_stops=2), "submit_at_stops"),
     ],
 )
 def test_a_plan_that_cannot_run_is_refused_naming_its_option(plan: DeployPlan, name: str) -> None:
@@ -173,6 +194,7 @@ def test_the_due_tolerance_is_the_longest_poll_the_grace_and_the_longest_job_unl
         DeployPlan(workers=3, deploys=1, surge=2, grace_s=2.5, submit_until_s=2.0, scheduled=2),
         DeployPlan(server_restarts=2, interval_s=4.0, replace=Replace.AFTER_EXIT),
         DeployPlan(failovers=1, promote_after_s=0.5, fleet_restarts=1, due_tolerance_s=3.0),
+        DeployPlan(jobs=12, submit_at_stops=2),
     ],
 )
 def test_the_pages_command_makes_the_plan_it_shows_again(plan: DeployPlan, tmp_path: Path) -> None:

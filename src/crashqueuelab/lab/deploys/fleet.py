@@ -64,6 +64,8 @@ class Worker:
     group_when_killed: list[int] = field(default_factory=list)
     exit_s: float | None = None
     exit_code: int | None = None
+    #: Whether its library says when it takes jobs (``OwnWorker.tells_ready``).
+    tells_ready: bool = False
 
     @property
     def pid(self) -> int:
@@ -74,11 +76,26 @@ class Worker:
         return self.exit_s is None
 
     def serving(self) -> bool:
-        """Whether the process reached its worker (its ledger's ``serving`` line): before,
-        a stop signal finds an interpreter still importing, not the worker under test."""
+        """Whether the process reached its worker (its ledger's ``serving`` line), and where
+        its library tells, whether that worker takes jobs (its ``ready`` line): before, a
+        stop signal finds an interpreter still importing, or a worker still booting, not the
+        worker under test."""
+        if self.tells_ready:
+            return self.ready_at() is not None
         if not self.ledger.is_file():
             return False
         return any(line.startswith("serving ") for line in self.ledger.read_text().splitlines())
+
+    def ready_at(self) -> float | None:
+        """When its library said it takes jobs (the ledger's clock), or None."""
+        if not self.ledger.is_file():
+            return None
+        for line in self.ledger.read_text().splitlines():
+            parts = line.split(" ")
+            if parts[0] == "ready" and len(parts) == 2:
+                with contextlib.suppress(ValueError):
+                    return float(parts[1])
+        return None
 
     def exit_word(self) -> str | None:
         code = self.exit_code
@@ -124,10 +141,13 @@ class Fleet:
         directory: Path,
         spec_for: Callable[[str, Path], DeployWorkerSpec],
         clock: Callable[[], float],
+        tells_ready: bool = False,
     ) -> None:
         self.directory = directory
         self.spec_for = spec_for
         self.clock = clock
+        #: Whether the workers' library says when each takes jobs.
+        self.tells_ready = tells_ready
         self.workers: list[Worker] = []
 
     def start(self, slot: int) -> Worker:
@@ -150,6 +170,7 @@ class Fleet:
             preexec_fn=default_stop_signals,  # noqa: PLW1509
         )
         worker = Worker(name, slot, generation, ledger, process, self.clock(), log)
+        worker.tells_ready = self.tells_ready
         self.workers.append(worker)
         return worker
 

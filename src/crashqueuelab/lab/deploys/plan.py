@@ -54,6 +54,11 @@ LONG_SHARE = 0.3
 #: periods at least and at most: a long job stopped in its first half still works when the
 #: grace ends.
 SHORT_MAX, LONG_MIN, LONG_MAX = 0.6, 2.0, 4.0
+#: The jobs ``submit_at_stops`` places after a stop's signals arrive within this many
+#: seconds of them: while the stopped worker's connection, and a fetch it left pending (a
+#: BRPOP on Redis), may still be open (Celery's worker exits about 0.06 s after SIGTERM
+#: where it holds no task, on an idle machine).
+AT_STOP_S = 0.2
 #: A short job works at least this long (seconds).
 SHORT_MIN_S = 0.05
 #: A scheduled job is submitted at least this long before it is due: a due time in the
@@ -107,6 +112,10 @@ class DeployPlan:
     #: None: the last stop signal (or past the last server fault), so that one arrives at
     #: the last stop. Earlier: no job arrives during the stops after it.
     submit_until_s: float | None = None
+    #: This many jobs are submitted right after each stop's signals, inside the ``AT_STOP_S``
+    #: that follows them (``after_stops``); of the others, half at the start and the rest
+    #: evenly, as above.
+    submit_at_stops: int = 0
 
     def check(self) -> None:
         """Refuse what cannot be run, naming the option."""
@@ -145,6 +154,8 @@ class DeployPlan:
             raise InvalidInput("promote_after_s", "a failover's: needs --failovers")
         if self.submit_until_s is not None:
             self._check_submit_until(self.submit_until_s)
+        if self.submit_at_stops:
+            self._check_submit_at_stops(self.submit_at_stops)
         if self.due_tolerance_s is not None and not self.due_tolerance_s > 0:
             raise InvalidInput("due_tolerance_s", "must be a positive number of seconds")
 
@@ -161,6 +172,26 @@ class DeployPlan:
                 "submit_until_s",
                 f"at most the last stop signal, {last_stop:g} s: the run waits for the jobs"
                 " from there",
+            )
+
+    def _check_submit_at_stops(self, each: int) -> None:
+        if each < 0:
+            raise InvalidInput("submit_at_stops", "must be 0 or more")
+        if self.submit_until_s is not None:
+            raise InvalidInput(
+                "submit_at_stops", "not with --submit-until-s: its jobs come after every stop"
+            )
+        if self.failovers or self.server_restarts:
+            raise InvalidInput(
+                "submit_at_stops", "not with server faults: their jobs come after the last one"
+            )
+        stops = len(schedule(self))
+        unscheduled = self.jobs - self.scheduled
+        if each * stops >= unscheduled:
+            raise InvalidInput(
+                "submit_at_stops",
+                f"{each} after each of the {stops} stops takes {each * stops} jobs, and one at"
+                f" least comes at the start: {unscheduled} jobs are not scheduled",
             )
 
     @property
@@ -187,6 +218,7 @@ class DeployPlan:
             "promote_after_s": self.promote_after_s,
             "server_restarts": self.server_restarts,
             "submit_until_s": self.submit_until_s,
+            "submit_at_stops": self.submit_at_stops,
         }
 
 
@@ -269,6 +301,21 @@ def submissions(
     rest = len(keys) - first
     times = [0.0] * first + [end * (index + 1) / rest for index in range(rest)]
     return list(zip(times, keys, strict=True))
+
+
+def after_stops(
+    keys: Sequence[str], steps: Sequence[Step], each: int
+) -> tuple[list[str], dict[int, list[tuple[float, str]]]]:
+    """The jobs submitted right after each stop's signals (``submit_at_stops``): the last
+    ``each`` keys per stop, by step, each with how long after the signals it comes (evenly
+    inside ``AT_STOP_S``), measured from when they were sent, not from when the stop fell
+    due (a stop waits for a worker still starting); and the keys left for ``submissions``."""
+    count = each * len(steps)
+    if count == 0:
+        return list(keys), {}
+    left, taken = list(keys[: len(keys) - count]), iter(keys[len(keys) - count :])
+    offsets = [round(AT_STOP_S * (index + 1) / (each + 1), 3) for index in range(each)]
+    return left, {step: [(offset, next(taken)) for offset in offsets] for step in range(len(steps))}
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,9 @@ marked so."""
 
 from __future__ import annotations
 
+import bisect
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -55,12 +56,15 @@ class Rollout:
         fail_over: Callable[..., dict[str, Any]] | None = None,
         failovers_at: Sequence[float] = (),
         server_restarts: ServerRestarts | None = None,
+        after_stops: Mapping[int, Sequence[tuple[float, str]]] | None = None,
     ) -> None:
         self.plan, self.fleet, self.steps, self.clock = plan, fleet, steps, clock
         #: Executions whose process died under their live worker, not stopped by the lab
         #: (the library's own guard), on the ledgers' clock.
         self.deaths = deaths or DeathWatch(time.monotonic)
         self.planned = list(planned)
+        #: By step: the jobs submitted that long after its signals, planned once it is made.
+        self.after_stops = after_stops or {}
         self.client = client
         #: Submits a scheduled job due at a time on the run's clock; each one's due time.
         self.schedule_at, self.due = schedule_at, due or {}
@@ -160,11 +164,15 @@ class Rollout:
             if self.plan.replace is Replace.AT_ONCE:
                 for slot in stopped:
                     self.fleet.start(slot)
+            signalled = self.clock()
+            for after, key in self.after_stops.get(self.done_steps, ()):
+                bisect.insort(self.planned, (signalled + after, key))
             self.done_steps += 1
 
     def _ready(self, slots: Sequence[int]) -> bool:
         """Whether every worker a step stops serves: a stop falls due on a worker once it
-        reached its worker loop (a busy machine can take seconds to import it), or once it
+        reached its worker loop (a busy machine can take seconds to import it) and, where
+        its library tells, takes jobs (Celery's worker boots for seconds more), or once it
         had ``startup_s`` to, after which the stop finds whatever is there."""
         for slot in slots:
             worker = self.current(slot)

@@ -25,7 +25,7 @@ from crashqueuelab.core.errors import InvalidInput, SystemUnavailable
 from crashqueuelab.core.ids import RandomIds
 from crashqueuelab.core.retry import RetryPolicy
 from crashqueuelab.judges.findings import Kind, texts, to_json
-from crashqueuelab.lab.deploys.fleet import Fleet
+from crashqueuelab.lab.deploys.fleet import Fleet, Worker
 from crashqueuelab.lab.deploys.judge import (
     WorkerFate,
     fates_of_held,
@@ -39,6 +39,7 @@ from crashqueuelab.lab.deploys.plan import (
     DeployPlan,
     Scheduled,
     Step,
+    after_stops,
     due_tolerance,
     durations,
     job_keys,
@@ -169,6 +170,16 @@ def _recovery_bound(
         f" + {RECOVERY_MARGIN_S:g} s"
     )
     return bound, basis
+
+
+def _worker_json(worker: Worker, origin: float) -> dict[str, Any]:
+    """A worker's record; where its library tells when it takes jobs, ``ready_s`` (None:
+    it never said so)."""
+    record = worker.to_json()
+    if worker.tells_ready:
+        at = worker.ready_at()
+        record["ready_s"] = None if at is None else round(at - origin, 3)
+    return record
 
 
 def _executions(run: Rollout, origin: float) -> list[Execution]:
@@ -311,6 +322,8 @@ class _Prepared:
     steps: list[Step]
     later: list[Scheduled]
     planned: list[tuple[float, str]]
+    #: By step: the jobs submitted right after its signals, each with how long after.
+    bursts: dict[int, list[tuple[float, str]]]
 
 
 def _prepare(
@@ -326,10 +339,10 @@ def _prepare(
     if plan.scheduled and recovery_wait_s is None:
         bound, basis = _with_tolerance(bound, basis, tolerance)
     steps = schedule(plan)
-    later, planned = _submissions(plan, keys, steps)
+    later, planned, bursts = _submissions(plan, keys, steps)
     return _Prepared(
         keys, work, lease, worker, labs, bound, basis, tolerance, tolerance_basis, steps,
-        later, planned,
+        later, planned, bursts,
     )  # fmt: skip
 
 
@@ -348,19 +361,21 @@ def _with_tolerance(bound: float, basis: str, tolerance: float) -> tuple[float, 
 
 def _submissions(
     plan: DeployPlan, keys: Sequence[str], steps: Sequence[Step]
-) -> tuple[list[Scheduled], list[tuple[float, str]]]:
-    """The scheduled jobs, and when every job is submitted, in order."""
+) -> tuple[list[Scheduled], list[tuple[float, str]], dict[int, list[tuple[float, str]]]]:
+    """The scheduled jobs; when every other job is submitted, in order, but for those
+    submitted right after a stop's signals, given by step (``after_stops``)."""
     later = scheduled_jobs(keys, steps, plan)
     due = {job.key for job in later}
+    left, after = after_stops([key for key in keys if key not in due], steps, plan.submit_at_stops)
     failovers = server_fault_times(plan)
     # Jobs are submitted past the last failover too: those after a promotion show how soon
     # the workers are woken again.
     until = failovers[-1] + plan.interval / 2 if failovers else 0.0
     planned = sorted(
-        submissions([key for key in keys if key not in due], steps, until, plan.submit_until_s)
+        submissions(left, steps, until, plan.submit_until_s)
         + [(job.submit_s, job.key) for job in later]
     )
-    return later, planned
+    return later, planned, after
 
 
 def _scheduler(
@@ -449,7 +464,7 @@ def run_deploys(
         progress(f"deploys {resolved.name}: {len(steps)} stops of {plan.workers} workers")
     faulted = fail_over is not None or (restart_server is not None and plan.server_restarts > 0)
     client, producer = _clients(resolved, store, failing_over=faulted)
-    fleet = Fleet(output_dir, spec_for, clock)
+    fleet = Fleet(output_dir, spec_for, clock, tells_ready=worker.tells_ready)
     scheduler = _scheduler(worker, labs, client, store)
     restarts = (
         ServerRestarts(restart_server, server_fault_times(plan), clock)
@@ -459,7 +474,7 @@ def run_deploys(
     run = Rollout(
         plan, fleet, steps, ready.planned, producer, clock, scheduler, due, wall_origin,
         DeathWatch(now), STARTUP_S, fail_over,
-        server_fault_times(plan) if plan.failovers else (), restarts,
+        server_fault_times(plan) if plan.failovers else (), restarts, ready.bursts,
     )  # fmt: skip
     try:
         recovered_at, last_stop_end = run.drive(keys, bound, sleep)
@@ -506,7 +521,7 @@ def run_deploys(
         if error
         else classify(resolved, "deploys", anomalies, fault_kinds(resolved, restarted))
     )
-    workers = [w.to_json() for w in fleet.workers]
+    workers = [_worker_json(w, origin) for w in fleet.workers]
     record: dict[str, Any] = {
         "ok": not anomalies and error is None,
         "anomalies": texts(anomalies),
@@ -517,6 +532,7 @@ def run_deploys(
         "worker": {
             "describe": worker.describe,
             "lab_worker": labs,
+            "tells_ready": worker.tells_ready,
             "shutdown": dict(worker.shutdown),
             "source": worker.source,
         },

@@ -92,6 +92,9 @@ class LedgerWork:
     def received(self, key: str) -> None:
         append_line(self.spec.ledger, f"received {key} {time.monotonic():.6f}\n")
 
+    def ready(self) -> None:
+        append_line(self.spec.ledger, f"ready {time.monotonic():.6f}\n")
+
 
 def work_for(spec: DeployWorkerSpec) -> LedgerWork:
     """The work of each job of ``spec``'s worker."""

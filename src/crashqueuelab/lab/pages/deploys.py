@@ -57,6 +57,8 @@ def command_of(report: dict[str, Any], run_dir: Path) -> str:
         words.append(f"--due-tolerance-s {plan['due_tolerance_s']:g}")
     if plan.get("submit_until_s") is not None:
         words.append(f"--submit-until-s {plan['submit_until_s']:g}")
+    if plan.get("submit_at_stops"):
+        words.append(f"--submit-at-stops {plan['submit_at_stops']}")
     if plan.get("failovers"):
         words.append(f"--failovers {plan['failovers']}")
         if plan.get("promote_after_s"):

@@ -11,7 +11,9 @@ task runs (``client.lab_task``). With the gevent pool ``serve`` first monkey-pat
 process as the ``celery`` command does for ``--pool gevent``, and each task runs in a
 greenlet of the main process. Celery's ``task_received`` signal, sent in the main process
 as the consumer takes a message (an ETA task's too, long before it is due), records each
-receipt where the lab's work can (``JobWork.received``). ``schedule`` is
+receipt where the lab's work can (``JobWork.received``), and ``worker_ready``, sent as the
+consumer starts consuming (seconds after the process started: mingle waits for its peers),
+that the worker takes jobs (``JobWork.ready``). ``schedule`` is
 ``apply_async(eta=...)``.
 """
 
@@ -96,15 +98,21 @@ def serve(
 
 
 def _record_receipts(work: JobWork) -> None:
-    """Each message of the lab's task this worker's consumer receives, said to ``work``."""
-    from celery.signals import task_received
+    """Each message of the lab's task this worker's consumer receives, and the moment it
+    starts consuming (``worker_ready``, sent right before its event loop), said to
+    ``work``."""
+    from celery.signals import task_received, worker_ready
 
     def received(sender: object = None, request: Any = None, **_: object) -> None:
         if request is not None and request.task_name == TASK_NAME and request.args:
             work.received(str(request.args[0]))
 
-    # Held strongly: the handler is a closure no one else keeps.
+    def ready(sender: object = None, **_: object) -> None:
+        work.ready()
+
+    # Held strongly: the handlers are closures no one else keeps.
     task_received.connect(received, weak=False)
+    worker_ready.connect(ready, weak=False)
 
 
 def schedule(settings: Settings, directory: Path, key: str, due_s: float) -> None:
@@ -134,4 +142,5 @@ def own_worker(settings: Settings, pool: str = "prefork") -> OwnWorker:
         shutdown=SHUTDOWN,
         source=SOURCE,
         schedule=partial(schedule, settings),
+        tells_ready=True,
     )
