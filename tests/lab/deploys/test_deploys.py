@@ -465,21 +465,21 @@ def test_kombu_1733_and_1800_a_warm_shutdown_loses_a_task_on_5_3_1_and_none_on_5
     28 runs of another shape (real-queues.md), so one run does not assert it of 5.3.2. Each
     stop falls due once Celery's worker takes jobs (its ``worker_ready``): a worker stopped
     while it still boots has no BRPOP pending, which made the window rare (5.3.1 lost
-    nothing in most runs); two tasks come right after each stop's signals."""
+    nothing in most runs); four tasks come right after each stop's signals."""
     directory = tmp_path / "v"
     outcome = run_cli(
         "versions", "--system", "celery==5.3.1", "--vary", "kombu",
         "--releases", "5.3.1,5.3.2,5.3.3",
         "--output-directory", str(directory), "--at-once", "2",
         # Both workers stopped at once (their replacements take seconds to poll), each stop
-        # as soon as both take jobs, and tasks submitted all along, two right after each
+        # as soon as both take jobs, and tasks submitted all along, four right after each
         # stop's signals, none longer than the grace: a task can only be lost to a stopped
         # worker's pending BRPOP or to the requeue of one (or, SIGKILLed, as documented).
         "deploys", "--workers", "2", "--surge", "2", "--deploys", "6", "--interval-s", "3",
-        "--submit-at-stops", "2",
+        "--submit-at-stops", "4",
         # A busy machine slows the replacements' first polls: the wait ends once all is
         # done, so a longer bound costs nothing when it is not needed.
-        "--jobs", "30", "--long-share", "0", "--grace-s", "5", "--recovery-wait-s", "25",
+        "--jobs", "36", "--long-share", "0", "--grace-s", "5", "--recovery-wait-s", "25",
         "--seed", "3",
     )  # fmt: skip
 
