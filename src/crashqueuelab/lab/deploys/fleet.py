@@ -169,8 +169,10 @@ class Fleet:
             # reset by the worker itself would leave its interpreter's start unguarded.
             preexec_fn=default_stop_signals,  # noqa: PLW1509
         )
-        worker = Worker(name, slot, generation, ledger, process, self.clock(), log)
-        worker.tells_ready = self.tells_ready
+        worker = Worker(
+            name, slot, generation, ledger, process, self.clock(), log,
+            tells_ready=self.tells_ready,
+        )  # fmt: skip
         self.workers.append(worker)
         return worker
 

@@ -323,7 +323,7 @@ class _Prepared:
     later: list[Scheduled]
     planned: list[tuple[float, str]]
     #: By step: the jobs submitted right after its signals, each with how long after.
-    bursts: dict[int, list[tuple[float, str]]]
+    after_stops: dict[int, list[tuple[float, str]]]
 
 
 def _prepare(
@@ -339,10 +339,10 @@ def _prepare(
     if plan.scheduled and recovery_wait_s is None:
         bound, basis = _with_tolerance(bound, basis, tolerance)
     steps = schedule(plan)
-    later, planned, bursts = _submissions(plan, keys, steps)
+    later, planned, after = _submissions(plan, keys, steps)
     return _Prepared(
         keys, work, lease, worker, labs, bound, basis, tolerance, tolerance_basis, steps,
-        later, planned, bursts,
+        later, planned, after,
     )  # fmt: skip
 
 
@@ -474,7 +474,7 @@ def run_deploys(
     run = Rollout(
         plan, fleet, steps, ready.planned, producer, clock, scheduler, due, wall_origin,
         DeathWatch(now), STARTUP_S, fail_over,
-        server_fault_times(plan) if plan.failovers else (), restarts, ready.bursts,
+        server_fault_times(plan) if plan.failovers else (), restarts, ready.after_stops,
     )  # fmt: skip
     try:
         recovered_at, last_stop_end = run.drive(keys, bound, sleep)
