@@ -653,15 +653,19 @@ def test_rolling_deploys_on_rabbitmq_lose_only_what_early_acknowledgement_docume
     tasks come back as its connection closes); at the defaults, the tasks the killed workers
     had started stay started for good, as Celery documents, and the only broken promise
     that may come is Celery #3796's, named by when the task was received."""
-    # A run whose stops found no worker mid-task exercises nothing this test is about:
-    # Celery's workers, slow to start on a loaded machine, took their first tasks only after
-    # the stop that ended them (2 of 3 whole runs on a slower host, every job completed, none
-    # cut). Such a run is made again with another seed, three runs at most.
+    # A run whose stops found no worker mid-task exercises nothing this test is about. A stop
+    # falls due once Celery's worker takes jobs (worker_ready, 2 to 9 s after its start): at
+    # the default 2 s interval each stop came right as its worker became ready, before it
+    # started a task (3 runs of one whole run, none cut). 5 s apart, the stops after the
+    # first find workers that have taken tasks, and every task outlives the 1 s grace (at
+    # the default share, most were done in under 0.6 s: 3 runs of 6 by hand cut none); a
+    # run that still cut none is made again with another seed, three runs at most.
     for attempt, seed in enumerate(DEPLOY_SEEDS):
         run = tmp_path / f"run-{attempt}"
         outcome = run_cli(
             "deploys", "--system", system, "--workers", "2", "--deploys", "2", "--jobs", "8",
-            "--seed", seed, *wait, "--output-directory", run, "--quiet",
+            "--interval-s", "5", "--long-share", "1", "--seed", seed, *wait,
+            "--output-directory", run, "--quiet",
         )  # fmt: skip
         record = json.loads((run / "deploys.json").read_text())
         _judged_as_celery_documents(record, lost)
