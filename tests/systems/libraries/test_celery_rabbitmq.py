@@ -691,6 +691,14 @@ def test_rolling_deploys_on_rabbitmq_lose_only_what_early_acknowledgement_docume
     executions = record["executions"]
     assert executions, record
     assert all(run["received_s"] <= run["start_s"] for run in executions), executions
+    # Each stop waited for its worker's worker_ready, and the page says when each said it.
+    assert record["worker"]["tells_ready"] is True
+    for worker in (w for w in record["workers"] if w["stopped_by"] == "deploy"):
+        assert worker["ready_s"] is not None, worker
+        assert worker["started_s"] < worker["ready_s"] <= worker["signals"][0]["at_s"], worker
+    page = (run / "report.html").read_text()
+    assert "takes jobs from (s)" in page
+    assert "starting, not yet taking jobs" in page
     assert outcome.code in (0, 1), outcome.stderr
 
 

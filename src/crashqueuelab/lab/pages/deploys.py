@@ -12,6 +12,8 @@ from crashqueuelab.lab.pages.charts import LaneChart
 from crashqueuelab.lab.pages.common import Verdict, View, promises_of, system_label
 
 _LIFE = "#e8eaed"
+#: The part of a process's life before its library said it takes jobs (where it tells).
+_STARTING = "#c6dafc"
 _GRACE = "#fde293"
 #: An execution by how it ended.
 _HOW = {
@@ -72,7 +74,9 @@ def command_of(report: dict[str, Any], run_dir: Path) -> str:
     return " ".join([*words, f"--output-directory {run_dir}"])
 
 
-def _lane(worker: dict[str, Any], runs: list[dict[str, Any]], end: float) -> dict[str, Any]:
+def _lane(
+    worker: dict[str, Any], runs: list[dict[str, Any]], end: float, *, tells_ready: bool
+) -> dict[str, Any]:
     until = worker["exit_s"] if worker["exit_s"] is not None else end
     spans = [
         {
@@ -83,6 +87,21 @@ def _lane(worker: dict[str, Any], runs: list[dict[str, Any]], end: float) -> dic
             + ("" if worker["exit"] is None else f" to {until:.2f} s, {worker['exit']}"),
         }
     ]
+    if tells_ready:
+        ready = worker.get("ready_s")
+        spans.append(
+            {
+                "start": worker["started_s"],
+                "end": until if ready is None else min(ready, until),
+                "color": _STARTING,
+                "title": f"{worker['name']}: starting from {worker['started_s']:.2f} s, "
+                + (
+                    "never said it takes jobs"
+                    if ready is None
+                    else f"said it takes jobs at {ready:.2f} s"
+                ),
+            }
+        )
     if worker["stop_s"] is not None:
         grace_end = min(worker["grace_end_s"], until)
         spans.append(
@@ -158,6 +177,18 @@ def _scheduled_lanes(
     return lanes
 
 
+def _start_up(workers: list[dict[str, Any]]) -> tuple[str, str, str]:
+    """How long the workers took from their process's start to their library's word that
+    they take jobs, the figure a stop waits for."""
+    took = sorted(w["ready_s"] - w["started_s"] for w in workers if w.get("ready_s") is not None)
+    return (
+        "start-up",
+        f"{took[0]:.2f} to {took[-1]:.2f} s" if took else "no worker said it takes jobs",
+        f"from a process's start to its library's word that it takes jobs: {len(took)} of"
+        f" {len(workers)} workers said it; a stop waits for it",
+    )
+
+
 def deploys_view(run_dir: Path) -> View:
     report = json.loads((run_dir / "deploys.json").read_text(encoding="utf-8"))
     plan = report["plan"]
@@ -166,8 +197,15 @@ def deploys_view(run_dir: Path) -> View:
         reasons.insert(0, f"{report['error']['type']}: {report['error']['message']}")
     workers = sorted(report["workers"], key=lambda w: (w["slot"], w["generation"]))
     end = max(report["timings"]["run_s"], 0.001)
+    # Records made before libraries could tell it have no such fact.
+    tells_ready = bool(report["worker"].get("tells_ready"))
     lanes = [
-        _lane(worker, [r for r in report["executions"] if r["worker"] == worker["name"]], end)
+        _lane(
+            worker,
+            [r for r in report["executions"] if r["worker"] == worker["name"]],
+            end,
+            tells_ready=tells_ready,
+        )
         for worker in workers
     ]
     step = max(1, int(end) // 10 or 1)
@@ -222,6 +260,8 @@ def deploys_view(run_dir: Path) -> View:
         ),
         ("recovery bound", f"{recovery['wait_s']:g} s", recovery["basis"]),
     ]
+    if tells_ready:
+        figures.append(_start_up(workers))
     restarted = report.get("server_restarts")
     if restarted:
         downs = [r["down_s"] for r in restarted["restarts"] if r["down_s"] is not None]
@@ -277,6 +317,7 @@ def deploys_view(run_dir: Path) -> View:
         "marks": {"stop signal": _STOP, "SIGKILL": _KILL, "exit": _EXIT},
         "grace": _GRACE,
         "life": _LIFE,
+        "starting": _STARTING if tells_ready else None,
         "worker": report["worker"],
         "workers": workers,
         "held": report["held_when_killed"],
