@@ -3,12 +3,16 @@ crashqueuelab[arq]``): its declaration, which the registry reads without importi
 
 from crashqueuelab.systems.libraries.skeleton import Library
 
+#: The systems, by name: Redis's default persistence (RDB snapshots), and the append-only
+#: file synced before each answer, where a power cut should take back nothing answered.
+PERSISTENCE_BY_SYSTEM = {"arq": "rdb", "arq-aof-always": "aof-always"}
+
 LIBRARY = Library(
     package=__name__,
     name="arq",
     distribution="arq",
     extra="arq",
-    systems=("arq",),
+    systems=tuple(PERSISTENCE_BY_SYSTEM),
     heartbeats=False,
     server="redis",
     drives="on Redis",

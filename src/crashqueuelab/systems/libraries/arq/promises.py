@@ -99,11 +99,10 @@ _RETRY_AT_ONCE = Documented(
 )
 
 
-DOCUMENTED = (
-    _NO_TOKEN,
-    _PESSIMISTIC,
-    _SHUTDOWN_REQUEUES,
-    _RETRY_AT_ONCE,
-    RDB_SNAPSHOTS,
-    CONNECTION_RAISES,
-)
+def documented_for(persistence: str) -> tuple[Documented, ...]:
+    """What an arq system documents, on a server with that persistence: Redis's RDB
+    snapshots take back what came after the last one; its append-only file synced on every
+    write promises to lose nothing answered, so there a loss at a cut is no one's
+    documented weakness."""
+    losses = (RDB_SNAPSHOTS,) if persistence == "rdb" else ()
+    return (_NO_TOKEN, _PESSIMISTIC, _SHUTDOWN_REQUEUES, _RETRY_AT_ONCE, *losses, CONNECTION_RAISES)

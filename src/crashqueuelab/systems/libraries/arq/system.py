@@ -1,4 +1,5 @@
-"""arq's system, on the shared skeleton, on a Redis server with its default persistence."""
+"""arq's systems, on the shared skeleton, on a Redis server with its default persistence or
+with the append-only file synced on every write."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import dataclasses
 
 from crashqueuelab.judges.readers.arq import queue_name, read_arq_store
 from crashqueuelab.systems.contract import System
-from crashqueuelab.systems.libraries.arq import LIBRARY
+from crashqueuelab.systems.libraries.arq import LIBRARY, PERSISTENCE_BY_SYSTEM
 from crashqueuelab.systems.libraries.arq.client import (
     IN_PROGRESS_MARGIN_S,
     JOB_TIMEOUT_S,
@@ -14,7 +15,7 @@ from crashqueuelab.systems.libraries.arq.client import (
     ArqClient,
 )
 from crashqueuelab.systems.libraries.arq.points import CRASH_POINTS
-from crashqueuelab.systems.libraries.arq.promises import DOCUMENTED
+from crashqueuelab.systems.libraries.arq.promises import documented_for
 from crashqueuelab.systems.libraries.arq.worker import OWN_WORKER
 from crashqueuelab.systems.libraries.skeleton import library_reader
 
@@ -28,20 +29,22 @@ read_store = library_reader(
 
 
 def arq_system(name: str = "arq") -> System:
-    """arq on a Redis server with Redis's default persistence (RDB snapshots)."""
+    """arq on a Redis server with the persistence its name says (``arq``: Redis's default,
+    RDB snapshots; ``arq-aof-always``: the append-only file synced on every write)."""
     # Imported here, once: the lab opens systems from several threads at a time.
     import arq  # noqa: F401
 
     from crashqueuelab.servers.redis import PERSISTENCE_WORDS
 
+    persistence = PERSISTENCE_BY_SYSTEM[name]
     system = LIBRARY.system(
         name,
-        durability=f"Redis persistence rdb: {PERSISTENCE_WORDS['rdb']}",
+        durability=f"Redis persistence {persistence}: {PERSISTENCE_WORDS[persistence]}",
         open=ArqClient,
         reader=read_store,
         crash_points=CRASH_POINTS,
-        documented=DOCUMENTED,
-        persistence="rdb",
+        documented=documented_for(persistence),
+        persistence=persistence,
         own_worker=OWN_WORKER,
     )
     # A killed worker's job comes back once Redis expired its in-progress key.
