@@ -101,16 +101,21 @@ def ignore_interrupts() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+#: Imported by every fork server after its preloaded modules (``lab.runs.preloaded``).
+PRELOADED_LAST = "crashqueuelab.lab.runs.preloaded"
+
+
 def forkserver_context(preload: Sequence[str]) -> multiprocessing.context.ForkServerContext:
-    """The forkserver context, its server started now (with ``preload`` imported in it) and
-    with SIGINT ignored, so every process it forks ignores SIGINT from its first instruction.
+    """The forkserver context, its server started now (with ``preload`` imported in it, then
+    ``PRELOADED_LAST``) and with SIGINT ignored, so every process it forks ignores SIGINT
+    from its first instruction.
 
     Python keeps an ignored SIGINT that a process inherits instead of installing its
     KeyboardInterrupt handler, and the fork server hands its own disposition to each child.
     A fork server that was already running (started earlier in this process) is left as it
     is. A Ctrl-C that arrives in the few milliseconds the server takes to start is lost."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(list(preload))
+    context.set_forkserver_preload([*preload, PRELOADED_LAST])
     if threading.current_thread() is not threading.main_thread():
         multiprocessing.forkserver.ensure_running()
         return context
