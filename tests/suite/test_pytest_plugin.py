@@ -133,7 +133,7 @@ def _one_line_usage_error(result: pytest.RunResult) -> str:
         ("tiny_adapter:no_such_factory", "tiny_adapter has no callable no_such_factory"),
         ("tiny_queue:TinyQueue", "TinyQueue() raised TypeError"),
         ("uuid:uuid4", "uuid4() returned UUID, not a crashqueuelab System"),
-        ("oracle", "not one of arq, celery, celery-acks-late, celery-gevent-acks-late, "),
+        ("oracle", "not one of arq, arq-aof-always, celery, celery-acks-late, "),
         # Only its own worker consumes (as Celery's on RabbitMQ): the plugin's checks claim
         # through the adapter.
         ("own_worker_only:system", "only the library's own worker consumes from "),

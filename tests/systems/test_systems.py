@@ -44,7 +44,7 @@ def test_postgres_without_a_server_says_how_to_get_one(
     [
         (
             "oracle",
-            "not one of arq, celery, celery-acks-late, celery-gevent-acks-late,"
+            "not one of arq, arq-aof-always, celery, celery-acks-late, celery-gevent-acks-late,"
             " celery-rabbitmq, celery-rabbitmq-acks-late, celery-solo, dramatiq,"
             " dramatiq-rabbitmq, huey,"
             " huey-fsync, persist-queue, pgqueuer, postgres, procrastinate, rq,"
