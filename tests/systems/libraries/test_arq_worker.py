@@ -135,8 +135,8 @@ def test_arqs_own_worker_across_a_crash_of_redis_keeping_an_always_synced_aof_lo
 ) -> None:
     """``deploys --server-restarts 1`` on ``arq-aof-always``: the run starts its own Redis
     (appendfsync always), SIGKILLs it between the rolling deploys' stops and starts it again
-    on its files. arq's own workers go on, and every job runs to its end and is stored
-    complete: what Redis answered was on its disk."""
+    on its files. arq's own workers go on, and every job is stored complete: what Redis
+    answered was on its disk. The stops bring only arq issue 395's findings, never a loss."""
     from crashqueuelab.servers.redis import SOCKET_VARIABLE
 
     monkeypatch.delenv(SOCKET_VARIABLE, raising=False)
@@ -153,8 +153,17 @@ def test_arqs_own_worker_across_a_crash_of_redis_keeping_an_always_synced_aof_lo
     assert record["worker"]["describe"].startswith("arq")
     for job in record["jobs"].values():
         assert (job["completed"] >= 1, job["stored"]) == (True, "complete"), record["jobs"]
-    # Nothing lost and nothing run twice; the one finding a stop may bring is arq issue
-    # 395's (a cancelled synchronous job's thread outlives the cancellation: the test above).
-    kinds = {f["kind"] for f in record["findings"]}
-    assert kinds <= {"ran_beside_live_holder"}, record["findings"]
+    # Nothing lost. What a stop may bring is arq issue 395's (the test above): a job whose
+    # coroutine arq cancelled and put back at the SIGTERM goes on in its thread, beside the
+    # replacement that took it back, or to its end before the replacement runs it again
+    # (one gates run: both, each from an execution its worker's SIGTERM found under way).
+    assert {f["kind"] for f in record["findings"]} <= {"ran_beside_live_holder", "ran_twice"}
+    stops = {w["name"]: w["stop_s"] for w in record["workers"] if w["stop_s"] is not None}
+    for finding in record["findings"]:
+        cut = [
+            e for e in record["executions"]
+            if e["key"] == finding["job"] and e["worker"] in stops
+            and e["start_s"] < stops[e["worker"]] <= (e["end_s"] or float("inf"))
+        ]  # fmt: skip
+        assert cut, (finding, record["executions"])
     assert outcome.code in (0, 1), outcome.stderr
