@@ -405,3 +405,63 @@ def test_the_ephemeral_floor_is_read_from_the_kernel_or_linuxs_default(tmp_path:
     source.write_text("garbage\n")
     assert ephemeral_floor(source) == 32768
     assert ephemeral_floor(tmp_path / "missing") == 32768
+
+
+class _Spawning(Throwaway):
+    """A server whose second process is started only as the first is killed: as pg_ctl's fork
+    starts the postmaster after a start that timed out was listed."""
+
+    name = "spawning"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.children: list[subprocess.Popen[bytes]] = []
+        self.listings = 0
+
+    @property
+    def running(self) -> bool:
+        return any(child.poll() is None for child in self.children)
+
+    @property
+    def settings(self) -> dict[str, str]:
+        return {}
+
+    def prepare(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def launch(self) -> None:
+        self.children.append(subprocess.Popen(["sleep", "60"]))
+        raise ServerUnavailable("did not start in time", self.name)
+
+    def stop(self) -> None:
+        self.kill()
+
+    def processes(self) -> list[int]:
+        self.listings += 1
+        if self.listings == 1:
+            # Listed now; the next one starts after this list was made.
+            listed = [child.pid for child in self.children if child.poll() is None]
+            self.children.append(subprocess.Popen(["sleep", "60"]))
+            return listed
+        return [child.pid for child in self.children if child.poll() is None]
+
+    def read_version(self) -> str:
+        return "0"
+
+    def environment(self) -> dict[str, str]:
+        return {}
+
+    def forget(self) -> None:
+        for child in self.children:
+            child.wait(timeout=10)
+
+
+def test_a_failed_start_kills_a_process_that_began_after_the_first_listing() -> None:
+    server = _Spawning()
+    with server:
+        with pytest.raises(ServerUnavailable, match="did not start in time"):
+            server.start()
+        assert len(server.children) == 2
+        assert [child.returncode for child in server.children] == [-9, -9]
+        assert server.processes() == []
+    assert not server.root.exists()

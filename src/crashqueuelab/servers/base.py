@@ -120,6 +120,12 @@ def wait_until(condition: Callable[[], bool], timeout_s: float, poll_s: float = 
     return True
 
 
+def _kill_and_wait(pids: Sequence[int], deadline: float) -> None:
+    """SIGKILL each of ``pids``; return once none is alive, or at ``deadline``."""
+    signal_all(pids, signal.SIGKILL)
+    wait_until(lambda: not any(alive(pid) for pid in pids), deadline - time.monotonic())
+
+
 def binary_version(
     command: Sequence[str],
     pattern: str,
@@ -237,10 +243,15 @@ class Throwaway(ABC):
         """Every process of the server dies at once (SIGKILL), as in a power cut; returns
         once they are gone (bounded). ``pids``: the processes as listed before, for a
         server that can no longer list them (its data directory went away under it)."""
+        deadline = time.monotonic() + START_TIMEOUT_S
         listed = self.processes() if pids is None else list(pids)
         try:
-            signal_all(listed, signal.SIGKILL)
-            wait_until(lambda: not any(alive(pid) for pid in listed), START_TIMEOUT_S)
+            while listed:
+                _kill_and_wait(listed, deadline)
+                # A process being started while the list was made escapes it (a start that
+                # timed out: pg_ctl's fork execs the postmaster a moment later): listed again.
+                again = pids is None and time.monotonic() < deadline
+                listed = self.processes() if again else []
         finally:
             self.forget()
 
