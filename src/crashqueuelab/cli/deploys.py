@@ -25,6 +25,7 @@ from crashqueuelab.lab.deploys.plan import (
     SCHEDULER_POLL_S,
     DeployPlan,
     StopSignal,
+    StopWhen,
 )
 from crashqueuelab.lab.deploys.run import DEFAULT_LEASE_S, DEPLOYS_FILE, run_deploys
 from crashqueuelab.lab.faults.deploy import Replace
@@ -54,6 +55,7 @@ def plan_of(args: argparse.Namespace) -> DeployPlan:
         server_restarts=args.server_restarts,
         submit_until_s=args.submit_until_s,
         submit_at_stops=args.submit_at_stops,
+        stop_when=StopWhen(args.stop_when),
     )
 
 
@@ -201,6 +203,15 @@ def add_deploys_command(command: Command) -> None:
         choices=[mode.value for mode in Replace],
         default=_DEFAULTS.replace.value,
         help="start a stopped worker's replacement at once (default) or after it exited",
+    )
+    sub.add_argument(
+        "--stop-when",
+        choices=[mode.value for mode in StopWhen],
+        default=_DEFAULTS.stop_when.value,
+        help="send each stop signal when it falls due (default), or from then on once the"
+        " worker it stops holds a job with more than the grace period of its work left"
+        " (mid-job), at most one interval later: a worker SIGKILLed mid-job every run, not"
+        " only when the schedule meets a long job",
     )
     sub.add_argument(
         "--fleet-restarts",

@@ -82,6 +82,33 @@ def test_the_lab_worker_on_sqlite_loses_nothing_and_acknowledges_nothing_twice_u
     assert "w0.1" in page
 
 
+def test_mid_job_stops_each_find_a_job_outlasting_the_grace_and_its_sigkill_cuts_it(
+    tmp_path: Path, run_cli: RunCli
+) -> None:
+    record = _deploys(
+        run_cli,
+        tmp_path / "m",
+        "sqlite",
+        "--workers", "2", "--deploys", "1", "--grace-s", "0.5", "--jobs", "8",
+        "--long-share", "1", "--seed", "5", "--stop-when", "mid-job",
+    )  # fmt: skip
+    assert record["exit_code"] == 0, record["anomalies"]
+    assert record["plan"]["stop_when"] == "mid-job"
+    stopped = [w for w in record["workers"] if w["stopped_by"] == "deploy"]
+    assert len(stopped) == 2
+    for worker in stopped:
+        # The stop waited for the job (never past one interval), which the SIGKILL cut: the
+        # lab's worker finishes the job in hand at SIGTERM, and this one outlasted the grace.
+        assert worker["stop_due_s"] <= worker["stop_s"] < worker["stop_due_s"] + 1.5, worker
+        assert worker["held_when_stopped"], worker
+        assert worker["held_when_killed"] == worker["held_when_stopped"], worker
+    assert sum(job["redelivered"] for job in record["jobs"].values()) >= 2
+    page = (tmp_path / "m" / "report.html").read_text()
+    assert "--stop-when mid-job" in page
+    assert "each stop once its worker held a job outlasting the grace" in page
+    assert f"holding <code>{stopped[0]['held_when_stopped'][0]}</code>" in page
+
+
 def test_the_lab_worker_holds_a_job_claimed_before_it_is_due_in_the_queue_until_then(
     tmp_path: Path,
 ) -> None:
@@ -308,12 +335,15 @@ def test_pgq_run_drains_on_sigterm_and_a_sigkilled_job_is_picked_again(
     assert {job["verdict"] for job in timed.values()} <= {"on time", "late"}
 
 
-# Quiet: one worker, every job longer than the grace and four stops, one of which must find
-# the job in hand; 1.0.x leaves about 3 s between one job and the next, and on a busy
-# machine the stops drifted into those gaps (1 run of 4 beside the parallel part found no
-# job in hand). Most of its time is the wait for pgqueuer's fixed 30 s heartbeat timeout,
-# which needs no core: the two releases wait side by side, each on a server of its own
-# (one server would give both releases one LISTEN/NOTIFY channel).
+# One worker, every job longer than the grace, and each stop waits for the worker to hold a
+# job with more than the grace of its work left (``--stop-when mid-job``): 1.0.x leaves
+# about 3 s between one job and the next, and stops on schedule drifted into those gaps or
+# met a job near its end (1 run of 4 beside the parallel part, and once in a whole run's
+# quiet part, cut no job). Quiet still: its other timers (the grace, the heartbeats) were
+# not measured against a loaded machine apart from the stops' drift. Most of its time is the
+# wait for pgqueuer's fixed 30 s heartbeat timeout, which needs no core: the two releases
+# wait side by side, each on a server of its own (one server would give both releases one
+# LISTEN/NOTIFY channel).
 @pytest.mark.releases
 @pytest.mark.quiet
 @pytest.mark.early
@@ -327,11 +357,10 @@ def test_pgqueuer_630_a_job_sigkilled_at_a_deploy_blocks_its_entrypoint_on_1_0_1
         "versions", "--system", "pgqueuer", "--releases", "1.0.1,1.0.2", "--bisect",
         "--bisect-on", "promises", "--output-directory", str(tmp_path / "v"),
         "--at-once", "2",
-        # One worker, every job longer than the grace, the first stop once the first
-        # worker is at work: a stop that finds a job in hand ends in SIGKILL.
+        # A stop that finds a job in hand, longer than the grace, ends in SIGKILL.
         "deploys", "--workers", "1", "--deploys", "4",
         "--grace-s", "1", "--jobs", "6", "--long-share", "1", "--warmup-s", "3",
-        "--interval-s", "3",
+        "--interval-s", "3", "--stop-when", "mid-job",
     )  # fmt: skip
     # 1.0.1 breaks its promise: the run is not ok, whatever the bisection found.
     assert outcome.code == 1, outcome.stderr
@@ -344,6 +373,11 @@ def test_pgqueuer_630_a_job_sigkilled_at_a_deploy_blocks_its_entrypoint_on_1_0_1
         return kept
 
     old, fixed = record("1.0.1"), record("1.0.2")
+    assert old["plan"]["stop_when"] == "mid-job"
+    # The first stop found the first worker at work, and its SIGKILL cut that job.
+    first = next(w for w in old["workers"] if w["step"] == 0)
+    assert first["held_when_stopped"], first
+    assert first["held_when_killed"] == first["held_when_stopped"], first
     assert old["system"]["version"] == "pgqueuer 1.0.1"
     lost = [f for f in old["findings"] if f["kind"] == "lost_in_deploy"]
     # The job the SIGKILL cut stays picked; every job after it stays queued.

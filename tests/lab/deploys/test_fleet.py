@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from crashqueuelab.lab.deploys.fleet import Fleet, Worker
-from crashqueuelab.lab.deploys.plan import DeployPlan, Step
+from crashqueuelab.lab.deploys.plan import DeployPlan, Step, StopWhen
 from crashqueuelab.lab.deploys.rollout import Rollout
 from crashqueuelab.lab.deploys.workers import DeployWorkerSpec, work_for
 from crashqueuelab.lab.faults.deploy import Replace
@@ -126,6 +126,64 @@ def test_a_stop_waits_for_its_worker_to_reach_its_loop_at_most_its_startup_time(
         rollout.stop_due()
         assert fleet.workers[1].signals == [(5.0, "SIGTERM")]
         assert rollout.done_steps == 2
+    finally:
+        fleet.close(lambda seconds: None)
+
+
+def test_a_mid_job_stop_goes_once_its_worker_holds_a_job_outlasting_the_grace(
+    tmp_path: Path,
+) -> None:
+    now, ledger_now = [0.0], [100.0]
+    fleet = Fleet(tmp_path, lambda name, ledger: _spec(ledger), lambda: now[0])
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True
+        )
+        for _ in range(2)
+    ]
+    try:
+        for slot, process in enumerate(processes):
+            log = (tmp_path / f"w{slot}.log").open("wb")
+            ledger = tmp_path / f"w{slot}.0.ledger"
+            ledger.write_text(f"serving 100.1 {process.pid}\n")
+            fleet.workers.append(Worker(f"w{slot}.0", slot, 0, ledger, process, 0.0, log))
+        first, second = fleet.workers
+        steps = [Step(1.0, (0,), "rolling", 0), Step(2.0, (1,), "rolling", 1)]
+        plan = DeployPlan(workers=2, grace_s=1.0, interval_s=1.0, stop_when=StopWhen.MID_JOB)
+        assert plan.to_json()["stop_when"] == "mid-job"
+        rollout = Rollout(
+            plan, fleet, steps, [], None, lambda: now[0], startup_s=5.0,  # type: ignore[arg-type]
+            work={"a": 0.4, "b": 1.1, "c": 3.0}, ledger_clock=lambda: ledger_now[0],
+        )  # fmt: skip
+        # Its job done: the stop waits.
+        first.ledger.write_text(first.ledger.read_text() + "start a 100.5\nend a 100.9\n")
+        now[0], ledger_now[0] = 1.1, 101.1
+        rollout.stop_due()
+        assert (rollout.done_steps, first.signals) == (0, [])
+        # A job whose work ends within the grace: the stop waits on.
+        first.ledger.write_text(first.ledger.read_text() + "start b 101.0 7\n")
+        now[0], ledger_now[0] = 1.2, 101.2
+        rollout.stop_due()
+        assert (rollout.done_steps, first.signals) == (0, [])
+        # One that outlasts it: the stop goes, and says what it found.
+        first.ledger.write_text(first.ledger.read_text() + "end b 101.3\nstart c 101.3 7\n")
+        now[0], ledger_now[0] = 1.4, 101.4
+        rollout.stop_due()
+        assert (rollout.done_steps, first.signals) == (1, [(1.4, "SIGTERM")])
+        assert (first.stop_due_s, first.held_when_stopped) == (1.0, ["c"])
+        # The second worker never takes a job: its stop goes one interval after it fell due.
+        now[0] = 2.9
+        rollout.stop_due()
+        assert (rollout.done_steps, second.signals) == (1, [])
+        now[0] = 3.0
+        rollout.stop_due()
+        assert (rollout.done_steps, second.signals, second.held_when_stopped) == (
+            2,
+            [(3.0, "SIGTERM")],
+            [],
+        )
+        record = first.to_json()
+        assert (record["stop_due_s"], record["held_when_stopped"]) == (1.0, ["c"])
     finally:
         fleet.close(lambda seconds: None)
 

@@ -20,7 +20,7 @@ from typing import IO, Any
 
 from crashqueuelab.lab.deploys.workers import DeployWorkerSpec
 from crashqueuelab.lab.faults.signals import kill_all, session_members
-from crashqueuelab.lab.runs.executions import read_ledger
+from crashqueuelab.lab.runs.executions import Execution, read_ledger
 
 #: How long the end of a run waits for a worker it asked to stop, before SIGKILL.
 FINAL_STOP_S = 30.0
@@ -55,8 +55,12 @@ class Worker:
     #: When the first stop signal went, and the end of its grace period.
     stop_s: float | None = None
     grace_end_s: float | None = None
-    #: The deploy step that stopped it (its index in the schedule), or None.
+    #: The deploy step that stopped it (its index in the schedule), or None; when that step
+    #: fell due (a stop may wait for its worker, ``Rollout.ready``).
     step: int | None = None
+    stop_due_s: float | None = None
+    #: The jobs its ledger had open when the first stop signal went.
+    held_when_stopped: list[str] = field(default_factory=list)
     killed_s: float | None = None
     #: The jobs its ledger had open when the lab SIGKILLed it.
     held_when_killed: list[str] = field(default_factory=list)
@@ -85,6 +89,15 @@ class Worker:
         if not self.ledger.is_file():
             return False
         return any(line.startswith("serving ") for line in self.ledger.read_text().splitlines())
+
+    def open_runs(self) -> list[Execution]:
+        """The executions its ledger has started and not ended (nor seen cut), in order."""
+        if not self.ledger.is_file():
+            return []
+        return [run for run in read_ledger(self.ledger.read_text(), self.name) if run.end_s is None]
+
+    def jobs_in_hand(self) -> list[str]:
+        return [run.key for run in self.open_runs()]
 
     def ready_at(self) -> float | None:
         """When its library said it takes jobs (the ledger's clock), or None."""
@@ -119,6 +132,8 @@ class Worker:
             "stop_s": None if self.stop_s is None else round(self.stop_s, 3),
             "grace_end_s": None if self.grace_end_s is None else round(self.grace_end_s, 3),
             "step": self.step,
+            "stop_due_s": None if self.stop_due_s is None else round(self.stop_due_s, 3),
+            "held_when_stopped": self.held_when_stopped,
             # A stop no deploy made is the end of the run's: the lab's cleanup.
             "stopped_by": "deploy" if self.step is not None else "end of run",
             "killed_s": None if self.killed_s is None else round(self.killed_s, 3),
@@ -198,9 +213,7 @@ class Fleet:
         at = self.clock()
         worker.killed_s = at
         worker.signals.append((at, "SIGKILL"))
-        if worker.ledger.is_file():
-            runs = read_ledger(worker.ledger.read_text(), worker.name)
-            worker.held_when_killed = [run.key for run in runs if run.end_s is None]
+        worker.held_when_killed = worker.jobs_in_hand()
         kill_all(worker.group_when_killed)
 
     def poll(self) -> list[Worker]:

@@ -48,6 +48,17 @@ class StopSignal(StrEnum):
         return "SIGTERM" if self is StopSignal.SIGTERM_TWICE else self.value
 
 
+class StopWhen(StrEnum):
+    """When a stop signal goes: at its time in the schedule, or from then on once the worker
+    it stops holds a job with more than the grace period of its work left, so that the
+    SIGKILL at the grace's end finds it in hand (at most one interval late, then whatever it
+    holds): the crash window of a worker killed mid-job, reached every run instead of when
+    the schedule happens to meet a long job early in its work."""
+
+    DUE = "due"
+    MID_JOB = "mid-job"
+
+
 #: The share of jobs whose work is longer than the grace period, by default.
 LONG_SHARE = 0.3
 #: A short job works this share of the grace period at most, a long one this many grace
@@ -116,6 +127,8 @@ class DeployPlan:
     #: that follows them (``after_stops``); of the others, half at the start and the rest
     #: evenly, as above.
     submit_at_stops: int = 0
+    #: Whether a stop waits for its worker to hold a job (``StopWhen``).
+    stop_when: StopWhen = StopWhen.DUE
 
     def check(self) -> None:
         """Refuse what cannot be run, naming the option."""
@@ -219,6 +232,7 @@ class DeployPlan:
             "server_restarts": self.server_restarts,
             "submit_until_s": self.submit_until_s,
             "submit_at_stops": self.submit_at_stops,
+            "stop_when": self.stop_when.value,
         }
 
 

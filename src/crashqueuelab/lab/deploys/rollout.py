@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from crashqueuelab.lab.deploys.fleet import Fleet, Worker
-from crashqueuelab.lab.deploys.plan import DeployPlan, Step, StopSignal
+from crashqueuelab.lab.deploys.plan import DeployPlan, Step, StopSignal, StopWhen
 from crashqueuelab.lab.deploys.serverrestarts import ServerRestarts
 from crashqueuelab.lab.faults.deploy import Replace
 from crashqueuelab.lab.runs.executions import (
@@ -57,6 +57,8 @@ class Rollout:
         failovers_at: Sequence[float] = (),
         server_restarts: ServerRestarts | None = None,
         after_stops: Mapping[int, Sequence[tuple[float, str]]] | None = None,
+        work: Mapping[str, float] | None = None,
+        ledger_clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.plan, self.fleet, self.steps, self.clock = plan, fleet, steps, clock
         #: Executions whose process died under their live worker, not stopped by the lab
@@ -66,6 +68,8 @@ class Rollout:
         #: By step: the jobs submitted that long after its signals, planned once it is made.
         self.after_stops = after_stops or {}
         self.client = client
+        #: Each job's work (seconds), and the clock its workers' ledgers keep.
+        self.work, self.ledger_clock = work or {}, ledger_clock
         #: Submits a scheduled job due at a time on the run's clock; each one's due time.
         self.schedule_at, self.due = schedule_at, due or {}
         #: The wall clock (seconds since the epoch) at the run clock's zero.
@@ -146,7 +150,7 @@ class Rollout:
             self.done_steps < len(self.steps) and self.steps[self.done_steps].at_s <= self.clock()
         ):
             step = self.steps[self.done_steps]
-            if not self._ready(step.slots):
+            if not self._ready(step.slots) or not self._working(step):
                 return  # asked again on the next turn of the loop
             stopped = []
             for slot in step.slots:
@@ -155,6 +159,8 @@ class Rollout:
                     self.skipped.append({"step": self.done_steps, "slot": slot})
                     continue
                 worker.step = self.done_steps
+                worker.stop_due_s = step.at_s
+                worker.held_when_stopped = worker.jobs_in_hand()
                 worker.stop_s = self.clock()
                 worker.grace_end_s = worker.stop_s + self.plan.grace_s
                 self.fleet.send(worker, self.plan.signal.first)
@@ -181,6 +187,23 @@ class Rollout:
             if self.clock() - worker.started_s < self.startup_s:
                 return False
         return True
+
+    def _working(self, step: Step) -> bool:
+        """Whether the step's stop may go as ``plan.stop_when`` says: at once when due;
+        ``mid-job``, once every worker it stops holds a job with more than the grace period
+        of its work left, or one interval after it fell due (the stop then finds whatever
+        is there)."""
+        if self.plan.stop_when is StopWhen.DUE or self.clock() - step.at_s >= self.plan.interval:
+            return True
+        workers = [self.current(slot) for slot in step.slots]
+        return all(worker is None or self._outlasts_grace(worker) for worker in workers)
+
+    def _outlasts_grace(self, worker: Worker) -> bool:
+        now = self.ledger_clock()
+        return any(
+            self.work.get(run.key, 0.0) - (now - run.start_s) > self.plan.grace_s
+            for run in worker.open_runs()
+        )
 
     def enforce_grace(self) -> None:
         now = self.clock()

@@ -475,6 +475,7 @@ def run_deploys(
         plan, fleet, steps, ready.planned, producer, clock, scheduler, due, wall_origin,
         DeathWatch(now), STARTUP_S, fail_over,
         server_fault_times(plan) if plan.failovers else (), restarts, ready.after_stops,
+        work, now,
     )  # fmt: skip
     try:
         recovered_at, last_stop_end = run.drive(keys, bound, sleep)

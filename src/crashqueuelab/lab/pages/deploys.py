@@ -61,6 +61,8 @@ def command_of(report: dict[str, Any], run_dir: Path) -> str:
         words.append(f"--submit-until-s {plan['submit_until_s']:g}")
     if plan.get("submit_at_stops"):
         words.append(f"--submit-at-stops {plan['submit_at_stops']}")
+    if plan.get("stop_when", "due") != "due":
+        words.append(f"--stop-when {plan['stop_when']}")
     if plan.get("failovers"):
         words.append(f"--failovers {plan['failovers']}")
         if plan.get("promote_after_s"):
@@ -250,7 +252,12 @@ def deploys_view(run_dir: Path) -> View:
             "rollout",
             f"{plan['deploys']} rolling, {plan['fleet_restarts']} fleet",
             f"{plan['workers']} workers, surge {plan['surge']}, every {plan['interval_s']:g} s,"
-            f" replacement {plan['replace']}",
+            f" replacement {plan['replace']}"
+            + (
+                ", each stop once its worker held a job outlasting the grace (mid-job)"
+                if plan.get("stop_when") == "mid-job"
+                else ""
+            ),
         ),
         ("stop signal", plan["signal"], f"grace {plan['grace_s']:g} s, then SIGKILL"),
         (
