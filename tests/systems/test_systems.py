@@ -46,10 +46,10 @@ def test_postgres_without_a_server_says_how_to_get_one(
             "oracle",
             "not one of arq, arq-aof-always, celery, celery-acks-late, celery-gevent-acks-late,"
             " celery-rabbitmq, celery-rabbitmq-acks-late, celery-solo, dramatiq,"
-            " dramatiq-rabbitmq, huey,"
+            " dramatiq-aof-always, dramatiq-rabbitmq, huey,"
             " huey-fsync, persist-queue, pgqueuer, postgres, procrastinate, rq,"
-            " rq-aof-always, rq-aof-everysec, rq-no-persistence, sqlite, taskiq, walqueue, nor"
-            " package.module:factory",
+            " rq-aof-always, rq-aof-everysec, rq-no-persistence, sqlite, taskiq,"
+            " taskiq-aof-always, walqueue, nor package.module:factory",
         ),
         ("no_such_module:factory", "cannot import no_such_module"),
         ("tiny_adapter:no_such_factory", "tiny_adapter has no callable no_such_factory"),

@@ -73,6 +73,34 @@ def test_every_crash_point_passes_but_those_a_pending_entry_explains(
     assert promises["keeps_its_promises"] is True
 
 
+def test_a_power_cut_keeps_every_entry_an_always_synced_aof_answered(
+    tmp_path: Path, redis_socket: str
+) -> None:
+    """The power-loss campaign on ``taskiq-aof-always`` (each case's Redis on the power-loss
+    disk, the append-only file synced on every write): no crash state loses a job Redis
+    answered for, and nothing is explained by RDB snapshots, which it does not run on."""
+    from crashqueuelab.lab.faults.powerloss.disk import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    always = resolve_system("taskiq-aof-always")
+    assert always.persistence == "aof-always"
+    assert not [d for d in always.documented if d.what.startswith("RDB snapshots")]
+    assert [d for d in resolve_system("taskiq").documented if d.what.startswith("RDB snapshots")]
+    kept = run_campaign(
+        tmp_path / "always",
+        seed=3,
+        system="taskiq-aof-always",
+        crash_mode="power-loss",
+        crash_points=["kiq:after", "retry:after"],
+        probes=["idempotent_submit"],
+    )
+    assert kept["summary"]["states_losing_acknowledged_work"] == 0
+    assert all(case["passed"] for case in kept["cases"]), kept["cases"]
+    assert kept["promises"]["keeps_its_promises"] is True, kept["promises"]
+
+
 def test_the_adapter_drives_taskiq_and_the_reader_finds_each_job_where_taskiq_left_it(
     tmp_path: Path, redis_socket: str
 ) -> None:

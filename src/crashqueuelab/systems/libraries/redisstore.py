@@ -1,7 +1,7 @@
 """What the libraries on the Redis server a run starts share: the server's socket, named in
 the environment, a store's own names (its queue, its keys' prefix) kept in a file of its
 directory, written by the store's first open and read by every later one, and what Redis
-documents of its default persistence."""
+documents of the persistence a library's system runs on."""
 
 from __future__ import annotations
 
@@ -117,3 +117,24 @@ CONNECTION_RAISES = Documented(
         }
     },
 )
+
+
+#: A library on Redis runs at Redis's default persistence under its own name, and with the
+#: append-only file synced before each answer under ``NAME-aof-always`` (its
+#: ``PERSISTENCE_BY_SYSTEM``): there a crash or a power cut should take back nothing answered.
+AOF_ALWAYS = "aof-always"
+
+
+def persistence_losses(persistence: str) -> tuple[Documented, ...]:
+    """What Redis documents a crash of the server or a power cut takes back, at the
+    persistence a system runs on: every write since the last snapshot with RDB; with the
+    append-only file synced on every write, nothing answered, so a loss there is no one's
+    documented weakness."""
+    return (RDB_SNAPSHOTS,) if persistence == "rdb" else ()
+
+
+def persistence_durability(persistence: str) -> str:
+    """A system's durability line for its Redis server's persistence."""
+    from crashqueuelab.servers.redis import PERSISTENCE_WORDS
+
+    return f"Redis persistence {persistence}: {PERSISTENCE_WORDS[persistence]}"

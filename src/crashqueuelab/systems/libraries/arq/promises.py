@@ -13,7 +13,7 @@ from __future__ import annotations
 from crashqueuelab.judges.findings import Kind
 from crashqueuelab.systems.contract import Documented
 from crashqueuelab.systems.libraries.arq.client import IN_PROGRESS_MARGIN_S, JOB_TIMEOUT_S
-from crashqueuelab.systems.libraries.redisstore import CONNECTION_RAISES, RDB_SNAPSHOTS
+from crashqueuelab.systems.libraries.redisstore import CONNECTION_RAISES, persistence_losses
 
 _DOCS = "https://arq-docs.helpmanual.io/"
 _USAGE = _DOCS + "#usage"
@@ -104,5 +104,5 @@ def documented_for(persistence: str) -> tuple[Documented, ...]:
     snapshots take back what came after the last one; its append-only file synced on every
     write promises to lose nothing answered, so there a loss at a cut is no one's
     documented weakness."""
-    losses = (RDB_SNAPSHOTS,) if persistence == "rdb" else ()
+    losses = persistence_losses(persistence)
     return (_NO_TOKEN, _PESSIMISTIC, _SHUTDOWN_REQUEUES, _RETRY_AT_ONCE, *losses, CONNECTION_RAISES)

@@ -17,6 +17,7 @@ from crashqueuelab.systems.libraries.arq.client import (
 from crashqueuelab.systems.libraries.arq.points import CRASH_POINTS
 from crashqueuelab.systems.libraries.arq.promises import documented_for
 from crashqueuelab.systems.libraries.arq.worker import OWN_WORKER
+from crashqueuelab.systems.libraries.redisstore import persistence_durability
 from crashqueuelab.systems.libraries.skeleton import library_reader
 
 read_store = library_reader(
@@ -34,12 +35,10 @@ def arq_system(name: str = "arq") -> System:
     # Imported here, once: the lab opens systems from several threads at a time.
     import arq  # noqa: F401
 
-    from crashqueuelab.servers.redis import PERSISTENCE_WORDS
-
     persistence = PERSISTENCE_BY_SYSTEM[name]
     system = LIBRARY.system(
         name,
-        durability=f"Redis persistence {persistence}: {PERSISTENCE_WORDS[persistence]}",
+        durability=persistence_durability(persistence),
         open=ArqClient,
         reader=read_store,
         crash_points=CRASH_POINTS,

@@ -35,6 +35,7 @@ from crashqueuelab.systems.libraries.celery.points import CRASH_POINTS, crash_po
 from crashqueuelab.systems.libraries.celery.promises import documented_for
 from crashqueuelab.systems.libraries.celery.rabbitmq import CeleryRabbitmqClient
 from crashqueuelab.systems.libraries.celery.worker import own_worker
+from crashqueuelab.systems.libraries.redisstore import persistence_durability
 from crashqueuelab.systems.libraries.skeleton import library_reader
 
 read_store = library_reader(
@@ -75,8 +76,6 @@ def celery_system(
     # Imported here, once: the lab opens systems from several threads at a time.
     import celery  # noqa: F401
 
-    from crashqueuelab.servers.redis import PERSISTENCE_WORDS
-
     named, named_pool = SETTINGS.get(name, (DEFAULTS, "prefork"))
     chosen = settings or named
     on_rabbitmq = chosen.broker == RABBITMQ
@@ -89,7 +88,7 @@ def celery_system(
         )
     system = LIBRARY.system(
         name,
-        durability=f"{chosen.words}; Redis persistence rdb: {PERSISTENCE_WORDS['rdb']}"
+        durability=f"{chosen.words}; {persistence_durability('rdb')}"
         + (" (its results; the messages in Celery's durable queue)" if on_rabbitmq else ""),
         open=partial(CeleryRabbitmqClient if on_rabbitmq else CeleryClient, settings=chosen),
         reader=read_rabbitmq_store if on_rabbitmq else read_store,

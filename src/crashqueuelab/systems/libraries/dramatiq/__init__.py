@@ -4,6 +4,11 @@ importing dramatiq."""
 
 from crashqueuelab.systems.libraries.skeleton import Library
 
+#: Its systems on its Redis broker, by name: Redis's default persistence (RDB snapshots), and
+#: the append-only file synced before each answer, where a power cut should take back
+#: nothing answered.
+PERSISTENCE_BY_SYSTEM = {"dramatiq": "rdb", "dramatiq-aof-always": "aof-always"}
+
 LIBRARY = Library(
     package=__name__,
     name="dramatiq",
@@ -11,7 +16,7 @@ LIBRARY = Library(
     extra="dramatiq",
     # On its Redis broker; and on its RabbitMQ broker (a node the run starts, the results in
     # Redis).
-    systems=("dramatiq", "dramatiq-rabbitmq"),
+    systems=(*PERSISTENCE_BY_SYSTEM, "dramatiq-rabbitmq"),
     heartbeats=False,
     server="redis",
     drives="its Redis broker",

@@ -13,7 +13,7 @@ from __future__ import annotations
 from crashqueuelab.judges.findings import Kind
 from crashqueuelab.systems.contract import Documented
 from crashqueuelab.systems.libraries.dramatiq.client import HEARTBEAT_TIMEOUT_MS
-from crashqueuelab.systems.libraries.redisstore import CONNECTION_RAISES, RDB_SNAPSHOTS
+from crashqueuelab.systems.libraries.redisstore import CONNECTION_RAISES, persistence_losses
 
 _GUIDE = "https://dramatiq.io/guide.html"
 _REDIS = "https://dramatiq.io/reference.html#dramatiq.brokers.redis.RedisBroker"
@@ -122,15 +122,20 @@ _MOVED_TWICE_ON_REDIS = Documented(
 )
 
 
-DOCUMENTED = (
-    _AT_LEAST_ONCE,
-    _SILENT_WORKER,
-    _MOVED_TWICE_ON_REDIS,
-    _POISON_MESSAGE,
-    _HEARTBEAT_TIMEOUT,
-    RDB_SNAPSHOTS,
-    CONNECTION_RAISES,
-)
+def documented_for(persistence: str) -> tuple[Documented, ...]:
+    """What dramatiq on its Redis broker documents, on a server with that persistence
+    (``redisstore.persistence_losses``: Redis's RDB snapshots take back what came after the
+    last one, its always-synced append-only file nothing answered)."""
+    return (
+        _AT_LEAST_ONCE,
+        _SILENT_WORKER,
+        _MOVED_TWICE_ON_REDIS,
+        _POISON_MESSAGE,
+        _HEARTBEAT_TIMEOUT,
+        *persistence_losses(persistence),
+        CONNECTION_RAISES,
+    )
+
 
 _REQUEUED_ON_CLOSE = Documented(
     "on RabbitMQ, a worker killed after it ran a message and before RabbitMQ had its"

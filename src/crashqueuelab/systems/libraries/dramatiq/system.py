@@ -1,5 +1,6 @@
-"""dramatiq's systems, on the shared skeleton: ``dramatiq``, its Redis broker on a Redis
-server with Redis's default persistence; ``dramatiq-rabbitmq``, its RabbitMQ broker on a node
+"""dramatiq's systems, on the shared skeleton: ``dramatiq`` and ``dramatiq-aof-always``, its
+Redis broker on a Redis server with Redis's default persistence or with the append-only file
+synced on every write; ``dramatiq-rabbitmq``, its RabbitMQ broker on a node
 the run starts, the results in that Redis server."""
 
 from __future__ import annotations
@@ -15,15 +16,16 @@ from crashqueuelab.judges.readers.dramatiq import (
 )
 from crashqueuelab.servers.rabbitmq import URL_VARIABLE
 from crashqueuelab.systems.contract import System
-from crashqueuelab.systems.libraries.dramatiq import LIBRARY
+from crashqueuelab.systems.libraries.dramatiq import LIBRARY, PERSISTENCE_BY_SYSTEM
 from crashqueuelab.systems.libraries.dramatiq.client import (
     HEARTBEAT_TIMEOUT_MS,
     STATUS,
     DramatiqClient,
 )
 from crashqueuelab.systems.libraries.dramatiq.points import CRASH_POINTS, CRASH_POINTS_ON_RABBITMQ
-from crashqueuelab.systems.libraries.dramatiq.promises import DOCUMENTED, DOCUMENTED_ON_RABBITMQ
+from crashqueuelab.systems.libraries.dramatiq.promises import DOCUMENTED_ON_RABBITMQ, documented_for
 from crashqueuelab.systems.libraries.dramatiq.worker import LIBRARY_WORKER, OWN_WORKER
+from crashqueuelab.systems.libraries.redisstore import persistence_durability
 from crashqueuelab.systems.libraries.skeleton import library_reader
 
 read_store = library_reader(
@@ -36,21 +38,22 @@ read_store = library_reader(
 
 
 def dramatiq_system(name: str = "dramatiq") -> System:
-    """dramatiq's Redis broker on a Redis server with Redis's default persistence."""
+    """dramatiq's Redis broker on a Redis server with the persistence its name says
+    (``dramatiq``: Redis's default, RDB snapshots; ``dramatiq-aof-always``: the append-only
+    file synced on every write)."""
     # Imported here, once: the lab opens systems from several threads at a time.
     import dramatiq
     import dramatiq.brokers.redis  # noqa: F401
 
-    from crashqueuelab.servers.redis import PERSISTENCE_WORDS
-
+    persistence = PERSISTENCE_BY_SYSTEM[name]
     system = LIBRARY.system(
         name,
-        durability=f"Redis persistence rdb: {PERSISTENCE_WORDS['rdb']}",
+        durability=persistence_durability(persistence),
         open=DramatiqClient,
         reader=read_store,
         crash_points=CRASH_POINTS,
-        documented=DOCUMENTED,
-        persistence="rdb",
+        documented=documented_for(persistence),
+        persistence=persistence,
         own_worker=OWN_WORKER,
         library_worker=LIBRARY_WORKER,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from crashqueuelab.judges.readers.rq import queue_name, read_rq_store
 from crashqueuelab.systems.contract import System
+from crashqueuelab.systems.libraries.redisstore import persistence_durability
 from crashqueuelab.systems.libraries.rq import LIBRARY, PERSISTENCE_BY_SYSTEM
 from crashqueuelab.systems.libraries.rq.client import STATUS, RqClient
 from crashqueuelab.systems.libraries.rq.points import CRASH_POINTS
@@ -24,11 +25,9 @@ def _system(name: str, persistence: str) -> System:
     # Imported here, once: the lab opens systems from several threads at a time.
     import rq  # noqa: F401
 
-    from crashqueuelab.servers.redis import PERSISTENCE_WORDS
-
     return LIBRARY.system(
         name,
-        durability=f"Redis persistence {persistence}: {PERSISTENCE_WORDS[persistence]}",
+        durability=persistence_durability(persistence),
         open=RqClient,
         reader=read_store,
         crash_points=CRASH_POINTS,

@@ -10,12 +10,16 @@ releases before 1.2.4 get taskiq below 0.13 (``companions``).
 
 from crashqueuelab.systems.libraries.skeleton import Library
 
+#: The systems, by name: Redis's default persistence (RDB snapshots), and the append-only
+#: file synced before each answer, where a power cut should take back nothing answered.
+PERSISTENCE_BY_SYSTEM = {"taskiq": "rdb", "taskiq-aof-always": "aof-always"}
+
 LIBRARY = Library(
     package=__name__,
     name="taskiq",
     distribution="taskiq-redis",
     extra="taskiq",
-    systems=("taskiq",),
+    systems=tuple(PERSISTENCE_BY_SYSTEM),
     heartbeats=False,
     server="redis",
     drives="RedisStreamBroker on Redis",

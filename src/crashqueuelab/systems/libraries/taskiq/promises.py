@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from crashqueuelab.judges.findings import Kind
 from crashqueuelab.systems.contract import Documented
-from crashqueuelab.systems.libraries.redisstore import CONNECTION_RAISES, RDB_SNAPSHOTS
+from crashqueuelab.systems.libraries.redisstore import CONNECTION_RAISES, persistence_losses
 from crashqueuelab.systems.libraries.taskiq.client import IDLE_TIMEOUT_MS
 
 _README = "https://github.com/taskiq-python/taskiq-redis#stream"
@@ -105,8 +105,9 @@ _RETRY_AT_ONCE = Documented(
 )
 
 
-def documented(reclaims: bool) -> tuple[Documented, ...]:
-    """taskiq's documented weaknesses at a release: ``idle_timeout``'s only where the
-    release has it (taskiq-redis 1.0.6 on)."""
-    always = (_NO_TOKEN, _RETRY_AT_ONCE, RDB_SNAPSHOTS, CONNECTION_RAISES)
+def documented(reclaims: bool, persistence: str = "rdb") -> tuple[Documented, ...]:
+    """taskiq's documented weaknesses at a release, on a server with that persistence:
+    ``idle_timeout``'s only where the release has it (taskiq-redis 1.0.6 on); Redis's RDB
+    snapshots' losses only at that persistence (``redisstore.persistence_losses``)."""
+    always = (_NO_TOKEN, _RETRY_AT_ONCE, *persistence_losses(persistence), CONNECTION_RAISES)
     return (*always, _IDLE_TIMEOUT, _RECLAIMS_LIVE_HOLDERS) if reclaims else always

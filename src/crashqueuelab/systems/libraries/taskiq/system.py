@@ -1,5 +1,6 @@
-"""taskiq's system, on the shared skeleton: taskiq-redis's stream broker on a Redis server with
-its default persistence."""
+"""taskiq's systems, on the shared skeleton: taskiq-redis's stream broker on a Redis server with
+its default persistence (``taskiq``) or with the append-only file synced on every write
+(``taskiq-aof-always``)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from importlib.metadata import version
 
 from crashqueuelab.judges.readers.taskiq import queue_name, read_taskiq_store
 from crashqueuelab.systems.contract import System
+from crashqueuelab.systems.libraries.redisstore import persistence_durability
 from crashqueuelab.systems.libraries.skeleton import library_reader
-from crashqueuelab.systems.libraries.taskiq import LIBRARY
+from crashqueuelab.systems.libraries.taskiq import LIBRARY, PERSISTENCE_BY_SYSTEM
 from crashqueuelab.systems.libraries.taskiq.client import (
     IDLE_TIMEOUT_MS,
     STATUS,
@@ -35,22 +37,22 @@ RECLAIM_MARGIN_S = 3.0
 
 
 def taskiq_system(name: str = "taskiq") -> System:
-    """taskiq with taskiq-redis's stream broker, on a Redis server with Redis's default
-    persistence (RDB snapshots)."""
+    """taskiq with taskiq-redis's stream broker, on a Redis server with the persistence its
+    name says (``taskiq``: Redis's default, RDB snapshots; ``taskiq-aof-always``: the
+    append-only file synced on every write)."""
     # Imported here, once: the lab opens systems from several threads at a time.
     import taskiq_redis  # noqa: F401
 
-    from crashqueuelab.servers.redis import PERSISTENCE_WORDS
-
+    persistence = PERSISTENCE_BY_SYSTEM[name]
     reclaiming = reclaims()
     system = LIBRARY.system(
         name,
-        durability=f"Redis persistence rdb: {PERSISTENCE_WORDS['rdb']}",
+        durability=persistence_durability(persistence),
         open=TaskiqClient,
         reader=read_store,
         crash_points=CRASH_POINTS,
-        documented=documented(reclaiming),
-        persistence="rdb",
+        documented=documented(reclaiming, persistence),
+        persistence=persistence,
         own_worker=OWN_WORKER,
     )
     idle = (
