@@ -720,6 +720,55 @@ def test_a_recovery_that_runs_on_the_wall_clock_is_waited_for_as_the_system_decl
     assert outcome.result["system"]["recovery_s"] == SWEEP_S
 
 
+class _FewClaims(SqliteClient):
+    """A queue whose every client hands out ``FEW_CLAIMS`` jobs and then nothing: the work
+    stalls with jobs ready."""
+
+    handed = 0
+
+    def claim(self, worker_id: str, lease_us: int) -> Claim | None:
+        if self.handed >= FEW_CLAIMS:
+            return None
+        self.handed += 1
+        return super().claim(worker_id, lease_us)
+
+    def claim_many(self, worker_id: str, lease_us: int, limit: int) -> list[Claim]:
+        claimed = self.claim(worker_id, lease_us)
+        return [] if claimed is None else [claimed]
+
+
+FEW_CLAIMS = 4
+
+
+def few_claims_system() -> System:
+    def open_few(request: OpenRequest) -> QueueClient:
+        client = sqlite_system().open(request)
+        assert isinstance(client, SqliteClient)
+        return _FewClaims(client.queue)
+
+    return replace(sqlite_system(), name="sqlite-few-claims", open=open_few)
+
+
+def test_a_stall_before_the_marks_of_faults_still_planned_ends_the_run_at_its_grace(
+    tmp_path: Path,
+) -> None:
+    """The kills are planned after more acknowledgements than the stalled work reaches: the
+    run ends one stall grace after its last acknowledgement, naming the faults never
+    reached, instead of waiting out its deadline."""
+    report = run_chaos(
+        tmp_path / "run", seed=3, jobs=120, workers=2, kills=2, pauses=0, lease_ms=200,
+        poison_count=0, system="tests.lab.chaos.test_chaos:few_claims_system",
+        deadline_s=120.0,
+    )  # fmt: skip
+    assert report["ok"] is False
+    unreached = [fault for fault in report["faults"] if fault.get("at_s") is None]
+    assert len(unreached) == 2, report["faults"]
+    stalled = [r for r in report["reasons"] if r.startswith("the work stalled")]
+    assert stalled, report["reasons"]
+    assert "2 planned fault(s) never reached" in stalled[0], report["reasons"]
+    assert not any("deadline" in reason for reason in report["reasons"]), report["reasons"]
+
+
 def test_a_run_that_did_not_finish_says_why_as_a_finding() -> None:
     from crashqueuelab.judges.findings import Anomaly
     from crashqueuelab.lab.chaos.verdict import unfinished_work

@@ -154,9 +154,10 @@ def stall_grace_s(lease_ms: int, recovery_s: float) -> float:
     return floor + RECOVERIES_WAITED * recovery_s
 
 
-def _stalled(run: ChaosRun, watcher: Watcher, jobs: int) -> bool:
+def _stalled(run: ChaosRun, watcher: Watcher, jobs: int, unreached: int = 0) -> bool:
     """Whether no job was acknowledged for so long that the jobs still holding the run up
-    will not end; then the run stops waiting, and says why.
+    will not end; then the run stops waiting, and says why (``unreached``: the planned
+    faults whose mark of acknowledged jobs the run never reached).
 
     "Acknowledged" counts acknowledgements sent, answered or not, as the progress marks do: a
     worker killed between its commit and its answer's line never logs the answer."""
@@ -176,11 +177,20 @@ def _stalled(run: ChaosRun, watcher: Watcher, jobs: int) -> bool:
             facts={"waited_s": round(grace)},
         )
     else:
+        after = (
+            f", with {unreached} planned fault(s) never reached"
+            if unreached
+            else " after every fault was delivered"
+        )
         run.state.gave_up = Anomaly(
             Kind.WORK_STALLED,
-            f"the work stalled: no job was acknowledged for {grace:.0f} s after every fault"
-            f" was delivered, with {jobs - done} of {jobs} jobs never acknowledged",
-            facts={"waited_s": round(grace), "unacknowledged": jobs - done},
+            f"the work stalled: no job was acknowledged for {grace:.0f} s{after}, with"
+            f" {jobs - done} of {jobs} jobs never acknowledged",
+            facts={
+                "waited_s": round(grace),
+                "unacknowledged": jobs - done,
+                "faults_unreached": unreached,
+            },
         )
     return True
 
@@ -205,7 +215,12 @@ def _drive(
             run.follow(watcher)
             if run.work_done():
                 return True
-            if not pending and _stalled(run, watcher, jobs):
+            # A fault planned after more acknowledgements than the stalled work reaches never
+            # comes: the stall is judged as if none were left.
+            if (not pending or pending[0].after_finished > watcher.progressed()) and _stalled(
+                run, watcher, jobs, unreached=len(pending)
+            ):
+                run.release()
                 return False
             finished = watcher.progressed()
             run.settle_stops()
