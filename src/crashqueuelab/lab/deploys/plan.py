@@ -169,6 +169,12 @@ class DeployPlan:
             self._check_submit_until(self.submit_until_s)
         if self.submit_at_stops:
             self._check_submit_at_stops(self.submit_at_stops)
+        if self.stop_when is StopWhen.MID_JOB and (self.failovers or self.server_restarts):
+            raise InvalidInput(
+                "stop_when",
+                "mid-job not with server faults: each is timed half an interval after a stop"
+                " falls due, and a stop that waits for a job would land after it",
+            )
         if self.due_tolerance_s is not None and not self.due_tolerance_s > 0:
             raise InvalidInput("due_tolerance_s", "must be a positive number of seconds")
 
