@@ -37,6 +37,10 @@ from crashqueuelab.systems import (
     resolve_system,
 )
 from crashqueuelab.systems.libraries.arq.client import MAX_TRIES, WORK, JobFailed, lab_job
+from tests.systems.libraries.power_cuts import (
+    keeps_every_answered_job,
+    loses_the_job_as_rdb_documents,
+)
 
 
 def open_arq(directory: Path) -> QueueClient:
@@ -79,45 +83,15 @@ def test_every_crash_point_passes_but_those_arqs_pessimistic_execution_explains(
 def test_a_power_cut_keeps_what_an_always_synced_aof_answered_and_rdb_takes_it_back(
     tmp_path: Path, redis_socket: str
 ) -> None:
-    """The power-loss campaign (each case's Redis on the power-loss disk): with the append-only
-    file synced on every write (``arq-aof-always``) no crash state loses a job Redis
-    answered for; at Redis's default RDB snapshots the cut takes back every job since the
-    server started (no snapshot was due), which Redis documents: not a broken promise of
-    arq's."""
-    from crashqueuelab.lab.faults.powerloss.disk import unavailable_reason
-
-    reason = unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    kept = run_campaign(
-        tmp_path / "always",
-        seed=3,
-        system="arq-aof-always",
-        crash_mode="power-loss",
-        crash_points=["enqueue_job:after", "finish:after"],
-        probes=["idempotent_submit"],
+    """The power-loss campaign: with the append-only file synced on every write
+    (``arq-aof-always``) no crash state loses a job Redis answered for; at Redis's default
+    RDB snapshots the cut takes back every job since the server started, which Redis
+    documents: not a broken promise of arq's."""
+    keeps_every_answered_job(
+        tmp_path / "always", "arq-aof-always", ["enqueue_job:after", "finish:after"]
     )
-    assert kept["summary"]["states_losing_acknowledged_work"] == 0
-    assert all(case["passed"] for case in kept["cases"]), kept["cases"]
-    assert kept["promises"]["keeps_its_promises"] is True, kept["promises"]
-    lost = run_campaign(
-        tmp_path / "rdb",
-        seed=3,
-        system="arq",
-        crash_mode="power-loss",
-        crash_points=["enqueue_job:after"],
-        probes=["idempotent_submit"],
-    )
-    [case] = lost["cases"]
-    assert case["states_passed"] == 0
-    assert (
-        "acknowledged work lost: effect_job: promised ['queued', 0], found None"
-        in (case["anomalies"][0])
-    )
-    promises = lost["promises"]
-    assert promises["keeps_its_promises"] is True, promises["broken_promises"]
-    whats = [entry["what"] for entry in promises["weaker_as_documented"]]
-    assert any(what.startswith("RDB snapshots") for what in whats), whats
+    first = loses_the_job_as_rdb_documents(tmp_path / "rdb", "arq", "enqueue_job:after")
+    assert "acknowledged work lost: effect_job: promised ['queued', 0], found None" in first
 
 
 def test_the_adapter_drives_arq_and_the_reader_finds_each_job_where_arq_left_it(

@@ -45,6 +45,10 @@ from crashqueuelab.systems.libraries.dramatiq.client import (
     lab_job,
     message_id,
 )
+from tests.systems.libraries.power_cuts import (
+    keeps_every_answered_job,
+    loses_the_job_as_rdb_documents,
+)
 
 
 def open_dramatiq(directory: Path) -> QueueClient:
@@ -132,47 +136,21 @@ def _killed_as_it_moves(store: str, inherited: Inherited) -> None:
 def test_a_power_cut_keeps_what_an_always_synced_aof_answered_and_rdb_takes_it_back(
     tmp_path: Path, redis_socket: str
 ) -> None:
-    """The power-loss campaign (each case's Redis on the power-loss disk): with the append-only
-    file synced on every write (``dramatiq-aof-always``) no crash state loses a message Redis
-    answered for; at Redis's default RDB snapshots the cut takes back every message since
-    the server started, which Redis documents: not a broken promise of dramatiq's."""
-    from crashqueuelab.lab.faults.powerloss.disk import unavailable_reason
-
-    reason = unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
+    """The power-loss campaign: with the append-only file synced on every write
+    (``dramatiq-aof-always``) no crash state loses a message Redis answered for; at Redis's
+    default RDB snapshots the cut takes back every message since the server started, which
+    Redis documents: not a broken promise of dramatiq's."""
     always = resolve_system("dramatiq-aof-always")
     assert (always.persistence, always.durability.split(":")[0]) == (
         "aof-always",
         "Redis persistence aof-always",
     )
     assert not [d for d in always.documented if d.what.startswith("RDB snapshots")]
-    kept = run_campaign(
-        tmp_path / "always",
-        seed=3,
-        system="dramatiq-aof-always",
-        crash_mode="power-loss",
-        crash_points=["enqueue:after", "finish:after"],
-        probes=["idempotent_submit"],
+    keeps_every_answered_job(
+        tmp_path / "always", "dramatiq-aof-always", ["enqueue:after", "finish:after"]
     )
-    assert kept["summary"]["states_losing_acknowledged_work"] == 0
-    assert all(case["passed"] for case in kept["cases"]), kept["cases"]
-    assert kept["promises"]["keeps_its_promises"] is True, kept["promises"]
-    lost = run_campaign(
-        tmp_path / "rdb",
-        seed=3,
-        system="dramatiq",
-        crash_mode="power-loss",
-        crash_points=["enqueue:after"],
-        probes=["idempotent_submit"],
-    )
-    [case] = lost["cases"]
-    assert case["states_passed"] == 0
-    assert "acknowledged work lost" in case["anomalies"][0], case["anomalies"]
-    promises = lost["promises"]
-    assert promises["keeps_its_promises"] is True, promises["broken_promises"]
-    whats = [entry["what"] for entry in promises["weaker_as_documented"]]
-    assert any(what.startswith("RDB snapshots") for what in whats), whats
+    first = loses_the_job_as_rdb_documents(tmp_path / "rdb", "dramatiq", "enqueue:after")
+    assert "acknowledged work lost" in first, first
 
 
 def test_a_worker_killed_as_it_moves_a_due_retry_leaves_two_live_copies_of_it(

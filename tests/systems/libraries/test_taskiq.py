@@ -39,6 +39,9 @@ from crashqueuelab.systems import (
 from crashqueuelab.systems.libraries.taskiq.points import CRASH_POINTS
 from crashqueuelab.systems.libraries.taskiq.system import read_store
 from crashqueuelab.systems.libraries.taskiq.worker import lab_job
+from tests.systems.libraries.power_cuts import (
+    keeps_every_answered_job,
+)
 
 
 def open_taskiq(directory: Path) -> QueueClient:
@@ -77,14 +80,9 @@ def test_every_crash_point_passes_but_those_a_pending_entry_explains(
 def test_a_power_cut_keeps_every_entry_an_always_synced_aof_answered(
     tmp_path: Path, redis_socket: str
 ) -> None:
-    """The power-loss campaign on ``taskiq-aof-always`` (each case's Redis on the power-loss
-    disk, the append-only file synced on every write): no crash state loses a job Redis
-    answered for, and nothing is explained by RDB snapshots, which it does not run on."""
-    from crashqueuelab.lab.faults.powerloss.disk import unavailable_reason
-
-    reason = unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
+    """The power-loss campaign on ``taskiq-aof-always`` (the append-only file synced on every
+    write): no crash state loses a job Redis answered for, and nothing is explained by RDB
+    snapshots, which it does not run on."""
     always = resolve_system("taskiq-aof-always")
     assert always.persistence == "aof-always"
     assert not [d for d in always.documented if d.what.startswith("RDB snapshots")]
@@ -92,17 +90,7 @@ def test_a_power_cut_keeps_every_entry_an_always_synced_aof_answered(
     # A chaos run's stall outlasts three of idle_timeout's reclaims: never explained by it.
     stall_kinds = {Kind.WORK_STALLED, Kind.WORK_NEVER_ENDED}
     assert not [d for d in always.documented if stall_kinds & set(d.kinds)], always.documented
-    kept = run_campaign(
-        tmp_path / "always",
-        seed=3,
-        system="taskiq-aof-always",
-        crash_mode="power-loss",
-        crash_points=["kiq:after", "retry:after"],
-        probes=["idempotent_submit"],
-    )
-    assert kept["summary"]["states_losing_acknowledged_work"] == 0
-    assert all(case["passed"] for case in kept["cases"]), kept["cases"]
-    assert kept["promises"]["keeps_its_promises"] is True, kept["promises"]
+    keeps_every_answered_job(tmp_path / "always", "taskiq-aof-always", ["kiq:after", "retry:after"])
 
 
 def test_the_adapter_drives_taskiq_and_the_reader_finds_each_job_where_taskiq_left_it(
