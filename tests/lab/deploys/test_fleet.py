@@ -95,29 +95,35 @@ def test_the_work_a_library_is_handed_records_each_receipt_it_is_told_of(tmp_pat
     assert float(first[2]) <= float(second[2])
 
 
+def _sleepers(fleet: Fleet, tmp_path: Path, count: int, ledger: str = "") -> None:
+    """``count`` processes that sleep, one a slot, as the fleet's generation-0 workers (each
+    ledger holding ``ledger``, formatted with its pid, where given); ``fleet.close`` ends
+    them."""
+    for slot in range(count):
+        process = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True
+        )
+        log = (tmp_path / f"w{slot}.log").open("wb")
+        path = tmp_path / f"w{slot}.0.ledger"
+        if ledger:
+            path.write_text(ledger.format(pid=process.pid))
+        fleet.workers.append(Worker(f"w{slot}.0", slot, 0, path, process, 0.0, log))
+
+
 def test_a_stop_waits_for_its_worker_to_reach_its_loop_at_most_its_startup_time(
     tmp_path: Path,
 ) -> None:
     now = [0.0]
     fleet = Fleet(tmp_path, lambda name, ledger: _spec(ledger), lambda: now[0])
-    processes = [
-        subprocess.Popen(
-            [sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True
-        )
-        for _ in range(2)
-    ]
     try:
-        for slot, process in enumerate(processes):
-            log = (tmp_path / f"w{slot}.log").open("wb")
-            ledger = tmp_path / f"w{slot}.0.ledger"
-            fleet.workers.append(Worker(f"w{slot}.0", slot, 0, ledger, process, 0.0, log))
+        _sleepers(fleet, tmp_path, 2)
         steps = [Step(0.0, (0,), "rolling", 0), Step(0.0, (1,), "rolling", 1)]
         plan = DeployPlan(workers=2, replace=Replace.AFTER_EXIT)
         rollout = Rollout(plan, fleet, steps, [], None, lambda: now[0], startup_s=5.0)  # type: ignore[arg-type]
         rollout.stop_due()
         # Still importing: the stop waits.
         assert (rollout.done_steps, fleet.workers[0].signals) == (0, [])
-        fleet.workers[0].ledger.write_text(f"serving 0.5 {processes[0].pid}\n")
+        fleet.workers[0].ledger.write_text(f"serving 0.5 {fleet.workers[0].pid}\n")
         now[0] = 1.0
         rollout.stop_due()
         assert fleet.workers[0].signals == [(1.0, "SIGTERM")]
@@ -135,18 +141,8 @@ def test_a_mid_job_stop_goes_once_its_worker_holds_a_job_outlasting_the_grace(
 ) -> None:
     now, ledger_now = [0.0], [100.0]
     fleet = Fleet(tmp_path, lambda name, ledger: _spec(ledger), lambda: now[0])
-    processes = [
-        subprocess.Popen(
-            [sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True
-        )
-        for _ in range(2)
-    ]
     try:
-        for slot, process in enumerate(processes):
-            log = (tmp_path / f"w{slot}.log").open("wb")
-            ledger = tmp_path / f"w{slot}.0.ledger"
-            ledger.write_text(f"serving 100.1 {process.pid}\n")
-            fleet.workers.append(Worker(f"w{slot}.0", slot, 0, ledger, process, 0.0, log))
+        _sleepers(fleet, tmp_path, 2, ledger="serving 100.1 {pid}\n")
         first, second = fleet.workers
         steps = [Step(1.0, (0,), "rolling", 0), Step(2.0, (1,), "rolling", 1)]
         plan = DeployPlan(workers=2, grace_s=1.0, interval_s=1.0, stop_when=StopWhen.MID_JOB)
