@@ -357,10 +357,13 @@ def test_pgqueuer_630_a_job_sigkilled_at_a_deploy_blocks_its_entrypoint_on_1_0_1
         "versions", "--system", "pgqueuer", "--releases", "1.0.1,1.0.2", "--bisect",
         "--bisect-on", "promises", "--output-directory", str(tmp_path / "v"),
         "--at-once", "2",
-        # A stop that finds a job in hand, longer than the grace, ends in SIGKILL.
-        "deploys", "--workers", "1", "--deploys", "4",
+        # A stop that finds a job in hand, longer than the grace, ends in SIGKILL. It waits
+        # for one at most an interval, which must hold a whole turn of 1.0.x's loop: a job
+        # (2 to 3 s here) and the 3 s before the next (with 3 s, the first stop's wait ran
+        # out 0.2 s before the next job started, in a whole run's quiet part).
+        "deploys", "--workers", "1", "--deploys", "2",
         "--grace-s", "1", "--jobs", "6", "--long-share", "1", "--warmup-s", "3",
-        "--interval-s", "3", "--stop-when", "mid-job",
+        "--interval-s", "8", "--stop-when", "mid-job",
     )  # fmt: skip
     # 1.0.1 breaks its promise: the run is not ok, whatever the bisection found.
     assert outcome.code == 1, outcome.stderr
