@@ -16,12 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from crashqueuelab.lab.heartbeats.workers import STACKS_SIGNAL
 from crashqueuelab.lab.runs.inheritance import Inherited
 from crashqueuelab.lab.runs.interrupts import forkserver_context, start_owned
 from crashqueuelab.systems import JobSpec, OpenRequest, StoreReading, resolve_system
 
 #: The longest any test waits for one thing a worker process does.
 WAIT_S = 20.0
+#: How long a worker that did not exit has to write its threads' stacks.
+STACKS_WAIT_S = 2.0
 
 
 def _append(ledger: str, line: str) -> None:
@@ -39,7 +42,7 @@ def serve_main(
     # A worker that does not exit when the test expects it to leaves its threads' stacks
     # (and those of the processes it forked, which inherit this) beside the ledger.
     stacks = open(f"{ledger}.stacks", "a")  # noqa: SIM115 (open while the process lives)
-    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    faulthandler.register(STACKS_SIGNAL, file=stacks, all_threads=True)
     own = resolve_system(system).own_worker
     assert own is not None
 
@@ -119,8 +122,15 @@ class Served:
         self.process.join(timeout_s)
         exited = time.time()
         if self.process.exitcode is None:
+            stacks = Path(f"{self.ledger}.stacks")
             for pid in [self.process.pid, *_descendants(self.process.pid)]:
-                os.kill(pid, signal.SIGUSR1)
+                with suppress(ProcessLookupError):
+                    os.kill(pid, STACKS_SIGNAL)
+            # Written by each process's signal handler, before the test's way out kills it.
+            deadline = time.monotonic() + STACKS_WAIT_S
+            while time.monotonic() < deadline and not (stacks.exists() and stacks.stat().st_size):
+                time.sleep(0.02)
+            time.sleep(0.2)  # the other processes' stacks, after the first
         return self.process.exitcode, exited
 
 

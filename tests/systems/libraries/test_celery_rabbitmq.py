@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -90,6 +91,20 @@ SYSTEMS = {
 CONSUMER_TIMEOUT_MS = 2000
 #: What the node logs as it closes a channel whose delivery was not acknowledged in time.
 TIMED_OUT = "caused a channel exception precondition_failed: delivery acknowledgement on channel"
+#: What the node logs as it closes the channel a worker reopened, over the late acknowledgement
+#: of the task it finished, whose delivery tag was the closed channel's.
+STALE_ACK = (
+    "operation basic.ack caused a channel exception precondition_failed: unknown delivery tag 1"
+)
+#: Where a worker whose Channel.Close crossed the node's waits, innermost first as its stacks
+#: say it: py-amqp waiting for the Close-Ok of its channel's close, in Celery's consumer
+#: closing its connection.
+CROSSED_CLOSE = re.compile(
+    r'amqp/abstract_channel\.py", line \d+ in wait\n'
+    r'.*amqp/abstract_channel\.py", line \d+ in send_method\n'
+    r'.*amqp/channel\.py", line \d+ in close\n'
+    r'(?:.*\n)*?.*celery/worker/consumer/connection\.py", line \d+ in shutdown\n'
+)
 #: How often each channel checks its consumer_timeout (RabbitMQ's ``channel_tick_interval``,
 #: one minute by default: "Whether the timeout should be enforced is evaluated periodically,
 #: at one minute intervals"), so that the timeout acts inside the test's bounded wait.
@@ -106,16 +121,23 @@ def rabbitmq() -> Iterator[ThrowawayRabbitMQ]:
 
 
 @contextlib.contextmanager
-def short_consumer_timeout() -> Iterator[ThrowawayRabbitMQ]:
+def short_consumer_timeout(keep: Path) -> Iterator[ThrowawayRabbitMQ]:
     """A node of its own whose consumer_timeout is ``CONSUMER_TIMEOUT_MS``, checked every
-    ``TICK_MS``; named to this process and the workers it starts while it runs."""
+    ``TICK_MS``; named to this process and the workers it starts while it runs. A block
+    that fails leaves the node's log in ``keep`` (the node's own directory is removed)."""
     with started(
         ThrowawayRabbitMQ(
             settings={"consumer_timeout": str(CONSUMER_TIMEOUT_MS)},
             advanced=f"[{{rabbit, [{{channel_tick_interval, {TICK_MS}}}]}}].\n",
         )
     ) as server:
-        yield server
+        try:
+            yield server
+        except BaseException:
+            log = server.logs / f"{server.node}.log"
+            if log.is_file():
+                (keep / "rabbitmq.log").write_bytes(log.read_bytes())
+            raise
 
 
 def queues(server: ThrowawayRabbitMQ, tmp_path: Path) -> dict[str, tuple[int, int] | None]:
@@ -387,7 +409,7 @@ def test_a_killed_main_process_takes_its_pool_child_and_rabbitmq_requeues_at_onc
 def test_a_task_longer_than_the_consumer_timeout_is_requeued_its_worker_stops_it_runs_again(
     tmp_path: Path, redis_socket: str
 ) -> None:
-    with short_consumer_timeout() as server:
+    with short_consumer_timeout(tmp_path) as server:
         submitted(tmp_path)
         with contextlib.ExitStack() as stack:
             served = workers(stack, tmp_path, work_s=6.0)
@@ -401,14 +423,28 @@ def test_a_task_longer_than_the_consumer_timeout_is_requeued_its_worker_stops_it
             # Celery's worker takes the closed channel for an unrecoverable error and stops
             # (a warm shutdown: the task in hand finishes first); the defaults' worker, whose
             # message was acknowledged as it started, goes on serving.
+            stopped = {}
             for store in ("late", "reject"):
                 assert requeued.answered < ended[store].at, store
-                assert served[store].join()[0] == 0, store
+                stopped[store] = served[store].join()[0]
             assert served["defaults"].process.exitcode is None
             held = queues(server, tmp_path)
-        # The node's own log: a channel closed for each late-acknowledged message.
+        # The node's own log: a channel closed for each late-acknowledged message; then, as
+        # each worker stopped, the reopened channel closed again over the task's late
+        # acknowledgement, sent with the first channel's delivery tag.
         said = (server.logs / f"{server.node}.log").read_text()
         assert said.count(TIMED_OUT) == 2, said[-2000:]
+        assert said.count(STALE_ACK) == 2, said[-2000:]
+        # Each worker returned from worker_main, or its Channel.Close crossed the node's over
+        # the stale acknowledgement and it waits in the close for a Close-Ok that never
+        # comes (the node drops a close it receives after sending its own).
+        for store, code in stopped.items():
+            if code is None:
+                stacks = (tmp_path / f"{store}.ledger.stacks").read_text()
+                assert CROSSED_CLOSE.search(stacks), stacks
+                print(f"{store}: its worker waits in the close of its connection's channel")
+            else:
+                assert code == 0, store
         # Each ran once and succeeded; the late ones' messages wait in the queue all the same.
         assert results(tmp_path) == all_succeeded_once()
         assert held == {"defaults": (0, 0), "late": (1, 0), "reject": (1, 0)}

@@ -6,8 +6,10 @@ what interrupted the wait. A loop
 that raises leaves its traceback beside the ledger and exits with ``WORKER_FAILED``. A loop
 that does not stop when asked is sent ``STACKS_SIGNAL`` before the run kills it: Python's
 ``faulthandler`` writes every thread's stack to ``WORKER.stacks`` beside the ledger, where a
-library's hang at shutdown can be read (a loop that installs a SIGUSR1 handler of its own, as
-Celery's worker does, replaces the dump: the file then stays empty and is not named).
+library's hang at shutdown can be read. The signal is SIGUSR2: Celery's worker takes SIGUSR1
+for a handler of its own and its pool children reset SIGUSR1 to an exit, which would replace
+the dump; none of the libraries' loops touches SIGUSR2 (Celery only with ``CELERY_RDBSIG``
+set), and a child forked from a worker keeps the dump.
 ``failures`` reads, in the parent, what each worker left.
 """
 
@@ -32,7 +34,7 @@ WORKER_FAILED = 3
 #: The longest a job's work waits at once (``work_for``).
 WORK_SLICE_S = 0.05
 #: What the run sends a worker that did not stop when asked, before it kills it.
-STACKS_SIGNAL = signal.SIGUSR1
+STACKS_SIGNAL = signal.SIGUSR2
 
 
 def stacks_path(ledger: str | Path) -> Path:
