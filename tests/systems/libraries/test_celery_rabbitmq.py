@@ -438,7 +438,8 @@ def test_a_task_longer_than_the_consumer_timeout_is_requeued_its_worker_stops_it
         # Each worker's Channel.Close at its stop crosses the node's over the stale
         # acknowledgement. Mostly the node answers it at once and worker_main returns; in
         # some runs no Close-Ok comes, and the worker waits in py-amqp's close, consuming
-        # nothing (173 s in the one run waited out: docs/real-queues.md).
+        # nothing, until the node drops its connection for missed heartbeats (173.4 s after
+        # the task's end in the two runs waited out: docs/real-queues.md).
         for store, code in stopped.items():
             if code is None:
                 stacks = (tmp_path / f"{store}.ledger.stacks").read_text()
