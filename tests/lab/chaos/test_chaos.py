@@ -264,6 +264,27 @@ def test_progress_counts_an_acknowledgement_sent_by_a_worker_killed_before_its_a
     assert (watcher.finished(), watcher.progressed()) == (2, 3)  # a key counts once
 
 
+def test_a_job_whose_every_acknowledgement_was_refused_is_named_unfinished(
+    tmp_path: Path,
+) -> None:
+    """Progress counts a refused acknowledgement; the jobs given up on are named apart: every
+    send refused and none accepted, an unanswered send (a killed worker) not among them."""
+    from crashqueuelab.lab.chaos.watcher import Watcher as _Watcher
+
+    (tmp_path / "worker-0.1.log").write_text(
+        "claim k1 t1 1.0\nacking k1 t1 1.1\nstale k1 t1 1.2\n"
+        "claim k2 t2 1.0\nacking k2 t2 1.1\nstale k2 t2 1.2\n"
+        "claim k3 t3 1.0\nacking k3 t3 1.1\nstale k3 t3 1.2\n"
+    )
+    (tmp_path / "worker-1.1.log").write_text(
+        "claim k2 t4 1.3\nacking k2 t4 1.4\nack k2 t4 1.5\nclaim k3 t5 1.3\nacking k3 t5 1.4\n"
+    )
+    watcher = _Watcher(tmp_path)
+    watcher.refresh(["worker-0.1", "worker-1.1"])
+    assert watcher.progressed() == 3
+    assert watcher.refused_unfinished() == {"k1"}
+
+
 def _log(lines: list[str]) -> WorkerLog:
     log = WorkerLog()
     log.add("".join(f"{line}\n" for line in lines))
@@ -453,7 +474,12 @@ def test_heartbeating_long_jobs_catch_a_heartbeat_kept_in_one_process(tmp_path: 
     assert report["ok"] is False
     assert report["parameters"]["long_jobs"] == 1
     assert report["accounting"]["overlapping_leases"]
-    assert any("the work stalled" in reason for reason in report["reasons"])
+    # The run ends on the stall rule: no acknowledgement for its grace, or, where every
+    # other job's acknowledgement was sent first (a loaded machine), the refused ones named.
+    assert any(
+        "the work stalled" in reason or "were refused as stale" in reason
+        for reason in report["reasons"]
+    ), report["reasons"]
 
 
 def test_the_chaos_page_runs_the_same_schedule_and_says_the_interleaving_may_differ(

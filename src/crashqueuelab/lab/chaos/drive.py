@@ -170,11 +170,22 @@ def _stalled(run: ChaosRun, watcher: Watcher, jobs: int, unreached: int = 0) -> 
     if now - run.progress_seen[1] < grace:
         return False
     if done >= jobs:
+        # A refused acknowledgement counts as progress (its job's taker should finish it);
+        # said apart here, where the run gives up on exactly those jobs.
+        refused = len(watcher.refused_unfinished() - run.poison_keys)
+        said = (
+            f"every other job's acknowledgement was sent, but {refused} were refused as stale"
+            " and their jobs never acknowledged since; the work did not end within"
+            f" {grace:.0f} s after"
+            if refused
+            else "every other job was acknowledged, but the work did not end within"
+            f" {grace:.0f} s after: jobs are left that never reach the dead letter (see the"
+            " poison jobs)"
+        )
         run.state.gave_up = Anomaly(
             Kind.WORK_NEVER_ENDED,
-            f"every other job was acknowledged, but the work did not end within {grace:.0f} s"
-            " after: jobs are left that never reach the dead letter (see the poison jobs)",
-            facts={"waited_s": round(grace)},
+            said,
+            facts={"waited_s": round(grace), "refused_unfinished": refused},
         )
     else:
         after = (

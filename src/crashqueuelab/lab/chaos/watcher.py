@@ -26,6 +26,20 @@ class Watcher(LogFollower):
         key, so nothing counts twice)."""
         return len(self.acknowledged | self.sent)
 
+    def refused_unfinished(self) -> set[str]:
+        """Keys whose every acknowledgement sent was refused as stale and none accepted: jobs
+        not done, though ``progressed`` counts them (their taker is expected to finish them)."""
+        refused: set[str] = set()
+        unanswered: set[str] = set()
+        for log in self.logs.values():
+            stale, accepted = set(log.stale), set(log.acks)
+            for key, token in log.acking:
+                if (key, token) in stale:
+                    refused.add(key)
+                elif (key, token) not in accepted:
+                    unanswered.add(key)
+        return refused - unanswered - self.acknowledged
+
     def found_no_work(self, worker_ids: Iterable[str]) -> bool:
         """Whether one of these workers found no unfinished job left."""
         return any(
