@@ -149,14 +149,15 @@ def test_a_mid_job_stop_goes_once_its_worker_holds_a_job_outlasting_the_grace(
         assert plan.to_json()["stop_when"] == "mid-job"
         rollout = Rollout(
             plan, fleet, steps, [], None, lambda: now[0], startup_s=5.0,  # type: ignore[arg-type]
-            work={"a": 0.4, "b": 1.1, "c": 3.0}, ledger_clock=lambda: ledger_now[0],
+            work={"a": 0.4, "b": 1.3, "c": 3.0}, ledger_clock=lambda: ledger_now[0],
         )  # fmt: skip
         # Its job done: the stop waits.
         first.ledger.write_text(first.ledger.read_text() + "start a 100.5\nend a 100.9\n")
         now[0], ledger_now[0] = 1.1, 101.1
         rollout.stop_due()
         assert (rollout.done_steps, first.signals) == (0, [])
-        # A job whose work ends within the grace: the stop waits on.
+        # A job whose work outlasts the grace by less than MID_JOB_MARGIN_S (1.1 s left, the
+        # grace 1.0 s), which a SIGKILL sent late could miss: the stop waits on.
         first.ledger.write_text(first.ledger.read_text() + "start b 101.0 7\n")
         now[0], ledger_now[0] = 1.2, 101.2
         rollout.stop_due()

@@ -32,6 +32,10 @@ MAX_ATTEMPTS = 25
 #: How long a run that fails its server over keeps submitting a job whose calls raise.
 SUBMIT_RETRY_S = 60.0
 _POLL_S = 0.02
+#: How much longer than the grace a mid-job stop wants its worker's job to run on, so that a
+#: SIGKILL sent late on a loaded machine still finds the job running (one came 0.08 s late,
+#: after a job that had outlasted the grace by less).
+MID_JOB_MARGIN_S = 0.25
 #: Once every job ran to completion, the workers run on this long (the last
 #: acknowledgements reach the store) before they are stopped.
 SETTLE_S = 0.5
@@ -191,8 +195,8 @@ class Rollout:
     def _working(self, step: Step) -> bool:
         """Whether the step's stop may go as ``plan.stop_when`` says: at once when due;
         ``mid-job``, once every worker it stops holds a job with more than the grace period
-        of its work left, or one interval after it fell due (the stop then finds whatever
-        is there)."""
+        (and ``MID_JOB_MARGIN_S``) of its work left, or one interval after it fell due (the
+        stop then finds whatever is there)."""
         if self.plan.stop_when is StopWhen.DUE or self.clock() - step.at_s >= self.plan.interval:
             return True
         workers = [self.current(slot) for slot in step.slots]
@@ -201,7 +205,7 @@ class Rollout:
     def _outlasts_grace(self, worker: Worker) -> bool:
         now = self.ledger_clock()
         return any(
-            self.work.get(run.key, 0.0) - (now - run.start_s) > self.plan.grace_s
+            self.work.get(run.key, 0.0) - (now - run.start_s) > self.plan.grace_s + MID_JOB_MARGIN_S
             for run in worker.open_runs()
         )
 
