@@ -816,7 +816,7 @@ def _beside_quiet(
 ) -> str | None:
     """Its quiet tests, if it has any, once it is made; the part they measured, if any."""
     beside.made.wait()
-    if beside.interpreter is None or not beside.has_quiet or _STOPPING.is_set():
+    if beside.interpreter is None or not beside.has_quiet:
         return None
     selected = f"({markers}) and " if markers else ""
     part = f"{beside.apart.name}-quiet"
@@ -868,18 +868,13 @@ def _all_gates(
     measured_parts = ["parallel"]
 
     def lane() -> None:
-        try:
-            if not pytest_only:
-                _tool_gates(gates, python)
-            for environment in beside:
-                _beside_make(gates, environment, markers=markers)
-                measured_parts.append(environment.apart.name)
-                _beside_rest(gates, environment, name=name, markers=markers,
-                             coverage=coverage, typecheck=not pytest_only)  # fmt: skip
-        finally:
-            # Stopped before it made them all (an interrupt): no quiet lane waits for ever.
-            for environment in beside:
-                environment.made.set()
+        if not pytest_only:
+            _tool_gates(gates, python)
+        for environment in beside:
+            _beside_make(gates, environment, markers=markers)
+            measured_parts.append(environment.apart.name)
+            _beside_rest(gates, environment, name=name, markers=markers,
+                         coverage=coverage, typecheck=not pytest_only)  # fmt: skip
 
     def quiet_lane() -> None:
         command = _pytest_command(
