@@ -10,17 +10,16 @@ ruff format --check, mypy --strict, python -m build, and the built wheel install
 clean virtual environment running a real submit/claim/succeed/check round trip, then its
 pytest plugin (with pytest installed beside it) on the example adapters.
 
-pytest runs in two parts at once: every test not marked ``quiet`` on several workers
+pytest runs in two parts: every test not marked ``quiet`` on several workers at once
 (pytest-xdist; the tests that read the session's showcase run share one worker, so it runs
-once), and the ``quiet`` ones (timing-sensitive: wall-clock timers against heartbeats), six
-at a time, at the gates' own niceness while everything else runs at the lowest priority
-there is (``BACKGROUND_NICE``): the CPU is theirs the moment they want it. The tests of
-libraries whose dependencies conflict with the main environment's (pyproject.toml's
+once), then the ``quiet`` ones (timing-sensitive: wall-clock timers against heartbeats),
+six at a time, on a machine nothing else of the suite is using. The tests of libraries
+whose dependencies conflict with the main environment's (pyproject.toml's
 ``[tool.crashqueuelab.environments]``: arq, which requires redis-py < 6) run in an
-environment of their own (``.venv-redis5``), made, type-checked and tested beside the
-parallel part, its quiet ones after the main quiet part; the main run leaves them out.
-Coverage adds up over every part in both environments, checked at the end. Every test's
-time goes to a file kept after the run (``DURATIONS``), slowest first.
+environment of their own beside it (``.venv-redis5``), made, type-checked and tested beside
+the parallel part; the main run leaves them out. Coverage adds up over every part in both
+environments. Every test's time goes to a file kept after the run (``DURATIONS``), slowest
+first.
 
 Whatever happens (a failed gate, a gate that overruns its limit, Ctrl-C or SIGTERM), it ends
 with the gate summary: each gate PASS or FAIL with its time and why, and the tests that
@@ -61,8 +60,9 @@ EXTRAS = (
 #: A pip step may not wait on a registry for ever.
 INSTALL_LIMIT_S = 900
 #: What each gate may take before it is stopped and named as overrun: a backstop well above
-#: what it takes on an idle 2-core machine (README), never a target. pytest's is for each
-#: run of it: the parallel part took about 800 s idle, and 1,079 s once on a busy host.
+#: what it takes on an idle 2-core machine (README), never a target. pytest's is for both
+#: its parts: about 1,000 s idle, and a run on a busy host took 1,079 s for the parallel
+#: part alone, leaving the quiet part too little under the 1,500 s it had before.
 PYTEST_LIMIT_S = 2100
 TOOL_LIMIT_S = 600
 #: How many tests run at once in the parallel part: the suite's tests mostly wait on the
@@ -71,7 +71,7 @@ TOOL_LIMIT_S = 600
 #: processes need less CPU and the tests wait more: with one more than the cores, 3.12's
 #: fast part kept its 2 cores 58% busy (461.6 s), with three more 96% (385.5 s), measured.
 WORKERS_VARIABLE = "CRASHQUEUELAB_TEST_WORKERS"
-#: The timing-sensitive tests: they run beside the others, which yield the CPU to them.
+#: The timing-sensitive tests: they run after the others, with nothing else of the suite.
 QUIET = "quiet"
 #: How many quiet tests run at once: they wait on wall-clock timers and use little CPU (the
 #: five of them before pgqueuer #630 joined, 19.5 CPU-seconds in 139 s, measured). xdist
@@ -369,25 +369,20 @@ def _run(
     limit_s: float,
     env: dict[str, str] | None = None,
     leftovers: list[str] | None = None,
-    nice: int = 0,
 ) -> tuple[int | None, float]:
-    """Run ``command`` in a process group of its own, ``nice`` added to its niceness (and
-    so to that of every process it starts); its exit code (None when it overran
+    """Run ``command`` in a process group of its own; its exit code (None when it overran
     ``limit_s`` and was stopped) and its time. Interrupted propagates after the group
     has been stopped. Processes of the group that outlive a gate that ended by itself are
     named in ``leftovers``, then killed."""
-    _log(("$ " if not nice else f"$ (nice {nice}) ") + " ".join(str(part) for part in command))
+    _log("$ " + " ".join(str(part) for part in command))
     started = time.monotonic()
     code: int | None = None
-    # Niced by an interpreter that then execs the command: no preexec_fn (unsafe beside the
-    # gates' threads), and no moment when the command runs at the gates' own niceness.
-    argv = [str(part) for part in command]
-    if nice:
-        argv = [sys.executable, "-c", _NICE_THEN_EXEC, str(nice), *argv]
     with _LIVE_LOCK:
         if _STOPPING.is_set():
             raise Interrupted("the gates being stopped")
-        process = subprocess.Popen(argv, cwd=ROOT, env=env, start_new_session=True)
+        process = subprocess.Popen(
+            [str(part) for part in command], cwd=ROOT, env=env, start_new_session=True
+        )
         _LIVE.add(process)
     try:
         code = process.wait(timeout=limit_s)
@@ -414,10 +409,6 @@ def _run(
     return code, time.monotonic() - started
 
 
-#: Run by an interpreter: ``argv[1]`` added to its niceness, then ``argv[2:]`` in its place.
-_NICE_THEN_EXEC = "import os, sys; os.nice(int(sys.argv[1])); os.execvp(sys.argv[2], sys.argv[2:])"
-
-
 def _capture(
     command: Sequence[str | Path], *, cwd: Path, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
@@ -436,19 +427,16 @@ def _venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
-def _prepare_venv(
-    python: str, venv: Path, extras: Sequence[str] = EXTRAS, *, nice: int = 0
-) -> Path | str:
+def _prepare_venv(python: str, venv: Path, extras: Sequence[str] = EXTRAS) -> Path | str:
     """The environment's interpreter with the project installed with ``extras``, or why it
     could not be made."""
     if not _venv_python(venv).exists():
-        code, _ = _run([python, "-m", "venv", venv], limit_s=INSTALL_LIMIT_S, nice=nice)
+        code, _ = _run([python, "-m", "venv", venv], limit_s=INSTALL_LIMIT_S)
         if code != 0:
             return f"could not create a virtual environment at {venv}"
     interpreter = _venv_python(venv)
     pip: list[str | Path] = [interpreter, "-m", "pip", "--disable-pip-version-check", "-q"]
-    code, _ = _run([*pip, "install", "-e", f".[{','.join(extras)}]"], limit_s=INSTALL_LIMIT_S,
-                   nice=nice)  # fmt: skip
+    code, _ = _run([*pip, "install", "-e", f".[{','.join(extras)}]"], limit_s=INSTALL_LIMIT_S)
     if code != 0:
         overran = " (overran its limit)" if code is None else ""
         return f"could not install the project with its extras {', '.join(extras)}{overran}"
@@ -568,13 +556,11 @@ class _Gates:
         *,
         limit_s: float,
         env: dict[str, str] | None = None,
-        nice: int = 0,
     ) -> bool:
         try:
             code, seconds = _run(
-                command, limit_s=limit_s, env=env or self.env, leftovers=self.leftovers,
-                nice=nice,
-            )  # fmt: skip
+                command, limit_s=limit_s, env=env or self.env, leftovers=self.leftovers
+            )
         except Interrupted:
             self.results.append(Result(name, False, 0.0, "interrupted"))
             raise
@@ -588,18 +574,6 @@ class _Gates:
 
     def note(self, name: str, why: str | None, seconds: float) -> None:
         self.results.append(Result(name, why is None, seconds, why or ""))
-
-    def coverage_file(self, part: str) -> Path:
-        """The data file of one pytest run measured under coverage, in a directory of its
-        own: runs at the same time must not combine (and delete) each other's files."""
-        directory = self.scratch.root / f"coverage-{part}"
-        directory.mkdir(exist_ok=True)
-        return directory / ".coverage"
-
-    def measured(self, part: str, env: dict[str, str] | None = None) -> dict[str, str]:
-        """``env`` (the gates' own by default) with coverage's data going to ``part``'s
-        file."""
-        return {**(env or self.env), "COVERAGE_FILE": str(self.coverage_file(part))}
 
 
 def _summary(gates: _Gates, *, version: str, leftovers: list[str]) -> int:
@@ -654,59 +628,56 @@ def _workers(coverage: bool) -> int:
     return (os.cpu_count() or 1) + (1 if coverage else 3)
 
 
-#: The niceness added to everything but the quiet tests while they run beside it (the
-#: parallel part, the tools, the environments beside the main one and their tests): the
-#: quiet tests' processes, at the gates' own, then take a core within a tick whenever they
-#: wake (weight 1024 against 15), so their timers meet an idle machine's scheduling while
-#: the rest keeps both cores busy.
-BACKGROUND_NICE = 19
-
-
-def _pytest_command(
+def _pytest_parts(
     gates: _Gates,
     python: Path,
-    part: str,
     *,
-    selection: str,
-    workers: int,
-    dist: str,
+    name: str,
+    markers: str,
     coverage: bool,
-    also: Sequence[str] = (),
-) -> list[str | Path]:
-    """One pytest run of the gates: ``selection`` (a marker expression) on ``workers``,
-    its JUnit file and temporary directories named for ``part``, measured under
-    coverage (nothing reported or checked: the coverage gate does, over every part)."""
-    junit = gates.scratch.root / "junit" / f"{part}.xml"
-    measured = ["--cov", "--cov-branch", "--cov-report=", "--cov-fail-under=0"]
-    spread = ["-n", str(workers), "--dist", dist] if workers > 1 else []
-    return [
-        python, "-m", "pytest", *PYTEST, "-m", selection, *spread, f"--junitxml={junit}",
-        f"--basetemp={gates.scratch.basetemp(part)}", *(measured if coverage else []), *also,
+    limit_s: float,
+    before_quiet: Callable[[], None] | None = None,
+    ignore: Sequence[str] = (),
+    quiet_part: bool = True,
+) -> bool:
+    """The parallel part, then the quiet one (after ``before_quiet`` returns: what else runs
+    must end first; without ``quiet_part``, when the quiet tests are left out, it is not
+    started), both without the test files ``ignore`` names; with ``coverage``, measured
+    across both (and whatever ``before_quiet`` added) and checked against the threshold at
+    the end. True when both passed."""
+    junit = gates.scratch.root / "junit"
+    selected = f"({markers}) and " if markers else ""
+    measured = ["--cov", "--cov-branch"] if coverage else []
+    left_out = [f"--ignore={path}" for path in ignore]
+    workers = _workers(coverage)
+    parallel: list[str | Path] = [
+        python, "-m", "pytest", *PYTEST, "-m", f"{selected}not {QUIET}",
+        "-n", str(workers), "--dist", "loadgroup", f"--junitxml={junit / 'parallel.xml'}",
+        f"--basetemp={gates.scratch.basetemp('parallel')}",
+        *measured, *(["--cov-report=", "--cov-fail-under=0"] if coverage else []), *left_out,
     ]  # fmt: skip
-
-
-def _coverage_gate(gates: _Gates, python: Path, parts: Sequence[str]) -> None:
-    """Every part's measurement added up (both environments install the same src/ in
-    place, so their paths agree), reported and checked against pyproject.toml's
-    threshold. Each part's data file is the one its pytest combined; the others in its
-    directory are those of helpers (a fork server) that ended after pytest had combined."""
-    found: list[Path] = []
-    for part in parts:
-        data = gates.coverage_file(part)
-        found.extend(path for path in (data, *data.parent.glob(".coverage.*")) if path.is_file())
-    if not found:
-        gates.note(COVERAGE_GATE, "no part wrote any coverage data", 0.0)
-        return
-    combined = {**gates.env, "COVERAGE_FILE": str(gates.scratch.root / ".coverage")}
-    if gates.run(f"{COVERAGE_GATE}: data of {len(parts)} parts combined",
-                 [python, "-m", "coverage", "combine", "--quiet", *found],
-                 limit_s=TOOL_LIMIT_S, env=combined):  # fmt: skip
-        gates.run(COVERAGE_GATE, [python, "-m", "coverage", "report"], limit_s=TOOL_LIMIT_S,
-                  env=combined)  # fmt: skip
-
-
-#: The gate that checks the branch coverage of every part against the threshold.
-COVERAGE_GATE = "branch coverage >= 95%"
+    started = time.monotonic()
+    ok = gates.run(f"{name}: in parallel ({workers} workers)", parallel, limit_s=limit_s)
+    quiet: list[str | Path] = [
+        python, "-m", "pytest", *PYTEST, "-m", f"{selected}{QUIET}",
+        "-n", str(QUIET_WORKERS), "--dist", "worksteal", f"--junitxml={junit / 'quiet.xml'}",
+        f"--basetemp={gates.scratch.basetemp('quiet')}",
+        *measured, *(["--cov-append", "--cov-report=term-missing"] if coverage else []),
+        *left_out,
+    ]  # fmt: skip
+    if before_quiet is not None:
+        before_quiet()
+    if not quiet_part:
+        _durations(gates, junit)
+        return ok
+    left = max(60.0, limit_s - (time.monotonic() - started))
+    suffix = " + branch coverage >= 95%" if coverage else ""
+    ok = (
+        gates.run(f"{name}: quiet tests ({QUIET_WORKERS} at once){suffix}", quiet, limit_s=left)
+        and ok
+    )
+    _durations(gates, junit)
+    return ok
 
 
 def _durations(gates: _Gates, junit: Path) -> None:
@@ -743,87 +714,93 @@ class _Beside:
     python: str
     #: Its interpreter, once it is made and the project installed into it.
     interpreter: Path | None = None
-    #: Whether its tests selected hold quiet ones.
+    #: Whether its tests selected hold quiet ones (they run once the parallel part is done).
     has_quiet: bool = False
-    #: Set once it is made (or could not be): its quiet tests wait for it.
-    made: threading.Event = field(default_factory=threading.Event)
 
     @property
     def label(self) -> str:
         return f"{self.venv.name} ({', '.join(self.apart.imports)})"
 
-    def environment(self, gates: _Gates, part: str) -> dict[str, str]:
-        """The gates' environment but for coverage's data files (``part``'s) and mypy's
-        cache, which is of its packages."""
+    def coverage_file(self, gates: _Gates) -> Path:
+        return gates.scratch.root / f"coverage-{self.apart.name}" / ".coverage"
+
+    def environment(self, gates: _Gates) -> dict[str, str]:
+        """The gates' environment but for coverage's data files, which it adds to the main
+        run's at the end, and mypy's cache, which is of its packages."""
+        self.coverage_file(gates).parent.mkdir(exist_ok=True)
         return {
-            **gates.measured(part),
+            **gates.env,
+            "COVERAGE_FILE": str(self.coverage_file(gates)),
             "MYPY_CACHE_DIR": str(gates.scratch.root / f"mypy-cache-{self.apart.name}"),
         }
 
     def pytest(self, gates: _Gates, selection: str, part: str, coverage: bool) -> list[str | Path]:
         assert self.interpreter is not None
-        return _pytest_command(gates, self.interpreter, part, selection=selection, workers=1,
-                               dist="no", coverage=coverage, also=self.apart.tests)  # fmt: skip
+        junit = gates.scratch.root / "junit" / f"{part}.xml"
+        measured = ["--cov", "--cov-branch", "--cov-append", "--cov-report=", "--cov-fail-under=0"]
+        return [
+            self.interpreter, "-m", "pytest", *PYTEST, "-m", selection, f"--junitxml={junit}",
+            f"--basetemp={gates.scratch.basetemp(part)}", *(measured if coverage else []),
+            *self.apart.tests,
+        ]  # fmt: skip
 
 
-def _beside_make(gates: _Gates, beside: _Beside, *, markers: str) -> None:
-    """Make the environment, install the project into it, and find whether its tests
-    selected hold quiet ones; ``made`` is set however that ends."""
-    try:
-        started = time.monotonic()
-        interpreter = _prepare_venv(beside.python, beside.venv, beside.apart.extras,
-                                    nice=BACKGROUND_NICE)  # fmt: skip
-        if isinstance(interpreter, str):
-            gates.note(f"install into {beside.venv.name}", interpreter, time.monotonic() - started)
-            return
-        _log(f"{beside.venv.name} made and installed in {time.monotonic() - started:.1f} s")
-        selected = f"({markers}) and " if markers else ""
-        # Exit 0 when it collects some, 5 when none.
-        listing = _capture(
-            [interpreter, "-m", "pytest", *PYTEST, "--collect-only", "-m", f"{selected}{QUIET}",
-             *beside.apart.tests],
-            cwd=ROOT, env=gates.env,
-        )  # fmt: skip
-        beside.has_quiet = listing.returncode == 0
-        beside.interpreter = interpreter
-    finally:
-        beside.made.set()
-
-
-def _beside_rest(
+def _beside_parallel(
     gates: _Gates, beside: _Beside, *, name: str, markers: str, coverage: bool, typecheck: bool
 ) -> None:
-    """Once it is made: type-check its files there against its libraries' own types (with
-    ``typecheck``) and run its tests not marked quiet (one at a time: they are few)."""
-    if beside.interpreter is None:
-        return  # its install failed, and says so
-    part = beside.apart.name
-    env = beside.environment(gates, part)
+    """Beside the parallel part: make the environment, type-check its files there against
+    its libraries' own types (with ``typecheck``), run its tests not marked quiet (one at a
+    time: they are few), and find whether it has quiet ones."""
+    started = time.monotonic()
+    interpreter = _prepare_venv(beside.python, beside.venv, beside.apart.extras)
+    if isinstance(interpreter, str):
+        gates.note(f"install into {beside.venv.name}", interpreter, time.monotonic() - started)
+        return
+    beside.interpreter = interpreter
+    _log(f"{beside.venv.name} made and installed in {time.monotonic() - started:.1f} s")
+    env = beside.environment(gates)
     if typecheck:
         # Its files alone: the modules they import are checked in the main environment.
         files = [*beside.apart.sources, *beside.apart.tests]
         gates.run(f"mypy --strict: in {beside.label}",
-                  [beside.interpreter, "-m", "mypy", "--follow-imports=silent", *files],
-                  limit_s=TOOL_LIMIT_S, env=env, nice=BACKGROUND_NICE)  # fmt: skip
+                  [interpreter, "-m", "mypy", "--follow-imports=silent", *files],
+                  limit_s=TOOL_LIMIT_S, env=env)  # fmt: skip
     selected = f"({markers}) and " if markers else ""
-    command = beside.pytest(gates, f"{selected}not {QUIET}", part, coverage)
-    gates.run(f"{name}: in {beside.label}", command, limit_s=PYTEST_LIMIT_S, env=env,
-              nice=BACKGROUND_NICE)  # fmt: skip
+    # Exit 0 when it collects some, 5 when none.
+    listing = _capture(
+        [interpreter, "-m", "pytest", *PYTEST, "--collect-only", "-m", f"{selected}{QUIET}",
+         *beside.apart.tests],
+        cwd=ROOT, env=env,
+    )  # fmt: skip
+    beside.has_quiet = listing.returncode == 0
+    command = beside.pytest(gates, f"{selected}not {QUIET}", beside.apart.name, coverage)
+    gates.run(f"{name}: in {beside.label}", command, limit_s=PYTEST_LIMIT_S, env=env)
 
 
 def _beside_quiet(
     gates: _Gates, beside: _Beside, *, name: str, markers: str, coverage: bool
-) -> str | None:
-    """Its quiet tests, if it has any, once it is made; the part they measured, if any."""
-    beside.made.wait()
+) -> None:
+    """Its quiet tests, if it has any, alone once the parallel part is done."""
     if beside.interpreter is None or not beside.has_quiet:
-        return None
+        return
     selected = f"({markers}) and " if markers else ""
-    part = f"{beside.apart.name}-quiet"
-    command = beside.pytest(gates, f"{selected}{QUIET}", part, coverage)
+    command = beside.pytest(gates, f"{selected}{QUIET}", f"{beside.apart.name}-quiet", coverage)
     gates.run(f"{name}: quiet tests in {beside.label}", command, limit_s=PYTEST_LIMIT_S,
-              env=beside.environment(gates, part))  # fmt: skip
-    return part
+              env=beside.environment(gates))  # fmt: skip
+
+
+def _add_coverage(gates: _Gates, python: Path, beside: _Beside) -> None:
+    """Its branch coverage added to the main run's, which the quiet part then reports and
+    checks: both environments install the same src/ in place, so their paths agree. The
+    data file its pytest combined, and beside it those of the helpers (a fork server) that
+    ended after pytest had combined."""
+    if beside.interpreter is None:
+        return  # its install failed, and says so
+    data = beside.coverage_file(gates)
+    code, seconds = _run([python, "-m", "coverage", "combine", "--append", data, data.parent],
+                         limit_s=TOOL_LIMIT_S, env=gates.env)  # fmt: skip
+    if code != 0:
+        gates.note(f"coverage of {beside.label} added", f"exit status {code}", seconds)
 
 
 def _start(gates: _Gates, name: str, target: Callable[[], None]) -> threading.Thread:
@@ -854,80 +831,60 @@ def _all_gates(
     skip: Sequence[str] = (),
     beside: Sequence[_Beside] = (),
 ) -> None:
-    """Three lanes at once. The parallel part on the main thread and, beside it, the tools
-    then each environment beside the main one (made, type-checked, its tests run one at a
-    time), all at ``BACKGROUND_NICE``: the cores stay busy with them. The quiet tests in a
-    lane of their own at the gates' niceness, so the machine is theirs whenever they need
-    it: the main environment's, then each other environment's once it is made. Then the
-    coverage gate over every part."""
     markers = " and ".join(f"not {marker}" for marker in skip)
-    selected = f"({markers}) and " if markers else ""
     left_out = f", without {', '.join(skip)}" if skip else ""
     name = f"pytest (python {version}{left_out})" if pytest_only else "pytest"
     coverage = not pytest_only
-    measured_parts = ["parallel"]
 
     def lane() -> None:
         if not pytest_only:
             _tool_gates(gates, python)
         for environment in beside:
-            _beside_make(gates, environment, markers=markers)
-            measured_parts.append(environment.apart.name)
-            _beside_rest(gates, environment, name=name, markers=markers,
-                         coverage=coverage, typecheck=not pytest_only)  # fmt: skip
+            _beside_parallel(gates, environment, name=name, markers=markers,
+                             coverage=coverage, typecheck=not pytest_only)  # fmt: skip
 
-    def quiet_lane() -> None:
-        command = _pytest_command(
-            gates, python, "quiet", selection=f"{selected}{QUIET}", workers=QUIET_WORKERS,
-            dist="worksteal", coverage=coverage, also=left_out_files,
-        )  # fmt: skip
-        measured_parts.append("quiet")
-        gates.run(f"{name}: quiet tests ({QUIET_WORKERS} at once)", command,
-                  limit_s=PYTEST_LIMIT_S, env=gates.measured("quiet"))  # fmt: skip
+    # The tools need no quiet machine, and the parallel tests leave a core idle much of the
+    # time (they wait on the processes and servers they start): the tools run beside them,
+    # then each environment beside the main one is made, type-checked and its few tests run,
+    # all in one lane (two lanes would double what runs beside the long tests that start
+    # first, some of them timing-sensitive); the lane ends before the quiet tests start.
+    beside_lane = _start(gates, "beside the parallel part", lane)
+
+    def before_quiet() -> None:
+        beside_lane.join()
         for environment in beside:
-            part = _beside_quiet(gates, environment, name=name, markers=markers,
-                                 coverage=coverage)  # fmt: skip
-            if part is not None:
-                measured_parts.append(part)
+            _beside_quiet(gates, environment, name=name, markers=markers, coverage=coverage)
+            if coverage:
+                _add_coverage(gates, python, environment)
 
-    left_out_files = [
-        f"--ignore={test}" for environment in beside for test in environment.apart.tests
-    ]
-    workers = _workers(coverage)
-    parallel = _pytest_command(
-        gates, python, "parallel", selection=f"{selected}not {QUIET}", workers=workers,
-        dist="loadgroup", coverage=coverage, also=left_out_files,
-    )  # fmt: skip
-    lanes = [_start(gates, "beside the parallel part", lane)]
-    if QUIET not in skip:
-        lanes.append(_start(gates, "the quiet tests", quiet_lane))
     try:
-        gates.run(f"{name}: in parallel ({workers} workers)", parallel, limit_s=PYTEST_LIMIT_S,
-                  env=gates.measured("parallel"), nice=BACKGROUND_NICE)  # fmt: skip
+        _pytest_parts(
+            gates,
+            python,
+            name=name,
+            markers=markers,
+            coverage=coverage,
+            limit_s=PYTEST_LIMIT_S,
+            before_quiet=before_quiet,
+            ignore=[test for environment in beside for test in environment.apart.tests],
+            quiet_part=QUIET not in skip,
+        )
     except BaseException:
-        _stop_all()  # an interrupt: the gates in flight in the other lanes too
+        _stop_all()  # an interrupt: the gate in flight in the lane beside too
         raise
     finally:
-        for thread in lanes:
-            thread.join()
-    _durations(gates, gates.scratch.root / "junit")
-    if coverage:
-        _coverage_gate(gates, python, measured_parts)
+        beside_lane.join()
 
 
 def _tool_gates(gates: _Gates, python: Path) -> None:
-    """ruff, ruff format, mypy, the build and the wheel's round trip, one after another, at
-    ``BACKGROUND_NICE`` (the wheel's short commands at the gates' own)."""
-    tools = {
-        "ruff check": ["ruff", "check", "."],
-        "ruff format --check": ["ruff", "format", "--check", "."],
-        "mypy --strict": ["mypy"],
-    }
-    for name, command in tools.items():
-        gates.run(name, [python, "-m", *command], limit_s=TOOL_LIMIT_S, nice=BACKGROUND_NICE)
+    """ruff, ruff format, mypy, the build and the wheel's round trip, one after another."""
+    gates.run("ruff check", [python, "-m", "ruff", "check", "."], limit_s=TOOL_LIMIT_S)
+    gates.run("ruff format --check", [python, "-m", "ruff", "format", "--check", "."],
+              limit_s=TOOL_LIMIT_S)  # fmt: skip
+    gates.run("mypy --strict", [python, "-m", "mypy"], limit_s=TOOL_LIMIT_S)
     dist = gates.scratch.root / "dist"
     if gates.run("python -m build", [python, "-m", "build", "--outdir", dist, "."],
-                 limit_s=TOOL_LIMIT_S, nice=BACKGROUND_NICE):  # fmt: skip
+                 limit_s=TOOL_LIMIT_S):  # fmt: skip
         started = time.monotonic()
         why = _wheel_round_trip(str(python), dist, gates.env)
         gates.note("wheel in a clean venv: round trip", why, time.monotonic() - started)
