@@ -5,6 +5,7 @@ a job scheduled with ``enqueue_job(_defer_until=...)``, and a small rolling depl
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from pathlib import Path
@@ -129,6 +130,15 @@ def test_a_rolling_deploy_of_arqs_own_worker_cancels_the_jobs_in_hand_and_loses_
     assert outcome.code == (1 if beside else 0), record["anomalies"]
 
 
+#: A worker's traceback when its SIGTERM cancelled run_job in its first read of a job: the
+#: CancelledError out of ``pipe.execute()`` in ``run_job``, raised again in ``close``.
+STRANDED_BY = re.compile(
+    r"in close\n.*await asyncio\.gather.*in run_job\n.*await pipe\.execute\(\).*"
+    r"asyncio\.exceptions\.CancelledError",
+    re.DOTALL,
+)
+
+
 @pytest.mark.server_fault
 def test_arqs_own_worker_across_a_crash_of_redis_keeping_an_always_synced_aof_loses_nothing(
     tmp_path: Path, run_cli: RunCli, monkeypatch: pytest.MonkeyPatch
@@ -151,15 +161,38 @@ def test_arqs_own_worker_across_a_crash_of_redis_keeping_an_always_synced_aof_lo
     [restart] = record["server_restarts"]["restarts"]
     assert restart["down_s"] > 0
     assert record["worker"]["describe"].startswith("arq")
-    for job in record["jobs"].values():
-        assert (job["completed"] >= 1, job["stored"]) == (True, "complete"), record["jobs"]
-    # Nothing lost. What a stop may bring is arq issue 395's (the test above): a job whose
-    # coroutine arq cancelled and put back at the SIGTERM goes on in its thread, beside the
+    # Nothing lost to the server's crash. A stop may strand a job whose worker's SIGTERM
+    # cancelled run_job in its first read of the job (arq 0.28.0's ``pipe.execute()``, before
+    # any handler of the cancellation): start_jobs had set its in-progress key, nothing
+    # deletes it, so the job waits for Redis to expire it (job_timeout + 10 s, 310 s here,
+    # past the run), never having run, and the CancelledError leaves the worker's close()
+    # through asyncio.gather: exit 1. Found in one gates run of the loaded machine; each
+    # such job must come with a worker that exited so.
+    stranded = {key for key, job in record["jobs"].items() if job["stored"] != "complete"}
+    for key, job in record["jobs"].items():
+        expected = (0, "in_progress") if key in stranded else (True, "complete")
+        assert (job["completed"] if key in stranded else job["completed"] >= 1,
+                job["stored"]) == expected, record["jobs"]  # fmt: skip
+    if stranded:
+        logs = {w["name"]: (directory / f"{w['name']}.log").read_text() for w in record["workers"]}
+        cancelled_in_read = [
+            w["name"] for w in record["workers"]
+            if w["exit"] == "exit 1" and STRANDED_BY.search(logs[w["name"]])
+        ]  # fmt: skip
+        assert cancelled_in_read, (stranded, record["workers"])
+    lost = [f for f in record["findings"] if f["kind"] == "lost_in_deploy"]
+    assert {f["job"] for f in lost} == stranded, lost
+    for finding in lost:
+        assert finding["facts"]["executions"] == 0, finding
+        assert finding["facts"]["signal"] == "SIGTERM", finding
+    # What else a stop may bring is arq issue 395's (the test above): a job whose coroutine
+    # arq cancelled and put back at the SIGTERM goes on in its thread, beside the
     # replacement that took it back, or to its end before the replacement runs it again
     # (one gates run: both, each from an execution its worker's SIGTERM found under way).
-    assert {f["kind"] for f in record["findings"]} <= {"ran_beside_live_holder", "ran_twice"}
+    kinds = {"ran_beside_live_holder", "ran_twice", "lost_in_deploy"}
+    assert {f["kind"] for f in record["findings"]} <= kinds
     stops = {w["name"]: w["stop_s"] for w in record["workers"] if w["stop_s"] is not None}
-    for finding in record["findings"]:
+    for finding in (f for f in record["findings"] if f["kind"] != "lost_in_deploy"):
         cut = [
             e for e in record["executions"]
             if e["key"] == finding["job"] and e["worker"] in stops
